@@ -1,0 +1,14 @@
+"""pipecompile's compiler passes, one per module; each is a pure function of an IR value."""
+
+from pipecompile.passes.annotate_costs import annotate_costs
+from pipecompile.passes.balance_stages import balance_stages, min_max_partition
+from pipecompile.passes.insert_communication import insert_communication
+from pipecompile.passes.split_stages import split_stages
+
+__all__ = [
+    "annotate_costs",
+    "balance_stages",
+    "min_max_partition",
+    "split_stages",
+    "insert_communication",
+]

@@ -1,0 +1,90 @@
+"""Pass: balance_stages — assign every op to one of N contiguous stages, minimising the largest.
+
+Requires: annotate_costs has run (NodeInfo.flops / param_bytes on every node).
+Guarantees: a copy of the module where every op (call_function / call_method / call_module)
+carries NodeInfo.stage, stages are contiguous in graph order, each is non-empty, and the
+largest stage cost is the exact minimum over all cuts at legal points. A cut is legal when
+every value crossing it is a tensor or a constant that can be written into code.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from pipecompile.errors import BalanceError
+from pipecompile.graph_copy import copy_graph_module
+from pipecompile.node_info import info, with_info
+from pipecompile.passes.min_max_partition import min_max_partition
+from pipecompile.values import is_transferable
+
+__all__ = ["balance_stages", "COSTS", "compute_nodes", "min_max_partition"]
+
+COSTS = ("flops", "params")
+_OPS = ("call_function", "call_method", "call_module")
+
+
+def compute_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """The graph's ops in order: the items the balancer cuts between."""
+    return [n for n in graph.nodes if n.op in _OPS]
+
+
+def balance_stages(module: fx.GraphModule, *, stages: int, cost: str = "flops") -> fx.GraphModule:
+    """Return a copy of ``module`` with each op assigned to one of ``stages`` stages.
+
+    Args:
+        module: an annotated graph module (see annotate_costs).
+        stages: the number of stages, at least 1.
+        cost: ``"flops"`` (forward FLOPs) or ``"params"`` (parameter bytes) per op.
+
+    Raises:
+        BalanceError: fewer legal cut points than stages - 1, or an unknown cost.
+    """
+    if cost not in COSTS:
+        raise BalanceError(f"unknown balance cost {cost!r}; choose one of {', '.join(COSTS)}")
+    if stages < 1:
+        raise BalanceError(f"--stages must be at least 1, got {stages}")
+    out = copy_graph_module(module)
+    ops = compute_nodes(out.graph)
+    atoms = _atoms(ops)
+    if stages > len(atoms):
+        raise BalanceError(
+            f"cannot cut {type(module).__name__} into {stages} stages: it has {len(ops)} ops but "
+            f"only {len(atoms)} places where a stage may start (values that are neither tensors "
+            f"nor constants cannot cross a stage boundary); use --stages {len(atoms)} or fewer"
+        )
+    starts = min_max_partition([sum(_cost(n, out, cost) for n in atom) for atom in atoms], stages)
+    bounds = [*starts[1:], len(atoms)]
+    for j, (first, end) in enumerate(zip(starts, bounds)):
+        for atom in atoms[first:end]:
+            for node in atom:
+                with_info(node, stage=j)
+    return out
+
+
+def _cost(node: fx.Node, module: fx.GraphModule, cost: str) -> int:
+    if cost == "params":
+        own = info(node).param_bytes
+        return own + sum(info(a).param_bytes for a in node.all_input_nodes if a.op == "get_attr")
+    return info(node).flops
+
+
+def _atoms(ops: list[fx.Node]) -> list[list[fx.Node]]:
+    """Group ``ops`` into runs that no stage boundary may split."""
+    position = {node: k for k, node in enumerate(ops)}
+    blocked = [0] * (len(ops) + 1)  # blocked[k] > 0: no stage may start at ops[k]
+    for node in ops:
+        if is_transferable(node.meta.get("val")):
+            continue
+        last_use = max((position[u] for u in node.users if u in position), default=-1)
+        if last_use > position[node]:
+            blocked[position[node] + 1] += 1
+            blocked[last_use + 1] -= 1
+    atoms: list[list[fx.Node]] = []
+    running = 0
+    for k, node in enumerate(ops):
+        running += blocked[k]
+        if running > 0 and atoms:
+            atoms[-1].append(node)
+        else:
+            atoms.append([node])
+    return atoms

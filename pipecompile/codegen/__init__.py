@@ -1,0 +1,1 @@
+"""Code generation: stage sources, weights, manifest and program written to a directory."""

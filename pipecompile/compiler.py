@@ -1,0 +1,133 @@
+"""The compiler driver: runs the passes in order, verifies the IR after each, times them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from pipecompile.errors import InternalError, PipecompileError
+from pipecompile.frontend import Traced, trace
+from pipecompile.passes import annotate_costs, balance_stages, insert_communication, split_stages
+from pipecompile.program import Program
+from pipecompile.runtime.microbatch import split_microbatches
+from pipecompile.schedules import generate
+from pipecompile.stage_graph import StageGraph
+from pipecompile.ties import tied_groups
+from pipecompile.verify_program import Topology, verify_program
+
+__all__ = ["PASSES", "Compiled", "compile_model", "topology"]
+
+# The passes, in the order they run; `--print-after NAME` prints the IR after any of them.
+PASSES = (
+    "trace",
+    "annotate_costs",
+    "balance_stages",
+    "split_stages",
+    "schedule",
+    "insert_communication",
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """The result of compiling: the stage graph, the program and how long each pass took."""
+
+    graph: StageGraph
+    program: Program
+    microbatch_size: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def topology(graph: StageGraph) -> Topology:
+    """The facts about ``graph`` that a program is checked against."""
+    edges = frozenset((e.src, e.dst) for e in graph.edges)
+    groups = tuple(tied_groups([s.params for s in graph.stages]))
+    return Topology(len(graph.stages), edges, groups)
+
+
+def compile_model(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    *,
+    stages: int,
+    microbatches: int = 1,
+    schedule: str = "gpipe",
+    balance: str = "flops",
+    print_after: frozenset[str] = frozenset(),
+    progress: bool = False,
+) -> Compiled:
+    """Trace ``model`` on one micro-batch of ``inputs`` and compile it into stages and a program.
+
+    Args:
+        model: the model; it is not modified.
+        inputs: the model's example mini-batch, by forward() parameter name.
+        stages: how many pipeline stages to cut.
+        microbatches: how many micro-batches a mini-batch splits into (along dim 0).
+        schedule: the schedule generator's name (see ``pipecompile.schedules``).
+        balance: the cost the stages are balanced on (``flops`` or ``params``).
+        print_after: pass names after which the IR is printed.
+        progress: print one line per pass to stderr.
+
+    Raises:
+        PipecompileError: a subclass naming what is wrong with the model or the options.
+    """
+    unknown = sorted(print_after - set(PASSES))
+    if unknown:
+        raise PipecompileError(f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}")
+    micro = split_microbatches(inputs, microbatches)[0]
+    runner = _PassRunner(print_after, progress)
+    traced: Traced = runner("trace", lambda: trace(model, micro), None)
+    annotated = runner("annotate_costs", lambda: annotate_costs(traced.module, root=traced.root), None)
+    balanced = runner("balance_stages", lambda: balance_stages(annotated, stages=stages, cost=balance), None)
+    graph = runner("split_stages", lambda: split_stages(balanced, traced=traced), StageGraph.verify)
+    compute = runner("schedule", lambda: generate(schedule, stages, microbatches), None)
+    check = topology(graph)
+    program = runner(
+        "insert_communication",
+        lambda: insert_communication(compute, graph=graph),
+        lambda p: verify_program(p, check),
+    )
+    size = next(iter(micro.values())).shape[0] if micro else 0
+    return Compiled(graph, program, size, runner.timings)
+
+
+class _PassRunner:
+    def __init__(self, print_after: frozenset[str], progress: bool) -> None:
+        self.print_after = print_after
+        self.progress = progress
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, name: str, run: Callable[[], T], verify: Callable[[T], Any] | None) -> T:
+        start = time.perf_counter()
+        try:
+            result = run()
+            if verify is not None:
+                verify(result)
+        except PipecompileError:
+            raise
+        except Exception as err:
+            raise InternalError(
+                f"pass {name} failed: {type(err).__name__}: {err}\n"
+                "This is a pipecompile bug; please report it with the model file."
+            ) from err
+        self.timings[name] = time.perf_counter() - start
+        if self.progress:
+            print(f"  {name:<22} {self.timings[name] * 1000:8.1f} ms", file=sys.stderr)
+        if name in self.print_after:
+            print(f"--- IR after {name} ---\n{_ir_text(result)}")
+        return result
+
+
+def _ir_text(value: object) -> str:
+    if isinstance(value, Traced):
+        return str(value.module.graph)
+    graph = getattr(value, "graph", None)
+    return str(graph) if graph is not None and not isinstance(value, StageGraph) else str(value)

@@ -1,0 +1,61 @@
+"""The exceptions pipecompile raises for a user's mistake: one base class, one subclass per stage."""
+
+from __future__ import annotations
+
+__all__ = [
+    "PipecompileError",
+    "ModelFileError",
+    "TraceError",
+    "BalanceError",
+    "SplitError",
+    "ProgramError",
+    "MicrobatchError",
+    "EmitError",
+    "RuntimeFailure",
+    "CheckError",
+    "InternalError",
+]
+
+
+class PipecompileError(Exception):
+    """Base of every error pipecompile raises for bad input; the message says what to do."""
+
+
+class ModelFileError(PipecompileError):
+    """The model file is missing, does not import, or lacks what the contract asks for."""
+
+
+class TraceError(PipecompileError):
+    """Neither torch.fx nor torch.export could capture the model."""
+
+
+class BalanceError(PipecompileError):
+    """The graph cannot be cut into the requested number of stages."""
+
+
+class SplitError(PipecompileError):
+    """A value cannot cross a stage boundary as requested."""
+
+
+class ProgramError(PipecompileError):
+    """A schedule program is malformed, inconsistent or would deadlock."""
+
+
+class MicrobatchError(PipecompileError):
+    """The mini-batch cannot be split into the requested micro-batches."""
+
+
+class EmitError(PipecompileError):
+    """The output directory cannot be written or read back."""
+
+
+class RuntimeFailure(PipecompileError):
+    """An instruction failed while a program ran; names the device, step and instruction."""
+
+
+class CheckError(PipecompileError):
+    """The pipelined results differ from the eager model's beyond tolerance."""
+
+
+class InternalError(PipecompileError):
+    """A bug in pipecompile itself, wrapped with the pass or instruction it happened in."""

@@ -1,0 +1,45 @@
+"""Run an fx graph on fake tensors, recording each node's value in ``node.meta["val"]``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.func import functional_call
+from torch.utils import _pytree as pytree
+
+__all__ = ["propagate_fake"]
+
+
+class _FakeInterpreter(fx.Interpreter):
+    """fx.Interpreter whose parameters, buffers and inputs are fake: no real compute, no mutation."""
+
+    def __init__(self, module: fx.GraphModule, mode: FakeTensorMode) -> None:
+        super().__init__(module)
+        self.mode = mode
+
+    def fake(self, value: Any) -> Any:
+        return pytree.tree_map_only(torch.Tensor, self.mode.from_tensor, value)
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        n.meta["val"] = out
+        return out
+
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        return self.fake(super().get_attr(target, args, kwargs))
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        submodule = self.fetch_attr(target)
+        state = {k: self.fake(v) for k, v in submodule.state_dict(keep_vars=True).items()}
+        return functional_call(submodule, state, tuple(args), dict(kwargs))
+
+
+def propagate_fake(module: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
+    """Annotate every node of ``module`` (in place) with its fake output value."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    interp = _FakeInterpreter(module, mode)
+    with mode:
+        interp.run(*[mode.from_tensor(t) for t in inputs])

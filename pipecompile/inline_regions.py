@@ -1,0 +1,71 @@
+"""Inline torch.export's grad-mode regions so every op of the model sits in one flat graph.
+
+torch.export wraps code that runs under ``torch.no_grad()`` (or ``enable_grad``) in
+``higher_order.wrap_with_set_grad_enabled(enabled, submodule, *operands)``. Stages must be cut
+through plain ops, so the region's ops are copied in place of the call; when the region had
+gradients disabled its outputs are detached, which is exactly what no_grad meant for them.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+__all__ = ["inline_grad_regions"]
+
+_WRAP = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+
+
+def inline_grad_regions(module: fx.GraphModule) -> None:
+    """Replace every grad-mode region call in ``module`` (in place) by the region's ops."""
+    calls = [n for n in module.graph.nodes if n.op == "call_function" and n.target is _WRAP]
+    for call in calls:
+        _inline(module, call)
+    for node in [n for n in module.graph.nodes if n.op == "get_attr" and not n.users]:
+        if isinstance(getattr(module, str(node.target), None), fx.GraphModule):
+            module.graph.erase_node(node)
+            delattr(module, str(node.target))
+    module.recompile()
+
+
+def _inline(module: fx.GraphModule, call: fx.Node) -> None:
+    enabled, attr, *operands = call.args
+    assert isinstance(attr, fx.Node)
+    region: fx.GraphModule = getattr(module, str(attr.target))
+    env: dict[fx.Node, object] = {}
+    placeholders = [n for n in region.graph.nodes if n.op == "placeholder"]
+    env.update(zip(placeholders, operands))
+    results: list[object] = []
+    with module.graph.inserting_before(call):
+        for node in region.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                results = [_detached(module, r) if not enabled else r for r in _mapped(node, env)]
+                break
+            copied = module.graph.node_copy(node, lambda n: env[n])  # type: ignore[arg-type, return-value]
+            if node.op == "get_attr":
+                copied.target = f"{attr.target}.{node.target}"
+            env[node] = copied
+    for user in list(call.users):
+        if user.target is not operator.getitem:
+            raise RuntimeError(f"cannot inline region {attr.target}: {user.name} reads it whole")
+        user.replace_all_uses_with(results[user.args[1]])  # type: ignore[arg-type, index]
+        module.graph.erase_node(user)
+    module.graph.erase_node(call)
+
+
+def _mapped(output: fx.Node, env: dict[fx.Node, object]) -> list[object]:
+    values = output.args[0]
+    values = values if isinstance(values, (tuple, list)) else (values,)
+    return [env[v] if isinstance(v, fx.Node) else v for v in values]
+
+
+def _detached(module: fx.GraphModule, value: object) -> object:
+    if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):
+        return value
+    detached = module.graph.call_function(torch.ops.aten.detach.default, (value,))
+    detached.meta["val"] = value.meta["val"]
+    return detached

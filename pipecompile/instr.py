@@ -1,0 +1,66 @@
+"""One schedule instruction, ``Instr(op, stage, microbatch)``, printed and parsed as ``1F0``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipecompile.errors import ProgramError
+
+__all__ = ["Instr", "OPS", "MICROBATCH_OPS"]
+
+# op -> what it does. Ops that act on one micro-batch print as `{stage}{op}{microbatch}`;
+# the others print as `{stage}{op}`.
+OPS: dict[str, str] = {
+    "F": "forward of the stage on one micro-batch; stashes what backward needs",
+    "B": "backward of the stage on one micro-batch; accumulates parameter gradients",
+    "SEND_F": "send the stage's cross-device outputs of one micro-batch to their consumers",
+    "RECV_F": "receive the stage's cross-device inputs of one micro-batch from their producers",
+    "SEND_B": "send the gradients of the stage's received inputs back to their producers",
+    "RECV_B": "receive the gradients of the stage's sent outputs from their consumers",
+    "ALLREDUCE_TIED": "sum the gradients of tied parameters over every stage that holds a copy",
+    "STEP": "optimizer step of the stage's parameters, then zero their gradients",
+}
+MICROBATCH_OPS = frozenset({"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"})
+
+_PATTERN = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
+
+
+@dataclass(frozen=True, order=True)
+class Instr:
+    """A single instruction: ``op`` on ``stage`` for ``microbatch`` (None for per-step ops).
+
+    Example:
+        >>> Instr.parse("1F0")
+        Instr(op='F', stage=1, microbatch=0)
+        >>> str(Instr("STEP", 2))
+        '2STEP'
+    """
+
+    op: str
+    stage: int
+    microbatch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ProgramError(f"unknown instruction op {self.op!r}; known ops: {', '.join(OPS)}")
+        wants_mb = self.op in MICROBATCH_OPS
+        if wants_mb and self.microbatch is None:
+            raise ProgramError(f"instruction {self.op} on stage {self.stage} needs a micro-batch")
+        if not wants_mb and self.microbatch is not None:
+            raise ProgramError(f"instruction {self.op} takes no micro-batch, got {self.microbatch}")
+
+    def __str__(self) -> str:
+        mb = "" if self.microbatch is None else str(self.microbatch)
+        return f"{self.stage}{self.op}{mb}"
+
+    @classmethod
+    def parse(cls, text: str) -> Instr:
+        """Parse the text form written by ``str``; raises ProgramError on anything else."""
+        match = _PATTERN.match(text.strip())
+        if match is None:
+            raise ProgramError(
+                f"cannot parse instruction {text!r}: expected STAGE OP [MICROBATCH], e.g. 1F0"
+            )
+        stage, op, mb = match.groups()
+        return cls(op, int(stage), int(mb) if mb else None)

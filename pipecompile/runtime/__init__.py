@@ -1,0 +1,1 @@
+"""Running compiled pipelines: loading stages, the interpreter and its backends."""

@@ -1,0 +1,32 @@
+"""What kinds of values may cross a stage boundary: tensors (sent) and literals (written in code)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["is_literal", "is_transferable", "literal"]
+
+_SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.memory_format)
+
+
+def is_literal(value: Any) -> bool:
+    """A value codegen can write into source: scalars, dtypes, devices, sizes and tuples of them."""
+    if isinstance(value, (tuple, list, torch.Size)):
+        return all(is_literal(v) for v in value)
+    return isinstance(value, _SCALARS)
+
+
+def is_transferable(value: Any) -> bool:
+    """A value a stage boundary can carry: one tensor, or a literal."""
+    return isinstance(value, torch.Tensor) or is_literal(value)
+
+
+def literal(value: Any) -> Any:
+    """The value as plain Python (a torch.Size becomes a tuple) for use as an fx argument."""
+    if isinstance(value, torch.Size):
+        return tuple(int(v) for v in value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(literal(v) for v in value)
+    return value
