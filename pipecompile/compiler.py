@@ -21,7 +21,7 @@ from pipecompile.stage_graph import StageGraph
 from pipecompile.ties import tied_groups
 from pipecompile.verify_program import Topology, verify_program
 
-__all__ = ["PASSES", "Compiled", "compile_model", "topology"]
+__all__ = ["PASSES", "Compiled", "compile_model", "topology", "topology_from_manifest"]
 
 # The passes, in the order they run; `--print-after NAME` prints the IR after any of them.
 PASSES = (
@@ -51,6 +51,13 @@ def topology(graph: StageGraph) -> Topology:
     edges = frozenset((e.src, e.dst) for e in graph.edges)
     groups = tuple(tied_groups([s.params for s in graph.stages]))
     return Topology(len(graph.stages), edges, groups)
+
+
+def topology_from_manifest(manifest: dict[str, Any]) -> Topology:
+    """The same facts, read from an emitted manifest."""
+    edges = frozenset((e["src"], e["dst"]) for e in manifest.get("edges", []))
+    groups = tuple(tied_groups([s["params"] for s in manifest["stages"]]))
+    return Topology(len(manifest["stages"]), edges, groups)
 
 
 def compile_model(

@@ -1,0 +1,52 @@
+"""The interpreter: a loop over each device's instructions and a dispatch table of handlers.
+
+Devices take turns; each runs until an instruction is not ready (a receive whose message has
+not arrived). A handler returns True when it ran and False when it must wait. If no device can
+move, the program is stuck, which the verifier should have rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from pipecompile.errors import PipecompileError, RuntimeFailure
+from pipecompile.instr import Instr
+from pipecompile.program import Program
+
+__all__ = ["Handler", "run_program"]
+
+Handler = Callable[[Instr], bool]
+
+
+def run_program(program: Program, handlers: Mapping[str, Handler]) -> None:
+    """Execute every device's instructions in order with ``handlers[instr.op]``.
+
+    Raises:
+        RuntimeFailure: a handler raised (the message names device, step and instruction), or
+            no device can proceed.
+    """
+    pcs = [0] * len(program.devices)
+    while any(pc < len(instrs) for pc, instrs in zip(pcs, program.devices)):
+        moved = False
+        for d, instrs in enumerate(program.devices):
+            while pcs[d] < len(instrs) and _dispatch(handlers, instrs[pcs[d]], d, pcs[d]):
+                pcs[d] += 1
+                moved = True
+        if not moved:
+            waiting = ", ".join(
+                f"device {d} at [{pc}] {instrs[pc]}"
+                for d, (pc, instrs) in enumerate(zip(pcs, program.devices))
+                if pc < len(instrs)
+            )
+            raise RuntimeFailure(f"no device can proceed: {waiting}")
+
+
+def _dispatch(handlers: Mapping[str, Handler], instr: Instr, device: int, step: int) -> bool:
+    try:
+        return handlers[instr.op](instr)
+    except PipecompileError as err:
+        raise type(err)(f"device {device}, step {step}, instruction {instr}: {err}") from err
+    except Exception as err:
+        raise RuntimeFailure(
+            f"device {device}, step {step}, instruction {instr}: {type(err).__name__}: {err}"
+        ) from err

@@ -1,0 +1,52 @@
+"""The static facts a running pipeline needs, read once from the manifest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils import _pytree as pytree
+
+from pipecompile.ties import tied_params
+
+__all__ = ["Layout"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Per stage: ordered input/output names, and who sends what to whom."""
+
+    inputs: tuple[tuple[str, ...], ...]
+    outputs: tuple[tuple[str, ...], ...]
+    in_edges: tuple[tuple[tuple[str, int], ...], ...]  # stage j: (value, producer stage)
+    out_edges: tuple[tuple[tuple[str, int], ...], ...]  # stage j: (value, consumer stage)
+    stage_device: tuple[int, ...]
+    ties: dict[tuple[str, ...], dict[int, str]]  # logical parameter -> {stage: name there}
+    params: tuple[dict[str, tuple[str, ...]], ...]
+    model_inputs: tuple[str, ...]
+    output_spec: pytree.TreeSpec
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], stage_device: tuple[int, ...]) -> Layout:
+        stages = manifest["stages"]
+        count = len(stages)
+        edges = manifest.get("edges", [])
+        params = tuple({k: tuple(v) for k, v in s["params"].items()} for s in stages)
+        return cls(
+            inputs=tuple(tuple(s["inputs"]) for s in stages),
+            outputs=tuple(tuple(s["outputs"]) for s in stages),
+            in_edges=tuple(tuple((e["value"], e["src"]) for e in edges if e["dst"] == j) for j in range(count)),
+            out_edges=tuple(tuple((e["value"], e["dst"]) for e in edges if e["src"] == j) for j in range(count)),
+            stage_device=stage_device,
+            ties=tied_params(params),
+            params=params,
+            model_inputs=tuple(manifest["inputs"]),
+            output_spec=pytree.treespec_loads(manifest["output_spec"]),
+        )
+
+    @property
+    def last(self) -> int:
+        return len(self.inputs) - 1
+
+    def remote(self, a: int, b: int) -> bool:
+        return self.stage_device[a] != self.stage_device[b]

@@ -1,0 +1,57 @@
+"""The local backend: every device in one process; messages wait in a mailbox until received."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["LocalBackend", "MISSING"]
+
+MISSING = object()
+
+
+class LocalBackend:
+    """Point-to-point messages and gradient sums between devices that share this process."""
+
+    def __init__(self) -> None:
+        self._mailbox: dict[Hashable, Any] = {}
+        self._posted: dict[Hashable, dict[int, torch.Tensor]] = {}
+        self._results: dict[Hashable, dict[int, torch.Tensor]] = {}
+
+    def send(self, key: Hashable, value: Any) -> None:
+        """Leave ``value`` for the receiver of ``key`` (a value may be None: no gradient)."""
+        self._mailbox[key] = value
+
+    def ready(self, keys: Sequence[Hashable]) -> bool:
+        return all(k in self._mailbox for k in keys)
+
+    def recv(self, key: Hashable) -> Any:
+        return self._mailbox.pop(key)
+
+    def all_reduce(
+        self, key: Hashable, member: int, members: Sequence[int], tensor: torch.Tensor
+    ) -> torch.Tensor | object:
+        """Contribute ``tensor``; the sum over ``members`` (added in member order) once all have
+        contributed, else MISSING. Every member gets an identical result."""
+        if member not in self._results.get(key, {}):
+            self._posted.setdefault(key, {})[member] = tensor
+        posted = self._posted.get(key, {})
+        if key not in self._results and len(posted) == len(members):
+            total = posted[members[0]].clone()
+            for other in members[1:]:
+                total += posted[other]
+            self._results[key] = {m: total for m in members}
+            del self._posted[key]
+        results = self._results.get(key)
+        if results is None or member not in results:
+            return MISSING
+        value = results.pop(member)
+        if not results:
+            del self._results[key]
+        return value
+
+    def pending(self) -> list[Hashable]:
+        """Messages sent but never received (a correct program leaves none)."""
+        return list(self._mailbox)

@@ -1,0 +1,125 @@
+"""A compiled pipeline loaded from its directory: train steps, inference, weights by model name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from pipecompile.compiler import topology_from_manifest
+from pipecompile.errors import PipecompileError
+from pipecompile.program import Program
+from pipecompile.runtime.executor import LossFn, StepExecutor
+from pipecompile.runtime.interpreter import run_program
+from pipecompile.runtime.layout import Layout
+from pipecompile.runtime.load import load_stages, read_manifest, read_program
+from pipecompile.runtime.local_backend import LocalBackend
+from pipecompile.runtime.microbatch import join_microbatches, split_microbatches
+from pipecompile.verify_program import verify_program
+
+__all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+_FORWARD_OPS = ("F", "SEND_F", "RECV_F")
+
+
+def forward_only(program: Program) -> Program:
+    """The program's forward part: what inference runs."""
+    devices = tuple(tuple(x for x in instrs if x.op in _FORWARD_OPS) for instrs in program.devices)
+    return replace(program, devices=devices)
+
+
+class Pipeline:
+    """Stages, program and optimizers of one compiled model, run by the local backend.
+
+    Example:
+        >>> pipe = Pipeline.load("out/gpt")                     # doctest: +SKIP
+        >>> pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=0.1))  # doctest: +SKIP
+        >>> loss = pipe.train_step(inputs, targets, loss_fn)     # doctest: +SKIP
+    """
+
+    def __init__(self, manifest: dict[str, Any], modules: list[nn.Module], program: Program) -> None:
+        verify_program(program, topology_from_manifest(manifest))
+        self.manifest = manifest
+        self.modules = modules
+        self.program = program
+        self.layout = Layout.from_manifest(manifest, program.stage_device)
+        self.optimizers: list[torch.optim.Optimizer] | None = None
+
+    @classmethod
+    def load(cls, directory: str | Path, program: str | Path | None = None) -> Pipeline:
+        """Load the directory written by ``pipecompile MODEL -o DIR`` (and optionally another
+        program file, verified before use)."""
+        directory = Path(directory)
+        manifest = read_manifest(directory)
+        prog = read_program(Path(program) if program else directory / manifest["program"])
+        return cls(manifest, load_stages(directory, manifest), prog)
+
+    def set_optimizer(self, factory: OptimizerFactory) -> None:
+        """One optimizer per stage over that stage's parameters (tied copies step identically)."""
+        self.optimizers = [factory(list(m.parameters())) for m in self.modules]
+
+    def train_step(
+        self,
+        inputs: dict[str, torch.Tensor],
+        targets: Sequence[torch.Tensor],
+        loss_fn: LossFn,
+        on_step: Callable[[int], None] | None = None,
+    ) -> tuple[torch.Tensor, list[Any]]:
+        """Run the program on one mini-batch; returns (mean loss, outputs per micro-batch)."""
+        count = self.program.microbatches
+        micro = split_microbatches(self._ordered(inputs), count)
+        target_names = {f"target {k}": t for k, t in enumerate(targets)}
+        micro_targets = [tuple(m.values()) for m in split_microbatches(target_names, count)]
+        executor = StepExecutor(
+            self.layout, self.modules, LocalBackend(), micro, micro_targets, loss_fn,
+            self.optimizers, on_step,
+        )  # fmt: skip
+        run_program(self.program, executor.handlers())
+        loss = sum(executor.losses[i].detach() for i in range(count))
+        return loss, [executor.results[i] for i in range(count)]  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> Any:
+        """Inference through the pipeline; returns the model's output structure."""
+        count = self.program.microbatches
+        micro = split_microbatches(self._ordered(inputs), count)
+        executor = StepExecutor(self.layout, self.modules, LocalBackend(), micro)
+        run_program(forward_only(self.program), executor.handlers())
+        joined = join_microbatches([executor.results[i] for i in range(count)])
+        return pytree.tree_unflatten(joined, self.layout.output_spec)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer under each of the original model's names for it."""
+        state: dict[str, torch.Tensor] = {}
+        for module, params in zip(self.modules, self.layout.params):
+            own = module.state_dict(keep_vars=False)
+            for name, originals in params.items():
+                for original in originals:
+                    state.setdefault(original, own[name])
+        return state
+
+    def named_grads(self) -> dict[str, torch.Tensor | None]:
+        """Each parameter's current gradient under its original names (first holder's copy)."""
+        grads: dict[str, torch.Tensor | None] = {}
+        for module, params in zip(self.modules, self.layout.params):
+            own = dict(module.named_parameters(remove_duplicate=False))
+            for name, originals in params.items():
+                if name in own:
+                    for original in originals:
+                        grads.setdefault(original, own[name].grad)
+        return grads
+
+    def _ordered(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        missing = [n for n in self.layout.model_inputs if n not in inputs]
+        if missing:
+            raise PipecompileError(
+                f"inputs lack {', '.join(missing)}; the pipeline takes {', '.join(self.layout.model_inputs)}"
+            )
+        return {n: inputs[n] for n in self.layout.model_inputs}
