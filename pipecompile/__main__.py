@@ -1,0 +1,7 @@
+"""`python -m pipecompile` runs the command line."""
+
+import sys
+
+from pipecompile.cli import main
+
+sys.exit(main())

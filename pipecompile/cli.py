@@ -1,0 +1,147 @@
+"""The command line: `pipecompile MODEL --stages N -o OUT` and `pipecompile run OUT`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from pipecompile import __version__
+from pipecompile.compiler import PASSES, compile_model
+from pipecompile.errors import CheckError, ModelFileError, PipecompileError
+from pipecompile.schedules import SCHEDULES
+
+__all__ = ["main"]
+
+COMMANDS = ("compile", "run")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `pipecompile` command; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+        args.insert(0, "compile")  # `pipecompile model.py --stages 4` means compile
+    parsed = _parser().parse_args(args)
+    try:
+        return parsed.handler(parsed)
+    except CheckError as err:
+        print(f"pipecompile: {err}", file=sys.stderr)
+        return 1
+    except PipecompileError as err:
+        if os.environ.get("PIPECOMPILE_DEBUG"):
+            traceback.print_exc()
+        print(f"pipecompile: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipecompile",
+        description="Compile a PyTorch model into pipeline stages and a schedule program, and run it.",
+        epilog="`pipecompile MODEL ...` is short for `pipecompile compile MODEL ...`.",
+    )
+    parser.add_argument("--version", action="version", version=f"pipecompile {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    comp = commands.add_parser("compile", help="trace, balance, split and emit a model")
+    comp.add_argument("model", help="model file, optionally FILE.py:NAME (default NAME: build_model)")
+    comp.add_argument("--stages", type=int, required=True, help="number of pipeline stages")
+    comp.add_argument("-o", "--output", help="output directory (default: pipecompile-out/<model>)")
+    comp.add_argument("--microbatches", type=int, default=1, help="micro-batches per mini-batch")
+    comp.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES))
+    comp.add_argument("--balance", default="flops", choices=("flops", "params"))
+    comp.add_argument("--print-after", action="append", default=[], metavar="PASS",
+                      help=f"print the IR after a pass ({', '.join(PASSES)})")  # fmt: skip
+    comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    comp.set_defaults(handler=_compile)
+
+    run = commands.add_parser("run", help="train or check a compiled pipeline")
+    run.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
+    run.add_argument("--steps", type=int, default=1, help="training steps to run")
+    run.add_argument("--check", action="store_true", help="compare one step with the eager model")
+    run.add_argument("--program", help="run this program file instead (verified first)")
+    run.add_argument("--model", help="model file to take inputs, targets and loss_fn from")
+    run.add_argument("--optimizer", default="adamw", choices=("sgd", "adam", "adamw"))
+    run.add_argument("--lr", type=float, default=1e-3)
+    run.add_argument("--atol", type=float, default=1e-5, help="--check absolute tolerance")
+    run.add_argument("--rtol", type=float, default=1e-5, help="--check relative tolerance")
+    run.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    run.set_defaults(handler=_run)
+    return parser
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(text, file=sys.stderr)
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from pipecompile.codegen.emit import ModelRef, emit
+    from pipecompile.model_file import load_model_file, split_ref
+    from pipecompile.summary import summary
+
+    path, name = split_ref(args.model)
+    out = Path(args.output or Path("pipecompile-out") / path.stem)
+    _say(args, f"loading {path}:{name}")
+    spec = load_model_file(args.model)
+    _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
+    compiled = compile_model(
+        spec.model, spec.inputs, stages=args.stages, microbatches=args.microbatches,
+        schedule=args.schedule, balance=args.balance, print_after=frozenset(args.print_after),
+        progress=not args.quiet,
+    )  # fmt: skip
+    start = time.perf_counter()
+    emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"))
+    _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
+    if not args.quiet:
+        print(summary(compiled, str(out)))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipecompile.runtime.check import check_step
+    from pipecompile.runtime.load import read_manifest
+    from pipecompile.runtime.pipeline import Pipeline
+
+    directory = Path(args.directory)
+    manifest = read_manifest(directory)
+    spec = _model_spec(args, directory, manifest)
+    if spec.targets is None or spec.loss_fn is None:
+        raise ModelFileError(
+            f"{spec.path} needs example_targets() and loss_fn(output, *targets) for `run`"
+        )
+    pipe = Pipeline.load(directory, args.program)
+    if args.check:
+        report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
+                            atol=args.atol, rtol=args.rtol)  # fmt: skip
+        print(report)
+        if not report.ok:
+            raise CheckError("pipelined results differ from the eager model (see above)")
+        return 0
+    optimizers = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    pipe.set_optimizer(lambda ps: optimizers[args.optimizer](ps, lr=args.lr))
+    for step in range(args.steps):
+        start = time.perf_counter()
+        loss, _ = pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
+        ms = (time.perf_counter() - start) * 1000
+        print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
+    return 0
+
+
+def _model_spec(args: argparse.Namespace, directory: Path, manifest: dict):  # type: ignore[no-untyped-def]
+    from pipecompile.model_file import load_model_file
+
+    if args.model:
+        return load_model_file(args.model)
+    recorded = manifest.get("model", {})
+    if not recorded.get("file"):
+        raise ModelFileError(
+            f"{directory}/manifest.json records no model file; pass --model FILE.py[:NAME]"
+        )
+    path = (directory / recorded["file"]).resolve()
+    return load_model_file(f"{path}:{recorded['name']}")

@@ -1,0 +1,41 @@
+"""The table printed after compiling: per stage ops, FLOPs, parameters and traffic; balance."""
+
+from __future__ import annotations
+
+from pipecompile.compiler import Compiled
+from pipecompile.markers import is_recv, is_send
+
+__all__ = ["summary"]
+
+
+def summary(compiled: Compiled, out: str) -> str:
+    """A few lines a person reads after `pipecompile MODEL --stages N`."""
+    graph = compiled.graph
+    total = sum(s.flops for s in graph.stages) or 1
+    rows = ["stage  ops   fwd FLOPs  share   params   in/out values   sent bytes"]
+    for s in graph.stages:
+        ops = sum(
+            1 for n in s.module.graph.nodes
+            if n.op.startswith("call_") and not is_recv(n) and not is_send(n)
+        )  # fmt: skip
+        sent = sum(e.nbytes for e in graph.edges if e.src == s.index)
+        rows.append(
+            f"{s.index:>5} {ops:>4} {_si(s.flops):>11} {100 * s.flops / total:5.1f}% "
+            f"{_si(s.param_bytes, 'B'):>8}   {len(s.inputs):>3} / {len(s.outputs):<3}     {_si(sent, 'B'):>9}"
+        )
+    worst = max(s.flops for s in graph.stages)
+    bound = total / len(graph.stages)
+    rows.append(
+        f"bottleneck {_si(worst)} FLOPs = {worst / bound:.3f} x the perfect split "
+        f"({_si(bound)}); tracer {graph.tracer}; schedule {compiled.program.schedule}, "
+        f"{compiled.program.microbatches} micro-batches of {compiled.microbatch_size}"
+    )
+    rows.append(f"wrote {out}")
+    return "\n".join(rows)
+
+
+def _si(value: float, unit: str = "") -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{prefix}{unit}"
+    return f"{value:.0f}{unit}"

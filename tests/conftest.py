@@ -1,0 +1,49 @@
+"""Shared fixtures: the example models compiled once per session into a temporary directory."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.compiler import compile_model
+from pipecompile.model_file import ModelSpec, load_model_file
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+EXAMPLE_NAMES = ["mlp", "resnet", "gpt", "hf_gpt2", "hf_bert", "hf_llama"]
+STAGE_COUNTS = [1, 2, 3, 4]
+
+
+def example_spec(name: str) -> ModelSpec:
+    return load_model_file(str(EXAMPLES / f"{name}.py"))
+
+
+def named_inputs(model: torch.nn.Module, raw: object) -> dict[str, torch.Tensor]:
+    if isinstance(raw, dict):
+        return raw
+    return dict(zip(inspect.signature(model.forward).parameters, raw))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def compiled_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
+    """(example, stages) -> emitted directory, 2 micro-batches each."""
+    root = tmp_path_factory.mktemp("compiled")
+    out = {}
+    for name in EXAMPLE_NAMES:
+        spec = example_spec(name)
+        for stages in STAGE_COUNTS:
+            compiled = compile_model(spec.model, spec.inputs, stages=stages, microbatches=2)
+            target = root / f"{name}_{stages}"
+            emit(compiled, target, model=ModelRef(spec.path, spec.name, name))
+            out[(name, stages)] = target
+    return out
+
+
+def write_model_file(tmp_path: Path, source: str, name: str = "model.py") -> Path:
+    path = tmp_path / name
+    path.write_text(source)
+    return path
