@@ -21,7 +21,7 @@ def min_max_partition(costs: Sequence[int], parts: int) -> list[int]:
 
     Example:
         >>> min_max_partition([5, 1, 1, 1, 5, 1], 3)
-        [0, 1, 4]
+        [0, 2, 4]
     """
     if not 1 <= parts <= len(costs):
         raise ValueError(f"cannot split {len(costs)} items into {parts} non-empty parts")

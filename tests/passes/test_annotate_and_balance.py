@@ -1,0 +1,78 @@
+"""Cost annotation counts contraction FLOPs exactly; balancing cuts only at legal points."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipecompile.errors import BalanceError
+from pipecompile.frontend import trace
+from pipecompile.node_info import info
+from pipecompile.passes import annotate_costs, balance_stages
+from pipecompile.passes.balance_stages import compute_nodes
+from pipecompile.passes.flops import is_contraction
+from tests.conftest import example_spec
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "gpt", "hf_gpt2", "hf_llama"])
+def test_contraction_flops_equal_torch_flop_counter(name):
+    spec = example_spec(name)
+    traced = trace(spec.model, spec.inputs)
+    annotated = annotate_costs(traced.module, root=traced.root)
+    ours = sum(info(n).flops for n in annotated.graph.nodes if is_contraction(n, annotated))
+    with FlopCounterMode(display=False) as counter:
+        spec.model(**spec.inputs)
+    assert ours == counter.get_total_flops() > 0
+
+
+def test_annotation_records_bytes_and_leaves_input_untouched():
+    spec = example_spec("mlp")
+    traced = trace(spec.model, spec.inputs)
+    annotated = annotate_costs(traced.module, root=traced.root)
+    assert all("pipecompile" not in n.meta for n in traced.module.graph.nodes)
+    linear = next(n for n in annotated.graph.nodes if n.op == "call_module")
+    weight = spec.model.get_submodule(str(linear.target)).weight
+    assert info(linear).param_bytes >= weight.numel() * 4
+    assert info(linear).activation_bytes == linear.meta["val"].numel() * 4
+
+
+def test_every_op_gets_a_stage_and_stages_are_contiguous():
+    spec = example_spec("gpt")
+    traced = trace(spec.model, spec.inputs)
+    balanced = balance_stages(annotate_costs(traced.module, root=traced.root), stages=4)
+    stages = [info(n).stage for n in compute_nodes(balanced.graph)]
+    assert stages == sorted(stages) and set(stages) == {0, 1, 2, 3}
+
+
+class TupleAcross(torch.nn.Module):
+    def forward(self, x):
+        parts = x.chunk(2, dim=-1)  # a tuple of tensors: no stage may start between here...
+        a = parts[0] * 2
+        return a + parts[1]  # ...and here
+
+
+def test_values_that_are_tuples_never_cross_a_boundary():
+    traced = trace(TupleAcross(), {"x": torch.randn(2, 4)})
+    annotated = annotate_costs(traced.module, root=traced.root)
+    with pytest.raises(BalanceError, match="has 5 ops but only 2 places where a stage may start"):
+        balance_stages(annotated, stages=3)
+    balanced = balance_stages(annotated, stages=2)
+    stage = {n.name: info(n).stage for n in compute_nodes(balanced.graph)}
+    assert stage["chunk"] == stage["getitem"] == stage["getitem_1"] == 0 and stage["add"] == 1
+
+
+def test_more_stages_than_cuttable_nodes():
+    traced = trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), {"input": torch.randn(2, 4)})
+    annotated = annotate_costs(traced.module, root=traced.root)
+    with pytest.raises(BalanceError, match=r"into 3 stages: it has 2 ops.*use --stages 2 or fewer"):
+        balance_stages(annotated, stages=3)
+
+
+def test_balance_is_a_pure_function():
+    traced = trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), {"input": torch.randn(2, 4)})
+    annotated = annotate_costs(traced.module, root=traced.root)
+    balance_stages(annotated, stages=2)
+    assert all(info(n).stage is None for n in annotated.graph.nodes)
+    assert isinstance(annotated, fx.GraphModule)
