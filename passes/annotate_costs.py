@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+from pipecompile.passes.flops import node_flops
 from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.graph_copy import copy_graph_module
 from pipecompile.node_info import with_info
-from pipecompile.passes.flops import node_flops
 
 __all__ = ["annotate_costs"]
 
@@ -44,7 +44,9 @@ def _param_bytes(node: fx.Node, module: fx.GraphModule) -> int:
     if node.op == "get_attr":
         return _value_bytes(_fetch(module, str(node.target)))
     if node.op == "call_module":
-        return sum(_value_bytes(t) for t in module.get_submodule(str(node.target)).state_dict().values())
+        return sum(
+            _value_bytes(t) for t in module.get_submodule(str(node.target)).state_dict().values()
+        )
     return 0
 
 
@@ -55,5 +57,7 @@ def _fetch(module: nn.Module, target: str) -> object:
 
 def _value_bytes(value: object) -> int:
     return sum(
-        t.numel() * t.element_size() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)
+        t.numel() * t.element_size()
+        for t in pytree.tree_leaves(value)
+        if isinstance(t, torch.Tensor)
     )

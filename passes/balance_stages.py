@@ -10,11 +10,11 @@ every value crossing it is a tensor or a constant that can be written into code.
 from __future__ import annotations
 
 import torch.fx as fx
+from pipecompile.passes.min_max_partition import min_max_partition
 
 from pipecompile.errors import BalanceError
 from pipecompile.graph_copy import copy_graph_module
 from pipecompile.node_info import info, with_info
-from pipecompile.passes.min_max_partition import min_max_partition
 from pipecompile.values import is_transferable
 
 __all__ = ["balance_stages", "COSTS", "compute_nodes", "min_max_partition"]

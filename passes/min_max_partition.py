@@ -79,5 +79,7 @@ def _starts_for(prefix: list[int], parts: int, limit: int) -> list[int]:
         last_allowed = n - (parts - j - 1)
         end = bisect.bisect_right(prefix, prefix[start] + limit, lo=start) - 1
         start = max(start + 1, min(end, last_allowed))
-    assert start == n and all(prefix[e] - prefix[s] <= limit for s, e in zip(starts, starts[1:] + [n]))
+    assert start == n and all(
+        prefix[e] - prefix[s] <= limit for s, e in zip(starts, starts[1:] + [n])
+    )
     return starts

@@ -107,7 +107,9 @@ def _consumers(
 def _edge(node: fx.Node, src: int, dst: int) -> Edge:
     val = node.meta["val"]
     nbytes = val.numel() * val.element_size()
-    return Edge(value_name(node), src, dst, tuple(val.shape), str(val.dtype).removeprefix("torch."), nbytes)
+    return Edge(
+        value_name(node), src, dst, tuple(val.shape), str(val.dtype).removeprefix("torch."), nbytes
+    )
 
 
 @dataclass
@@ -132,7 +134,9 @@ class _StageBuilder:
     def copy(self, node: fx.Node, stage_of: dict[fx.Node, int]) -> None:
         copied = self.graph.node_copy(node, self._lookup(stage_of))
         if node.op == "call_module":
-            copied.target = self._attribute(str(node.target), self.source.get_submodule(str(node.target)))
+            copied.target = self._attribute(
+                str(node.target), self.source.get_submodule(str(node.target))
+            )
         self.env[node] = copied
         self.flops += info(node).flops
 
@@ -148,12 +152,17 @@ class _StageBuilder:
 
     def build(self, model_inputs: tuple[str, ...] | None) -> Stage:
         module = fx.GraphModule(self.root, self.graph, class_name=f"Stage{self.index}")
-        state = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers(remove_duplicate=False))}
+        state = {
+            **dict(module.named_parameters(remove_duplicate=False)),
+            **dict(module.named_buffers(remove_duplicate=False)),
+        }
         params = {name: self.aliases.get(id(t), (name,)) for name, t in state.items()}
         unique = {id(t): t for t in state.values()}
         param_bytes = sum(t.numel() * t.element_size() for t in unique.values())
         inputs = model_inputs if model_inputs is not None else tuple(self.inputs)
-        return Stage(self.index, module, inputs, tuple(self.outputs), params, self.flops, param_bytes)
+        return Stage(
+            self.index, module, inputs, tuple(self.outputs), params, self.flops, param_bytes
+        )
 
     def _lookup(self, stage_of: dict[fx.Node, int]) -> Callable[[fx.Node], object]:
         def lookup(arg: fx.Node) -> object:

@@ -42,14 +42,16 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipecompile",
-        description="Compile a PyTorch model into pipeline stages and a schedule program, and run it.",
+        description="Compile a PyTorch model into pipeline stages and a program, and run it.",
         epilog="`pipecompile MODEL ...` is short for `pipecompile compile MODEL ...`.",
     )
     parser.add_argument("--version", action="version", version=f"pipecompile {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     comp = commands.add_parser("compile", help="trace, balance, split and emit a model")
-    comp.add_argument("model", help="model file, optionally FILE.py:NAME (default NAME: build_model)")
+    comp.add_argument(
+        "model", help="model file, optionally FILE.py:NAME (default NAME: build_model)"
+    )
     comp.add_argument("--stages", type=int, required=True, help="number of pipeline stages")
     comp.add_argument("-o", "--output", help="output directory (default: pipecompile-out/<model>)")
     comp.add_argument("--microbatches", type=int, default=1, help="micro-batches per mini-batch")

@@ -88,12 +88,18 @@ def compile_model(
     """
     unknown = sorted(print_after - set(PASSES))
     if unknown:
-        raise PipecompileError(f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}")
+        raise PipecompileError(
+            f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}"
+        )
     micro = split_microbatches(inputs, microbatches)[0]
     runner = _PassRunner(print_after, progress)
     traced: Traced = runner("trace", lambda: trace(model, micro), None)
-    annotated = runner("annotate_costs", lambda: annotate_costs(traced.module, root=traced.root), None)
-    balanced = runner("balance_stages", lambda: balance_stages(annotated, stages=stages, cost=balance), None)
+    annotated = runner(
+        "annotate_costs", lambda: annotate_costs(traced.module, root=traced.root), None
+    )
+    balanced = runner(
+        "balance_stages", lambda: balance_stages(annotated, stages=stages, cost=balance), None
+    )
     graph = runner("split_stages", lambda: split_stages(balanced, traced=traced), StageGraph.verify)
     compute = runner("schedule", lambda: generate(schedule, stages, microbatches), None)
     check = topology(graph)

@@ -1,4 +1,4 @@
-"""The exceptions pipecompile raises for a user's mistake: one base class, one subclass per stage."""
+"""The exceptions pipecompile raises for a user's mistake: one base class, a subclass per stage."""
 
 from __future__ import annotations
 

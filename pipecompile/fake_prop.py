@@ -14,7 +14,7 @@ __all__ = ["propagate_fake"]
 
 
 class _FakeInterpreter(fx.Interpreter):
-    """fx.Interpreter whose parameters, buffers and inputs are fake: no real compute, no mutation."""
+    """An fx.Interpreter whose parameters, buffers and inputs are fake: no compute, no mutation."""
 
     def __init__(self, module: fx.GraphModule, mode: FakeTensorMode) -> None:
         super().__init__(module)

@@ -100,7 +100,9 @@ def _keep_placeholders(module: fx.GraphModule, names: list[str]) -> list[str]:
         if node.target in names:
             kept.append(str(node.target))
         elif node.users:
-            raise RuntimeError(f"forward parameter {node.target!r} is used but has no example input")
+            raise RuntimeError(
+                f"forward parameter {node.target!r} is used but has no example input"
+            )
         else:
             module.graph.erase_node(node)
     module.recompile()
@@ -120,7 +122,9 @@ def _flatten_output(module: fx.GraphModule) -> pytree.TreeSpec:
 
 def _reason(err: BaseException) -> str:
     text = (str(err).strip().splitlines() or [""])[0][:240]
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if "site-packages" not in f.filename]
+    frames = [
+        f for f in traceback.extract_tb(err.__traceback__) if "site-packages" not in f.filename
+    ]
     frames = [f for f in frames if "/pipecompile/" not in f.filename]
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(err).__name__}: {text}{where}"

@@ -87,7 +87,9 @@ def _make_model(module: ModuleType, name: str, path: Path) -> nn.Module:
         found = sorted(
             k for k, v in vars(module).items() if not k.startswith("_") and _looks_like_model(v)
         )
-        hint = f"; candidates found: {', '.join(found)} (select one with {path}:NAME)" if found else ""
+        hint = (
+            f"; candidates found: {', '.join(found)} (select one with {path}:NAME)" if found else ""
+        )
         raise ModelFileError(
             f"{path} has no {name!r}: define build_model() returning an nn.Module, "
             f"or pass {path}:NAME{hint}"

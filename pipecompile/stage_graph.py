@@ -25,7 +25,9 @@ class Edge:
 
     def __str__(self) -> str:
         shape = "x".join(str(s) for s in self.shape) or "scalar"
-        return f"{self.value}: stage {self.src} -> {self.dst}  {self.dtype}[{shape}] {self.nbytes} B"
+        return (
+            f"{self.value}: stage {self.src} -> {self.dst}  {self.dtype}[{shape}] {self.nbytes} B"
+        )
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,9 @@ class Stage:
     param_bytes: int
 
     def __str__(self) -> str:
-        head = f"stage {self.index}: inputs ({', '.join(self.inputs)}) -> ({', '.join(self.outputs)})"
+        head = (
+            f"stage {self.index}: inputs ({', '.join(self.inputs)}) -> ({', '.join(self.outputs)})"
+        )
         return head + "\n" + str(self.module.graph)
 
 
@@ -75,7 +79,8 @@ class StageGraph:
         last = len(self.stages) - 1
         if self.stages[0].inputs != self.model_inputs:
             raise SplitError(
-                f"stage 0 takes {self.stages[0].inputs}, expected the model inputs {self.model_inputs}"
+                f"stage 0 takes {self.stages[0].inputs}, "
+                f"expected the model inputs {self.model_inputs}"
             )
         if self.stages[last].outputs != self.model_outputs:
             raise SplitError(
@@ -106,5 +111,6 @@ def _verify_markers(stage: Stage, edges: tuple[Edge, ...]) -> None:
     if received != want_in or sent != want_out:
         raise SplitError(
             f"stage {stage.index}: markers receive {sorted(received)} and send {sorted(sent)}, "
-            f"but the edges say {sorted(want_in)} in and {sorted(want_out)} out\n{stage.module.graph}"
+            f"but the edges say {sorted(want_in)} in and {sorted(want_out)} out\n"
+            f"{stage.module.graph}"
         )

@@ -21,7 +21,8 @@ def summary(compiled: Compiled, out: str) -> str:
         sent = sum(e.nbytes for e in graph.edges if e.src == s.index)
         rows.append(
             f"{s.index:>5} {ops:>4} {_si(s.flops):>11} {100 * s.flops / total:5.1f}% "
-            f"{_si(s.param_bytes, 'B'):>8}   {len(s.inputs):>3} / {len(s.outputs):<3}     {_si(sent, 'B'):>9}"
+            f"{_si(s.param_bytes, 'B'):>8}   {len(s.inputs):>3} / {len(s.outputs):<3}     "
+            f"{_si(sent, 'B'):>9}"
         )
     worst = max(s.flops for s in graph.stages)
     bound = total / len(graph.stages)

@@ -1,4 +1,4 @@
-"""What kinds of values may cross a stage boundary: tensors (sent) and literals (written in code)."""
+"""Values that may cross a stage boundary: tensors (sent) and literals (written into code)."""
 
 from __future__ import annotations
 

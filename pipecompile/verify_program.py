@@ -113,12 +113,16 @@ def _simulate(program: Program, topology: Topology) -> None:
             return
         if not moved:
             stuck = "\n".join(
-                show_around(program, d, pc) for d, pc in enumerate(pcs) if pc < len(program.devices[d])
+                show_around(program, d, pc)
+                for d, pc in enumerate(pcs)
+                if pc < len(program.devices[d])
             )
             raise ProgramError(f"the program deadlocks: no device can proceed\n{stuck}")
 
 
-def _ready(instr: Instr, done: set[Instr], pcs: list[int], program: Program, topo: Topology) -> bool:
+def _ready(
+    instr: Instr, done: set[Instr], pcs: list[int], program: Program, topo: Topology
+) -> bool:
     j, i = instr.stage, instr.microbatch
     device = program.stage_device
     producers = [s for s, t in topo.edges if t == j]

@@ -9,12 +9,13 @@ import importlib.util
 import json
 import sys
 
-import torch
 from safetensors.torch import load_file, load_model
 
 
 def load_stage(directory, entry):
-    spec = importlib.util.spec_from_file_location(f"{entry['class']}_{abs(hash(directory))}", f"{directory}/{entry['file']}")
+    spec = importlib.util.spec_from_file_location(
+        f"{entry['class']}_{abs(hash(directory))}", f"{directory}/{entry['file']}"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     stage = getattr(module, entry["class"])()

@@ -46,7 +46,9 @@ def test_stages_from_disk_chain_without_the_compiler(compiled_examples, tmp_path
 def test_gpipe_step_equals_eager(compiled_examples, name, stages):
     spec = example_spec(name)
     pipe = Pipeline.load(compiled_examples[(name, stages)])
-    report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6, rtol=1e-5)
+    report = check_step(
+        pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6, rtol=1e-5
+    )
     assert report.ok, str(report)
     assert report.grad_diff < 1e-5
 
@@ -54,7 +56,9 @@ def test_gpipe_step_equals_eager(compiled_examples, name, stages):
 def test_tied_embedding_is_one_parameter_across_stages(compiled_examples):
     manifest = json.loads((compiled_examples[("gpt", 4)] / "manifest.json").read_text())
     holders = [
-        (j, name) for j, s in enumerate(manifest["stages"]) for name, originals in s["params"].items()
+        (j, name)
+        for j, s in enumerate(manifest["stages"])
+        for name, originals in s["params"].items()
         if set(originals) == {"wte.weight", "lm_head.weight"}
     ]  # fmt: skip
     assert [j for j, _ in holders] == [0, 3]
@@ -73,5 +77,7 @@ def test_tied_copies_stay_identical_after_steps(compiled_examples):
     tied = [n for n, o in pipe.layout.params[0].items() if "lm_head.weight" in o][0]
     tied_last = [n for n, o in pipe.layout.params[3].items() if "lm_head.weight" in o][0]
     assert torch.equal(first[tied], last[tied_last])
-    spec.model.load_state_dict({k: v for k, v in pipe.state_dict().items() if k in spec.model.state_dict()})
+    spec.model.load_state_dict(
+        {k: v for k, v in pipe.state_dict().items() if k in spec.model.state_dict()}
+    )
     assert spec.model.lm_head.weight is spec.model.wte.weight

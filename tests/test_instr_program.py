@@ -45,7 +45,9 @@ device 2
 """
 
 
-@pytest.mark.parametrize("text", ["1F0", "0B12", "3SEND_F2", "2RECV_B0", "0STEP", "11ALLREDUCE_TIED"])
+@pytest.mark.parametrize(
+    "text", ["1F0", "0B12", "3SEND_F2", "2RECV_B0", "0STEP", "11ALLREDUCE_TIED"]
+)
 def test_instr_round_trips(text):
     assert str(Instr.parse(text)) == text
     assert Instr.parse(str(Instr.parse(text))) == Instr.parse(text)

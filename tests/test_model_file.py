@@ -46,7 +46,9 @@ def test_missing_file_and_import_error(tmp_path):
     with pytest.raises(ModelFileError, match="does not exist"):
         load_model_file(str(tmp_path / "nope.py"))
     path = write_model_file(tmp_path, "import torch\nraise ValueError('boom')\n", "broken.py")
-    with pytest.raises(ModelFileError, match=r"importing .*broken.py' failed at broken.py:2: ValueError: boom"):
+    with pytest.raises(
+        ModelFileError, match=r"importing .*broken.py' failed at broken.py:2: ValueError: boom"
+    ):
         load_model_file(str(path))
 
 
@@ -60,7 +62,10 @@ def test_missing_or_wrong_example_inputs(tmp_path):
     base = "import torch\ndef build_model():\n    return torch.nn.Linear(4, 2)\n"
     with pytest.raises(ModelFileError, match="has no example_inputs"):
         load_model_file(str(write_model_file(tmp_path, base, "a.py")))
-    bad = base + "def example_inputs():\n    return {'input': torch.randn(2, 4), 'use_cache': False}\n"
+    bad = (
+        base
+        + "def example_inputs():\n    return {'input': torch.randn(2, 4), 'use_cache': False}\n"
+    )
     with pytest.raises(ModelFileError, match="has keys \\['use_cache'\\]"):
         load_model_file(str(write_model_file(tmp_path, bad, "b.py")))
     flag = base + "def example_inputs():\n    return (torch.randn(2, 4), True)\n"

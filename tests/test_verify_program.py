@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from pipecompile.passes import insert_communication
 
 from pipecompile.errors import ProgramError
 from pipecompile.instr import Instr
-from pipecompile.passes import insert_communication
 from pipecompile.program import Program
 from pipecompile.schedules import generate
 from pipecompile.verify_program import Topology, verify_program

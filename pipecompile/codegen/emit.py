@@ -114,8 +114,14 @@ def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, 
             for s in graph.stages
         ],
         "edges": [
-            {"value": e.value, "src": e.src, "dst": e.dst, "shape": list(e.shape),
-             "dtype": e.dtype, "bytes": e.nbytes}
+            {
+                "value": e.value,
+                "src": e.src,
+                "dst": e.dst,
+                "shape": list(e.shape),
+                "dtype": e.dtype,
+                "bytes": e.nbytes,
+            }
             for e in graph.edges
         ],  # fmt: skip
     }

@@ -44,7 +44,9 @@ class CheckReport:
             f"  grads    max |diff| {self.grad_diff:.3e}  ({self.worst_grad or '-'})",
         ]
         lines += [f"  MISMATCH {f}" for f in self.failures[:10]]
-        lines.append("check passed" if self.ok else f"check FAILED: {len(self.failures)} mismatches")
+        lines.append(
+            "check passed" if self.ok else f"check FAILED: {len(self.failures)} mismatches"
+        )
         return "\n".join(lines)
 
 
@@ -61,16 +63,28 @@ def check_step(
     """Load the pipeline's weights into ``model``, run one step on both, compare."""
     model.load_state_dict(_restrict(pipe.state_dict(), model), strict=True)
     count = pipe.program.microbatches
-    per_micro = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
-    reference = f"{count} micro-batches (BatchNorm statistics per micro-batch)" if per_micro else "whole mini-batch"
-    ref_loss, ref_outs, ref_grads = _eager(model, inputs, targets, loss_fn, count if per_micro else 1)
+    per_micro = any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
+    )
+    reference = (
+        f"{count} micro-batches (BatchNorm statistics per micro-batch)"
+        if per_micro
+        else "whole mini-batch"
+    )
+    ref_loss, ref_outs, ref_grads = _eager(
+        model, inputs, targets, loss_fn, count if per_micro else 1
+    )
     grads: dict[str, torch.Tensor] = {}
-    loss, outs = pipe.train_step(inputs, targets, loss_fn, on_step=lambda j: grads.update(_stage_grads(pipe, j)))
+    loss, outs = pipe.train_step(
+        inputs, targets, loss_fn, on_step=lambda j: grads.update(_stage_grads(pipe, j))
+    )
     report = CheckReport(reference)
     report.loss_diff = _compare(report, "loss", loss, ref_loss, atol, rtol)
     joined = [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))]
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
-        report.output_diff = max(report.output_diff, _compare(report, f"output {k}", have, want, atol, rtol))
+        report.output_diff = max(
+            report.output_diff, _compare(report, f"output {k}", have, want, atol, rtol)
+        )
     for name, want in ref_grads.items():
         have = grads.get(name)
         if have is None:
@@ -102,7 +116,11 @@ def _eager(
         total = total + loss.detach()
         outputs.append([t.detach() for t in pytree.tree_leaves(out)])
     joined = [torch.cat([o[k] for o in outputs]) for k in range(len(outputs[0]))]
-    grads = {n: p.grad.clone() for n, p in model.named_parameters(remove_duplicate=False) if p.grad is not None}
+    grads = {
+        n: p.grad.clone()
+        for n, p in model.named_parameters(remove_duplicate=False)
+        if p.grad is not None
+    }
     return total, joined, grads
 
 
@@ -116,7 +134,9 @@ def _stage_grads(pipe: Pipeline, j: int) -> dict[str, torch.Tensor]:
     return grads
 
 
-def _compare(report: CheckReport, what: str, have: Any, want: torch.Tensor, atol: float, rtol: float) -> float:
+def _compare(
+    report: CheckReport, what: str, have: Any, want: torch.Tensor, atol: float, rtol: float
+) -> float:
     have = torch.as_tensor(have).detach()
     want = want.detach()
     if have.shape != want.shape:

@@ -154,7 +154,7 @@ class StepExecutor:
             results.append(self.backend.all_reduce(key, j, sorted(held), grad))
         if any(r is MISSING for r in results):
             return False
-        for (key, held), total in zip(mine, results):
+        for (_, held), total in zip(mine, results):
             params[held[j]].grad = total.clone()  # type: ignore[union-attr]
         return True
 
@@ -171,7 +171,9 @@ class StepExecutor:
             return self.microbatches[i][name]
         value = self.received[(j, i)].pop(name)
         if isinstance(value, torch.Tensor):
-            value = value.detach().requires_grad_(value.is_floating_point() and self.loss_fn is not None)
+            value = value.detach().requires_grad_(
+                value.is_floating_point() and self.loss_fn is not None
+            )
         return value
 
     def _loss(self, outs: tuple[Any, ...], i: int) -> torch.Tensor:

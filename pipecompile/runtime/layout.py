@@ -35,8 +35,12 @@ class Layout:
         return cls(
             inputs=tuple(tuple(s["inputs"]) for s in stages),
             outputs=tuple(tuple(s["outputs"]) for s in stages),
-            in_edges=tuple(tuple((e["value"], e["src"]) for e in edges if e["dst"] == j) for j in range(count)),
-            out_edges=tuple(tuple((e["value"], e["dst"]) for e in edges if e["src"] == j) for j in range(count)),
+            in_edges=tuple(
+                tuple((e["value"], e["src"]) for e in edges if e["dst"] == j) for j in range(count)
+            ),
+            out_edges=tuple(
+                tuple((e["value"], e["dst"]) for e in edges if e["src"] == j) for j in range(count)
+            ),
             stage_device=stage_device,
             ties=tied_params(params),
             params=params,

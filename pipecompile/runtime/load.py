@@ -35,7 +35,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if missing:
         raise EmitError(f"{path} lacks {', '.join(missing)}; recompile the model")
     if manifest["format"] != "pipecompile/1":
-        raise EmitError(f"{path} has format {manifest['format']!r}; this pipecompile reads pipecompile/1")
+        raise EmitError(
+            f"{path} has format {manifest['format']!r}; this pipecompile reads pipecompile/1"
+        )
     return manifest
 
 
@@ -50,7 +52,7 @@ def read_program(path: Path) -> Program:
 
 
 def load_stage(directory: Path, entry: dict[str, Any]) -> nn.Module:
-    """Import ``entry["file"]``, build ``entry["class"]()`` and load ``entry["weights"]`` into it."""
+    """Import ``entry["file"]``, build ``entry["class"]()``, load ``entry["weights"]`` into it."""
     source = Path(directory) / entry["file"]
     unique = f"pipecompile_stage_{abs(hash(str(source.resolve())))}_{entry['class']}"
     spec = importlib.util.spec_from_file_location(unique, source)

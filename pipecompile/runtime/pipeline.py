@@ -44,7 +44,9 @@ class Pipeline:
         >>> loss = pipe.train_step(inputs, targets, loss_fn)     # doctest: +SKIP
     """
 
-    def __init__(self, manifest: dict[str, Any], modules: list[nn.Module], program: Program) -> None:
+    def __init__(
+        self, manifest: dict[str, Any], modules: list[nn.Module], program: Program
+    ) -> None:
         verify_program(program, topology_from_manifest(manifest))
         self.manifest = manifest
         self.modules = modules
@@ -120,6 +122,7 @@ class Pipeline:
         missing = [n for n in self.layout.model_inputs if n not in inputs]
         if missing:
             raise PipecompileError(
-                f"inputs lack {', '.join(missing)}; the pipeline takes {', '.join(self.layout.model_inputs)}"
+                f"inputs lack {', '.join(missing)}; the pipeline takes "
+                f"{', '.join(self.layout.model_inputs)}"
             )
         return {n: inputs[n] for n in self.layout.model_inputs}

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx as fx
+from pipecompile.passes import annotate_costs, balance_stages
+from pipecompile.passes.balance_stages import compute_nodes
+from pipecompile.passes.flops import is_contraction
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipecompile.errors import BalanceError
 from pipecompile.frontend import trace
 from pipecompile.node_info import info
-from pipecompile.passes import annotate_costs, balance_stages
-from pipecompile.passes.balance_stages import compute_nodes
-from pipecompile.passes.flops import is_contraction
 from tests.conftest import example_spec
 
 
@@ -64,14 +64,18 @@ def test_values_that_are_tuples_never_cross_a_boundary():
 
 
 def test_more_stages_than_cuttable_nodes():
-    traced = trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), {"input": torch.randn(2, 4)})
+    traced = trace(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), {"input": torch.randn(2, 4)}
+    )
     annotated = annotate_costs(traced.module, root=traced.root)
     with pytest.raises(BalanceError, match=r"into 3 stages: it has 2 ops.*use --stages 2 or fewer"):
         balance_stages(annotated, stages=3)
 
 
 def test_balance_is_a_pure_function():
-    traced = trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), {"input": torch.randn(2, 4)})
+    traced = trace(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), {"input": torch.randn(2, 4)}
+    )
     annotated = annotate_costs(traced.module, root=traced.root)
     balance_stages(annotated, stages=2)
     assert all(info(n).stage is None for n in annotated.graph.nodes)

@@ -6,13 +6,13 @@ import itertools
 import random
 
 import pytest
-
 from pipecompile.passes.min_max_partition import bottleneck, min_max_partition
 
 
 def _brute_force(costs: list[int], parts: int) -> int:
     return min(
-        bottleneck(costs, [0, *cuts]) for cuts in itertools.combinations(range(1, len(costs)), parts - 1)
+        bottleneck(costs, [0, *cuts])
+        for cuts in itertools.combinations(range(1, len(costs)), parts - 1)
     )
 
 
