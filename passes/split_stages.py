@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -39,8 +40,9 @@ def split_stages(module: fx.GraphModule, *, traced: Traced) -> StageGraph:
     stage_of = _stage_of(nodes)
     count = max(stage_of.values()) + 1
     output = nodes[-1]
-    model_outputs = [value_name(n) for n in output.args[0]]
-    consumers = _consumers(nodes, stage_of, output, count - 1)
+    returned: tuple[fx.Node, ...] = output.args[0]  # type: ignore[assignment]
+    model_outputs = [value_name(n) for n in returned]
+    consumers = _consumers(nodes, stage_of, set(returned), count - 1)
     aliases = alias_names(traced.root)
     builders = [_StageBuilder(j, module, aliases) for j in range(count)]
     for node in nodes:
@@ -51,7 +53,7 @@ def split_stages(module: fx.GraphModule, *, traced: Traced) -> StageGraph:
     for node in nodes:
         if consumers.get(node):
             builders[stage_of[node]].send(node, consumers[node])
-    builders[-1].finish(list(output.args[0]), stage_of)
+    builders[-1].finish(list(returned), stage_of)
     for builder in builders[:-1]:
         builder.finish([], stage_of)
     stages = tuple(b.build(tuple(traced.input_names) if b.index == 0 else None) for b in builders)
@@ -88,7 +90,7 @@ def _stage_of(nodes: list[fx.Node]) -> dict[fx.Node, int]:
 
 
 def _consumers(
-    nodes: list[fx.Node], stage_of: dict[fx.Node, int], output: fx.Node, last: int
+    nodes: list[fx.Node], stage_of: dict[fx.Node, int], outputs: set[fx.Node], last: int
 ) -> dict[fx.Node, tuple[int, ...]]:
     """For each tensor value, the later stages that read it (model outputs are read by the last)."""
     result = {}
@@ -96,7 +98,7 @@ def _consumers(
         if node not in stage_of or not isinstance(node.meta.get("val"), torch.Tensor):
             continue
         readers = {stage_of[u] for u in node.users if u in stage_of}
-        if node in output.args[0]:
+        if node in outputs:
             readers.add(last)
         later = tuple(sorted(r for r in readers if r > stage_of[node]))
         if later:
@@ -164,8 +166,8 @@ class _StageBuilder:
             self.index, module, inputs, tuple(self.outputs), params, self.flops, param_bytes
         )
 
-    def _lookup(self, stage_of: dict[fx.Node, int]) -> Callable[[fx.Node], object]:
-        def lookup(arg: fx.Node) -> object:
+    def _lookup(self, stage_of: dict[fx.Node, int]) -> Callable[[fx.Node], Any]:
+        def lookup(arg: fx.Node) -> Any:
             if arg in self.env:
                 return self.env[arg]
             if arg.op == "get_attr":

@@ -80,6 +80,7 @@ def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
     if names != list(inputs):
         raise RuntimeError(f"exported placeholders {names} do not match inputs {list(inputs)}")
     spec = module._out_spec  # set by torch.export on the module it returns
+    assert spec is not None
     output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
     output.args = (tuple(output.args[0]),)
     for node in [n for n in module.graph.nodes if n.op == "call_module" and not n.users]:

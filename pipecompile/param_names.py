@@ -14,8 +14,8 @@ def alias_names(model: nn.Module) -> dict[int, tuple[str, ...]]:
     names: dict[int, list[str]] = {}
     for name, tensor in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(tensor), []).append(name)
-    for name, tensor in model.named_buffers(remove_duplicate=False):
-        names.setdefault(id(tensor), []).append(name)
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        names.setdefault(id(buffer), []).append(name)
     return {key: tuple(value) for key, value in names.items()}
 
 

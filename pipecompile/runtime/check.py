@@ -86,11 +86,11 @@ def check_step(
             report.output_diff, _compare(report, f"output {k}", have, want, atol, rtol)
         )
     for name, want in ref_grads.items():
-        have = grads.get(name)
-        if have is None:
+        found = grads.get(name)
+        if found is None:
             report.failures.append(f"gradient of {name}: the pipeline computed none")
             continue
-        diff = _compare(report, f"gradient of {name}", have, want, atol, rtol)
+        diff = _compare(report, f"gradient of {name}", found, want, atol, rtol)
         if diff >= report.grad_diff:
             report.grad_diff, report.worst_grad = diff, name
     return report
@@ -128,9 +128,10 @@ def _stage_grads(pipe: Pipeline, j: int) -> dict[str, torch.Tensor]:
     params = dict(pipe.modules[j].named_parameters(remove_duplicate=False))
     grads = {}
     for name, originals in pipe.layout.params[j].items():
-        if name in params and params[name].grad is not None:
+        grad = params[name].grad if name in params else None
+        if grad is not None:
             for original in originals:
-                grads[original] = params[name].grad.detach().clone()
+                grads[original] = grad.detach().clone()
     return grads
 
 

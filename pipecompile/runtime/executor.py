@@ -155,7 +155,8 @@ class StepExecutor:
         if any(r is MISSING for r in results):
             return False
         for (_, held), total in zip(mine, results):
-            params[held[j]].grad = total.clone()  # type: ignore[union-attr]
+            assert isinstance(total, torch.Tensor)
+            params[held[j]].grad = total.clone()
         return True
 
     def step(self, instr: Instr) -> bool:
