@@ -41,20 +41,14 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from pipecompile.compiler import PASSES as COMPILER_PASSES
+
 REPO = Path(__file__).resolve().parents[1]
 GPT2_FILE = REPO / "examples" / "hf_gpt2.py"
 STAGES = 4
 MICROBATCHES = 4
 BATCH, SEQ_LEN, VOCAB = 8, 64, 1000
-PASSES = (
-    "trace",
-    "annotate_costs",
-    "balance_stages",
-    "split_stages",
-    "schedule",
-    "insert_communication",
-    "emit",
-)
+PASSES = (*COMPILER_PASSES, "emit")  # the compiler's own pass list, then writing the files
 
 
 @dataclass

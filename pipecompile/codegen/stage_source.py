@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.fx as fx
 from torch import nn
@@ -61,8 +63,6 @@ def stage_source(stage: Stage, lowered: fx.GraphModule, *, num_stages: int, mode
 
 
 def _uses(body: str, name: str) -> bool:
-    import re
-
     return re.search(rf"(?<![\w.]){re.escape(name)}\b", body) is not None
 
 
