@@ -14,6 +14,7 @@ import torch
 from pipecompile import __version__
 from pipecompile.compiler import PASSES, compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
+from pipecompile.passes.balance_stages import COSTS
 from pipecompile.schedules import SCHEDULES
 
 __all__ = ["main"]
@@ -56,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--output", help="output directory (default: pipecompile-out/<model>)")
     comp.add_argument("--microbatches", type=int, default=1, help="micro-batches per mini-batch")
     comp.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES))
-    comp.add_argument("--balance", default="flops", choices=("flops", "params"))
+    comp.add_argument("--balance", default="flops", choices=COSTS)
     comp.add_argument("--print-after", action="append", default=[], metavar="PASS",
                       help=f"print the IR after a pass ({', '.join(PASSES)})")  # fmt: skip
     comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -131,7 +132,8 @@ def _run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         loss, _ = pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
         ms = (time.perf_counter() - start) * 1000
-        print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
+        if not args.quiet:
+            print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
     return 0
 
 

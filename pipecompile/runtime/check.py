@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.runtime.executor import LossFn
-from pipecompile.runtime.microbatch import split_microbatches
+from pipecompile.runtime.microbatch import split_microbatches, split_targets
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["CheckReport", "check_step"]
@@ -76,7 +76,7 @@ def check_step(
     )
     grads: dict[str, torch.Tensor] = {}
     loss, outs = pipe.train_step(
-        inputs, targets, loss_fn, on_step=lambda j: grads.update(_stage_grads(pipe, j))
+        inputs, targets, loss_fn, on_step=lambda j: grads.update(pipe.named_grads(j))
     )
     report = CheckReport(reference)
     report.loss_diff = _compare(report, "loss", loss, ref_loss, atol, rtol)
@@ -107,11 +107,11 @@ def _eager(
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
     model.zero_grad(set_to_none=True)
     micro = split_microbatches(inputs, parts)
-    micro_targets = split_microbatches({str(k): t for k, t in enumerate(targets)}, parts)
+    micro_targets = split_targets(targets, parts)
     total, outputs = torch.zeros(()), []
     for batch, target in zip(micro, micro_targets):
         out = model(**batch)
-        loss = loss_fn(out, *target.values()) / parts
+        loss = loss_fn(out, *target) / parts
         loss.backward()
         total = total + loss.detach()
         outputs.append([t.detach() for t in pytree.tree_leaves(out)])
@@ -122,17 +122,6 @@ def _eager(
         if p.grad is not None
     }
     return total, joined, grads
-
-
-def _stage_grads(pipe: Pipeline, j: int) -> dict[str, torch.Tensor]:
-    params = dict(pipe.modules[j].named_parameters(remove_duplicate=False))
-    grads = {}
-    for name, originals in pipe.layout.params[j].items():
-        grad = params[name].grad if name in params else None
-        if grad is not None:
-            for original in originals:
-                grads[original] = grad.detach().clone()
-    return grads
 
 
 def _compare(

@@ -8,7 +8,7 @@ import torch
 
 from pipecompile.errors import MicrobatchError
 
-__all__ = ["split_microbatches", "join_microbatches"]
+__all__ = ["split_microbatches", "split_targets", "join_microbatches"]
 
 
 def split_microbatches(
@@ -31,6 +31,14 @@ def split_microbatches(
             )
     chunks = {name: t.chunk(count, dim) for name, t in tensors.items()}
     return [{name: parts[i] for name, parts in chunks.items()} for i in range(count)]
+
+
+def split_targets(
+    targets: Sequence[torch.Tensor], count: int, dim: int = 0
+) -> list[tuple[torch.Tensor, ...]]:
+    """``count`` tuples of equal slices of every target tensor (errors name ``target k``)."""
+    named = {f"target {k}": t for k, t in enumerate(targets)}
+    return [tuple(part.values()) for part in split_microbatches(named, count, dim)]
 
 
 def join_microbatches(parts: Sequence[Sequence[torch.Tensor]], dim: int = 0) -> list[torch.Tensor]:

@@ -19,7 +19,7 @@ from pipecompile.runtime.interpreter import run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stages, read_manifest, read_program
 from pipecompile.runtime.local_backend import LocalBackend
-from pipecompile.runtime.microbatch import join_microbatches, split_microbatches
+from pipecompile.runtime.microbatch import join_microbatches, split_microbatches, split_targets
 from pipecompile.verify_program import verify_program
 
 __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
@@ -77,8 +77,7 @@ class Pipeline:
         """Run the program on one mini-batch; returns (mean loss, outputs per micro-batch)."""
         count = self.program.microbatches
         micro = split_microbatches(self._ordered(inputs), count)
-        target_names = {f"target {k}": t for k, t in enumerate(targets)}
-        micro_targets = [tuple(m.values()) for m in split_microbatches(target_names, count)]
+        micro_targets = split_targets(targets, count)
         executor = StepExecutor(
             self.layout, self.modules, LocalBackend(), micro, micro_targets, loss_fn,
             self.optimizers, on_step,
@@ -107,15 +106,15 @@ class Pipeline:
                     state.setdefault(original, own[name])
         return state
 
-    def named_grads(self) -> dict[str, torch.Tensor | None]:
-        """Each parameter's current gradient under its original names (first holder's copy)."""
-        grads: dict[str, torch.Tensor | None] = {}
-        for module, params in zip(self.modules, self.layout.params):
-            own = dict(module.named_parameters(remove_duplicate=False))
-            for name, originals in params.items():
-                if name in own:
-                    for original in originals:
-                        grads.setdefault(original, own[name].grad)
+    def named_grads(self, stage: int) -> dict[str, torch.Tensor]:
+        """Stage ``stage``'s current gradients, detached copies, under the original names."""
+        own = dict(self.modules[stage].named_parameters(remove_duplicate=False))
+        grads: dict[str, torch.Tensor] = {}
+        for name, originals in self.layout.params[stage].items():
+            grad = own[name].grad if name in own else None
+            if grad is not None:
+                for original in originals:
+                    grads[original] = grad.detach().clone()
         return grads
 
     def _ordered(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
