@@ -1,7 +1,9 @@
 """pipecompile's compiler passes, one per module; each is a pure function of an IR value."""
 
+from pipecompile.passes.activation_memory import StageMemory, activation_memory
 from pipecompile.passes.annotate_costs import annotate_costs
 from pipecompile.passes.balance_stages import balance_stages, min_max_partition
+from pipecompile.passes.insert_checkpoints import POLICIES, insert_checkpoints
 from pipecompile.passes.insert_communication import insert_communication
 from pipecompile.passes.split_stages import split_stages
 
@@ -10,5 +12,9 @@ __all__ = [
     "balance_stages",
     "min_max_partition",
     "split_stages",
+    "activation_memory",
+    "StageMemory",
+    "insert_checkpoints",
+    "POLICIES",
     "insert_communication",
 ]

@@ -13,13 +13,22 @@ from torch import nn
 
 from pipecompile.errors import InternalError, PipecompileError
 from pipecompile.frontend import Traced, trace
-from pipecompile.passes import annotate_costs, balance_stages, insert_communication, split_stages
+from pipecompile.passes import (
+    StageMemory,
+    activation_memory,
+    annotate_costs,
+    balance_stages,
+    insert_checkpoints,
+    insert_communication,
+    split_stages,
+)
 from pipecompile.program import Program
 from pipecompile.runtime.microbatch import split_microbatches
 from pipecompile.schedules import generate
 from pipecompile.stage_graph import StageGraph
 from pipecompile.ties import tied_groups
-from pipecompile.verify_program import Topology, verify_program
+from pipecompile.topology import Topology
+from pipecompile.verify_program import verify_program
 
 __all__ = ["PASSES", "Compiled", "compile_model", "topology", "topology_from_manifest"]
 
@@ -29,7 +38,9 @@ PASSES = (
     "annotate_costs",
     "balance_stages",
     "split_stages",
+    "activation_memory",
     "schedule",
+    "insert_checkpoints",
     "insert_communication",
 )
 
@@ -43,6 +54,7 @@ class Compiled:
     graph: StageGraph
     program: Program
     microbatch_size: int
+    memory: tuple[StageMemory, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -68,6 +80,10 @@ def compile_model(
     microbatches: int = 1,
     schedule: str = "gpipe",
     balance: str = "flops",
+    virtual_stages: int | None = None,
+    vertical_sync: bool = False,
+    checkpoint: str = "never",
+    memory_budget: int | None = None,
     print_after: frozenset[str] = frozenset(),
     progress: bool = False,
 ) -> Compiled:
@@ -80,6 +96,12 @@ def compile_model(
         microbatches: how many micro-batches a mini-batch splits into (along dim 0).
         schedule: the schedule generator's name (see ``pipecompile.schedules``).
         balance: the cost the stages are balanced on (``flops`` or ``params``).
+        virtual_stages: stages per device for the ``interleaved`` schedule.
+        vertical_sync: ``pipedream`` only: one weight version per micro-batch on all stages.
+        checkpoint: ``never``, ``except_last`` or ``always``: which micro-batches' forwards
+            keep only their inputs and are recomputed in backward.
+        memory_budget: bytes of stored activations a device may hold; the least
+            recomputation that fits is chosen (overrides ``checkpoint``).
         print_after: pass names after which the IR is printed.
         progress: print one line per pass to stderr.
 
@@ -101,15 +123,37 @@ def compile_model(
         "balance_stages", lambda: balance_stages(annotated, stages=stages, cost=balance), None
     )
     graph = runner("split_stages", lambda: split_stages(balanced, traced=traced), StageGraph.verify)
-    compute = runner("schedule", lambda: generate(schedule, stages, microbatches), None)
+    memory = runner("activation_memory", lambda: activation_memory(graph), None)
+    compute = runner(
+        "schedule",
+        lambda: generate(
+            schedule,
+            stages,
+            microbatches,
+            virtual_stages=virtual_stages,
+            vertical_sync=vertical_sync,
+        ),  # fmt: skip
+        None,
+    )
+    checkpointed = runner(
+        "insert_checkpoints",
+        lambda: insert_checkpoints(
+            compute,
+            memory=memory,
+            flops=[s.flops for s in graph.stages],
+            policy=checkpoint,
+            budget=memory_budget,
+        ),  # fmt: skip
+        None,
+    )
     check = topology(graph)
     program = runner(
         "insert_communication",
-        lambda: insert_communication(compute, graph=graph),
+        lambda: insert_communication(checkpointed, topology=check),
         lambda p: verify_program(p, check),
     )
     size = next(iter(micro.values())).shape[0] if micro else 0
-    return Compiled(graph, program, size, runner.timings)
+    return Compiled(graph, program, size, memory, runner.timings)
 
 
 class _PassRunner:

@@ -9,6 +9,7 @@ __all__ = [
     "BalanceError",
     "SplitError",
     "ProgramError",
+    "MemoryBudgetError",
     "MicrobatchError",
     "EmitError",
     "RuntimeFailure",
@@ -39,6 +40,10 @@ class SplitError(PipecompileError):
 
 class ProgramError(PipecompileError):
     """A schedule program is malformed, inconsistent or would deadlock."""
+
+
+class MemoryBudgetError(PipecompileError):
+    """No checkpointing choice keeps a device's stored activations within --memory-budget."""
 
 
 class MicrobatchError(PipecompileError):

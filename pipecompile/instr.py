@@ -7,23 +7,30 @@ from dataclasses import dataclass
 
 from pipecompile.errors import ProgramError
 
-__all__ = ["Instr", "OPS", "MICROBATCH_OPS"]
+__all__ = ["Instr", "OPS", "MICROBATCH_OPS", "FORWARD_OPS", "BACKWARD_OPS"]
 
 # op -> what it does. Ops that act on one micro-batch print as `{stage}{op}{microbatch}`;
 # the others print as `{stage}{op}`.
 OPS: dict[str, str] = {
-    "F": "forward of the stage on one micro-batch; stashes what backward needs",
+    "F": "forward of the stage on one micro-batch; stores what backward needs",
+    "FC": "forward, checkpointed: stores only the stage inputs; backward recomputes the rest",
     "B": "backward of the stage on one micro-batch; accumulates parameter gradients",
+    "I": "backward, input half: gradients of the stage inputs only (zero-bubble split)",
+    "W": "backward, weight half: parameter gradients of a micro-batch whose I has run",
     "SEND_F": "send the stage's cross-device outputs of one micro-batch to their consumers",
     "RECV_F": "receive the stage's cross-device inputs of one micro-batch from their producers",
     "SEND_B": "send the gradients of the stage's received inputs back to their producers",
     "RECV_B": "receive the gradients of the stage's sent outputs from their consumers",
     "ALLREDUCE_TIED": "sum the gradients of tied parameters over every stage that holds a copy",
     "STEP": "optimizer step of the stage's parameters, then zero their gradients",
+    "STASH": "keep the stage's current weights as the version one micro-batch's F and B use",
+    "UPDATE": "optimizer step with one micro-batch's gradients (asynchronous schedules)",
 }
-MICROBATCH_OPS = frozenset({"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"})
+MICROBATCH_OPS = frozenset(OPS) - {"ALLREDUCE_TIED", "STEP"}
+FORWARD_OPS = frozenset({"F", "FC"})
+BACKWARD_OPS = frozenset({"B", "I", "W"})
 
-_PATTERN = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
+_PATTERN = re.compile(r"^(\d+)([A-Z_]+)(\d*)$")
 
 
 @dataclass(frozen=True, order=True)

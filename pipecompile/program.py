@@ -35,6 +35,18 @@ class Program:
             for k, instr in enumerate(instrs):
                 yield d, k, instr
 
+    def show_around(self, device: int, position: int, radius: int = 3) -> str:
+        """The instructions of ``device`` near ``position``, the one at ``position`` marked."""
+        instrs = self.devices[device]
+        lo, hi = max(0, position - radius), min(len(instrs), position + radius + 1)
+        rows = [f"device {device}:"]
+        for k in range(lo, hi):
+            mark = ">>" if k == position else "  "
+            rows.append(f"  {mark} [{k}] {instrs[k]}")
+        if position >= len(instrs):
+            rows.append(f"  >> [{position}] (end of device {device})")
+        return "\n".join(rows)
+
     def __str__(self) -> str:
         placement = " ".join(str(d) for d in self.stage_device)
         lines = [

@@ -110,6 +110,7 @@ def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, 
                 "flops": s.flops,
                 "param_bytes": s.param_bytes,
                 "device": program.stage_device[s.index],
+                **_activation_bytes(compiled, s.index),
             }
             for s in graph.stages
         ],
@@ -125,6 +126,13 @@ def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, 
             for e in graph.edges
         ],  # fmt: skip
     }
+
+
+def _activation_bytes(compiled: Compiled, j: int) -> dict[str, object]:
+    if not compiled.memory:
+        return {}
+    mem = compiled.memory[j]
+    return {"activation_bytes": {"saved": mem.saved, "inputs": mem.inputs}}
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:

@@ -3,24 +3,41 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from pipecompile.errors import RuntimeFailure
 from pipecompile.instr import Instr
+from pipecompile.passes.activation_memory import count_saved, tensor_bytes
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_backend import MISSING, LocalBackend
+from pipecompile.runtime.stats import RunStats
+from pipecompile.runtime.weight_versions import WeightVersions
 
 __all__ = ["StepExecutor"]
 
 LossFn = Callable[..., torch.Tensor]
 
 
+@dataclass
+class Held:
+    """One micro-batch on one stage between its forward and its last backward."""
+
+    args: list[Any]
+    outs: tuple[Any, ...] | None  # None: checkpointed, recomputed in backward
+    weights: dict[str, torch.Tensor] | None  # stashed leaves the forward used
+    nbytes: int = 0
+    roots: list[torch.Tensor] = field(default_factory=list)  # kept from I for W
+    root_grads: list[torch.Tensor | None] = field(default_factory=list)
+
+
 class StepExecutor:
-    """State of one mini-batch in flight: stashed activations, messages, gradients, losses.
+    """State of one mini-batch in flight: held activations, messages, gradients, losses.
 
     Values crossing a stage boundary are detached leaves in the consumer, so each stage's
     backward stops at its inputs and their gradients travel back explicitly (SEND_B/RECV_B).
@@ -36,14 +53,23 @@ class StepExecutor:
         loss_fn: LossFn | None = None,
         optimizers: Sequence[torch.optim.Optimizer] | None = None,
         on_step: Callable[[int], None] | None = None,
+        *,
+        loss_scale: float | None = None,
+        measure_memory: bool = False,
     ) -> None:
         self.layout, self.modules, self.backend = layout, modules, backend
         self.microbatches, self.targets, self.loss_fn = microbatches, targets, loss_fn
         self.optimizers, self.on_step = optimizers, on_step
-        self.received: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-        self.stash: dict[tuple[int, int], tuple[list[Any], tuple[Any, ...]]] = {}
+        self.loss_scale = 1.0 / len(microbatches) if loss_scale is None else loss_scale
+        self.measure_memory = measure_memory
+        self.training = loss_fn is not None
+        self.versions = WeightVersions(modules)
+        self.stats = RunStats.for_devices(max(layout.stage_device) + 1)
+        self.received: dict[tuple[int, int], dict[str, Any]] = {}
+        self.held: dict[tuple[int, int], Held] = {}
         self.out_grads: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.in_grads: dict[tuple[int, int], dict[str, torch.Tensor | None]] = {}
+        self.update_grads: dict[tuple[int, int], dict[str, torch.Tensor | None]] = {}
         self.losses: dict[int, torch.Tensor] = {}
         self.to_send: dict[tuple[int, int], tuple[Any, ...]] = {}
         self.results: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -51,91 +77,163 @@ class StepExecutor:
     def handlers(self) -> dict[str, Handler]:
         return {
             "F": self.forward,
+            "FC": self.forward,
             "B": self.backward,
+            "I": self.backward,
+            "W": self.backward_weights,
             "SEND_F": self.send_activations,
             "RECV_F": self.recv_activations,
             "SEND_B": self.send_gradients,
             "RECV_B": self.recv_gradients,
             "ALLREDUCE_TIED": self.all_reduce_tied,
             "STEP": self.step,
+            "STASH": self.stash,
+            "UPDATE": self.update,
         }
 
+    # -- forward -------------------------------------------------------------------------
+
     def forward(self, instr: Instr) -> bool:
-        j, i = instr.stage, instr.microbatch
-        assert i is not None
+        j, i = instr.stage, _mb(instr)
         args = [self._input(j, i, name) for name in self.layout.inputs[j]]
-        training = self.loss_fn is not None
-        with torch.set_grad_enabled(training):
-            outs = tuple(self.modules[j](*args))
-        if training:
-            self.stash[(j, i)] = (args, outs)
+        weights = self.versions.leaves(j, i) if self.training else None
+        keep = self.training and instr.op == "F"
+        with torch.set_grad_enabled(keep), self._counting(j, i, keep) as saved:
+            outs = self._call(j, args, weights)
+        if self.training:
+            nbytes = sum(saved.values()) if keep else self._bytes(args)
+            self.held[(j, i)] = Held(args, outs if keep else None, weights, nbytes)
+            self.stats.devices[self.layout.stage_device[j]].hold(nbytes)
+        self._deliver(j, i, outs)
+        if j == self.layout.last:
+            self.results[i] = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
+            if self.training:
+                self.losses[i] = self._loss(outs, i)
+        return True
+
+    def _call(self, j: int, args: list[Any], weights: dict[str, torch.Tensor] | None) -> tuple:
+        if weights is None:
+            return tuple(self.modules[j](*args))
+        return tuple(torch.func.functional_call(self.modules[j], weights, tuple(args)))
+
+    def _deliver(self, j: int, i: int, outs: tuple[Any, ...]) -> None:
         if any(self.layout.remote(j, dst) for _, dst in self.layout.out_edges[j]):
             self.to_send[(j, i)] = outs
         for name, value in zip(self.layout.outputs[j], outs):
             for value_name, dst in self.layout.out_edges[j]:
                 if value_name == name and not self.layout.remote(j, dst):
                     self.received.setdefault((dst, i), {})[name] = value
-        if j == self.layout.last:
-            self.results[i] = outs
-            if training:
-                self.losses[i] = self._loss(outs, i)
-        return True
+
+    # -- backward ------------------------------------------------------------------------
 
     def backward(self, instr: Instr) -> bool:
-        j, i = instr.stage, instr.microbatch
-        assert i is not None
-        args, outs = self.stash.pop((j, i))
-        if j == self.layout.last:
-            self.losses[i].backward()
+        """B: the whole backward; I: only the gradients of the stage inputs (W follows)."""
+        j, i = instr.stage, _mb(instr)
+        held = self.held[(j, i)]
+        outs = held.outs if held.outs is not None else self._recompute(j, i, held)
+        roots, grads = self._roots(j, i, outs)
+        args = held.args
+        if instr.op == "B":
+            if roots:
+                torch.autograd.backward(roots, grads)
+            grads_in = {n: _grad(a) for n, a in zip(self.layout.inputs[j], args)}
+            self._finish(j, i)
         else:
-            grads = self.out_grads.pop((j, i), {})
-            pairs = [
-                (out, grads[name])
-                for name, out in zip(self.layout.outputs[j], outs)
-                if grads.get(name) is not None and out.requires_grad
-            ]
-            if pairs:
-                torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
+            wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            found = (
+                torch.autograd.grad(roots, wanted, grads, retain_graph=True, allow_unused=True)
+                if roots and wanted else ()
+            )  # fmt: skip
+            by_id = {id(a): g for a, g in zip(wanted, found)}
+            grads_in = {n: by_id.get(id(a)) for n, a in zip(self.layout.inputs[j], args)}
+            held.roots, held.root_grads = roots, grads
         if j > 0:
-            grads_in = {
-                name: (a.grad if isinstance(a, torch.Tensor) else None)
-                for name, a in zip(self.layout.inputs[j], args)
-            }
             for name, src in self.layout.in_edges[j]:
                 if not self.layout.remote(src, j):
                     self._add_out_grad(src, i, name, grads_in[name])
             self.in_grads[(j, i)] = grads_in
         return True
 
+    def backward_weights(self, instr: Instr) -> bool:
+        """W: parameter gradients of a micro-batch whose I has run."""
+        j, i = instr.stage, _mb(instr)
+        held = self.held[(j, i)]
+        params = list(held.weights.values()) if held.weights else list(self.modules[j].parameters())
+        params = [p for p in params if p.requires_grad]
+        if held.roots and params:
+            torch.autograd.backward(held.roots, held.root_grads, inputs=params)
+        self._finish(j, i)
+        return True
+
+    def _roots(self, j: int, i: int, outs: tuple[Any, ...]) -> tuple[list, list]:
+        """What backward starts from: the loss on the last stage, else the outputs with the
+        gradients their consumers sent back."""
+        if j == self.layout.last:
+            loss = self.losses[i]
+            return ([loss], [None]) if loss.requires_grad else ([], [])
+        grads = self.out_grads.pop((j, i), {})
+        pairs = [
+            (out, grads[name])
+            for name, out in zip(self.layout.outputs[j], outs)
+            if grads.get(name) is not None and isinstance(out, torch.Tensor) and out.requires_grad
+        ]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def _recompute(self, j: int, i: int, held: Held) -> tuple[Any, ...]:
+        """Re-run a checkpointed forward with autograd on. Buffers the recomputation updates
+        (BatchNorm statistics) are put back by swapping the saved copies in, not by copying
+        in place, since autograd may have saved the updated tensors."""
+        owners = [(sub, dict(sub._buffers)) for sub in self.modules[j].modules() if sub._buffers]
+        copies = [(sub, {n: b.clone() if b is not None else None for n, b in bufs.items()})
+                  for sub, bufs in owners]  # fmt: skip
+        with torch.enable_grad(), self._counting(j, i, True) as saved:
+            outs = self._call(j, held.args, held.weights)
+        for sub, bufs in copies:
+            sub._buffers.update(bufs)
+        if j == self.layout.last:
+            self.losses[i] = self._loss(outs, i)
+        grown = max(0, sum(saved.values()) - held.nbytes)
+        held.nbytes += grown
+        self.stats.devices[self.layout.stage_device[j]].grow(grown)
+        return outs
+
+    def _finish(self, j: int, i: int) -> None:
+        held = self.held.pop((j, i))
+        self.stats.devices[self.layout.stage_device[j]].release(held.nbytes)
+        grads = self.versions.take_grads(j, i)
+        if grads is not None:
+            self.update_grads[(j, i)] = grads
+
+    # -- communication -------------------------------------------------------------------
+
     def send_activations(self, instr: Instr) -> bool:
-        j, i = instr.stage, instr.microbatch
-        outs = dict(zip(self.layout.outputs[j], self.to_send.pop((j, i))))  # type: ignore[arg-type]
+        j, i = instr.stage, _mb(instr)
+        outs = dict(zip(self.layout.outputs[j], self.to_send.pop((j, i))))
         for name, dst in self.layout.out_edges[j]:
             if self.layout.remote(j, dst):
                 self.backend.send(("F", j, dst, i, name), outs[name].detach())
         return True
 
     def recv_activations(self, instr: Instr) -> bool:
-        j, i = instr.stage, instr.microbatch
+        j, i = instr.stage, _mb(instr)
         keys = [("F", s, j, i, n) for n, s in self.layout.in_edges[j] if self.layout.remote(s, j)]
         if not self.backend.ready(keys):
             return False
-        box = self.received.setdefault((j, i), {})  # type: ignore[arg-type]
+        box = self.received.setdefault((j, i), {})
         for key in keys:
             box[key[4]] = self.backend.recv(key)
         return True
 
     def send_gradients(self, instr: Instr) -> bool:
-        j, i = instr.stage, instr.microbatch
-        grads = self.in_grads.pop((j, i))  # type: ignore[arg-type]
+        j, i = instr.stage, _mb(instr)
+        grads = self.in_grads.pop((j, i))
         for name, src in self.layout.in_edges[j]:
             if self.layout.remote(src, j):
                 self.backend.send(("B", src, j, i, name), grads.get(name))
         return True
 
     def recv_gradients(self, instr: Instr) -> bool:
-        j, i = instr.stage, instr.microbatch
-        assert i is not None
+        j, i = instr.stage, _mb(instr)
         keys = [("B", j, d, i, n) for n, d in self.layout.out_edges[j] if self.layout.remote(j, d)]
         if not self.backend.ready(keys):
             return False
@@ -159,6 +257,8 @@ class StepExecutor:
             params[held[j]].grad = total.clone()
         return True
 
+    # -- weights -------------------------------------------------------------------------
+
     def step(self, instr: Instr) -> bool:
         if self.on_step is not None:
             self.on_step(instr.stage)
@@ -167,14 +267,36 @@ class StepExecutor:
             self.optimizers[instr.stage].zero_grad(set_to_none=True)
         return True
 
+    def stash(self, instr: Instr) -> bool:
+        if self.training:
+            self.versions.stash(instr.stage, _mb(instr))
+        return True
+
+    def update(self, instr: Instr) -> bool:
+        j, i = instr.stage, _mb(instr)
+        if self.optimizers is None:
+            raise RuntimeFailure(
+                "an asynchronous program (UPDATE) needs an optimizer; call set_optimizer first"
+            )
+        grads = self.update_grads.pop((j, i), None)
+        if grads is not None:
+            for name, param in self.modules[j].named_parameters():
+                param.grad = grads.get(name)
+        if self.on_step is not None:
+            self.on_step(j)
+        self.optimizers[j].step()
+        self.optimizers[j].zero_grad(set_to_none=True)
+        self.versions.bump(j)
+        return True
+
+    # -- helpers -------------------------------------------------------------------------
+
     def _input(self, j: int, i: int, name: str) -> Any:
         if j == 0:
             return self.microbatches[i][name]
         value = self.received[(j, i)].pop(name)
         if isinstance(value, torch.Tensor):
-            value = value.detach().requires_grad_(
-                value.is_floating_point() and self.loss_fn is not None
-            )
+            value = value.detach().requires_grad_(value.is_floating_point() and self.training)
         return value
 
     def _loss(self, outs: tuple[Any, ...], i: int) -> torch.Tensor:
@@ -183,10 +305,38 @@ class StepExecutor:
         loss = self.loss_fn(output, *self.targets[i])
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
-        return loss / len(self.microbatches)
+        return loss * self.loss_scale
 
     def _add_out_grad(self, j: int, i: int, name: str, grad: torch.Tensor | None) -> None:
         if grad is None:
             return
         box = self.out_grads.setdefault((j, i), {})
         box[name] = grad if name not in box else box[name] + grad
+
+    def _counting(self, j: int, i: int, active: bool):  # type: ignore[no-untyped-def]
+        """Count the bytes autograd saves (parameters, buffers and stashed weights aside)."""
+        if not (active and self.measure_memory):
+            return _NoCount()
+        module = self.modules[j]
+        exclude = list(module.parameters()) + list(module.buffers()) + self.versions.storages(j, i)
+        return count_saved(exclude)
+
+    def _bytes(self, args: list[Any]) -> int:
+        return tensor_bytes(args) if self.measure_memory else 0
+
+
+class _NoCount:
+    def __enter__(self) -> dict[int, int]:
+        return {}
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _mb(instr: Instr) -> int:
+    assert instr.microbatch is not None
+    return instr.microbatch
+
+
+def _grad(value: Any) -> torch.Tensor | None:
+    return value.grad if isinstance(value, torch.Tensor) else None

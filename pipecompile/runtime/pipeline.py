@@ -20,13 +20,14 @@ from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stages, read_manifest, read_program
 from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.microbatch import join_microbatches, split_microbatches, split_targets
+from pipecompile.runtime.stats import RunStats
 from pipecompile.verify_program import verify_program
 
 __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
-_FORWARD_OPS = ("F", "SEND_F", "RECV_F")
+_FORWARD_OPS = ("F", "FC", "SEND_F", "RECV_F")
 
 
 def forward_only(program: Program) -> Program:
@@ -53,6 +54,8 @@ class Pipeline:
         self.program = program
         self.layout = Layout.from_manifest(manifest, program.stage_device)
         self.optimizers: list[torch.optim.Optimizer] | None = None
+        self.asynchronous = any(x.op == "UPDATE" for _, _, x in program.instructions())
+        self.last_stats: RunStats | None = None
 
     @classmethod
     def load(cls, directory: str | Path, program: str | Path | None = None) -> Pipeline:
@@ -73,17 +76,29 @@ class Pipeline:
         targets: Sequence[torch.Tensor],
         loss_fn: LossFn,
         on_step: Callable[[int], None] | None = None,
+        *,
+        measure_memory: bool = False,
     ) -> tuple[torch.Tensor, list[Any]]:
-        """Run the program on one mini-batch; returns (mean loss, outputs per micro-batch)."""
+        """Run the program on one mini-batch; returns (mean loss over micro-batches, outputs
+        per micro-batch). ``on_step(j)`` is called before each optimizer step of stage j.
+
+        Synchronous programs (one STEP per stage) scale each micro-batch's loss by 1/m, so
+        the step's gradient is the mini-batch mean's; asynchronous ones (UPDATE per
+        micro-batch) apply each micro-batch's own gradient. ``measure_memory`` records the
+        activation bytes held per device in ``last_stats`` (``peak_inflight`` always is).
+        """
         count = self.program.microbatches
         micro = split_microbatches(self._ordered(inputs), count)
         micro_targets = split_targets(targets, count)
+        scale = 1.0 if self.asynchronous else 1.0 / count
         executor = StepExecutor(
             self.layout, self.modules, LocalBackend(), micro, micro_targets, loss_fn,
-            self.optimizers, on_step,
+            self.optimizers, on_step, loss_scale=scale, measure_memory=measure_memory,
         )  # fmt: skip
         run_program(self.program, executor.handlers())
-        loss = sum(executor.losses[i].detach() for i in range(count))
+        self.last_stats = executor.stats
+        total = sum(executor.losses[i].detach() for i in range(count))
+        loss = total / (count * scale)
         return loss, [executor.results[i] for i in range(count)]  # type: ignore[return-value]
 
     @torch.no_grad()

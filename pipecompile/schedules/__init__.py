@@ -1,4 +1,8 @@
-"""Schedule generators: compute-only programs (F, B, STEP) that communication is added to."""
+"""Schedule generators: compute-only programs that communication is added to afterwards.
+
+Each generator is a pure function ``(stages, microbatches, **options) -> Program`` whose
+docstring draws its timetable.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,61 @@ from collections.abc import Callable
 from pipecompile.errors import ProgramError
 from pipecompile.program import Program
 from pipecompile.schedules.gpipe import gpipe
+from pipecompile.schedules.interleaved import interleaved
+from pipecompile.schedules.one_f_one_b import one_f_one_b
+from pipecompile.schedules.pipedream import pipedream
+from pipecompile.schedules.zb1p import zb1p
 
-__all__ = ["SCHEDULES", "generate"]
+__all__ = ["SCHEDULES", "SYNCHRONOUS", "generate", "devices_for"]
 
-SCHEDULES: dict[str, Callable[[int, int], Program]] = {"gpipe": gpipe}
+SCHEDULES: dict[str, Callable[..., Program]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "pipedream": pipedream,
+    "interleaved": interleaved,
+    "zb1p": zb1p,
+}
+# Schedules whose step equals single-device training on the mini-batch.
+SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved", "zb1p"})
 
 
-def generate(name: str, stages: int, microbatches: int) -> Program:
-    """The compute-only program of schedule ``name``; raises ProgramError for an unknown name."""
+def generate(
+    name: str,
+    stages: int,
+    microbatches: int,
+    *,
+    virtual_stages: int | None = None,
+    vertical_sync: bool = False,
+) -> Program:
+    """The compute-only program of schedule ``name``.
+
+    Args:
+        name: one of ``SCHEDULES``.
+        stages: pipeline stages (for ``interleaved``: devices times ``virtual_stages``).
+        microbatches: micro-batches per mini-batch.
+        virtual_stages: stages per device, ``interleaved`` only (default 2).
+        vertical_sync: ``pipedream`` only: every stage uses the weight version stage 0 used.
+
+    Raises:
+        ProgramError: unknown schedule, or options the schedule cannot take.
+    """
     if name not in SCHEDULES:
         raise ProgramError(f"unknown schedule {name!r}; available: {', '.join(SCHEDULES)}")
     if microbatches < 1:
         raise ProgramError(f"--microbatches must be at least 1, got {microbatches}")
+    if stages < 1:
+        raise ProgramError(f"--stages must be at least 1, got {stages}")
+    if virtual_stages is not None and name != "interleaved":
+        raise ProgramError(f"--virtual-stages applies to the interleaved schedule, not {name}")
+    if vertical_sync and name != "pipedream":
+        raise ProgramError(f"--vertical-sync applies to the pipedream schedule, not {name}")
+    if name == "interleaved":
+        return interleaved(stages, microbatches, virtual_stages or 2)
+    if name == "pipedream":
+        return pipedream(stages, microbatches, vertical_sync)
     return SCHEDULES[name](stages, microbatches)
+
+
+def devices_for(name: str, stages: int, virtual_stages: int | None = None) -> int:
+    """How many devices schedule ``name`` places ``stages`` stages on."""
+    return stages // (virtual_stages or 2) if name == "interleaved" else stages

@@ -11,10 +11,10 @@ __all__ = ["gpipe"]
 def gpipe(stages: int, microbatches: int) -> Program:
     """Compute-only GPipe program, stage j on device j. For 3 stages and 4 micro-batches::
 
-        clock     0   1   2   3   4   5   6   7   8   9  10  11
-        device 0  F0  F1  F2  F3                      B3  B2  B1  B0  STEP
-        device 1      F0  F1  F2  F3          B3  B2  B1  B0          STEP
-        device 2          F0  F1  F2  F3  B3  B2  B1  B0              STEP
+        clock     0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17
+        device 0 F0  F1  F2  F3  .   .   .   .   .   .   B3  B3  B2  B2  B1  B1  B0  B0
+        device 1 .   F0  F1  F2  F3  .   .   .   B3  B3  B2  B2  B1  B1  B0  B0  .   .
+        device 2 .   .   F0  F1  F2  F3  B3  B3  B2  B2  B1  B1  B0  B0  .   .   .   .
 
     Backward runs in reverse micro-batch order, so the last forward's activations are used
     first. Gradients accumulate over micro-batches; STEP applies them once per mini-batch.

@@ -1,0 +1,113 @@
+"""Analysis: activation_memory — bytes each stage stores per micro-batch for its backward.
+
+Requires: a verified StageGraph whose markers carry fake values (``meta["val"]``).
+Guarantees: per stage, ``saved``: the bytes autograd keeps between forward and backward for
+one micro-batch (parameters and buffers excluded, shared storage counted once), measured by
+running the stage on fake tensors under ``saved_tensors_hooks``; and ``inputs``: the bytes of
+the stage's tensor inputs, all a checkpointed forward keeps. The runtime measures the same
+two figures on real tensors with the same rule (``saved_bytes_of``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves
+
+from pipecompile.codegen.lower import lower_stage
+from pipecompile.markers import is_recv
+from pipecompile.stage_graph import Stage, StageGraph
+
+__all__ = ["StageMemory", "activation_memory", "count_saved", "tensor_bytes"]
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes one micro-batch holds on a stage: everything autograd saves, or only the inputs."""
+
+    saved: int
+    inputs: int
+
+
+def activation_memory(graph: StageGraph) -> tuple[StageMemory, ...]:
+    """Per stage, what a plain and a checkpointed forward store (see the module docstring)."""
+    return tuple(_stage_memory(stage) for stage in graph.stages)
+
+
+def tensor_bytes(values: Any) -> int:
+    """Bytes of the distinct storages of the tensors among ``values``."""
+    seen: dict[int, int] = {}
+    for t in tree_leaves(values):
+        if isinstance(t, torch.Tensor):
+            _note(seen, t)
+    return sum(seen.values())
+
+
+@contextmanager
+def count_saved(exclude: Any) -> Iterator[dict[int, int]]:
+    """Within the block, record ``storage -> bytes`` of every tensor autograd saves for
+    backward, except the storages of the tensors in ``exclude`` (parameters, buffers)."""
+    skip = {_storage_key(t) for t in tree_leaves(exclude) if isinstance(t, torch.Tensor)}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if _storage_key(t) not in skip:
+            _note(seen, t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield seen
+
+
+def _note(seen: dict[int, int], t: torch.Tensor) -> None:
+    """Record the bytes ``t`` occupies in its storage: a micro-batch sliced from the
+    mini-batch counts its own slice, not the whole batch it views."""
+    key = _storage_key(t)
+    extent = min(t.untyped_storage().nbytes(), t.numel() * t.element_size())
+    seen[key] = max(seen.get(key, 0), extent)
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata  # identity of the storage, for fake and real tensors
+
+
+def _stage_memory(stage: Stage) -> StageMemory:
+    module = lower_stage(stage)
+    values = _input_values(stage)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        args = [
+            _fake_input(values[name]) if isinstance(values[name], torch.Tensor)
+            else values[name]
+            for name in stage.inputs
+        ]  # fmt: skip
+        # The stage runs on fake copies of its parameters and buffers, kept alive here, so
+        # the saved-tensor hook can tell them (and views of them) from activations.
+        state = {
+            name: mode.from_tensor(t)
+            for name, t in [*module.named_parameters(), *module.named_buffers()]
+        }
+        with count_saved(list(state.values())) as seen:
+            torch.func.functional_call(module, state, tuple(args))
+        inputs = tensor_bytes(args)
+    return StageMemory(saved=sum(seen.values()), inputs=inputs)
+
+
+def _input_values(stage: Stage) -> dict[str, Any]:
+    values = {}
+    for node in stage.module.graph.nodes:
+        if node.op == "placeholder":
+            values[str(node.target)] = node.meta.get("val")
+        elif is_recv(node):
+            values[str(node.args[0])] = node.meta.get("val")
+    return values
+
+
+def _fake_input(value: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor like ``value`` (called inside the fake mode, so nothing is allocated)."""
+    fake = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    return fake.requires_grad_(fake.is_floating_point())

@@ -1,0 +1,95 @@
+"""Pass: insert_checkpoints — choose which forwards keep only their inputs (FC) and are
+recomputed in backward.
+
+Requires: a compute-only program and, per stage, the bytes a plain and a checkpointed forward
+store (``activation_memory``) and the forward FLOPs a recomputation costs.
+Guarantees: a new program in which the chosen ``jF i`` became ``jFC i``: for a policy, the
+same micro-batches on every stage (``never``: none, ``except_last``: all but the last,
+``always``: all); for a memory budget, on each device the checkpointing of the first k_j
+micro-batches of each of its stages j that recomputes the fewest FLOPs while the device's
+predicted peak of stored activation bytes fits the budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pipecompile.passes.activation_memory import StageMemory
+
+from pipecompile.errors import MemoryBudgetError, PipecompileError
+from pipecompile.instr import Instr
+from pipecompile.memory_model import device_peak_bytes
+from pipecompile.program import Program
+from pipecompile.sizes import format_size
+
+__all__ = ["POLICIES", "insert_checkpoints"]
+
+POLICIES = ("never", "except_last", "always")
+_MAX_CANDIDATES = 20_000  # beyond this, a device's stages choose among the three policies
+
+
+def insert_checkpoints(
+    program: Program,
+    *,
+    memory: Sequence[StageMemory],
+    flops: Sequence[int],
+    policy: str = "never",
+    budget: int | None = None,
+) -> Program:
+    """Return ``program`` with the chosen forwards checkpointed (see the module docstring).
+
+    Raises:
+        PipecompileError: unknown policy.
+        MemoryBudgetError: some device exceeds ``budget`` even with every forward checkpointed.
+    """
+    if policy not in POLICIES:
+        raise PipecompileError(f"--checkpoint {policy!r}: choose one of {', '.join(POLICIES)}")
+    m = program.microbatches
+    if budget is None:
+        count = {"never": 0, "except_last": m - 1, "always": m}[policy]
+        return _apply(program, {j: count for j in range(program.num_stages)})
+    counts: dict[int, int] = {}
+    for d in range(len(program.devices)):
+        counts.update(_fit_device(program, d, memory, flops, budget))
+    return _apply(program, counts)
+
+
+def _apply(program: Program, counts: dict[int, int]) -> Program:
+    def convert(x: Instr) -> Instr:
+        if x.op == "F" and x.microbatch is not None and x.microbatch < counts.get(x.stage, 0):
+            return Instr("FC", x.stage, x.microbatch)
+        return x
+
+    devices = tuple(tuple(convert(x) for x in instrs) for instrs in program.devices)
+    return replace(program, devices=devices)
+
+
+def _fit_device(
+    program: Program, d: int, memory: Sequence[StageMemory], flops: Sequence[int], budget: int
+) -> dict[int, int]:
+    """The per-stage counts for device ``d`` with the least recomputation that fits."""
+    stages = [j for j, dev in enumerate(program.stage_device) if dev == d]
+    m = program.microbatches
+    levels: list[int] = list(range(m + 1))
+    if (m + 1) ** len(stages) > _MAX_CANDIDATES:
+        levels = sorted({0, m - 1, m})
+    saved = [s.saved for s in memory]
+    inputs = [s.inputs for s in memory]
+    candidates = sorted(
+        itertools.product(levels, repeat=len(stages)),
+        key=lambda ks: (sum(k * flops[j] for k, j in zip(ks, stages)), sum(ks)),
+    )
+    for ks in candidates:
+        counts = dict(zip(stages, ks))
+        instrs = _apply(program, counts).devices[d]
+        if device_peak_bytes(instrs, saved, inputs) <= budget:
+            return counts
+    least = device_peak_bytes(_apply(program, dict.fromkeys(stages, m)).devices[d], saved, inputs)
+    raise MemoryBudgetError(
+        f"device {d} (stages {', '.join(map(str, stages))}) stores at least "
+        f"{format_size(least)} of activations even with every forward checkpointed, above "
+        f"--memory-budget {format_size(budget)}; raise the budget, use more stages, or split "
+        "the mini-batch into more, smaller micro-batches"
+    )

@@ -1,0 +1,49 @@
+"""PipeDream: asynchronous 1F1B. Every stage updates its weights after each micro-batch's
+backward; weight stashing makes that backward use exactly the weights its forward used."""
+
+from __future__ import annotations
+
+from pipecompile.instr import Instr
+from pipecompile.program import Program
+from pipecompile.schedules.one_f_one_b import order_1f1b
+
+__all__ = ["pipedream"]
+
+
+def pipedream(stages: int, microbatches: int, vertical_sync: bool = False) -> Program:
+    """Compute-only PipeDream program, stage j on device j. For 3 stages and 4 micro-batches
+    (F = 1 clock, B = 2 clocks; S = STASH, U = UPDATE, both free)::
+
+        clock     0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17
+        device 0 F0  F1  F2  .   .   .   .   B0  B0  F3  B1  B1  .   B2  B2  .   B3  B3
+        device 1 .   F0  F1  .   .   B0  B0  F2  B1  B1  F3  B2  B2  .   B3  B3  .   .
+        device 2 .   .   F0  B0  B0  F1  B1  B1  F2  B2  B2  F3  B3  B3  .   .   .   .
+
+    The order is 1F1B's; each ``jF i`` is preceded by ``jSTASH i`` (keep the current weights
+    as micro-batch i's version) and each ``jB i`` followed by ``jUPDATE i`` (apply micro-batch
+    i's gradient). Stage j's forward of micro-batch i thus sees the updates of micro-batches
+    0 .. i-p+j: the later the stage, the fresher its weights.
+
+    With ``vertical_sync`` every stage uses the version stage 0 used (updates 0 .. i-p), so a
+    micro-batch sees one consistent model: ``jSTASH i`` moves up to just after
+    ``jUPDATE (i-p)`` and the stage keeps up to j+1 versions alive instead of one.
+    """
+    devices = []
+    for j in range(stages):
+        instrs: list[Instr] = []
+        if vertical_sync:
+            instrs += [Instr("STASH", j, i) for i in range(min(stages, microbatches))]
+        for op, i in order_1f1b(j, stages, microbatches):
+            if op == "F":
+                instrs += (
+                    [Instr("F", j, i)]
+                    if vertical_sync
+                    else [Instr("STASH", j, i), Instr("F", j, i)]
+                )
+            else:
+                instrs += [Instr("B", j, i), Instr("UPDATE", j, i)]
+                if vertical_sync and i + stages < microbatches:
+                    instrs.append(Instr("STASH", j, i + stages))
+        devices.append(tuple(instrs))
+    name = "pipedream-vsync" if vertical_sync else "pipedream"
+    return Program(name, microbatches, tuple(range(stages)), tuple(devices))
