@@ -15,11 +15,13 @@ from pipecompile import __version__
 from pipecompile.compiler import PASSES, compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
 from pipecompile.passes.balance_stages import COSTS
+from pipecompile.passes.insert_checkpoints import POLICIES
 from pipecompile.schedules import SCHEDULES
+from pipecompile.sizes import parse_size
 
 __all__ = ["main"]
 
-COMMANDS = ("compile", "run")
+COMMANDS = ("compile", "run", "show")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--microbatches", type=int, default=1, help="micro-batches per mini-batch")
     comp.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES))
     comp.add_argument("--balance", default="flops", choices=COSTS)
+    comp.add_argument("--virtual-stages", type=int, metavar="V",
+                      help="interleaved: stages per device (default 2)")  # fmt: skip
+    comp.add_argument("--vertical-sync", action="store_true",
+                      help="pipedream: all stages use stage 0's weight version")  # fmt: skip
+    comp.add_argument("--checkpoint", default="never", choices=POLICIES,
+                      help="which micro-batches' forwards are recomputed in backward")  # fmt: skip
+    comp.add_argument("--memory-budget", type=_size, metavar="SIZE",
+                      help="activation bytes per device (e.g. 2GiB); the least "
+                      "recomputation that fits is chosen")  # fmt: skip
     comp.add_argument("--print-after", action="append", default=[], metavar="PASS",
                       help=f"print the IR after a pass ({', '.join(PASSES)})")  # fmt: skip
     comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -74,8 +85,25 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--atol", type=float, default=1e-5, help="--check absolute tolerance")
     run.add_argument("--rtol", type=float, default=1e-5, help="--check relative tolerance")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    run.add_argument("--stats", action="store_true",
+                     help="print measured peak in-flight micro-batches and activations")  # fmt: skip
     run.set_defaults(handler=_run)
+
+    show = commands.add_parser("show", help="simulate a compiled pipeline's schedule")
+    show.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
+    show.add_argument("--program", help="show this program file instead (verified first)")
+    show.add_argument("--json", action="store_true", help="print the figures as JSON")
+    show.add_argument("--uniform", action="store_true",
+                      help="costs F=1, B=2 (I=W=1) instead of the stages' FLOPs")  # fmt: skip
+    show.set_defaults(handler=_show)
     return parser
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -95,7 +123,9 @@ def _compile(args: argparse.Namespace) -> int:
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
     compiled = compile_model(
         spec.model, spec.inputs, stages=args.stages, microbatches=args.microbatches,
-        schedule=args.schedule, balance=args.balance, print_after=frozenset(args.print_after),
+        schedule=args.schedule, balance=args.balance, virtual_stages=args.virtual_stages,
+        vertical_sync=args.vertical_sync, checkpoint=args.checkpoint,
+        memory_budget=args.memory_budget, print_after=frozenset(args.print_after),
         progress=not args.quiet,
     )  # fmt: skip
     start = time.perf_counter()
@@ -108,6 +138,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from pipecompile.runtime.check import check_step
+    from pipecompile.runtime.check_async import check_async_step
     from pipecompile.runtime.load import read_manifest
     from pipecompile.runtime.pipeline import Pipeline
 
@@ -120,8 +151,12 @@ def _run(args: argparse.Namespace) -> int:
         )
     pipe = Pipeline.load(directory, args.program)
     if args.check:
-        report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
-                            atol=args.atol, rtol=args.rtol)  # fmt: skip
+        if pipe.asynchronous:
+            report = check_async_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
+                                      lr=args.lr, atol=args.atol, rtol=args.rtol)  # fmt: skip
+        else:
+            report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
+                                atol=args.atol, rtol=args.rtol)  # fmt: skip
         print(report)
         if not report.ok:
             raise CheckError("pipelined results differ from the eager model (see above)")
@@ -130,10 +165,44 @@ def _run(args: argparse.Namespace) -> int:
     pipe.set_optimizer(lambda ps: optimizers[args.optimizer](ps, lr=args.lr))
     for step in range(args.steps):
         start = time.perf_counter()
-        loss, _ = pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
+        loss, _ = pipe.train_step(
+            spec.inputs, spec.targets, spec.loss_fn, measure_memory=args.stats
+        )
         ms = (time.perf_counter() - start) * 1000
         if not args.quiet:
             print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
+    if args.stats and pipe.last_stats is not None:
+        print(_stats_table(pipe, directory, args.program))
+    return 0
+
+
+def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ignore[no-untyped-def]
+    from pipecompile.show import schedule_report
+    from pipecompile.sizes import format_size
+
+    predicted, _ = schedule_report(directory, program_path=program, uniform=True)
+    stats = pipe.last_stats
+    rows = [
+        "device   peak in-flight (measured / predicted)   peak activations (measured / predicted)"
+    ]
+    for d, dev in enumerate(stats.devices):
+        want = predicted.get("peak_activation_bytes")
+        rows.append(
+            f"{d:>6}   {dev.peak_inflight:>14} / {predicted['peak_inflight'][d]:<9}"
+            f"                 {format_size(dev.peak_stored):>10} / "
+            f"{format_size(want[d]) if want else '-'}"
+        )
+    return "\n".join(rows)
+
+
+def _show(args: argparse.Namespace) -> int:
+    import json
+
+    from pipecompile.show import format_report, schedule_report
+
+    report, timeline = schedule_report(args.directory, program_path=args.program,
+                                       uniform=args.uniform)  # fmt: skip
+    print(json.dumps(report, indent=2) if args.json else format_report(report, timeline))
     return 0
 
 

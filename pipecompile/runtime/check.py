@@ -18,7 +18,7 @@ from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.microbatch import split_microbatches, split_targets
 from pipecompile.runtime.pipeline import Pipeline
 
-__all__ = ["CheckReport", "check_step"]
+__all__ = ["CheckReport", "check_step", "compare"]
 
 
 @dataclass
@@ -26,6 +26,7 @@ class CheckReport:
     """Largest absolute differences and whether every value is within tolerance."""
 
     reference: str
+    what: str = "grads"
     loss_diff: float = 0.0
     output_diff: float = 0.0
     grad_diff: float = 0.0
@@ -41,7 +42,7 @@ class CheckReport:
             f"reference: eager model, {self.reference}",
             f"  loss     max |diff| {self.loss_diff:.3e}",
             f"  outputs  max |diff| {self.output_diff:.3e}",
-            f"  grads    max |diff| {self.grad_diff:.3e}  ({self.worst_grad or '-'})",
+            f"  {self.what:<8} max |diff| {self.grad_diff:.3e}  ({self.worst_grad or '-'})",
         ]
         lines += [f"  MISMATCH {f}" for f in self.failures[:10]]
         lines.append(
@@ -79,18 +80,18 @@ def check_step(
         inputs, targets, loss_fn, on_step=lambda j: grads.update(pipe.named_grads(j))
     )
     report = CheckReport(reference)
-    report.loss_diff = _compare(report, "loss", loss, ref_loss, atol, rtol)
+    report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
     joined = [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))]
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
         report.output_diff = max(
-            report.output_diff, _compare(report, f"output {k}", have, want, atol, rtol)
+            report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
         )
     for name, want in ref_grads.items():
         found = grads.get(name)
         if found is None:
             report.failures.append(f"gradient of {name}: the pipeline computed none")
             continue
-        diff = _compare(report, f"gradient of {name}", found, want, atol, rtol)
+        diff = compare(report, f"gradient of {name}", found, want, atol, rtol)
         if diff >= report.grad_diff:
             report.grad_diff, report.worst_grad = diff, name
     return report
@@ -124,7 +125,7 @@ def _eager(
     return total, joined, grads
 
 
-def _compare(
+def compare(
     report: CheckReport, what: str, have: Any, want: torch.Tensor, atol: float, rtol: float
 ) -> float:
     have = torch.as_tensor(have).detach()
