@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--rtol", type=float, default=1e-5, help="--check relative tolerance")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     run.add_argument("--stats", action="store_true",
-                     help="print measured peak in-flight micro-batches and activations")  # fmt: skip
+                     help="print measured peak in-flight and activation bytes")  # fmt: skip
     run.set_defaults(handler=_run)
 
     show = commands.add_parser("show", help="simulate a compiled pipeline's schedule")
