@@ -1,0 +1,84 @@
+"""Every schedule generator against a golden table, and its errors for impossible requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipecompile.errors import ProgramError
+from pipecompile.program import Program
+from pipecompile.schedules import SCHEDULES, generate
+
+
+def table(program: Program) -> tuple[str, ...]:
+    return tuple(" ".join(str(x) for x in instrs) for instrs in program.devices)
+
+
+GOLDEN = {
+    ("1f1b", 3, 4, ()): (
+        "0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3 0STEP",
+        "1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3 1STEP",
+        "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3 2STEP",
+    ),
+    ("pipedream", 3, 4, ()): (
+        "0STASH0 0F0 0STASH1 0F1 0STASH2 0F2 0B0 0UPDATE0 "
+        "0STASH3 0F3 0B1 0UPDATE1 0B2 0UPDATE2 0B3 0UPDATE3",
+        "1STASH0 1F0 1STASH1 1F1 1B0 1UPDATE0 1STASH2 1F2 "
+        "1B1 1UPDATE1 1STASH3 1F3 1B2 1UPDATE2 1B3 1UPDATE3",
+        "2STASH0 2F0 2B0 2UPDATE0 2STASH1 2F1 2B1 2UPDATE1 "
+        "2STASH2 2F2 2B2 2UPDATE2 2STASH3 2F3 2B3 2UPDATE3",
+    ),
+    ("pipedream", 3, 4, (("vertical_sync", True),)): (
+        "0STASH0 0STASH1 0STASH2 0F0 0F1 0F2 0B0 0UPDATE0 "
+        "0STASH3 0F3 0B1 0UPDATE1 0B2 0UPDATE2 0B3 0UPDATE3",
+        "1STASH0 1STASH1 1STASH2 1F0 1F1 1B0 1UPDATE0 1STASH3 "
+        "1F2 1B1 1UPDATE1 1F3 1B2 1UPDATE2 1B3 1UPDATE3",
+        "2STASH0 2STASH1 2STASH2 2F0 2B0 2UPDATE0 2STASH3 2F1 "
+        "2B1 2UPDATE1 2F2 2B2 2UPDATE2 2F3 2B3 2UPDATE3",
+    ),
+    ("zb1p", 3, 4, ()): (
+        "0F0 0F1 0F2 0I0 0W0 0F3 0I1 0W1 0I2 0W2 0I3 0W3 0STEP",
+        "1F0 1F1 1I0 1F2 1I1 1W0 1F3 1I2 1W1 1I3 1W2 1W3 1STEP",
+        "2F0 2I0 2F1 2I1 2F2 2I2 2W0 2F3 2I3 2W1 2W2 2W3 2STEP",
+    ),
+    ("interleaved", 4, 4, (("virtual_stages", 2),)): (
+        "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3 0STEP 2STEP",
+        "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3 1STEP 3STEP",
+    ),
+}
+
+
+@pytest.mark.parametrize("key", list(GOLDEN), ids=lambda k: f"{k[0]}-{k[1]}x{k[2]}")
+def test_golden_table(key):
+    name, stages, microbatches, options = key
+    assert table(generate(name, stages, microbatches, **dict(options))) == GOLDEN[key]
+
+
+def test_interleaved_places_stage_j_on_device_j_mod_p():
+    program = generate("interleaved", 6, 3, virtual_stages=2)
+    assert program.stage_device == (0, 1, 2, 0, 1, 2)
+    assert len(program.devices) == 3
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_every_schedule_round_trips_as_text(name):
+    options = {"virtual_stages": 2} if name == "interleaved" else {}
+    program = generate(name, 4, 4, **options)
+    assert Program.parse(str(program)) == program
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: generate("interleaved", 4, 3), "3 micro-batches is not a multiple of the 2"),
+        (lambda: generate("interleaved", 5, 4), "--stages 5 is not a multiple of --virtual-st"),
+        (lambda: generate("interleaved", 4, 4, virtual_stages=1), "at least 2, got 1"),
+        (lambda: generate("1f1b", 4, 4, virtual_stages=2), "--virtual-stages applies to the"),
+        (lambda: generate("gpipe", 4, 4, vertical_sync=True), "--vertical-sync applies to the"),
+        (lambda: generate("zb1p", 4, 0), "--microbatches must be at least 1"),
+        (lambda: generate("1f1b", 0, 2), "--stages must be at least 1"),
+        (lambda: generate("zigzag", 2, 2), "unknown schedule 'zigzag'; available: gpipe, 1f1b"),
+    ],
+)  # fmt: skip
+def test_impossible_requests_are_clear_errors(call, message):
+    with pytest.raises(ProgramError, match=message):
+        call()
