@@ -60,8 +60,10 @@ def check_step(
     *,
     atol: float = 1e-5,
     rtol: float = 1e-5,
+    measure_memory: bool = False,
 ) -> CheckReport:
-    """Load the pipeline's weights into ``model``, run one step on both, compare."""
+    """Load the pipeline's weights into ``model``, run one step on both, compare.
+    ``measure_memory`` is passed to the pipeline's step (see ``Pipeline.train_step``)."""
     model.load_state_dict(_restrict(pipe.state_dict(), model), strict=True)
     count = pipe.program.microbatches
     per_micro = any(
@@ -77,8 +79,9 @@ def check_step(
     )
     grads: dict[str, torch.Tensor] = {}
     loss, outs = pipe.train_step(
-        inputs, targets, loss_fn, on_step=lambda j: grads.update(pipe.named_grads(j))
-    )
+        inputs, targets, loss_fn, on_step=lambda j: grads.update(pipe.named_grads(j)),
+        measure_memory=measure_memory,
+    )  # fmt: skip
     report = CheckReport(reference)
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
     joined = [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))]

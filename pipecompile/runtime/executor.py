@@ -260,11 +260,14 @@ class StepExecutor:
     # -- weights -------------------------------------------------------------------------
 
     def step(self, instr: Instr) -> bool:
+        """Optimizer step, then zero the gradients (zeroed even without an optimizer, so the
+        next step never accumulates onto this one's)."""
+        j = instr.stage
         if self.on_step is not None:
-            self.on_step(instr.stage)
+            self.on_step(j)
         if self.optimizers is not None:
-            self.optimizers[instr.stage].step()
-            self.optimizers[instr.stage].zero_grad(set_to_none=True)
+            self.optimizers[j].step()
+        self.modules[j].zero_grad(set_to_none=True)
         return True
 
     def stash(self, instr: Instr) -> bool:

@@ -1,0 +1,116 @@
+"""The interpreter runs every schedule: gradients equal eager, and the in-flight micro-batches
+and stored activation bytes it measures equal the simulator's and memory model's predictions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.compiler import Compiled, compile_model, topology
+from pipecompile.errors import MemoryBudgetError
+from pipecompile.memory_model import peak_stored_bytes
+from pipecompile.runtime.check import check_step
+from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.simulate import Costs, simulate
+from tests.conftest import EXAMPLE_NAMES, example_spec
+
+CONFIGS = {
+    "1f1b": {"schedule": "1f1b"},
+    "zb1p": {"schedule": "zb1p"},
+    "interleaved": {"schedule": "interleaved", "virtual_stages": 2},
+    "gpipe-always": {"schedule": "gpipe", "checkpoint": "always"},
+    "1f1b-except_last": {"schedule": "1f1b", "checkpoint": "except_last"},
+    "zb1p-always": {"schedule": "zb1p", "checkpoint": "always"},
+}
+
+
+def build(tmp: Path, name: str, **options: object) -> tuple[Compiled, Pipeline]:
+    spec = example_spec(name)
+    compiled = compile_model(spec.model, spec.inputs, stages=4, microbatches=4, **options)  # type: ignore[arg-type]
+    out = emit(compiled, tmp / name, model=ModelRef(spec.path, spec.name, name))
+    return compiled, Pipeline.load(out)
+
+
+def predicted_bytes(compiled: Compiled) -> tuple[int, ...]:
+    saved = [m.saved for m in compiled.memory]
+    inputs = [m.inputs for m in compiled.memory]
+    return peak_stored_bytes(compiled.program, saved, inputs)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_schedule_equals_eager_and_measures_as_predicted(tmp_path, name, config):
+    spec = example_spec(name)
+    compiled, pipe = build(tmp_path, name, **CONFIGS[config])
+    report = check_step(
+        pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6, measure_memory=True
+    )
+    assert report.ok, str(report)
+    timeline = simulate(compiled.program, topology(compiled.graph), Costs.uniform(4))
+    assert pipe.last_stats is not None
+    assert pipe.last_stats.peak_inflight == timeline.peak_inflight
+    assert pipe.last_stats.peak_stored == predicted_bytes(compiled)
+
+
+def test_1f1b_device_j_holds_min_p_minus_j_m(tmp_path):
+    compiled, pipe = build(tmp_path, "mlp", schedule="1f1b")
+    spec = example_spec("mlp")
+    pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
+    assert pipe.last_stats is not None
+    assert pipe.last_stats.peak_inflight == (4, 3, 2, 1)
+
+
+@pytest.mark.parametrize("name", ["gpt", "resnet"])
+def test_checkpointing_changes_memory_not_gradients(tmp_path, name):
+    spec = example_spec(name)
+    grads = {}
+    measured = {}
+    for policy in ("never", "always"):
+        compiled, pipe = build(tmp_path / policy, name, schedule="gpipe", checkpoint=policy)
+        got: dict[str, torch.Tensor] = {}
+        pipe.train_step(
+            spec.inputs, spec.targets, spec.loss_fn,
+            on_step=lambda j, p=pipe, g=got: g.update(p.named_grads(j)), measure_memory=True,
+        )  # fmt: skip
+        assert pipe.last_stats is not None
+        grads[policy], measured[policy] = got, pipe.last_stats.peak_stored
+        assert measured[policy] == predicted_bytes(compiled)
+        if policy == "always":
+            buffers = {k: v for k, v in pipe.state_dict().items() if "running" in k}
+    assert grads["never"].keys() == grads["always"].keys()
+    for key, value in grads["never"].items():
+        torch.testing.assert_close(grads["always"][key], value, atol=0, rtol=0)
+    assert all(a < b for a, b in zip(measured["always"], measured["never"]))
+    if name == "resnet":  # recomputation must not update BatchNorm statistics a second time
+        _, plain = build(tmp_path / "again", name, schedule="gpipe")
+        plain.train_step(spec.inputs, spec.targets, spec.loss_fn)
+        for key, value in plain.state_dict().items():
+            if "running" in key:
+                torch.testing.assert_close(buffers[key], value, atol=0, rtol=0)
+
+
+def test_memory_budget_picks_the_least_recomputation_that_fits(tmp_path):
+    never, _ = build(tmp_path / "never", "gpt", schedule="gpipe")
+    always, _ = build(tmp_path / "always", "gpt", schedule="gpipe", checkpoint="always")
+    low, high = predicted_bytes(always), predicted_bytes(never)
+    budget = (max(low) + max(high)) // 2
+    fitted, pipe = build(tmp_path / "fit", "gpt", schedule="gpipe", memory_budget=budget)
+    peaks = predicted_bytes(fitted)
+    assert max(peaks) <= budget
+    checkpointed = {str(x) for _, _, x in fitted.program.instructions() if x.op == "FC"}
+    assert 0 < len(checkpointed) < 16  # some, not all, of the 4 x 4 forwards
+    # one fewer checkpointed forward on the most loaded device would not fit
+    spec = example_spec("gpt")
+    pipe.train_step(spec.inputs, spec.targets, spec.loss_fn, measure_memory=True)
+    assert pipe.last_stats is not None and pipe.last_stats.peak_stored == peaks
+    report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6)
+    assert report.ok, str(report)
+
+
+def test_memory_budget_too_small_names_the_device(tmp_path):
+    spec = example_spec("gpt")
+    with pytest.raises(MemoryBudgetError, match=r"device 0 \(stages 0\) stores at least .* above"):
+        compile_model(spec.model, spec.inputs, stages=4, microbatches=4, memory_budget=1000)
