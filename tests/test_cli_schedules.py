@@ -1,0 +1,127 @@
+"""The command line for schedules: --schedule and its options, show, run --check and --stats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipecompile.cli import main
+from pipecompile.model_file import load_model_file
+from pipecompile.runtime.pipeline import Pipeline
+from tests.conftest import EXAMPLES
+
+MLP = str(EXAMPLES / "mlp.py")
+GPT = str(EXAMPLES / "gpt.py")
+
+
+def compile_mlp(out: Path, *options: str, microbatches: int = 4) -> str:
+    args = [MLP, "--stages", "4", "--microbatches", str(microbatches), "-q", "-o", str(out)]
+    args += options
+    assert main(args) == 0
+    return str(out)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--schedule", "gpipe"],
+        ["--schedule", "1f1b"],
+        ["--schedule", "zb1p", "--checkpoint", "always"],
+        ["--schedule", "interleaved", "--virtual-stages", "2"],
+        ["--schedule", "pipedream"],
+        ["--schedule", "pipedream", "--vertical-sync"],
+        ["--schedule", "1f1b", "--memory-budget", "3KiB"],
+    ],
+    ids=lambda o: "-".join(a.strip("-") for a in o),
+)
+def test_run_check_passes_for_every_schedule(tmp_path, capsys, options):
+    out = compile_mlp(tmp_path / "o", *options)
+    assert main(["run", out, "--check", "--lr", "0.1"]) == 0
+    text = capsys.readouterr().out
+    assert "check passed" in text
+    if "pipedream" in options:
+        assert "weight-stashed SGD" in text and "weights  max |diff|" in text
+
+
+def test_weight_versions_come_from_the_program(tmp_path, capsys):
+    """Stashing micro-batch 5 on stage 0 before any update (a legal edit) makes its forward
+    and backward use older weights: the step's result changes, and --check, whose reference
+    follows the program's versions, still passes."""
+    out = compile_mlp(tmp_path / "o", "--schedule", "pipedream", microbatches=8)
+    text = (Path(out) / "program.txt").read_text()
+    edited = text.replace("  0STASH5\n", "").replace("  0STASH0\n", "  0STASH5\n  0STASH0\n")
+    assert edited != text
+    (tmp_path / "edited.txt").write_text(edited)
+    spec = load_model_file(MLP)
+    after = []
+    for program in (None, tmp_path / "edited.txt"):
+        pipe = Pipeline.load(out, program)
+        pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=0.5))
+        pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
+        after.append(pipe.state_dict())
+    changed = max((after[0][k] - after[1][k]).abs().max().item() for k in after[0])
+    assert changed > 1e-6  # float noise is ~1e-8; the edit moves weights by ~5e-5
+    assert (
+        main(["run", out, "--check", "--lr", "0.5", "--program", str(tmp_path / "edited.txt")]) == 0
+    )
+    assert "check passed" in capsys.readouterr().out
+
+
+def test_show_prints_figures_and_timetable(tmp_path, capsys):
+    out = compile_mlp(tmp_path / "o", "--schedule", "1f1b")
+    capsys.readouterr()
+    assert main(["show", out, "--uniform"]) == 0
+    text = capsys.readouterr().out
+    assert "bubble fraction 0.4286" in text and "closed form with uniform costs 0.4286" in text
+    assert "device 0 F0  F1  F2  F3" in text
+    assert main(["show", out, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["peak_inflight"] == [4, 3, 2, 1]
+    assert {"makespan", "bubble_fraction", "peak_inflight", "peak_activation_bytes"} <= set(report)
+    assert report["makespan"] > 0 and 0 < report["bubble_fraction"] < 1
+
+
+def test_show_json_uniform_matches_closed_form(tmp_path, capsys):
+    out = compile_mlp(tmp_path / "o", "--schedule", "interleaved")
+    capsys.readouterr()
+    assert main(["show", out, "--json", "--uniform"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["devices"] == 2
+    assert report["bubble_fraction"] == pytest.approx(1 / 9)  # (p-1)/(v m + p-1), p=2 v=2 m=4
+
+
+def test_run_stats_prints_measured_next_to_predicted(tmp_path, capsys):
+    out = compile_mlp(tmp_path / "o", "--schedule", "1f1b", "--checkpoint", "except_last")
+    assert main(["run", out, "--stats", "-q"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [r.split()[1] for r in rows] == ["4", "3", "2", "1"]
+    for row in rows:
+        cells = row.split()
+        assert cells[1] == cells[3]  # in-flight measured == predicted
+        assert cells[4:6] == cells[7:9]  # bytes measured == predicted
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([GPT, "--stages", "4", "--schedule", "pipedream"], "tied to another stage"),
+        ([MLP, "--stages", "6", "--microbatches", "4", "--schedule", "interleaved"],
+         "4 micro-batches is not a multiple of the 3 devices"),
+        ([MLP, "--stages", "4", "--vertical-sync"], "--vertical-sync applies to the pipedream"),
+        ([MLP, "--stages", "4", "--microbatches", "4", "--memory-budget", "10B"],
+         "even with every forward checkpointed"),
+    ],
+)  # fmt: skip
+def test_bad_schedule_requests_exit_2_with_a_message(tmp_path, capsys, args, message):
+    assert main([*args, "-q", "-o", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_memory_budget_must_be_a_size(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([MLP, "--stages", "2", "--memory-budget", "lots", "-o", str(tmp_path / "o")])
+    assert "cannot read 'lots' as a size" in capsys.readouterr().err
