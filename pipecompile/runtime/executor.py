@@ -51,7 +51,7 @@ class StepExecutor:
         microbatches: Sequence[dict[str, torch.Tensor]],
         targets: Sequence[tuple[torch.Tensor, ...]] | None = None,
         loss_fn: LossFn | None = None,
-        optimizers: Sequence[torch.optim.Optimizer] | None = None,
+        optimizers: Sequence[torch.optim.Optimizer | None] | None = None,
         on_step: Callable[[int], None] | None = None,
         *,
         loss_scale: float | None = None,
@@ -265,8 +265,9 @@ class StepExecutor:
         j = instr.stage
         if self.on_step is not None:
             self.on_step(j)
-        if self.optimizers is not None:
-            self.optimizers[j].step()
+        optimizer = self.optimizers[j] if self.optimizers is not None else None
+        if optimizer is not None:
+            optimizer.step()
         self.modules[j].zero_grad(set_to_none=True)
         return True
 
@@ -287,8 +288,10 @@ class StepExecutor:
                 param.grad = grads.get(name)
         if self.on_step is not None:
             self.on_step(j)
-        self.optimizers[j].step()
-        self.optimizers[j].zero_grad(set_to_none=True)
+        optimizer = self.optimizers[j]
+        if optimizer is not None:
+            optimizer.step()
+        self.modules[j].zero_grad(set_to_none=True)
         self.versions.bump(j)
         return True
 

@@ -53,7 +53,7 @@ class Pipeline:
         self.modules = modules
         self.program = program
         self.layout = Layout.from_manifest(manifest, program.stage_device)
-        self.optimizers: list[torch.optim.Optimizer] | None = None
+        self.optimizers: list[torch.optim.Optimizer | None] | None = None
         self.asynchronous = any(x.op == "UPDATE" for _, _, x in program.instructions())
         self.last_stats: RunStats | None = None
 
@@ -67,8 +67,11 @@ class Pipeline:
         return cls(manifest, load_stages(directory, manifest), prog)
 
     def set_optimizer(self, factory: OptimizerFactory) -> None:
-        """One optimizer per stage over that stage's parameters (tied copies step identically)."""
-        self.optimizers = [factory(list(m.parameters())) for m in self.modules]
+        """One optimizer per stage over that stage's parameters (tied copies step identically);
+        a stage without parameters gets none."""
+        self.optimizers = [
+            factory(params) if (params := list(m.parameters())) else None for m in self.modules
+        ]
 
     def train_step(
         self,
