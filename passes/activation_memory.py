@@ -87,7 +87,7 @@ def _stage_memory(stage: Stage) -> StageMemory:
         ]  # fmt: skip
         # The stage runs on fake copies of its parameters and buffers, kept alive here, so
         # the saved-tensor hook can tell them (and views of them) from activations.
-        state = {
+        state: dict[str, torch.Tensor] = {
             name: mode.from_tensor(t)
             for name, t in [*module.named_parameters(), *module.named_buffers()]
         }

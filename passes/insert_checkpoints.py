@@ -88,7 +88,8 @@ def _fit_device(
             return counts
     least = device_peak_bytes(_apply(program, dict.fromkeys(stages, m)).devices[d], saved, inputs)
     raise MemoryBudgetError(
-        f"device {d} (stages {', '.join(map(str, stages))}) stores at least "
+        f"device {d} (stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))}) "
+        "stores at least "
         f"{format_size(least)} of activations even with every forward checkpointed, above "
         f"--memory-budget {format_size(budget)}; raise the budget, use more stages, or split "
         "the mini-batch into more, smaller micro-batches"

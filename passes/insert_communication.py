@@ -4,7 +4,9 @@ Requires: a compute-only program and the topology of the stages it runs.
 Guarantees: a new program where each forward is preceded by a receive of its cross-device
 inputs and followed by a send of its cross-device outputs, each backward (or its input half,
 I) is preceded by a receive of its output gradients and followed by a send of its input
-gradients, and each STEP of a stage holding a tied parameter is preceded by ALLREDUCE_TIED.
+gradients, and each stage holding a tied parameter has an ALLREDUCE_TIED before the first STEP
+of its device (all of a device's come together, so stages tied on one device never wait for
+each other).
 Stages sharing a device exchange values directly and get no send/recv.
 """
 
@@ -37,8 +39,9 @@ def insert_communication(program: Program, *, topology: Topology) -> Program:
             elif instr.op in ("B", "I"):
                 out += [Instr("RECV_B", j, i)] * (j in sends) + [instr]
                 out += [Instr("SEND_B", j, i)] * (j in receives)
-            elif instr.op == "STEP":
-                out += [Instr("ALLREDUCE_TIED", j)] * (j in tied) + [instr]
+            elif instr.op == "STEP" and not any(x.op == "STEP" for x in out):
+                on_device = sorted({x.stage for x in instrs if x.op == "STEP"} & tied)
+                out += [Instr("ALLREDUCE_TIED", s) for s in on_device] + [instr]
             else:
                 out.append(instr)
         devices.append(tuple(out))

@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parsed = _parser().parse_args(args)
     try:
         return parsed.handler(parsed)
+    except BrokenPipeError:  # `pipecompile show OUT | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except CheckError as err:
         print(f"pipecompile: {err}", file=sys.stderr)
         return 1

@@ -113,6 +113,8 @@ def compile_model(
         raise PipecompileError(
             f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}"
         )
+    options: dict[str, Any] = {"virtual_stages": virtual_stages, "vertical_sync": vertical_sync}
+    generate(schedule, stages, microbatches, **options)  # reject bad options before tracing
     micro = split_microbatches(inputs, microbatches)[0]
     runner = _PassRunner(print_after, progress)
     traced: Traced = runner("trace", lambda: trace(model, micro), None)

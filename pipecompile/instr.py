@@ -21,8 +21,8 @@ OPS: dict[str, str] = {
     "RECV_F": "receive the stage's cross-device inputs of one micro-batch from their producers",
     "SEND_B": "send the gradients of the stage's received inputs back to their producers",
     "RECV_B": "receive the gradients of the stage's sent outputs from their consumers",
-    "ALLREDUCE_TIED": "sum the gradients of tied parameters over every stage that holds a copy",
-    "STEP": "optimizer step of the stage's parameters, then zero their gradients",
+    "ALLREDUCE_TIED": "contribute the stage's tied-parameter gradients to their sum over holders",
+    "STEP": "optimizer step of the stage's parameters (tied ones: once summed), zero gradients",
     "STASH": "keep the stage's current weights as the version one micro-batch's F and B use",
     "UPDATE": "optimizer step with one micro-batch's gradients (asynchronous schedules)",
 }

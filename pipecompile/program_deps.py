@@ -31,6 +31,7 @@ class Facts:
     split: frozenset[tuple[int, int]]  # (j, i) whose backward is I then W
     stashed: frozenset[tuple[int, int]]
     communicates: bool
+    tie_peers: tuple[tuple[int, ...], ...]  # stage j -> stages sharing a parameter with it
 
     @classmethod
     def of(cls, program: Program, topology: Topology) -> Facts:
@@ -59,6 +60,10 @@ class Facts:
             split=frozenset(split),
             stashed=frozenset(stashed),
             communicates=communicates,
+            tie_peers=tuple(
+                tuple(sorted({s for g in topology.tie_groups if j in g for s in g}))
+                for j in range(n)
+            ),
         )
 
     def forward_of(self, j: int, i: int) -> Instr:
@@ -83,8 +88,7 @@ def _neighbours(topology: Topology, j: int, *, upstream: bool) -> tuple[int, ...
 
 
 def requirements(instr: Instr, facts: Facts) -> list[Instr]:
-    """The instructions that must have finished before ``instr`` may start (collectives such
-    as ALLREDUCE_TIED are handled by the caller: they wait for their peers to arrive)."""
+    """The instructions that must have finished before ``instr`` may start."""
     j, i = instr.stage, instr.microbatch if instr.microbatch is not None else 0
     op = instr.op
     via_messages = facts.communicates
@@ -116,6 +120,9 @@ def requirements(instr: Instr, facts: Facts) -> list[Instr]:
         return [Instr("SEND_B", t, i) for t in facts.consumers[j] if facts.remote(j, t)]
     if op == "UPDATE":
         return [facts.last_backward_of(j, i)]
-    if op == "STEP":
-        return [facts.last_backward_of(j, k) for k in range(facts.microbatches)]
+    if op in ("STEP", "ALLREDUCE_TIED"):
+        needs = [facts.last_backward_of(j, k) for k in range(facts.microbatches)]
+        if op == "STEP":  # a tied stage steps once every holder has contributed its gradient
+            needs += [Instr("ALLREDUCE_TIED", s) for s in facts.tie_peers[j]]
+        return needs
     return []

@@ -62,7 +62,7 @@ def closed_form(program: Program) -> float | None:
         return (p - 1) / (m + p - 1)
     if program.schedule == "interleaved":
         return (p - 1) / (v * m + p - 1)
-    if program.schedule == "zb1p":
+    if program.schedule == "zb1p" and m >= p:  # the zero-bubble closed form needs m >= p
         return (p - 1) / (3 * m + p - 1)
     return None
 

@@ -97,7 +97,6 @@ def simulate(program: Program, topology: Topology, costs: Costs) -> Timeline:
     """Run ``program`` on ``costs``; raises ProgramError (showing where) if it deadlocks."""
     facts = Facts.of(program, topology)
     end: dict[Instr, float] = {}
-    arrived: dict[Instr, float] = {}
     clocks = [0.0] * len(program.devices)
     pcs = [0] * len(program.devices)
     spans: list[Span] = []
@@ -107,7 +106,7 @@ def simulate(program: Program, topology: Topology, costs: Costs) -> Timeline:
         for d, instrs in enumerate(program.devices):
             while pcs[d] < len(instrs):
                 instr = instrs[pcs[d]]
-                start = _start(instr, d, facts, topology, end, arrived, clocks)
+                start = _start(instr, d, facts, end, clocks)
                 if start is None:
                     break
                 finish = start + costs.of(instr, facts)
@@ -127,22 +126,9 @@ def simulate(program: Program, topology: Topology, costs: Costs) -> Timeline:
 
 
 def _start(
-    instr: Instr,
-    device: int,
-    facts: Facts,
-    topology: Topology,
-    end: dict[Instr, float],
-    arrived: dict[Instr, float],
-    clocks: list[float],
+    instr: Instr, device: int, facts: Facts, end: dict[Instr, float], clocks: list[float]
 ) -> float | None:
     """When ``instr`` can start on ``device``, or None if something it waits for is not done."""
-    if instr.op == "ALLREDUCE_TIED":
-        arrived.setdefault(instr, clocks[device])
-        peers = {s for group in topology.tie_groups if instr.stage in group for s in group}
-        members = [Instr("ALLREDUCE_TIED", s) for s in sorted(peers)]
-        if not all(m in arrived for m in members):
-            return None
-        return max(arrived[m] for m in members)
     needs = requirements(instr, facts)
     if not all(n in end for n in needs):
         return None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from pipecompile.compiler import Compiled
+from pipecompile.compiler import Compiled, topology
 from pipecompile.markers import is_recv, is_send
+from pipecompile.memory_model import peak_stored_bytes
+from pipecompile.simulate import Costs, simulate
+from pipecompile.sizes import format_size
 
 __all__ = ["summary"]
 
@@ -31,8 +34,28 @@ def summary(compiled: Compiled, out: str) -> str:
         f"({_si(bound)}); tracer {graph.tracer}; schedule {compiled.program.schedule}, "
         f"{compiled.program.microbatches} micro-batches of {compiled.microbatch_size}"
     )
+    rows.append(_schedule_line(compiled))
     rows.append(f"wrote {out}")
     return "\n".join(rows)
+
+
+def _schedule_line(compiled: Compiled) -> str:
+    program = compiled.program
+    costs = Costs.from_flops([s.flops for s in compiled.graph.stages])
+    timeline = simulate(program, topology(compiled.graph), costs)
+    line = (
+        f"predicted: bubble {timeline.bubble_fraction:.3f} (FLOP costs), peak in-flight "
+        f"micro-batches per device {list(timeline.peak_inflight)}"
+    )
+    if compiled.memory:
+        peaks = peak_stored_bytes(
+            program, [m.saved for m in compiled.memory], [m.inputs for m in compiled.memory]
+        )
+        line += f", peak activations {format_size(max(peaks))}"
+    checkpointed = sum(1 for _, _, x in program.instructions() if x.op == "FC")
+    if checkpointed:
+        line += f"; {checkpointed} checkpointed forwards"
+    return line
 
 
 def _si(value: float, unit: str = "") -> str:

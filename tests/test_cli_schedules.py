@@ -31,6 +31,7 @@ def compile_mlp(out: Path, *options: str, microbatches: int = 4) -> str:
         ["--schedule", "1f1b"],
         ["--schedule", "zb1p", "--checkpoint", "always"],
         ["--schedule", "interleaved", "--virtual-stages", "2"],
+        ["--schedule", "interleaved", "--virtual-stages", "4"],
         ["--schedule", "pipedream"],
         ["--schedule", "pipedream", "--vertical-sync"],
         ["--schedule", "1f1b", "--memory-budget", "3KiB"],
@@ -109,7 +110,7 @@ def test_run_stats_prints_measured_next_to_predicted(tmp_path, capsys):
     [
         ([GPT, "--stages", "4", "--schedule", "pipedream"], "tied to another stage"),
         ([MLP, "--stages", "6", "--microbatches", "4", "--schedule", "interleaved"],
-         "4 micro-batches is not a multiple of the 3 devices"),
+         "--microbatches 4 is not a multiple of the 3 devices"),
         ([MLP, "--stages", "4", "--vertical-sync"], "--vertical-sync applies to the pipedream"),
         ([MLP, "--stages", "4", "--microbatches", "4", "--memory-budget", "10B"],
          "even with every forward checkpointed"),
@@ -125,3 +126,29 @@ def test_memory_budget_must_be_a_size(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([MLP, "--stages", "2", "--memory-budget", "lots", "-o", str(tmp_path / "o")])
     assert "cannot read 'lots' as a size" in capsys.readouterr().err
+
+
+def test_stages_sharing_a_device_exchange_values_directly(tmp_path):
+    out = compile_mlp(tmp_path / "o", "--schedule", "interleaved", "--virtual-stages", "4")
+    program = (Path(out) / "program.txt").read_text()
+    assert "# stage -> device: 0 0 0 0" in program
+    assert "SEND" not in program and "RECV" not in program
+
+
+def test_compile_summary_predicts_the_schedule(tmp_path, capsys):
+    args = [MLP, "--stages", "4", "--microbatches", "4", "--schedule", "1f1b"]
+    assert main([*args, "--checkpoint", "always", "-o", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "peak in-flight micro-batches per device [4, 3, 2, 1]" in out
+    assert "16 checkpointed forwards" in out
+
+
+def test_tied_stages_on_one_device_do_not_wait_for_each_other(tmp_path, capsys):
+    out = str(tmp_path / "o")
+    args = [GPT, "--stages", "4", "--microbatches", "4", "--schedule", "interleaved"]
+    assert main([*args, "--virtual-stages", "4", "-q", "-o", out]) == 0
+    program = (Path(out) / "program.txt").read_text().split()
+    first_step = program.index("0STEP")
+    assert program[first_step - 2 : first_step] == ["0ALLREDUCE_TIED", "3ALLREDUCE_TIED"]
+    assert main(["run", out, "--check"]) == 0
+    assert "check passed" in capsys.readouterr().out

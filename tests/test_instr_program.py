@@ -46,7 +46,20 @@ device 2
 
 
 @pytest.mark.parametrize(
-    "text", ["1F0", "0B12", "3SEND_F2", "2RECV_B0", "0STEP", "11ALLREDUCE_TIED"]
+    "text",
+    [
+        "1F0",
+        "0B12",
+        "3SEND_F2",
+        "2RECV_B0",
+        "0STEP",
+        "11ALLREDUCE_TIED",
+        "2FC3",
+        "1I0",
+        "1W7",
+        "0STASH4",
+        "3UPDATE1",
+    ],
 )
 def test_instr_round_trips(text):
     assert str(Instr.parse(text)) == text

@@ -15,7 +15,7 @@ from pipecompile.instr import Instr
 from pipecompile.passes.activation_memory import count_saved, tensor_bytes
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.local_backend import MISSING, LocalBackend
+from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.stats import RunStats
 from pipecompile.runtime.weight_versions import WeightVersions
 
@@ -242,17 +242,23 @@ class StepExecutor:
         return True
 
     def all_reduce_tied(self, instr: Instr) -> bool:
+        """Contribute the stage's tied gradients to their sums; the STEP waits for them."""
         j = instr.stage
         params = dict(self.modules[j].named_parameters(remove_duplicate=False))
+        for key, held in self.layout.ties.items():
+            if j in held:
+                param = params[held[j]]
+                grad = param.grad if param.grad is not None else torch.zeros_like(param)
+                self.backend.contribute(key, j, sorted(held), grad)
+        return True
+
+    def _take_tied_sums(self, j: int) -> bool:
+        params = dict(self.modules[j].named_parameters(remove_duplicate=False))
         mine = [(key, held) for key, held in self.layout.ties.items() if j in held]
-        results = []
-        for key, held in mine:
-            param = params[held[j]]
-            grad = param.grad if param.grad is not None else torch.zeros_like(param)
-            results.append(self.backend.all_reduce(key, j, sorted(held), grad))
-        if any(r is MISSING for r in results):
+        if any(not self.backend.has_reduced(key, j) for key, _ in mine):
             return False
-        for (_, held), total in zip(mine, results):
+        for key, held in mine:
+            total = self.backend.reduced(key, j)
             assert isinstance(total, torch.Tensor)
             params[held[j]].grad = total.clone()
         return True
@@ -261,8 +267,11 @@ class StepExecutor:
 
     def step(self, instr: Instr) -> bool:
         """Optimizer step, then zero the gradients (zeroed even without an optimizer, so the
-        next step never accumulates onto this one's)."""
+        next step never accumulates onto this one's). A stage holding tied parameters first
+        waits for their sums (see ALLREDUCE_TIED)."""
         j = instr.stage
+        if not self._take_tied_sums(j):
+            return False
         if self.on_step is not None:
             self.on_step(j)
         optimizer = self.optimizers[j] if self.optimizers is not None else None

@@ -30,20 +30,25 @@ class LocalBackend:
     def recv(self, key: Hashable) -> Any:
         return self._mailbox.pop(key)
 
-    def all_reduce(
+    def contribute(
         self, key: Hashable, member: int, members: Sequence[int], tensor: torch.Tensor
-    ) -> torch.Tensor | object:
-        """Contribute ``tensor``; the sum over ``members`` (added in member order) once all have
-        contributed, else MISSING. Every member gets an identical result."""
-        if member not in self._results.get(key, {}):
-            self._posted.setdefault(key, {})[member] = tensor
-        posted = self._posted.get(key, {})
-        if key not in self._results and len(posted) == len(members):
+    ) -> None:
+        """Add ``tensor`` to the sum over ``members`` named ``key``; never waits."""
+        posted = self._posted.setdefault(key, {})
+        posted[member] = tensor
+        if len(posted) == len(members):
             total = posted[members[0]].clone()
             for other in members[1:]:
-                total += posted[other]
-            self._results[key] = {m: total for m in members}
+                total += posted[other]  # in member order, so every member gets the same bits
+            self._results[key] = dict.fromkeys(members, total)
             del self._posted[key]
+
+    def has_reduced(self, key: Hashable, member: int) -> bool:
+        return member in self._results.get(key, {})
+
+    def reduced(self, key: Hashable, member: int) -> torch.Tensor | object:
+        """The sum once every member has contributed (each member takes it once), else
+        MISSING."""
         results = self._results.get(key)
         if results is None or member not in results:
             return MISSING

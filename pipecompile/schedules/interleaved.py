@@ -34,7 +34,7 @@ def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Prog
     p = stages // v
     if microbatches % p:
         raise ProgramError(
-            f"interleaved: {microbatches} micro-batches is not a multiple of the {p} devices; "
+            f"interleaved: --microbatches {microbatches} is not a multiple of the {p} devices; "
             f"use --microbatches {p * max(1, round(microbatches / p))}"
         )
     devices = []

@@ -24,9 +24,11 @@ def pipedream(stages: int, microbatches: int, vertical_sync: bool = False) -> Pr
     i's gradient). Stage j's forward of micro-batch i thus sees the updates of micro-batches
     0 .. i-p+j: the later the stage, the fresher its weights.
 
-    With ``vertical_sync`` every stage uses the version stage 0 used (updates 0 .. i-p), so a
-    micro-batch sees one consistent model: ``jSTASH i`` moves up to just after
-    ``jUPDATE (i-p)`` and the stage keeps up to j+1 versions alive instead of one.
+    Each STASH copies the weights once per version (micro-batches stashed between two
+    UPDATEs share the copy), so stage j keeps at most min(p-j, m) copies, one per micro-batch
+    in flight. With ``vertical_sync`` every stage uses the version stage 0 used (updates
+    0 .. i-p), so a micro-batch sees one consistent model: ``jSTASH i`` moves up to just after
+    ``jUPDATE (i-p)``, and every stage keeps up to min(p, m) copies.
     """
     devices = []
     for j in range(stages):

@@ -112,5 +112,5 @@ def test_memory_budget_picks_the_least_recomputation_that_fits(tmp_path):
 
 def test_memory_budget_too_small_names_the_device(tmp_path):
     spec = example_spec("gpt")
-    with pytest.raises(MemoryBudgetError, match=r"device 0 \(stages 0\) stores at least .* above"):
+    with pytest.raises(MemoryBudgetError, match=r"device 0 \(stage 0\) stores at least .* above"):
         compile_model(spec.model, spec.inputs, stages=4, microbatches=4, memory_budget=1000)

@@ -69,7 +69,7 @@ def test_every_schedule_round_trips_as_text(name):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: generate("interleaved", 4, 3), "3 micro-batches is not a multiple of the 2"),
+        (lambda: generate("interleaved", 4, 3), "--microbatches 3 is not a multiple of the 2"),
         (lambda: generate("interleaved", 5, 4), "--stages 5 is not a multiple of --virtual-st"),
         (lambda: generate("interleaved", 4, 4, virtual_stages=1), "at least 2, got 1"),
         (lambda: generate("1f1b", 4, 4, virtual_stages=2), "--virtual-stages applies to the"),
