@@ -152,3 +152,11 @@ def test_tied_stages_on_one_device_do_not_wait_for_each_other(tmp_path, capsys):
     assert program[first_step - 2 : first_step] == ["0ALLREDUCE_TIED", "3ALLREDUCE_TIED"]
     assert main(["run", out, "--check"]) == 0
     assert "check passed" in capsys.readouterr().out
+
+
+def test_pipedream_check_with_batchnorm_leaves_the_pipeline_untouched(tmp_path, capsys):
+    out = str(tmp_path / "o")
+    args = [str(EXAMPLES / "resnet.py"), "--stages", "3", "--microbatches", "4"]
+    assert main([*args, "--schedule", "pipedream", "-q", "-o", out]) == 0
+    assert main(["run", out, "--check", "--lr", "0.05"]) == 0
+    assert "check passed" in capsys.readouterr().out

@@ -49,7 +49,7 @@ def check_async_step(
     rtol: float = 1e-5,
 ) -> CheckReport:
     """Run one SGD step of ``pipe`` and of the reference from the same weights; compare."""
-    start = pipe.state_dict()
+    start = {k: v.clone() for k, v in pipe.state_dict().items()}  # never the live tensors
     owner = {
         original: j
         for j, params in enumerate(pipe.layout.params)
