@@ -9,8 +9,6 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-
 from pipecompile import __version__
 from pipecompile.compiler import PASSES, compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
@@ -88,6 +86,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--atol", type=float, default=1e-5, help="--check absolute tolerance")
     run.add_argument("--rtol", type=float, default=1e-5, help="--check relative tolerance")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    run.add_argument("--nproc", type=int,
+                     help="run with one process per device through torch.distributed")  # fmt: skip
+    run.add_argument("--timeout", type=float, default=60.0,
+                     help="--nproc: seconds a rank may wait on one instruction")  # fmt: skip
+    run.add_argument("--save", help="checkpoint directory, written after the last step")
+    run.add_argument("--save-every", type=int, default=0, help="also save every N steps")
+    run.add_argument("--resume", help="continue from the newest checkpoint in this directory")
     run.add_argument("--stats", action="store_true",
                      help="print measured peak in-flight and activation bytes")  # fmt: skip
     run.set_defaults(handler=_run)
@@ -140,6 +145,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from pipecompile.model_file import recorded_model
     from pipecompile.runtime.check import check_step
     from pipecompile.runtime.check_async import check_async_step
     from pipecompile.runtime.load import read_manifest
@@ -147,7 +153,9 @@ def _run(args: argparse.Namespace) -> int:
 
     directory = Path(args.directory)
     manifest = read_manifest(directory)
-    spec = _model_spec(args, directory, manifest)
+    if args.nproc:
+        return _run_distributed(args)
+    spec = recorded_model(args.model, directory, manifest)
     if spec.targets is None or spec.loss_fn is None:
         raise ModelFileError(
             f"{spec.path} needs example_targets() and loss_fn(output, *targets) for `run`"
@@ -164,9 +172,12 @@ def _run(args: argparse.Namespace) -> int:
         if not report.ok:
             raise CheckError("pipelined results differ from the eager model (see above)")
         return 0
-    optimizers = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-    pipe.set_optimizer(lambda ps: optimizers[args.optimizer](ps, lr=args.lr))
-    for step in range(args.steps):
+    from pipecompile.runtime.checkpoint import resume, save
+    from pipecompile.runtime.worker import OPTIMIZERS
+
+    pipe.set_optimizer(lambda ps: OPTIMIZERS[args.optimizer](ps, lr=args.lr))
+    first = resume(pipe, Path(args.resume)) if args.resume else 0
+    for step in range(first, args.steps):
         start = time.perf_counter()
         loss, _ = pipe.train_step(
             spec.inputs, spec.targets, spec.loss_fn, measure_memory=args.stats
@@ -174,6 +185,9 @@ def _run(args: argparse.Namespace) -> int:
         ms = (time.perf_counter() - start) * 1000
         if not args.quiet:
             print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
+        done = step + 1
+        if args.save and (done == args.steps or (args.save_every and done % args.save_every == 0)):
+            save(pipe, Path(args.save), done)
     if args.stats and pipe.last_stats is not None:
         print(_stats_table(pipe, directory, args.program))
     return 0
@@ -198,6 +212,19 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
     return "\n".join(rows)
 
 
+def _run_distributed(args: argparse.Namespace) -> int:
+    from pipecompile.runtime.launch import launch
+
+    forwarded = [args.directory, "--steps", str(args.steps), "--optimizer", args.optimizer,
+                 "--lr", str(args.lr), "--atol", str(args.atol), "--rtol", str(args.rtol),
+                 "--timeout", str(args.timeout), "--save-every", str(args.save_every)]  # fmt: skip
+    for flag in ("program", "model", "save", "resume"):
+        if getattr(args, flag):
+            forwarded += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]
+    forwarded += ["--check"] * args.check + ["-q"] * args.quiet
+    return launch(args.nproc, forwarded, quiet=args.quiet)
+
+
 def _show(args: argparse.Namespace) -> int:
     import json
 
@@ -207,17 +234,3 @@ def _show(args: argparse.Namespace) -> int:
                                        uniform=args.uniform)  # fmt: skip
     print(json.dumps(report, indent=2) if args.json else format_report(report, timeline))
     return 0
-
-
-def _model_spec(args: argparse.Namespace, directory: Path, manifest: dict):  # type: ignore[no-untyped-def]
-    from pipecompile.model_file import load_model_file
-
-    if args.model:
-        return load_model_file(args.model)
-    recorded = manifest.get("model", {})
-    if not recorded.get("file"):
-        raise ModelFileError(
-            f"{directory}/manifest.json records no model file; pass --model FILE.py[:NAME]"
-        )
-    path = (directory / recorded["file"]).resolve()
-    return load_model_file(f"{path}:{recorded['name']}")

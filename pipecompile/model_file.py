@@ -175,3 +175,16 @@ def _named_inputs(model: nn.Module, raw: Any, path: Path) -> dict[str, torch.Ten
 def _user_frame(err: BaseException, path: Path) -> str:
     frames = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename) == path]
     return f" at {path.name}:{frames[-1].lineno}" if frames else ""
+
+
+def recorded_model(model: str | None, directory: Path, manifest: dict[str, Any]) -> ModelSpec:
+    """The model file ``model`` if given, else the one the emitted ``manifest`` records."""
+    if model:
+        return load_model_file(model)
+    recorded = manifest.get("model", {})
+    if not recorded.get("file"):
+        raise ModelFileError(
+            f"{directory}/manifest.json records no model file; pass --model FILE.py[:NAME]"
+        )
+    path = (Path(directory) / recorded["file"]).resolve()
+    return load_model_file(f"{path}:{recorded['name']}")

@@ -32,6 +32,7 @@ class CheckReport:
     grad_diff: float = 0.0
     worst_grad: str = ""
     failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -44,6 +45,7 @@ class CheckReport:
             f"  outputs  max |diff| {self.output_diff:.3e}",
             f"  {self.what:<8} max |diff| {self.grad_diff:.3e}  ({self.worst_grad or '-'})",
         ]
+        lines += self.notes
         lines += [f"  MISMATCH {f}" for f in self.failures[:10]]
         lines.append(
             "check passed" if self.ok else f"check FAILED: {len(self.failures)} mismatches"

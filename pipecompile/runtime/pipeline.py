@@ -15,7 +15,7 @@ from pipecompile.compiler import topology_from_manifest
 from pipecompile.errors import PipecompileError
 from pipecompile.program import Program
 from pipecompile.runtime.executor import LossFn, StepExecutor
-from pipecompile.runtime.interpreter import run_program
+from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stages, read_manifest, read_program
 from pipecompile.runtime.local_backend import LocalBackend
@@ -46,12 +46,25 @@ class Pipeline:
     """
 
     def __init__(
-        self, manifest: dict[str, Any], modules: list[nn.Module], program: Program
+        self,
+        manifest: dict[str, Any],
+        modules: list[nn.Module | None],
+        program: Program,
+        *,
+        device: int | None = None,
+        backend: Callable[[], Any] = LocalBackend,
+        wrap: Callable[[dict[str, Handler]], dict[str, Handler]] | None = None,
     ) -> None:
+        """``device``: run only that device's instructions (one rank of a distributed run;
+        ``modules`` then holds None for the stages of other devices). ``backend`` makes the
+        message backend of each step; ``wrap`` may wrap the instruction handlers."""
         verify_program(program, topology_from_manifest(manifest))
         self.manifest = manifest
         self.modules = modules
         self.program = program
+        self.device = device
+        self.backend = backend
+        self.wrap = wrap
         self.layout = Layout.from_manifest(manifest, program.stage_device)
         self.optimizers: list[torch.optim.Optimizer | None] | None = None
         self.asynchronous = any(x.op == "UPDATE" for _, _, x in program.instructions())
@@ -70,7 +83,8 @@ class Pipeline:
         """One optimizer per stage over that stage's parameters (tied copies step identically);
         a stage without parameters gets none."""
         self.optimizers = [
-            factory(params) if (params := list(m.parameters())) else None for m in self.modules
+            factory(params) if m is not None and (params := list(m.parameters())) else None
+            for m in self.modules
         ]
 
     def train_step(
@@ -94,23 +108,43 @@ class Pipeline:
         micro = split_microbatches(self._ordered(inputs), count)
         micro_targets = split_targets(targets, count)
         scale = 1.0 if self.asynchronous else 1.0 / count
+        backend = self.backend()
         executor = StepExecutor(
-            self.layout, self.modules, LocalBackend(), micro, micro_targets, loss_fn,
+            self.layout, self.modules, backend, micro, micro_targets, loss_fn,  # type: ignore[arg-type]
             self.optimizers, on_step, loss_scale=scale, measure_memory=measure_memory,
         )  # fmt: skip
-        run_program(self.program, executor.handlers())
+        run_program(self._own_program(self.program), self._handlers(executor))
+        if hasattr(backend, "finish"):
+            backend.finish()
         self.last_stats = executor.stats
+        if len(executor.losses) < count:  # the last stage runs elsewhere
+            return torch.tensor(float("nan")), []
         total = sum(executor.losses[i].detach() for i in range(count))
         loss = total / (count * scale)
         return loss, [executor.results[i] for i in range(count)]  # type: ignore[return-value]
+
+    def _own_program(self, program: Program) -> Program:
+        if self.device is None:
+            return program
+        devices = tuple(d if k == self.device else () for k, d in enumerate(program.devices))
+        return replace(program, devices=devices)
+
+    def _handlers(self, executor: StepExecutor) -> dict[str, Handler]:
+        handlers = executor.handlers()
+        return self.wrap(handlers) if self.wrap is not None else handlers
 
     @torch.no_grad()
     def __call__(self, inputs: dict[str, torch.Tensor]) -> Any:
         """Inference through the pipeline; returns the model's output structure."""
         count = self.program.microbatches
         micro = split_microbatches(self._ordered(inputs), count)
-        executor = StepExecutor(self.layout, self.modules, LocalBackend(), micro)
-        run_program(forward_only(self.program), executor.handlers())
+        backend = self.backend()
+        executor = StepExecutor(self.layout, self.modules, backend, micro)  # type: ignore[arg-type]
+        run_program(self._own_program(forward_only(self.program)), self._handlers(executor))
+        if hasattr(backend, "finish"):
+            backend.finish()
+        if len(executor.results) < count:  # the last stage runs elsewhere
+            return None
         joined = join_microbatches([executor.results[i] for i in range(count)])
         return pytree.tree_unflatten(joined, self.layout.output_spec)
 
@@ -118,6 +152,8 @@ class Pipeline:
         """Every parameter and buffer under each of the original model's names for it."""
         state: dict[str, torch.Tensor] = {}
         for module, params in zip(self.modules, self.layout.params):
+            if module is None:
+                continue
             own = module.state_dict(keep_vars=False)
             for name, originals in params.items():
                 for original in originals:
@@ -126,7 +162,9 @@ class Pipeline:
 
     def named_grads(self, stage: int) -> dict[str, torch.Tensor]:
         """Stage ``stage``'s current gradients, detached copies, under the original names."""
-        own = dict(self.modules[stage].named_parameters(remove_duplicate=False))
+        module = self.modules[stage]
+        assert module is not None, f"stage {stage} runs on another rank"
+        own = dict(module.named_parameters(remove_duplicate=False))
         grads: dict[str, torch.Tensor] = {}
         for name, originals in self.layout.params[stage].items():
             grad = own[name].grad if name in own else None

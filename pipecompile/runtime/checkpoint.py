@@ -1,0 +1,99 @@
+"""Training checkpoints: stage weights, optimizer state and step count, written atomically.
+
+Layout of a checkpoint directory::
+
+    latest                  the name of the newest complete step directory
+    step_<n>/meta.json      {"step": n, "stages": count, "format": "pipecompile-checkpoint/1"}
+    step_<n>/stage_<j>.safetensors   weights and buffers of stage j (its own names)
+    step_<n>/stage_<j>.optim.pt      its optimizer's state_dict (tensors and numbers only)
+
+Each rank writes its own stages into ``.step_<n>.tmp``; after a barrier, rank 0 writes
+``meta.json``, renames the directory into place and replaces ``latest`` (a temporary file,
+then ``os.replace``), so a crash at any point leaves the previous checkpoint intact. PipeDream
+programs drain at the end of every step, so no stashed weight version outlives a step and
+none needs saving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_model, save_model
+
+from pipecompile.errors import EmitError
+from pipecompile.runtime.pipeline import Pipeline
+
+__all__ = ["save", "resume", "latest_step_dir"]
+
+FORMAT = "pipecompile-checkpoint/1"
+
+
+def save(pipe: Pipeline, root: Path, step: int, rank: int = 0) -> Path:
+    """Write this rank's stages for ``step`` under ``root`` (all ranks call it together)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".step_{step}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    _barrier()
+    for j, module in enumerate(pipe.modules):
+        if module is None:
+            continue
+        save_model(module, str(tmp / f"stage_{j}.safetensors"))
+        optimizer = pipe.optimizers[j] if pipe.optimizers else None
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / f"stage_{j}.optim.pt")
+    _barrier()
+    final = root / f"step_{step}"
+    if rank == 0:
+        meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules)}
+        (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        pointer = root / ".latest.tmp"
+        pointer.write_text(final.name + "\n")
+        os.replace(pointer, root / "latest")
+    _barrier()
+    return final
+
+
+def latest_step_dir(root: Path) -> Path:
+    """The newest complete checkpoint under ``root``; EmitError if there is none."""
+    pointer = root / "latest"
+    if not pointer.is_file():
+        raise EmitError(f"{root} holds no checkpoint (no 'latest' file); pass a --save directory")
+    step_dir = root / pointer.read_text().strip()
+    meta = step_dir / "meta.json"
+    if not meta.is_file() or json.loads(meta.read_text()).get("format") != FORMAT:
+        raise EmitError(f"{step_dir} is not a complete pipecompile checkpoint")
+    return step_dir
+
+
+def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
+    """Load this rank's stages and optimizer states from the newest checkpoint; returns the
+    step count to continue from."""
+    step_dir = latest_step_dir(root)
+    meta = json.loads((step_dir / "meta.json").read_text())
+    if meta["stages"] != len(pipe.modules):
+        raise EmitError(
+            f"{step_dir} holds {meta['stages']} stages, the pipeline {len(pipe.modules)}"
+        )
+    for j, module in enumerate(pipe.modules):
+        if module is None:
+            continue
+        load_model(module, str(step_dir / f"stage_{j}.safetensors"))
+        optimizer = pipe.optimizers[j] if pipe.optimizers else None
+        state = step_dir / f"stage_{j}.optim.pt"
+        if optimizer is not None and state.is_file():
+            optimizer.load_state_dict(torch.load(state, weights_only=True))
+    return int(meta["step"])
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,136 @@
+"""The distributed backend: one rank per device, torch.distributed point-to-point messages.
+
+Every message's shape and dtype come from the manifest's edges (the compiled stage graph),
+so nothing but the tensors themselves crosses the wire. A message is matched by its tag,
+derived from (edge, direction, micro-batch), so sends and receives pair up whatever order the
+two devices' programs issue them in. Tied parameters are summed with one asynchronous
+all-reduce per parameter over the ranks that hold it; the STEP waits for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipecompile.runtime.layout import Layout
+from pipecompile.runtime.local_backend import MISSING
+
+__all__ = ["DistBackend", "tie_groups"]
+
+
+def tie_groups(layout: Layout) -> dict[Hashable, Any]:
+    """One process group per tied parameter held on several ranks. Every rank must call
+    this, in the same order (the manifest's), since creating a group is collective."""
+    groups: dict[Hashable, Any] = {}
+    for key in sorted(layout.ties):
+        ranks = sorted({layout.stage_device[j] for j in layout.ties[key]})
+        if len(ranks) > 1:
+            groups[key] = dist.new_group(ranks)
+    return groups
+
+
+class DistBackend:
+    """Messages and tied-gradient sums between this rank and the others."""
+
+    def __init__(
+        self, layout: Layout, manifest: dict[str, Any], microbatches: int, groups: dict
+    ) -> None:
+        self.layout = layout
+        self.rank = dist.get_rank()
+        self.microbatches = microbatches
+        self.groups = groups
+        self.edges = {
+            (e["src"], e["dst"], e["value"]): (k, tuple(e["shape"]), getattr(torch, e["dtype"]))
+            for k, e in enumerate(manifest["edges"])
+        }
+        self._sends: list[tuple[Any, torch.Tensor]] = []
+        self._inbox: dict[Hashable, torch.Tensor | None] = {}
+        self._posted: dict[Hashable, dict[int, torch.Tensor]] = {}
+        self._sums: dict[Hashable, tuple[Any, torch.Tensor, set[int]]] = {}
+
+    # -- point to point ------------------------------------------------------------------
+
+    def send(self, key: Hashable, value: torch.Tensor | None) -> None:
+        kind, src, dst, i, name = key  # type: ignore[misc]
+        index, shape, dtype = self.edges[(src, dst, name)]
+        if kind == "B":
+            if not dtype.is_floating_point:
+                return  # integer values carry no gradient; the receiver expects none
+            if value is None:
+                value = torch.zeros(shape, dtype=dtype)  # "no gradient" sums like zero
+        tensor = value.detach().contiguous()  # type: ignore[union-attr]
+        peer = self.layout.stage_device[dst if kind == "F" else src]
+        self._sends.append((dist.isend(tensor, peer, tag=self._tag(kind, index, i)), tensor))
+
+    def ready(self, keys: Sequence[Hashable]) -> bool:
+        """Receive every message in ``keys`` (one batched call), blocking until they arrive."""
+        ops, buffers = [], []
+        for key in keys:
+            kind, src, dst, i, name = key  # type: ignore[misc]
+            index, shape, dtype = self.edges[(src, dst, name)]
+            if kind == "B" and not dtype.is_floating_point:
+                self._inbox[key] = None
+                continue
+            buffer = torch.empty(shape, dtype=dtype)
+            peer = self.layout.stage_device[src if kind == "F" else dst]
+            ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=self._tag(kind, index, i)))
+            buffers.append((key, buffer))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        self._inbox.update(buffers)
+        return True
+
+    def recv(self, key: Hashable) -> torch.Tensor | None:
+        return self._inbox.pop(key)
+
+    def finish(self) -> None:
+        """Wait for every send of the step (their buffers must live until then)."""
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
+
+    def _tag(self, kind: str, edge: int, i: int) -> int:
+        return (edge * 2 + (kind == "B")) * self.microbatches + i
+
+    # -- tied parameters -----------------------------------------------------------------
+
+    def contribute(
+        self, key: Hashable, member: int, members: Sequence[int], tensor: torch.Tensor
+    ) -> None:
+        """Add this stage's gradient; once every stage of this rank has, start the all-reduce
+        over the ranks holding the parameter (asynchronously)."""
+        local = [s for s in members if self.layout.stage_device[s] == self.rank]
+        posted = self._posted.setdefault(key, {})
+        posted[member] = tensor
+        if len(posted) < len(local):
+            return
+        total = posted[local[0]].clone()
+        for other in local[1:]:
+            total += posted[other]
+        del self._posted[key]
+        group = self.groups.get(key)
+        work = dist.all_reduce(total, group=group, async_op=True) if group is not None else None
+        self._sums[key] = (work, total, set(local))
+
+    def has_reduced(self, key: Hashable, member: int) -> bool:
+        pending = self._sums.get(key)
+        if pending is None:
+            return False
+        if pending[0] is not None:
+            pending[0].wait()
+            self._sums[key] = (None, pending[1], pending[2])
+        return True
+
+    def reduced(self, key: Hashable, member: int) -> torch.Tensor | object:
+        pending = self._sums.get(key)
+        if pending is None or member not in pending[2]:
+            return MISSING
+        _, total, waiting = pending
+        waiting.discard(member)
+        if not waiting:
+            del self._sums[key]
+        return total

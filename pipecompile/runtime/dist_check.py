@@ -1,0 +1,93 @@
+"""`run --nproc N --check`: the distributed step against the local backend and the eager model.
+
+Every rank runs one step from the emitted weights; rank 0 gathers the gradients (synchronous
+programs) or the weights after one SGD step (asynchronous ones), runs the same program on the
+local backend, and checks that run against the eager model as `run --check` does. The
+distributed figures must equal the local ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipecompile.model_file import ModelSpec
+from pipecompile.runtime.check import CheckReport, check_step, compare
+from pipecompile.runtime.check_async import check_async_step
+from pipecompile.runtime.pipeline import Pipeline
+
+__all__ = ["check_distributed"]
+
+
+def check_distributed(
+    pipe: Pipeline, spec: ModelSpec, directory: Path, args: argparse.Namespace, last: int
+) -> CheckReport:
+    """Returns the report on rank 0 (an empty, passing one elsewhere)."""
+    assert spec.targets is not None and spec.loss_fn is not None
+    if pipe.asynchronous:
+        pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=args.lr))
+    grads: dict[str, torch.Tensor] = {}
+    loss, outs = pipe.train_step(
+        spec.inputs, spec.targets, spec.loss_fn,
+        on_step=lambda j: grads.update(pipe.named_grads(j)),
+    )  # fmt: skip
+    mine: dict[str, Any] = {
+        "values": pipe.state_dict() if pipe.asynchronous else grads,
+        "loss": float(loss) if outs else None,
+        "outputs": [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))] if outs else None,
+    }
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.gather_object(mine, gathered if dist.get_rank() == 0 else None, dst=0)
+    if dist.get_rank() != 0:
+        return CheckReport("(reported by rank 0)")
+    return _compare_on_rank0(gathered, spec, directory, args, last, pipe.asynchronous)
+
+
+def _compare_on_rank0(
+    gathered: list[dict[str, Any]], spec: ModelSpec, directory: Path,
+    args: argparse.Namespace, last: int, asynchronous: bool,
+) -> CheckReport:  # fmt: skip
+    assert spec.targets is not None and spec.loss_fn is not None
+    local = Pipeline.load(directory, args.program)
+    if asynchronous:
+        report = check_async_step(local, spec.model, spec.inputs, spec.targets, spec.loss_fn,
+                                  lr=args.lr, atol=args.atol, rtol=args.rtol)  # fmt: skip
+        local_values = local.state_dict()
+        local_loss, local_outs = None, None
+    else:
+        report = check_step(local, spec.model, spec.inputs, spec.targets, spec.loss_fn,
+                            atol=args.atol, rtol=args.rtol)  # fmt: skip
+        local_values = {}
+        local_loss, outs = local.train_step(
+            spec.inputs, spec.targets, spec.loss_fn,
+            on_step=lambda j: local_values.update(local.named_grads(j)),
+        )  # fmt: skip
+        local_outs = [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))]
+    values: dict[str, torch.Tensor] = {}
+    for part in gathered:
+        values.update(part["values"])
+    what = "weights after the step" if asynchronous else "gradient"
+    worst = 0.0
+    for name, want in local_values.items():
+        if name not in values:
+            report.failures.append(f"distributed run has no {what} for {name}")
+            continue
+        worst = max(worst, compare(report, f"distributed {what} of {name}", values[name], want,
+                                   args.atol, args.rtol))  # fmt: skip
+    line = f"  distributed ({len(gathered)} ranks) vs local backend: {what} max |diff| {worst:.3e}"
+    if local_loss is not None and gathered[last]["loss"] is not None:
+        diff = compare(report, "distributed loss", torch.tensor(gathered[last]["loss"]),
+                       local_loss.detach(), args.atol, args.rtol)  # fmt: skip
+        line += f", loss {diff:.3e}"
+    if local_outs is not None and gathered[last]["outputs"] is not None:
+        out_diff = max(
+            compare(report, f"distributed output {k}", have, want, args.atol, args.rtol)
+            for k, (have, want) in enumerate(zip(gathered[last]["outputs"], local_outs))
+        )
+        line += f", outputs {out_diff:.3e}"
+    report.notes.append(line)
+    return report

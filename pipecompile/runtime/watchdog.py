@@ -1,0 +1,136 @@
+"""Faults never hang a distributed run: heartbeats, failure reports and a stop on SIGTERM.
+
+Each rank's watchdog thread publishes, in the run's c10d store, the instruction its rank is
+on (every ``interval``), and checks the others: a failure another rank reported, a rank on
+this host whose process is gone, a rank whose heartbeat stopped, or this rank stuck on one
+instruction longer than ``timeout``. Whichever it finds, it prints one line naming the rank
+and the instruction, and ends the process: a rank blocked inside a receive cannot be woken
+any other way. torchrun's SIGTERM to the survivors of a dead rank is handled the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+__all__ = ["Watchdog", "EXIT_PEER_FAILED"]
+
+EXIT_PEER_FAILED = 3
+_FAILED = "pipecompile/failed"
+
+
+class Watchdog:
+    def __init__(
+        self, store: Any, rank: int, world: int, *, timeout: float, interval: float = 0.05
+    ) -> None:
+        self.store, self.rank, self.world = store, rank, world
+        self.timeout, self.interval = timeout, interval
+        self.current = "start"
+        self._since = time.monotonic()
+        self._stop = threading.Event()
+        self.store.set(f"pipecompile/pid/{rank}", f"{socket.gethostname()} {os.getpid()}")
+        self._beat()
+
+    def start(self) -> None:
+        """Start the heartbeat thread and route SIGTERM to it (the main thread may be blocked
+        inside a receive, where a Python signal handler would never run)."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        threading.Thread(target=self._loop, daemon=True, name="pipecompile-watchdog").start()
+        threading.Thread(target=self._on_sigterm, daemon=True, name="pipecompile-sigterm").start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def at(self, instr: str) -> None:
+        """The main thread starts ``instr``."""
+        self.current = instr
+        self._since = time.monotonic()
+
+    def report_failure(self, message: str) -> None:
+        """This rank failed: tell the others (first report wins)."""
+        self.store.compare_set(_FAILED, "", f"rank {self.rank} at {self.current}: {message}")
+
+    def publish_now(self) -> None:
+        self._beat()
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._beat()
+                problem = self.diagnose(stale_after=max(2.0, 40 * self.interval))
+            except Exception as err:  # the store itself is gone: the launcher is stopping us
+                problem = f"lost contact with the run's store ({type(err).__name__})"
+            if problem is None and time.monotonic() - self._since > self.timeout:
+                problem = f"no progress for {self.timeout:g} s; " + "; ".join(
+                    f"rank {r} at {at}" for r, at in self._positions().items()
+                )
+            if problem is not None:
+                self._die(problem)
+
+    def _on_sigterm(self) -> None:
+        signal.sigwait({signal.SIGTERM})
+        try:
+            problem = self.diagnose(stale_after=0.5) or "stopped by the launcher (SIGTERM)"
+        except Exception:
+            problem = "stopped by the launcher (SIGTERM)"
+        self._die(problem)
+
+    def diagnose(self, stale_after: float) -> str | None:
+        """What went wrong elsewhere, if anything: reported failures first, then dead ranks."""
+        if self.store.check([_FAILED]):
+            reported = self.store.get(_FAILED).decode()
+            if reported:
+                return f"rank {reported}"
+        now = time.time()
+        host = socket.gethostname()
+        for r in range(self.world):
+            if r == self.rank or not self.store.check([f"pipecompile/pid/{r}"]):
+                continue
+            their_host, pid = self.store.get(f"pipecompile/pid/{r}").decode().split()
+            beat, at = self._heartbeat(r)
+            if their_host == host and not _alive(int(pid)):
+                return f"rank {r} died (pid {pid}) at instruction {at}"
+            if their_host != host and now - beat > stale_after:
+                return f"rank {r} stopped responding {now - beat:.1f} s ago at instruction {at}"
+        return None
+
+    def _die(self, problem: str) -> None:
+        print(
+            f"pipecompile: rank {self.rank} stopping at instruction {self.current}: {problem}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(EXIT_PEER_FAILED)
+
+    def _beat(self) -> None:
+        self.store.set(f"pipecompile/hb/{self.rank}", f"{time.time()} {self.current}")
+
+    def _heartbeat(self, r: int) -> tuple[float, str]:
+        if not self.store.check([f"pipecompile/hb/{r}"]):
+            return time.time(), "start"
+        stamp, at = self.store.get(f"pipecompile/hb/{r}").decode().split(" ", 1)
+        return float(stamp), at
+
+    def _positions(self) -> dict[int, str]:
+        return {r: self._heartbeat(r)[1] for r in range(self.world)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by the launcher) counts as dead
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True

@@ -1,0 +1,181 @@
+"""One rank of a distributed run: `python -m pipecompile.runtime.worker OUT [options]`.
+
+Started by torch's launcher, one process per device of the program (`pipecompile run OUT
+--nproc N` does it for one machine; see docs/DISTRIBUTED.md for several). Each rank loads only
+its own stages, runs its own device's instructions over the distributed backend (gloo on CPU,
+NCCL on CUDA) and rank 0 prints the losses and the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipecompile.errors import CheckError, PipecompileError
+from pipecompile.runtime.dist_backend import DistBackend, tie_groups
+from pipecompile.runtime.layout import Layout
+from pipecompile.runtime.load import load_stage, read_manifest, read_program
+from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.watchdog import Watchdog
+
+__all__ = ["main", "worker_parser"]
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipecompile.runtime.worker")
+    parser.add_argument("directory")
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--program")
+    parser.add_argument("--model")
+    parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--atol", type=float, default=1e-5)
+    parser.add_argument("--rtol", type=float, default=1e-5)
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds a rank may wait on one instruction")  # fmt: skip
+    parser.add_argument("--save", help="checkpoint directory written after the last step")
+    parser.add_argument("--save-every", type=int, default=0, help="also every N steps")
+    parser.add_argument("--resume", help="checkpoint directory to resume from")
+    parser.add_argument("-q", "--quiet", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = worker_parser().parse_args(argv)
+    backend = "nccl" if torch.cuda.is_available() and os.environ.get("PIPECOMPILE_NCCL") else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=max(args.timeout, 1.0) * 2))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    watchdog = Watchdog(
+        dist.distributed_c10d._get_default_store(), rank, world, timeout=args.timeout
+    )
+    watchdog.start()
+    status = 0
+    try:
+        status = _run(args, rank, world, watchdog)
+    except CheckError as err:
+        _say_error(rank, str(err))
+        status = 1
+    except PipecompileError as err:
+        watchdog.report_failure(str(err))
+        _say_error(rank, f"error: {err}")
+        status = 2
+    except Exception as err:
+        watchdog.report_failure(f"{type(err).__name__}: {err}")
+        problem = watchdog.diagnose(stale_after=1.0)  # a peer's death often surfaces here
+        if os.environ.get("PIPECOMPILE_DEBUG"):
+            traceback.print_exc()
+        _say_error(rank, problem or f"{type(err).__name__}: {err}")
+        status = 2
+    _write_status(rank, status)
+    watchdog.stop()
+    if status == 0:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(status)  # never linger in a collective a failed peer will not join
+
+
+def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) -> int:
+    from pipecompile.model_file import recorded_model
+    from pipecompile.runtime.checkpoint import resume, save
+    from pipecompile.runtime.dist_check import check_distributed
+
+    directory = Path(args.directory)
+    manifest = read_manifest(directory)
+    program = read_program(Path(args.program) if args.program else directory / manifest["program"])
+    if len(program.devices) != world:
+        raise PipecompileError(
+            f"the program runs on {len(program.devices)} devices but {world} ranks were "
+            f"started; use --nproc {len(program.devices)}"
+        )
+    modules: list[Any] = [
+        load_stage(directory, entry) if program.stage_device[j] == rank else None
+        for j, entry in enumerate(manifest["stages"])
+    ]
+    layout = Layout.from_manifest(manifest, program.stage_device)
+    groups = tie_groups(layout)
+    pipe = Pipeline(
+        manifest, modules, program, device=rank,
+        backend=lambda: DistBackend(layout, manifest, program.microbatches, groups),
+        wrap=lambda handlers: _tracked(handlers, watchdog),
+    )  # fmt: skip
+    spec = recorded_model(args.model, directory, manifest)
+    last = program.stage_device[-1]
+    if args.check:
+        report = check_distributed(pipe, spec, directory, args, last)
+        if rank == 0:
+            print(report)
+            if not report.ok:
+                raise CheckError("distributed results differ (see above)")
+        return 0
+    optimizer = OPTIMIZERS[args.optimizer]
+    pipe.set_optimizer(lambda ps: optimizer(ps, lr=args.lr))
+    start = resume(pipe, Path(args.resume), rank) if args.resume else 0
+    for step in range(start, args.steps):
+        loss, _ = pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
+        value = torch.tensor([float(loss)])
+        dist.broadcast(value, src=last)
+        if rank == 0 and not args.quiet:
+            print(f"step {step + 1}/{args.steps}  loss {value.item():.6f}", flush=True)
+        done = step + 1
+        if args.save and (done == args.steps or (args.save_every and done % args.save_every == 0)):
+            save(pipe, Path(args.save), done, rank)
+    return 0
+
+
+def _tracked(handlers: dict, watchdog: Watchdog) -> dict:
+    """Handlers that tell the watchdog which instruction runs (and obey a test's fault hook)."""
+    fault = _fault_hook()
+
+    def wrap(op: str, handler: Any) -> Any:
+        def run(instr: Any) -> bool:
+            watchdog.at(str(instr))
+            if fault is not None and str(instr) == fault[1]:
+                _inject(fault[0], watchdog)
+            return handler(instr)
+
+        return run
+
+    return {op: wrap(op, h) for op, h in handlers.items()}
+
+
+def _fault_hook() -> tuple[str, str] | None:
+    """PIPECOMPILE_FAULT="RANK:INSTR:kill|raise" makes that rank fail at that instruction:
+    a testing aid for the fault handling."""
+    spec = os.environ.get("PIPECOMPILE_FAULT")
+    if not spec:
+        return None
+    rank, instr, kind = spec.split(":")
+    return (kind, instr) if int(rank) == dist.get_rank() else None
+
+
+def _inject(kind: str, watchdog: Watchdog) -> None:
+    if kind == "kill":
+        watchdog.publish_now()
+        os.kill(os.getpid(), 9)
+    raise RuntimeError(f"injected failure at {watchdog.current}")
+
+
+def _say_error(rank: int, message: str) -> None:
+    print(f"pipecompile: rank {rank}: {message}", file=sys.stderr, flush=True)
+
+
+def _write_status(rank: int, status: int) -> None:
+    where = os.environ.get("PIPECOMPILE_STATUS_DIR")
+    if where:
+        Path(where, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "status": status}))
+
+
+if __name__ == "__main__":
+    main()
