@@ -19,7 +19,7 @@ from pipecompile.sizes import parse_size
 
 __all__ = ["main"]
 
-COMMANDS = ("compile", "run", "show")
+COMMANDS = ("compile", "run", "show", "export")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +104,23 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--uniform", action="store_true",
                       help="costs F=1, B=2 (I=W=1) instead of the stages' FLOPs")  # fmt: skip
     show.set_defaults(handler=_show)
+
+    export = commands.add_parser("export", help="write the weights with the model's names")
+    export.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
+    export.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
+    export.add_argument("--checkpoint", help="take the weights of this checkpoint's newest step")
+    export.set_defaults(handler=_export)
     return parser
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pipecompile.runtime.export import export_weights
+
+    count = export_weights(
+        Path(args.directory), Path(args.output), Path(args.checkpoint) if args.checkpoint else None
+    )
+    print(f"wrote {count} tensors to {args.output}")
+    return 0
 
 
 def _size(text: str) -> int:

@@ -16,9 +16,12 @@ from pathlib import Path
 __all__ = ["launch"]
 
 
-def launch(nproc: int, worker_args: list[str], *, quiet: bool = False) -> int:
+def launch(
+    nproc: int, worker_args: list[str], *, quiet: bool = False, keep: list | None = None
+) -> int:
     """Run the ranks; returns the worst rank status (0 ok, 1 check failed, 2 error, 3 stopped
-    because another rank failed)."""
+    because another rank failed). ``keep`` receives each rank's status record (status, end
+    time, and for an injected kill the instruction)."""
     with tempfile.TemporaryDirectory(prefix="pipecompile-run-") as status_dir:
         command = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -27,11 +30,14 @@ def launch(nproc: int, worker_args: list[str], *, quiet: bool = False) -> int:
         ]  # fmt: skip
         env = {**_environ(), "PIPECOMPILE_STATUS_DIR": status_dir, "OMP_NUM_THREADS": "1"}
         result = subprocess.run(command, env=env, stderr=subprocess.PIPE, text=True)
-        ours = [ln for ln in result.stderr.splitlines() if ln.startswith("pipecompile")]
-        statuses = {}
+        ours = [ln for ln in result.stderr.splitlines() if ln.startswith("pipecompile:")]
+        statuses, entries = {}, []
         for path in Path(status_dir).glob("rank*.json"):
             entry = json.loads(path.read_text())
             statuses[entry["rank"]] = entry["status"]
+            entries.append(entry)
+        if keep is not None:
+            keep.extend(entries)
     for line in ours:
         print(line, file=sys.stderr)
     if result.returncode == 0 and len(statuses) == nproc and not any(statuses.values()):
@@ -43,7 +49,7 @@ def launch(nproc: int, worker_args: list[str], *, quiet: bool = False) -> int:
     if not ours and result.returncode:
         print(result.stderr[-4000:], file=sys.stderr)
     worst = max(statuses.values(), default=2)
-    return 1 if worst == 1 and not missing else 2
+    return 1 if worst == 1 and not missing else 2  # 3 (stopped for a peer) is an error too
 
 
 def _environ() -> dict[str, str]:

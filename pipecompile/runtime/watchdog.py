@@ -26,8 +26,17 @@ _FAILED = "pipecompile/failed"
 
 class Watchdog:
     def __init__(
-        self, store: Any, rank: int, world: int, *, timeout: float, interval: float = 0.05
+        self,
+        store: Any,
+        rank: int,
+        world: int,
+        *,
+        timeout: float,
+        interval: float = 0.05,
+        on_stop: Any = None,
     ) -> None:
+        """``on_stop(status)`` runs just before the watchdog ends the process."""
+        self.on_stop = on_stop
         self.store, self.rank, self.world = store, rank, world
         self.timeout, self.interval = timeout, interval
         self.current = "start"
@@ -39,11 +48,15 @@ class Watchdog:
     def start(self) -> None:
         """Start the heartbeat thread and route SIGTERM to it (the main thread may be blocked
         inside a receive, where a Python signal handler would never run)."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # no-op if already
         threading.Thread(target=self._loop, daemon=True, name="pipecompile-watchdog").start()
         threading.Thread(target=self._on_sigterm, daemon=True, name="pipecompile-sigterm").start()
 
-    def stop(self) -> None:
+    def stop(self, finished: bool) -> None:
+        """Stop the thread; ``finished`` marks a normal end, which the others must not take
+        for a death."""
+        if finished:
+            self.store.set(f"pipecompile/done/{self.rank}", "1")
         self._stop.set()
 
     def at(self, instr: str) -> None:
@@ -53,7 +66,9 @@ class Watchdog:
 
     def report_failure(self, message: str) -> None:
         """This rank failed: tell the others (first report wins)."""
-        self.store.compare_set(_FAILED, "", f"rank {self.rank} at {self.current}: {message}")
+        self.store.compare_set(
+            _FAILED, "", f"rank {self.rank} failed at instruction {self.current}: {message}"
+        )
 
     def publish_now(self) -> None:
         self._beat()
@@ -87,11 +102,13 @@ class Watchdog:
         if self.store.check([_FAILED]):
             reported = self.store.get(_FAILED).decode()
             if reported:
-                return f"rank {reported}"
+                return reported
         now = time.time()
         host = socket.gethostname()
         for r in range(self.world):
             if r == self.rank or not self.store.check([f"pipecompile/pid/{r}"]):
+                continue
+            if self.store.check([f"pipecompile/done/{r}"]):
                 continue
             their_host, pid = self.store.get(f"pipecompile/pid/{r}").decode().split()
             beat, at = self._heartbeat(r)
@@ -101,12 +118,22 @@ class Watchdog:
                 return f"rank {r} stopped responding {now - beat:.1f} s ago at instruction {at}"
         return None
 
+    def blame(self, problem: str) -> None:
+        """Pass a peer's failure on, so every rank names the same root cause."""
+        try:
+            self.store.compare_set(_FAILED, "", problem)
+        except Exception:
+            pass
+
     def _die(self, problem: str) -> None:
+        self.blame(problem)
         print(
-            f"pipecompile: rank {self.rank} stopping at instruction {self.current}: {problem}",
+            f"pipecompile: rank {self.rank}: stopping at instruction {self.current}: {problem}",
             file=sys.stderr,
             flush=True,
         )
+        if self.on_stop is not None:
+            self.on_stop(EXIT_PEER_FAILED)
         os._exit(EXIT_PEER_FAILED)
 
     def _beat(self) -> None:

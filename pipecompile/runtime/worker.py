@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecompile.errors import CheckError, PipecompileError
+from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
 from pipecompile.runtime.dist_backend import DistBackend, tie_groups
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
@@ -54,12 +57,16 @@ def worker_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = worker_parser().parse_args(argv)
+    # Before any thread exists (gloo starts some), so every thread inherits it: SIGTERM is
+    # then taken only by the watchdog's own thread, which reports before ending the process.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     backend = "nccl" if torch.cuda.is_available() and os.environ.get("PIPECOMPILE_NCCL") else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=max(args.timeout, 1.0) * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
     watchdog = Watchdog(
-        dist.distributed_c10d._get_default_store(), rank, world, timeout=args.timeout
-    )
+        dist.distributed_c10d._get_default_store(), rank, world, timeout=args.timeout,
+        on_stop=lambda status: _write_status(rank, status),
+    )  # fmt: skip
     watchdog.start()
     status = 0
     try:
@@ -67,19 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     except CheckError as err:
         _say_error(rank, str(err))
         status = 1
-    except PipecompileError as err:
-        watchdog.report_failure(str(err))
-        _say_error(rank, f"error: {err}")
-        status = 2
     except Exception as err:
-        watchdog.report_failure(f"{type(err).__name__}: {err}")
-        problem = watchdog.diagnose(stale_after=1.0)  # a peer's death often surfaces here
+        # A peer's death often surfaces here first (a receive's connection was reset, which
+        # the interpreter reports as a RuntimeFailure): blame the peer, not this rank.
         if os.environ.get("PIPECOMPILE_DEBUG"):
             traceback.print_exc()
-        _say_error(rank, problem or f"{type(err).__name__}: {err}")
-        status = 2
+        ours = isinstance(err, PipecompileError) and not isinstance(err, RuntimeFailure)
+        problem = None if ours else _peer_problem(watchdog, err)
+        if problem is not None:
+            watchdog.blame(problem)
+            _say_error(rank, f"stopping at instruction {watchdog.current}: {problem}")
+            status = 3
+        else:
+            text = str(err) if isinstance(err, PipecompileError) else f"{type(err).__name__}: {err}"
+            watchdog.report_failure(text)
+            _say_error(rank, f"error: {text}")
+            status = 2
     _write_status(rank, status)
-    watchdog.stop()
+    if status == 0:
+        dist.barrier()  # the ranks end together; none is mistaken for a dead one
+    watchdog.stop(finished=status == 0)
     if status == 0:
         dist.destroy_process_group()
     sys.stdout.flush()
@@ -134,6 +148,18 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
     return 0
 
 
+def _peer_problem(watchdog: Watchdog, err: Exception) -> str | None:
+    """A failed peer behind ``err``, if any; a lost connection gets two seconds for the
+    peer's death to become visible."""
+    lost = any(w in str(err) for w in ("Connection", "connection", "peer"))
+    deadline = time.monotonic() + (2.0 if lost else 0.0)
+    while True:
+        problem = watchdog.diagnose(stale_after=1.0)
+        if problem is not None or time.monotonic() >= deadline:
+            return problem
+        time.sleep(0.05)
+
+
 def _tracked(handlers: dict, watchdog: Watchdog) -> dict:
     """Handlers that tell the watchdog which instruction runs (and obey a test's fault hook)."""
     fault = _fault_hook()
@@ -163,6 +189,7 @@ def _fault_hook() -> tuple[str, str] | None:
 def _inject(kind: str, watchdog: Watchdog) -> None:
     if kind == "kill":
         watchdog.publish_now()
+        _write_status(dist.get_rank(), 137, killed_at=watchdog.current)
         os.kill(os.getpid(), 9)
     raise RuntimeError(f"injected failure at {watchdog.current}")
 
@@ -171,10 +198,13 @@ def _say_error(rank: int, message: str) -> None:
     print(f"pipecompile: rank {rank}: {message}", file=sys.stderr, flush=True)
 
 
-def _write_status(rank: int, status: int) -> None:
+def _write_status(rank: int, status: int, **extra: Any) -> None:
     where = os.environ.get("PIPECOMPILE_STATUS_DIR")
     if where:
-        Path(where, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "status": status}))
+        entry = {"rank": rank, "status": status, "time": time.time(), **extra}
+        tmp = Path(where, f".rank{rank}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(entry))
+        os.replace(tmp, Path(where, f"rank{rank}.json"))
 
 
 if __name__ == "__main__":
