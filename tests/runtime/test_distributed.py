@@ -1,0 +1,110 @@
+"""Multi-process runs on torch.distributed (gloo, CPU): equal to the local backend and to
+eager, tied weights, faults that never hang, checkpoints that lose nothing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipecompile.cli import main
+from pipecompile.runtime.launch import launch
+from tests.conftest import EXAMPLES
+
+MLP, GPT = str(EXAMPLES / "mlp.py"), str(EXAMPLES / "gpt.py")
+
+
+def compile_to(tmp_path: Path, model: str, *options: str) -> str:
+    out = str(tmp_path / "out")
+    assert main([model, "-q", "-o", out, *options]) == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "model, nproc, options",
+    [
+        (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "gpipe"]),
+        (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "zb1p",
+                  "--checkpoint", "always"]),
+        (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "pipedream"]),
+        (GPT, 4, ["--stages", "4", "--microbatches", "4", "--schedule", "1f1b"]),
+        (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "interleaved"]),
+    ],
+    ids=["mlp-gpipe-2", "mlp-zb1p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4", "gpt-interleaved-2"],
+)  # fmt: skip
+def test_distributed_check_equals_local_and_eager(tmp_path, capfd, model, nproc, options):
+    out = compile_to(tmp_path, model, *options)
+    assert main(["run", out, "--nproc", str(nproc), "--check", "--lr", "0.1"]) == 0
+    text = capfd.readouterr().out
+    assert "check passed" in text
+    assert f"distributed ({nproc} ranks) vs local backend" in text
+    assert "max |diff| 0.000e+00" in text.split("vs local backend")[1]
+
+
+def test_wrong_process_count_is_a_clear_error(tmp_path, capfd):
+    out = compile_to(tmp_path, MLP, "--stages", "2")
+    assert main(["run", out, "--nproc", "3", "-q"]) == 2
+    assert "the program runs on 2 devices but 3 ranks were started; use --nproc 2" in (
+        capfd.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("kind", ["kill", "raise"])
+def test_a_failed_rank_stops_every_rank_naming_it(tmp_path, capfd, monkeypatch, kind):
+    out = compile_to(tmp_path, GPT, "--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
+    monkeypatch.setenv("PIPECOMPILE_FAULT", f"2:2B1:{kind}")
+    records: list[dict] = []
+    start = time.time()
+    status = launch(4, [out, "--steps", "3", "--timeout", "20", "-q"], keep=records)
+    assert status == 2
+    err = capfd.readouterr().err
+    culprit = "rank 2 died" if kind == "kill" else "rank 2 failed at instruction 2B1"
+    for rank in (0, 1, 3):
+        line = next(ln for ln in err.splitlines() if ln.startswith(f"pipecompile: rank {rank}:"))
+        assert culprit in line and "2B1" in line, err
+    by_rank = {r["rank"]: r for r in records}
+    assert {by_rank[r]["status"] for r in (0, 1, 3)} == {3}
+    failed_at = by_rank[2]["time"]
+    assert all(by_rank[r]["time"] - failed_at < 5.0 for r in (0, 1, 3))  # well inside --timeout
+    assert time.time() - start < 60
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, capfd):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    args = ["--nproc", "2", "--optimizer", "adamw", "--lr", "0.01", "-q"]
+    interleave = compile_to(tmp_path / "i", GPT, "--stages", "4", "--microbatches", "4",
+                            "--schedule", "interleaved")  # fmt: skip
+    assert main(["run", interleave, "--steps", "4", "--save", str(straight), *args]) == 0
+    assert main(["run", interleave, "--steps", "2", "--save", str(split), *args]) == 0
+    assert main(["run", interleave, "--steps", "4", "--resume", str(split),
+                 "--save", str(split), *args]) == 0  # fmt: skip
+    for j in range(4):
+        a = load_file(straight / "step_4" / f"stage_{j}.safetensors")
+        b = load_file(split / "step_4" / f"stage_{j}.safetensors")
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), f"stage {j} differs after resuming"
+        sa = torch.load(straight / "step_4" / f"stage_{j}.optim.pt", weights_only=True)
+        sb = torch.load(split / "step_4" / f"stage_{j}.optim.pt", weights_only=True)
+        assert all(
+            torch.equal(x, y)
+            for p in sa["state"]
+            for x, y in zip(sa["state"][p].values(), sb["state"][p].values())
+        )
+    # the tied embedding (stage 0 on rank 0, stage 3 on rank 1) stayed bit-identical
+    first, last = (
+        load_file(straight / "step_4" / "stage_0.safetensors"),
+        load_file(straight / "step_4" / "stage_3.safetensors"),
+    )
+    tied = [k for k in first if first[k].shape == (128, 64)]
+    assert tied and any(torch.equal(first[tied[0]], last[k]) for k in last)
+    exported = tmp_path / "weights.safetensors"
+    assert main(["export", interleave, "--checkpoint", str(straight), "-o", str(exported)]) == 0
+    from tests.conftest import example_spec
+
+    model, fresh = example_spec("gpt").model, example_spec("gpt").model
+    model.load_state_dict(load_file(exported))
+    assert torch.equal(model.wte.weight, model.lm_head.weight)
+    assert not torch.equal(model.wte.weight, fresh.wte.weight)  # the trained weights
