@@ -170,6 +170,8 @@ def _run(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
     manifest = read_manifest(directory)
     if args.nproc:
+        if args.stats:
+            raise PipecompileError("--stats measures the local backend; drop it with --nproc")
         return _run_distributed(args)
     spec = recorded_model(args.model, directory, manifest)
     if spec.targets is None or spec.loss_fn is None:
@@ -238,7 +240,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
         if getattr(args, flag):
             forwarded += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]
     forwarded += ["--check"] * args.check + ["-q"] * args.quiet
-    return launch(args.nproc, forwarded, quiet=args.quiet)
+    return launch(args.nproc, forwarded)
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -16,9 +16,7 @@ from pathlib import Path
 __all__ = ["launch"]
 
 
-def launch(
-    nproc: int, worker_args: list[str], *, quiet: bool = False, keep: list | None = None
-) -> int:
+def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> int:
     """Run the ranks; returns the worst rank status (0 ok, 1 check failed, 2 error, 3 stopped
     because another rank failed). ``keep`` receives each rank's status record (status, end
     time, and for an injected kill the instruction)."""

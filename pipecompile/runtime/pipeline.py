@@ -54,10 +54,12 @@ class Pipeline:
         device: int | None = None,
         backend: Callable[[], Any] = LocalBackend,
         wrap: Callable[[dict[str, Handler]], dict[str, Handler]] | None = None,
+        after_step: Callable[[], None] | None = None,
     ) -> None:
         """``device``: run only that device's instructions (one rank of a distributed run;
         ``modules`` then holds None for the stages of other devices). ``backend`` makes the
-        message backend of each step; ``wrap`` may wrap the instruction handlers."""
+        message backend of each step; ``wrap`` may wrap the instruction handlers;
+        ``after_step`` runs when a step's messages are all delivered."""
         verify_program(program, topology_from_manifest(manifest))
         self.manifest = manifest
         self.modules = modules
@@ -65,6 +67,7 @@ class Pipeline:
         self.device = device
         self.backend = backend
         self.wrap = wrap
+        self.after_step = after_step
         self.layout = Layout.from_manifest(manifest, program.stage_device)
         self.optimizers: list[torch.optim.Optimizer | None] | None = None
         self.asynchronous = any(x.op == "UPDATE" for _, _, x in program.instructions())
@@ -116,6 +119,8 @@ class Pipeline:
         run_program(self._own_program(self.program), self._handlers(executor))
         if hasattr(backend, "finish"):
             backend.finish()
+        if self.after_step is not None:
+            self.after_step()
         self.last_stats = executor.stats
         if len(executor.losses) < count:  # the last stage runs elsewhere
             return torch.tensor(float("nan")), []

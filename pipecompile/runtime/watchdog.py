@@ -40,7 +40,7 @@ class Watchdog:
         self.store, self.rank, self.world = store, rank, world
         self.timeout, self.interval = timeout, interval
         self.current = "start"
-        self._since = time.monotonic()
+        self._since: float | None = None  # None: not inside an instruction, no hang timer
         self._stop = threading.Event()
         self.store.set(f"pipecompile/pid/{rank}", f"{socket.gethostname()} {os.getpid()}")
         self._beat()
@@ -70,6 +70,11 @@ class Watchdog:
             _FAILED, "", f"rank {self.rank} failed at instruction {self.current}: {message}"
         )
 
+    def idle(self, what: str) -> None:
+        """The main thread left the program (setup, checks, saving): no hang timer."""
+        self.current = what
+        self._since = None
+
     def publish_now(self) -> None:
         self._beat()
 
@@ -82,7 +87,8 @@ class Watchdog:
                 problem = self.diagnose(stale_after=max(2.0, 40 * self.interval))
             except Exception as err:  # the store itself is gone: the launcher is stopping us
                 problem = f"lost contact with the run's store ({type(err).__name__})"
-            if problem is None and time.monotonic() - self._since > self.timeout:
+            since = self._since
+            if problem is None and since is not None and time.monotonic() - since > self.timeout:
                 problem = f"no progress for {self.timeout:g} s; " + "; ".join(
                     f"rank {r} at {at}" for r, at in self._positions().items()
                 )

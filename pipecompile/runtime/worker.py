@@ -91,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             _say_error(rank, f"error: {text}")
             status = 2
     _write_status(rank, status)
-    if status == 0:
+    finished = status in (0, 1)  # a check that found a mismatch still ends normally
+    if finished:
+        watchdog.idle("finishing")
         dist.barrier()  # the ranks end together; none is mistaken for a dead one
-    watchdog.stop(finished=status == 0)
-    if status == 0:
+    watchdog.stop(finished=finished)
+    if finished:
         dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(status)  # never linger in a collective a failed peer will not join
@@ -111,8 +113,10 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
     if len(program.devices) != world:
         raise PipecompileError(
             f"the program runs on {len(program.devices)} devices but {world} ranks were "
-            f"started; use --nproc {len(program.devices)}"
+            f"started; start {len(program.devices)} (`pipecompile run --nproc "
+            f"{len(program.devices)}`, or torchrun with that many ranks in all)"
         )
+    spec = recorded_model(args.model, directory, manifest)  # first: it registers output types
     modules: list[Any] = [
         load_stage(directory, entry) if program.stage_device[j] == rank else None
         for j, entry in enumerate(manifest["stages"])
@@ -123,8 +127,8 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
         manifest, modules, program, device=rank,
         backend=lambda: DistBackend(layout, manifest, program.microbatches, groups),
         wrap=lambda handlers: _tracked(handlers, watchdog),
+        after_step=lambda: watchdog.idle("between steps"),
     )  # fmt: skip
-    spec = recorded_model(args.model, directory, manifest)
     last = program.stage_device[-1]
     if args.check:
         report = check_distributed(pipe, spec, directory, args, last)
@@ -177,8 +181,8 @@ def _tracked(handlers: dict, watchdog: Watchdog) -> dict:
 
 
 def _fault_hook() -> tuple[str, str] | None:
-    """PIPECOMPILE_FAULT="RANK:INSTR:kill|raise" makes that rank fail at that instruction:
-    a testing aid for the fault handling."""
+    """PIPECOMPILE_FAULT="RANK:INSTR:kill|raise|hang" makes that rank fail (or stop making
+    progress) at that instruction: a testing aid for the fault handling."""
     spec = os.environ.get("PIPECOMPILE_FAULT")
     if not spec:
         return None
@@ -191,6 +195,9 @@ def _inject(kind: str, watchdog: Watchdog) -> None:
         watchdog.publish_now()
         _write_status(dist.get_rank(), 137, killed_at=watchdog.current)
         os.kill(os.getpid(), 9)
+    if kind == "hang":
+        while True:
+            time.sleep(1)
     raise RuntimeError(f"injected failure at {watchdog.current}")
 
 

@@ -47,7 +47,7 @@ def test_distributed_check_equals_local_and_eager(tmp_path, capfd, model, nproc,
 def test_wrong_process_count_is_a_clear_error(tmp_path, capfd):
     out = compile_to(tmp_path, MLP, "--stages", "2")
     assert main(["run", out, "--nproc", "3", "-q"]) == 2
-    assert "the program runs on 2 devices but 3 ranks were started; use --nproc 2" in (
+    assert "the program runs on 2 devices but 3 ranks were started; start 2" in (
         capfd.readouterr().err
     )
 
@@ -108,3 +108,19 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, capfd):
     model.load_state_dict(load_file(exported))
     assert torch.equal(model.wte.weight, model.lm_head.weight)
     assert not torch.equal(model.wte.weight, fresh.wte.weight)  # the trained weights
+
+
+def test_a_hung_rank_is_stopped_after_the_timeout(tmp_path, capfd, monkeypatch):
+    out = compile_to(tmp_path, MLP, "--stages", "2", "--microbatches", "4")
+    monkeypatch.setenv("PIPECOMPILE_FAULT", "1:1B2:hang")
+    start = time.time()
+    assert launch(2, [out, "--steps", "2", "--timeout", "3", "-q"]) == 2
+    assert time.time() - start < 40
+    err = capfd.readouterr().err
+    assert "pipecompile: rank 1: stopping at instruction 1B2: no progress for 3 s" in err, err
+
+
+def test_a_distributed_mismatch_exits_1(tmp_path, capfd):
+    out = compile_to(tmp_path, GPT, "--stages", "2", "--microbatches", "4")
+    assert main(["run", out, "--nproc", "2", "--check", "--atol", "0", "--rtol", "0"]) == 1
+    assert "check FAILED" in capfd.readouterr().out
