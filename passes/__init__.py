@@ -5,6 +5,7 @@ from pipecompile.passes.annotate_costs import annotate_costs
 from pipecompile.passes.balance_stages import balance_stages, min_max_partition
 from pipecompile.passes.insert_checkpoints import POLICIES, insert_checkpoints
 from pipecompile.passes.insert_communication import insert_communication
+from pipecompile.passes.insert_replication import insert_replication, parse_replicas
 from pipecompile.passes.split_stages import split_stages
 
 __all__ = [
@@ -17,4 +18,6 @@ __all__ = [
     "insert_checkpoints",
     "POLICIES",
     "insert_communication",
+    "insert_replication",
+    "parse_replicas",
 ]

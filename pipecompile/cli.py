@@ -14,6 +14,7 @@ from pipecompile.compiler import PASSES, compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_checkpoints import POLICIES
+from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.schedules import SCHEDULES
 from pipecompile.sizes import parse_size
 
@@ -67,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="pipedream: all stages use stage 0's weight version")  # fmt: skip
     comp.add_argument("--checkpoint", default="never", choices=POLICIES,
                       help="which micro-batches' forwards are recomputed in backward")  # fmt: skip
+    comp.add_argument("--replicate", metavar="R0,R1,...",
+                      help="ranks per stage, e.g. 2,1,1 (then --nproc their sum)")  # fmt: skip
     comp.add_argument("--memory-budget", type=_size, metavar="SIZE",
                       help="activation bytes per device (e.g. 2GiB); the least "
                       "recomputation that fits is chosen")  # fmt: skip
@@ -149,7 +152,9 @@ def _compile(args: argparse.Namespace) -> int:
         spec.model, spec.inputs, stages=args.stages, microbatches=args.microbatches,
         schedule=args.schedule, balance=args.balance, virtual_stages=args.virtual_stages,
         vertical_sync=args.vertical_sync, checkpoint=args.checkpoint,
-        memory_budget=args.memory_budget, print_after=frozenset(args.print_after),
+        memory_budget=args.memory_budget,
+        replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
+        print_after=frozenset(args.print_after),
         progress=not args.quiet,
     )  # fmt: skip
     start = time.perf_counter()

@@ -20,6 +20,7 @@ from pipecompile.passes import (
     balance_stages,
     insert_checkpoints,
     insert_communication,
+    insert_replication,
     split_stages,
 )
 from pipecompile.program import Program
@@ -42,6 +43,7 @@ PASSES = (
     "schedule",
     "insert_checkpoints",
     "insert_communication",
+    "insert_replication",
 )
 
 T = TypeVar("T")
@@ -55,6 +57,7 @@ class Compiled:
     program: Program
     microbatch_size: int
     memory: tuple[StageMemory, ...] = ()
+    replicas: tuple[int, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -84,6 +87,7 @@ def compile_model(
     vertical_sync: bool = False,
     checkpoint: str = "never",
     memory_budget: int | None = None,
+    replicas: tuple[int, ...] | None = None,
     print_after: frozenset[str] = frozenset(),
     progress: bool = False,
 ) -> Compiled:
@@ -102,6 +106,7 @@ def compile_model(
             keep only their inputs and are recomputed in backward.
         memory_budget: bytes of stored activations a device may hold; the least
             recomputation that fits is chosen (overrides ``checkpoint``).
+        replicas: ranks per stage (PipeDream's "2-1-1"); default one each.
         print_after: pass names after which the IR is printed.
         progress: print one line per pass to stderr.
 
@@ -149,13 +154,17 @@ def compile_model(
         None,
     )
     check = topology(graph)
+    communicating = runner(
+        "insert_communication", lambda: insert_communication(checkpointed, topology=check), None
+    )
+    counts = tuple(replicas) if replicas else (1,) * stages
     program = runner(
-        "insert_communication",
-        lambda: insert_communication(checkpointed, topology=check),
+        "insert_replication",
+        lambda: insert_replication(communicating, replicas=counts),
         lambda p: verify_program(p, check),
     )
     size = next(iter(micro.values())).shape[0] if micro else 0
-    return Compiled(graph, program, size, memory, runner.timings)
+    return Compiled(graph, program, size, memory, counts, runner.timings)
 
 
 class _PassRunner:

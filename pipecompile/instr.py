@@ -22,11 +22,12 @@ OPS: dict[str, str] = {
     "SEND_B": "send the gradients of the stage's received inputs back to their producers",
     "RECV_B": "receive the gradients of the stage's sent outputs from their consumers",
     "ALLREDUCE_TIED": "contribute the stage's tied-parameter gradients to their sum over holders",
+    "ALLREDUCE_REPLICAS": "sum the stage's gradients over the ranks replicating it",
     "STEP": "optimizer step of the stage's parameters (tied ones: once summed), zero gradients",
     "STASH": "keep the stage's current weights as the version one micro-batch's F and B use",
     "UPDATE": "optimizer step with one micro-batch's gradients (asynchronous schedules)",
 }
-MICROBATCH_OPS = frozenset(OPS) - {"ALLREDUCE_TIED", "STEP"}
+MICROBATCH_OPS = frozenset(OPS) - {"ALLREDUCE_TIED", "ALLREDUCE_REPLICAS", "STEP"}
 FORWARD_OPS = frozenset({"F", "FC"})
 BACKWARD_OPS = frozenset({"B", "I", "W"})
 

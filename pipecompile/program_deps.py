@@ -32,11 +32,12 @@ class Facts:
     stashed: frozenset[tuple[int, int]]
     communicates: bool
     tie_peers: tuple[tuple[int, ...], ...]  # stage j -> stages sharing a parameter with it
+    replicated: frozenset[int]  # stages with an ALLREDUCE_REPLICAS
 
     @classmethod
     def of(cls, program: Program, topology: Topology) -> Facts:
         n = topology.num_stages
-        forward, split, stashed = {}, set(), set()
+        forward, split, stashed, replicated = {}, set(), set(), set()
         communicates = False
         for _, _, x in program.instructions():
             key = (x.stage, x.microbatch or 0)
@@ -46,6 +47,8 @@ class Facts:
                 split.add(key)
             elif x.op == "STASH":
                 stashed.add(key)
+            elif x.op == "ALLREDUCE_REPLICAS":
+                replicated.add(x.stage)
             communicates |= x.op in _COMM
         return cls(
             stage_device=program.stage_device,
@@ -60,6 +63,7 @@ class Facts:
             split=frozenset(split),
             stashed=frozenset(stashed),
             communicates=communicates,
+            replicated=frozenset(replicated),
             tie_peers=tuple(
                 tuple(sorted({s for g in topology.tie_groups if j in g for s in g}))
                 for j in range(n)
@@ -120,9 +124,10 @@ def requirements(instr: Instr, facts: Facts) -> list[Instr]:
         return [Instr("SEND_B", t, i) for t in facts.consumers[j] if facts.remote(j, t)]
     if op == "UPDATE":
         return [facts.last_backward_of(j, i)]
-    if op in ("STEP", "ALLREDUCE_TIED"):
+    if op in ("STEP", "ALLREDUCE_TIED", "ALLREDUCE_REPLICAS"):
         needs = [facts.last_backward_of(j, k) for k in range(facts.microbatches)]
         if op == "STEP":  # a tied stage steps once every holder has contributed its gradient
             needs += [Instr("ALLREDUCE_TIED", s) for s in facts.tie_peers[j]]
+            needs += [Instr("ALLREDUCE_REPLICAS", j)] * (j in facts.replicated)
         return needs
     return []

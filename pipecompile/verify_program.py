@@ -83,6 +83,8 @@ def _expected(program: Program, topology: Topology, have: Counter[Instr]) -> Cou
                 want[Instr("UPDATE", j, i)] = 1
             stash = Instr("STASH", j, i)
             want[stash] = min(have[stash], 1)
+        replicas = Instr("ALLREDUCE_REPLICAS", j)
+        want[replicas] = 0 if asynchronous else min(have[replicas], 1)
         if not asynchronous:
             want[Instr("STEP", j)] = 1
             if j in tied:

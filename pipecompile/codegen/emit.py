@@ -98,6 +98,7 @@ def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, 
         "microbatch_size": compiled.microbatch_size,
         "schedule": program.schedule,
         "device_map": list(program.stage_device),
+        "replicas": list(compiled.replicas or [1] * len(graph.stages)),
         "program": PROGRAM,
         "stages": [
             {

@@ -17,18 +17,23 @@ import torch.distributed as dist
 
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_backend import MISSING
+from pipecompile.runtime.placement import Placement
 
 __all__ = ["DistBackend", "tie_groups"]
 
 
-def tie_groups(layout: Layout) -> dict[Hashable, Any]:
-    """One process group per tied parameter held on several ranks. Every rank must call
-    this, in the same order (the manifest's), since creating a group is collective."""
+def tie_groups(layout: Layout, placement: Placement) -> dict[Hashable, Any]:
+    """One process group per tied parameter held on several ranks (every replica of every
+    holder), and one per replicated device, keyed ("replicas", device). Every rank must call
+    this, in the same order, since creating a group is collective."""
     groups: dict[Hashable, Any] = {}
     for key in sorted(layout.ties):
-        ranks = sorted({layout.stage_device[j] for j in layout.ties[key]})
+        ranks = sorted({r for j in layout.ties[key] for r in placement.ranks_of_stage(j)})
         if len(ranks) > 1:
             groups[key] = dist.new_group(ranks)
+    for d, count in enumerate(placement.device_replicas):
+        if count > 1:
+            groups[("replicas", d)] = dist.new_group(placement.ranks_of_device(d))
     return groups
 
 
@@ -36,9 +41,17 @@ class DistBackend:
     """Messages and tied-gradient sums between this rank and the others."""
 
     def __init__(
-        self, layout: Layout, manifest: dict[str, Any], microbatches: int, groups: dict
+        self,
+        layout: Layout,
+        manifest: dict[str, Any],
+        microbatches: int,
+        groups: dict,
+        placement: Placement | None = None,
     ) -> None:
         self.layout = layout
+        self.placement = placement or Placement(
+            layout.stage_device, (1,) * (max(layout.stage_device) + 1)
+        )
         self.rank = dist.get_rank()
         self.microbatches = microbatches
         self.groups = groups
@@ -62,7 +75,7 @@ class DistBackend:
             if value is None:
                 value = torch.zeros(shape, dtype=dtype)  # "no gradient" sums like zero
         tensor = value.detach().contiguous()  # type: ignore[union-attr]
-        peer = self.layout.stage_device[dst if kind == "F" else src]
+        peer = self.placement.rank_of(dst if kind == "F" else src, i)
         self._sends.append((dist.isend(tensor, peer, tag=self._tag(kind, index, i)), tensor))
 
     def ready(self, keys: Sequence[Hashable]) -> bool:
@@ -75,7 +88,7 @@ class DistBackend:
                 self._inbox[key] = None
                 continue
             buffer = torch.empty(shape, dtype=dtype)
-            peer = self.layout.stage_device[src if kind == "F" else dst]
+            peer = self.placement.rank_of(src if kind == "F" else dst, i)
             ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=self._tag(kind, index, i)))
             buffers.append((key, buffer))
         if ops:
@@ -103,7 +116,7 @@ class DistBackend:
     ) -> None:
         """Add this stage's gradient; once every stage of this rank has, start the all-reduce
         over the ranks holding the parameter (asynchronously)."""
-        local = [s for s in members if self.layout.stage_device[s] == self.rank]
+        local = [s for s in members if self.rank in self.placement.ranks_of_stage(s)]
         posted = self._posted.setdefault(key, {})
         posted[member] = tensor
         if len(posted) < len(local):
@@ -115,6 +128,20 @@ class DistBackend:
         group = self.groups.get(key)
         work = dist.all_reduce(total, group=group, async_op=True) if group is not None else None
         self._sums[key] = (work, total, set(local))
+
+    def reduce_replicas(self, stage: int, params: list[torch.nn.Parameter]) -> None:
+        """Sum ``params``' gradients over the ranks replicating ``stage`` (one flat
+        all-reduce; a missing gradient counts as zero)."""
+        group = self.groups.get(("replicas", self.placement.stage_device[stage]))
+        if group is None or not params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for p, g in zip(params, grads):
+            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
+            offset += g.numel()
 
     def has_reduced(self, key: Hashable, member: int) -> bool:
         pending = self._sums.get(key)

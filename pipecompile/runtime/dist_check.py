@@ -24,32 +24,32 @@ __all__ = ["check_distributed"]
 
 
 def check_distributed(
-    pipe: Pipeline, spec: ModelSpec, directory: Path, args: argparse.Namespace, last: int
+    pipe: Pipeline, spec: ModelSpec, directory: Path, args: argparse.Namespace
 ) -> CheckReport:
     """Returns the report on rank 0 (an empty, passing one elsewhere)."""
     assert spec.targets is not None and spec.loss_fn is not None
     if pipe.asynchronous:
         pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=args.lr))
     grads: dict[str, torch.Tensor] = {}
-    loss, outs = pipe.train_step(
+    pipe.train_step(
         spec.inputs, spec.targets, spec.loss_fn,
         on_step=lambda j: grads.update(pipe.named_grads(j)),
     )  # fmt: skip
     mine: dict[str, Any] = {
         "values": pipe.state_dict() if pipe.asynchronous else grads,
-        "loss": float(loss) if outs else None,
-        "outputs": [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))] if outs else None,
+        "losses": {i: float(v) for i, v in pipe.last_losses.items()},
+        "outputs": dict(pipe.last_results),
     }
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.gather_object(mine, gathered if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return CheckReport("(reported by rank 0)")
-    return _compare_on_rank0(gathered, spec, directory, args, last, pipe.asynchronous)
+    return _compare_on_rank0(gathered, spec, directory, args, pipe.asynchronous)
 
 
 def _compare_on_rank0(
     gathered: list[dict[str, Any]], spec: ModelSpec, directory: Path,
-    args: argparse.Namespace, last: int, asynchronous: bool,
+    args: argparse.Namespace, asynchronous: bool,
 ) -> CheckReport:  # fmt: skip
     assert spec.targets is not None and spec.loss_fn is not None
     local = Pipeline.load(directory, args.program)
@@ -79,14 +79,19 @@ def _compare_on_rank0(
         worst = max(worst, compare(report, f"distributed {what} of {name}", values[name], want,
                                    args.atol, args.rtol))  # fmt: skip
     line = f"  distributed ({len(gathered)} ranks) vs local backend: {what} max |diff| {worst:.3e}"
-    if local_loss is not None and gathered[last]["loss"] is not None:
-        diff = compare(report, "distributed loss", torch.tensor(gathered[last]["loss"]),
+    losses = {i: v for part in gathered for i, v in part["losses"].items()}
+    results = {i: v for part in gathered for i, v in part["outputs"].items()}
+    if local_loss is not None:
+        diff = compare(report, "distributed loss", torch.tensor(sum(losses.values())),
                        local_loss.detach(), args.atol, args.rtol)  # fmt: skip
         line += f", loss {diff:.3e}"
-    if local_outs is not None and gathered[last]["outputs"] is not None:
+    if local_outs is not None:
+        joined = [
+            torch.cat([results[i][k] for i in sorted(results)]) for k in range(len(local_outs))
+        ]
         out_diff = max(
             compare(report, f"distributed output {k}", have, want, args.atol, args.rtol)
-            for k, (have, want) in enumerate(zip(gathered[last]["outputs"], local_outs))
+            for k, (have, want) in enumerate(zip(joined, local_outs))
         )
         line += f", outputs {out_diff:.3e}"
     report.notes.append(line)

@@ -86,6 +86,7 @@ class StepExecutor:
             "SEND_B": self.send_gradients,
             "RECV_B": self.recv_gradients,
             "ALLREDUCE_TIED": self.all_reduce_tied,
+            "ALLREDUCE_REPLICAS": self.all_reduce_replicas,
             "STEP": self.step,
             "STASH": self.stash,
             "UPDATE": self.update,
@@ -250,6 +251,18 @@ class StepExecutor:
                 param = params[held[j]]
                 grad = param.grad if param.grad is not None else torch.zeros_like(param)
                 self.backend.contribute(key, j, sorted(held), grad)
+        return True
+
+    def all_reduce_replicas(self, instr: Instr) -> bool:
+        """Sum the stage's gradients over its replicas (tied parameters excepted: their
+        ALLREDUCE_TIED already sums over every rank holding them). Nothing to do locally."""
+        reduce = getattr(self.backend, "reduce_replicas", None)
+        if reduce is not None:
+            j = instr.stage
+            tied = {held[j] for held in self.layout.ties.values() if j in held}
+            module = self.modules[j]
+            assert module is not None
+            reduce(j, [p for n, p in module.named_parameters() if n not in tied])
         return True
 
     def _take_tied_sums(self, j: int) -> bool:

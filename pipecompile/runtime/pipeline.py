@@ -55,11 +55,13 @@ class Pipeline:
         backend: Callable[[], Any] = LocalBackend,
         wrap: Callable[[dict[str, Handler]], dict[str, Handler]] | None = None,
         after_step: Callable[[], None] | None = None,
+        replica: tuple[int, int] | None = None,
     ) -> None:
         """``device``: run only that device's instructions (one rank of a distributed run;
         ``modules`` then holds None for the stages of other devices). ``backend`` makes the
         message backend of each step; ``wrap`` may wrap the instruction handlers;
-        ``after_step`` runs when a step's messages are all delivered."""
+        ``after_step`` runs when a step's messages are all delivered; ``replica`` = (k, r):
+        this is replica k of r of its device, running micro-batches i with i mod r == k."""
         verify_program(program, topology_from_manifest(manifest))
         self.manifest = manifest
         self.modules = modules
@@ -68,6 +70,9 @@ class Pipeline:
         self.backend = backend
         self.wrap = wrap
         self.after_step = after_step
+        self.replica = replica
+        self.last_losses: dict[int, torch.Tensor] = {}
+        self.last_results: dict[int, tuple[torch.Tensor, ...]] = {}
         self.layout = Layout.from_manifest(manifest, program.stage_device)
         self.optimizers: list[torch.optim.Optimizer | None] | None = None
         self.asynchronous = any(x.op == "UPDATE" for _, _, x in program.instructions())
@@ -122,6 +127,7 @@ class Pipeline:
         if self.after_step is not None:
             self.after_step()
         self.last_stats = executor.stats
+        self.last_losses, self.last_results = executor.losses, executor.results
         if len(executor.losses) < count:  # the last stage runs elsewhere
             return torch.tensor(float("nan")), []
         total = sum(executor.losses[i].detach() for i in range(count))
@@ -131,7 +137,11 @@ class Pipeline:
     def _own_program(self, program: Program) -> Program:
         if self.device is None:
             return program
-        devices = tuple(d if k == self.device else () for k, d in enumerate(program.devices))
+        mine = program.devices[self.device]
+        if self.replica is not None:
+            k, r = self.replica
+            mine = tuple(x for x in mine if x.microbatch is None or x.microbatch % r == k)
+        devices = tuple(mine if d == self.device else () for d in range(len(program.devices)))
         return replace(program, devices=devices)
 
     def _handlers(self, executor: StepExecutor) -> dict[str, Handler]:

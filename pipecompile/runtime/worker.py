@@ -28,6 +28,7 @@ from pipecompile.runtime.dist_backend import DistBackend, tie_groups
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.placement import Placement
 from pipecompile.runtime.watchdog import Watchdog
 
 __all__ = ["main", "worker_parser"]
@@ -110,28 +111,31 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
     directory = Path(args.directory)
     manifest = read_manifest(directory)
     program = read_program(Path(args.program) if args.program else directory / manifest["program"])
-    if len(program.devices) != world:
+    placement = Placement.from_manifest(manifest, program.stage_device)
+    if placement.world != world:
         raise PipecompileError(
-            f"the program runs on {len(program.devices)} devices but {world} ranks were "
-            f"started; start {len(program.devices)} (`pipecompile run --nproc "
-            f"{len(program.devices)}`, or torchrun with that many ranks in all)"
+            f"the program runs on {len(program.devices)} devices with replicas "
+            f"{list(placement.device_replicas)}, {placement.world} ranks, but {world} were "
+            f"started; start {placement.world} (`pipecompile run --nproc {placement.world}`, "
+            "or torchrun with that many ranks in all)"
         )
+    device, replica = placement.role(rank)
     spec = recorded_model(args.model, directory, manifest)  # first: it registers output types
     modules: list[Any] = [
-        load_stage(directory, entry) if program.stage_device[j] == rank else None
+        load_stage(directory, entry) if program.stage_device[j] == device else None
         for j, entry in enumerate(manifest["stages"])
     ]
     layout = Layout.from_manifest(manifest, program.stage_device)
-    groups = tie_groups(layout)
+    groups = tie_groups(layout, placement)
     pipe = Pipeline(
-        manifest, modules, program, device=rank,
-        backend=lambda: DistBackend(layout, manifest, program.microbatches, groups),
+        manifest, modules, program, device=device,
+        replica=(replica, placement.device_replicas[device]),
+        backend=lambda: DistBackend(layout, manifest, program.microbatches, groups, placement),
         wrap=lambda handlers: _tracked(handlers, watchdog),
         after_step=lambda: watchdog.idle("between steps"),
     )  # fmt: skip
-    last = program.stage_device[-1]
     if args.check:
-        report = check_distributed(pipe, spec, directory, args, last)
+        report = check_distributed(pipe, spec, directory, args)
         if rank == 0:
             print(report)
             if not report.ok:
@@ -141,9 +145,15 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
     pipe.set_optimizer(lambda ps: optimizer(ps, lr=args.lr))
     start = resume(pipe, Path(args.resume), rank) if args.resume else 0
     for step in range(start, args.steps):
-        loss, _ = pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
-        value = torch.tensor([float(loss)])
-        dist.broadcast(value, src=last)
+        pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
+        value = (
+            torch.stack([v.detach() for v in pipe.last_losses.values()]).sum().reshape(1)
+            if pipe.last_losses
+            else torch.zeros(1)
+        )
+        dist.all_reduce(value)  # the last stage's replicas hold the losses between them
+        if pipe.asynchronous:
+            value /= program.microbatches
         if rank == 0 and not args.quiet:
             print(f"step {step + 1}/{args.steps}  loss {value.item():.6f}", flush=True)
         done = step + 1

@@ -124,3 +124,43 @@ def test_a_distributed_mismatch_exits_1(tmp_path, capfd):
     out = compile_to(tmp_path, GPT, "--stages", "2", "--microbatches", "4")
     assert main(["run", out, "--nproc", "2", "--check", "--atol", "0", "--rtol", "0"]) == 1
     assert "check FAILED" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "model, stages, replicate, nproc",
+    [(MLP, 3, "2,1,1", 4), (GPT, 2, "2,1", 3), (GPT, 2, "1,2", 3)],
+    ids=["mlp-2-1-1", "gpt-tied-2-1", "gpt-last-1-2"],
+)
+def test_replicated_stages_equal_the_unreplicated_run(
+    tmp_path, capfd, model, stages, replicate, nproc
+):
+    common = ["--stages", str(stages), "--microbatches", "4", "--schedule", "1f1b"]
+    out = compile_to(tmp_path, model, *common, "--replicate", replicate)
+    program = (Path(out) / "program.txt").read_text()
+    replicated = [j for j, r in enumerate(replicate.split(",")) if r != "1"]
+    assert all(f"{j}ALLREDUCE_REPLICAS" in program for j in replicated)
+    assert main(["run", out, "--nproc", str(nproc), "--check"]) == 0
+    assert "check passed" in capfd.readouterr().out
+    plain = compile_to(tmp_path / "plain", model, *common)
+    losses = []
+    for directory, ranks in ((out, nproc), (plain, stages)):
+        assert main(["run", directory, "--nproc", str(ranks), "--steps", "3",
+                     "--optimizer", "sgd", "--lr", "0.1"]) == 0  # fmt: skip
+        losses.append([float(ln.split()[3]) for ln in capfd.readouterr().out.splitlines()])
+    assert len(losses[0]) == 3
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--stages", "3", "--replicate", "2,1"], "one replica count of at least 1 per stage"),
+        (["--stages", "4", "--microbatches", "4", "--schedule", "interleaved",
+          "--replicate", "2,1,1,1"], "one stage per device"),
+        (["--stages", "2", "--schedule", "pipedream", "--replicate", "2,1"],
+         "need a synchronous schedule"),
+    ],
+)  # fmt: skip
+def test_replication_errors(tmp_path, capfd, options, message):
+    assert main([MLP, "-q", "-o", str(tmp_path / "o"), *options]) == 2
+    assert message in capfd.readouterr().err

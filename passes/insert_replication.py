@@ -1,0 +1,59 @@
+"""Pass: insert_replication — let a stage be replicated over several ranks (PipeDream's
+"2-1-1"): the replicas share its micro-batches and sum their gradients before the step.
+
+Requires: a synchronous program with one stage per device, and a replica count per stage.
+Guarantees: a new program with ``jALLREDUCE_REPLICAS`` just before ``jSTEP`` on every stage
+with more than one replica. The program stays the logical one; replica k of a stage with r
+replicas runs that device's per-micro-batch instructions for micro-batches i with
+i mod r == k, and the per-step ones (ALLREDUCE_*, STEP) on every replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pipecompile.errors import ProgramError
+from pipecompile.instr import Instr
+from pipecompile.program import Program
+
+__all__ = ["insert_replication", "parse_replicas"]
+
+
+def parse_replicas(text: str, stages: int) -> tuple[int, ...]:
+    """``"2,1,1"`` -> (2, 1, 1); ProgramError unless one positive count per stage."""
+    try:
+        counts = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) != stages or min(counts, default=0) < 1:
+        raise ProgramError(
+            f"--replicate {text!r}: give one replica count of at least 1 per stage, "
+            f"comma-separated ({stages} stages, e.g. {','.join(['2'] + ['1'] * (stages - 1))})"
+        )
+    return counts
+
+
+def insert_replication(program: Program, *, replicas: Sequence[int]) -> Program:
+    """Return ``program`` with ALLREDUCE_REPLICAS added (see the module docstring)."""
+    if all(r == 1 for r in replicas):
+        return program
+    if len(set(program.stage_device)) != program.num_stages:
+        raise ProgramError(
+            "replicated stages need one stage per device; the interleaved schedule puts "
+            "several stages on one device"
+        )
+    if any(x.op == "UPDATE" for _, _, x in program.instructions()):
+        raise ProgramError(
+            "replicated stages need a synchronous schedule (gpipe, 1f1b, zb1p): replicas of "
+            "an asynchronously updated stage would drift apart"
+        )
+    devices = []
+    for instrs in program.devices:
+        out: list[Instr] = []
+        for x in instrs:
+            if x.op == "STEP" and replicas[x.stage] > 1:
+                out.append(Instr("ALLREDUCE_REPLICAS", x.stage))
+            out.append(x)
+        devices.append(tuple(out))
+    return replace(program, devices=tuple(devices))
