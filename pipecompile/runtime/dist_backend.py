@@ -37,6 +37,13 @@ def tie_groups(layout: Layout, placement: Placement) -> dict[Hashable, Any]:
     return groups
 
 
+def _fields(key: Hashable) -> tuple[str, int, int, int, str]:
+    """A message key: (direction "F" or "B", producer stage, consumer stage, micro-batch,
+    value name)."""
+    fields: tuple[str, int, int, int, str] = key  # type: ignore[assignment]
+    return fields
+
+
 class DistBackend:
     """Messages and tied-gradient sums between this rank and the others."""
 
@@ -67,7 +74,7 @@ class DistBackend:
     # -- point to point ------------------------------------------------------------------
 
     def send(self, key: Hashable, value: torch.Tensor | None) -> None:
-        kind, src, dst, i, name = key  # type: ignore[misc]
+        kind, src, dst, i, name = _fields(key)
         index, shape, dtype = self.edges[(src, dst, name)]
         if kind == "B":
             if not dtype.is_floating_point:
@@ -82,7 +89,7 @@ class DistBackend:
         """Receive every message in ``keys`` (one batched call), blocking until they arrive."""
         ops, buffers = [], []
         for key in keys:
-            kind, src, dst, i, name = key  # type: ignore[misc]
+            kind, src, dst, i, name = _fields(key)
             index, shape, dtype = self.edges[(src, dst, name)]
             if kind == "B" and not dtype.is_floating_point:
                 self._inbox[key] = None

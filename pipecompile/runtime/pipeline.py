@@ -48,7 +48,7 @@ class Pipeline:
     def __init__(
         self,
         manifest: dict[str, Any],
-        modules: list[nn.Module | None],
+        modules: Sequence[nn.Module | None],
         program: Program,
         *,
         device: int | None = None,

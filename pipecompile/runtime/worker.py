@@ -134,6 +134,10 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
         wrap=lambda handlers: _tracked(handlers, watchdog),
         after_step=lambda: watchdog.idle("between steps"),
     )  # fmt: skip
+    if spec.targets is None or spec.loss_fn is None:
+        raise PipecompileError(
+            f"{spec.path} needs example_targets() and loss_fn(output, *targets) for `run`"
+        )
     if args.check:
         report = check_distributed(pipe, spec, directory, args)
         if rank == 0:
