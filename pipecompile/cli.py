@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     run.add_argument("--nproc", type=int,
                      help="run with one process per device through torch.distributed")  # fmt: skip
+    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                     help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if any)")  # fmt: skip
     run.add_argument("--timeout", type=float, default=60.0,
                      help="--nproc: seconds a rank may wait on one instruction")  # fmt: skip
     run.add_argument("--save", help="checkpoint directory, written after the last step")
@@ -240,7 +242,8 @@ def _run_distributed(args: argparse.Namespace) -> int:
 
     forwarded = [args.directory, "--steps", str(args.steps), "--optimizer", args.optimizer,
                  "--lr", str(args.lr), "--atol", str(args.atol), "--rtol", str(args.rtol),
-                 "--timeout", str(args.timeout), "--save-every", str(args.save_every)]  # fmt: skip
+                 "--timeout", str(args.timeout), "--save-every", str(args.save_every),
+                 "--device", args.device]  # fmt: skip
     for flag in ("program", "model", "save", "resume"):
         if getattr(args, flag):
             forwarded += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]

@@ -54,7 +54,10 @@ class DistBackend:
         microbatches: int,
         groups: dict,
         placement: Placement | None = None,
+        *,
+        device: torch.device | None = None,
     ) -> None:
+        self.device = device or torch.device("cpu")
         self.layout = layout
         self.placement = placement or Placement(
             layout.stage_device, (1,) * (max(layout.stage_device) + 1)
@@ -80,7 +83,7 @@ class DistBackend:
             if not dtype.is_floating_point:
                 return  # integer values carry no gradient; the receiver expects none
             if value is None:
-                value = torch.zeros(shape, dtype=dtype)  # "no gradient" sums like zero
+                value = torch.zeros(shape, dtype=dtype, device=self.device)  # sums like none
         tensor = value.detach().contiguous()  # type: ignore[union-attr]
         peer = self.placement.rank_of(dst if kind == "F" else src, i)
         self._sends.append((dist.isend(tensor, peer, tag=self._tag(kind, index, i)), tensor))
@@ -94,7 +97,7 @@ class DistBackend:
             if kind == "B" and not dtype.is_floating_point:
                 self._inbox[key] = None
                 continue
-            buffer = torch.empty(shape, dtype=dtype)
+            buffer = torch.empty(shape, dtype=dtype, device=self.device)
             peer = self.placement.rank_of(src if kind == "F" else dst, i)
             ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=self._tag(kind, index, i)))
             buffers.append((key, buffer))

@@ -24,21 +24,28 @@ __all__ = ["check_distributed"]
 
 
 def check_distributed(
-    pipe: Pipeline, spec: ModelSpec, directory: Path, args: argparse.Namespace
+    pipe: Pipeline,
+    spec: ModelSpec,
+    directory: Path,
+    args: argparse.Namespace,
+    inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...],
 ) -> CheckReport:
-    """Returns the report on rank 0 (an empty, passing one elsewhere)."""
+    """Returns the report on rank 0 (an empty, passing one elsewhere). ``inputs`` and
+    ``targets`` are the example's, on this rank's device; the comparison runs on the CPU."""
     assert spec.targets is not None and spec.loss_fn is not None
     if pipe.asynchronous:
         pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=args.lr))
     grads: dict[str, torch.Tensor] = {}
     pipe.train_step(
-        spec.inputs, spec.targets, spec.loss_fn,
+        inputs, targets, spec.loss_fn,
         on_step=lambda j: grads.update(pipe.named_grads(j)),
     )  # fmt: skip
+    values = pipe.state_dict() if pipe.asynchronous else grads
     mine: dict[str, Any] = {
-        "values": pipe.state_dict() if pipe.asynchronous else grads,
+        "values": {k: v.cpu() for k, v in values.items()},
         "losses": {i: float(v) for i, v in pipe.last_losses.items()},
-        "outputs": dict(pipe.last_results),
+        "outputs": {i: tuple(t.cpu() for t in r) for i, r in pipe.last_results.items()},
     }
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.gather_object(mine, gathered if dist.get_rank() == 0 else None, dst=0)

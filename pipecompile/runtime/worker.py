@@ -52,6 +52,8 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save", help="checkpoint directory written after the last step")
     parser.add_argument("--save-every", type=int, default=0, help="also every N steps")
     parser.add_argument("--resume", help="checkpoint directory to resume from")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="cuda: one GPU per rank (LOCAL_RANK) and NCCL; cpu: gloo")  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true")
     return parser
 
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     # Before any thread exists (gloo starts some), so every thread inherits it: SIGTERM is
     # then taken only by the watchdog's own thread, which reports before ending the process.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    backend = "nccl" if torch.cuda.is_available() and os.environ.get("PIPECOMPILE_NCCL") else "gloo"
+    where = _device(args.device)
+    backend = "nccl" if where.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=max(args.timeout, 1.0) * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
     watchdog = Watchdog(
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     watchdog.start()
     status = 0
     try:
-        status = _run(args, rank, world, watchdog)
+        status = _run(args, rank, world, watchdog, where)
     except CheckError as err:
         _say_error(rank, str(err))
         status = 1
@@ -103,7 +106,22 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(status)  # never linger in a collective a failed peer will not join
 
 
-def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) -> int:
+def _device(choice: str) -> torch.device:
+    """cpu, or this rank's GPU (LOCAL_RANK) for cuda; auto picks cuda when there is one."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("pipecompile: --device cuda, but torch sees no CUDA device")
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _run(
+    args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog, where: torch.device
+) -> int:
     from pipecompile.model_file import recorded_model
     from pipecompile.runtime.checkpoint import resume, save
     from pipecompile.runtime.dist_check import check_distributed
@@ -122,7 +140,7 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
     device, replica = placement.role(rank)
     spec = recorded_model(args.model, directory, manifest)  # first: it registers output types
     modules: list[Any] = [
-        load_stage(directory, entry) if program.stage_device[j] == device else None
+        load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
         for j, entry in enumerate(manifest["stages"])
     ]
     layout = Layout.from_manifest(manifest, program.stage_device)
@@ -130,7 +148,9 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
     pipe = Pipeline(
         manifest, modules, program, device=device,
         replica=(replica, placement.device_replicas[device]),
-        backend=lambda: DistBackend(layout, manifest, program.microbatches, groups, placement),
+        backend=lambda: DistBackend(
+            layout, manifest, program.microbatches, groups, placement, device=where
+        ),
         wrap=lambda handlers: _tracked(handlers, watchdog),
         after_step=lambda: watchdog.idle("between steps"),
     )  # fmt: skip
@@ -138,8 +158,10 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
         raise PipecompileError(
             f"{spec.path} needs example_targets() and loss_fn(output, *targets) for `run`"
         )
+    inputs = {k: v.to(where) for k, v in spec.inputs.items()}
+    targets = tuple(t.to(where) for t in spec.targets)
     if args.check:
-        report = check_distributed(pipe, spec, directory, args)
+        report = check_distributed(pipe, spec, directory, args, inputs, targets)
         if rank == 0:
             print(report)
             if not report.ok:
@@ -149,12 +171,12 @@ def _run(args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog) ->
     pipe.set_optimizer(lambda ps: optimizer(ps, lr=args.lr))
     start = resume(pipe, Path(args.resume), rank) if args.resume else 0
     for step in range(start, args.steps):
-        pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
+        pipe.train_step(inputs, targets, spec.loss_fn)
         value = (
             torch.stack([v.detach() for v in pipe.last_losses.values()]).sum().reshape(1)
             if pipe.last_losses
             else torch.zeros(1)
-        )
+        ).to(where)
         dist.all_reduce(value)  # the last stage's replicas hold the losses between them
         if pipe.asynchronous:
             value /= program.microbatches

@@ -47,9 +47,7 @@ def test_distributed_check_equals_local_and_eager(tmp_path, capfd, model, nproc,
 def test_wrong_process_count_is_a_clear_error(tmp_path, capfd):
     out = compile_to(tmp_path, MLP, "--stages", "2")
     assert main(["run", out, "--nproc", "3", "-q"]) == 2
-    assert "but 3 were started; start 2" in (
-        capfd.readouterr().err
-    )
+    assert "but 3 were started; start 2" in (capfd.readouterr().err)
 
 
 @pytest.mark.parametrize("kind", ["kill", "raise"])
@@ -164,3 +162,12 @@ def test_replicated_stages_equal_the_unreplicated_run(
 def test_replication_errors(tmp_path, capfd, options, message):
     assert main([MLP, "-q", "-o", str(tmp_path / "o"), *options]) == 2
     assert message in capfd.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_nccl_on_two_gpus_equals_local(tmp_path, capfd):
+    out = compile_to(tmp_path, GPT, "--stages", "2", "--microbatches", "4", "--schedule", "1f1b")
+    assert main(["run", out, "--nproc", "2", "--device", "cuda", "--check",
+                 "--atol", "1e-4", "--rtol", "1e-4"]) == 0  # fmt: skip
+    assert "check passed" in capfd.readouterr().out
