@@ -2,19 +2,25 @@
 
 Requires: annotate_costs has run (NodeInfo.flops / param_bytes on every node).
 Guarantees: a copy of the module where every op (call_function / call_method / call_module)
-carries NodeInfo.stage, stages are contiguous in graph order, each is non-empty, and the
-largest stage cost is the exact minimum over all cuts at legal points. A cut is legal when
-every value crossing it is a tensor or a constant that can be written into code.
+carries NodeInfo.stage, stages are contiguous in graph order, each is non-empty, a stage
+starts at every requested boundary (``split_point()`` markers, which are removed, and
+``split_at`` module paths), and the largest stage cost is the exact minimum over all cuts at
+legal points that honour those requests. A cut is legal when every value crossing it is a
+tensor or a constant that can be written into code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch.fx as fx
-from pipecompile.passes.min_max_partition import min_max_partition
+from pipecompile.passes.min_max_partition import min_max_partition, min_max_partition_with_cuts
+from pipecompile.passes.split_requests import requested_starts
 
 from pipecompile.errors import BalanceError
 from pipecompile.graph_copy import copy_graph_module
 from pipecompile.node_info import info, with_info
+from pipecompile.split_point import is_split_point
 from pipecompile.values import is_transferable
 
 __all__ = ["balance_stages", "COSTS", "compute_nodes", "min_max_partition"]
@@ -28,31 +34,49 @@ def compute_nodes(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op in _OPS]
 
 
-def balance_stages(module: fx.GraphModule, *, stages: int, cost: str = "flops") -> fx.GraphModule:
+def balance_stages(
+    module: fx.GraphModule, *, stages: int, cost: str = "flops", split_at: Sequence[str] = ()
+) -> fx.GraphModule:
     """Return a copy of ``module`` with each op assigned to one of ``stages`` stages.
 
     Args:
         module: an annotated graph module (see annotate_costs).
         stages: the number of stages, at least 1.
         cost: ``"flops"`` (forward FLOPs) or ``"params"`` (parameter bytes) per op.
+        split_at: ``[before:|after:]MODULE_PATH`` boundaries a stage must start at.
 
     Raises:
-        BalanceError: fewer legal cut points than stages - 1, or an unknown cost.
+        BalanceError: fewer legal cut points than stages - 1, an unknown cost, or a requested
+            boundary that is unknown, illegal, or more than the stages allow.
     """
     if cost not in COSTS:
         raise BalanceError(f"unknown balance cost {cost!r}; choose one of {', '.join(COSTS)}")
     if stages < 1:
         raise BalanceError(f"--stages must be at least 1, got {stages}")
     out = copy_graph_module(module)
-    ops = compute_nodes(out.graph)
+    ops = [n for n in compute_nodes(out.graph) if not is_split_point(n)]
     atoms = _atoms(ops)
+    cuts = requested_starts(out.graph, atoms, split_at)
+    if len(cuts) + 1 > stages:
+        raise BalanceError(
+            f"{len(cuts)} requested boundaries make {len(cuts) + 1} stages, more than "
+            f"--stages {stages}; raise --stages or drop a split_point()/--split-at"
+        )
+    for node in [n for n in out.graph.nodes if is_split_point(n)]:
+        out.graph.erase_node(node)
+    out.recompile()
     if stages > len(atoms):
         raise BalanceError(
             f"cannot cut {type(module).__name__} into {stages} stages: it has {len(ops)} ops but "
             f"only {len(atoms)} places where a stage may start (values that are neither tensors "
             f"nor constants cannot cross a stage boundary); use --stages {len(atoms)} or fewer"
         )
-    starts = min_max_partition([sum(_cost(n, out, cost) for n in atom) for atom in atoms], stages)
+    weights = [sum(_cost(n, out, cost) for n in atom) for atom in atoms]
+    starts = (
+        min_max_partition_with_cuts(weights, stages, cuts)
+        if cuts
+        else min_max_partition(weights, stages)
+    )
     bounds = [*starts[1:], len(atoms)]
     for j, (first, end) in enumerate(zip(starts, bounds)):
         for atom in atoms[first:end]:

@@ -13,7 +13,7 @@ import bisect
 import itertools
 from collections.abc import Sequence
 
-__all__ = ["min_max_partition", "bottleneck"]
+__all__ = ["min_max_partition", "min_max_partition_with_cuts", "bottleneck"]
 
 
 def min_max_partition(costs: Sequence[int], parts: int) -> list[int]:
@@ -83,3 +83,54 @@ def _starts_for(prefix: list[int], parts: int, limit: int) -> list[int]:
         prefix[e] - prefix[s] <= limit for s, e in zip(starts, starts[1:] + [n])
     )
     return starts
+
+
+def min_max_partition_with_cuts(costs: Sequence[int], parts: int, cuts: Sequence[int]) -> list[int]:
+    """Like ``min_max_partition``, but a part must start at every index in ``cuts``.
+
+    The cuts split ``costs`` into segments; the smallest bottleneck B for which the segments'
+    greedy part counts sum to at most ``parts`` is found by binary search over integers (the
+    count is monotone in B), each segment gets at least its count (spare parts go to the
+    segments with the largest optimum), and each is then split optimally.
+
+    Example:
+        >>> min_max_partition_with_cuts([5, 1, 1, 1, 5, 1], 3, [1])
+        [0, 1, 4]
+    """
+    bounds = sorted({0, *cuts, len(costs)})
+    if bounds[0] != 0 or bounds[-1] != len(costs) or any(c <= 0 or c >= len(costs) for c in cuts):
+        raise ValueError(f"cuts {list(cuts)} must lie strictly inside 0..{len(costs)}")
+    segments = [list(costs[a:b]) for a, b in zip(bounds, bounds[1:])]
+    if not len(segments) <= parts <= len(costs):
+        raise ValueError(
+            f"cannot split {len(costs)} items into {parts} parts with {len(cuts)} cuts"
+        )
+    lo, hi = max(costs, default=0), max(sum(s) for s in segments)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(_parts_needed(s, mid) for s in segments) <= parts:
+            hi = mid
+        else:
+            lo = mid + 1
+    counts = [_parts_needed(s, lo) for s in segments]
+    for _ in range(parts - sum(counts)):
+        room = [k for k, s in enumerate(segments) if counts[k] < len(s)]
+        worst = max(
+            room, key=lambda k: _optimum([0, *itertools.accumulate(segments[k])], counts[k])
+        )
+        counts[worst] += 1
+    starts: list[int] = []
+    for offset, segment, count in zip(bounds, segments, counts):
+        starts += [offset + s for s in min_max_partition(segment, count)]
+    return starts
+
+
+def _parts_needed(segment: list[int], limit: int) -> int:
+    """How many parts of sum <= ``limit`` a greedy split of ``segment`` needs (all costs are
+    at most ``limit``)."""
+    prefix = [0, *itertools.accumulate(segment)]
+    count, start = 0, 0
+    while start < len(segment):
+        start = max(start + 1, bisect.bisect_right(prefix, prefix[start] + limit, lo=start) - 1)
+        count += 1
+    return count

@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--microbatches", type=int, default=1, help="micro-batches per mini-batch")
     comp.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES))
     comp.add_argument("--balance", default="flops", choices=COSTS)
+    comp.add_argument("--split-at", action="append", default=[], metavar="[before:|after:]PATH",
+                      help="start a stage at this submodule (repeatable)")  # fmt: skip
     comp.add_argument("--virtual-stages", type=int, metavar="V",
                       help="interleaved: stages per device (default 2)")  # fmt: skip
     comp.add_argument("--vertical-sync", action="store_true",
@@ -152,7 +154,8 @@ def _compile(args: argparse.Namespace) -> int:
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
     compiled = compile_model(
         spec.model, spec.inputs, stages=args.stages, microbatches=args.microbatches,
-        schedule=args.schedule, balance=args.balance, virtual_stages=args.virtual_stages,
+        schedule=args.schedule, balance=args.balance, split_at=tuple(args.split_at),
+        virtual_stages=args.virtual_stages,
         vertical_sync=args.vertical_sync, checkpoint=args.checkpoint,
         memory_budget=args.memory_budget,
         replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,

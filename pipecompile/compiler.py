@@ -83,6 +83,7 @@ def compile_model(
     microbatches: int = 1,
     schedule: str = "gpipe",
     balance: str = "flops",
+    split_at: tuple[str, ...] = (),
     virtual_stages: int | None = None,
     vertical_sync: bool = False,
     checkpoint: str = "never",
@@ -100,6 +101,8 @@ def compile_model(
         microbatches: how many micro-batches a mini-batch splits into (along dim 0).
         schedule: the schedule generator's name (see ``pipecompile.schedules``).
         balance: the cost the stages are balanced on (``flops`` or ``params``).
+        split_at: ``[before:|after:]MODULE_PATH`` boundaries where a stage must start (as do
+            ``pipecompile.split_point()`` calls in forward); the rest is still balanced.
         virtual_stages: stages per device for the ``interleaved`` schedule.
         vertical_sync: ``pipedream`` only: one weight version per micro-batch on all stages.
         checkpoint: ``never``, ``except_last`` or ``always``: which micro-batches' forwards
@@ -127,7 +130,9 @@ def compile_model(
         "annotate_costs", lambda: annotate_costs(traced.module, root=traced.root), None
     )
     balanced = runner(
-        "balance_stages", lambda: balance_stages(annotated, stages=stages, cost=balance), None
+        "balance_stages",
+        lambda: balance_stages(annotated, stages=stages, cost=balance, split_at=split_at),
+        None,
     )
     graph = runner("split_stages", lambda: split_stages(balanced, traced=traced), StageGraph.verify)
     memory = runner("activation_memory", lambda: activation_memory(graph), None)

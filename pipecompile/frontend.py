@@ -14,6 +14,7 @@ from pipecompile.errors import TraceError
 from pipecompile.fake_prop import propagate_fake
 from pipecompile.inline_regions import inline_grad_regions
 from pipecompile.leaf_modules import is_rebuildable_leaf
+from pipecompile.split_point import recording
 
 __all__ = ["Traced", "trace"]
 
@@ -51,6 +52,8 @@ def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
         fx_reason = _reason(fx_err)
     try:
         return _trace_export(model, inputs)
+    except _SplitPointUnderExport as err:
+        raise TraceError(f"{err} (torch.fx: {fx_reason})") from None
     except Exception as export_err:
         export_reason = _reason(export_err)
     raise TraceError(
@@ -63,8 +66,14 @@ def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
     )
 
 
+class _SplitPointUnderExport(Exception):
+    pass
+
+
 def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
-    graph = _LeafTracer().trace(model)
+    tracer = _LeafTracer()
+    with recording(tracer):
+        graph = tracer.trace(model)
     module = fx.GraphModule(model, graph, class_name=type(model).__name__)
     names = _keep_placeholders(module, list(inputs))
     spec = _flatten_output(module)
@@ -73,7 +82,14 @@ def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
 
 
 def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
-    exported = torch.export.export(model, (), dict(inputs), strict=False)
+    with recording(None) as missed:
+        exported = torch.export.export(model, (), dict(inputs), strict=False)
+    if missed:
+        raise _SplitPointUnderExport(
+            f"{type(model).__name__}.forward calls pipecompile.split_point(), which only the "
+            "torch.fx tracer can record, and torch.fx could not trace the model; mark the "
+            "boundaries with --split-at MODULE_PATH instead"
+        )
     module = exported.module()
     module._forward_pre_hooks.clear()  # export's kwargs checker; the graph now takes flat inputs
     names = [n.target for n in module.graph.nodes if n.op == "placeholder"]
