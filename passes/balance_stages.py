@@ -11,11 +11,11 @@ tensor or a constant that can be written into code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch.fx as fx
 from pipecompile.passes.min_max_partition import min_max_partition, min_max_partition_with_cuts
-from pipecompile.passes.split_requests import requested_starts
+from pipecompile.passes.split_requests import pinned_costs, requested_starts
 
 from pipecompile.errors import BalanceError
 from pipecompile.graph_copy import copy_graph_module
@@ -35,7 +35,12 @@ def compute_nodes(graph: fx.Graph) -> list[fx.Node]:
 
 
 def balance_stages(
-    module: fx.GraphModule, *, stages: int, cost: str = "flops", split_at: Sequence[str] = ()
+    module: fx.GraphModule,
+    *,
+    stages: int,
+    cost: str = "flops",
+    split_at: Sequence[str] = (),
+    pinned: Mapping[str, int] | None = None,
 ) -> fx.GraphModule:
     """Return a copy of ``module`` with each op assigned to one of ``stages`` stages.
 
@@ -44,6 +49,8 @@ def balance_stages(
         stages: the number of stages, at least 1.
         cost: ``"flops"`` (forward FLOPs) or ``"params"`` (parameter bytes) per op.
         split_at: ``[before:|after:]MODULE_PATH`` boundaries a stage must start at.
+        pinned: MODULE_PATH -> cost: the whole module counts as this cost (on its first op)
+            instead of the annotated one.
 
     Raises:
         BalanceError: fewer legal cut points than stages - 1, an unknown cost, or a requested
@@ -71,7 +78,8 @@ def balance_stages(
             f"only {len(atoms)} places where a stage may start (values that are neither tensors "
             f"nor constants cannot cross a stage boundary); use --stages {len(atoms)} or fewer"
         )
-    weights = [sum(_cost(n, out, cost) for n in atom) for atom in atoms]
+    costs = pinned_costs(ops, {n: _cost(n, out, cost) for n in ops}, pinned or {})
+    weights = [sum(costs[n] for n in atom) for atom in atoms]
     starts = (
         min_max_partition_with_cuts(weights, stages, cuts)
         if cuts

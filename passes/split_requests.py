@@ -10,7 +10,7 @@ import torch.fx as fx
 from pipecompile.errors import BalanceError
 from pipecompile.split_point import is_split_point
 
-__all__ = ["requested_starts", "module_paths"]
+__all__ = ["requested_starts", "module_paths", "pinned_costs", "parse_pins"]
 
 
 def module_paths(node: fx.Node) -> list[str]:
@@ -70,3 +70,35 @@ def _must_start(first_atom: dict[fx.Node, int], node: fx.Node, what: str) -> int
             "tensor nor a constant crosses there; move the boundary before or after it"
         )
     return first_atom[node]
+
+
+def parse_pins(pairs: Sequence[str]) -> dict[str, int]:
+    """``["h.0=5e6", "lm_head=0"]`` -> {"h.0": 5000000, "lm_head": 0}."""
+    pins = {}
+    for pair in pairs:
+        path, _, value = pair.partition("=")
+        try:
+            pins[path] = int(float(value))
+        except ValueError:
+            raise BalanceError(
+                f"--pin-cost {pair!r}: write MODULE_PATH=COST, e.g. h.0=2e6"
+            ) from None
+        if not path or pins[path] < 0:
+            raise BalanceError(f"--pin-cost {pair!r}: write MODULE_PATH=COST with COST >= 0")
+    return pins
+
+
+def pinned_costs(
+    ops: list[fx.Node], costs: dict[fx.Node, int], pins: dict[str, int]
+) -> dict[fx.Node, int]:
+    """``costs`` with every pinned module's ops replaced: its first op costs the pinned value,
+    the others nothing (a nested pin overrides its parent's within its own ops)."""
+    out = dict(costs)
+    for path in sorted(pins, key=lambda p: p.count(".")):
+        inside = [n for n in ops if path in module_paths(n)]
+        if not inside:
+            raise BalanceError(f"--pin-cost {path!r}: no op runs inside module {path!r}")
+        for node in inside:
+            out[node] = 0
+        out[inside[0]] = pins[path]
+    return out

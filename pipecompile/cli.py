@@ -15,6 +15,7 @@ from pipecompile.errors import CheckError, ModelFileError, PipecompileError
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_checkpoints import POLICIES
 from pipecompile.passes.insert_replication import parse_replicas
+from pipecompile.passes.split_requests import parse_pins
 from pipecompile.schedules import SCHEDULES
 from pipecompile.sizes import parse_size
 
@@ -64,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--balance", default="flops", choices=COSTS)
     comp.add_argument("--split-at", action="append", default=[], metavar="[before:|after:]PATH",
                       help="start a stage at this submodule (repeatable)")  # fmt: skip
+    comp.add_argument("--pin-cost", action="append", default=[], metavar="PATH=COST",
+                      help="count submodule PATH as COST when balancing (repeatable)")  # fmt: skip
     comp.add_argument("--virtual-stages", type=int, metavar="V",
                       help="interleaved: stages per device (default 2)")  # fmt: skip
     comp.add_argument("--vertical-sync", action="store_true",
@@ -155,6 +158,7 @@ def _compile(args: argparse.Namespace) -> int:
     compiled = compile_model(
         spec.model, spec.inputs, stages=args.stages, microbatches=args.microbatches,
         schedule=args.schedule, balance=args.balance, split_at=tuple(args.split_at),
+        pinned=parse_pins(args.pin_cost),
         virtual_stages=args.virtual_stages,
         vertical_sync=args.vertical_sync, checkpoint=args.checkpoint,
         memory_budget=args.memory_budget,

@@ -84,6 +84,7 @@ def compile_model(
     schedule: str = "gpipe",
     balance: str = "flops",
     split_at: tuple[str, ...] = (),
+    pinned: dict[str, int] | None = None,
     virtual_stages: int | None = None,
     vertical_sync: bool = False,
     checkpoint: str = "never",
@@ -103,6 +104,7 @@ def compile_model(
         balance: the cost the stages are balanced on (``flops`` or ``params``).
         split_at: ``[before:|after:]MODULE_PATH`` boundaries where a stage must start (as do
             ``pipecompile.split_point()`` calls in forward); the rest is still balanced.
+        pinned: MODULE_PATH -> cost that replaces the module's measured cost.
         virtual_stages: stages per device for the ``interleaved`` schedule.
         vertical_sync: ``pipedream`` only: one weight version per micro-batch on all stages.
         checkpoint: ``never``, ``except_last`` or ``always``: which micro-batches' forwards
@@ -131,7 +133,9 @@ def compile_model(
     )
     balanced = runner(
         "balance_stages",
-        lambda: balance_stages(annotated, stages=stages, cost=balance, split_at=split_at),
+        lambda: balance_stages(
+            annotated, stages=stages, cost=balance, split_at=split_at, pinned=pinned
+        ),
         None,
     )
     graph = runner("split_stages", lambda: split_stages(balanced, traced=traced), StageGraph.verify)

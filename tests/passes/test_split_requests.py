@@ -152,3 +152,25 @@ def test_boundary_where_a_tuple_crosses_is_refused(tmp_path):
     spec = load_model_file(str(path))
     with pytest.raises(BalanceError, match="split_point\\(\\) asks for a stage to start at"):
         compile_model(spec.model, spec.inputs, stages=2)
+
+
+def test_pinned_cost_moves_the_balanced_boundary(tmp_path):
+    out = tmp_path / "o"
+    args = [str(EXAMPLES / "mlp.py"), "--stages", "2", "-q", "-o", str(out)]
+    assert main([*args, "--pin-cost", "fc5=1e12"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    last = {o for names in manifest["stages"][1]["params"].values() for o in names}
+    assert last == {"fc5.weight", "fc5.bias"}  # fc5 alone outweighs everything else
+    assert main([*args, "--pin-cost", "fc1=1e12"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    first = {o for names in manifest["stages"][0]["params"].values() for o in names}
+    assert first == {"fc1.weight", "fc1.bias"}
+
+
+@pytest.mark.parametrize(
+    "pin, message", [("fc9=5", "no op runs inside module 'fc9'"), ("fc1", "write MODULE_PATH=COST")]
+)
+def test_bad_pins_are_errors(tmp_path, capsys, pin, message):
+    args = [str(EXAMPLES / "mlp.py"), "--stages", "2", "-q", "-o", str(tmp_path / "o")]
+    assert main([*args, "--pin-cost", pin]) == 2
+    assert message in capsys.readouterr().err
