@@ -6,6 +6,7 @@ from pipecompile.passes.balance_stages import balance_stages, min_max_partition
 from pipecompile.passes.insert_checkpoints import POLICIES, insert_checkpoints
 from pipecompile.passes.insert_communication import insert_communication
 from pipecompile.passes.insert_replication import insert_replication, parse_replicas
+from pipecompile.passes.profile_costs import profile_costs
 from pipecompile.passes.split_stages import split_stages
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "insert_communication",
     "insert_replication",
     "parse_replicas",
+    "profile_costs",
 ]

@@ -25,7 +25,7 @@ from pipecompile.values import is_transferable
 
 __all__ = ["balance_stages", "COSTS", "compute_nodes", "min_max_partition"]
 
-COSTS = ("flops", "params")
+COSTS = ("flops", "params", "time")
 _OPS = ("call_function", "call_method", "call_module")
 
 
@@ -94,6 +94,8 @@ def balance_stages(
 
 
 def _cost(node: fx.Node, module: fx.GraphModule, cost: str) -> int:
+    if cost == "time":
+        return info(node).time_ns
     if cost == "params":
         own = info(node).param_bytes
         return own + sum(info(a).param_bytes for a in node.all_input_nodes if a.op == "get_attr")

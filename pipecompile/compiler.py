@@ -21,6 +21,7 @@ from pipecompile.passes import (
     insert_checkpoints,
     insert_communication,
     insert_replication,
+    profile_costs,
     split_stages,
 )
 from pipecompile.program import Program
@@ -37,6 +38,7 @@ __all__ = ["PASSES", "Compiled", "compile_model", "topology", "topology_from_man
 PASSES = (
     "trace",
     "annotate_costs",
+    "profile_costs",
     "balance_stages",
     "split_stages",
     "activation_memory",
@@ -101,7 +103,8 @@ def compile_model(
         stages: how many pipeline stages to cut.
         microbatches: how many micro-batches a mini-batch splits into (along dim 0).
         schedule: the schedule generator's name (see ``pipecompile.schedules``).
-        balance: the cost the stages are balanced on (``flops`` or ``params``).
+        balance: the cost the stages are balanced on: ``flops``, ``params``, or ``time``
+            (each op's forward + backward time measured on this machine, cached).
         split_at: ``[before:|after:]MODULE_PATH`` boundaries where a stage must start (as do
             ``pipecompile.split_point()`` calls in forward); the rest is still balanced.
         pinned: MODULE_PATH -> cost that replaces the module's measured cost.
@@ -131,6 +134,13 @@ def compile_model(
     annotated = runner(
         "annotate_costs", lambda: annotate_costs(traced.module, root=traced.root), None
     )
+    if balance == "time":  # measured on this machine, cached
+        inputs_now = [micro[n] for n in traced.input_names]
+        annotated = runner(
+            "profile_costs",
+            lambda: profile_costs(annotated, inputs=inputs_now, progress=progress),
+            None,
+        )
     balanced = runner(
         "balance_stages",
         lambda: balance_stages(

@@ -19,6 +19,7 @@ class NodeInfo:
     flops: int = 0
     param_bytes: int = 0
     activation_bytes: int = 0
+    time_ns: int = 0  # measured forward + backward time (``--balance time``), else 0
     stage: int | None = None
 
 
