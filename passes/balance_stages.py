@@ -14,7 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch.fx as fx
-from pipecompile.passes.min_max_partition import min_max_partition, min_max_partition_with_cuts
+from pipecompile.passes.min_max_partition import (
+    bottleneck,
+    min_max_partition,
+    min_max_partition_with_cuts,
+)
 from pipecompile.passes.split_requests import pinned_costs, requested_starts
 
 from pipecompile.errors import BalanceError
@@ -26,6 +30,7 @@ from pipecompile.values import is_transferable
 __all__ = ["balance_stages", "COSTS", "compute_nodes", "min_max_partition"]
 
 COSTS = ("flops", "params", "time")
+BALANCE_KEY = "pipecompile_balance"  # GraphModule.meta key of the balance report
 _OPS = ("call_function", "call_method", "call_module")
 
 
@@ -90,7 +95,31 @@ def balance_stages(
         for atom in atoms[first:end]:
             for node in atom:
                 with_info(node, stage=j)
+    out.meta[BALANCE_KEY] = _report(cost, weights, starts, stages, cuts, atoms)
     return out
+
+
+def _report(
+    cost: str, weights: list[int], starts: list[int], stages: int, cuts: list[int],
+    atoms: list[list[fx.Node]],
+) -> dict[str, object]:  # fmt: skip
+    """What the balancer achieved, for the manifest and `pipecompile show`: per-stage cost and
+    op count, the bottleneck, a lower bound no split can beat (the largest indivisible run,
+    or the mean), and the optimum without the requested boundaries (equal to the bottleneck
+    when there are none: the split is exact)."""
+    bounds = [*starts[1:], len(weights)]
+    per_stage = [sum(weights[a:b]) for a, b in zip(starts, bounds)]
+    total = sum(weights)
+    optimum = bottleneck(weights, min_max_partition(weights, stages)) if cuts else max(per_stage)
+    return {
+        "cost": cost,
+        "stage_costs": per_stage,
+        "stage_ops": [sum(len(atom) for atom in atoms[a:b]) for a, b in zip(starts, bounds)],
+        "bottleneck": max(per_stage),
+        "lower_bound": max(max(weights, default=0), -(-total // stages)),
+        "unconstrained_optimum": optimum,
+        "requested_boundaries": len(cuts),
+    }
 
 
 def _cost(node: fx.Node, module: fx.GraphModule, cost: str) -> int:

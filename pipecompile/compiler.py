@@ -24,6 +24,7 @@ from pipecompile.passes import (
     profile_costs,
     split_stages,
 )
+from pipecompile.passes.balance_stages import BALANCE_KEY
 from pipecompile.program import Program
 from pipecompile.runtime.microbatch import split_microbatches
 from pipecompile.schedules import generate
@@ -60,6 +61,7 @@ class Compiled:
     microbatch_size: int
     memory: tuple[StageMemory, ...] = ()
     replicas: tuple[int, ...] = ()
+    balance: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -183,7 +185,8 @@ def compile_model(
         lambda p: verify_program(p, check),
     )
     size = next(iter(micro.values())).shape[0] if micro else 0
-    return Compiled(graph, program, size, memory, counts, runner.timings)
+    report = dict(balanced.meta.get(BALANCE_KEY, {}))
+    return Compiled(graph, program, size, memory, counts, report, runner.timings)
 
 
 class _PassRunner:

@@ -10,6 +10,7 @@ from pipecompile.memory_model import peak_stored_bytes
 from pipecompile.program import Program
 from pipecompile.runtime.load import read_manifest, read_program
 from pipecompile.simulate import Costs, Timeline, simulate
+from pipecompile.sizes import format_count as _num
 from pipecompile.sizes import format_size
 from pipecompile.timeline_text import timeline_text
 from pipecompile.verify_program import verify_program
@@ -51,7 +52,29 @@ def schedule_report(
         saved = [s["activation_bytes"]["saved"] for s in stages]
         inputs = [s["activation_bytes"]["inputs"] for s in stages]
         report["peak_activation_bytes"] = list(peak_stored_bytes(program, saved, inputs))
+    report["balance"] = manifest.get("balance", {})
+    report["stage_table"] = _stage_table(manifest, program)
     return report, timeline
+
+
+def _stage_table(manifest: dict[str, Any], program: Program) -> list[dict[str, Any]]:
+    """Per stage: ops, balanced cost, FLOPs, parameter, activation and traffic bytes."""
+    balance = manifest.get("balance", {})
+    edges = manifest.get("edges", [])
+    rows = []
+    for j, s in enumerate(manifest["stages"]):
+        rows.append({
+            "stage": j,
+            "device": program.stage_device[j],
+            "ops": (balance.get("stage_ops") or [None] * (j + 1))[j],
+            "cost": (balance.get("stage_costs") or [None] * (j + 1))[j],
+            "flops": s["flops"],
+            "param_bytes": s["param_bytes"],
+            "activation_bytes": s.get("activation_bytes", {}).get("saved"),
+            "sent_bytes": sum(e["bytes"] for e in edges if e["src"] == j),
+            "received_bytes": sum(e["bytes"] for e in edges if e["dst"] == j),
+        })  # fmt: skip
+    return rows
 
 
 def closed_form(program: Program) -> float | None:
@@ -65,6 +88,33 @@ def closed_form(program: Program) -> float | None:
     if program.schedule == "zb1p" and m >= p:  # the zero-bubble closed form needs m >= p
         return (p - 1) / (3 * m + p - 1)
     return None
+
+
+def _balance_lines(report: dict[str, Any]) -> list[str]:
+    balance = report.get("balance") or {}
+    rows = report.get("stage_table") or []
+    lines = ["", "stage device   ops      cost     FLOPs    params  act/mb    sent  received"]
+    for r in rows:
+        lines.append(
+            f"{r['stage']:>5} {r['device']:>6} {r['ops'] or '-':>5} {_num(r['cost']):>9} "
+            f"{_num(r['flops']):>9} {format_size(r['param_bytes']):>9} "
+            f"{format_size(r['activation_bytes'] or 0):>7} {format_size(r['sent_bytes']):>7} "
+            f"{format_size(r['received_bytes']):>9}"
+        )
+    if balance:
+        lines.append(
+            f"balance on {balance['cost']}: bottleneck {_num(balance['bottleneck'])}, lower bound "
+            f"{_num(balance['lower_bound'])} "
+            f"({balance['bottleneck'] / max(balance['lower_bound'], 1):.3f}x), "
+            f"optimum {_num(balance['bottleneck'])} (exact)"
+            + (
+                f"; without the {balance['requested_boundaries']} requested boundaries "
+                f"{_num(balance['unconstrained_optimum'])}"
+                if balance.get("requested_boundaries")
+                else ""
+            )
+        )
+    return lines
 
 
 def format_report(report: dict[str, Any], timeline: Timeline) -> str:
@@ -88,6 +138,7 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
         lines.append(
             f"{d:>6}   {report['busy'][d]:<10.6g}  {report['peak_inflight'][d]:>14}   {mem:>16}"
         )
+    lines += _balance_lines(report)
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:
         lines += ["", timeline_text(timeline)]
     return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_size", "format_size"]
+__all__ = ["parse_size", "format_size", "format_count"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -38,3 +38,13 @@ def format_size(count: float) -> str:
         if abs(count) >= scale:
             return f"{count / scale:.2f} {unit}"
     return f"{count:.0f} B"
+
+
+def format_count(value: float | None, unit: str = "") -> str:
+    """``value`` with a decimal prefix (``3.17M``, ``241.41kB``); ``-`` for None."""
+    if value is None:
+        return "-"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{prefix}{unit}"
+    return f"{value:.0f}{unit}"

@@ -6,7 +6,7 @@ from pipecompile.compiler import Compiled, topology
 from pipecompile.markers import is_recv, is_send
 from pipecompile.memory_model import peak_stored_bytes
 from pipecompile.simulate import Costs, simulate
-from pipecompile.sizes import format_size
+from pipecompile.sizes import format_count, format_size
 
 __all__ = ["summary"]
 
@@ -23,15 +23,15 @@ def summary(compiled: Compiled, out: str) -> str:
         )  # fmt: skip
         sent = sum(e.nbytes for e in graph.edges if e.src == s.index)
         rows.append(
-            f"{s.index:>5} {ops:>4} {_si(s.flops):>11} {100 * s.flops / total:5.1f}% "
-            f"{_si(s.param_bytes, 'B'):>8}   {len(s.inputs):>3} / {len(s.outputs):<3}     "
-            f"{_si(sent, 'B'):>9}"
+            f"{s.index:>5} {ops:>4} {format_count(s.flops):>11} {100 * s.flops / total:5.1f}% "
+            f"{format_count(s.param_bytes, 'B'):>8}   {len(s.inputs):>3} / {len(s.outputs):<3}     "
+            f"{format_count(sent, 'B'):>9}"
         )
     worst = max(s.flops for s in graph.stages)
     bound = total / len(graph.stages)
     rows.append(
-        f"bottleneck {_si(worst)} FLOPs = {worst / bound:.3f} x the perfect split "
-        f"({_si(bound)}); tracer {graph.tracer}; schedule {compiled.program.schedule}, "
+        f"bottleneck {format_count(worst)} FLOPs = {worst / bound:.3f} x the perfect split "
+        f"({format_count(bound)}); tracer {graph.tracer}; schedule {compiled.program.schedule}, "
         f"{compiled.program.microbatches} micro-batches of {compiled.microbatch_size}"
     )
     rows.append(_schedule_line(compiled))
@@ -56,10 +56,3 @@ def _schedule_line(compiled: Compiled) -> str:
     if checkpointed:
         line += f"; {checkpointed} checkpointed forwards"
     return line
-
-
-def _si(value: float, unit: str = "") -> str:
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f}{prefix}{unit}"
-    return f"{value:.0f}{unit}"

@@ -160,3 +160,23 @@ def test_pipedream_check_with_batchnorm_leaves_the_pipeline_untouched(tmp_path, 
     assert main([*args, "--schedule", "pipedream", "-q", "-o", out]) == 0
     assert main(["run", out, "--check", "--lr", "0.05"]) == 0
     assert "check passed" in capsys.readouterr().out
+
+
+def test_show_reports_the_balance(tmp_path, capsys):
+    out = str(tmp_path / "o")
+    args = [GPT, "--stages", "4", "--microbatches", "4", "--split-at", "h.1", "-q", "-o", out]
+    assert main(args) == 0
+    manifest = json.loads((Path(out) / "manifest.json").read_text())
+    balance = manifest["balance"]
+    assert balance["cost"] == "flops" and len(balance["stage_costs"]) == 4
+    assert balance["bottleneck"] == max(balance["stage_costs"])
+    assert balance["stage_costs"] == [s["flops"] for s in manifest["stages"]]
+    assert balance["lower_bound"] <= balance["unconstrained_optimum"] <= balance["bottleneck"]
+    assert sum(balance["stage_ops"]) > 0
+    capsys.readouterr()
+    assert main(["show", out]) == 0
+    text = capsys.readouterr().out
+    assert "balance on flops: bottleneck" in text and "without the 1 requested boundaries" in text
+    assert main(["show", out, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["stage_table"]
+    assert [r["sent_bytes"] > 0 for r in rows] == [True, True, True, False]

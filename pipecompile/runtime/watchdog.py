@@ -104,11 +104,25 @@ class Watchdog:
         self._die(problem)
 
     def diagnose(self, stale_after: float) -> str | None:
-        """What went wrong elsewhere, if anything: reported failures first, then dead ranks."""
+        """What went wrong elsewhere, if anything: a reported failure first, then dead ranks.
+        The report is read again after a death is found: a rank that failed reports and
+        then exits, possibly between the two reads."""
+        reported = self._reported()
+        if reported is not None:
+            return reported
+        death = self._dead_rank(stale_after)
+        if death is None:
+            return None
+        return self._reported() or death
+
+    def _reported(self) -> str | None:
         if self.store.check([_FAILED]):
             reported = self.store.get(_FAILED).decode()
             if reported:
                 return reported
+        return None
+
+    def _dead_rank(self, stale_after: float) -> str | None:
         now = time.time()
         host = socket.gethostname()
         for r in range(self.world):
