@@ -204,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
         if not report.ok:
             raise CheckError("pipelined results differ from the eager model (see above)")
         return 0
-    from pipecompile.runtime.checkpoint import resume, save
+    from pipecompile.runtime.checkpoint import resume, save, save_due
     from pipecompile.runtime.worker import OPTIMIZERS
 
     pipe.set_optimizer(lambda ps: OPTIMIZERS[args.optimizer](ps, lr=args.lr))
@@ -218,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
         done = step + 1
-        if args.save and (done == args.steps or (args.save_every and done % args.save_every == 0)):
+        if args.save and save_due(done, args.steps, args.save_every):
             save(pipe, Path(args.save), done)
     if args.stats and pipe.last_stats is not None:
         print(_stats_table(pipe, directory, args.program))

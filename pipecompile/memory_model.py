@@ -17,19 +17,10 @@ __all__ = ["peak_inflight", "peak_stored_bytes", "device_peak_bytes"]
 
 
 def peak_inflight(program: Program) -> tuple[int, ...]:
-    """Per device, the largest number of micro-batches held at once."""
-    peaks = []
-    for instrs in program.devices:
-        split = {(x.stage, x.microbatch) for x in instrs if x.op == "I"}
-        live = peak = 0
-        for x in instrs:
-            if x.op in ("F", "FC"):
-                live += 1
-                peak = max(peak, live)
-            elif x.op == "W" or (x.op == "B" and (x.stage, x.microbatch) not in split):
-                live -= 1
-        peaks.append(peak)
-    return tuple(peaks)
+    """Per device, the largest number of micro-batches held at once: the byte count when every
+    micro-batch weighs one unit, checkpointed or not."""
+    ones = [1] * program.num_stages
+    return peak_stored_bytes(program, ones, ones)
 
 
 def peak_stored_bytes(

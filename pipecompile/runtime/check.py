@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.runtime.executor import LossFn
-from pipecompile.runtime.microbatch import split_microbatches, split_targets
+from pipecompile.runtime.microbatch import join_microbatches, split_microbatches, split_targets
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["CheckReport", "check_step", "compare"]
@@ -86,7 +86,7 @@ def check_step(
     )  # fmt: skip
     report = CheckReport(reference)
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
-    joined = [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))]
+    joined = join_microbatches(outs)
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
         report.output_diff = max(
             report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
@@ -121,7 +121,7 @@ def _eager(
         loss.backward()
         total = total + loss.detach()
         outputs.append([t.detach() for t in pytree.tree_leaves(out)])
-    joined = [torch.cat([o[k] for o in outputs]) for k in range(len(outputs[0]))]
+    joined = join_microbatches(outputs)
     grads = {
         n: p.grad.clone()
         for n, p in model.named_parameters(remove_duplicate=False)

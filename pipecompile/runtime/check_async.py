@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 from pipecompile.program import Program
 from pipecompile.runtime.check import CheckReport, compare
 from pipecompile.runtime.executor import LossFn
-from pipecompile.runtime.microbatch import split_microbatches, split_targets
+from pipecompile.runtime.microbatch import join_microbatches, split_microbatches, split_targets
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["check_async_step", "weight_versions"]
@@ -64,7 +64,7 @@ def check_async_step(
     loss, outs = pipe.train_step(inputs, targets, loss_fn)
     report = CheckReport("weight-stashed SGD per micro-batch (PipeDream)", what="weights")
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
-    joined = [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))]
+    joined = join_microbatches(outs)
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
         report.output_diff = max(
             report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
@@ -101,5 +101,5 @@ def _reference(
             history[n].append(latest - lr * g if g is not None else latest.clone())
         total = total + loss.detach() / m
         outputs.append([t.detach() for t in pytree.tree_leaves(out)])
-    joined = [torch.cat([o[k] for o in outputs]) for k in range(len(outputs[0]))]
+    joined = join_microbatches(outputs)
     return total, joined, {n: h[-1] for n, h in history.items()}

@@ -28,7 +28,7 @@ from safetensors.torch import load_model, save_model
 from pipecompile.errors import EmitError
 from pipecompile.runtime.pipeline import Pipeline
 
-__all__ = ["save", "resume", "latest_step_dir"]
+__all__ = ["save", "resume", "latest_step_dir", "save_due"]
 
 FORMAT = "pipecompile-checkpoint/1"
 
@@ -60,6 +60,11 @@ def save(pipe: Pipeline, root: Path, step: int, rank: int = 0) -> Path:
         os.replace(pointer, root / "latest")
     _barrier()
     return final
+
+
+def save_due(done: int, steps: int, every: int) -> bool:
+    """Whether to save after step ``done`` of ``steps``: after the last, and every ``every``."""
+    return done == steps or (every > 0 and done % every == 0)
 
 
 def latest_step_dir(root: Path) -> Path:

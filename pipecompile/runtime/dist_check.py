@@ -18,6 +18,7 @@ import torch.distributed as dist
 from pipecompile.model_file import ModelSpec
 from pipecompile.runtime.check import CheckReport, check_step, compare
 from pipecompile.runtime.check_async import check_async_step
+from pipecompile.runtime.microbatch import join_microbatches
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["check_distributed"]
@@ -73,7 +74,7 @@ def _compare_on_rank0(
             spec.inputs, spec.targets, spec.loss_fn,
             on_step=lambda j: local_values.update(local.named_grads(j)),
         )  # fmt: skip
-        local_outs = [torch.cat([o[k] for o in outs]) for k in range(len(outs[0]))]
+        local_outs = join_microbatches(outs)
     values: dict[str, torch.Tensor] = {}
     for part in gathered:
         values.update(part["values"])
@@ -93,9 +94,7 @@ def _compare_on_rank0(
                        local_loss.detach(), args.atol, args.rtol)  # fmt: skip
         line += f", loss {diff:.3e}"
     if local_outs is not None:
-        joined = [
-            torch.cat([results[i][k] for i in sorted(results)]) for k in range(len(local_outs))
-        ]
+        joined = join_microbatches([results[i] for i in sorted(results)])
         out_diff = max(
             compare(report, f"distributed output {k}", have, want, args.atol, args.rtol)
             for k, (have, want) in enumerate(zip(joined, local_outs))

@@ -123,7 +123,7 @@ def _run(
     args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog, where: torch.device
 ) -> int:
     from pipecompile.model_file import recorded_model
-    from pipecompile.runtime.checkpoint import resume, save
+    from pipecompile.runtime.checkpoint import resume, save, save_due
     from pipecompile.runtime.dist_check import check_distributed
 
     directory = Path(args.directory)
@@ -183,7 +183,7 @@ def _run(
         if rank == 0 and not args.quiet:
             print(f"step {step + 1}/{args.steps}  loss {value.item():.6f}", flush=True)
         done = step + 1
-        if args.save and (done == args.steps or (args.save_every and done % args.save_every == 0)):
+        if args.save and save_due(done, args.steps, args.save_every):
             save(pipe, Path(args.save), done, rank)
     return 0
 
