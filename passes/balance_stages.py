@@ -14,16 +14,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch.fx as fx
-from pipecompile.passes.min_max_partition import (
-    bottleneck,
-    min_max_partition,
-    min_max_partition_with_cuts,
-)
+from pipecompile.passes.balance_objective import modelled_split, plain_split
+from pipecompile.passes.min_max_partition import min_max_partition
+from pipecompile.passes.node_memory import node_memory
+from pipecompile.passes.partition_problem import atom_facts
 from pipecompile.passes.split_requests import pinned_costs, requested_starts
 
+from pipecompile.cost_model import CostModel
 from pipecompile.errors import BalanceError
 from pipecompile.graph_copy import copy_graph_module
 from pipecompile.node_info import info, with_info
+from pipecompile.program import Program
 from pipecompile.split_point import is_split_point
 from pipecompile.values import is_transferable
 
@@ -46,6 +47,8 @@ def balance_stages(
     cost: str = "flops",
     split_at: Sequence[str] = (),
     pinned: Mapping[str, int] | None = None,
+    model: CostModel | None = None,
+    program: Program | None = None,
 ) -> fx.GraphModule:
     """Return a copy of ``module`` with each op assigned to one of ``stages`` stages.
 
@@ -56,6 +59,11 @@ def balance_stages(
         split_at: ``[before:|after:]MODULE_PATH`` boundaries a stage must start at.
         pinned: MODULE_PATH -> cost: the whole module counts as this cost (on its first op)
             instead of the annotated one.
+        model: the machine model. Without one, the largest stage's summed cost is minimised;
+            with one, the slowest stage's predicted time (compute at its device's speed plus
+            communication, replicated over ``model.workers``) under the memory limits.
+        program: the compute program of the chosen schedule (placement, micro-batches in
+            flight, weight copies); required with ``model``.
 
     Raises:
         BalanceError: fewer legal cut points than stages - 1, an unknown cost, or a requested
@@ -85,41 +93,33 @@ def balance_stages(
         )
     costs = pinned_costs(ops, {n: _cost(n, out, cost) for n in ops}, pinned or {})
     weights = [sum(costs[n] for n in atom) for atom in atoms]
-    starts = (
-        min_max_partition_with_cuts(weights, stages, cuts)
-        if cuts
-        else min_max_partition(weights, stages)
-    )
-    bounds = [*starts[1:], len(atoms)]
-    for j, (first, end) in enumerate(zip(starts, bounds)):
+    if model is None:
+        starts, report = plain_split(weights, stages, cuts)
+    else:
+        assert program is not None and program.num_stages == stages
+        model.validate(len(program.devices), stages)
+        params = {n: _cost(n, out, "params") for n in ops}
+        saved = node_memory(out) if model.memory_limit else {}
+        facts = atom_facts(out.graph, atoms, costs, params, saved, kind=cost, model=model)
+        starts, report = modelled_split(
+            facts, kind=cost, model=model, program=program, cuts=cuts
+        )
+        report["stage_balanced"] = [sum(weights[a:b]) for a, b in _spans(starts, len(atoms))]
+    for j, (first, end) in enumerate(_spans(starts, len(atoms))):
         for atom in atoms[first:end]:
             for node in atom:
                 with_info(node, stage=j)
-    out.meta[BALANCE_KEY] = _report(cost, weights, starts, stages, cuts, atoms)
+    out.meta[BALANCE_KEY] = {
+        "cost": cost,
+        **report,
+        "stage_ops": [sum(len(a) for a in atoms[s:e]) for s, e in _spans(starts, len(atoms))],
+        "requested_boundaries": len(cuts),
+    }
     return out
 
 
-def _report(
-    cost: str, weights: list[int], starts: list[int], stages: int, cuts: list[int],
-    atoms: list[list[fx.Node]],
-) -> dict[str, object]:  # fmt: skip
-    """What the balancer achieved, for the manifest and `pipecompile show`: per-stage cost and
-    op count, the bottleneck, a lower bound no split can beat (the largest indivisible run,
-    or the mean), and the optimum without the requested boundaries (equal to the bottleneck
-    when there are none: the split is exact)."""
-    bounds = [*starts[1:], len(weights)]
-    per_stage = [sum(weights[a:b]) for a, b in zip(starts, bounds)]
-    total = sum(weights)
-    optimum = bottleneck(weights, min_max_partition(weights, stages)) if cuts else max(per_stage)
-    return {
-        "cost": cost,
-        "stage_costs": per_stage,
-        "stage_ops": [sum(len(atom) for atom in atoms[a:b]) for a, b in zip(starts, bounds)],
-        "bottleneck": max(per_stage),
-        "lower_bound": max(max(weights, default=0), -(-total // stages)),
-        "unconstrained_optimum": optimum,
-        "requested_boundaries": len(cuts),
-    }
+def _spans(starts: list[int], count: int) -> list[tuple[int, int]]:
+    return list(zip(starts, [*starts[1:], count]))
 
 
 def _cost(node: fx.Node, module: fx.GraphModule, cost: str) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipecompile import __version__
 from pipecompile.compiler import PASSES, compile_model
+from pipecompile.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_checkpoints import POLICIES
@@ -78,6 +79,20 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--memory-budget", type=_size, metavar="SIZE",
                       help="activation bytes per device (e.g. 2GiB); the least "
                       "recomputation that fits is chosen")  # fmt: skip
+    comp.add_argument("--bandwidth", default="10GB/s", metavar="RATE",
+                      help="link speed between devices the balancer assumes (default 10GB/s)")
+    comp.add_argument("--flops-rate", type=float, default=1e12, metavar="FLOP/S",
+                      help="--balance flops: a device's sustained FLOP/s (default 1e12)")
+    comp.add_argument("--device-speed", metavar="S0,S1,...",
+                      help="relative speed per device, e.g. 1,1,0.5,0.5 (default all 1)")
+    comp.add_argument("--memory-limit", metavar="SIZE[,SIZE...]",
+                      help="bytes per device for parameters, gradients, optimizer state and "
+                      "activations (e.g. 16GiB); the split must fit")
+    comp.add_argument("--optimizer-states", type=int, default=2, metavar="K",
+                      help="parameter-sized tensors the optimizer keeps (AdamW 2, SGD 0)")
+    comp.add_argument("--workers", type=int, metavar="W",
+                      help="ranks to run on: the balancer also chooses how many replicas "
+                      "each stage gets (then run --nproc W)")  # fmt: skip
     comp.add_argument("--print-after", action="append", default=[], metavar="PASS",
                       help=f"print the IR after a pass ({', '.join(PASSES)})")  # fmt: skip
     comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -152,6 +167,7 @@ def _compile(args: argparse.Namespace) -> int:
 
     path, name = split_ref(args.model)
     out = Path(args.output or Path("pipecompile-out") / path.stem)
+    machine = _machine(args)  # bad machine options fail before the model loads
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
@@ -163,6 +179,7 @@ def _compile(args: argparse.Namespace) -> int:
         vertical_sync=args.vertical_sync, checkpoint=args.checkpoint,
         memory_budget=args.memory_budget,
         replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
+        machine=machine,
         print_after=frozenset(args.print_after),
         progress=not args.quiet,
     )  # fmt: skip
@@ -172,6 +189,17 @@ def _compile(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(summary(compiled, str(out)))
     return 0
+
+
+def _machine(args: argparse.Namespace) -> CostModel:
+    return CostModel(
+        bandwidth=parse_rate(args.bandwidth, "--bandwidth"),
+        flops_rate=args.flops_rate,
+        device_speed=parse_speeds(args.device_speed) if args.device_speed else (),
+        memory_limit=parse_limits(args.memory_limit) if args.memory_limit else (),
+        optimizer_states=args.optimizer_states,
+        workers=args.workers,
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from pipecompile.cost_model import CostModel
 from pipecompile.errors import InternalError, PipecompileError
 from pipecompile.frontend import Traced, trace
 from pipecompile.passes import (
@@ -94,6 +95,7 @@ def compile_model(
     checkpoint: str = "never",
     memory_budget: int | None = None,
     replicas: tuple[int, ...] | None = None,
+    machine: CostModel | None = None,
     print_after: frozenset[str] = frozenset(),
     progress: bool = False,
 ) -> Compiled:
@@ -117,6 +119,9 @@ def compile_model(
         memory_budget: bytes of stored activations a device may hold; the least
             recomputation that fits is chosen (overrides ``checkpoint``).
         replicas: ranks per stage (PipeDream's "2-1-1"); default one each.
+        machine: what the balancer assumes about the devices (bandwidth, speeds, memory
+            limits, workers to replicate over); default ``CostModel()``. With
+            ``machine.workers`` the balancer also chooses the replica counts.
         print_after: pass names after which the IR is printed.
         progress: print one line per pass to stderr.
 
@@ -129,7 +134,10 @@ def compile_model(
             f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}"
         )
     options: dict[str, Any] = {"virtual_stages": virtual_stages, "vertical_sync": vertical_sync}
-    generate(schedule, stages, microbatches, **options)  # reject bad options before tracing
+    compute = generate(schedule, stages, microbatches, **options)  # rejects bad options early
+    machine = machine or CostModel()
+    _check_machine(machine, compute, replicas=replicas, memory_budget=memory_budget)
+    policy = insert_checkpoints(compute, memory=(), flops=(), policy=checkpoint)
     micro = split_microbatches(inputs, microbatches)[0]
     runner = _PassRunner(print_after, progress)
     traced: Traced = runner("trace", lambda: trace(model, micro), None)
@@ -146,23 +154,14 @@ def compile_model(
     balanced = runner(
         "balance_stages",
         lambda: balance_stages(
-            annotated, stages=stages, cost=balance, split_at=split_at, pinned=pinned
-        ),
+            annotated, stages=stages, cost=balance, split_at=split_at, pinned=pinned,
+            model=machine, program=policy,
+        ),  # fmt: skip
         None,
     )
     graph = runner("split_stages", lambda: split_stages(balanced, traced=traced), StageGraph.verify)
     memory = runner("activation_memory", lambda: activation_memory(graph), None)
-    compute = runner(
-        "schedule",
-        lambda: generate(
-            schedule,
-            stages,
-            microbatches,
-            virtual_stages=virtual_stages,
-            vertical_sync=vertical_sync,
-        ),  # fmt: skip
-        None,
-    )
+    compute = runner("schedule", lambda: compute, None)
     checkpointed = runner(
         "insert_checkpoints",
         lambda: insert_checkpoints(
@@ -178,15 +177,40 @@ def compile_model(
     communicating = runner(
         "insert_communication", lambda: insert_communication(checkpointed, topology=check), None
     )
-    counts = tuple(replicas) if replicas else (1,) * stages
+    report = dict(balanced.meta.get(BALANCE_KEY, {}))
+    counts = tuple(replicas or report.get("replicas") or (1,) * stages)
     program = runner(
         "insert_replication",
         lambda: insert_replication(communicating, replicas=counts),
         lambda p: verify_program(p, check),
     )
     size = next(iter(micro.values())).shape[0] if micro else 0
-    report = dict(balanced.meta.get(BALANCE_KEY, {}))
     return Compiled(graph, program, size, memory, counts, report, runner.timings)
+
+
+def _check_machine(
+    machine: CostModel, compute: Program, *, replicas: tuple[int, ...] | None,
+    memory_budget: int | None,
+) -> None:  # fmt: skip
+    machine.validate(len(compute.devices), compute.num_stages)
+    if machine.workers is not None and replicas:
+        raise PipecompileError(
+            "--workers lets the balancer choose the replica counts; --replicate fixes them: "
+            "give one of the two"
+        )
+    if machine.workers is not None and machine.workers > compute.num_stages and (
+        compute.schedule.startswith(("interleaved", "pipedream"))
+    ):
+        raise PipecompileError(
+            f"--workers {machine.workers}: the {compute.schedule} schedule cannot replicate "
+            f"stages; use --workers {compute.num_stages} or gpipe, 1f1b or zb1p"
+        )
+    if machine.memory_limit and memory_budget is not None:
+        raise PipecompileError(
+            "--memory-limit (parameters, optimizer state and activations, used to choose the "
+            "split) and --memory-budget (activations only, used to choose checkpointing for "
+            "the split) cannot be combined; give one"
+        )
 
 
 class _PassRunner:

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from pipecompile.instr import Instr
 from pipecompile.program import Program
 
-__all__ = ["peak_inflight", "peak_stored_bytes", "device_peak_bytes"]
+__all__ = [
+    "peak_inflight",
+    "peak_stored_bytes",
+    "device_peak_bytes",
+    "stored_counts",
+    "peak_weight_copies",
+]
 
 
 def peak_inflight(program: Program) -> tuple[int, ...]:
@@ -48,4 +54,47 @@ def device_peak_bytes(instrs: Sequence[Instr], saved: Sequence[int], inputs: Seq
         peak = max(peak, total)
         if x.op == "W" or (x.op == "B" and key not in split):
             total -= held.pop(key, 0)
+    return peak
+
+
+def stored_counts(instrs: Sequence[Instr]) -> frozenset[tuple[int, int]]:
+    """For a device running one stage: the (full, inputs-only) micro-batch counts it holds at
+    its peaks, so its stored bytes are max(full * saved + inputs_only * inputs) over them.
+    Pairs another pair dominates are dropped."""
+    split = {x.microbatch for x in instrs if x.op == "I"}
+    held: dict[int | None, tuple[int, int]] = {}
+    seen: set[tuple[int, int]] = set()
+    for x in instrs:
+        i = x.microbatch
+        if x.op == "F":
+            held[i] = (1, 0)
+        elif x.op == "FC":
+            held[i] = (0, 1)
+        elif x.op in ("B", "I") and i in held:
+            held[i] = (1, held[i][1])  # recomputed: the full set again, beside the inputs
+        seen.add((sum(f for f, _ in held.values()), sum(c for _, c in held.values())))
+        if x.op == "W" or (x.op == "B" and i not in split):
+            held.pop(i, None)
+    return frozenset(
+        a for a in seen if not any(b != a and b[0] >= a[0] and b[1] >= a[1] for b in seen)
+    )
+
+
+def peak_weight_copies(instrs: Sequence[Instr]) -> int:
+    """The most stashed weight versions a device keeps at once: STASH copies the weights
+    when an UPDATE has changed them since the last copy; a copy lives until the backward of
+    the last micro-batch that uses it."""
+    split = {(x.stage, x.microbatch) for x in instrs if x.op == "W"}
+    updates: dict[int, int] = {}
+    version_of: dict[tuple[int, int | None], tuple[int, int]] = {}
+    peak = 0
+    for x in instrs:
+        key = (x.stage, x.microbatch)
+        if x.op == "UPDATE":
+            updates[x.stage] = updates.get(x.stage, 0) + 1
+        elif x.op == "STASH":
+            version_of[key] = (x.stage, updates.get(x.stage, 0))
+        elif key in version_of and (x.op == "W" or (x.op == "B" and key not in split)):
+            del version_of[key]
+        peak = max(peak, len(set(version_of.values())))
     return peak

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipecompile.balance_table import balance_lines, predicted_costs, stage_rows
 from pipecompile.compiler import topology_from_manifest
 from pipecompile.memory_model import peak_stored_bytes
 from pipecompile.program import Program
 from pipecompile.runtime.load import read_manifest, read_program
 from pipecompile.simulate import Costs, Timeline, simulate
-from pipecompile.sizes import format_count as _num
 from pipecompile.sizes import format_size
 from pipecompile.timeline_text import timeline_text
 from pipecompile.verify_program import verify_program
@@ -25,8 +25,9 @@ def schedule_report(
 ) -> tuple[dict[str, Any], Timeline]:
     """Simulate the directory's program (or ``program_path``, verified first).
 
-    Costs are the stages' forward FLOPs (backward twice that) or, with ``uniform``, F = 1
-    and B = 2 per stage. Returns the JSON-ready figures and the timeline.
+    Costs are the balancer's predicted stage times (forward a third, backward two thirds),
+    the stages' forward FLOPs (backward twice that) for manifests without them, or, with
+    ``uniform``, F = 1 and B = 2 per stage. Returns the JSON-ready figures and the timeline.
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
@@ -34,16 +35,20 @@ def schedule_report(
     topology = topology_from_manifest(manifest)
     verify_program(program, topology)
     stages = manifest["stages"]
-    costs = (
-        Costs.uniform(len(stages)) if uniform else Costs.from_flops([s["flops"] for s in stages])
-    )
+    predicted = None if uniform else predicted_costs(manifest)
+    if uniform:
+        costs, what = Costs.uniform(len(stages)), "uniform (F=1, B=2, I=W=1)"
+    elif predicted is not None:
+        costs, what = predicted, "predicted stage times in ns (F = 1/3, B = 2/3 of each)"
+    else:
+        costs, what = Costs.from_flops([s["flops"] for s in stages]), "forward FLOPs (B = 2 F)"
     timeline = simulate(program, topology, costs)
     report: dict[str, Any] = {
         "schedule": program.schedule,
         "stages": program.num_stages,
         "devices": len(program.devices),
         "microbatches": program.microbatches,
-        "costs": "uniform (F=1, B=2, I=W=1)" if uniform else "forward FLOPs (B = 2 F)",
+        "costs": what,
         **timeline.as_dict(),
         "closed_form_bubble": closed_form(program),
         "checkpointed_forwards": sum(1 for _, _, x in program.instructions() if x.op == "FC"),
@@ -53,28 +58,8 @@ def schedule_report(
         inputs = [s["activation_bytes"]["inputs"] for s in stages]
         report["peak_activation_bytes"] = list(peak_stored_bytes(program, saved, inputs))
     report["balance"] = manifest.get("balance", {})
-    report["stage_table"] = _stage_table(manifest, program)
+    report["stage_table"] = stage_rows(manifest, program)
     return report, timeline
-
-
-def _stage_table(manifest: dict[str, Any], program: Program) -> list[dict[str, Any]]:
-    """Per stage: ops, balanced cost, FLOPs, parameter, activation and traffic bytes."""
-    balance = manifest.get("balance", {})
-    edges = manifest.get("edges", [])
-    rows = []
-    for j, s in enumerate(manifest["stages"]):
-        rows.append({
-            "stage": j,
-            "device": program.stage_device[j],
-            "ops": (balance.get("stage_ops") or [None] * (j + 1))[j],
-            "cost": (balance.get("stage_costs") or [None] * (j + 1))[j],
-            "flops": s["flops"],
-            "param_bytes": s["param_bytes"],
-            "activation_bytes": s.get("activation_bytes", {}).get("saved"),
-            "sent_bytes": sum(e["bytes"] for e in edges if e["src"] == j),
-            "received_bytes": sum(e["bytes"] for e in edges if e["dst"] == j),
-        })  # fmt: skip
-    return rows
 
 
 def closed_form(program: Program) -> float | None:
@@ -88,33 +73,6 @@ def closed_form(program: Program) -> float | None:
     if program.schedule == "zb1p" and m >= p:  # the zero-bubble closed form needs m >= p
         return (p - 1) / (3 * m + p - 1)
     return None
-
-
-def _balance_lines(report: dict[str, Any]) -> list[str]:
-    balance = report.get("balance") or {}
-    rows = report.get("stage_table") or []
-    lines = ["", "stage device   ops      cost     FLOPs    params  act/mb    sent  received"]
-    for r in rows:
-        lines.append(
-            f"{r['stage']:>5} {r['device']:>6} {r['ops'] or '-':>5} {_num(r['cost']):>9} "
-            f"{_num(r['flops']):>9} {format_size(r['param_bytes']):>9} "
-            f"{format_size(r['activation_bytes'] or 0):>7} {format_size(r['sent_bytes']):>7} "
-            f"{format_size(r['received_bytes']):>9}"
-        )
-    if balance:
-        lines.append(
-            f"balance on {balance['cost']}: bottleneck {_num(balance['bottleneck'])}, lower bound "
-            f"{_num(balance['lower_bound'])} "
-            f"({balance['bottleneck'] / max(balance['lower_bound'], 1):.3f}x), "
-            f"optimum {_num(balance['bottleneck'])} (exact)"
-            + (
-                f"; without the {balance['requested_boundaries']} requested boundaries "
-                f"{_num(balance['unconstrained_optimum'])}"
-                if balance.get("requested_boundaries")
-                else ""
-            )
-        )
-    return lines
 
 
 def format_report(report: dict[str, Any], timeline: Timeline) -> str:
@@ -138,7 +96,7 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
         lines.append(
             f"{d:>6}   {report['busy'][d]:<10.6g}  {report['peak_inflight'][d]:>14}   {mem:>16}"
         )
-    lines += _balance_lines(report)
+    lines += ["", *balance_lines({"balance": report["balance"]}, report["stage_table"])]
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:
         lines += ["", timeline_text(timeline)]
     return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""Turn a graph's atoms, their costs, the schedule and the machine model into a partition
+Problem whose part times are in femtoseconds (or parameter bytes for ``--balance params``).
+
+Stage j on device d, spanning atoms [a, b):
+- compute: the atoms' forward + backward time (measured, or 3 x forward FLOPs / flops_rate)
+  divided by d's speed;
+- communication: the forward and backward bytes at both of its boundaries over bandwidth;
+- replicated r times: the sum over r, plus a ring all-reduce of its gradients per step;
+- memory: (2 + optimizer states + weight copies) x its parameter bytes, plus, at each of the
+  schedule's peaks on d, ``full`` x (its saved activations + its input bytes) + ``inputs_only``
+  x its input bytes (see ``stored_counts``); the input bytes are counted with the saved ones
+  because a storage saved on both sides of a boundary is attributed to the first side.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch.fx as fx
+from pipecompile.passes.cut_bytes import cut_bytes
+from pipecompile.passes.partition_search import Limit, Problem
+
+from pipecompile.cost_model import CostModel, scaled_speeds
+from pipecompile.errors import BalanceError
+from pipecompile.memory_model import peak_weight_copies, stored_counts
+from pipecompile.program import Program
+
+__all__ = ["AtomFacts", "build_problem", "atom_facts"]
+
+_PS = 1e12  # picoseconds per second
+_FS = 1e15  # femtoseconds per second: the time unit (a speed multiplier of 1000 times ps)
+
+
+class AtomFacts:
+    """Per atom: base cost (ps, or bytes for params), parameter and saved bytes; per
+    boundary: forward and backward bytes."""
+
+    def __init__(
+        self, cost: list[int], params: list[int], saved: list[int],
+        forward: np.ndarray, backward: np.ndarray,
+    ) -> None:  # fmt: skip
+        self.cost = cost
+        self.params = params
+        self.saved = saved
+        self.forward = forward
+        self.backward = backward
+
+
+def atom_facts(
+    graph: fx.Graph,
+    atoms: list[list[fx.Node]],
+    costs: Mapping[fx.Node, int],
+    params: Mapping[fx.Node, int],
+    saved: Mapping[fx.Node, int],
+    *,
+    kind: str,
+    model: CostModel,
+) -> AtomFacts:
+    """Gather the per-atom figures; ``costs`` are in the balance unit (ns, FLOPs, bytes)."""
+    scale = {"time": 1000.0, "flops": 3 * _PS / model.flops_rate, "params": 1.0}[kind]  # to ps
+    forward, backward = cut_bytes(graph, atoms)
+    return AtomFacts(
+        cost=[round(sum(costs[n] for n in atom) * scale) for atom in atoms],
+        params=[sum(params.get(n, 0) for n in atom) for atom in atoms],
+        saved=[sum(saved.get(n, 0) for n in atom) for atom in atoms],
+        forward=forward,
+        backward=backward,
+    )
+
+
+def build_problem(
+    facts: AtomFacts,
+    *,
+    kind: str,
+    model: CostModel,
+    program: Program,
+    forced: Sequence[int] = (),
+) -> tuple[Problem, int]:
+    """The Problem for ``program``'s stages (see the module docstring) and how many
+    femtoseconds one of its time units is (1 unless the figures are too large for int64;
+    for ``--balance params`` its unit is a byte)."""
+    stages = program.num_stages
+    timed = kind != "params"
+    speeds = scaled_speeds(model, program.stage_device) if timed else [1] * stages
+    base = np.array([0, *itertools.accumulate(facts.cost)], dtype=np.int64)  # ps (or bytes)
+    comm = (facts.forward + facts.backward).astype(np.float64)
+    grads = np.array([0, *itertools.accumulate(facts.params)], dtype=np.float64)
+    per_byte = _FS / model.bandwidth if timed else 0.0
+    unit = 1
+    largest = int(base[-1]) * max(speeds) + per_byte * (2 * comm.max() + 2 * grads[-1])
+    while largest / unit * program.microbatches * (model.workers or 1) * 4 > 2**62:
+        unit *= 10
+    param = None
+    if model.workers is not None:
+        param = np.rint(grads * (per_byte / unit)).astype(np.int64)
+    problem = Problem(
+        work=tuple(base * s // unit for s in speeds),
+        cut=np.rint(comm * (per_byte / unit)).astype(np.int64),
+        limits=_limits(facts, model, program) if model.memory_limit else (),
+        forced=tuple(forced),
+        workers=model.workers,
+        param=param,
+        microbatches=program.microbatches,
+    )
+    return problem, unit
+
+
+def _limits(facts: AtomFacts, model: CostModel, program: Program) -> tuple[tuple[Limit, ...], ...]:
+    if len(program.devices) != program.num_stages:
+        raise BalanceError(
+            "--memory-limit needs one stage per device; the interleaved schedule puts "
+            f"{program.num_stages // len(program.devices)} on each. Drop --memory-limit or "
+            "use another schedule"
+        )
+    params = np.array([0, *itertools.accumulate(facts.params)], dtype=np.int64)
+    saved = np.array([0, *itertools.accumulate(facts.saved)], dtype=np.int64)
+    inputs = facts.forward
+    out = []
+    for d in program.stage_device:
+        instrs = program.devices[d]
+        copies = 2 + model.optimizer_states + peak_weight_copies(instrs)
+        limit = model.limit(d)
+        assert limit is not None
+        out.append(tuple(
+            Limit(copies * params + full * saved, (full + only) * inputs, limit)
+            for full, only in sorted(stored_counts(instrs))
+        ))  # fmt: skip
+    return tuple(out)

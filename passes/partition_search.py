@@ -1,0 +1,234 @@
+"""Exact min-max partition under a stage-time model with communication, memory and replication.
+
+Items 0..n-1 are cut into ``parts`` contiguous, non-empty parts; part j spans [a, b). Its
+time, in integer units, is
+
+    time_j(a, b) = (work_j[b] - work_j[a] + cut[a] + cut[b]) / r_j
+                   + sync[r_j] * (param[b] - param[a]) / (r_j * microbatches)
+
+where ``work_j`` is a prefix sum of item costs already scaled by part j's device speed,
+``cut[k]`` the communication cost of a boundary before item k (charged to both parts
+beside it), ``r_j`` the part's replica count and ``sync[r]`` the per-unit cost of one
+all-reduce of the part's parameters among r replicas (spread over the step's micro-batches).
+Part j must also satisfy every memory constraint ``mem[b] - mem[a] + at_start[a] <= limit``
+given for it, and no part may contain a forced boundary strictly inside.
+
+``solve`` finds the least integer bound B with ``time_j <= B`` for every part (so B is the
+exact optimum rounded up to one unit) by binary search on B; a probe decides feasibility
+exactly with a sweep over parts: the positions reachable after j parts with w workers, and
+for each part a vectorised "interval maximum" (every start a reaches the ends b in
+(a, last_end(a)] whose threshold is at most a's key). Cost per probe:
+O(parts · Σr · n log n) array work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Limit", "Problem", "Solution", "solve", "part_times", "interval_max"]
+
+_NEG = np.iinfo(np.int64).min // 4
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A memory constraint on one part: ``mem[b] - mem[a] + at_start[a] <= limit``, with
+    ``mem`` a non-decreasing prefix array and ``at_start`` the bytes that depend on where the
+    part starts (e.g. its stored inputs); both of length n + 1."""
+
+    mem: np.ndarray
+    at_start: np.ndarray
+    limit: int
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A partition problem (see the module docstring); arrays have length n + 1."""
+
+    work: tuple[np.ndarray, ...]  # per part: prefix sums of scaled item costs
+    cut: np.ndarray  # per boundary: communication cost, charged to both neighbours
+    limits: tuple[tuple[Limit, ...], ...] = ()  # per part: its memory constraints
+    forced: tuple[int, ...] = ()  # boundaries a part must start at
+    workers: int | None = None  # replication: total ranks to spread over the parts
+    param: np.ndarray | None = None  # prefix sums of parameter sync costs (with workers)
+    microbatches: int = 1
+
+    @property
+    def parts(self) -> int:
+        return len(self.work)
+
+    @property
+    def items(self) -> int:
+        return len(self.cut) - 1
+
+
+@dataclass(frozen=True)
+class Solution:
+    starts: tuple[int, ...]
+    replicas: tuple[int, ...]
+    bottleneck: int
+    times: tuple[int, ...] = field(default=())
+
+
+def solve(problem: Problem) -> Solution | None:
+    """The split with the least bottleneck, or None when no split meets the memory limits."""
+    n, p = problem.items, problem.parts
+    if not 1 <= p <= n:
+        raise ValueError(f"cannot split {n} items into {p} non-empty parts")
+    if problem.workers is not None and problem.workers < p:
+        raise ValueError(f"{problem.workers} workers cannot hold {p} parts")
+    last_end = [_last_end(problem, j) for j in range(p)]
+    hi = _upper_bound(problem)
+    if _probe(problem, last_end, hi) is None:
+        return None
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _probe(problem, last_end, mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    reach = _probe(problem, last_end, lo)
+    assert reach is not None
+    starts, replicas = _walk_back(problem, last_end, lo, reach)
+    times = part_times(problem, starts, replicas)
+    return Solution(starts, replicas, max(times), times)
+
+
+def part_times(
+    problem: Problem, starts: Sequence[int], replicas: Sequence[int] | None = None
+) -> tuple[int, ...]:
+    """Each part's time (rounded up to a unit) for the split that starts parts at ``starts``."""
+    n, m = problem.items, problem.microbatches
+    ends = [*starts[1:], n]
+    rs = replicas or (1,) * len(starts)
+    out = []
+    for j, (a, b, r) in enumerate(zip(starts, ends, rs)):
+        total = m * int(problem.work[j][b] - problem.work[j][a] + problem.cut[a] + problem.cut[b])
+        total += _sync(problem, r, a, b)
+        out.append(-(-total // (r * m)))
+    return tuple(out)
+
+
+def _sync(problem: Problem, r: int, a: int, b: int) -> int:
+    if problem.param is None or r == 1:
+        return 0
+    return 2 * (r - 1) * int(problem.param[b] - problem.param[a])
+
+
+def _upper_bound(problem: Problem) -> int:
+    """A bound every split meets: everything on one part, at its slowest speed."""
+    total = max(int(w[-1]) for w in problem.work) + 2 * int(problem.cut.max(initial=0))
+    if problem.param is not None and problem.workers:
+        total += 2 * problem.workers * int(problem.param[-1])
+    return total
+
+
+def _last_end(problem: Problem, j: int) -> np.ndarray:
+    """Per start a, the last end b a part j starting at a may have (memory, forced cuts)."""
+    n = problem.items
+    starts = np.arange(n + 1)
+    end = np.full(n + 1, n, dtype=np.int64)
+    if problem.forced:
+        cuts = np.array(sorted(problem.forced), dtype=np.int64)
+        nxt = np.searchsorted(cuts, starts, side="right")
+        end = np.where(nxt < len(cuts), cuts[np.minimum(nxt, len(cuts) - 1)], n)
+    for limit in problem.limits[j] if problem.limits else ():
+        room = limit.limit + limit.mem - limit.at_start
+        end = np.minimum(end, np.searchsorted(limit.mem, room, side="right") - 1)
+    return end
+
+
+def _choices(problem: Problem, j: int, used: int) -> range:
+    if problem.workers is None:
+        return range(1, 2)
+    return range(1, problem.workers - used - (problem.parts - 1 - j) + 1)
+
+
+def _step(
+    problem: Problem, j: int, r: int, reach: np.ndarray, last_end: np.ndarray, bound: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Key of every usable start and the threshold of every end for part j with r replicas:
+    the part [a, b) fits under ``bound`` iff key[a] >= threshold[b] (and a < b <= last_end[a])."""
+    m, work, cut = problem.microbatches, problem.work[j], problem.cut
+    key = m * (work - cut)
+    threshold = m * (work + cut) - r * m * bound
+    if problem.param is not None and r > 1:
+        key = key + 2 * (r - 1) * problem.param
+        threshold = threshold + 2 * (r - 1) * problem.param
+    return np.where(reach, key, _NEG), threshold
+
+
+def _probe(problem: Problem, last_end: list[np.ndarray], bound: int) -> list | None:
+    """The reachable positions per (parts, workers used) if a split under ``bound`` exists."""
+    n, p = problem.items, problem.parts
+    start = np.zeros(n + 1, dtype=bool)
+    start[0] = True
+    layers: list[dict[int, np.ndarray]] = [{0: start}]
+    for j in range(p):
+        nxt: dict[int, np.ndarray] = {}
+        for used, reach in layers[-1].items():
+            for r in _choices(problem, j, used):
+                key, threshold = _step(problem, j, r, reach, last_end[j], bound)
+                got = _reachable(key, threshold, last_end[j])
+                if got.any():
+                    nxt[used + r] = nxt[used + r] | got if used + r in nxt else got
+        if not nxt:
+            return None
+        layers.append(nxt)
+    return layers if any(mask[n] for mask in layers[-1].values()) else None
+
+
+def _reachable(key: np.ndarray, threshold: np.ndarray, last_end: np.ndarray) -> np.ndarray:
+    usable = np.flatnonzero((key > _NEG) & (last_end > np.arange(len(key))))
+    if len(usable) == 0:
+        return np.zeros(len(key), dtype=bool)
+    best = interval_max(usable + 1, last_end[usable], key[usable], len(key))
+    return best >= threshold
+
+
+def interval_max(lo: np.ndarray, hi: np.ndarray, value: np.ndarray, size: int) -> np.ndarray:
+    """``out[b]`` = the largest ``value[i]`` with ``lo[i] <= b <= hi[i]`` (a very negative
+    number where none covers b). Each interval is written as two overlapping power-of-two
+    blocks of a sparse table, which is then pushed down level by level."""
+    length = hi - lo + 1
+    level = np.floor(np.log2(length)).astype(np.int64)
+    top = int(level.max())
+    table = np.full((top + 1, size), _NEG, dtype=np.int64)
+    np.maximum.at(table, (level, lo), value)
+    np.maximum.at(table, (level, hi - (1 << level) + 1), value)
+    for k in range(top, 0, -1):
+        half = 1 << (k - 1)
+        np.maximum(table[k - 1], table[k], out=table[k - 1])
+        np.maximum(table[k - 1][half:], table[k][: size - half], out=table[k - 1][half:])
+    return table[0]
+
+
+def _walk_back(
+    problem: Problem, last_end: list[np.ndarray], bound: int, layers: list
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Recover one split under ``bound`` from the reachable sets, last part first."""
+    n, p = problem.items, problem.parts
+    end = n
+    used = next(w for w, mask in sorted(layers[p].items()) if mask[end])
+    starts: list[int] = []
+    replicas: list[int] = []
+    for j in range(p - 1, -1, -1):
+        for before, reach in sorted(layers[j].items()):
+            r = used - before
+            if r not in _choices(problem, j, before):
+                continue
+            key, threshold = _step(problem, j, r, reach, last_end[j], bound)
+            ok = (key >= threshold[end]) & (np.arange(n + 1) < end) & (last_end[j] >= end)
+            hits = np.flatnonzero(ok)
+            if len(hits):
+                starts.append(int(hits[0]))
+                replicas.append(r)
+                end, used = int(hits[0]), before
+                break
+        else:
+            raise AssertionError("reachable sets do not lead back to the start")
+    return tuple(reversed(starts)), tuple(reversed(replicas))
