@@ -22,7 +22,7 @@ from pipecompile.passes.min_max_partition import (
     min_max_partition_with_cuts,
 )
 from pipecompile.passes.partition_problem import AtomFacts, build_problem
-from pipecompile.passes.partition_search import part_times, solve
+from pipecompile.passes.partition_search import Limit, part_times, solve
 
 from pipecompile.cost_model import CostModel, scaled_speeds
 from pipecompile.errors import BalanceError
@@ -84,7 +84,16 @@ def modelled_split(
         "unconstrained_optimum": round(free.bottleneck * scale, 3),
         "replicas": list(found.replicas),
         "model": asdict(model),
+        **({"stage_memory": _memory(problem.limits, starts, ends)} if problem.limits else {}),
     }
+
+
+def _memory(limits: tuple[tuple[Limit, ...], ...], starts: list[int], ends: list[int]) -> list[int]:
+    """Per stage, the memory the model predicts at its device's worst peak."""
+    return [
+        max(int(x.mem[b] - x.mem[a] + x.at_start[a]) for x in limits[j])
+        for j, (a, b) in enumerate(zip(starts, ends))
+    ]
 
 
 def _lower_bound(costs: list[int], mults: list[int], workers: int | None) -> int:
@@ -110,6 +119,7 @@ def _no_fit(facts: AtomFacts, model: CostModel, program: Program) -> str:
         f"has {format_size(params)} of parameters (each stage keeps "
         f"{2 + model.optimizer_states} copies: weights, gradients, optimizer state, plus any "
         "stashed versions) and the schedule keeps activations of several micro-batches; "
-        "raise the limit, use more stages, --checkpoint always, or fewer micro-batches in "
-        "flight (1f1b instead of gpipe)"
-    )
+        "raise the limit, use more stages or --checkpoint always"
+        + (", or 1f1b, which keeps fewer micro-batches in flight" if program.schedule == "gpipe"
+           else "")
+    )  # fmt: skip

@@ -101,9 +101,7 @@ def balance_stages(
         params = {n: _cost(n, out, "params") for n in ops}
         saved = node_memory(out) if model.memory_limit else {}
         facts = atom_facts(out.graph, atoms, costs, params, saved, kind=cost, model=model)
-        starts, report = modelled_split(
-            facts, kind=cost, model=model, program=program, cuts=cuts
-        )
+        starts, report = modelled_split(facts, kind=cost, model=model, program=program, cuts=cuts)
         report["stage_balanced"] = [sum(weights[a:b]) for a, b in _spans(starts, len(atoms))]
     for j, (first, end) in enumerate(_spans(starts, len(atoms))):
         for atom in atoms[first:end]:

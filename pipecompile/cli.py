@@ -79,17 +79,37 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--memory-budget", type=_size, metavar="SIZE",
                       help="activation bytes per device (e.g. 2GiB); the least "
                       "recomputation that fits is chosen")  # fmt: skip
-    comp.add_argument("--bandwidth", default="10GB/s", metavar="RATE",
-                      help="link speed between devices the balancer assumes (default 10GB/s)")
-    comp.add_argument("--flops-rate", type=float, default=1e12, metavar="FLOP/S",
-                      help="--balance flops: a device's sustained FLOP/s (default 1e12)")
-    comp.add_argument("--device-speed", metavar="S0,S1,...",
-                      help="relative speed per device, e.g. 1,1,0.5,0.5 (default all 1)")
-    comp.add_argument("--memory-limit", metavar="SIZE[,SIZE...]",
-                      help="bytes per device for parameters, gradients, optimizer state and "
-                      "activations (e.g. 16GiB); the split must fit")
-    comp.add_argument("--optimizer-states", type=int, default=2, metavar="K",
-                      help="parameter-sized tensors the optimizer keeps (AdamW 2, SGD 0)")
+    comp.add_argument(
+        "--bandwidth",
+        default="10GB/s",
+        metavar="RATE",
+        help="link speed between devices the balancer assumes (default 10GB/s)",
+    )
+    comp.add_argument(
+        "--flops-rate",
+        type=float,
+        default=1e12,
+        metavar="FLOP/S",
+        help="--balance flops: a device's sustained FLOP/s (default 1e12)",
+    )
+    comp.add_argument(
+        "--device-speed",
+        metavar="S0,S1,...",
+        help="relative speed per device, e.g. 1,1,0.5,0.5 (default all 1)",
+    )
+    comp.add_argument(
+        "--memory-limit",
+        metavar="SIZE[,SIZE...]",
+        help="bytes per device for parameters, gradients, optimizer state and "
+        "activations (e.g. 16GiB); the split must fit",
+    )
+    comp.add_argument(
+        "--optimizer-states",
+        type=int,
+        default=2,
+        metavar="K",
+        help="parameter-sized tensors the optimizer keeps (AdamW 2, SGD 0)",
+    )
     comp.add_argument("--workers", type=int, metavar="W",
                       help="ranks to run on: the balancer also chooses how many replicas "
                       "each stage gets (then run --nproc W)")  # fmt: skip

@@ -154,8 +154,13 @@ def compile_model(
     balanced = runner(
         "balance_stages",
         lambda: balance_stages(
-            annotated, stages=stages, cost=balance, split_at=split_at, pinned=pinned,
-            model=machine, program=policy,
+            annotated,
+            stages=stages,
+            cost=balance,
+            split_at=split_at,
+            pinned=pinned,
+            model=machine,
+            program=policy,
         ),  # fmt: skip
         None,
     )
@@ -198,8 +203,10 @@ def _check_machine(
             "--workers lets the balancer choose the replica counts; --replicate fixes them: "
             "give one of the two"
         )
-    if machine.workers is not None and machine.workers > compute.num_stages and (
-        compute.schedule.startswith(("interleaved", "pipedream"))
+    if (
+        machine.workers is not None
+        and machine.workers > compute.num_stages
+        and (compute.schedule.startswith(("interleaved", "pipedream")))
     ):
         raise PipecompileError(
             f"--workers {machine.workers}: the {compute.schedule} schedule cannot replicate "

@@ -170,13 +170,19 @@ def test_show_reports_the_balance(tmp_path, capsys):
     balance = manifest["balance"]
     assert balance["cost"] == "flops" and len(balance["stage_costs"]) == 4
     assert balance["bottleneck"] == max(balance["stage_costs"])
-    assert balance["stage_costs"] == [s["flops"] for s in manifest["stages"]]
+    assert balance["stage_balanced"] == [s["flops"] for s in manifest["stages"]]
+    # a stage's predicted time is its compute (3 x forward FLOPs at 1 TFLOP/s) plus traffic
+    for t, c, m, f in zip(balance["stage_costs"], balance["stage_compute"],
+                          balance["stage_comm"], balance["stage_balanced"]):  # fmt: skip
+        assert t == pytest.approx(c + m, abs=0.01) and c == pytest.approx(3 * f / 1000, abs=0.01)
     assert balance["lower_bound"] <= balance["unconstrained_optimum"] <= balance["bottleneck"]
     assert sum(balance["stage_ops"]) > 0
     capsys.readouterr()
     assert main(["show", out]) == 0
     text = capsys.readouterr().out
-    assert "balance on flops: bottleneck" in text and "without the 1 requested boundaries" in text
+    assert "balance on flops, links at 10.00GB/s: bottleneck" in text
+    assert "without the 1 requested boundaries" in text
     assert main(["show", out, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["stage_table"]
     assert [r["sent_bytes"] > 0 for r in rows] == [True, True, True, False]
+    assert all(r["memory_bytes"] > 4 * r["param_bytes"] for r in rows)

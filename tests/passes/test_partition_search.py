@@ -1,0 +1,125 @@
+"""The modelled partition solver against brute force, and its building blocks."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from pipecompile.passes.partition_search import (
+    Limit,
+    Problem,
+    interval_max,
+    part_times,
+    solve,
+)
+
+
+def _prefix(values):
+    return np.array([0, *itertools.accumulate(values)], dtype=np.int64)
+
+
+def _brute_force(problem: Problem) -> int | None:
+    """The least bottleneck over every split and replica assignment that fits."""
+    n, p = problem.items, problem.parts
+    best = None
+    for cuts in itertools.combinations(range(1, n), p - 1):
+        starts = (0, *cuts)
+        if any(f not in starts for f in problem.forced):
+            continue
+        ends = [*starts[1:], n]
+        fits = all(
+            limit.mem[b] - limit.mem[a] + limit.at_start[a] <= limit.limit
+            for j, (a, b) in enumerate(zip(starts, ends))
+            for limit in (problem.limits[j] if problem.limits else ())
+        )
+        if not fits:
+            continue
+        choices = [(1,) * p]
+        if problem.workers is not None:
+            choices = [
+                r for r in itertools.product(range(1, problem.workers + 1), repeat=p)
+                if sum(r) <= problem.workers
+            ]  # fmt: skip
+        for replicas in choices:
+            value = max(part_times(problem, starts, replicas))
+            best = value if best is None else min(best, value)
+    return best
+
+
+def _random_problem(rng: random.Random) -> Problem:
+    n = rng.randint(1, 9)
+    p = rng.randint(1, min(n, 4))
+    base = _prefix(rng.randint(0, 20) for _ in range(n))
+    work = tuple(base * rng.choice([1, 1, 2, 3]) for _ in range(p))
+    cut = np.array([0, *(rng.randint(0, 8) for _ in range(n - 1)), 0], dtype=np.int64)
+    limits: tuple = ()
+    if rng.random() < 0.5:
+        limits = tuple(
+            (Limit(_prefix(rng.randint(0, 5) for _ in range(n)),
+                   np.array([rng.randint(0, 4) for _ in range(n + 1)], dtype=np.int64),
+                   rng.randint(3, 20)),)
+            for _ in range(p)
+        )  # fmt: skip
+    forced: tuple[int, ...] = ()
+    if n > 1 and rng.random() < 0.3:
+        forced = tuple(sorted(rng.sample(range(1, n), min(n - 1, rng.randint(0, p - 1)))))
+    workers, param = None, None
+    if n <= 7 and rng.random() < 0.4:
+        workers = rng.randint(p, p + 3)
+        param = _prefix(rng.randint(0, 10) for _ in range(n))
+    return Problem(work, cut, limits, forced, workers, param, rng.randint(1, 4))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_solver_matches_brute_force(seed):
+    rng = random.Random(seed)
+    for _ in range(100):
+        problem = _random_problem(rng)
+        found = solve(problem)
+        best = _brute_force(problem)
+        assert (found.bottleneck if found else None) == best, problem
+        if found:
+            assert max(part_times(problem, found.starts, found.replicas)) == best
+            assert all(f in found.starts for f in problem.forced)
+
+
+def test_communication_moves_the_cut_to_the_thin_boundary():
+    # equal compute on both sides of boundary 2, but boundary 2 is expensive to cross
+    work = (_prefix([5, 5, 5, 5]),) * 2
+    cheap = solve(Problem(work, np.array([0, 0, 0, 0, 0], dtype=np.int64)))
+    costly = solve(Problem(work, np.array([0, 1, 50, 1, 0], dtype=np.int64)))
+    assert cheap.starts == (0, 2) and cheap.bottleneck == 10
+    assert costly.starts in ((0, 1), (0, 3)) and costly.bottleneck == 16
+
+
+def test_a_slow_device_gets_less_work():
+    base = _prefix([1] * 12)
+    found = solve(Problem((base * 1, base * 2), np.zeros(13, dtype=np.int64)))
+    assert found.starts == (0, 8) and found.bottleneck == 8
+
+
+def test_replication_goes_to_the_heavy_part():
+    base = _prefix([10, 10, 40])
+    found = solve(Problem((base,) * 2, np.zeros(4, dtype=np.int64), workers=3,
+                          param=_prefix([0, 0, 0])))  # fmt: skip
+    assert found.starts == (0, 2) and found.replicas == (1, 2) and found.bottleneck == 20
+
+
+def test_no_split_fits_the_memory():
+    base = _prefix([1, 1, 1])
+    tight = (Limit(_prefix([5, 5, 5]), np.zeros(4, dtype=np.int64), 4),) * 2
+    assert solve(Problem((base,) * 2, np.zeros(4, dtype=np.int64), (tight, tight))) is None
+
+
+def test_interval_max_against_a_loop():
+    rng = np.random.default_rng(0)
+    size = 50
+    lo = rng.integers(0, size, 200)
+    hi = np.minimum(size - 1, lo + rng.integers(0, 20, 200))
+    value = rng.integers(-100, 100, 200)
+    got = interval_max(lo, hi, value, size)
+    for b in range(size):
+        covering = [v for lo_, hi_, v in zip(lo, hi, value) if lo_ <= b <= hi_]
+        assert (got[b] == max(covering)) if covering else got[b] < -(10**15)
