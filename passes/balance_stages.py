@@ -12,9 +12,11 @@ tensor or a constant that can be written into code.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import torch.fx as fx
 from pipecompile.passes.balance_objective import modelled_split, plain_split
+from pipecompile.passes.branch_order import candidate_orders, reordered
 from pipecompile.passes.min_max_partition import min_max_partition
 from pipecompile.passes.node_memory import node_memory
 from pipecompile.passes.partition_problem import atom_facts
@@ -85,24 +87,27 @@ def balance_stages(
     for node in [n for n in out.graph.nodes if is_split_point(n)]:
         out.graph.erase_node(node)
     out.recompile()
-    if stages > len(atoms):
-        raise BalanceError(
-            f"cannot cut {type(module).__name__} into {stages} stages: it has {len(ops)} ops but "
-            f"only {len(atoms)} places where a stage may start (values that are neither tensors "
-            f"nor constants cannot cross a stage boundary); use --stages {len(atoms)} or fewer"
-        )
-    costs = pinned_costs(ops, {n: _cost(n, out, cost) for n in ops}, pinned or {})
-    weights = [sum(costs[n] for n in atom) for atom in atoms]
+    if stages > len(atoms) and (model is None or cuts):
+        _too_few_places(module, stages, len(ops), len(atoms))
     if model is None:
+        costs = pinned_costs(ops, {n: _cost(n, out, cost) for n in ops}, pinned or {})
+        weights = [sum(costs[n] for n in atom) for atom in atoms]
         starts, report = plain_split(weights, stages, cuts)
     else:
         assert program is not None and program.num_stages == stages
         model.validate(len(program.devices), stages)
-        params = {n: _cost(n, out, "params") for n in ops}
-        saved = node_memory(out) if model.memory_limit else {}
-        facts = atom_facts(out.graph, atoms, costs, params, saved, kind=cost, model=model)
-        starts, report = modelled_split(facts, kind=cost, model=model, program=program, cuts=cuts)
-        report["stage_balanced"] = [sum(weights[a:b]) for a, b in _spans(starts, len(atoms))]
+        manual = bool(cuts) or len(ops) != len(compute_nodes(module.graph))
+        orders = candidate_orders(out.graph)[: 1 if manual else None]
+        tried = []
+        for name, order in orders:
+            candidate = out if name == "graph" else reordered(out, order)
+            tried.append(_modelled(candidate, name, stages, cost, cuts, pinned, model, program))
+            if tried[-1] is None:
+                tried.pop()
+        if not tried:
+            _too_few_places(module, stages, len(ops), len(atoms))
+        out, atoms, starts, report = min(tried, key=lambda t: t[3]["bottleneck"])
+        report["orders"] = {t[3]["order"]: t[3]["bottleneck"] for t in tried}
     for j, (first, end) in enumerate(_spans(starts, len(atoms))):
         for atom in atoms[first:end]:
             for node in atom:
@@ -114,6 +119,35 @@ def balance_stages(
         "requested_boundaries": len(cuts),
     }
     return out
+
+
+def _modelled(
+    module: fx.GraphModule, order: str, stages: int, cost: str, cuts: list[int],
+    pinned: Mapping[str, int] | None, model: CostModel, program: Program,
+) -> tuple[fx.GraphModule, list[list[fx.Node]], list[int], dict[str, Any]] | None:  # fmt: skip
+    """The exact modelled split of ``module`` in its own op order; None if that order has
+    fewer places to cut than stages."""
+    ops = compute_nodes(module.graph)
+    atoms = _atoms(ops)
+    if stages > len(atoms):
+        return None
+    costs = pinned_costs(ops, {n: _cost(n, module, cost) for n in ops}, pinned or {})
+    params = {n: _cost(n, module, "params") for n in ops}
+    saved = node_memory(module) if model.memory_limit else {}
+    facts = atom_facts(module.graph, atoms, costs, params, saved, kind=cost, model=model)
+    starts, report = modelled_split(facts, kind=cost, model=model, program=program, cuts=cuts)
+    weights = [sum(costs[n] for n in atom) for atom in atoms]
+    report["stage_balanced"] = [sum(weights[a:b]) for a, b in _spans(starts, len(atoms))]
+    report["order"] = order
+    return module, atoms, starts, report
+
+
+def _too_few_places(module: fx.GraphModule, stages: int, ops: int, places: int) -> NoReturn:
+    raise BalanceError(
+        f"cannot cut {type(module).__name__} into {stages} stages: it has {ops} ops but "
+        f"only {places} places where a stage may start (values that are neither tensors "
+        f"nor constants cannot cross a stage boundary); use --stages {places} or fewer"
+    )
 
 
 def _spans(starts: list[int], count: int) -> list[tuple[int, int]]:

@@ -14,7 +14,7 @@ from pipecompile.model_file import ModelSpec, load_model_file
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-EXAMPLE_NAMES = ["mlp", "resnet", "gpt", "hf_gpt2", "hf_bert", "hf_llama"]
+EXAMPLE_NAMES = ["mlp", "resnet", "gpt", "hf_gpt2", "hf_bert", "hf_llama", "two_towers"]
 STAGE_COUNTS = [1, 2, 3, 4]
 
 
