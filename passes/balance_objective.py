@@ -83,7 +83,7 @@ def modelled_split(
         "lower_bound": round(lower * scale, 3),
         "unconstrained_optimum": round(free.bottleneck * scale, 3),
         "replicas": list(found.replicas),
-        "model": asdict(model),
+        "model": {k: None if v == float("inf") else v for k, v in asdict(model).items()},
         **({"stage_memory": _memory(problem.limits, starts, ends)} if problem.limits else {}),
     }
 

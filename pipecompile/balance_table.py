@@ -91,8 +91,10 @@ def _verdict(balance: dict[str, Any]) -> str:
         show = format_size
     model = balance.get("model") or {}
     what = f"balance on {balance['cost']}"
-    if unit == "ns":
-        what += f", links at {format_count(model.get('bandwidth'), 'B/s')}"
+    if unit == "ns" and model.get("bandwidth"):
+        what += f", links at {format_count(model['bandwidth'], 'B/s')}"
+    elif unit == "ns":
+        what += ", communication ignored"
     line = (
         f"{what}: bottleneck {show(balance['bottleneck'])}, lower bound "
         f"{show(balance['lower_bound'])} "

@@ -274,6 +274,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ignore[no-untyped-def]
+    from pipecompile.runtime.load import read_manifest
     from pipecompile.show import schedule_report
     from pipecompile.sizes import format_size
 
@@ -288,6 +289,17 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
             f"{d:>6}   {dev.peak_inflight:>14} / {predicted['peak_inflight'][d]:<9}"
             f"                 {format_size(dev.peak_stored):>10} / "
             f"{format_size(want[d]) if want else '-'}"
+        )
+    balance = read_manifest(directory).get("balance") or {}
+    predicted_ns = balance.get("stage_compute") if balance.get("unit") == "ns" else None
+    m = pipe.program.microbatches
+    rows.append("stage   compute per micro-batch, forward + backward (measured / predicted)")
+    for j in sorted(stats.compute_ns):
+        want_ns = predicted_ns[j] if predicted_ns else None
+        ratio = f"  ({stats.compute_ns[j] / m / want_ns:.2f}x)" if want_ns else ""
+        rows.append(
+            f"{j:>5}   {stats.compute_ns[j] / m / 1e3:>10.1f} us / "
+            f"{'-' if want_ns is None else f'{want_ns / 1e3:.1f} us'}{ratio}"
         )
     return "\n".join(rows)
 

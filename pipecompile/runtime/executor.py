@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,11 +77,11 @@ class StepExecutor:
 
     def handlers(self) -> dict[str, Handler]:
         return {
-            "F": self.forward,
-            "FC": self.forward,
-            "B": self.backward,
-            "I": self.backward,
-            "W": self.backward_weights,
+            "F": self._timed(self.forward),
+            "FC": self._timed(self.forward),
+            "B": self._timed(self.backward),
+            "I": self._timed(self.backward),
+            "W": self._timed(self.backward_weights),
             "SEND_F": self.send_activations,
             "RECV_F": self.recv_activations,
             "SEND_B": self.send_gradients,
@@ -91,6 +92,20 @@ class StepExecutor:
             "STASH": self.stash,
             "UPDATE": self.update,
         }
+
+    def _timed(self, handler: Handler) -> Handler:
+        """``handler``, adding the wall time of each instruction it completes to its stage's
+        compute time in ``stats``."""
+
+        def run(instr: Instr) -> bool:
+            start = time.perf_counter_ns()
+            done = handler(instr)
+            if done:
+                forward = instr.op in ("F", "FC")
+                self.stats.add_compute(instr.stage, forward, time.perf_counter_ns() - start)
+            return done
+
+        return run
 
     # -- forward -------------------------------------------------------------------------
 

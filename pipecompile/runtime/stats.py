@@ -1,4 +1,5 @@
-"""What a run measured on each device: micro-batches held and activation bytes stored."""
+"""What a run measured on each device: micro-batches held, activation bytes stored, and the
+time each stage spent computing."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ class DeviceStats:
 @dataclass
 class RunStats:
     devices: list[DeviceStats] = field(default_factory=list)
+    forward_ns: dict[int, int] = field(default_factory=dict)  # per stage: F and FC wall time
+    backward_ns: dict[int, int] = field(default_factory=dict)  # per stage: B, I and W
+
+    def add_compute(self, stage: int, forward: bool, ns: int) -> None:
+        into = self.forward_ns if forward else self.backward_ns
+        into[stage] = into.get(stage, 0) + ns
+
+    @property
+    def compute_ns(self) -> dict[int, int]:
+        """Per stage, forward plus backward wall time."""
+        stages = sorted({*self.forward_ns, *self.backward_ns})
+        return {j: self.forward_ns.get(j, 0) + self.backward_ns.get(j, 0) for j in stages}
 
     @classmethod
     def for_devices(cls, count: int) -> RunStats:

@@ -171,6 +171,7 @@ def _run(
     pipe.set_optimizer(lambda ps: optimizer(ps, lr=args.lr))
     start = resume(pipe, Path(args.resume), rank) if args.resume else 0
     for step in range(start, args.steps):
+        began = time.perf_counter()
         pipe.train_step(inputs, targets, spec.loss_fn)
         value = (
             torch.stack([v.detach() for v in pipe.last_losses.values()]).sum().reshape(1)
@@ -180,8 +181,11 @@ def _run(
         dist.all_reduce(value)  # the last stage's replicas hold the losses between them
         if pipe.asynchronous:
             value /= program.microbatches
+        ms = (time.perf_counter() - began) * 1000  # the all-reduce waited for every rank
         if rank == 0 and not args.quiet:
-            print(f"step {step + 1}/{args.steps}  loss {value.item():.6f}", flush=True)
+            print(
+                f"step {step + 1}/{args.steps}  loss {value.item():.6f}  ({ms:.1f} ms)", flush=True
+            )
         done = step + 1
         if args.save and save_due(done, args.steps, args.save_every):
             save(pipe, Path(args.save), done, rank)
