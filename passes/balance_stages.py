@@ -98,12 +98,12 @@ def balance_stages(
         model.validate(len(program.devices), stages)
         manual = bool(cuts) or len(ops) != len(compute_nodes(module.graph))
         orders = candidate_orders(out.graph)[: 1 if manual else None]
-        tried = []
-        for name, order in orders:
-            candidate = out if name == "graph" else reordered(out, order)
-            tried.append(_modelled(candidate, name, stages, cost, cuts, pinned, model, program))
-            if tried[-1] is None:
-                tried.pop()
+        solved = (
+            _modelled(out if name == "graph" else reordered(out, order), name, stages, cost,
+                      cuts, pinned, model, program)
+            for name, order in orders
+        )  # fmt: skip
+        tried = [t for t in solved if t is not None]
         if not tried:
             _too_few_places(module, stages, len(ops), len(atoms))
         out, atoms, starts, report = min(tried, key=lambda t: t[3]["bottleneck"])

@@ -26,7 +26,7 @@ def node_memory(module: fx.GraphModule) -> dict[fx.Node, int]:
     owner: dict[int, fx.Node] = {}
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         wrapper = _Wrapper(module)
-        state = {
+        state: dict[str, torch.Tensor] = {
             name: mode.from_tensor(t)
             for name, t in [*wrapper.named_parameters(), *wrapper.named_buffers()]
         }
