@@ -8,7 +8,7 @@ two warm-ups. Reported:
 
 1. ``--balance time``: each stage's predicted forward + backward time per micro-batch (the
    sum of its ops' profiled times) against the time the runtime measured for that stage's
-   F and B instructions (median over the steps).
+   F and B instructions (the fastest of the steps, as the profile keeps each op's fastest).
 2. For each cost source: the pipelined step time those measured stage times give on one
    device per stage (the schedule simulated with the measured forward and backward times),
    and the slowest stage.
@@ -54,7 +54,7 @@ def compile_to(name: str, cost: str, stages: int, micro: int, directory: Path) -
 
 
 def measure(directory: Path, steps: int) -> tuple[list[float], list[float], list[float]]:
-    """Median forward and backward ns per micro-batch per stage, and predicted compute ns."""
+    """Fastest forward and backward ns per micro-batch per stage, and predicted compute ns."""
     from pipecompile.model_file import recorded_model
     from pipecompile.runtime.load import read_manifest
     from pipecompile.runtime.pipeline import Pipeline
@@ -75,8 +75,8 @@ def measure(directory: Path, steps: int) -> tuple[list[float], list[float], list
             backward.append([stats.backward_ns[j] / m for j in sorted(stats.backward_ns)])
     balance = manifest["balance"]
     return (
-        [statistics.median(col) for col in zip(*forward)],
-        [statistics.median(col) for col in zip(*backward)],
+        [min(col) for col in zip(*forward)],  # noise only adds time: the fastest step
+        [min(col) for col in zip(*backward)],
         [float(x) for x in balance["stage_compute"]],
     )
 
@@ -120,10 +120,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--examples", default=",".join(EXAMPLES))
     parser.add_argument("--nproc", action="store_true", help="also time 2 stages on 2 ranks")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)  # one thread: far steadier timings on a small machine
     print(f"machine: {machine()}")
     print(f"command: python tools/bench_balance_quality.py {' '.join(sys.argv[1:])}\n")
     names = args.examples.split(",")
