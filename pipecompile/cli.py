@@ -296,7 +296,12 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
     rows.append("stage   compute per micro-batch, forward + backward (measured / predicted)")
     for j in sorted(stats.compute_ns):
         want_ns = predicted_ns[j] if predicted_ns else None
-        ratio = f"  ({stats.compute_ns[j] / m / want_ns:.2f}x)" if want_ns else ""
+        ratio = ""
+        if want_ns and balance.get("cost") == "time":
+            ratio = f"  ({stats.compute_ns[j] / m / want_ns:.2f}x)"
+        elif want_ns:
+            rate = balance["model"]["flops_rate"]
+            ratio = f"  (FLOPs at {rate:g}/s; compile with --balance time to compare)"
         rows.append(
             f"{j:>5}   {stats.compute_ns[j] / m / 1e3:>10.1f} us / "
             f"{'-' if want_ns is None else f'{want_ns / 1e3:.1f} us'}{ratio}"

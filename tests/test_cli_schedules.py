@@ -97,12 +97,19 @@ def test_show_json_uniform_matches_closed_form(tmp_path, capsys):
 def test_run_stats_prints_measured_next_to_predicted(tmp_path, capsys):
     out = compile_mlp(tmp_path / "o", "--schedule", "1f1b", "--checkpoint", "except_last")
     assert main(["run", out, "--stats", "-q"]) == 0
-    rows = capsys.readouterr().out.splitlines()[1:]
+    lines = capsys.readouterr().out.splitlines()
+    split = next(k for k, ln in enumerate(lines) if ln.startswith("stage"))
+    rows, times = lines[1:split], lines[split + 1 :]
     assert [r.split()[1] for r in rows] == ["4", "3", "2", "1"]
     for row in rows:
         cells = row.split()
         assert cells[1] == cells[3]  # in-flight measured == predicted
         assert cells[4:6] == cells[7:9]  # bytes measured == predicted
+    # per stage: measured compute time per micro-batch next to the balancer's prediction
+    assert [t.split()[0] for t in times] == ["0", "1", "2", "3"]
+    for t in times:
+        cells = t.split()
+        assert float(cells[1]) > 0 and cells[2] == "us" and cells[5] == "us"
 
 
 @pytest.mark.parametrize(
