@@ -57,12 +57,14 @@ class StepExecutor:
         *,
         loss_scale: float | None = None,
         measure_memory: bool = False,
+        keep_grads: bool = False,
     ) -> None:
         self.layout, self.modules, self.backend = layout, modules, backend
         self.microbatches, self.targets, self.loss_fn = microbatches, targets, loss_fn
         self.optimizers, self.on_step = optimizers, on_step
         self.loss_scale = 1.0 / len(microbatches) if loss_scale is None else loss_scale
         self.measure_memory = measure_memory
+        self.keep_grads = keep_grads  # STEP leaves the summed gradients for the caller
         self.training = loss_fn is not None
         self.versions = WeightVersions(modules)
         self.stats = RunStats.for_devices(max(layout.stage_device) + 1)
@@ -296,12 +298,15 @@ class StepExecutor:
     def step(self, instr: Instr) -> bool:
         """Optimizer step, then zero the gradients (zeroed even without an optimizer, so the
         next step never accumulates onto this one's). A stage holding tied parameters first
-        waits for their sums (see ALLREDUCE_TIED)."""
+        waits for their sums (see ALLREDUCE_TIED). With ``keep_grads`` it only takes the tied
+        sums and leaves every gradient in place."""
         j = instr.stage
         if not self._take_tied_sums(j):
             return False
         if self.on_step is not None:
             self.on_step(j)
+        if self.keep_grads:
+            return True
         optimizer = self.optimizers[j] if self.optimizers is not None else None
         if optimizer is not None:
             optimizer.step()

@@ -103,6 +103,8 @@ class Pipeline:
         on_step: Callable[[int], None] | None = None,
         *,
         measure_memory: bool = False,
+        loss_scale: float | None = None,
+        keep_grads: bool = False,
     ) -> tuple[torch.Tensor, list[Any]]:
         """Run the program on one mini-batch; returns (mean loss over micro-batches, outputs
         per micro-batch). ``on_step(j)`` is called before each optimizer step of stage j.
@@ -111,15 +113,18 @@ class Pipeline:
         the step's gradient is the mini-batch mean's; asynchronous ones (UPDATE per
         micro-batch) apply each micro-batch's own gradient. ``measure_memory`` records the
         activation bytes held per device in ``last_stats`` (``peak_inflight`` always is).
+        ``loss_scale`` overrides the per-micro-batch loss scale; ``keep_grads`` leaves the
+        gradients on the stages' parameters instead of stepping and zeroing them.
         """
         count = self.program.microbatches
         micro = split_microbatches(self._ordered(inputs), count)
         micro_targets = split_targets(targets, count)
-        scale = 1.0 if self.asynchronous else 1.0 / count
+        scale = loss_scale if loss_scale is not None else 1.0 if self.asynchronous else 1 / count
         backend = self.backend()
         executor = StepExecutor(
             self.layout, self.modules, backend, micro, micro_targets, loss_fn,  # type: ignore[arg-type]
             self.optimizers, on_step, loss_scale=scale, measure_memory=measure_memory,
+            keep_grads=keep_grads,
         )  # fmt: skip
         run_program(self._own_program(self.program), self._handlers(executor))
         if hasattr(backend, "finish"):

@@ -1,0 +1,228 @@
+"""The Python API: ``pipecompile.compile(model, example_inputs, stages=...)`` and
+``pipecompile.load(directory)`` return a ``CompiledPipeline``.
+
+Example:
+    >>> import pipecompile, torch                                    # doctest: +SKIP
+    >>> pipe = pipecompile.compile(model, (x,), stages=4, microbatches=8)
+    >>> y = pipe(x)                                                  # inference
+    >>> loss = pipe.train_step((x,), (target,), loss_fn,
+    ...                        lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    >>> pipe.save("out/model"); again = pipecompile.load("out/model")
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_model
+from torch import nn
+
+from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.program import Program
+from pipecompile.runtime.load import read_manifest
+from pipecompile.runtime.pipeline import Pipeline
+
+__all__ = ["compile", "load", "CompiledPipeline", "bind_inputs"]
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def compile(  # noqa: A001 - the API's name, as torch.compile
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    stages: int,
+    schedule: str = "gpipe",
+    microbatches: int = 1,
+    checkpoint: str = "never",
+    balance: str = "flops",
+    directory: str | Path | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> CompiledPipeline:
+    """Compile ``model`` into ``stages`` pipeline stages and load them for running.
+
+    Args:
+        model: the model; it is not modified.
+        example_inputs: a mini-batch: a tensor, a tuple of positional tensors, or a dict of
+            forward()'s keyword tensors; its batch splits into ``microbatches``.
+        stages, schedule, microbatches, checkpoint, balance: as the command line's options.
+        directory: where to write the stage modules (default: a temporary directory that
+            lives as long as the returned object; ``save`` copies it elsewhere).
+        progress: print one line per compiler pass to stderr.
+        **options: the other options of ``pipecompile.compiler.compile_model`` (split_at,
+            pinned, virtual_stages, vertical_sync, memory_budget, replicas, machine).
+
+    Raises:
+        PipecompileError: a subclass naming what is wrong with the model or the options.
+    """
+    from pipecompile.codegen.emit import ModelRef, emit
+    from pipecompile.compiler import compile_model
+
+    inputs = bind_inputs(model, example_inputs)
+    compiled = compile_model(
+        model, inputs, stages=stages, microbatches=microbatches, schedule=schedule,
+        checkpoint=checkpoint, balance=balance, progress=progress, **options,
+    )  # fmt: skip
+    temporary = directory is None
+    out = Path(tempfile.mkdtemp(prefix="pipecompile-")) / "out" if temporary else Path(directory)
+    emit(compiled, out, model=ModelRef(None, type(model).__name__, type(model).__name__))
+    pipe = CompiledPipeline(out, model_type=type(model))
+    if temporary:
+        weakref.finalize(pipe, shutil.rmtree, out.parent, True)
+    return pipe
+
+
+def load(directory: str | Path) -> CompiledPipeline:
+    """Load a directory written by ``pipecompile`` or ``CompiledPipeline.save``."""
+    return CompiledPipeline(Path(directory))
+
+
+class CompiledPipeline:
+    """A compiled model's stages and schedule program, run on the local backend.
+
+    Callable like the model (inference through the pipeline); ``train_step`` runs the
+    schedule for one mini-batch; ``state_dict`` uses the original model's names.
+    """
+
+    def __init__(self, directory: Path, model_type: type | None = None) -> None:
+        self.directory = Path(directory)
+        self.manifest = read_manifest(self.directory)
+        self.pipeline = Pipeline.load(self.directory)
+        self._signature = inspect.signature(model_type.forward) if model_type else None
+        self._factory: OptimizerFactory | None = None
+
+    @property
+    def program(self) -> Program:
+        """The schedule program: per device, its instructions."""
+        return self.pipeline.program
+
+    @property
+    def stages(self) -> list[nn.Module]:
+        """The stage modules, in order (each a standalone nn.Module)."""
+        return [m for m in self.pipeline.modules if m is not None]
+
+    @property
+    def inputs(self) -> list[str]:
+        """The model's input names, in forward() order."""
+        return list(self.manifest["inputs"])
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Inference through the pipeline on one mini-batch (split into micro-batches)."""
+        return self.pipeline(self._named(args, kwargs))
+
+    def train_step(
+        self,
+        inputs: Any,
+        targets: Sequence[torch.Tensor] | torch.Tensor,
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer: OptimizerFactory,
+    ) -> torch.Tensor:
+        """Run the schedule on one mini-batch and step the optimizer; returns the mean loss.
+
+        Args:
+            inputs: as ``example_inputs`` of ``compile`` (tensor, tuple or dict).
+            targets: the targets ``loss_fn(output, *targets)`` takes (split like inputs).
+            loss_fn: returns the batch mean of the loss for one micro-batch.
+            optimizer: a factory over parameters, e.g. ``lambda ps: torch.optim.AdamW(ps)``;
+                it builds one optimizer per stage the first time (and again if it changes).
+        """
+        if optimizer is not self._factory:
+            self.pipeline.set_optimizer(optimizer)
+            self._factory = optimizer
+        named = inputs if isinstance(inputs, dict) else self._named(_as_tuple(inputs), {})
+        loss, _ = self.pipeline.train_step(named, _as_tuple(targets), loss_fn)
+        return loss
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer under the original model's names."""
+        return self.pipeline.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy values given under the original model's names into the stages."""
+        for module, names in zip(self.pipeline.modules, self.pipeline.layout.params):
+            if module is None:
+                continue
+            own = module.state_dict(keep_vars=True)
+            with torch.no_grad():
+                for name, originals in names.items():
+                    source = next((state[o] for o in originals if o in state), None)
+                    if source is not None:
+                        own[name].copy_(source)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the stages (with their current weights), program and manifest to
+        ``directory``; ``pipecompile.load`` reads it back. A directory that pipecompile did
+        not write is never replaced."""
+        out = Path(directory)
+        if out.exists() and not (out / "manifest.json").is_file():
+            raise EmitError(f"{out} exists and was not written by pipecompile; choose another")
+        tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        shutil.copytree(self.directory, tmp)
+        try:
+            for module, entry in zip(self.pipeline.modules, self.manifest["stages"]):
+                if module is not None:
+                    save_model(module, str(tmp / entry["weights"]))
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+    def pictures(self, directory: str | Path | None = None, fmt: str = "svg") -> list[Path]:
+        """Draw the stage graph and the schedule (see ``pipecompile viz``); returns the
+        files written (the ``.dot`` sources when graphviz's ``dot`` is missing)."""
+        try:
+            from pipecompile.viz import render_pictures  # type: ignore[attr-defined]
+        except ImportError as err:  # pragma: no cover - the viz package ships with pipecompile
+            raise PipecompileError(f"pictures are unavailable: {err}") from err
+        return list(render_pictures(self.directory, Path(directory or self.directory), fmt))
+
+    def _named(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        names = self.inputs
+        if self._signature is not None:
+            bound = self._signature.bind_partial(None, *args, **kwargs).arguments
+            return {k: v for k, v in bound.items() if k in names}
+        if len(args) > len(names):
+            raise PipecompileError(
+                f"got {len(args)} positional inputs; the pipeline takes {', '.join(names)}"
+            )
+        return {**dict(zip(names, args)), **kwargs}
+
+
+def bind_inputs(model: nn.Module, example_inputs: Any) -> dict[str, torch.Tensor]:
+    """``example_inputs`` (tensor, tuple or dict) as forward()'s named tensors."""
+    signature = inspect.signature(model.forward)
+    try:
+        if isinstance(example_inputs, dict):
+            bound = signature.bind_partial(**example_inputs)
+        else:
+            bound = signature.bind_partial(*_as_tuple(example_inputs))
+    except TypeError as err:
+        raise PipecompileError(
+            f"example inputs do not fit {type(model).__name__}.forward{signature}: {err}"
+        ) from None
+    named = dict(bound.arguments)
+    for name, value in named.items():
+        if not isinstance(value, torch.Tensor):
+            raise PipecompileError(
+                f"example input {name!r} is a {type(value).__name__}, not a tensor; pass only "
+                "tensors (fix options such as use_cache when building the model)"
+            )
+    return named
+
+
+def _as_tuple(value: Any) -> tuple:
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    return tuple(value)

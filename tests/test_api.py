@@ -1,0 +1,145 @@
+"""The Python API and the decorator: compile, run, train, save, load, and a plain loop."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import pipecompile
+from pipecompile.errors import PipecompileError
+from tests.conftest import EXAMPLES, example_spec
+
+
+def _example_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+# BatchNorm normalises each micro-batch by its own statistics, so resnet runs whole batches
+@pytest.mark.parametrize("name, microbatches", [("mlp", 2), ("gpt", 2), ("resnet", 1)])
+def test_compile_runs_and_trains_like_eager(name, microbatches):
+    spec = example_spec(name)
+    eager = copy.deepcopy(spec.model)
+    pipe = pipecompile.compile(spec.model, spec.inputs, stages=3, microbatches=microbatches)
+    assert len(pipe.stages) == 3 and pipe.program.num_stages == 3
+    with torch.no_grad():
+        eager.eval()
+        for stage in pipe.stages:
+            stage.eval()
+        torch.testing.assert_close(pipe(**spec.inputs), eager(**spec.inputs), atol=1e-5, rtol=0)
+    eager.train()
+    for stage in pipe.stages:
+        stage.train()
+    loss = pipe.train_step(spec.inputs, spec.targets, spec.loss_fn,
+                           lambda ps: torch.optim.SGD(ps, lr=0.1))  # fmt: skip
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
+    expected = spec.loss_fn(eager(**spec.inputs), *spec.targets)
+    expected.backward()
+    optimizer.step()
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
+    assert _max_diff(pipe.state_dict(), eager.state_dict()) < 1e-5
+
+
+def test_save_and_load_keep_the_weights(tmp_path):
+    spec = example_spec("gpt")
+    pipe = pipecompile.compile(spec.model, spec.inputs, stages=2, microbatches=2)
+    pipe.train_step(spec.inputs, spec.targets, spec.loss_fn,
+                    lambda ps: torch.optim.AdamW(ps, lr=1e-2))  # fmt: skip
+    saved = pipe.save(tmp_path / "saved")
+    again = pipecompile.load(saved)
+    assert _max_diff(again.state_dict(), pipe.state_dict()) == 0
+    assert again.state_dict().keys() == spec.model.state_dict().keys()
+    with torch.no_grad():
+        torch.testing.assert_close(again(**spec.inputs), pipe(**spec.inputs), atol=0, rtol=0)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(PipecompileError, match="was not written by pipecompile"):
+        pipe.save(tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_inputs_that_do_not_fit_forward_are_named():
+    model = _example_module("mlp").MLP()
+    with pytest.raises(PipecompileError, match="do not fit MLP.forward"):
+        pipecompile.compile(model, (torch.randn(8, 32), torch.randn(8, 32)), stages=2)
+    with pytest.raises(PipecompileError, match="'x' is a str"):
+        pipecompile.compile(model, {"x": "text"}, stages=2)
+
+
+def _loop(model: nn.Module, batches, loss_fn, steps: int) -> list[float]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for step in range(steps):
+        inputs, targets = batches[step % len(batches)]
+        optimizer.zero_grad()
+        loss = loss_fn(model(*inputs), *targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name, cls, factory, microbatches", [
+    ("mlp", "MLP", lambda m: m.MLP(), 2),
+    ("resnet", "ResNet", lambda m: m.ResNet(), 1),
+    ("gpt", "GPT", lambda m: m.GPT(m.GPTConfig()), 2),
+])  # fmt: skip
+def test_decorated_module_trains_like_the_module_in_a_plain_loop(name, cls, factory, microbatches):
+    module = _example_module(name)
+    spec = example_spec(name)
+    decorated = pipecompile.pipeline(stages=3, microbatches=microbatches)(getattr(module, cls))
+    torch.manual_seed(0)
+    eager = factory(module)
+    setattr(module, cls, decorated)
+    try:
+        piped = factory(module)
+    finally:
+        setattr(module, cls, getattr(module, cls).__mro__[1])
+    piped.load_state_dict(eager.state_dict())
+    assert isinstance(piped, nn.Module) and piped.pipeline is None
+    batches = [(tuple(spec.inputs.values()), spec.targets)]
+    ours = _loop(piped, batches, spec.loss_fn, 3)
+    theirs = _loop(eager, batches, spec.loss_fn, 3)
+    assert piped.pipeline is not None and len(piped.pipeline.stages) == 3
+    assert ours == pytest.approx(theirs, abs=1e-5)
+    assert _max_diff(piped.state_dict(), eager.state_dict()) < 1e-5  # BatchNorm stats too
+
+
+def test_decorated_gradients_equal_eager_and_eval_mode_works():
+    module = _example_module("mlp")
+    Piped = pipecompile.pipeline(stages=2, microbatches=4)(module.MLP)  # noqa: N806
+    torch.manual_seed(0)
+    piped, eager = Piped(), module.MLP()
+    eager.load_state_dict(piped.state_dict())
+    x, y = torch.randn(8, 32), torch.randn(8, 10)
+    for model in (piped, eager):
+        nn.functional.mse_loss(model(x), y).backward()
+    grads = {n: p.grad for n, p in piped.named_parameters()}
+    assert _max_diff(grads, {n: p.grad for n, p in eager.named_parameters()}) < 1e-6
+    piped.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(piped(x), eager.eval()(x), atol=1e-6, rtol=0)
+    assert type(piped).__name__ == "MLP" and isinstance(piped, module.MLP)
+
+
+def test_decorator_errors():
+    with pytest.raises(TypeError, match="decorates an nn.Module class"):
+        pipecompile.pipeline(stages=2)(object)
+    module = _example_module("mlp")
+    Piped = pipecompile.pipeline(stages=2, microbatches=2, schedule="pipedream")(module.MLP)  # noqa: N806
+    model = Piped()
+    with pytest.raises(PipecompileError, match="pipedream schedule updates weights"):
+        model(torch.randn(8, 32))
