@@ -73,7 +73,11 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         checkpoint=checkpoint, balance=balance, progress=progress, **options,
     )  # fmt: skip
     temporary = directory is None
-    out = Path(tempfile.mkdtemp(prefix="pipecompile-")) / "out" if temporary else Path(directory)
+    out = (
+        Path(tempfile.mkdtemp(prefix="pipecompile-")) / "out"
+        if directory is None
+        else Path(directory)
+    )
     emit(compiled, out, model=ModelRef(None, type(model).__name__, type(model).__name__))
     pipe = CompiledPipeline(out, model_type=type(model))
     if temporary:
@@ -93,7 +97,7 @@ class CompiledPipeline:
     schedule for one mini-batch; ``state_dict`` uses the original model's names.
     """
 
-    def __init__(self, directory: Path, model_type: type | None = None) -> None:
+    def __init__(self, directory: Path, model_type: type[nn.Module] | None = None) -> None:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.pipeline = Pipeline.load(self.directory)

@@ -20,6 +20,7 @@ from pipecompile.codegen.lower import lower_stage
 from pipecompile.codegen.stage_source import class_name, stage_source
 from pipecompile.compiler import Compiled
 from pipecompile.errors import EmitError
+from pipecompile.viz.layers import layer_groups
 
 __all__ = ["ModelRef", "emit", "FORMAT", "MANIFEST"]
 
@@ -113,6 +114,7 @@ def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, 
                 "param_bytes": s.param_bytes,
                 "device": program.stage_device[s.index],
                 **_activation_bytes(compiled, s.index),
+                "layers": [[path, ops] for path, ops in layer_groups(s.module.graph)],
             }
             for s in graph.stages
         ],
