@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.api import CompiledPipeline, compile
+from pipecompile.frontend import TRACING
 
 __all__ = ["pipeline"]
 
@@ -49,7 +50,7 @@ def pipeline(*, stages: int, **options: Any) -> Callable[[M], M]:
 
 def _pipelined_class(cls: type[nn.Module], stages: int, options: dict[str, Any]) -> type:
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if self.__dict__.get("_pipecompile_tracing"):
+        if TRACING.get():
             return cls.forward(self, *args, **kwargs)
         pipe = self.__dict__.get("_pipecompile_pipe")
         if pipe is None:
@@ -77,12 +78,7 @@ def _pipelined_class(cls: type[nn.Module], stages: int, options: dict[str, Any])
 def _compile(
     model: nn.Module, args: tuple, kwargs: dict[str, Any], stages: int, options: dict[str, Any]
 ) -> CompiledPipeline:
-    model.__dict__["_pipecompile_tracing"] = True
-    try:
-        example = _named(model, args, kwargs)
-        pipe = compile(model, example, stages=stages, **options)
-    finally:
-        model.__dict__.pop("_pipecompile_tracing", None)
+    pipe = compile(model, _named(model, args, kwargs), stages=stages, **options)
     model.__dict__["_pipecompile_pipe"] = pipe
     return pipe
 

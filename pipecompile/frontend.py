@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextvars
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +41,9 @@ class _LeafTracer(fx.Tracer):
         return is_rebuildable_leaf(m)
 
 
+TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("pipecompile_tracing", default=False)
+
+
 def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
     """Trace ``model`` called as ``model(**inputs)``; raise TraceError with both tracers' reasons.
 
@@ -46,6 +52,22 @@ def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
         >>> traced.tracer, traced.input_names
         ('torch.fx', ('input',))
     """
+    with tracing():
+        return _trace(model, inputs)
+
+
+@contextmanager
+def tracing() -> Iterator[None]:
+    """Within the block, a ``@pipecompile.pipeline`` module runs its own forward() (so it
+    can be traced) instead of its compiled pipeline."""
+    token = TRACING.set(True)
+    try:
+        yield
+    finally:
+        TRACING.reset(token)
+
+
+def _trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
     try:
         return _trace_fx(model, inputs)
     except Exception as fx_err:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from pipecompile.frontend import tracing
 from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.microbatch import join_microbatches, split_microbatches, split_targets
 from pipecompile.runtime.pipeline import Pipeline
@@ -116,7 +117,8 @@ def _eager(
     micro_targets = split_targets(targets, parts)
     total, outputs = torch.zeros(()), []
     for batch, target in zip(micro, micro_targets):
-        out = model(**batch)
+        with tracing():  # a @pipecompile.pipeline model runs its own forward here
+            out = model(**batch)
         loss = loss_fn(out, *target) / parts
         loss.backward()
         total = total + loss.detach()

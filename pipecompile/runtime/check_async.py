@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from pipecompile.frontend import tracing
 from pipecompile.program import Program
 from pipecompile.runtime.check import CheckReport, compare
 from pipecompile.runtime.executor import LossFn
@@ -93,7 +94,8 @@ def _reference(
     micro = zip(split_microbatches(inputs, m), split_targets(targets, m))
     for i, (batch, target) in enumerate(micro):
         used = {n: history[n][versions[(owner[n], i)]].clone().requires_grad_() for n in names}
-        out = torch.func.functional_call(model, {**buffers, **used}, (), batch)
+        with tracing():  # a @pipecompile.pipeline model runs its own forward here
+            out = torch.func.functional_call(model, {**buffers, **used}, (), batch)
         loss = loss_fn(out, *target)
         grads = torch.autograd.grad(loss, [used[n] for n in names], allow_unused=True)
         for n, g in zip(names, grads):
