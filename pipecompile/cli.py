@@ -22,7 +22,7 @@ from pipecompile.sizes import parse_size
 
 __all__ = ["main"]
 
-COMMANDS = ("compile", "run", "show", "export")
+COMMANDS = ("compile", "run", "show", "export", "viz")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +155,13 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
     export.add_argument("--checkpoint", help="take the weights of this checkpoint's newest step")
     export.set_defaults(handler=_export)
+
+    viz = commands.add_parser("viz", help="draw the stage and schedule pictures with Graphviz")
+    viz.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
+    viz.add_argument("--format", default="svg", choices=("svg", "png", "pdf"))
+    viz.add_argument("-o", "--output", help="where to write the pictures (default: DIRECTORY)")
+    viz.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    viz.set_defaults(handler=_viz)
     return parser
 
 
@@ -206,8 +213,41 @@ def _compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"))
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
+    _compile_pictures(args, out)
     if not args.quiet:
         print(summary(compiled, str(out)))
+    return 0
+
+
+def _compile_pictures(args: argparse.Namespace, out: Path) -> None:
+    """Draw the pictures into the emitted directory; a failure only prints a warning."""
+    start = time.perf_counter()
+    try:
+        from pipecompile.viz.pictures import write_pictures
+        from pipecompile.viz.render import INSTALL_HINT
+
+        pictures = write_pictures(out)
+    except Exception as err:  # pictures are a bonus: never fail a compile over them
+        if os.environ.get("PIPECOMPILE_DEBUG"):
+            traceback.print_exc()
+        print(f"pipecompile: warning: pictures not drawn: {err}", file=sys.stderr)
+        return
+    _say(args, f"  {'pictures':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
+    if not pictures.drawn:
+        _say(args, f"wrote stages.dot and schedule.dot only. {INSTALL_HINT}, then run "
+                   f"`pipecompile viz {out}`")  # fmt: skip
+
+
+def _viz(args: argparse.Namespace) -> int:
+    from pipecompile.viz.pictures import write_pictures
+    from pipecompile.viz.render import INSTALL_HINT
+
+    pictures = write_pictures(Path(args.directory), fmt=args.format,
+                              out=Path(args.output) if args.output else None)  # fmt: skip
+    if not pictures.drawn:
+        written = " and ".join(str(p) for p in pictures.sources)
+        raise PipecompileError(f"wrote {written} but cannot draw them. {INSTALL_HINT}")
+    _say(args, "wrote " + ", ".join(str(p) for p in pictures.drawn))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,10 @@ def test_compile_is_deterministic_and_complete(tmp_path, capsys):
     assert main([*args, "-o", str(tmp_path / "a")]) == 0
     assert main([*args, "-o", str(tmp_path / "b")]) == 0
     first, second = _files(tmp_path / "a"), _files(tmp_path / "b")
+    pictures = ["stages.dot", "schedule.dot"]  # and drawn where Graphviz is installed
+    pictures += ["stages.svg", "schedule.svg"] if shutil.which("dot") else []
     assert sorted(first) == sorted(
-        ["manifest.json", "program.txt"]
+        ["manifest.json", "program.txt", *pictures]
         + [f"stage_{j}.{e}" for j in range(3) for e in ("py", "safetensors")]
     )
     assert first == second
