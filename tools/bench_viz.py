@@ -1,0 +1,130 @@
+"""Benchmark drawing the pictures of a compiled pipeline (``pipecompile viz``).
+
+A randomly initialised Hugging Face GPT-2 with 24 layers (n_embd 256, 8 heads, the example's
+vocabulary of 128 and input_ids (8, 16)) is compiled into 4 stages, 8 micro-batches, 1F1B,
+and emitted once (not timed). Then, ``--repeats`` times, ``write_pictures`` draws
+``stages.svg`` and ``schedule.svg`` into a fresh directory; the median is reported with its
+parts: building each DOT source (the schedule's includes simulating the program) and each
+Graphviz run (``dot`` for the stages, ``neato -n2`` for the schedule).
+
+Rerun with::
+
+    python tools/bench_viz.py                            # 3 repeats
+    python tools/bench_viz.py --copy-to docs/pictures     # also refresh the committed pictures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+
+LAYERS, WIDTH, HEADS, STAGES, MICROBATCHES, SCHEDULE = 24, 256, 8, 4, 8, "1f1b"
+
+
+def compile_gpt2(out: Path) -> Path:
+    """Compile and emit the 24-layer GPT-2 into ``out``."""
+    from hf_gpt2 import build_gpt2, example_inputs
+
+    from pipecompile.codegen.emit import ModelRef, emit
+    from pipecompile.compiler import compile_model
+
+    model = build_gpt2(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, n_positions=128)
+    compiled = compile_model(model, example_inputs(), stages=STAGES, microbatches=MICROBATCHES,
+                             schedule=SCHEDULE)  # fmt: skip
+    label = f"hf_gpt2.py:build_gpt2(n_layer={LAYERS})"
+    return emit(compiled, out, model=ModelRef(None, label, label))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def schedule_source(manifest: dict, program: object) -> object:
+    from pipecompile.viz.schedule_picture import schedule_dot, simulated_timeline
+
+    timeline, unit = simulated_timeline(manifest, program)  # type: ignore[arg-type]
+    return schedule_dot(timeline, program, unit=unit)  # type: ignore[arg-type]
+
+
+def measure(directory: Path, scratch: Path, repeats: int) -> dict[str, float]:
+    """Median seconds of the whole and of each part over ``repeats`` runs."""
+    from pipecompile.runtime.load import read_manifest, read_program
+    from pipecompile.viz.pictures import write_pictures
+    from pipecompile.viz.render import render
+    from pipecompile.viz.stage_picture import stage_dot
+
+    manifest = read_manifest(directory)
+    program = read_program(directory / manifest["program"])
+    runs: dict[str, list[float]] = {}
+
+    def add(name: str, seconds: float) -> None:
+        runs.setdefault(name, []).append(seconds)
+
+    for k in range(repeats):
+        add("write_pictures (both, svg)", timed(lambda: write_pictures(directory, out=scratch)))
+        add("  stage DOT source", timed(lambda: stage_dot(manifest, program)))
+        add("  simulate + schedule DOT source", timed(lambda: schedule_source(manifest, program)))
+        stages, schedule = stage_dot(manifest, program), schedule_source(manifest, program)
+        add("  dot -Tsvg stages", timed(partial(render, stages, scratch / f"s{k}.svg")))
+        add("  neato -n2 -Tsvg schedule",
+            timed(partial(render, schedule, scratch / f"t{k}.svg", engine="neato")))  # fmt: skip
+    return {name: statistics.median(values) for name, values in runs.items()}
+
+
+def machine() -> str:
+    version = subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
+    return (f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()},"
+            f" {version}")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--copy-to", type=Path, help="also copy the two SVGs here")
+    parser.add_argument("--json", type=Path, help="write the medians as JSON")
+    args = parser.parse_args()
+    if shutil.which("dot") is None:
+        print("Graphviz's `dot` is not installed (apt-get install graphviz)", file=sys.stderr)
+        return 2
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = compile_gpt2(Path(tmp) / "gpt2_24")
+        medians = measure(directory, Path(tmp) / "scratch", args.repeats)
+        manifest = json.loads((directory / "manifest.json").read_text())
+        nodes = sum(len(s["layers"]) for s in manifest["stages"])
+        print(f"model: GPT-2 {LAYERS} layers, n_embd {WIDTH}, {STAGES} stages, {MICROBATCHES} "
+              f"micro-batches, {SCHEDULE}; {nodes} layer nodes")  # fmt: skip
+        print(f"| step | median of {args.repeats} (ms) |\n|---|---:|")
+        for name, seconds in medians.items():
+            print(f"| {name} | {seconds * 1000:.1f} |")
+        if args.copy_to:
+            args.copy_to.mkdir(parents=True, exist_ok=True)
+            for name in ("stages", "schedule"):
+                shutil.copy(Path(tmp) / "scratch" / f"{name}.svg",
+                            args.copy_to / f"gpt2_24_{name}.svg")  # fmt: skip
+            print(f"copied the pictures to {args.copy_to}")
+    if args.json:
+        args.json.write_text(json.dumps(medians, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
