@@ -22,7 +22,7 @@ from pipecompile.sizes import parse_size
 
 __all__ = ["main"]
 
-COMMANDS = ("compile", "run", "show", "export", "viz")
+COMMANDS = ("compile", "run", "show", "export", "viz", "onnx")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
                       "each stage gets (then run --nproc W)")  # fmt: skip
     comp.add_argument("--print-after", action="append", default=[], metavar="PASS",
                       help=f"print the IR after a pass ({', '.join(PASSES)})")  # fmt: skip
+    comp.add_argument("--onnx", action="store_true",
+                      help="also export every stage to stage_<j>.onnx")  # fmt: skip
     comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     comp.set_defaults(handler=_compile)
 
@@ -156,6 +158,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", help="take the weights of this checkpoint's newest step")
     export.set_defaults(handler=_export)
 
+    onnx = commands.add_parser("onnx", help="export every stage of a directory to ONNX")
+    onnx.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
+    onnx.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    onnx.set_defaults(handler=_onnx)
+
     viz = commands.add_parser("viz", help="draw the stage and schedule pictures with Graphviz")
     viz.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
     viz.add_argument("--format", default="svg", choices=("svg", "png", "pdf"))
@@ -173,6 +180,18 @@ def _export(args: argparse.Namespace) -> int:
     )
     print(f"wrote {count} tensors to {args.output}")
     return 0
+
+
+def _onnx(args: argparse.Namespace) -> int:
+    _write_onnx(args, Path(args.directory))
+    return 0
+
+
+def _write_onnx(args: argparse.Namespace, directory: Path) -> None:
+    from pipecompile.onnx_export import export_onnx
+
+    paths = export_onnx(directory, progress=lambda line: _say(args, line))
+    _say(args, f"wrote {', '.join(p.name for p in paths)} to {directory}")
 
 
 def _size(text: str) -> int:
@@ -214,6 +233,8 @@ def _compile(args: argparse.Namespace) -> int:
     emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"))
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
     _compile_pictures(args, out)
+    if args.onnx:
+        _write_onnx(args, out)
     if not args.quiet:
         print(summary(compiled, str(out)))
     return 0

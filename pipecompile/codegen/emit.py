@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_model
 
 from pipecompile import __version__
@@ -20,6 +21,7 @@ from pipecompile.codegen.lower import lower_stage
 from pipecompile.codegen.stage_source import class_name, stage_source
 from pipecompile.compiler import Compiled
 from pipecompile.errors import EmitError
+from pipecompile.stage_graph import StageGraph
 from pipecompile.viz.layers import layer_groups
 
 __all__ = ["ModelRef", "emit", "FORMAT", "MANIFEST"]
@@ -92,6 +94,7 @@ def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, 
         "pipecompile_version": __version__,
         "model": {"file": model_file, "name": model.name, "tracer": graph.tracer},
         "inputs": list(graph.model_inputs),
+        "input_values": _input_values(graph),
         "outputs": list(graph.model_outputs),
         "output_spec": graph.output_spec,
         "batch_dim": 0,
@@ -130,6 +133,18 @@ def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, 
             for e in graph.edges
         ],  # fmt: skip
     }
+
+
+def _input_values(graph: StageGraph) -> list[dict[str, object]]:
+    """Shape and dtype of each tensor model input per micro-batch (stage 0's placeholders)."""
+    placeholders = [n for n in graph.stages[0].module.graph.nodes if n.op == "placeholder"]
+    values: list[dict[str, object]] = []
+    for name, node in zip(graph.model_inputs, placeholders):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            dtype = str(val.dtype).removeprefix("torch.")
+            values.append({"value": name, "shape": list(val.shape), "dtype": dtype})
+    return values
 
 
 def _activation_bytes(compiled: Compiled, j: int) -> dict[str, object]:
