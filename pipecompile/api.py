@@ -184,13 +184,23 @@ class CompiledPipeline:
         return out
 
     def pictures(self, directory: str | Path | None = None, fmt: str = "svg") -> list[Path]:
-        """Draw the stage graph and the schedule (see ``pipecompile viz``); returns the
-        files written (the ``.dot`` sources when graphviz's ``dot`` is missing)."""
-        try:
-            from pipecompile.viz import render_pictures  # type: ignore[attr-defined]
-        except ImportError as err:  # pragma: no cover - the viz package ships with pipecompile
-            raise PipecompileError(f"pictures are unavailable: {err}") from err
-        return list(render_pictures(self.directory, Path(directory or self.directory), fmt))
+        """Draw the stage graph and the schedule (as ``pipecompile viz``) into ``directory``
+        (default: the pipeline's own); returns the drawings, or the ``.dot`` sources when
+        Graphviz's ``dot`` is not installed."""
+        from pipecompile.viz.pictures import write_pictures
+
+        out = Path(directory) if directory is not None else None
+        written = write_pictures(self.directory, out=out, fmt=fmt)
+        return list(written.drawn or written.sources)
+
+    def onnx(self) -> list[Path]:
+        """Export every stage to ``stage_<j>.onnx`` in the pipeline's directory (as
+        ``--onnx``); ``pipecompile.onnx_chain.run_onnx_chain`` runs them in onnxruntime."""
+        from pipecompile.onnx_export import export_onnx
+
+        paths = export_onnx(self.directory)
+        self.manifest = read_manifest(self.directory)
+        return paths
 
     def _named(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
         names = self.inputs

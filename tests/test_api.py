@@ -143,3 +143,21 @@ def test_decorator_errors():
     model = Piped()
     with pytest.raises(PipecompileError, match="pipedream schedule updates weights"):
         model(torch.randn(8, 32))
+
+
+def test_the_pipeline_draws_its_pictures_and_exports_onnx(tmp_path):
+    spec = example_spec("mlp")
+    pipe = pipecompile.compile(spec.model, spec.inputs, stages=2, microbatches=2)
+    written = pipe.pictures(tmp_path / "pictures")
+    assert {p.stem for p in written} == {"stages", "schedule"}
+    assert all(p.is_file() and p.stat().st_size > 0 for p in written)
+    pytest.importorskip("onnxruntime")
+    from pipecompile.onnx_chain import run_onnx_chain
+
+    files = pipe.onnx()
+    assert [p.name for p in files] == ["stage_0.onnx", "stage_1.onnx"]
+    micro = {k: v[: v.shape[0] // 2] for k, v in spec.inputs.items()}
+    outputs = run_onnx_chain(pipe.directory, micro)
+    with torch.no_grad():
+        expected = spec.model.eval()(**micro)
+    assert abs(torch.as_tensor(outputs[0]) - expected).max().item() < 1e-5
