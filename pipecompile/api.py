@@ -29,6 +29,7 @@ from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.program import Program
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.values import non_tensor_input
 
 __all__ = ["compile", "load", "CompiledPipeline", "bind_inputs"]
 
@@ -227,12 +228,9 @@ def bind_inputs(model: nn.Module, example_inputs: Any) -> dict[str, torch.Tensor
             f"example inputs do not fit {type(model).__name__}.forward{signature}: {err}"
         ) from None
     named = dict(bound.arguments)
-    for name, value in named.items():
-        if not isinstance(value, torch.Tensor):
-            raise PipecompileError(
-                f"example input {name!r} is a {type(value).__name__}, not a tensor; pass only "
-                "tensors (fix options such as use_cache when building the model)"
-            )
+    problem = non_tensor_input(named)
+    if problem:
+        raise PipecompileError(problem)
     return named
 
 

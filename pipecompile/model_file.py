@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from pipecompile.errors import ModelFileError
+from pipecompile.values import non_tensor_input
 
 __all__ = ["ModelSpec", "load_model_file", "split_ref", "import_file"]
 
@@ -163,12 +164,9 @@ def _named_inputs(model: nn.Module, raw: Any, path: Path) -> dict[str, torch.Ten
             f"{path}: example_inputs() returned a {type(raw).__name__}; "
             "expected a tuple of tensors or a dict of keyword tensors"
         )
-    for key, value in named.items():
-        if not isinstance(value, torch.Tensor):
-            raise ModelFileError(
-                f"{path}: example input {key!r} is a {type(value).__name__}, not a tensor; "
-                "pass only tensors and fix options such as use_cache in build_model()"
-            )
+    problem = non_tensor_input(named)
+    if problem:
+        raise ModelFileError(f"{path}: {problem}")
     return named
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["is_literal", "is_transferable", "literal"]
+__all__ = ["is_literal", "is_transferable", "literal", "non_tensor_input"]
 
 _SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.memory_format)
 
@@ -30,3 +30,14 @@ def literal(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(literal(v) for v in value)
     return value
+
+
+def non_tensor_input(named: dict[str, Any]) -> str | None:
+    """What is wrong with the first example input that is not a tensor, or None."""
+    for name, value in named.items():
+        if not isinstance(value, torch.Tensor):
+            return (
+                f"example input {name!r} is a {type(value).__name__}, not a tensor; pass only "
+                "tensors (fix options such as use_cache when building the model)"
+            )
+    return None
