@@ -22,7 +22,8 @@ def summary(compiled: Compiled, out: str) -> str:
     rows = balance_lines(manifest, stage_rows(manifest, compiled.program))
     rows.append(
         f"tracer {graph.tracer}; schedule {compiled.program.schedule}, "
-        f"{compiled.program.microbatches} micro-batches of {compiled.microbatch_size}"
+        f"{compiled.program.microbatches} micro-batch"
+        f"{'es' if compiled.program.microbatches != 1 else ''} of {compiled.microbatch_size}"
     )
     rows.append(_schedule_line(compiled, predicted_costs(manifest)))
     rows.append(f"wrote {out}")
