@@ -141,6 +141,11 @@ class CompiledPipeline:
                 it builds one optimizer per stage the first time (and again if it changes).
         """
         if optimizer is not self._factory:
+            if not callable(optimizer) or isinstance(optimizer, torch.optim.Optimizer):
+                raise PipecompileError(
+                    f"optimizer must be a factory over parameters, e.g. lambda ps: "
+                    f"torch.optim.AdamW(ps, lr=1e-3); got {optimizer!r}"
+                )
             self.pipeline.set_optimizer(optimizer)
             self._factory = optimizer
         named = inputs if isinstance(inputs, dict) else self._named(_as_tuple(inputs), {})

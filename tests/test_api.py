@@ -71,6 +71,15 @@ def test_save_and_load_keep_the_weights(tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+def test_an_optimizer_that_is_not_a_factory_is_named():
+    spec = example_spec("mlp")
+    pipe = pipecompile.compile(spec.model, spec.inputs, stages=2)
+    instance = torch.optim.SGD(spec.model.parameters(), lr=0.1)
+    for wrong in ("adam", instance):
+        with pytest.raises(PipecompileError, match="optimizer must be a factory"):
+            pipe.train_step(spec.inputs, spec.targets, spec.loss_fn, wrong)
+
+
 def test_inputs_that_do_not_fit_forward_are_named():
     model = _example_module("mlp").MLP()
     with pytest.raises(PipecompileError, match="do not fit MLP.forward"):
