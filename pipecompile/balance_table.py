@@ -15,7 +15,7 @@ from pipecompile.program import Program
 from pipecompile.simulate import Costs
 from pipecompile.sizes import format_count, format_size
 
-__all__ = ["stage_rows", "balance_lines", "predicted_costs"]
+__all__ = ["stage_rows", "balance_lines", "stage_costs"]
 
 
 def stage_rows(manifest: dict[str, Any], program: Program) -> list[dict[str, Any]]:
@@ -53,14 +53,15 @@ def stage_rows(manifest: dict[str, Any], program: Program) -> list[dict[str, Any
     return rows
 
 
-def predicted_costs(manifest: dict[str, Any]) -> Costs | None:
-    """Per-stage forward and backward times (ns) from the balancer's predicted stage times,
-    split one third forward, two thirds backward; None without them."""
+def stage_costs(manifest: dict[str, Any]) -> tuple[Costs, str]:
+    """The costs to simulate the program with, and their unit: the balancer's predicted
+    stage times split one third forward, two thirds backward (``"ns"``), or, for manifests
+    without them, the stages' forward FLOPs with a backward of twice that (``"flops"``)."""
     balance = manifest.get("balance") or {}
     if balance.get("unit") != "ns":
-        return None
+        return Costs.from_flops([s["flops"] for s in manifest["stages"]]), "flops"
     times = [float(t) for t in balance["stage_costs"]]
-    return Costs(tuple(t / 3 for t in times), tuple(2 * t / 3 for t in times))
+    return Costs(tuple(t / 3 for t in times), tuple(2 * t / 3 for t in times)), "ns"
 
 
 def balance_lines(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipecompile.balance_table import balance_lines, predicted_costs, stage_rows
+from pipecompile.balance_table import balance_lines, stage_costs, stage_rows
 from pipecompile.compiler import topology_from_manifest
 from pipecompile.memory_model import peak_stored_bytes
 from pipecompile.program import Program
@@ -18,6 +18,10 @@ from pipecompile.verify_program import verify_program
 __all__ = ["schedule_report", "format_report", "closed_form"]
 
 _MAX_DRAWN_CLOCKS = 160
+_COSTS_IN = {
+    "ns": "predicted stage times in ns (F = 1/3, B = 2/3 of each)",
+    "flops": "forward FLOPs (B = 2 F)",
+}
 
 
 def schedule_report(
@@ -35,13 +39,11 @@ def schedule_report(
     topology = topology_from_manifest(manifest)
     verify_program(program, topology)
     stages = manifest["stages"]
-    predicted = None if uniform else predicted_costs(manifest)
     if uniform:
         costs, what = Costs.uniform(len(stages)), "uniform (F=1, B=2, I=W=1)"
-    elif predicted is not None:
-        costs, what = predicted, "predicted stage times in ns (F = 1/3, B = 2/3 of each)"
     else:
-        costs, what = Costs.from_flops([s["flops"] for s in stages]), "forward FLOPs (B = 2 F)"
+        costs, unit = stage_costs(manifest)
+        what = _COSTS_IN[unit]
     timeline = simulate(program, topology, costs)
     report: dict[str, Any] = {
         "schedule": program.schedule,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipecompile.balance_table import balance_lines, predicted_costs, stage_rows
+from pipecompile.balance_table import balance_lines, stage_costs, stage_rows
 from pipecompile.compiler import Compiled, topology
 from pipecompile.memory_model import peak_stored_bytes
 from pipecompile.runtime.load import read_manifest
@@ -25,17 +25,16 @@ def summary(compiled: Compiled, out: str) -> str:
         f"{compiled.program.microbatches} micro-batch"
         f"{'es' if compiled.program.microbatches != 1 else ''} of {compiled.microbatch_size}"
     )
-    rows.append(_schedule_line(compiled, predicted_costs(manifest)))
+    rows.append(_schedule_line(compiled, *stage_costs(manifest)))
     rows.append(f"wrote {out}")
     return "\n".join(rows)
 
 
-def _schedule_line(compiled: Compiled, predicted: Costs | None) -> str:
+def _schedule_line(compiled: Compiled, costs: Costs, unit: str) -> str:
     program = compiled.program
-    costs = predicted or Costs.from_flops([s.flops for s in compiled.graph.stages])
     timeline = simulate(program, topology(compiled.graph), costs)
     line = f"predicted: bubble {timeline.bubble_fraction:.3f}"
-    if predicted is not None:
+    if unit == "ns":
         line += f", step {timeline.makespan / 1e3:.1f} us"
     line += f", peak in-flight micro-batches per device {list(timeline.peak_inflight)}"
     if compiled.memory:

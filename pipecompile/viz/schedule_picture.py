@@ -19,10 +19,10 @@ from typing import Any
 
 import graphviz  # type: ignore[import-untyped]
 
-from pipecompile.balance_table import predicted_costs
+from pipecompile.balance_table import stage_costs
 from pipecompile.compiler import topology_from_manifest
 from pipecompile.program import Program
-from pipecompile.simulate import Costs, Span, Timeline, simulate
+from pipecompile.simulate import Span, Timeline, simulate
 from pipecompile.sizes import format_count
 
 __all__ = ["simulated_timeline", "schedule_dot", "OP_COLORS", "IDLE_COLOR"]
@@ -42,10 +42,7 @@ def simulated_timeline(manifest: dict[str, Any], program: Program) -> tuple[Time
     Raises:
         ProgramError: the program deadlocks.
     """
-    costs = predicted_costs(manifest)
-    unit = "ns"
-    if costs is None:
-        costs, unit = Costs.from_flops([s["flops"] for s in manifest["stages"]]), "flops"
+    costs, unit = stage_costs(manifest)
     return simulate(program, topology_from_manifest(manifest), costs), unit
 
 
