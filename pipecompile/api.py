@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import save_model
 from torch import nn
 
+from pipecompile.codegen.emit import MANIFEST, ModelRef, emit, swap_into_place
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.program import Program
 from pipecompile.runtime.load import read_manifest
@@ -65,7 +66,6 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
     """
-    from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.compiler import compile_model
 
     inputs = bind_inputs(model, example_inputs)
@@ -173,7 +173,7 @@ class CompiledPipeline:
         ``directory``; ``pipecompile.load`` reads it back. A directory that pipecompile did
         not write is never replaced."""
         out = Path(directory)
-        if out.exists() and not (out / "manifest.json").is_file():
+        if out.exists() and not (out / MANIFEST).is_file():
             raise EmitError(f"{out} exists and was not written by pipecompile; choose another")
         tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
         shutil.copytree(self.directory, tmp)
@@ -181,9 +181,7 @@ class CompiledPipeline:
             for module, entry in zip(self.pipeline.modules, self.manifest["stages"]):
                 if module is not None:
                     save_model(module, str(tmp / entry["weights"]))
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.rename(out)
+            swap_into_place(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -24,7 +24,7 @@ from pipecompile.errors import EmitError
 from pipecompile.stage_graph import StageGraph
 from pipecompile.viz.layers import layer_groups
 
-__all__ = ["ModelRef", "emit", "FORMAT", "MANIFEST"]
+__all__ = ["ModelRef", "emit", "swap_into_place", "FORMAT", "MANIFEST"]
 
 FORMAT = "pipecompile/1"
 MANIFEST = "manifest.json"
@@ -52,7 +52,7 @@ def emit(compiled: Compiled, out: Path, *, model: ModelRef) -> Path:
     tmp.mkdir(parents=True)
     try:
         _write_all(compiled, tmp, model, out)
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -154,7 +154,9 @@ def _activation_bytes(compiled: Compiled, j: int) -> dict[str, object]:
     return {"activation_bytes": {"saved": mem.saved, "inputs": mem.inputs}}
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished directory ``tmp`` to ``out``; a previous ``out`` is moved aside
+    first and removed only once the new one is in place."""
     if not out.exists():
         tmp.rename(out)
         return
