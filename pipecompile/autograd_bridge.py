@@ -88,20 +88,16 @@ def _backward(context: _Context, grads: tuple[Any, ...]) -> None:
 
 def _add_grads(pipe: Pipeline, model: nn.Module) -> None:
     """Add each stage's gradients to the model's parameters (a tied one once), then clear."""
-    originals = dict(model.named_parameters(remove_duplicate=False))
+    grads: dict[str, torch.Tensor] = {}
+    for j, module in enumerate(pipe.modules):
+        for name, grad in pipe.named_grads(j).items():
+            grads.setdefault(name, grad)  # tied copies hold the same sum
+        module.zero_grad(set_to_none=True)  # type: ignore[union-attr]
     done: set[int] = set()
-    for module, names in zip(pipe.modules, pipe.layout.params):
-        if module is None:
-            continue
-        own = dict(module.named_parameters(remove_duplicate=False))
-        for name, targets in names.items():
-            grad = own[name].grad if name in own else None
-            param = next((originals[t] for t in targets if t in originals), None)
-            if grad is None or param is None or id(param) in done:
-                continue
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if name in grads and id(param) not in done:
             done.add(id(param))
-            param.grad = grad.clone() if param.grad is None else param.grad + grad
-        module.zero_grad(set_to_none=True)
+            param.grad = grads[name] if param.grad is None else param.grad + grads[name]
 
 
 def _float(value: Any) -> bool:
