@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch.fx as fx
@@ -33,19 +34,16 @@ _PS = 1e12  # picoseconds per second
 _FS = 1e15  # femtoseconds per second: the time unit (a speed multiplier of 1000 times ps)
 
 
+@dataclass(frozen=True)
 class AtomFacts:
     """Per atom: base cost (ps, or bytes for params), parameter and saved bytes; per
     boundary: forward and backward bytes."""
 
-    def __init__(
-        self, cost: list[int], params: list[int], saved: list[int],
-        forward: np.ndarray, backward: np.ndarray,
-    ) -> None:  # fmt: skip
-        self.cost = cost
-        self.params = params
-        self.saved = saved
-        self.forward = forward
-        self.backward = backward
+    cost: list[int]
+    params: list[int]
+    saved: list[int]
+    forward: np.ndarray
+    backward: np.ndarray
 
 
 def atom_facts(

@@ -335,7 +335,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ignore[no-untyped-def]
-    from pipecompile.runtime.load import read_manifest
     from pipecompile.show import schedule_report
     from pipecompile.sizes import format_size
 
@@ -351,7 +350,7 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
             f"                 {format_size(dev.peak_stored):>10} / "
             f"{format_size(want[d]) if want else '-'}"
         )
-    balance = read_manifest(directory).get("balance") or {}
+    balance = pipe.manifest.get("balance") or {}
     predicted_ns = balance.get("stage_compute") if balance.get("unit") == "ns" else None
     m = pipe.program.microbatches
     rows.append("stage   compute per micro-batch, forward + backward (measured / predicted)")
