@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import shutil
 import tempfile
-import uuid
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -25,8 +24,14 @@ import torch
 from safetensors.torch import save_model
 from torch import nn
 
-from pipecompile.codegen.emit import MANIFEST, ModelRef, emit, swap_into_place
-from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.codegen.output_dir import (
+    check_replaceable,
+    new_temp_dir,
+    owned_names,
+    replace_output,
+)
+from pipecompile.errors import PipecompileError
 from pipecompile.program import Program
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.pipeline import Pipeline
@@ -168,20 +173,22 @@ class CompiledPipeline:
                     if source is not None:
                         own[name].copy_(source)
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, *, force: bool = False) -> Path:
         """Write the stages (with their current weights), program and manifest to
-        ``directory``; ``pipecompile.load`` reads it back. A directory that pipecompile did
-        not write is never replaced."""
+        ``directory``; ``pipecompile.load`` reads it back. Only pipecompile's own files are
+        ever replaced: a directory holding anything else is refused, or with ``force`` kept
+        beside the new files."""
         out = Path(directory)
-        if out.exists() and not (out / MANIFEST).is_file():
-            raise EmitError(f"{out} exists and was not written by pipecompile; choose another")
-        tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        shutil.copytree(self.directory, tmp)
+        keep = check_replaceable(out, force=force)
+        tmp = new_temp_dir(out)
         try:
+            for name in owned_names(self.manifest):
+                if (self.directory / name).is_file():
+                    shutil.copy2(self.directory / name, tmp / name)
             for module, entry in zip(self.pipeline.modules, self.manifest["stages"]):
                 if module is not None:
                     save_model(module, str(tmp / entry["weights"]))
-            swap_into_place(tmp, out)
+            replace_output(tmp, out, keep=keep)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -13,6 +13,7 @@ from torch import nn
 
 from pipecompile.cost_model import CostModel
 from pipecompile.errors import InternalError, PipecompileError
+from pipecompile.fingerprint import graph_fingerprint
 from pipecompile.frontend import Traced, trace
 from pipecompile.passes import (
     StageMemory,
@@ -64,6 +65,7 @@ class Compiled:
     replicas: tuple[int, ...] = ()
     balance: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    fingerprint: str = ""  # of the traced graph, see ``graph_fingerprint``
 
 
 def topology(graph: StageGraph) -> Topology:
@@ -190,7 +192,10 @@ def compile_model(
         lambda p: verify_program(p, check),
     )
     size = next(iter(micro.values())).shape[0] if micro else 0
-    return Compiled(graph, program, size, memory, counts, report, runner.timings)
+    return Compiled(
+        graph, program, size, memory, counts, report, runner.timings,
+        fingerprint=graph_fingerprint(traced.module),
+    )  # fmt: skip
 
 
 def _check_machine(

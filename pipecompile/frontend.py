@@ -13,6 +13,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from pipecompile.dtype_check import check_dtypes
 from pipecompile.errors import TraceError
 from pipecompile.fake_prop import propagate_fake
 from pipecompile.inline_regions import inline_grad_regions
@@ -53,7 +54,9 @@ def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
         ('torch.fx', ('input',))
     """
     with tracing():
-        return _trace(model, inputs)
+        traced = _trace(model, inputs)
+    check_dtypes(traced.module)
+    return traced
 
 
 @contextmanager

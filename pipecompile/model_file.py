@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from pipecompile.errors import ModelFileError
+from pipecompile.fingerprint import file_fingerprint
 from pipecompile.values import non_tensor_input
 
 __all__ = ["ModelSpec", "load_model_file", "split_ref", "import_file"]
@@ -175,8 +176,15 @@ def _user_frame(err: BaseException, path: Path) -> str:
     return f" at {path.name}:{frames[-1].lineno}" if frames else ""
 
 
-def recorded_model(model: str | None, directory: Path, manifest: dict[str, Any]) -> ModelSpec:
-    """The model file ``model`` if given, else the one the emitted ``manifest`` records."""
+def recorded_model(
+    model: str | None, directory: Path, manifest: dict[str, Any], *, allow_stale: bool = False
+) -> ModelSpec:
+    """The model file ``model`` if given, else the one the emitted ``manifest`` records.
+
+    Raises:
+        ModelFileError: the recorded file changed since the directory was compiled (its
+            sha256 differs from the manifest's), unless ``allow_stale``.
+    """
     if model:
         return load_model_file(model)
     recorded = manifest.get("model", {})
@@ -185,4 +193,16 @@ def recorded_model(model: str | None, directory: Path, manifest: dict[str, Any])
             f"{directory}/manifest.json records no model file; pass --model FILE.py[:NAME]"
         )
     path = (Path(directory) / recorded["file"]).resolve()
+    if not allow_stale:
+        _check_fresh(path, recorded.get("file_sha256"), directory, recorded["name"])
     return load_model_file(f"{path}:{recorded['name']}")
+
+
+def _check_fresh(path: Path, sha: str | None, directory: Path, name: str) -> None:
+    if sha is None or not path.is_file() or file_fingerprint(path) == sha:
+        return
+    raise ModelFileError(
+        f"{directory} is stale: {path} changed after it was compiled, so the compiled stages "
+        f"may no longer be that model; recompile (`pipecompile {path}:{name} --stages N "
+        f"-o {directory}`), or pass --allow-stale to run the compiled stages as they are"
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,16 +17,22 @@ from safetensors.torch import save_model
 
 from pipecompile import __version__
 from pipecompile.codegen.lower import lower_stage
+from pipecompile.codegen.output_dir import (
+    FORMAT,
+    MANIFEST,
+    check_replaceable,
+    new_temp_dir,
+    replace_output,
+)
 from pipecompile.codegen.stage_source import class_name, stage_source
 from pipecompile.compiler import Compiled
 from pipecompile.errors import EmitError
+from pipecompile.fingerprint import file_fingerprint
 from pipecompile.stage_graph import StageGraph
 from pipecompile.viz.layers import layer_groups
 
-__all__ = ["ModelRef", "emit", "swap_into_place", "FORMAT", "MANIFEST"]
+__all__ = ["ModelRef", "emit", "FORMAT", "MANIFEST"]
 
-FORMAT = "pipecompile/1"
-MANIFEST = "manifest.json"
 PROGRAM = "program.txt"
 
 
@@ -40,34 +45,28 @@ class ModelRef:
     label: str
 
 
-def emit(compiled: Compiled, out: Path, *, model: ModelRef) -> Path:
-    """Write ``compiled`` to directory ``out`` (replacing a previous pipecompile output there).
+def emit(compiled: Compiled, out: Path, *, model: ModelRef, force: bool = False) -> Path:
+    """Write ``compiled`` to directory ``out``, replacing a previous pipecompile output there
+    (only the files it wrote; see ``output_dir``).
 
     Raises:
-        EmitError: ``out`` is a file, or a non-empty directory that pipecompile did not write.
+        EmitError: ``out`` is a file, cannot be created, or holds files pipecompile did not
+            write (unless ``force``: then they are kept and pipecompile's files written
+            beside them).
     """
     out = Path(out)
-    _check_target(out)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
+    keep = check_replaceable(out, force=force)
+    tmp = new_temp_dir(out)
     try:
         _write_all(compiled, tmp, model, out)
-        swap_into_place(tmp, out)
+        replace_output(tmp, out, keep=keep)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise EmitError(f"cannot write {str(out)!r}: {err.strerror or err}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _check_target(out: Path) -> None:
-    if out.is_file():
-        raise EmitError(f"output {str(out)!r} is a file; pass a directory with -o")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise EmitError(
-            f"output directory {str(out)!r} is not empty and holds no {MANIFEST}; "
-            "pipecompile only replaces its own output - choose another -o"
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _write_all(compiled: Compiled, tmp: Path, model: ModelRef, out: Path) -> None:
@@ -86,13 +85,20 @@ def _write_all(compiled: Compiled, tmp: Path, model: ModelRef, out: Path) -> Non
 def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, object]:
     """The manifest as a JSON-ready dict (documented in docs/FORMAT.md)."""
     graph, program = compiled.graph, compiled.program
-    model_file = None
+    model_file = file_sha = None
     if model.file is not None:
         model_file = os.path.relpath(Path(model.file).resolve(), Path(out).resolve())
+        file_sha = file_fingerprint(model.file)
     return {
         "format": FORMAT,
         "pipecompile_version": __version__,
-        "model": {"file": model_file, "name": model.name, "tracer": graph.tracer},
+        "model": {
+            "file": model_file,
+            "name": model.name,
+            "tracer": graph.tracer,
+            "file_sha256": file_sha,
+            "graph_sha256": compiled.fingerprint or None,
+        },  # fmt: skip
         "inputs": list(graph.model_inputs),
         "input_values": _input_values(graph),
         "outputs": list(graph.model_outputs),
@@ -152,15 +158,3 @@ def _activation_bytes(compiled: Compiled, j: int) -> dict[str, object]:
         return {}
     mem = compiled.memory[j]
     return {"activation_bytes": {"saved": mem.saved, "inputs": mem.inputs}}
-
-
-def swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished directory ``tmp`` to ``out``; a previous ``out`` is moved aside
-    first and removed only once the new one is in place."""
-    if not out.exists():
-        tmp.rename(out)
-        return
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-    out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)

@@ -60,7 +60,7 @@ def generate(
     if vertical_sync and name != "pipedream":
         raise ProgramError(f"--vertical-sync applies to the pipedream schedule, not {name}")
     if name == "interleaved":
-        return interleaved(stages, microbatches, virtual_stages or 2)
+        return interleaved(stages, microbatches, 2 if virtual_stages is None else virtual_stages)
     if name == "pipedream":
         return pipedream(stages, microbatches, vertical_sync)
     return SCHEDULES[name](stages, microbatches)
@@ -68,4 +68,5 @@ def generate(
 
 def devices_for(name: str, stages: int, virtual_stages: int | None = None) -> int:
     """How many devices schedule ``name`` places ``stages`` stages on."""
-    return stages // (virtual_stages or 2) if name == "interleaved" else stages
+    v = 2 if virtual_stages is None else max(virtual_stages, 1)
+    return stages // v if name == "interleaved" else stages

@@ -1,0 +1,159 @@
+"""Which files of an output directory pipecompile owns, and replacing them without losing any
+other file.
+
+A directory is pipecompile's only if its ``manifest.json`` parses and carries pipecompile's
+format marker; even then, pipecompile owns only the files that manifest names (stage sources,
+weights, ONNX graphs, the program, the manifest) and the pictures. Anything else in the
+directory is the user's: a compile refuses to replace a directory holding such files, and with
+``force`` writes its own files beside them, never deleting one it did not write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipecompile.errors import EmitError
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "PICTURES",
+    "owned_names",
+    "read_own_manifest",
+    "check_replaceable",
+    "new_temp_dir",
+    "replace_output",
+    "inside",
+]
+
+FORMAT = "pipecompile/1"
+MANIFEST = "manifest.json"
+# Every picture `pipecompile viz` may draw into an emitted directory.
+PICTURES = tuple(f"{name}.{ext}" for name in ("stages", "schedule")
+                 for ext in ("dot", "svg", "png", "pdf"))  # fmt: skip
+
+
+def read_own_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of ``directory`` if pipecompile wrote it, else None."""
+    try:
+        manifest = json.loads((Path(directory) / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return None
+    return manifest
+
+
+def owned_names(manifest: dict[str, Any]) -> set[str]:
+    """The names of the files an emitted directory's manifest says pipecompile wrote."""
+    names = {MANIFEST, *PICTURES}
+    if isinstance(manifest.get("program"), str):
+        names.add(manifest["program"])
+    for stage in manifest.get("stages") or ():
+        if isinstance(stage, dict):
+            names.update(stage.get(k) for k in ("file", "weights", "onnx"))
+    names.discard(None)  # type: ignore[arg-type]
+    return names
+
+
+def check_replaceable(out: Path, *, force: bool = False) -> list[str]:
+    """Refuse to write an output into ``out`` where that could lose a user's file.
+
+    Returns the names in ``out`` that pipecompile did not write (empty unless ``force``).
+
+    Raises:
+        EmitError: ``out`` is a file; or it holds files pipecompile did not write (named in
+            the message) and ``force`` is not set.
+    """
+    out = Path(out)
+    try:
+        if out.exists() and not out.is_dir():
+            raise EmitError(f"output {str(out)!r} is a file; pass a directory with -o")
+        present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    except OSError as err:
+        raise EmitError(f"cannot use output directory {str(out)!r}: {_reason(err)}") from None
+    if not present:
+        return []
+    manifest = read_own_manifest(out)
+    foreign = [n for n in present if manifest is None or n not in owned_names(manifest)]
+    if foreign and not force:
+        what = "is not a pipecompile output; it holds" if manifest is None else "holds"
+        shown = ", ".join(_label(out, n) for n in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise EmitError(
+            f"output directory {str(out)!r} {what} files pipecompile did not write ({shown}"
+            f"{more}); choose another -o, move them out, or pass --force to write beside them "
+            "(nothing of theirs is deleted)"
+        )
+    return foreign
+
+
+def _label(out: Path, name: str) -> str:
+    return f"{name}/" if (out / name).is_dir() else name
+
+
+def new_temp_dir(out: Path) -> Path:
+    """A fresh hidden directory beside ``out`` to build an output in (its name has a fixed
+    length, so a long ``out`` name never makes it too long)."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".pipecompile-tmp-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+    except OSError as err:
+        raise EmitError(f"cannot create output directory {str(out)!r}: {_reason(err)}") from None
+    return tmp
+
+
+def replace_output(tmp: Path, out: Path, *, keep: list[str]) -> None:
+    """Put the finished directory ``tmp`` at ``out``.
+
+    Without ``keep`` the whole directory is swapped: a previous ``out`` is renamed aside and
+    removed only once the new one is in place. With ``keep`` (the user's files, see
+    ``check_replaceable``) each new file is moved into ``out`` and only files the previous
+    manifest names are removed; ``keep`` stays as it is.
+    """
+    tmp, out = Path(tmp), Path(out)
+    try:
+        if keep:
+            _merge_into(tmp, out, keep)
+        elif not out.exists():
+            tmp.rename(out)
+        else:
+            old = out.parent / f".pipecompile-old-{uuid.uuid4().hex[:12]}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as err:
+        raise EmitError(f"cannot write output directory {str(out)!r}: {_reason(err)}") from None
+
+
+def _merge_into(tmp: Path, out: Path, keep: list[str]) -> None:
+    previous = read_own_manifest(out)
+    stale = owned_names(previous) if previous else set()
+    new = {p.name for p in tmp.iterdir()}
+    for name in sorted(stale - new - set(keep)):
+        path = out / name
+        if path.is_file():
+            path.unlink()
+    for name in sorted(new - {MANIFEST}):
+        os.replace(tmp / name, out / name)
+    os.replace(tmp / MANIFEST, out / MANIFEST)  # last: the directory reads as complete
+    tmp.rmdir()
+
+
+def inside(path: Path, directory: Path) -> bool:
+    """Whether ``path`` is ``directory`` or lies under it (after resolving links)."""
+    path, directory = Path(path).resolve(), Path(directory).resolve()
+    return path == directory or directory in path.parents
+
+
+def _reason(err: OSError) -> str:
+    if err.errno == 36:  # ENAMETOOLONG
+        return "a file name is too long; choose a shorter -o"
+    return f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")

@@ -1,0 +1,114 @@
+"""Options that would do nothing or something unintended are refused; stale compiles and
+non-finite results never pass."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipecompile.cli import main
+from tests.conftest import EXAMPLES
+
+
+@pytest.fixture(scope="module")
+def model_and_out(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("options")
+    model = root / "model.py"
+    shutil.copy(EXAMPLES / "mlp.py", model)
+    out = root / "out"
+    assert main([str(model), "--stages", "2", "--microbatches", "2", "-q", "-o", str(out)]) == 0
+    return model, out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "--steps: '0' is not a whole number of at least 1"),
+        (["--steps", "-3"], "--steps: '-3'"),
+        (["--nproc", "0"], "--nproc: '0'"),
+        (["--atol", "-1"], "--atol: '-1' is not a finite number of at least 0"),
+        (["--rtol", "nan"], "--rtol: 'nan'"),
+        (["--lr", "-0.1"], "--lr: '-0.1'"),
+        (["--lr", "nan"], "--lr: 'nan'"),
+        (["--timeout", "0"], "--timeout: '0'"),
+        (["--save-every", "2"], "--save-every needs --save"),
+        (["--save-every", "-1", "--save", "x"], "--save-every: '-1'"),
+    ],
+)
+def test_bad_run_options(model_and_out, capsys, argv, message):
+    assert main(["run", str(model_and_out[1]), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--stages", "0"], "--stages: '0'"),
+        (["--stages", "2", "--microbatches", "0"], "--microbatches: '0'"),
+        (["--stages", "4", "--schedule", "interleaved", "--virtual-stages", "0"],
+         "--virtual-stages: '0'"),
+        (["--stages", "4", "--schedule", "interleaved", "--virtual-stages", "1"],
+         "at least 2, got 1"),
+    ],
+)  # fmt: skip
+def test_bad_compile_options(model_and_out, tmp_path, capsys, argv, message):
+    assert main([str(model_and_out[0]), *argv, "-q", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_options_in_any_order(model_and_out, tmp_path, capsys):
+    model, out = model_and_out
+    assert main(["-q", str(model), "--stages", "2", "-o", str(tmp_path / "o")]) == 0
+    assert main(["-q", "run", str(out)]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_resume_beyond_steps_is_refused(model_and_out, tmp_path, capsys):
+    out = model_and_out[1]
+    saved = tmp_path / "ck"
+    assert main(["run", str(out), "-q", "--steps", "3", "--save", str(saved)]) == 0
+    assert main(["run", str(out), "-q", "--steps", "3", "--resume", str(saved)]) == 2
+    assert "continues after step 3" in capsys.readouterr().err
+    assert main(["run", str(out), "-q", "--steps", "4", "--resume", str(saved)]) == 0
+
+
+def test_float64_inputs_to_a_float32_model_are_refused_at_compile(tmp_path, capsys):
+    source = (EXAMPLES / "mlp.py").read_text()
+    model = tmp_path / "m64.py"
+    model.write_text(source.replace("generator=g),)", "generator=g).double(),)"))
+    assert main([str(model), "--stages", "2", "-q", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "fc1" in err and "float32 and float64" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_changed_model_file_makes_the_compile_stale(tmp_path, capsys):
+    model = tmp_path / "model.py"
+    shutil.copy(EXAMPLES / "mlp.py", model)
+    out = tmp_path / "out"
+    assert main([str(model), "--stages", "2", "-q", "-o", str(out)]) == 0
+    assert main(["run", str(out), "--check", "-q"]) == 0
+    capsys.readouterr()
+    model.write_text(model.read_text().replace("nn.ReLU()", "nn.GELU()"))
+    for argv in (["run", str(out)], ["run", str(out), "--check"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "is stale" in err and "model.py changed" in err and "--allow-stale" in err
+    assert main(["run", str(out), "-q", "--allow-stale"]) == 0
+
+
+def test_nan_never_passes_a_check(model_and_out, tmp_path, capsys):
+    out = model_and_out[1].parent / "nan"  # beside the model file the manifest names
+    shutil.copytree(model_and_out[1], out)
+    stage = out / "stage_1.py"
+    source = stage.read_text()
+    assert "        return (" in source
+    stage.write_text(source.replace("        return (", "        return (float('nan') * ", 1))
+    assert main(["run", str(out), "--check"]) == 1
+    captured = capsys.readouterr()
+    assert "not finite" in captured.out and "check FAILED" in captured.out
+    assert "outputs  max |diff| nan" in captured.out
