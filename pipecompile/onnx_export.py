@@ -152,16 +152,21 @@ def _export_stage(
     args = tuple(torch.zeros(specs[name][0], dtype=specs[name][1]) for name in inputs)
     keep = [k for k, name in enumerate(outputs) if name not in inputs]
     module = _Computed(load_stage(directory, entry).eval(), keep)
+    # Exported under placeholder names, renamed afterwards: a stage input called `add` would
+    # otherwise collide with the exporter's own name for an internal add node.
+    names = {f"pipecompile_in_{k}": name for k, name in enumerate(inputs)}
+    names |= {f"pipecompile_out_{k}": outputs[k] for k in keep}
     try:
         with _quiet_exporter():
             torch.onnx.export(
-                module, args, str(target), input_names=inputs,
-                output_names=[outputs[k] for k in keep], dynamo=True, external_data=False,
+                module, args, str(target), input_names=list(names)[: len(inputs)],
+                output_names=list(names)[len(inputs) :], dynamo=True, external_data=False,
                 verbose=False,
             )  # fmt: skip
     except Exception as err:
         raise OnnxExportError(_failure_message(directory, j, entry, err)) from err
     model = onnx.load(str(target))
+    _rename_values(model.graph, names)
     _attach_passthrough(model, outputs)
     _check_names(model, j, inputs, outputs)
     try:
@@ -171,6 +176,34 @@ def _export_stage(
             f"stage {j}: the exported ONNX graph fails onnx.checker: {err}"
         ) from None
     onnx.save(model, str(target))
+
+
+def _rename_values(graph: Any, names: dict[str, str]) -> None:
+    """Rename the graph's values by ``names``; an internal value already called one of the new
+    names is renamed out of the way first, so every name stays assigned once."""
+    used = _value_names(graph)
+    clash = {}
+    for new in names.values():
+        if new in used and new not in names:
+            k = 1
+            while f"{new}_{k}" in used:
+                k += 1
+            clash[new] = f"{new}_{k}"
+            used.add(clash[new])
+    for mapping in (clash, names):
+        for value in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
+            value.name = mapping.get(value.name, value.name)
+        for node in graph.node:
+            node.input[:] = [mapping.get(v, v) for v in node.input]
+            node.output[:] = [mapping.get(v, v) for v in node.output]
+
+
+def _value_names(graph: Any) -> set[str]:
+    names = {v.name for v in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]}
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+    return names
 
 
 def _attach_passthrough(model: Any, outputs: list[str]) -> None:

@@ -130,3 +130,59 @@ def test_chain_errors(compiled_examples, tmp_path):
         run_onnx_chain(directory, {})
     with pytest.raises(RuntimeFailure, match=r"stage 0 \(stage_0.onnx\) failed in onnxruntime"):
         run_onnx_chain(directory, {"x": torch.zeros(3, 7)})
+
+
+RESIDUAL = """
+import torch
+from torch import nn
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.c = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = x + torch.relu(self.a(x))
+        h = h + torch.relu(self.b(h))
+        return self.c(h)
+
+
+def build_model():
+    return Residual()
+
+
+def example_inputs():
+    return (torch.randn(8, 16),)
+"""
+
+
+def test_a_boundary_value_named_like_an_exporter_node(tmp_path):
+    """Stage 1 takes the value `add`, which the exporter also names its own add node."""
+    model = write_model_file(tmp_path, RESIDUAL)
+    out = tmp_path / "o"
+    assert main([str(model), "--stages", "2", "-q", "-o", str(out), "--onnx"]) == 0
+    assert _manifest(out)["stages"][1]["inputs"] == ["add"]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("residual", model)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    net = module.build_model()
+    net.load_state_dict(
+        {k: v for s in range(2) for k, v in _stage_state(out, s).items()}, strict=True
+    )
+    x = torch.randn(8, 16)
+    got = run_onnx_chain(out, {"x": x})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got[0]), net(x), atol=1e-5, rtol=1e-5)
+
+
+def _stage_state(directory: Path, j: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    entry = _manifest(directory)["stages"][j]
+    state = load_file(str(directory / entry["weights"]))
+    return {entry["params"][name][0]: t for name, t in state.items()}
