@@ -26,13 +26,17 @@ COMMANDS = ("compile", "run", "show", "export", "viz", "onnx")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `pipecompile` command; returns the exit status."""
+    """Entry point of the `pipecompile` command; returns the exit status (130 after Ctrl-C or
+    SIGTERM)."""
+    from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c
+
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in COMMANDS and not args[0].startswith("-"):
         args.insert(0, "compile")  # `pipecompile model.py --stages 4` means compile
     parsed = _parser().parse_args(args)
     try:
-        return parsed.handler(parsed)
+        with sigterm_as_ctrl_c():
+            return parsed.handler(parsed)
     except BrokenPipeError:  # `pipecompile show OUT | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"pipecompile: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # `run` says more itself; elsewhere this line is all there is
+        print("pipecompile: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -314,21 +321,27 @@ def _run(args: argparse.Namespace) -> int:
             raise CheckError("pipelined results differ from the eager model (see above)")
         return 0
     from pipecompile.runtime.checkpoint import resume, save, save_due
+    from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
     from pipecompile.runtime.worker import OPTIMIZERS
 
     pipe.set_optimizer(lambda ps: OPTIMIZERS[args.optimizer](ps, lr=args.lr))
-    first = resume(pipe, Path(args.resume)) if args.resume else 0
-    for step in range(first, args.steps):
-        start = time.perf_counter()
-        loss, _ = pipe.train_step(
-            spec.inputs, spec.targets, spec.loss_fn, measure_memory=args.stats
-        )
-        ms = (time.perf_counter() - start) * 1000
-        if not args.quiet:
-            print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
-        done = step + 1
-        if args.save and save_due(done, args.steps, args.save_every):
-            save(pipe, Path(args.save), done)
+    done = first = resume(pipe, Path(args.resume)) if args.resume else 0
+    try:
+        for step in range(first, args.steps):
+            start = time.perf_counter()
+            loss, _ = pipe.train_step(
+                spec.inputs, spec.targets, spec.loss_fn, measure_memory=args.stats
+            )
+            ms = (time.perf_counter() - start) * 1000
+            if not args.quiet:
+                print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
+            done = step + 1
+            if args.save and save_due(done, args.steps, args.save_every):
+                save(pipe, Path(args.save), done)  # removes its temporary files if interrupted
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main turns it into one)
+        save_dir = Path(args.save) if args.save else None
+        print(interrupted_line(done, args.steps, save_dir), file=sys.stderr)
+        return EXIT_INTERRUPTED
     if args.stats and pipe.last_stats is not None:
         print(_stats_table(pipe, directory, args.program))
     return 0

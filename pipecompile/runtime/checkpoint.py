@@ -9,7 +9,9 @@ Layout of a checkpoint directory::
 
 Each rank writes its own stages into ``.step_<n>.tmp``; after a barrier, rank 0 writes
 ``meta.json``, renames the directory into place and replaces ``latest`` (a temporary file,
-then ``os.replace``), so a crash at any point leaves the previous checkpoint intact. PipeDream
+then ``os.replace``), so a crash at any point leaves the previous checkpoint intact. An
+interrupted save removes its temporary files; a rank killed mid-save leaves them to the next
+save or to the launcher (``remove_partial``). PipeDream
 programs drain at the end of every step, so no stashed weight version outlives a step and
 none needs saving.
 """
@@ -28,7 +30,7 @@ from safetensors.torch import load_model, save_model
 from pipecompile.errors import EmitError
 from pipecompile.runtime.pipeline import Pipeline
 
-__all__ = ["save", "resume", "latest_step_dir", "save_due"]
+__all__ = ["save", "resume", "latest_step_dir", "save_due", "remove_partial"]
 
 FORMAT = "pipecompile-checkpoint/1"
 
@@ -38,8 +40,17 @@ def save(pipe: Pipeline, root: Path, step: int, rank: int = 0) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".step_{step}.tmp"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_partial(root)  # left by a save that was killed, this step's included
         tmp.mkdir()
+    try:
+        return _write(pipe, root, tmp, step, rank)
+    except BaseException:  # Ctrl-C or an error mid-save: `latest` still names a complete step
+        if rank == 0:
+            remove_partial(root)
+        raise
+
+
+def _write(pipe: Pipeline, root: Path, tmp: Path, step: int, rank: int) -> Path:
     _barrier()
     for j, module in enumerate(pipe.modules):
         if module is None:
@@ -60,6 +71,14 @@ def save(pipe: Pipeline, root: Path, step: int, rank: int = 0) -> Path:
         os.replace(pointer, root / "latest")
     _barrier()
     return final
+
+
+def remove_partial(root: Path) -> None:
+    """Remove what an unfinished save left under ``root`` (``.step_<n>.tmp``, ``.latest.tmp``);
+    call it only while no rank is saving there."""
+    for tmp in root.glob(".step_*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    (root / ".latest.tmp").unlink(missing_ok=True)
 
 
 def save_due(done: int, steps: int, every: int) -> bool:

@@ -3,54 +3,218 @@
 The ranks are `python -m torch.distributed.run --standalone --nproc-per-node N -m
 pipecompile.runtime.worker OUT ...`. Rank 0's output is passed through; the launcher's own
 chatter is dropped unless the run fails, in which case each rank's one-line reason is shown.
+
+Ctrl-C or SIGTERM stops the whole run. The launcher runs in a session of its own (torch starts
+each rank in one too), so a terminal's Ctrl-C reaches only this process, which sends SIGTERM to
+the launcher and to every rank, SIGKILLs whatever is left after ``GRACE_S`` seconds, removes
+the checkpoint's temporary files and prints one line. The run's processes are found by the
+status directory in their environment, which they keep even once the launcher is gone. On
+Linux the launcher is also SIGKILLed when this process dies, however it dies; the ranks then
+stop by themselves (their watchdogs lose the store the launcher held).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from functools import partial
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
-__all__ = ["launch"]
+from pipecompile.runtime.checkpoint import remove_partial
+from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
+from pipecompile.runtime.worker import worker_parser
+
+__all__ = ["launch", "GRACE_S"]
+
+GRACE_S = 5.0  # after a stop signal, seconds before what is left of the run is SIGKILLed
+_POLL_S = 0.1
+_STATUS_ENV = "PIPECOMPILE_STATUS_DIR"
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> int:
     """Run the ranks; returns the worst rank status (0 ok, 1 check failed, 2 error, 3 stopped
-    because another rank failed). ``keep`` receives each rank's status record (status, end
-    time, and for an injected kill the instruction)."""
-    with tempfile.TemporaryDirectory(prefix="pipecompile-run-") as status_dir:
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "--monitor-interval=0.1",
-            "-m", "pipecompile.runtime.worker", *worker_args,
-        ]  # fmt: skip
-        env = {**_environ(), "PIPECOMPILE_STATUS_DIR": status_dir, "OMP_NUM_THREADS": "1"}
-        result = subprocess.run(command, env=env, stderr=subprocess.PIPE, text=True)
-        ours = [ln for ln in result.stderr.splitlines() if ln.startswith("pipecompile:")]
-        statuses, entries = {}, []
-        for path in Path(status_dir).glob("rank*.json"):
-            entry = json.loads(path.read_text())
-            statuses[entry["rank"]] = entry["status"]
-            entries.append(entry)
+    because another rank failed), or 130 after Ctrl-C or SIGTERM. ``keep`` receives each
+    rank's status record (status, end time, steps done, and for an injected kill the
+    instruction)."""
+    options = worker_parser().parse_known_args(worker_args)[0]
+    save = Path(options.save) if options.save else None
+    with _StopSignals() as stop:
+        with tempfile.TemporaryDirectory(prefix="pipecompile-run-") as status_dir:
+            command = [
+                sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}", "--monitor-interval=0.1",
+                "-m", "pipecompile.runtime.worker", *worker_args,
+            ]  # fmt: skip
+            env = {**os.environ, _STATUS_ENV: status_dir, "OMP_NUM_THREADS": "1"}
+            returncode, stderr = _supervise(command, env, status_dir, stop)
+            entries = [json.loads(p.read_text()) for p in Path(status_dir).glob("rank*.json")]
         if keep is not None:
             keep.extend(entries)
+        if save is not None:
+            remove_partial(save)  # no process of the run is left: what a rank left is stale
+        if stop.caught:
+            print(interrupted_line(_steps_done(entries), options.steps, save), file=sys.stderr)
+            return EXIT_INTERRUPTED
+    return _outcome(nproc, returncode, stderr, entries)
+
+
+def _outcome(nproc: int, returncode: int, stderr: str, entries: list[dict]) -> int:
+    """Print the ranks' own lines (and the launcher's output if none says why it failed);
+    return the run's exit status."""
+    statuses = {entry["rank"]: entry["status"] for entry in entries}
+    ours = [ln for ln in stderr.splitlines() if ln.startswith("pipecompile:")]
     for line in ours:
         print(line, file=sys.stderr)
-    if result.returncode == 0 and len(statuses) == nproc and not any(statuses.values()):
+    if returncode == 0 and len(statuses) == nproc and not any(statuses.values()):
         return 0
     missing = sorted(set(range(nproc)) - set(statuses))
     if missing:
         print(f"pipecompile: rank(s) {', '.join(map(str, missing))} ended without a status "
               "(killed?)", file=sys.stderr)  # fmt: skip
-    if not ours and result.returncode:
-        print(result.stderr[-4000:], file=sys.stderr)
+    if not ours and returncode:
+        print(stderr[-4000:], file=sys.stderr)
     worst = max(statuses.values(), default=2)
     return 1 if worst == 1 and not missing else 2  # 3 (stopped for a peer) is an error too
 
 
-def _environ() -> dict[str, str]:
-    import os
+def _steps_done(entries: list[dict]) -> int | None:
+    """Steps the run finished, as rank 0 (else any rank) recorded them; None if unknown."""
+    steps = {entry["rank"]: entry.get("step") for entry in entries}
+    if steps.get(0) is not None:
+        return steps[0]
+    return max((s for s in steps.values() if s is not None), default=None)
 
-    return dict(os.environ)
+
+class _StopSignals:
+    """While active, SIGINT and SIGTERM are noted in ``caught`` instead of ending the
+    process (only the main thread may set handlers; elsewhere this does nothing)."""
+
+    def __init__(self) -> None:
+        self.caught: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.caught.append(signum)
+
+
+def _supervise(
+    command: list[str], env: dict[str, str], status_dir: str, stop: _StopSignals
+) -> tuple[int, str]:
+    """Run the launcher to its end; returns its exit status and stderr. Whatever way this
+    ends, no process of the run is left afterwards."""
+    marker = f"{_STATUS_ENV}={status_dir}".encode()
+    proc = subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_tied_to_us(),
+    )  # fmt: skip
+    try:
+        stderr = _wait(proc, marker, stop)
+    finally:
+        _end_run(proc, marker)  # normally nothing is left; after an exception, everything
+    return proc.returncode, stderr
+
+
+def _tied_to_us() -> Any:
+    """On Linux, what the launcher runs before it starts so that our death, even by SIGKILL,
+    kills it too; elsewhere None. Not SIGTERM: with nobody reading its stderr, torch's
+    launcher was seen to carry on after one."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return partial(_killed_when_parent_dies, ctypes.CDLL(None).prctl, os.getpid())
+
+
+def _killed_when_parent_dies(prctl: Any, parent: int) -> None:
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wait(proc: subprocess.Popen, marker: bytes, stop: _StopSignals) -> str:
+    """The launcher's stderr, read until the launcher and the ranks (who share the pipe) end.
+    A stop signal sends them SIGTERM; GRACE_S later, or at a second signal, SIGKILL."""
+    deadline = None
+    while True:
+        try:
+            return proc.communicate(timeout=_POLL_S)[1]
+        except subprocess.TimeoutExpired:
+            pass
+        if stop.caught and deadline is None:
+            _signal_run(proc, marker, signal.SIGTERM)
+            deadline = time.monotonic() + GRACE_S
+        if deadline is not None and (time.monotonic() > deadline or len(stop.caught) > 1):
+            _signal_run(proc, marker, signal.SIGKILL)
+            try:
+                return proc.communicate(timeout=GRACE_S)[1]
+            except subprocess.TimeoutExpired:
+                return ""  # something outside the run holds the pipe; _end_run finishes
+
+
+def _end_run(proc: subprocess.Popen, marker: bytes) -> None:
+    """SIGTERM what is left of the run, SIGKILL it GRACE_S later; returns once it is gone."""
+    if proc.poll() is None or _run_pids(marker):
+        _signal_run(proc, marker, signal.SIGTERM)
+        if not _gone(proc, marker, GRACE_S):
+            _signal_run(proc, marker, signal.SIGKILL)
+            _gone(proc, marker, GRACE_S)
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+def _gone(proc: subprocess.Popen, marker: bytes, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while proc.poll() is None or _run_pids(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
+def _signal_run(proc: subprocess.Popen, marker: bytes, sig: int) -> None:
+    """Send ``sig`` to the launcher's process group and to every process of the run."""
+    targets = [(os.killpg, proc.pid)] if proc.returncode is None else []
+    targets += [(os.kill, pid) for pid in _run_pids(marker)]
+    for send, pid in targets:
+        try:
+            send(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # it ended meanwhile
+
+
+def _run_pids(marker: bytes) -> list[int]:
+    """The live processes whose environment holds ``marker`` (the launcher and the ranks);
+    an exited process's environment reads empty. Without /proc: none."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    pids = []
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as environ:
+                if marker in environ.read().split(b"\0"):
+                    pids.append(int(name))
+        except OSError:
+            continue
+    return pids

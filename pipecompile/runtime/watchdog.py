@@ -146,15 +146,19 @@ class Watchdog:
             pass
 
     def _die(self, problem: str) -> None:
-        self.blame(problem)
-        print(
-            f"pipecompile: rank {self.rank}: stopping at instruction {self.current}: {problem}",
-            file=sys.stderr,
-            flush=True,
-        )
-        if self.on_stop is not None:
-            self.on_stop(EXIT_PEER_FAILED)
-        os._exit(EXIT_PEER_FAILED)
+        try:
+            self.blame(problem)
+            print(
+                f"pipecompile: rank {self.rank}: stopping at instruction {self.current}: {problem}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if self.on_stop is not None:
+                self.on_stop(EXIT_PEER_FAILED)
+        finally:
+            # Whatever failed above (stderr is a pipe nobody reads once `pipecompile` was
+            # killed), the rank ends: a thread that died here would leave it training.
+            os._exit(EXIT_PEER_FAILED)
 
     def _beat(self) -> None:
         self.store.set(f"pipecompile/hb/{self.rank}", f"{time.time()} {self.current}")

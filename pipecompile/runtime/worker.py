@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -61,20 +62,24 @@ def worker_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = worker_parser().parse_args(argv)
     # Before any thread exists (gloo starts some), so every thread inherits it: SIGTERM is
-    # then taken only by the watchdog's own thread, which reports before ending the process.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # then taken only by the watchdog's own thread, which reports before ending the process,
+    # and SIGINT only by _stop_on_sigint's (a KeyboardInterrupt inside a collective would
+    # print tracebacks and could leave the rank running).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     where = _device(args.device)
     backend = "nccl" if where.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=max(args.timeout, 1.0) * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
+    progress = _Progress()
     watchdog = Watchdog(
         dist.distributed_c10d._get_default_store(), rank, world, timeout=args.timeout,
-        on_stop=lambda status: _write_status(rank, status),
+        on_stop=lambda status: _write_status(rank, status, step=progress.done),
     )  # fmt: skip
     watchdog.start()
+    threading.Thread(target=_stop_on_sigint, args=(watchdog,), daemon=True).start()
     status = 0
     try:
-        status = _run(args, rank, world, watchdog, where)
+        status = _run(args, rank, world, watchdog, where, progress)
     except CheckError as err:
         _say_error(rank, str(err))
         status = 1
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             watchdog.report_failure(text)
             _say_error(rank, f"error: {text}")
             status = 2
-    _write_status(rank, status)
+    _write_status(rank, status, step=progress.done)
     finished = status in (0, 1)  # a check that found a mismatch still ends normally
     if finished:
         watchdog.idle("finishing")
@@ -104,6 +109,20 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(status)  # never linger in a collective a failed peer will not join
+
+
+@dataclass
+class _Progress:
+    """Training steps finished (None before training starts), for the rank's status record."""
+
+    done: int | None = None
+
+
+def _stop_on_sigint(watchdog: Watchdog) -> None:
+    """Ctrl-C ends the rank as SIGTERM does, through the watchdog, and every rank names it."""
+    signal.sigwait({signal.SIGINT})
+    watchdog.blame("interrupted (SIGINT)")
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _device(choice: str) -> torch.device:
@@ -120,7 +139,12 @@ def _device(choice: str) -> torch.device:
 
 
 def _run(
-    args: argparse.Namespace, rank: int, world: int, watchdog: Watchdog, where: torch.device
+    args: argparse.Namespace,
+    rank: int,
+    world: int,
+    watchdog: Watchdog,
+    where: torch.device,
+    progress: _Progress,
 ) -> int:
     from pipecompile.model_file import recorded_model
     from pipecompile.runtime.checkpoint import resume, save, save_due
@@ -170,6 +194,7 @@ def _run(
     optimizer = OPTIMIZERS[args.optimizer]
     pipe.set_optimizer(lambda ps: optimizer(ps, lr=args.lr))
     start = resume(pipe, Path(args.resume), rank) if args.resume else 0
+    progress.done = start
     for step in range(start, args.steps):
         began = time.perf_counter()
         pipe.train_step(inputs, targets, spec.loss_fn)
@@ -186,7 +211,7 @@ def _run(
             print(
                 f"step {step + 1}/{args.steps}  loss {value.item():.6f}  ({ms:.1f} ms)", flush=True
             )
-        done = step + 1
+        done = progress.done = step + 1
         if args.save and save_due(done, args.steps, args.save_every):
             save(pipe, Path(args.save), done, rank)
     return 0

@@ -1,0 +1,166 @@
+"""Ctrl-C and SIGTERM stop a run: every process ends within seconds, one line is printed, the
+exit status is 130, `latest` names a complete step and no temporary file is left."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipecompile.runtime.checkpoint import save
+from pipecompile.runtime.interrupt import interrupted_line
+from pipecompile.runtime.pipeline import Pipeline
+from tests.runtime.test_distributed import MLP, compile_to
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds processes in /proc")
+
+STEPS = 100000
+STOP_S = 10.0  # the most a stopped run may take to end
+START_S = 90.0  # the most a run may take to write its first checkpoint
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_to(tmp_path_factory.mktemp("mlp"), MLP, "--stages", "2", "--microbatches", "4")
+
+
+def start(out: str, ck: Path, *options: str) -> subprocess.Popen:
+    """`pipecompile run` saving every step, in a session of its own (so its group can be
+    signalled as a terminal's Ctrl-C does)."""
+    command = [sys.executable, "-m", "pipecompile", "run", out, *options, "--steps", str(STEPS),
+               "--save", str(ck), "--save-every", "1", "-q"]  # fmt: skip
+    return subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def run_processes(ck: Path) -> list[int]:
+    """Live processes of the run: the command, the launcher and the ranks name ``ck``."""
+    pids = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if str(ck) in cmdline and int(name) != os.getpid():
+            pids.append(int(name))
+    return pids
+
+
+def stop(proc: subprocess.Popen, ck: Path, send) -> tuple[str, float]:  # type: ignore[no-untyped-def]
+    """Wait for the first checkpoint, ``send`` the signal; returns stderr and the seconds the
+    run took to end. Whatever happens, nothing of the run outlives the test."""
+    try:
+        deadline = time.monotonic() + START_S
+        while not (ck / "latest").is_file():
+            assert proc.poll() is None, f"the run ended early: {proc.communicate()[1]}"
+            assert time.monotonic() < deadline, f"no checkpoint after {START_S:g} s"
+            time.sleep(0.05)
+        sent = time.monotonic()
+        send()
+        _, err = proc.communicate(timeout=STOP_S)
+        return err, time.monotonic() - sent
+    finally:
+        for pid in [proc.pid, *run_processes(ck)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=STOP_S)
+
+
+def assert_stopped_cleanly(proc: subprocess.Popen, err: str, ck: Path) -> None:
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    pattern = rf"pipecompile: interrupted at step \d+/{STEPS}; {re.escape(str(ck))}/latest is (\S+)"
+    match = re.fullmatch(pattern, lines[0]) if len(lines) == 1 else None
+    assert match is not None, err
+    latest = (ck / "latest").read_text().strip()
+    assert match[1] == latest
+    assert (ck / latest / "meta.json").is_file()
+    assert not list(ck.glob(".*.tmp")), "temporary files left"
+    deadline = time.monotonic() + 3.0
+    while run_processes(ck) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not run_processes(ck), "processes of the run outlived it"
+
+
+def sigint_everyone(proc: subprocess.Popen, ck: Path) -> None:
+    """What `kill -INT` to every process does: the command, the launcher and the ranks."""
+    for pid in {proc.pid, *run_processes(ck)}:  # once each: a second Ctrl-C means hurry
+        os.kill(pid, signal.SIGINT)
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["ctrl-c-to-the-group", "sigterm-to-the-command", "sigint-to-every-process"],
+)
+def test_a_stopped_distributed_run_leaves_nothing_running(tmp_path, mlp, how):
+    ck = tmp_path.resolve() / "ck"  # as `run --nproc` passes it on
+    ck.mkdir()
+    (ck / ".step_99.tmp").mkdir()  # a killed save's leftovers: removed too
+    (ck / ".latest.tmp").write_text("step_99\n")
+    proc = start(mlp, ck, "--nproc", "2")
+    send = {
+        "ctrl-c-to-the-group": lambda: os.killpg(proc.pid, signal.SIGINT),
+        "sigterm-to-the-command": lambda: os.kill(proc.pid, signal.SIGTERM),
+        "sigint-to-every-process": lambda: sigint_everyone(proc, ck),
+    }[how]
+    err, seconds = stop(proc, ck, send)
+    assert_stopped_cleanly(proc, err, ck)
+    assert seconds < STOP_S
+
+
+def test_a_killed_command_takes_the_run_with_it(tmp_path, mlp):
+    ck = tmp_path.resolve() / "ck"
+    proc = start(mlp, ck, "--nproc", "2")
+    stop(proc, ck, lambda: os.kill(proc.pid, signal.SIGKILL))  # nothing can be passed on
+    deadline = time.monotonic() + STOP_S
+    while run_processes(ck) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not run_processes(ck), "the launcher or a rank outlived a killed `pipecompile`"
+    latest = (ck / "latest").read_text().strip()
+    assert (ck / latest / "meta.json").is_file()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_stopped_local_run_prints_one_line(tmp_path, mlp, sig):
+    ck = tmp_path.resolve() / "ck"  # as `run --nproc` passes it on
+    proc = start(mlp, ck)
+    err, seconds = stop(proc, ck, lambda: os.killpg(proc.pid, sig))
+    assert_stopped_cleanly(proc, err, ck)
+    assert seconds < STOP_S
+
+
+def test_an_interrupted_save_keeps_latest_and_removes_its_files(tmp_path, mlp, monkeypatch):
+    ck = tmp_path.resolve() / "ck"  # as `run --nproc` passes it on
+    pipe = Pipeline.load(Path(mlp))
+    save(pipe, ck, 1)
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("pipecompile.runtime.checkpoint.save_model", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save(pipe, ck, 2)
+    assert (ck / "latest").read_text().strip() == "step_1"
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_1"]
+
+
+def test_the_interrupted_line(tmp_path):
+    assert interrupted_line(None, 10, None) == "pipecompile: interrupted"
+    assert interrupted_line(4, 10, tmp_path) == (
+        f"pipecompile: interrupted at step 5/10; {tmp_path} holds no checkpoint yet"
+    )
+    (tmp_path / "latest").write_text("step_4\n")
+    assert interrupted_line(10, 10, tmp_path) == (
+        f"pipecompile: interrupted after step 10/10; {tmp_path}/latest is step_4"
+    )
