@@ -7,7 +7,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 from pipecompile import __version__
 from pipecompile.compiler import PASSES, compile_model
@@ -30,10 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     SIGTERM)."""
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] not in COMMANDS and not args[0].startswith("-"):
-        args.insert(0, "compile")  # `pipecompile model.py --stages 4` means compile
-    parsed = _parser().parse_args(args)
+    try:
+        parsed = _parser().parse_args(_with_command(list(sys.argv[1:] if argv is None else argv)))
+    except SystemExit as done:  # --help, --version, or a usage error already printed
+        return done.code if isinstance(done.code, int) else 2
     try:
         with sigterm_as_ctrl_c():
             return parsed.handler(parsed)
@@ -53,8 +55,26 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def _with_command(args: list[str]) -> list[str]:
+    """The arguments with the command first: `pipecompile -q model.py --stages 4` is
+    `pipecompile compile -q model.py --stages 4`, and `pipecompile -q run OUT` is `run -q OUT`."""
+    if not args or args[0] in COMMANDS or args[0] in ("-h", "--help", "--version"):
+        return args
+    for k, arg in enumerate(args):
+        if arg in COMMANDS and all(a.startswith("-") for a in args[:k]):
+            return [arg, *args[:k], *args[k + 1 :]]
+    return ["compile", *args]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (with where to read more), not the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pipecompile",
         description="Compile a PyTorch model into pipeline stages and a program, and run it.",
         epilog="`pipecompile MODEL ...` is short for `pipecompile compile MODEL ...`.",
@@ -66,16 +86,19 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "model", help="model file, optionally FILE.py:NAME (default NAME: build_model)"
     )
-    comp.add_argument("--stages", type=int, required=True, help="number of pipeline stages")
+    comp.add_argument("--stages", type=_positive_int, required=True,
+                      help="number of pipeline stages")  # fmt: skip
     comp.add_argument("-o", "--output", help="output directory (default: pipecompile-out/<model>)")
-    comp.add_argument("--microbatches", type=int, default=1, help="micro-batches per mini-batch")
+    comp.add_argument("--microbatches", type=_positive_int, default=1,
+                      help="micro-batches per mini-batch (default 1: no pipelining, one "
+                      "stage works at a time)")  # fmt: skip
     comp.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES))
     comp.add_argument("--balance", default="flops", choices=COSTS)
     comp.add_argument("--split-at", action="append", default=[], metavar="[before:|after:]PATH",
                       help="start a stage at this submodule (repeatable)")  # fmt: skip
     comp.add_argument("--pin-cost", action="append", default=[], metavar="PATH=COST",
                       help="count submodule PATH as COST when balancing (repeatable)")  # fmt: skip
-    comp.add_argument("--virtual-stages", type=int, metavar="V",
+    comp.add_argument("--virtual-stages", type=_positive_int, metavar="V",
                       help="interleaved: stages per device (default 2)")  # fmt: skip
     comp.add_argument("--vertical-sync", action="store_true",
                       help="pipedream: all stages use stage 0's weight version")  # fmt: skip
@@ -124,28 +147,39 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"print the IR after a pass ({', '.join(PASSES)})")  # fmt: skip
     comp.add_argument("--onnx", action="store_true",
                       help="also export every stage to stage_<j>.onnx")  # fmt: skip
+    comp.add_argument("--force", action="store_true",
+                      help="write into an -o directory that holds files pipecompile did not "
+                      "write (they are kept)")  # fmt: skip
     comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     comp.set_defaults(handler=_compile)
 
     run = commands.add_parser("run", help="train or check a compiled pipeline")
     run.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
-    run.add_argument("--steps", type=int, default=1, help="training steps to run")
+    run.add_argument("--steps", type=_positive_int, default=1,
+                     help="training steps to run (on the example batch; weights are kept "
+                     "only with --save)")  # fmt: skip
     run.add_argument("--check", action="store_true", help="compare one step with the eager model")
     run.add_argument("--program", help="run this program file instead (verified first)")
     run.add_argument("--model", help="model file to take inputs, targets and loss_fn from")
     run.add_argument("--optimizer", default="adamw", choices=("sgd", "adam", "adamw"))
-    run.add_argument("--lr", type=float, default=1e-3)
-    run.add_argument("--atol", type=float, default=1e-5, help="--check absolute tolerance")
-    run.add_argument("--rtol", type=float, default=1e-5, help="--check relative tolerance")
+    run.add_argument("--lr", type=_nonnegative_float, default=1e-3)
+    run.add_argument("--atol", type=_nonnegative_float, default=1e-5,
+                     help="--check absolute tolerance")  # fmt: skip
+    run.add_argument("--rtol", type=_nonnegative_float, default=1e-5,
+                     help="--check relative tolerance")  # fmt: skip
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    run.add_argument("--nproc", type=int,
+    run.add_argument("--nproc", type=_positive_int,
                      help="run with one process per device through torch.distributed")  # fmt: skip
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                      help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if any)")  # fmt: skip
-    run.add_argument("--timeout", type=float, default=60.0,
+    run.add_argument("--timeout", type=_positive_float, default=60.0,
                      help="--nproc: seconds a rank may wait on one instruction")  # fmt: skip
-    run.add_argument("--save", help="checkpoint directory, written after the last step")
-    run.add_argument("--save-every", type=int, default=0, help="also save every N steps")
+    run.add_argument("--save", help="checkpoint directory (outside DIRECTORY), written after "
+                     "the last step")  # fmt: skip
+    run.add_argument("--save-every", type=_nonnegative_int, default=0,
+                     help="with --save: also save every N steps")  # fmt: skip
+    run.add_argument("--allow-stale", action="store_true",
+                     help="run even though the model file changed since compiling")  # fmt: skip
     run.add_argument("--resume", help="continue from the newest checkpoint in this directory")
     run.add_argument("--stats", action="store_true",
                      help="print measured peak in-flight and activation bytes")  # fmt: skip
@@ -163,6 +197,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
     export.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
     export.add_argument("--checkpoint", help="take the weights of this checkpoint's newest step")
+    export.add_argument("--force", action="store_true", help="replace an existing -o file")
     export.set_defaults(handler=_export)
 
     onnx = commands.add_parser("onnx", help="export every stage of a directory to ONNX")
@@ -182,6 +217,13 @@ def _parser() -> argparse.ArgumentParser:
 def _export(args: argparse.Namespace) -> int:
     from pipecompile.runtime.export import export_weights
 
+    target = Path(args.output)
+    if target.is_dir():
+        raise PipecompileError(f"export -o {target}: is a directory; name a .safetensors file")
+    if target.exists() and not args.force:
+        raise PipecompileError(
+            f"export -o {target}: the file exists; pass --force to replace it, or name another"
+        )
     count = export_weights(
         Path(args.directory), Path(args.output), Path(args.checkpoint) if args.checkpoint else None
     )
@@ -208,6 +250,32 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 1, "a whole number of at least 1")
+
+
+def _nonnegative_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 0, "a whole number of at least 0")
+
+
+def _positive_float(text: str) -> float:
+    return _number(text, float, lambda v: 0 < v < float("inf"), "a finite number above 0")
+
+
+def _nonnegative_float(text: str) -> float:
+    return _number(text, float, lambda v: 0 <= v < float("inf"), "a finite number of at least 0")
+
+
+def _number(text: str, kind: type, ok: Callable[[Any], bool], want: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {want}")
+    return value
+
+
 def _say(args: argparse.Namespace, text: str) -> None:
     if not args.quiet:
         print(text, file=sys.stderr)
@@ -215,12 +283,14 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef, emit
+    from pipecompile.codegen.output_dir import check_replaceable
     from pipecompile.model_file import load_model_file, split_ref
     from pipecompile.summary import summary
 
     path, name = split_ref(args.model)
     out = Path(args.output or Path("pipecompile-out") / path.stem)
     machine = _machine(args)  # bad machine options fail before the model loads
+    check_replaceable(out, force=args.force)  # and a refused -o before the work
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
@@ -237,7 +307,7 @@ def _compile(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )  # fmt: skip
     start = time.perf_counter()
-    emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"))
+    emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"), force=args.force)
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
     _compile_pictures(args, out)
     if args.onnx:
@@ -270,6 +340,8 @@ def _viz(args: argparse.Namespace) -> int:
     from pipecompile.viz.pictures import write_pictures
     from pipecompile.viz.render import INSTALL_HINT
 
+    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise PipecompileError(f"viz -o {args.output}: is a file; name a directory")
     pictures = write_pictures(Path(args.directory), fmt=args.format,
                               out=Path(args.output) if args.output else None)  # fmt: skip
     if not pictures.drawn:
@@ -299,11 +371,12 @@ def _run(args: argparse.Namespace) -> int:
 
     directory = Path(args.directory)
     manifest = read_manifest(directory)
+    _check_run_options(args, directory)
     if args.nproc:
         if args.stats:
             raise PipecompileError("--stats measures the local backend; drop it with --nproc")
         return _run_distributed(args)
-    spec = recorded_model(args.model, directory, manifest)
+    spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale)
     if spec.targets is None or spec.loss_fn is None:
         raise ModelFileError(
             f"{spec.path} needs example_targets() and loss_fn(output, *targets) for `run`"
@@ -345,6 +418,30 @@ def _run(args: argparse.Namespace) -> int:
     if args.stats and pipe.last_stats is not None:
         print(_stats_table(pipe, directory, args.program))
     return 0
+
+
+def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
+    """Options that contradict each other or the directory, refused before anything runs."""
+    from pipecompile.codegen.output_dir import inside
+    from pipecompile.runtime.checkpoint import latest_step_dir
+
+    if args.save_every and not args.save:
+        raise PipecompileError("--save-every needs --save DIR (where to write the checkpoints)")
+    if args.save and inside(Path(args.save), directory):
+        raise PipecompileError(
+            f"--save {args.save} lies inside {directory}, which a recompile replaces; "
+            f"save beside it instead, e.g. --save {directory.resolve()}-checkpoints"
+        )
+    if args.resume:
+        import json
+
+        step_dir = latest_step_dir(Path(args.resume))
+        step = json.loads((step_dir / "meta.json").read_text())["step"]
+        if step >= args.steps:
+            raise PipecompileError(
+                f"--resume {args.resume} continues after step {step}, but --steps {args.steps} "
+                f"ends there; pass --steps greater than {step}"
+            )
 
 
 def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ignore[no-untyped-def]
@@ -393,6 +490,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
         if getattr(args, flag):
             forwarded += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]
     forwarded += ["--check"] * args.check + ["-q"] * args.quiet
+    forwarded += ["--allow-stale"] * args.allow_stale
     return launch(args.nproc, forwarded)
 
 

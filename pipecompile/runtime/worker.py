@@ -53,6 +53,7 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save", help="checkpoint directory written after the last step")
     parser.add_argument("--save-every", type=int, default=0, help="also every N steps")
     parser.add_argument("--resume", help="checkpoint directory to resume from")
+    parser.add_argument("--allow-stale", action="store_true")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="cuda: one GPU per rank (LOCAL_RANK) and NCCL; cpu: gloo")  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true")
@@ -162,7 +163,8 @@ def _run(
             "or torchrun with that many ranks in all)"
         )
     device, replica = placement.role(rank)
-    spec = recorded_model(args.model, directory, manifest)  # first: it registers output types
+    # First: it registers output types.
+    spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale)
     modules: list[Any] = [
         load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
         for j, entry in enumerate(manifest["stages"])
