@@ -112,3 +112,34 @@ def test_nan_never_passes_a_check(model_and_out, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "not finite" in captured.out and "check FAILED" in captured.out
     assert "outputs  max |diff| nan" in captured.out
+
+
+def test_a_checkpoint_from_another_split_is_refused(tmp_path, capsys):
+    mlp = str(EXAMPLES / "mlp.py")
+    for name, extra in (("a", ["--split-at", "fc2"]), ("b", ["--split-at", "fc4"]), ("c", [])):
+        stages = "3" if name == "c" else "2"
+        assert main([mlp, "--stages", stages, "-q", "-o", str(tmp_path / name), *extra]) == 0
+    saved = tmp_path / "ck"
+    assert main(["run", str(tmp_path / "a"), "-q", "--steps", "1", "--save", str(saved)]) == 0
+    capsys.readouterr()
+    for other, detail in (("b", "split differently;"), ("c", "(2 stages, this one 3)")):
+        assert main(["run", str(tmp_path / other), "--steps", "2", "--resume", str(saved)]) == 2
+        err = capsys.readouterr().err
+        assert detail in err and "compiled directory it was trained with" in err, err
+        target = str(tmp_path / f"{other}.safetensors")
+        assert (
+            main(["export", str(tmp_path / other), "--checkpoint", str(saved), "-o", target]) == 2
+        )
+        assert "split differently" in capsys.readouterr().err
+        assert not (tmp_path / f"{other}.safetensors").exists()
+
+
+def test_a_damaged_checkpoint_names_the_file(model_and_out, tmp_path, capsys):
+    out = model_and_out[1]
+    saved = tmp_path / "ck"
+    assert main(["run", str(out), "-q", "--steps", "1", "--save", str(saved)]) == 0
+    weights = saved / "step_1" / "stage_1.safetensors"
+    weights.write_bytes(weights.read_bytes()[:40])
+    assert main(["run", str(out), "-q", "--steps", "2", "--resume", str(saved)]) == 2
+    err = capsys.readouterr().err
+    assert "step_1/stage_1.safetensors (stage 1) cannot be loaded" in err and "Traceback" not in err

@@ -18,10 +18,12 @@ none needs saving.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,7 +32,7 @@ from safetensors.torch import load_model, save_model
 from pipecompile.errors import EmitError
 from pipecompile.runtime.pipeline import Pipeline
 
-__all__ = ["save", "resume", "latest_step_dir", "save_due", "remove_partial"]
+__all__ = ["save", "resume", "latest_step_dir", "save_due", "remove_partial", "split_fingerprint"]
 
 FORMAT = "pipecompile-checkpoint/1"
 
@@ -62,7 +64,8 @@ def _write(pipe: Pipeline, root: Path, tmp: Path, step: int, rank: int) -> Path:
     _barrier()
     final = root / f"step_{step}"
     if rank == 0:
-        meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules)}
+        meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules),
+                "split": split_fingerprint(pipe.manifest)}  # fmt: skip
         (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -103,19 +106,38 @@ def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
     step count to continue from."""
     step_dir = latest_step_dir(root)
     meta = json.loads((step_dir / "meta.json").read_text())
-    if meta["stages"] != len(pipe.modules):
+    split = meta.get("split")
+    if meta["stages"] != len(pipe.modules) or (split and split != split_fingerprint(pipe.manifest)):
+        counts = f" ({meta['stages']} stages, this one {len(pipe.modules)})"
         raise EmitError(
-            f"{step_dir} holds {meta['stages']} stages, the pipeline {len(pipe.modules)}"
+            f"checkpoint {step_dir} was written by a pipeline split differently"
+            f"{counts if meta['stages'] != len(pipe.modules) else ''}; resume or export it with "
+            "the compiled directory it was trained with"
         )
     for j, module in enumerate(pipe.modules):
         if module is None:
             continue
-        load_model(module, str(step_dir / f"stage_{j}.safetensors"))
+        weights = step_dir / f"stage_{j}.safetensors"
+        try:
+            load_model(module, str(weights))
+        except Exception as err:
+            raise EmitError(
+                f"checkpoint file {weights} (stage {j}) cannot be loaded: "
+                f"{(str(err).splitlines() or [type(err).__name__])[0][:200]}; it is damaged or "
+                "from another pipeline: resume from another checkpoint"
+            ) from None
         optimizer = pipe.optimizers[j] if pipe.optimizers else None
         state = step_dir / f"stage_{j}.optim.pt"
         if optimizer is not None and state.is_file():
             optimizer.load_state_dict(torch.load(state, weights_only=True))
     return int(meta["step"])
+
+
+def split_fingerprint(manifest: dict[str, Any]) -> str:
+    """A hash of how ``manifest`` cuts the model: each stage's parameter names and the values
+    it takes and gives. A checkpoint fits a pipeline only if the two agree."""
+    stages = [[s["params"], s["inputs"], s["outputs"]] for s in manifest["stages"]]
+    return hashlib.sha256(json.dumps(stages, sort_keys=True).encode()).hexdigest()
 
 
 def _barrier() -> None:
