@@ -11,6 +11,7 @@ __all__ = [
     "ProgramError",
     "MemoryBudgetError",
     "MicrobatchError",
+    "InputError",
     "EmitError",
     "RuntimeFailure",
     "CheckError",
@@ -48,6 +49,10 @@ class MemoryBudgetError(PipecompileError):
 
 class MicrobatchError(PipecompileError):
     """The mini-batch cannot be split into the requested micro-batches."""
+
+
+class InputError(PipecompileError):
+    """The inputs or targets given to a compiled pipeline do not fit what it was compiled for."""
 
 
 class EmitError(PipecompileError):

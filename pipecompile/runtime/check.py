@@ -7,19 +7,36 @@ runs the eager model on the same micro-batches, averaging their losses.
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from pipecompile.errors import InputError, MicrobatchError, ModelFileError, PipecompileError
 from pipecompile.frontend import tracing
-from pipecompile.runtime.executor import LossFn
-from pipecompile.runtime.microbatch import join_microbatches, split_microbatches, split_targets
+from pipecompile.runtime.executor import LossFn, call_loss_fn
+from pipecompile.runtime.microbatch import (
+    check_target_rows,
+    join_microbatches,
+    split_microbatches,
+    split_targets,
+)
 from pipecompile.runtime.pipeline import Pipeline
 
-__all__ = ["CheckReport", "check_step", "compare"]
+__all__ = [
+    "CheckReport",
+    "check_step",
+    "compare",
+    "fit_weights",
+    "eager_forward",
+    "check_targets",
+    "join_outputs",
+]
 
 
 @dataclass
@@ -66,8 +83,15 @@ def check_step(
     measure_memory: bool = False,
 ) -> CheckReport:
     """Load the pipeline's weights into ``model``, run one step on both, compare.
-    ``measure_memory`` is passed to the pipeline's step (see ``Pipeline.train_step``)."""
-    model.load_state_dict(_restrict(pipe.state_dict(), model), strict=True)
+    ``measure_memory`` is passed to the pipeline's step (see ``Pipeline.train_step``).
+
+    Raises:
+        ModelFileError: ``model`` does not fit the pipeline's weights, or it or ``loss_fn``
+            failed in the eager reference.
+        InputError, MicrobatchError: inputs, targets or outputs that cannot be split or
+            joined as the pipeline does.
+    """
+    model.load_state_dict(fit_weights(pipe, model), strict=True)
     count = pipe.program.microbatches
     per_micro = any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
@@ -77,9 +101,10 @@ def check_step(
         if per_micro
         else "whole mini-batch"
     )
-    ref_loss, ref_outs, ref_grads = _eager(
-        model, inputs, targets, loss_fn, count if per_micro else 1
+    ref_loss, ref_parts, ref_grads = _eager(
+        pipe, model, inputs, targets, loss_fn, count if per_micro else 1
     )
+    ref_outs = join_outputs(pipe, ref_parts)
     grads: dict[str, torch.Tensor] = {}
     loss, outs = pipe.train_step(
         inputs, targets, loss_fn, on_step=lambda j: grads.update(pipe.named_grads(j)),
@@ -87,11 +112,13 @@ def check_step(
     )  # fmt: skip
     report = CheckReport(reference)
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
-    joined = join_microbatches(outs)
+    joined = join_outputs(pipe, outs, ref_outs)
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
         report.output_diff = max(
             report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
         )
+    if not any(p.requires_grad for p in model.parameters()):
+        report.notes.append("  (the model has no trainable parameters: no gradients to compare)")
     for name, want in ref_grads.items():
         found = grads.get(name)
         if found is None:
@@ -103,33 +130,136 @@ def check_step(
     return report
 
 
-def _restrict(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    wanted = model.state_dict().keys()
-    return {k: v for k, v in state.items() if k in wanted}
+def fit_weights(pipe: Pipeline, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The pipeline's weights under ``model``'s names, for ``model.load_state_dict``.
+
+    Raises:
+        ModelFileError: ``model`` has a tensor the pipeline lacks, or one of another shape
+            (it is not the model the pipeline was compiled from).
+    """
+    state, own = pipe.state_dict(), model.state_dict()
+    name = type(model).__name__
+    for key, tensor in own.items():
+        if key not in state:
+            problem = f"{key} is in {name} but not in {pipe.name}"
+        elif tuple(state[key].shape) != tuple(tensor.shape):
+            problem = (
+                f"{key} is {tuple(tensor.shape)} in {name} but {tuple(state[key].shape)} "
+                f"in {pipe.name}"
+            )
+        else:
+            continue
+        raise ModelFileError(
+            f"the eager model does not fit the compiled weights: {problem}; check with the "
+            f"model file {pipe.name} was compiled from (--model), or recompile"
+        )
+    return {k: v for k, v in state.items() if k in own}
 
 
 def _eager(
-    model: nn.Module, inputs: dict[str, torch.Tensor], targets: tuple[torch.Tensor, ...],
-    loss_fn: LossFn, parts: int,
-) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
+    pipe: Pipeline, model: nn.Module, inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...], loss_fn: LossFn, parts: int,
+) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:  # fmt: skip
+    """Mean loss, flat outputs per part and gradients of the eager model over ``parts``
+    equal slices of the mini-batch."""
     model.zero_grad(set_to_none=True)
     micro = split_microbatches(inputs, parts)
     micro_targets = split_targets(targets, parts)
     total, outputs = torch.zeros(()), []
     for batch, target in zip(micro, micro_targets):
-        with tracing():  # a @pipecompile.pipeline model runs its own forward here
-            out = model(**batch)
-        loss = loss_fn(out, *target) / parts
-        loss.backward()
+        out = eager_forward(pipe, lambda b: model(**b), batch, inputs)
+        check_targets(pipe, out, target, batch, inputs, scale=parts)
+        loss = call_loss_fn(loss_fn, out, target) / parts
+        if loss.requires_grad:  # not for a model without trainable parameters
+            loss.backward()
         total = total + loss.detach()
         outputs.append([t.detach() for t in pytree.tree_leaves(out)])
-    joined = join_microbatches(outputs)
     grads = {
         n: p.grad.clone()
         for n, p in model.named_parameters(remove_duplicate=False)
         if p.grad is not None
     }
-    return total, joined, grads
+    return total, outputs, grads
+
+
+def check_targets(
+    pipe: Pipeline, output: Any, targets: tuple[torch.Tensor, ...],
+    batch: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor], *, scale: int,
+) -> None:  # fmt: skip
+    """``check_target_rows`` for one slice ``batch`` of ``inputs`` (``scale`` slices); inputs
+    that do not fit what was compiled are named first, as they explain the failure."""
+    try:
+        check_target_rows(output, targets, batch, split=pipe.program.microbatches > 1, scale=scale)
+    except InputError as err:
+        pipe.blame_inputs(inputs, err)
+        raise
+
+
+def join_outputs(
+    pipe: Pipeline, parts: list[Any], reference: list[torch.Tensor] | None = None
+) -> list[torch.Tensor]:
+    """The outputs of the micro-batches joined along the batch dimension.
+
+    Raises:
+        MicrobatchError: an output is a scalar, or (compared with the eager ``reference``)
+            holds the batch in another dimension than the first, so it cannot be joined.
+    """
+    names = pipe.manifest["outputs"]
+    joined = join_microbatches(parts, names=names)
+    for k, (have, want) in enumerate(zip(joined, reference or ())):
+        micro = tuple(parts[0][k].shape)
+        dim = _batch_dim(micro, tuple(want.shape), len(parts))
+        if tuple(have.shape) != tuple(want.shape) and dim is not None:
+            label = f"output {k} ({names[k]})" if k < len(names) else f"output {k}"
+            raise MicrobatchError(
+                f"{label} has the batch in dimension {dim}, not first: it is {micro} per "
+                f"micro-batch and {tuple(want.shape)} for the whole batch, and outputs are "
+                "joined along dimension 0; return it batch first (transpose in loss_fn)"
+            )
+    return joined
+
+
+def _batch_dim(micro: tuple[int, ...], whole: tuple[int, ...], count: int) -> int | None:
+    """The dimension along which ``count`` outputs of shape ``micro`` make ``whole``."""
+    if len(micro) != len(whole):
+        return None
+    for d in range(len(micro)):
+        if (
+            whole[d] == micro[d] * count
+            and whole[:d] + whole[d + 1 :] == micro[:d] + micro[d + 1 :]
+        ):
+            return d
+    return None
+
+
+def eager_forward(
+    pipe: Pipeline, forward: Callable[[dict[str, torch.Tensor]], Any],
+    batch: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],
+) -> Any:  # fmt: skip
+    """``forward(batch)`` on the eager model. A failure is the user's model's, reported with
+    the line of the user's file it happened on, or the mini-batch ``inputs``' if they do not
+    fit what ``pipe`` was compiled for."""
+    try:
+        with tracing():  # a @pipecompile.pipeline model runs its own forward here
+            return forward(batch)
+    except PipecompileError:
+        raise
+    except Exception as err:
+        pipe.blame_inputs(inputs, err)
+        raise ModelFileError(
+            f"the eager model (the --check reference) failed{_user_line(err)}: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+
+
+def _user_line(err: BaseException) -> str:
+    """`` at FILE:LINE``: the innermost frame of ``err`` outside torch and pipecompile."""
+    ours = (Path(torch.__file__).parent, Path(__file__).parents[1])
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        path = Path(frame.filename)
+        if not any(path.is_relative_to(d) for d in ours):
+            return f" at {path.name}:{frame.lineno}"
+    return ""
 
 
 def compare(

@@ -10,15 +10,23 @@ losses, outputs and the weights after the step must agree.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.frontend import tracing
 from pipecompile.program import Program
-from pipecompile.runtime.check import CheckReport, compare
-from pipecompile.runtime.executor import LossFn
-from pipecompile.runtime.microbatch import join_microbatches, split_microbatches, split_targets
+from pipecompile.runtime.check import (
+    CheckReport,
+    check_targets,
+    compare,
+    eager_forward,
+    fit_weights,
+    join_outputs,
+)
+from pipecompile.runtime.executor import LossFn, call_loss_fn
+from pipecompile.runtime.microbatch import split_microbatches, split_targets
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["check_async_step", "weight_versions"]
@@ -49,7 +57,12 @@ def check_async_step(
     atol: float = 1e-5,
     rtol: float = 1e-5,
 ) -> CheckReport:
-    """Run one SGD step of ``pipe`` and of the reference from the same weights; compare."""
+    """Run one SGD step of ``pipe`` and of the reference from the same weights; compare.
+
+    Raises:
+        ModelFileError, InputError, MicrobatchError: as ``check_step``.
+    """
+    fit_weights(pipe, model)  # the same model as compiled, or a clear error
     start = {k: v.clone() for k, v in pipe.state_dict().items()}  # never the live tensors
     owner = {
         original: j
@@ -58,14 +71,15 @@ def check_async_step(
         for original in originals
     }
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    ref_loss, ref_outs, ref_weights = _reference(
-        pipe.program, model, start, owner, trainable, inputs, targets, loss_fn, lr
+    ref_loss, ref_parts, ref_weights = _reference(
+        pipe, model, start, owner, trainable, inputs, targets, loss_fn, lr
     )
+    ref_outs = join_outputs(pipe, ref_parts)
     pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=lr))
     loss, outs = pipe.train_step(inputs, targets, loss_fn)
     report = CheckReport("weight-stashed SGD per micro-batch (PipeDream)", what="weights")
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
-    joined = join_microbatches(outs)
+    joined = join_outputs(pipe, outs, ref_outs)
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
         report.output_diff = max(
             report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
@@ -79,12 +93,12 @@ def check_async_step(
 
 
 def _reference(
-    program: Program, model: nn.Module, start: dict[str, torch.Tensor], owner: dict[str, int],
+    pipe: Pipeline, model: nn.Module, start: dict[str, torch.Tensor], owner: dict[str, int],
     trainable: set[str], inputs: dict[str, torch.Tensor], targets: tuple[torch.Tensor, ...],
     loss_fn: LossFn, lr: float,
-) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
-    m = program.microbatches
-    versions = weight_versions(program)
+) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:  # fmt: skip
+    m = pipe.program.microbatches
+    versions = weight_versions(pipe.program)
     names = [n for n in start if n in trainable]
     history = {n: [start[n].detach().clone()] for n in names}  # history[n][v]: version v
     buffers = {
@@ -94,14 +108,18 @@ def _reference(
     micro = zip(split_microbatches(inputs, m), split_targets(targets, m))
     for i, (batch, target) in enumerate(micro):
         used = {n: history[n][versions[(owner[n], i)]].clone().requires_grad_() for n in names}
-        with tracing():  # a @pipecompile.pipeline model runs its own forward here
-            out = torch.func.functional_call(model, {**buffers, **used}, (), batch)
-        loss = loss_fn(out, *target)
-        grads = torch.autograd.grad(loss, [used[n] for n in names], allow_unused=True)
+        call = functools.partial(torch.func.functional_call, model, {**buffers, **used}, ())
+        out = eager_forward(pipe, call, batch, inputs)
+        check_targets(pipe, out, target, batch, inputs, scale=m)
+        loss = call_loss_fn(loss_fn, out, target)
+        grads = (
+            torch.autograd.grad(loss, [used[n] for n in names], allow_unused=True)
+            if names and loss.requires_grad
+            else (None,) * len(names)
+        )
         for n, g in zip(names, grads):
             latest = history[n][-1]
             history[n].append(latest - lr * g if g is not None else latest.clone())
         total = total + loss.detach() / m
         outputs.append([t.detach() for t in pytree.tree_leaves(out)])
-    joined = join_microbatches(outputs)
-    return total, joined, {n: h[-1] for n, h in history.items()}
+    return total, outputs, {n: h[-1] for n, h in history.items()}

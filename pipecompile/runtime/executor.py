@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+import os
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,18 +14,57 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.errors import RuntimeFailure
+from pipecompile.errors import ModelFileError, PipecompileError, RuntimeFailure
 from pipecompile.instr import Instr
 from pipecompile.passes.activation_memory import count_saved, tensor_bytes
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_backend import LocalBackend
+from pipecompile.runtime.microbatch import check_target_rows
 from pipecompile.runtime.stats import RunStats
 from pipecompile.runtime.weight_versions import WeightVersions
 
-__all__ = ["StepExecutor"]
+__all__ = ["StepExecutor", "LossFn", "call_loss_fn"]
 
 LossFn = Callable[..., torch.Tensor]
+
+
+def call_loss_fn(loss_fn: LossFn, output: Any, targets: Sequence[Any]) -> torch.Tensor:
+    """``loss_fn(output, *targets)``, held to its contract: it takes those arguments and
+    returns a scalar tensor.
+
+    Raises:
+        ModelFileError: loss_fn takes other arguments, raised, or returned no scalar; the
+            message names its file and line.
+    """
+    where = f"loss_fn ({_defined_at(loss_fn)})"
+    try:
+        inspect.signature(loss_fn).bind(output, *targets)
+    except TypeError:
+        takes = _parameters(loss_fn)
+        raise ModelFileError(
+            f"{where} takes {takes} but is called as loss_fn(output, *targets) with "
+            f"{1 + len(targets)}: the model's output and {len(targets)} target(s) from "
+            "example_targets(); make it take one argument per target after the output"
+        ) from None
+    except ValueError:  # no signature to check (a builtin): just call it
+        pass
+    try:
+        loss = loss_fn(output, *targets)
+    except Exception as err:
+        line = _line_in(err, loss_fn)
+        raise ModelFileError(f"{where} failed{line}: {type(err).__name__}: {err}") from err
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = (
+            f"a tensor of shape {tuple(loss.shape)}"
+            if isinstance(loss, torch.Tensor)
+            else f"a {type(loss).__name__}"
+        )
+        raise ModelFileError(
+            f"{where} returned {got}; it must return a scalar tensor, the batch mean "
+            "(e.g. reduction='mean')"
+        )
+    return loss
 
 
 @dataclass
@@ -130,9 +172,17 @@ class StepExecutor:
         return True
 
     def _call(self, j: int, args: list[Any], weights: dict[str, torch.Tensor] | None) -> tuple:
-        if weights is None:
-            return tuple(self.modules[j](*args))
-        return tuple(torch.func.functional_call(self.modules[j], weights, tuple(args)))
+        """Stage j's forward; a failure names the line of the stage file it happened on."""
+        module = self.modules[j]
+        try:
+            if weights is None:
+                return tuple(module(*args))
+            return tuple(torch.func.functional_call(module, weights, tuple(args)))
+        except PipecompileError:
+            raise
+        except Exception as err:
+            line = _line_in(err, type(module).forward)
+            raise RuntimeFailure(f"stage {j} forward{line}: {type(err).__name__}: {err}") from err
 
     def _deliver(self, j: int, i: int, outs: tuple[Any, ...]) -> None:
         if any(self.layout.remote(j, dst) for _, dst in self.layout.out_edges[j]):
@@ -350,10 +400,10 @@ class StepExecutor:
     def _loss(self, outs: tuple[Any, ...], i: int) -> torch.Tensor:
         assert self.loss_fn is not None and self.targets is not None
         output = pytree.tree_unflatten(list(outs), self.layout.output_spec)
-        loss = self.loss_fn(output, *self.targets[i])
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
-        return loss * self.loss_scale
+        count = len(self.microbatches)
+        check_target_rows(output, self.targets[i], self.microbatches[i], split=count > 1,
+                          scale=count)  # fmt: skip
+        return call_loss_fn(self.loss_fn, output, self.targets[i]) * self.loss_scale
 
     def _add_out_grad(self, j: int, i: int, name: str, grad: torch.Tensor | None) -> None:
         if grad is None:
@@ -388,3 +438,35 @@ def _mb(instr: Instr) -> int:
 
 def _grad(value: Any) -> torch.Tensor | None:
     return value.grad if isinstance(value, torch.Tensor) else None
+
+
+def _defined_at(fn: Callable[..., Any]) -> str:
+    """``file:line`` where ``fn`` is defined, or its name."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return getattr(fn, "__qualname__", repr(fn))
+    return f"{_shown(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _line_in(err: BaseException, fn: Callable[..., Any]) -> str:
+    """`` at FILE:LINE``: the innermost frame of ``err`` in the file defining ``fn``."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == code.co_filename]
+    return f" at {_shown(code.co_filename)}:{frames[-1].lineno}" if frames else ""
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when that is shorter."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return relative if len(relative) < len(path) else path
+
+
+def _parameters(fn: Callable[..., Any]) -> str:
+    params = list(inspect.signature(fn).parameters.values())
+    names = ", ".join(p.name for p in params)
+    return f"{len(params)} argument{'s' * (len(params) != 1)} ({names})"

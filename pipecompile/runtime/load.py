@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import sys
+import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 from torch import nn
 
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.program import Program
 
-__all__ = ["read_manifest", "read_program", "load_stage", "load_stages"]
+__all__ = [
+    "read_manifest",
+    "read_program",
+    "load_stage",
+    "load_stages",
+    "load_weights",
+    "recompile_hint",
+]
 
 _REQUIRED = ("format", "inputs", "outputs", "stages", "microbatches", "device_map", "program")
 
@@ -52,19 +64,140 @@ def read_program(path: Path) -> Program:
 
 
 def load_stage(directory: Path, entry: dict[str, Any]) -> nn.Module:
-    """Import ``entry["file"]``, build ``entry["class"]()``, load ``entry["weights"]`` into it."""
-    source = Path(directory) / entry["file"]
-    unique = f"pipecompile_stage_{abs(hash(str(source.resolve())))}_{entry['class']}"
-    spec = importlib.util.spec_from_file_location(unique, source)
-    if spec is None or spec.loader is None or not source.is_file():
-        raise EmitError(f"stage source {source} is missing; recompile the model")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[unique] = module
-    spec.loader.exec_module(module)
-    stage = getattr(module, entry["class"])()
-    load_model(stage, str(Path(directory) / entry["weights"]))
+    """Import ``entry["file"]``, build ``entry["class"]()``, load ``entry["weights"]`` into it.
+
+    Raises:
+        EmitError: the stage file is missing, does not import (an edit broke it), lacks the
+            class, or its weights file is missing, damaged or does not fit the module; the
+            message names the stage and the file and says how to recompile.
+    """
+    directory = Path(directory)
+    source = directory / entry["file"]
+    where = f"{_stage_label(entry)}: {source}"
+    module = _import_stage(source, entry["class"], where, directory)
+    cls = getattr(module, entry["class"], None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        found = [k for k, v in vars(module).items() if isinstance(v, type) and
+                 issubclass(v, nn.Module) and v.__module__ == module.__name__]  # fmt: skip
+        defines = f" (it defines {', '.join(found)})" if found else ""
+        raise EmitError(
+            f"{where} has no class {entry['class']!r}{defines}; undo the edit, or "
+            f"{recompile_hint(directory)}"
+        )
+    try:
+        stage = cls()
+    except Exception as err:
+        raise EmitError(
+            f"{where}: {entry['class']}() failed{_line_in(err, source)}: "
+            f"{type(err).__name__}: {err}; fix the edit, or {recompile_hint(directory)}"
+        ) from err
+    load_weights(stage, directory / entry["weights"], _stage_label(entry), directory)
     return stage
 
 
 def load_stages(directory: Path, manifest: dict[str, Any]) -> list[nn.Module]:
     return [load_stage(directory, entry) for entry in manifest["stages"]]
+
+
+def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> None:
+    """Load the safetensors file ``path`` into ``stage`` after checking that it is readable
+    and holds exactly the stage's tensors with the stage's shapes.
+
+    Raises:
+        EmitError: naming ``label`` (e.g. "stage 1") and ``path``.
+    """
+    where = f"{label}: weights {path}"
+    shapes = _weight_shapes(path, where, directory)
+    own = stage.state_dict()
+    wrong = [
+        f"{k} is {tuple(shapes[k])} there but {tuple(own[k].shape)} in {type(stage).__name__}"
+        for k in own
+        if k in shapes and tuple(shapes[k]) != tuple(own[k].shape)
+    ]
+    if wrong:
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise EmitError(
+            f"{where} do not fit the stage module: {wrong[0]}{more}; undo the edit to the "
+            f"stage file, or {recompile_hint(directory)}"
+        )
+    missing, unexpected = load_model(stage, str(path), strict=False)
+    if missing or unexpected:
+        lack = f"lack {_names(sorted(missing))}" if missing else ""
+        extra = (
+            f"hold {_names(sorted(unexpected))} that {label} does not have" if unexpected else ""
+        )
+        raise EmitError(
+            f"{where} do not fit the stage module: they {' and '.join(filter(None, (lack, extra)))}"
+            f" (another stage's weights, or an edited stage file); {recompile_hint(directory)}"
+        )
+
+
+def recompile_hint(directory: Path) -> str:
+    """``recompile: pipecompile MODEL --stages N ... -o DIRECTORY`` from the manifest."""
+    try:
+        manifest = json.loads((Path(directory) / "manifest.json").read_text())
+        model = os.path.relpath(Path(directory) / manifest["model"]["file"])
+        stages, count = len(manifest["stages"]), manifest["microbatches"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"recompile the model (`pipecompile MODEL --stages N -o {directory}`)"
+    options = f" --microbatches {count}" if count > 1 else ""
+    if manifest.get("schedule", "gpipe") != "gpipe":
+        options += f" --schedule {manifest['schedule']}"
+    return f"recompile (`pipecompile {model} --stages {stages}{options} -o {directory}`)"
+
+
+def _import_stage(source: Path, cls: str, where: str, directory: Path) -> ModuleType:
+    unique = f"pipecompile_stage_{abs(hash(str(source.resolve())))}_{cls}"
+    spec = importlib.util.spec_from_file_location(unique, source)
+    if spec is None or spec.loader is None or not source.is_file():
+        raise EmitError(f"{where} is missing; {recompile_hint(directory)}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[unique] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[unique]
+        if isinstance(err, SyntaxError):
+            at, text = f" line {err.lineno}", err.msg
+        else:
+            at, text = _line_in(err, source), str(err)
+        raise EmitError(
+            f"{where} does not import:{at}: {type(err).__name__}: {text}; fix the edit, or "
+            f"{recompile_hint(directory)}"
+        ) from err
+    return module
+
+
+def _weight_shapes(path: Path, where: str, directory: Path) -> dict[str, list[int]]:
+    """Each tensor's shape from the file's header, which also checks the file's length."""
+    if not path.is_file():
+        raise EmitError(f"{where} are missing; {recompile_hint(directory)}")
+    size = path.stat().st_size
+    if size == 0:
+        raise EmitError(f"{where} are empty (0 bytes); {recompile_hint(directory)}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_slice(k).get_shape() for k in f.keys()}
+    except (SafetensorError, OSError) as err:
+        raise EmitError(
+            f"{where} are damaged or truncated ({size} bytes: {err}); {recompile_hint(directory)}"
+        ) from None
+
+
+def _stage_label(entry: dict[str, Any]) -> str:
+    found = re.fullmatch(r"Stage(\d+)", str(entry.get("class", "")))
+    return f"stage {found.group(1)}" if found else f"stage {entry.get('class')}"
+
+
+def _line_in(err: BaseException, source: Path) -> str:
+    """`` line N`` of the innermost frame of ``err``'s traceback in ``source``, if any."""
+    here = source.resolve()
+    frames = [
+        f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve() == here
+    ]
+    return f" line {frames[-1].lineno}" if frames else ""
+
+
+def _names(names: list[str], shown: int = 3) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more if names else "nothing"

@@ -12,14 +12,19 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.compiler import topology_from_manifest
-from pipecompile.errors import PipecompileError
+from pipecompile.errors import InputError, MicrobatchError, RuntimeFailure
 from pipecompile.program import Program
 from pipecompile.runtime.executor import LossFn, StepExecutor
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stages, read_manifest, read_program
 from pipecompile.runtime.local_backend import LocalBackend
-from pipecompile.runtime.microbatch import join_microbatches, split_microbatches, split_targets
+from pipecompile.runtime.microbatch import (
+    input_mismatch,
+    join_microbatches,
+    split_microbatches,
+    split_targets,
+)
 from pipecompile.runtime.stats import RunStats
 from pipecompile.verify_program import verify_program
 
@@ -77,6 +82,7 @@ class Pipeline:
         self.optimizers: list[torch.optim.Optimizer | None] | None = None
         self.asynchronous = any(x.op == "UPDATE" for _, _, x in program.instructions())
         self.last_stats: RunStats | None = None
+        self.name = "the pipeline"  # how messages call it; Pipeline.load: its directory
 
     @classmethod
     def load(cls, directory: str | Path, program: str | Path | None = None) -> Pipeline:
@@ -85,7 +91,9 @@ class Pipeline:
         directory = Path(directory)
         manifest = read_manifest(directory)
         prog = read_program(Path(program) if program else directory / manifest["program"])
-        return cls(manifest, load_stages(directory, manifest), prog)
+        pipe = cls(manifest, load_stages(directory, manifest), prog)
+        pipe.name = str(directory)
+        return pipe
 
     def set_optimizer(self, factory: OptimizerFactory) -> None:
         """One optimizer per stage over that stage's parameters (tied copies step identically);
@@ -117,7 +125,7 @@ class Pipeline:
         gradients on the stages' parameters instead of stepping and zeroing them.
         """
         count = self.program.microbatches
-        micro = split_microbatches(self._ordered(inputs), count)
+        micro = self._split(inputs)
         micro_targets = split_targets(targets, count)
         scale = loss_scale if loss_scale is not None else 1.0 if self.asynchronous else 1 / count
         backend = self.backend()
@@ -126,7 +134,7 @@ class Pipeline:
             self.optimizers, on_step, loss_scale=scale, measure_memory=measure_memory,
             keep_grads=keep_grads,
         )  # fmt: skip
-        run_program(self._own_program(self.program), self._handlers(executor))
+        self._run(self._own_program(self.program), executor, inputs)
         if hasattr(backend, "finish"):
             backend.finish()
         if self.after_step is not None:
@@ -149,6 +157,55 @@ class Pipeline:
         devices = tuple(mine if d == self.device else () for d in range(len(program.devices)))
         return replace(program, devices=devices)
 
+    def _run(self, program: Program, executor: StepExecutor, inputs: dict[str, Any]) -> None:
+        """Run ``program``; a failure that inputs of another shape or dtype than compiled
+        explain is reported as that."""
+        try:
+            run_program(program, self._handlers(executor))
+        except (RuntimeFailure, InputError) as err:  # InputError: targets that do not fit
+            self.blame_inputs(inputs, err)
+            raise
+
+    def blame_inputs(self, inputs: dict[str, Any], cause: BaseException | None = None) -> None:
+        """Something failed: raise InputError instead if ``inputs`` do not fit what was
+        compiled (they explain the failure better than a torch error from inside a stage)."""
+        problem = self.input_problem(inputs)
+        if problem is not None:
+            raise InputError(problem) from cause
+
+    def input_problem(self, inputs: dict[str, Any], *, exact: bool = False) -> str | None:
+        """Why ``inputs`` do not fit the shapes and dtypes compiled for, or None (sizes along
+        the batch dimension are compared only if ``exact`` or the stages are specialised to
+        them)."""
+        compiled = {
+            v["value"]: (tuple(v["shape"]), v["dtype"])
+            for v in self.manifest.get("input_values", [])
+        }
+        exact = exact or self.manifest.get("model", {}).get("tracer") == "torch.export"
+        tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        return input_mismatch(
+            tensors, compiled, self.program.microbatches,
+            dim=self._batch_dim, exact=exact, where=self.name,
+        )  # fmt: skip
+
+    @property
+    def _batch_dim(self) -> int:
+        return int(self.manifest.get("batch_dim", 0))
+
+    def _split(self, inputs: dict[str, Any]) -> list[dict[str, torch.Tensor]]:
+        """The micro-batches of ``inputs``. A distributed run receives messages of the
+        compiled shapes, so its inputs must have exactly those."""
+        ordered = self._ordered(inputs)
+        if self.device is not None:
+            problem = self.input_problem(ordered, exact=True)
+            if problem is not None:
+                raise InputError(problem)
+        try:
+            return split_microbatches(ordered, self.program.microbatches, self._batch_dim)
+        except MicrobatchError:
+            self.blame_inputs(ordered)
+            raise
+
     def _handlers(self, executor: StepExecutor) -> dict[str, Handler]:
         handlers = executor.handlers()
         return self.wrap(handlers) if self.wrap is not None else handlers
@@ -157,15 +214,16 @@ class Pipeline:
     def __call__(self, inputs: dict[str, torch.Tensor]) -> Any:
         """Inference through the pipeline; returns the model's output structure."""
         count = self.program.microbatches
-        micro = split_microbatches(self._ordered(inputs), count)
+        micro = self._split(inputs)
         backend = self.backend()
         executor = StepExecutor(self.layout, self.modules, backend, micro)  # type: ignore[arg-type]
-        run_program(self._own_program(forward_only(self.program)), self._handlers(executor))
+        self._run(self._own_program(forward_only(self.program)), executor, inputs)
         if hasattr(backend, "finish"):
             backend.finish()
         if len(executor.results) < count:  # the last stage runs elsewhere
             return None
-        joined = join_microbatches([executor.results[i] for i in range(count)])
+        results = [executor.results[i] for i in range(count)]
+        joined = join_microbatches(results, names=self.manifest["outputs"])
         return pytree.tree_unflatten(joined, self.layout.output_spec)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -196,8 +254,9 @@ class Pipeline:
     def _ordered(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         missing = [n for n in self.layout.model_inputs if n not in inputs]
         if missing:
-            raise PipecompileError(
-                f"inputs lack {', '.join(missing)}; the pipeline takes "
-                f"{', '.join(self.layout.model_inputs)}"
+            raise InputError(
+                f"the inputs lack {', '.join(map(repr, missing))} (given: "
+                f"{', '.join(map(repr, inputs)) or 'none'}); {self.name} was compiled for "
+                f"inputs {', '.join(map(repr, self.layout.model_inputs))}"
             )
         return {n: inputs[n] for n in self.layout.model_inputs}

@@ -1,0 +1,68 @@
+"""Every mistake in tools/bad_inputs.py's catalogue gets a short, clear message, no traceback.
+
+Each case runs in this process through ``pipecompile.cli.main`` (a `--nproc` case still
+starts its ranks); the tool's own subprocess mode, as a user runs it, is checked on its
+``--quick`` subset. docs/ERRORS.md is generated from the same catalogue.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+TOOL = ROOT / "tools" / "bad_inputs.py"
+
+
+def _load_tool():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("bad_inputs", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bad_inputs"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bad_inputs = _load_tool()
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The catalogue's bases, compiled once for every case of this module."""
+    return bad_inputs.Workspace(tmp_path_factory.mktemp("bad_inputs"))
+
+
+@pytest.mark.parametrize("case", bad_inputs.CASES, ids=lambda case: case.id)
+def test_case(case, workspace):
+    outcome = bad_inputs.run_case(case, workspace, in_process=True)
+    assert outcome.clear, bad_inputs.show(outcome)
+
+
+def test_case_ids_are_unique():
+    ids = [case.id for case in bad_inputs.CASES]
+    assert len(ids) == len(set(ids))
+
+
+def test_quick_subset_as_a_user_runs_it():
+    result = subprocess.run(
+        [sys.executable, str(TOOL), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert "0 traceback, 0 wrong exit, 0 unclear" in last, result.stdout
+
+
+def test_a_traceback_is_classified_as_such():
+    case = bad_inputs.Case("x", "did", bad_inputs.nothing, (), "anything")
+    outcome = bad_inputs.Outcome(case, 1, "", "Traceback (most recent call last):\nValueError: x\n")
+    assert bad_inputs.judge(case, outcome).verdict == "traceback"
+    long = bad_inputs.Outcome(case, 2, "", "pipecompile: error: anything\nmore\nand more\n")
+    assert bad_inputs.judge(case, long).verdict == "unclear"
+    wrong = bad_inputs.Outcome(case, 1, "", "pipecompile: error: anything\n")
+    assert bad_inputs.judge(case, wrong).verdict == "wrong exit"
+    good = bad_inputs.Outcome(case, 2, "", "\npipecompile: error: anything\n")
+    assert bad_inputs.judge(case, good).verdict == "clear"

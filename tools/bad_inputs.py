@@ -1,0 +1,592 @@
+"""Run a catalogue of a user's mistakes through the command line and judge every message.
+
+Each case prepares a directory (usually a copy of examples/mlp.py compiled into ``out/``, then
+damaged), runs ``pipecompile ARGS`` in it as a user would, and classifies the outcome:
+
+* clear: the expected exit status, no traceback, at most two non-blank stderr lines (more
+  for a ``--nproc`` case: two per rank), the first starting ``pipecompile:``, and the
+  message matching the case's pattern;
+* traceback: a Python traceback was printed;
+* wrong exit: another exit status;
+* unclear: anything else (too long, or it does not name the culprit and the fix).
+
+Usage::
+
+    python tools/bad_inputs.py                 # every case, each in a subprocess
+    python tools/bad_inputs.py --quick         # a few cases, a few seconds
+    python tools/bad_inputs.py --only weights-truncated --show   # one case, with its output
+    python tools/bad_inputs.py --in-process    # call pipecompile.cli.main() instead (faster)
+    python tools/bad_inputs.py --markdown > docs/ERRORS.md
+
+To add a case, append a ``Case`` to ``CASES`` (cases owned by one area may live in their own
+list, concatenated into ``CASES``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MLP = REPO / "examples" / "mlp.py"
+TEST = "tests/test_bad_inputs.py::test_case"
+
+Setup = Callable[[Path], None]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One mistake: ``setup`` prepares the case directory (a copy of ``base``), then
+    ``pipecompile *argv`` runs in it and must exit with ``status`` and a message on stderr
+    matching ``message`` (a regular expression, searched in the joined stderr lines)."""
+
+    id: str
+    did: str
+    setup: Setup
+    argv: tuple[str, ...]
+    message: str
+    status: int = 2
+    base: str | None = "mlp"
+    quick: bool = False
+    max_lines: int = 2
+
+
+@dataclass
+class Outcome:
+    """What one case printed and how it is judged."""
+
+    case: Case
+    status: int
+    stdout: str
+    stderr: str
+    verdict: str = ""
+    reason: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def clear(self) -> bool:
+        return self.verdict == "clear"
+
+
+# -- setups ------------------------------------------------------------------------------
+
+
+def nothing(_: Path) -> None:
+    """The base directory as it is."""
+
+
+def edit(path: str, old: str, new: str, count: int = 1) -> Setup:
+    """A setup replacing ``old`` by ``new`` in the case directory's ``path``."""
+
+    def run(d: Path) -> None:
+        text = (d / path).read_text()
+        if old not in text:
+            raise AssertionError(f"{path} lacks {old!r}; the case needs updating")
+        (d / path).write_text(text.replace(old, new, count))
+
+    return run
+
+
+def write(path: str, text: str) -> Setup:
+    def run(d: Path) -> None:
+        (d / path).write_text(text)
+
+    return run
+
+
+def truncate(path: str, keep: float) -> Setup:
+    """Keep the first ``keep`` fraction of ``path``'s bytes."""
+
+    def run(d: Path) -> None:
+        data = (d / path).read_bytes()
+        (d / path).write_bytes(data[: int(len(data) * keep)])
+
+    return run
+
+
+def delete(path: str) -> Setup:
+    def run(d: Path) -> None:
+        (d / path).unlink()
+
+    return run
+
+
+def copy(src: str, dst: str) -> Setup:
+    def run(d: Path) -> None:
+        shutil.copyfile(d / src, d / dst)
+
+    return run
+
+
+def compiled(setup: Setup, model: str = "model.py", out: str = "out") -> Setup:
+    """``setup`` (writing ``model``), then compile ``model`` into ``out`` as the base is."""
+
+    def run(d: Path) -> None:
+        setup(d)
+        argv = [model, "--stages", "2", "--microbatches", "2", "-q", "-o", out]
+        result = run_in_process(argv, d)
+        if result.status != 0:
+            raise AssertionError(f"compiling {model} failed:\n{result.stderr}")
+
+    return run
+
+
+def mlp_variant(*edits: tuple[str, str], name: str = "model.py") -> Setup:
+    """Write examples/mlp.py with each (old, new) replaced to ``name``."""
+
+    def run(d: Path) -> None:
+        text = MLP.read_text()
+        for old, new in edits:
+            if old not in text:
+                raise AssertionError(f"examples/mlp.py lacks {old!r}; the case needs updating")
+            text = text.replace(old, new)
+        (d / name).write_text(text)
+
+    return run
+
+
+# -- the catalogue -----------------------------------------------------------------------
+
+RUN = ("run", "out", "-q")
+CHECK = ("run", "out", "--check", "-q")
+INPUTS = "return (torch.randn(BATCH_SIZE, IN_FEATURES, generator=g),)"
+TARGETS = "return (torch.randn(BATCH_SIZE, OUT_FEATURES, generator=g),)"
+LOSS = 'return F.mse_loss(output, target, reduction="mean")'
+FORWARD_RETURN = "return self.fc5(x)"
+
+NO_PARAMS = '''"""A model without parameters."""
+import torch
+
+
+class Act(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2 + 1
+
+
+def build_model():
+    return Act()
+
+
+def example_inputs():
+    return (torch.randn(8, 32),)
+
+
+def example_targets():
+    return (torch.randn(8, 32),)
+
+
+def loss_fn(output, target):
+    return torch.nn.functional.mse_loss(output, target)
+'''
+
+STAGE_CASES = [
+    Case("stage-syntax-error", "edited out/stage_1.py, leaving a syntax error",
+         edit("out/stage_1.py", "def forward(self, act2):", "def forward(self, act2:"),
+         RUN, r"out/stage_1\.py.*line \d+.*SyntaxError.*recompile", quick=True),
+    Case("stage-layer-size", "edited a layer's size in out/stage_1.py",
+         edit("out/stage_1.py", "in_features=64, out_features=10",
+              "in_features=64, out_features=12"),
+         RUN, r"stage_1\.safetensors.*fc5\.weight.*\(10, 64\).*\(12, 64\).*recompile"),
+    Case("stage-class-renamed", "renamed the class in out/stage_1.py",
+         edit("out/stage_1.py", "class Stage1(", "class MyStage("),
+         RUN, r"out/stage_1\.py.*no class 'Stage1'.*recompile"),
+    Case("stage-bad-import", "added an import of a missing module to out/stage_1.py",
+         edit("out/stage_1.py", "import torch\n", "import torch\nimport torchvisionx\n"),
+         RUN, r"out/stage_1\.py.*line 8.*torchvisionx.*recompile"),
+    Case("stage-file-deleted", "deleted out/stage_1.py",
+         delete("out/stage_1.py"), RUN, r"out/stage_1\.py.*missing.*recompile"),
+    Case("stage-forward-error", "edited forward() in out/stage_1.py to use a missing layer",
+         edit("out/stage_1.py", "self.fc5(act4)", "self.fc6(act4)"),
+         RUN, r"stage 1 forward at out/stage_1\.py:\d+: AttributeError.*fc6"),
+]  # fmt: skip
+
+WEIGHT_CASES = [
+    Case("weights-truncated", "truncated out/stage_1.safetensors (a copy cut short)",
+         truncate("out/stage_1.safetensors", 0.5),
+         RUN, r"stage 1: weights out/stage_1\.safetensors.*(damaged|truncated).*recompile",
+         quick=True),
+    Case("weights-empty", "emptied out/stage_1.safetensors (0 bytes)",
+         truncate("out/stage_1.safetensors", 0.0),
+         RUN, r"stage 1: weights out/stage_1\.safetensors.*empty.*recompile"),
+    Case("weights-deleted", "deleted out/stage_1.safetensors",
+         delete("out/stage_1.safetensors"),
+         RUN, r"stage 1: weights out/stage_1\.safetensors.*missing.*recompile"),
+    Case("weights-swapped", "copied out/stage_0.safetensors over out/stage_1.safetensors",
+         copy("out/stage_0.safetensors", "out/stage_1.safetensors"),
+         RUN, r"stage 1: weights out/stage_1\.safetensors.*fc3\.weight.*recompile"),
+]  # fmt: skip
+
+INPUT_CASES = [
+    Case("input-shape", "ran with --model whose example_inputs() has another feature size",
+         mlp_variant(("IN_FEATURES = 32", "IN_FEATURES = 16")),
+         (*RUN, "--model", "model.py"),
+         r"input 'x' has shape \(8, 16\).*compiled for \(8, 32\)", quick=True),
+    Case("input-no-batch-dim", "ran with --model whose example_inputs() lacks the batch dim",
+         mlp_variant((INPUTS, "return (torch.randn(IN_FEATURES, generator=g),)")),
+         (*RUN, "--model", "model.py"),
+         r"input 'x' has shape \(32,\).*compiled for \(8, 32\)"),
+    Case("input-no-batch-dim-check", "the input without its batch dim, under run --check",
+         mlp_variant((INPUTS, "return (torch.randn(IN_FEATURES, generator=g),)")),
+         (*CHECK, "--model", "model.py"),
+         r"input 'x' has shape \(32,\).*compiled for \(8, 32\).*lacks the batch dimension"),
+    Case("input-missing", "ran with --model whose forward() names its input differently",
+         mlp_variant(("def forward(self, x: torch.Tensor)", "def forward(self, y: torch.Tensor)"),
+                     ("x = self.act1(self.fc1(x))", "x = self.act1(self.fc1(y))")),
+         (*RUN, "--model", "model.py"), r"inputs lack 'x' \(given: 'y'\).*compiled for"),
+    Case("check-other-model", "ran --check with --model of another model (other layer sizes)",
+         mlp_variant(("IN_FEATURES = 32", "IN_FEATURES = 16")),
+         (*CHECK, "--model", "model.py"),
+         r"eager model does not fit.*fc1\.weight is \(64, 16\) in MLP but \(64, 32\) in out"),
+    Case("input-dtype", "ran with --model whose example_inputs() are float64",
+         mlp_variant((INPUTS, "return (torch.randn(BATCH_SIZE, IN_FEATURES, generator=g, "
+                              "dtype=torch.float64),)")),
+         (*RUN, "--model", "model.py"), r"input 'x'.*float64.*compiled for.*float32"),
+    Case("input-dtype-check", "example_inputs() are float64, under run --check",
+         mlp_variant((INPUTS, "return (torch.randn(BATCH_SIZE, IN_FEATURES, generator=g, "
+                              "dtype=torch.float64),)")),
+         (*CHECK, "--model", "model.py"), r"input 'x'.*float64.*compiled for.*float32"),
+]  # fmt: skip
+
+TRAINING_CASES = [
+    Case("targets-batch", "example_targets() has another batch size than the inputs",
+         mlp_variant((TARGETS, "return (torch.randn(6, OUT_FEATURES, generator=g),)")),
+         (*RUN, "--model", "model.py"), r"target 0 has shape \(6, 10\).*batch.*8"),
+    Case("targets-batch-check", "example_targets() has another batch size, under run --check",
+         mlp_variant((TARGETS, "return (torch.randn(6, OUT_FEATURES, generator=g),)")),
+         (*CHECK, "--model", "model.py"), r"target 0 has shape \(6, 10\).*batch.*8"),
+    Case("loss-not-scalar", "loss_fn returns a tensor per sample (reduction='none')",
+         mlp_variant((LOSS, 'return F.mse_loss(output, target, reduction="none")')),
+         (*RUN, "--model", "model.py"), r"loss_fn.*model\.py.*shape \(4, 10\).*scalar"),
+    Case("loss-not-scalar-check", "loss_fn returns a tensor per sample, under run --check",
+         mlp_variant((LOSS, 'return F.mse_loss(output, target, reduction="none")')),
+         (*CHECK, "--model", "model.py"), r"loss_fn.*model\.py.*shape \(\d, 10\).*scalar"),
+    Case("loss-fn-arity", "loss_fn takes one argument but there is one target",
+         mlp_variant(("def loss_fn(output: torch.Tensor, target: torch.Tensor)",
+                      "def loss_fn(output: torch.Tensor)"),
+                     (LOSS, "return output.pow(2).mean()")),
+         (*RUN, "--model", "model.py"),
+         r"loss_fn \(model\.py:\d+\) takes 1 argument.*with 2.*output.*target"),
+    Case("loss-fn-arity-check", "loss_fn takes one argument, under run --check",
+         mlp_variant(("def loss_fn(output: torch.Tensor, target: torch.Tensor)",
+                      "def loss_fn(output: torch.Tensor)"),
+                     (LOSS, "return output.pow(2).mean()")),
+         (*CHECK, "--model", "model.py"),
+         r"loss_fn \(model\.py:\d+\) takes 1 argument.*with 2.*output.*target"),
+    Case("loss-fn-raises", "loss_fn fails inside (a shape mismatch in the user's code)",
+         mlp_variant((LOSS, "return (output @ target).mean()")),
+         (*RUN, "--model", "model.py"), r"loss_fn.*model\.py:\d+.*RuntimeError"),
+    Case("no-params-check", "run --check on a model without parameters",
+         compiled(write("model.py", NO_PARAMS)), CHECK,
+         r"no trainable parameters.*check passed", status=0, base=None),
+]  # fmt: skip
+
+OUTPUT_CASES = [
+    Case("output-batch-not-first", "forward() returns its output transposed (batch last)",
+         compiled(mlp_variant((FORWARD_RETURN, "return self.fc5(x).t()"),
+                              (LOSS, 'return F.mse_loss(output.t(), target, reduction="mean")'))),
+         CHECK, r"output 0 \(\w+\) has the batch in dimension 1.*\(10, 4\).*\(10, 8\)",
+         base=None),
+    Case("output-scalar", "forward() returns an extra scalar output",
+         compiled(mlp_variant((FORWARD_RETURN, "y = self.fc5(x)\n        return y, y.mean()"),
+                     (LOSS, 'return F.mse_loss(output[0], target, reduction="mean")'))),
+         CHECK, r"output 1 \(\w+\) is a scalar.*loss_fn", base=None),
+]  # fmt: skip
+
+NPROC_CASES = [
+    Case("nproc-stage-syntax-error", "edited out/stage_1.py, leaving a syntax error; --nproc 2",
+         edit("out/stage_1.py", "def forward(self, act2):", "def forward(self, act2:"),
+         (*RUN, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.py.*line \d+.*recompile",
+         max_lines=4),
+    Case("nproc-weights-truncated", "truncated out/stage_1.safetensors; --nproc 2",
+         truncate("out/stage_1.safetensors", 0.5),
+         (*RUN, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.safetensors.*recompile",
+         max_lines=4),
+    Case("nproc-input-batch", "ran --nproc 2 with inputs of another batch size than compiled",
+         mlp_variant(("BATCH_SIZE = 8", "BATCH_SIZE = 16")),
+         (*RUN, "--nproc", "2", "--model", "model.py"),
+         r"input 'x' has shape \(16, 32\).*compiled for \(8, 32\).*batch size differs",
+         max_lines=4),
+    Case("nproc-weights-swapped", "copied stage_0's weights over stage_1's; --nproc 2 --check",
+         copy("out/stage_0.safetensors", "out/stage_1.safetensors"),
+         (*CHECK, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.safetensors.*recompile",
+         max_lines=4),
+]  # fmt: skip
+
+CASES: list[Case] = [
+    *STAGE_CASES, *WEIGHT_CASES, *INPUT_CASES, *TRAINING_CASES, *OUTPUT_CASES, *NPROC_CASES,
+]  # fmt: skip
+
+
+# -- bases: prepared once, copied per case -----------------------------------------------
+
+
+def build_mlp(d: Path) -> None:
+    """examples/mlp.py as mlp.py, compiled into out/ (2 stages, 2 micro-batches)."""
+    shutil.copyfile(MLP, d / "mlp.py")
+    argv = ["mlp.py", "--stages", "2", "--microbatches", "2", "-q", "-o", "out"]
+    result = run_in_process(argv, d)
+    if result.status != 0:
+        raise SystemExit(f"bad_inputs: compiling the base failed:\n{result.stderr}")
+
+
+BASES: dict[str, Callable[[Path], None]] = {"mlp": build_mlp}
+
+
+class Workspace:
+    """A temporary directory holding each base (built on first use) and each case's copy."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bases: dict[str, Path] = {}
+
+    def prepare(self, case: Case) -> Path:
+        d = self.root / "cases" / case.id
+        if case.base is None:
+            d.mkdir(parents=True)
+        else:
+            shutil.copytree(self.base(case.base), d, symlinks=True)
+        case.setup(d)
+        return d
+
+    def base(self, name: str) -> Path:
+        if name not in self.bases:
+            d = self.root / "bases" / name
+            d.mkdir(parents=True)
+            BASES[name](d)
+            self.bases[name] = d
+        return self.bases[name]
+
+
+# -- running -----------------------------------------------------------------------------
+
+
+def run_subprocess(argv: Sequence[str], cwd: Path) -> Outcome:
+    """``python -m pipecompile ARGV`` in ``cwd``, as a user runs it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pipecompile", *argv], cwd=cwd, capture_output=True, text=True,
+        env={**os.environ, "PIPECOMPILE_DEBUG": ""}, timeout=300,
+    )  # fmt: skip
+    return Outcome(_NO_CASE, result.returncode, result.stdout, result.stderr)
+
+
+def run_in_process(argv: Sequence[str], cwd: Path) -> Outcome:
+    """``pipecompile.cli.main(argv)`` in ``cwd`` with stdout and stderr captured; an
+    exception escaping main() is printed as the interpreter would and counts as status 1.
+    Warnings are printed to the captured stderr as a fresh process would print them (a test
+    runner's filters and earlier cases' once-only registries would otherwise hide them);
+    output written straight to file descriptor 2, and logging handlers made before the
+    capture, are missed: the subprocess mode sees them."""
+    from pipecompile.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            _default_filters()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = _call(main, argv)
+    finally:
+        os.chdir(previous)
+    shown = "".join(
+        warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
+    )
+    return Outcome(_NO_CASE, status, out.getvalue(), shown + err.getvalue())
+
+
+def _call(main: Callable[[list[str]], int], argv: Sequence[str]) -> int:
+    try:
+        return main(list(argv))
+    except SystemExit as exit_:  # argparse
+        return exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # what the user would see as a traceback
+        traceback.print_exc()
+        return 1
+
+
+def _default_filters() -> None:
+    """Python's default warning filters, as a new process has them."""
+    warnings.resetwarnings()
+    warnings.simplefilter("default")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
+        warnings.simplefilter("ignore", category)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+
+
+def judge(case: Case, outcome: Outcome) -> Outcome:
+    """Classify ``outcome`` as clear, traceback, wrong exit or unclear."""
+    outcome.case = case
+    lines = [ln for ln in outcome.stderr.splitlines() if ln.strip()]
+    outcome.lines = lines
+    if "Traceback (most recent call last)" in outcome.stdout + outcome.stderr:
+        outcome.verdict, outcome.reason = "traceback", _last_error(lines)
+    elif outcome.status != case.status:
+        outcome.verdict = "wrong exit"
+        outcome.reason = f"exit {outcome.status}, expected {case.status}"
+    elif case.status == 0:
+        _judge_success(case, outcome)
+    elif not lines or not lines[0].startswith("pipecompile:"):
+        outcome.verdict, outcome.reason = "unclear", "no `pipecompile:` message on stderr"
+    elif len(lines) > case.max_lines:
+        outcome.verdict = "unclear"
+        outcome.reason = f"{len(lines)} stderr lines, at most {case.max_lines} expected"
+    elif not re.search(case.message, " ".join(lines), re.S):
+        outcome.verdict, outcome.reason = "unclear", f"message does not match {case.message!r}"
+    else:
+        outcome.verdict = "clear"
+    return outcome
+
+
+def _judge_success(case: Case, outcome: Outcome) -> None:
+    """A case that must succeed: nothing on stderr, the message in the report on stdout."""
+    if outcome.lines:
+        outcome.verdict, outcome.reason = "unclear", f"stderr: {outcome.lines[0][:100]}"
+    elif not re.search(case.message, outcome.stdout, re.S):
+        outcome.verdict, outcome.reason = "unclear", f"stdout does not match {case.message!r}"
+    else:
+        outcome.verdict = "clear"
+        outcome.lines = [ln.strip() for ln in outcome.stdout.splitlines() if ln.strip()]
+
+
+def _last_error(lines: list[str]) -> str:
+    errors = [ln for ln in lines if re.match(r"^\w+(\.\w+)*(Error|Exception|Failure)\b", ln)]
+    return (errors or lines or [""])[-1][:160]
+
+
+def run_case(case: Case, space: Workspace, *, in_process: bool) -> Outcome:
+    d = space.prepare(case)
+    runner = run_in_process if in_process else run_subprocess
+    outcome = runner(case.argv, d)
+    outcome.stderr = outcome.stderr.replace(f"{d}/", "").replace(str(d), ".")
+    return judge(case, outcome)
+
+
+def run_cases(cases: Sequence[Case], *, in_process: bool, jobs: int = 1) -> list[Outcome]:
+    with tempfile.TemporaryDirectory(prefix="pipecompile-bad-") as tmp:
+        space = Workspace(Path(tmp).resolve())
+        for name in {c.base for c in cases if c.base is not None}:
+            space.base(name)
+        if in_process or jobs <= 1:
+            return [run_case(c, space, in_process=in_process) for c in cases]
+        with ThreadPoolExecutor(jobs) as pool:
+            return list(pool.map(lambda c: run_case(c, space, in_process=False), cases))
+
+
+_NO_CASE = Case("", "", nothing, (), "")
+
+
+# -- reports -----------------------------------------------------------------------------
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    width = max(len(o.case.id) for o in outcomes)
+    rows = [f"{'case':<{width}}  verdict     exit  message"]
+    for o in outcomes:
+        shown = o.lines[0] if o.clear else o.reason
+        rows.append(f"{o.case.id:<{width}}  {o.verdict:<10}  {o.status:>4}  {shown[:120]}")
+    return "\n".join(rows)
+
+
+def counts(outcomes: Sequence[Outcome]) -> str:
+    def n(verdict: str) -> int:
+        return sum(o.verdict == verdict for o in outcomes)
+
+    return (
+        f"{len(outcomes)} cases tried: {n('clear')} clear, {n('traceback')} traceback, "
+        f"{n('wrong exit')} wrong exit, {n('unclear')} unclear"
+    )
+
+
+def markdown(outcomes: Sequence[Outcome]) -> str:
+    rows = [
+        "# Errors a user can make, and what pipecompile says",
+        "",
+        "Every mistake below exits with the status shown and prints the message shown (one",
+        "or two lines on stderr, one or two per rank under `--nproc`), never a traceback.",
+        "`out/` is examples/mlp.py compiled with `--stages 2 --microbatches 2`; `model.py` is",
+        "a variant of it. Generated by `tools/bad_inputs.py`; regenerate with",
+        "",
+        "```bash",
+        "python tools/bad_inputs.py --markdown > docs/ERRORS.md",
+        "```",
+        "",
+        "| What the user did | Command | Message | Exit | Test |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for o in outcomes:
+        message = "<br>".join(f"`` {_cell(ln)} ``" for ln in o.lines) if o.clear else o.verdict
+        command = _cell("pipecompile " + " ".join(o.case.argv))
+        rows.append(
+            f"| {_cell(o.case.did)} | `{command}` | {message} | {o.status} | "
+            f"`{TEST}[{o.case.id}]` |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def show(o: Outcome) -> str:
+    return (
+        f"== {o.case.id}: {o.verdict} ({o.reason or 'ok'})\n$ pipecompile "
+        f"{' '.join(o.case.argv)}\n-- exit {o.status}; stdout:\n{o.stdout}-- stderr:\n{o.stderr}"
+    )
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def select(cases: Sequence[Case], only: Sequence[str], quick: bool) -> list[Case]:
+    known = {c.id for c in cases}
+    unknown = [i for i in only if i not in known]
+    if unknown:
+        raise SystemExit(f"bad_inputs: unknown case(s) {', '.join(unknown)}; see --list")
+    if only:
+        return [c for c in cases if c.id in only]
+    return [c for c in cases if c.quick] if quick else list(cases)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the few quick cases")
+    parser.add_argument("--only", action="append", default=[], metavar="ID",
+                        help="run this case (repeatable)")  # fmt: skip
+    parser.add_argument("--in-process", action="store_true",
+                        help="call pipecompile.cli.main(), not a subprocess per case")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="subprocesses at once (default: the CPU count)")  # fmt: skip
+    parser.add_argument("--show", action="store_true", help="print each case's full output")
+    parser.add_argument("--markdown", action="store_true", help="print docs/ERRORS.md")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(f"{c.id:<28} {c.did}" for c in CASES))
+        return 0
+    cases = select(CASES, args.only, args.quick)
+    outcomes = run_cases(cases, in_process=args.in_process, jobs=args.jobs)
+    if args.markdown:
+        print(markdown(outcomes), end="")
+    else:
+        for o in outcomes if args.show else ():
+            print(show(o))
+        print(table(outcomes))
+        print(counts(outcomes))
+    return 0 if all(o.clear for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
