@@ -118,7 +118,8 @@ def test_microbatches_must_divide_the_batch(tmp_path, capsys):
 def test_errors_are_one_line_without_traceback(tmp_path):
     path = write_model_file(tmp_path, "import torch\nx = 1\n")
     result = subprocess.run(
-        [sys.executable, "-m", "pipecompile", str(path), "--stages", "2", "-o", str(tmp_path / "o")],
+        [sys.executable, "-m", "pipecompile", str(path), "--stages", "2",
+         "-o", str(tmp_path / "o")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 2

@@ -7,6 +7,7 @@ runs the eager model on the same micro-batches, averaging their losses.
 
 from __future__ import annotations
 
+import math
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ __all__ = [
     "CheckReport",
     "check_step",
     "compare",
+    "worst",
     "fit_weights",
     "eager_forward",
     "check_targets",
@@ -114,7 +116,7 @@ def check_step(
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
     joined = join_outputs(pipe, outs, ref_outs)
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
-        report.output_diff = max(
+        report.output_diff = worst(
             report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
         )
     if not any(p.requires_grad for p in model.parameters()):
@@ -125,7 +127,7 @@ def check_step(
             report.failures.append(f"gradient of {name}: the pipeline computed none")
             continue
         diff = compare(report, f"gradient of {name}", found, want, atol, rtol)
-        if diff >= report.grad_diff:
+        if not diff < report.grad_diff:  # NaN is the worst
             report.grad_diff, report.worst_grad = diff, name
     return report
 
@@ -275,7 +277,18 @@ def compare(
         if not same:
             report.failures.append(f"{what}: values differ")
         return 0.0 if same else float("inf")
+    bad = [side for side, t in (("pipeline", have), ("eager", want)) if not t.isfinite().all()]
+    if bad:  # NaN compares false with everything: it must never pass for agreement
+        report.failures.append(f"{what}: {' and '.join(bad)} not finite (NaN or inf)")
+        return float("nan")
     diff = (have - want).abs()
     if bool((diff > atol + rtol * want.abs()).any()):
         report.failures.append(f"{what}: max |diff| {diff.max().item():.3e}")
     return float(diff.max()) if diff.numel() else 0.0
+
+
+def worst(a: float, b: float) -> float:
+    """The larger difference, NaN counting as the largest of all."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return max(a, b)

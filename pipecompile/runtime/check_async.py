@@ -24,6 +24,7 @@ from pipecompile.runtime.check import (
     eager_forward,
     fit_weights,
     join_outputs,
+    worst,
 )
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.microbatch import split_microbatches, split_targets
@@ -81,13 +82,13 @@ def check_async_step(
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
     joined = join_outputs(pipe, outs, ref_outs)
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
-        report.output_diff = max(
+        report.output_diff = worst(
             report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
         )
     after = pipe.state_dict()
     for name, want in ref_weights.items():
         diff = compare(report, f"weight {name} after the step", after[name], want, atol, rtol)
-        if diff >= report.grad_diff:
+        if not diff < report.grad_diff:  # NaN is the worst
             report.grad_diff, report.worst_grad = diff, name
     return report
 
