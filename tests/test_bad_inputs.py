@@ -66,3 +66,16 @@ def test_a_traceback_is_classified_as_such():
     assert bad_inputs.judge(case, wrong).verdict == "wrong exit"
     good = bad_inputs.Outcome(case, 2, "", "\npipecompile: error: anything\n")
     assert bad_inputs.judge(case, good).verdict == "clear"
+    silent = bad_inputs.Outcome(case, 0, "", "")
+    assert bad_inputs.judge(case, silent).verdict == "silently wrong"
+
+
+def test_a_changed_user_file_is_classified_as_data_lost(workspace):
+    """The detector itself: --force overwrites the file the case declares the user's."""
+    case = bad_inputs.Case(
+        "overwrite-on-purpose", "export --force onto the user's file",
+        bad_inputs.write("mine.safetensors", "precious"),
+        ("export", "out", "-o", "mine.safetensors", "--force"), r"wrote", status=0,
+        intact=("mine.safetensors",),
+    )  # fmt: skip
+    assert bad_inputs.run_case(case, workspace, in_process=True).verdict == "data lost"

@@ -4,11 +4,13 @@ Each case prepares a directory (usually a copy of examples/mlp.py compiled into 
 damaged), runs ``pipecompile ARGS`` in it as a user would, and classifies the outcome:
 
 * clear: the expected exit status, no traceback, at most two non-blank stderr lines (more
-  for a ``--nproc`` case: two per rank), the first starting ``pipecompile:``, and the
-  message matching the case's pattern;
+  for a ``--nproc`` case: two per rank), the first starting ``pipecompile:`` (``pipecompile
+  COMMAND:`` for a usage mistake), and the message matching the case's pattern;
 * traceback: a Python traceback was printed;
 * wrong exit: another exit status;
-* unclear: anything else (too long, or it does not name the culprit and the fix).
+* unclear: anything else (too long, or it does not name the culprit and the fix);
+* silently wrong: it exited 0 where it must fail;
+* data lost: a file the case names as the user's changed or disappeared.
 
 Usage::
 
@@ -62,6 +64,7 @@ class Case:
     base: str | None = "mlp"
     quick: bool = False
     max_lines: int = 2
+    intact: tuple[str, ...] = ()  # files (in the case directory) that must not change
 
 
 @dataclass
@@ -102,6 +105,7 @@ def edit(path: str, old: str, new: str, count: int = 1) -> Setup:
 
 def write(path: str, text: str) -> Setup:
     def run(d: Path) -> None:
+        (d / path).parent.mkdir(parents=True, exist_ok=True)
         (d / path).write_text(text)
 
     return run
@@ -325,8 +329,153 @@ NPROC_CASES = [
          max_lines=4),
 ]  # fmt: skip
 
+
+def mkdir(path: str) -> Setup:
+    def run(d: Path) -> None:
+        (d / path).mkdir(parents=True, exist_ok=True)
+
+    return run
+
+
+def steps(*setups: Setup) -> Setup:
+    """Each setup in turn."""
+
+    def run(d: Path) -> None:
+        for setup in setups:
+            setup(d)
+
+    return run
+
+
+def ran(*argv: str) -> Setup:
+    """A setup that runs ``pipecompile ARGV`` (it must succeed)."""
+
+    def run(d: Path) -> None:
+        result = run_in_process(argv, d)
+        if result.status != 0:
+            raise AssertionError(f"pipecompile {' '.join(argv)} failed:\n{result.stderr}")
+
+    return run
+
+
+COMPILE = ("mlp.py", "--stages", "2", "-q")
+RESIDUAL = '''"""A residual MLP: stage 1 takes a value named `add`."""
+import torch
+
+
+class Residual(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        self.c = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = x + torch.relu(self.a(x))
+        h = h + torch.relu(self.b(h))
+        return self.c(h)
+
+
+def build_model():
+    return Residual()
+
+
+def example_inputs():
+    return (torch.randn(8, 16),)
+'''
+
+OUTPUT_DIR_CASES = [
+    Case("out-foreign-manifest", "-o webapp/, a folder with its own manifest.json and index.html",
+         steps(write("webapp/manifest.json", '{"name": "app"}\n'),
+               write("webapp/index.html", "hi")),
+         (*COMPILE, "-o", "webapp"), r"webapp.*is not a pipecompile output.*index\.html.*--force",
+         quick=True, intact=("webapp/manifest.json", "webapp/index.html")),
+    Case("out-user-files", "recompiled into out/ after adding NOTES.md and results/ to it",
+         steps(write("out/NOTES.md", "notes"), mkdir("out/results"),
+               write("out/results/run1.txt", "0.5")),
+         (*COMPILE, "-o", "out", "--stages", "3"), r"NOTES\.md, results/.*--force",
+         intact=("out/NOTES.md", "out/results/run1.txt", "out/stage_1.py")),
+    Case("out-checkpoints-inside", "run out --save out/checkpoints (a recompile would delete them)",
+         nothing, ("run", "out", "--save", "out/checkpoints"), r"inside out.*recompile replaces"),
+    Case("out-is-a-file", "-o naming an existing file", write("notes.txt", "mine"),
+         (*COMPILE, "-o", "notes.txt"), r"notes\.txt.*is a file", intact=("notes.txt",)),
+    Case("out-under-a-file", "-o under an existing file", write("notes.txt", "mine"),
+         (*COMPILE, "-o", "notes.txt/out"), r"cannot create output directory.*notes\.txt",
+         intact=("notes.txt",)),
+    Case("out-name-too-long", "-o with a 300-character name", nothing,
+         (*COMPILE, "-o", "x" * 300), r"too long; choose a shorter -o"),
+    Case("export-overwrite", "export -o onto an existing file", write("mine.safetensors", "x"),
+         ("export", "out", "-o", "mine.safetensors"), r"file exists; pass --force",
+         intact=("mine.safetensors",)),
+    Case("export-onto-dir", "export -o naming a directory", nothing,
+         ("export", "out", "-o", "out"), r"is a directory; name a \.safetensors file",
+         intact=("out/stage_0.safetensors",)),
+    Case("viz-onto-file", "viz -o naming a file", write("mine.svg", "mine"),
+         ("viz", "out", "-o", "mine.svg"), r"is a file; name a directory", intact=("mine.svg",)),
+]  # fmt: skip
+
+OPTION_CASES = [
+    Case("steps-zero", "run --steps 0", nothing, (*RUN, "--steps", "0"),
+         r"--steps: '0' is not a whole number of at least 1", quick=True),
+    Case("steps-negative", "run --steps -5", nothing, (*RUN, "--steps", "-5"), r"--steps: '-5'"),
+    Case("nproc-zero", "run --nproc 0", nothing, (*RUN, "--nproc", "0"), r"--nproc: '0'"),
+    Case("stages-zero", "--stages 0", nothing, (*COMPILE, "-o", "o", "--stages", "0"),
+         r"--stages: '0'"),
+    Case("microbatches-zero", "--microbatches 0", nothing,
+         (*COMPILE, "-o", "o", "--microbatches", "0"), r"--microbatches: '0'"),
+    Case("virtual-stages-zero", "--schedule interleaved --virtual-stages 0", nothing,
+         ("mlp.py", "--stages", "4", "-o", "o", "--schedule", "interleaved",
+          "--virtual-stages", "0"), r"--virtual-stages: '0'"),
+    Case("save-every-without-save", "run --save-every 2 without --save", nothing,
+         (*RUN, "--save-every", "2"), r"--save-every needs --save"),
+    Case("resume-beyond-steps", "run --resume ck at step 3 with --steps 2",
+         ran("run", "out", "-q", "--steps", "3", "--save", "ck"),
+         (*RUN, "--steps", "2", "--resume", "ck"), r"after step 3.*--steps greater than 3"),
+    Case("atol-negative", "run --check --atol -1", nothing, (*CHECK, "--atol", "-1"),
+         r"--atol: '-1' is not a finite number of at least 0"),
+    Case("lr-negative", "run --lr -0.1", nothing, (*RUN, "--lr", "-0.1"), r"--lr: '-0.1'"),
+    Case("lr-nan", "run --lr nan", nothing, (*RUN, "--lr", "nan"), r"--lr: 'nan'"),
+    Case("stages-not-a-number", "--stages two", nothing, (*COMPILE, "-o", "o", "--stages", "two"),
+         r"--stages: 'two'"),
+    Case("options-before-model", "pipecompile -q mlp.py --stages 2 (a flag first)", nothing,
+         ("-q", "mlp.py", "--stages", "2", "-o", "o"), r"^$", status=0),
+]  # fmt: skip
+
+STALE_AND_CHECK_CASES = [
+    Case("inputs-float64", "compiled a float32 model with float64 example_inputs()",
+         mlp_variant((INPUTS, INPUTS.replace("generator=g)", "generator=g).double()"))),
+         ("model.py", "--stages", "2", "-q", "-o", "o"), r"node fc1.*float32 and float64"),
+    Case("stale-model", "changed the model file (ReLU to GELU) after compiling, then ran",
+         edit("mlp.py", "nn.ReLU()", "nn.GELU()"), RUN,
+         r"out is stale: .*mlp\.py changed.*recompile.*--allow-stale", quick=True),
+    Case("stale-model-check", "changed the model file after compiling, then ran --check",
+         edit("mlp.py", "self.fc5 = ", "self.fc6 = nn.Linear(10, 10)\n        self.fc5 = "),
+         CHECK, r"is stale"),
+    Case("nan-stage-check", "edited out/stage_1.py to output NaN, then ran --check",
+         edit("out/stage_1.py", "        return (", "        return (float('nan') * "),
+         CHECK, r"pipelined results differ", status=1),
+    Case("resume-other-split", "--resume a checkpoint of another split of the same model",
+         steps(ran(*COMPILE, "-o", "other", "--split-at", "fc4"),
+               ran("run", "out", "-q", "--save", "ck")),
+         ("run", "other", "-q", "--steps", "2", "--resume", "ck"),
+         r"ck/step_1 was written by a pipeline split differently"),
+    Case("export-checkpoint-other-split", "export --checkpoint from another split",
+         steps(ran(*COMPILE, "-o", "other", "--split-at", "fc4"),
+               ran("run", "out", "-q", "--save", "ck")),
+         ("export", "other", "--checkpoint", "ck", "-o", "w.safetensors"),
+         r"split differently"),
+    Case("checkpoint-damaged", "--resume from a checkpoint whose stage file was cut short",
+         steps(ran("run", "out", "-q", "--save", "ck"),
+               truncate("ck/step_1/stage_1.safetensors", 0.5)),
+         (*RUN, "--steps", "2", "--resume", "ck"),
+         r"stage_1\.safetensors \(stage 1\) cannot be loaded"),
+    Case("onnx-residual", "onnx on a plain residual MLP (a boundary value named `add`)",
+         compiled(write("model.py", RESIDUAL), out="res"), ("onnx", "res", "-q"), r"^$",
+         status=0),
+]  # fmt: skip
+
 CASES: list[Case] = [
     *STAGE_CASES, *WEIGHT_CASES, *INPUT_CASES, *TRAINING_CASES, *OUTPUT_CASES, *NPROC_CASES,
+    *OUTPUT_DIR_CASES, *OPTION_CASES, *STALE_AND_CHECK_CASES,
 ]  # fmt: skip
 
 
@@ -433,12 +582,14 @@ def judge(case: Case, outcome: Outcome) -> Outcome:
     outcome.lines = lines
     if "Traceback (most recent call last)" in outcome.stdout + outcome.stderr:
         outcome.verdict, outcome.reason = "traceback", _last_error(lines)
+    elif outcome.status == 0 and case.status != 0:
+        outcome.verdict, outcome.reason = "silently wrong", f"exit 0, expected {case.status}"
     elif outcome.status != case.status:
         outcome.verdict = "wrong exit"
         outcome.reason = f"exit {outcome.status}, expected {case.status}"
     elif case.status == 0:
         _judge_success(case, outcome)
-    elif not lines or not lines[0].startswith("pipecompile:"):
+    elif not lines or not re.match(r"pipecompile( \w+)?:", lines[0]):  # usage: `pipecompile run:`
         outcome.verdict, outcome.reason = "unclear", "no `pipecompile:` message on stderr"
     elif len(lines) > case.max_lines:
         outcome.verdict = "unclear"
@@ -468,10 +619,19 @@ def _last_error(lines: list[str]) -> str:
 
 def run_case(case: Case, space: Workspace, *, in_process: bool) -> Outcome:
     d = space.prepare(case)
+    before = {path: _read(d / path) for path in case.intact}
     runner = run_in_process if in_process else run_subprocess
     outcome = runner(case.argv, d)
     outcome.stderr = outcome.stderr.replace(f"{d}/", "").replace(str(d), ".")
-    return judge(case, outcome)
+    judge(case, outcome)
+    lost = [path for path, data in before.items() if _read(d / path) != data]
+    if lost:
+        outcome.verdict, outcome.reason = "data lost", f"changed or removed: {', '.join(lost)}"
+    return outcome
+
+
+def _read(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
 
 
 def run_cases(cases: Sequence[Case], *, in_process: bool, jobs: int = 1) -> list[Outcome]:
@@ -495,7 +655,7 @@ def table(outcomes: Sequence[Outcome]) -> str:
     width = max(len(o.case.id) for o in outcomes)
     rows = [f"{'case':<{width}}  verdict     exit  message"]
     for o in outcomes:
-        shown = o.lines[0] if o.clear else o.reason
+        shown = (o.lines[0] if o.lines else "(nothing printed)") if o.clear else o.reason
         rows.append(f"{o.case.id:<{width}}  {o.verdict:<10}  {o.status:>4}  {shown[:120]}")
     return "\n".join(rows)
 
@@ -506,7 +666,8 @@ def counts(outcomes: Sequence[Outcome]) -> str:
 
     return (
         f"{len(outcomes)} cases tried: {n('clear')} clear, {n('traceback')} traceback, "
-        f"{n('wrong exit')} wrong exit, {n('unclear')} unclear"
+        f"{n('wrong exit')} wrong exit, {n('unclear')} unclear, {n('silently wrong')} silently "
+        f"wrong, {n('data lost')} data lost"
     )
 
 
@@ -523,11 +684,15 @@ def markdown(outcomes: Sequence[Outcome]) -> str:
         "python tools/bad_inputs.py --markdown > docs/ERRORS.md",
         "```",
         "",
+        f"Last run: {counts(outcomes)}. Stopping a run with Ctrl-C or SIGTERM (no process",
+        "left, the last complete checkpoint kept) is covered by tests/runtime/test_interrupt.py.",
+        "",
         "| What the user did | Command | Message | Exit | Test |",
         "| --- | --- | --- | --- | --- |",
     ]
     for o in outcomes:
         message = "<br>".join(f"`` {_cell(ln)} ``" for ln in o.lines) if o.clear else o.verdict
+        message = message or "(nothing: it succeeds)"
         command = _cell("pipecompile " + " ".join(o.case.argv))
         rows.append(
             f"| {_cell(o.case.did)} | `{command}` | {message} | {o.status} | "
