@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from pipecompile.errors import ProgramError
 from pipecompile.instr import Instr
+from pipecompile.sizes import counted
 
 __all__ = ["Program"]
 
@@ -51,7 +52,7 @@ class Program:
         placement = " ".join(str(d) for d in self.stage_device)
         lines = [
             f"# pipecompile program: schedule {self.schedule}, {self.num_stages} stages, "
-            f"{self.microbatches} micro-batches",
+            f"{counted(self.microbatches, 'micro-batch')}",
             f"# stage -> device: {placement}",
         ]
         for d, instrs in enumerate(self.devices):

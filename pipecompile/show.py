@@ -11,7 +11,7 @@ from pipecompile.memory_model import peak_stored_bytes
 from pipecompile.program import Program
 from pipecompile.runtime.load import read_manifest, read_program
 from pipecompile.simulate import Costs, Timeline, simulate
-from pipecompile.sizes import format_size
+from pipecompile.sizes import counted, format_size
 from pipecompile.timeline_text import timeline_text
 from pipecompile.verify_program import verify_program
 
@@ -81,7 +81,7 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
     """The human-readable form: figures, one row per device, and the timetable if small."""
     lines = [
         f"schedule {report['schedule']}: {report['stages']} stages on {report['devices']} "
-        f"devices, {report['microbatches']} micro-batches; costs: {report['costs']}",
+        f"devices, {counted(report['microbatches'], 'micro-batch')}; costs: {report['costs']}",
         f"makespan {report['makespan']:.6g}   bubble fraction {report['bubble_fraction']:.4f}"
         + (
             f"   (closed form with uniform costs {report['closed_form_bubble']:.4f})"

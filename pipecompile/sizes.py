@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_size", "format_size", "format_count"]
+__all__ = ["parse_size", "format_size", "format_count", "counted"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -48,3 +48,10 @@ def format_count(value: float | None, unit: str = "") -> str:
         if abs(value) >= scale:
             return f"{value / scale:.2f}{prefix}{unit}"
     return f"{value:.0f}{unit}"
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in the right number: ``1 micro-batch``, ``4 micro-batches``."""
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun}es" if noun.endswith(("ch", "sh", "s", "x")) else f"{n} {noun}s"

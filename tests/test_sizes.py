@@ -25,3 +25,11 @@ def test_bad_sizes_say_what_to_write(text):
 def test_format_size():
     assert format_size(3.46 * 2**30) == "3.46 GiB"
     assert format_size(512) == "512 B"
+
+
+def test_counted_says_one_micro_batch():
+    from pipecompile.sizes import counted
+
+    assert counted(1, "micro-batch") == "1 micro-batch"
+    assert counted(4, "micro-batch") == "4 micro-batches"
+    assert counted(2, "device") == "2 devices" and counted(0, "stage") == "0 stages"

@@ -28,6 +28,7 @@ from pipecompile.runtime.microbatch import (
     split_targets,
 )
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.sizes import counted
 
 __all__ = [
     "CheckReport",
@@ -99,7 +100,7 @@ def check_step(
         isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
     )
     reference = (
-        f"{count} micro-batches (BatchNorm statistics per micro-batch)"
+        f"{counted(count, 'micro-batch')} (BatchNorm statistics per micro-batch)"
         if per_micro
         else "whole mini-batch"
     )

@@ -14,6 +14,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import InputError, MicrobatchError
+from pipecompile.sizes import counted
 
 __all__ = [
     "split_microbatches",
@@ -42,8 +43,8 @@ def split_microbatches(
         if size is None or size % count:
             raise MicrobatchError(
                 f"input {name!r} has shape {tuple(tensor.shape)}: its size along dim {dim} "
-                f"({size}) is not divisible into {count} micro-batches; choose --microbatches "
-                f"that divides {size}"
+                f"({size}) is not divisible into {counted(count, 'micro-batch')}; choose "
+                f"--microbatches that divides {size}"
             )
     chunks = {name: t.chunk(count, dim) for name, t in tensors.items()}
     return [{name: parts[i] for name, parts in chunks.items()} for i in range(count)]
@@ -96,7 +97,7 @@ def input_mismatch(
         if not same:
             return (
                 f"input {name!r} has shape {have} but {where} was compiled for {want} "
-                f"({count} micro-batch{'es' * (count > 1)} of {tuple(shape)}, batch first)"
+                f"({counted(count, 'micro-batch')} of {tuple(shape)}, batch first)"
                 f"{_shape_hint(have, want, dim, exact)}; pass inputs of that shape, or "
                 "recompile with these"
             )

@@ -23,7 +23,7 @@ from pipecompile.balance_table import stage_costs
 from pipecompile.compiler import topology_from_manifest
 from pipecompile.program import Program
 from pipecompile.simulate import Span, Timeline, simulate
-from pipecompile.sizes import format_count
+from pipecompile.sizes import counted, format_count
 
 __all__ = ["simulated_timeline", "schedule_dot", "OP_COLORS", "IDLE_COLOR"]
 
@@ -83,7 +83,8 @@ def schedule_dot(timeline: Timeline, program: Program, *, unit: str) -> graphviz
 def _title(timeline: Timeline, program: Program, unit: str) -> str:
     cost = "predicted stage times" if unit == "ns" else "forward FLOPs, backward 2x"
     return (f"schedule {program.schedule}: {program.num_stages} stages on "
-            f"{timeline.devices} devices, {program.microbatches} micro-batches - bubble "
+            f"{counted(timeline.devices, 'device')}, "
+            f"{counted(program.microbatches, 'micro-batch')} - bubble "
             f"{timeline.bubble_fraction:.1%}, makespan {_time(timeline.makespan, unit)} "
             f"({cost})")  # fmt: skip
 

@@ -21,7 +21,7 @@ from typing import Any
 import graphviz  # type: ignore[import-untyped]
 
 from pipecompile.program import Program
-from pipecompile.sizes import format_count, format_size
+from pipecompile.sizes import counted, format_count, format_size
 
 __all__ = ["stage_dot", "STAGE_COLORS"]
 
@@ -74,7 +74,7 @@ def _title(manifest: dict[str, Any]) -> str:
     source = f"{model['file'].rsplit('/', 1)[-1]}:{name}" if model.get("file") else name
     stages, devices = len(manifest["stages"]), len(set(manifest["device_map"]))
     return (f"{source}: {stages} stages on {devices} devices, schedule {manifest.get('schedule')},"
-            f" {manifest['microbatches']} micro-batches")  # fmt: skip
+            f" {counted(manifest['microbatches'], 'micro-batch')}")  # fmt: skip
 
 
 def _checkpointed(program: Program) -> dict[int, int]:
