@@ -5,25 +5,23 @@ Guarantees: per stage, ``saved``: the bytes autograd keeps between forward and b
 one micro-batch (parameters and buffers excluded, shared storage counted once), measured by
 running the stage on fake tensors under ``saved_tensors_hooks``; and ``inputs``: the bytes of
 the stage's tensor inputs, all a checkpointed forward keeps. The runtime measures the same
-two figures on real tensors with the same rule (``saved_bytes_of``).
+two figures on real tensors with the same rule (``ir.saved_bytes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_leaves
 
-from pipecompile.codegen.lower import lower_stage
-from pipecompile.markers import is_recv
-from pipecompile.stage_graph import Stage, StageGraph
+from pipecompile.ir.lower import lower_stage
+from pipecompile.ir.markers import is_recv
+from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
+from pipecompile.ir.stage_graph import Stage, StageGraph
 
-__all__ = ["StageMemory", "activation_memory", "count_saved", "tensor_bytes"]
+__all__ = ["StageMemory", "activation_memory"]
 
 
 @dataclass(frozen=True)
@@ -37,43 +35,6 @@ class StageMemory:
 def activation_memory(graph: StageGraph) -> tuple[StageMemory, ...]:
     """Per stage, what a plain and a checkpointed forward store (see the module docstring)."""
     return tuple(_stage_memory(stage) for stage in graph.stages)
-
-
-def tensor_bytes(values: Any) -> int:
-    """Bytes of the distinct storages of the tensors among ``values``."""
-    seen: dict[int, int] = {}
-    for t in tree_leaves(values):
-        if isinstance(t, torch.Tensor):
-            _note(seen, t)
-    return sum(seen.values())
-
-
-@contextmanager
-def count_saved(exclude: Any) -> Iterator[dict[int, int]]:
-    """Within the block, record ``storage -> bytes`` of every tensor autograd saves for
-    backward, except the storages of the tensors in ``exclude`` (parameters, buffers)."""
-    skip = {_storage_key(t) for t in tree_leaves(exclude) if isinstance(t, torch.Tensor)}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if _storage_key(t) not in skip:
-            _note(seen, t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield seen
-
-
-def _note(seen: dict[int, int], t: torch.Tensor) -> None:
-    """Record the bytes ``t`` occupies in its storage: a micro-batch sliced from the
-    mini-batch counts its own slice, not the whole batch it views."""
-    key = _storage_key(t)
-    extent = min(t.untyped_storage().nbytes(), t.numel() * t.element_size())
-    seen[key] = max(seen.get(key, 0), extent)
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata  # identity of the storage, for fake and real tensors
 
 
 def _stage_memory(stage: Stage) -> StageMemory:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from pipecompile.passes.flops import node_flops
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.graph_copy import copy_graph_module
-from pipecompile.node_info import with_info
+from pipecompile.ir.graph_copy import copy_graph_module
+from pipecompile.ir.node_info import with_info
+from pipecompile.passes.flops import node_flops
 
 __all__ = ["annotate_costs"]
 
@@ -27,7 +27,7 @@ def annotate_costs(module: fx.GraphModule, *, root: nn.Module) -> fx.GraphModule
         root: the module that owns the graph's parameters (the original model).
 
     Returns:
-        A new GraphModule; ``pipecompile.node_info.info(node)`` reads the annotation.
+        A new GraphModule; ``pipecompile.ir.node_info.info(node)`` reads the annotation.
     """
     out = copy_graph_module(module)
     for node in out.graph.nodes:

@@ -16,6 +16,11 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
+
+from pipecompile.errors import BalanceError
+from pipecompile.ir.cost_model import CostModel, scaled_speeds
+from pipecompile.ir.program import Program
+from pipecompile.ir.sizes import format_size
 from pipecompile.passes.min_max_partition import (
     bottleneck,
     min_max_partition,
@@ -23,11 +28,6 @@ from pipecompile.passes.min_max_partition import (
 )
 from pipecompile.passes.partition_problem import AtomFacts, build_problem
 from pipecompile.passes.partition_search import Limit, part_times, solve
-
-from pipecompile.cost_model import CostModel, scaled_speeds
-from pipecompile.errors import BalanceError
-from pipecompile.program import Program
-from pipecompile.sizes import format_size
 
 __all__ = ["plain_split", "modelled_split"]
 

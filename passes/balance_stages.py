@@ -15,20 +15,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import torch.fx as fx
+
+from pipecompile.errors import BalanceError
+from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.graph_copy import copy_graph_module
+from pipecompile.ir.node_info import info, with_info
+from pipecompile.ir.program import Program
+from pipecompile.ir.split_point import is_split_point
+from pipecompile.ir.values import is_transferable
 from pipecompile.passes.balance_objective import modelled_split, plain_split
 from pipecompile.passes.branch_order import candidate_orders, reordered
 from pipecompile.passes.min_max_partition import min_max_partition
 from pipecompile.passes.node_memory import node_memory
 from pipecompile.passes.partition_problem import atom_facts
 from pipecompile.passes.split_requests import pinned_costs, requested_starts
-
-from pipecompile.cost_model import CostModel
-from pipecompile.errors import BalanceError
-from pipecompile.graph_copy import copy_graph_module
-from pipecompile.node_info import info, with_info
-from pipecompile.program import Program
-from pipecompile.split_point import is_split_point
-from pipecompile.values import is_transferable
 
 __all__ = ["balance_stages", "COSTS", "compute_nodes", "min_max_partition"]
 

@@ -16,13 +16,12 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pipecompile.passes.activation_memory import StageMemory
-
 from pipecompile.errors import MemoryBudgetError, PipecompileError
-from pipecompile.instr import Instr
-from pipecompile.memory_model import device_peak_bytes
-from pipecompile.program import Program
-from pipecompile.sizes import format_size
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.memory_model import device_peak_bytes
+from pipecompile.ir.program import Program
+from pipecompile.ir.sizes import format_size
+from pipecompile.passes.activation_memory import StageMemory
 
 __all__ = ["POLICIES", "insert_checkpoints"]
 

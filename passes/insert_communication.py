@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipecompile.instr import Instr
-from pipecompile.program import Program
-from pipecompile.topology import Topology
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.program import Program
+from pipecompile.ir.topology import Topology
 
 __all__ = ["insert_communication"]
 

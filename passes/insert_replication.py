@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pipecompile.errors import ProgramError
-from pipecompile.instr import Instr
-from pipecompile.program import Program
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.program import Program
 
 __all__ = ["insert_replication", "parse_replicas"]
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from pipecompile.passes.activation_memory import count_saved
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+from pipecompile.ir.saved_bytes import count_saved
 
 __all__ = ["node_memory"]
 

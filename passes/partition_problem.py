@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch.fx as fx
+
+from pipecompile.errors import BalanceError
+from pipecompile.ir.cost_model import CostModel, scaled_speeds
+from pipecompile.ir.memory_model import peak_weight_copies, stored_counts
+from pipecompile.ir.program import Program
 from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.partition_search import Limit, Problem
-
-from pipecompile.cost_model import CostModel, scaled_speeds
-from pipecompile.errors import BalanceError
-from pipecompile.memory_model import peak_weight_copies, stored_counts
-from pipecompile.program import Program
 
 __all__ = ["AtomFacts", "build_problem", "atom_facts"]
 

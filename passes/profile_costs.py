@@ -26,8 +26,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from pipecompile.graph_copy import copy_graph_module
-from pipecompile.node_info import with_info
+from pipecompile.ir.graph_copy import copy_graph_module
+from pipecompile.ir.node_info import with_info
 
 __all__ = ["profile_costs", "default_cache"]
 

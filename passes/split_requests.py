@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch.fx as fx
 
 from pipecompile.errors import BalanceError
-from pipecompile.split_point import is_split_point
+from pipecompile.ir.split_point import is_split_point
 
 __all__ = ["requested_starts", "module_paths", "pinned_costs", "parse_pins"]
 

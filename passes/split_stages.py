@@ -19,12 +19,12 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile import markers
-from pipecompile.frontend import Traced
-from pipecompile.node_info import info
-from pipecompile.param_names import alias_names, attribute_name
-from pipecompile.stage_graph import Edge, Stage, StageGraph
-from pipecompile.values import literal
+from pipecompile.ir import markers
+from pipecompile.ir.node_info import info
+from pipecompile.ir.param_names import alias_names, attribute_name
+from pipecompile.ir.stage_graph import Edge, Stage, StageGraph
+from pipecompile.ir.traced import Traced
+from pipecompile.ir.values import literal
 
 __all__ = ["split_stages"]
 

@@ -1,13 +1,18 @@
-"""pipecompile: a pipeline-parallel compiler for PyTorch models."""
+"""pipecompile: a pipeline-parallel compiler for PyTorch models.
 
-from pipecompile.split_point import split_point
+The public names are loaded on first use, so that `import pipecompile` (and with it a rank of
+a distributed run, or the command line before it parses its arguments) stays light.
+"""
+
+from pipecompile import _moved
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "split_point", "compile", "load", "pipeline", "CompiledPipeline"]
 
+_moved.install()  # modules that moved into the layer packages keep their old import paths
+
 
 def __getattr__(name: str) -> object:
-    """The API is imported on first use, so `import pipecompile` stays light."""
     if name in ("compile", "load", "CompiledPipeline"):
         from pipecompile import api
 
@@ -16,4 +21,8 @@ def __getattr__(name: str) -> object:
         from pipecompile.decorator import pipeline
 
         return pipeline
+    if name == "split_point":
+        from pipecompile.ir.split_point import split_point
+
+        return split_point
     raise AttributeError(f"module 'pipecompile' has no attribute {name!r}")

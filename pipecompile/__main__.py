@@ -2,6 +2,6 @@
 
 import sys
 
-from pipecompile.cli import main
+from pipecompile.console import main
 
 sys.exit(main())

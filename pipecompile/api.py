@@ -32,10 +32,10 @@ from pipecompile.codegen.output_dir import (
     replace_output,
 )
 from pipecompile.errors import PipecompileError
-from pipecompile.program import Program
+from pipecompile.ir.program import Program
+from pipecompile.ir.values import non_tensor_input
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.values import non_tensor_input
 
 __all__ = ["compile", "load", "CompiledPipeline", "bind_inputs"]
 
@@ -198,7 +198,7 @@ class CompiledPipeline:
         """Draw the stage graph and the schedule (as ``pipecompile viz``) into ``directory``
         (default: the pipeline's own); returns the drawings, or the ``.dot`` sources when
         Graphviz's ``dot`` is not installed."""
-        from pipecompile.viz.pictures import write_pictures
+        from pipecompile.reports.pictures.pictures import write_pictures
 
         out = Path(directory) if directory is not None else None
         written = write_pictures(self.directory, out=out, fmt=fmt)
@@ -206,8 +206,8 @@ class CompiledPipeline:
 
     def onnx(self) -> list[Path]:
         """Export every stage to ``stage_<j>.onnx`` in the pipeline's directory (as
-        ``--onnx``); ``pipecompile.onnx_chain.run_onnx_chain`` runs them in onnxruntime."""
-        from pipecompile.onnx_export import export_onnx
+        ``--onnx``); ``pipecompile.interop.onnx_chain.run_onnx_chain`` runs them in onnxruntime."""
+        from pipecompile.interop.onnx_export import export_onnx
 
         paths = export_onnx(self.directory)
         self.manifest = read_manifest(self.directory)

@@ -13,14 +13,14 @@ from typing import Any, NoReturn
 
 from pipecompile import __version__
 from pipecompile.compiler import PASSES, compile_model
-from pipecompile.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
+from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
+from pipecompile.ir.sizes import parse_size
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_checkpoints import POLICIES
 from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.passes.split_requests import parse_pins
 from pipecompile.schedules import SCHEDULES
-from pipecompile.sizes import parse_size
 
 __all__ = ["main"]
 
@@ -237,7 +237,7 @@ def _onnx(args: argparse.Namespace) -> int:
 
 
 def _write_onnx(args: argparse.Namespace, directory: Path) -> None:
-    from pipecompile.onnx_export import export_onnx
+    from pipecompile.interop.onnx_export import export_onnx
 
     paths = export_onnx(directory, progress=lambda line: _say(args, line))
     _say(args, f"wrote {', '.join(p.name for p in paths)} to {directory}")
@@ -284,8 +284,8 @@ def _say(args: argparse.Namespace, text: str) -> None:
 def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.codegen.output_dir import check_replaceable
-    from pipecompile.model_file import load_model_file, split_ref
-    from pipecompile.summary import summary
+    from pipecompile.model.model_file import load_model_file, split_ref
+    from pipecompile.reports.summary import summary
 
     path, name = split_ref(args.model)
     out = Path(args.output or Path("pipecompile-out") / path.stem)
@@ -313,7 +313,7 @@ def _compile(args: argparse.Namespace) -> int:
     if args.onnx:
         _write_onnx(args, out)
     if not args.quiet:
-        print(summary(compiled, str(out)))
+        print(summary(out))
     return 0
 
 
@@ -321,8 +321,8 @@ def _compile_pictures(args: argparse.Namespace, out: Path) -> None:
     """Draw the pictures into the emitted directory; a failure only prints a warning."""
     start = time.perf_counter()
     try:
-        from pipecompile.viz.pictures import write_pictures
-        from pipecompile.viz.render import INSTALL_HINT
+        from pipecompile.reports.pictures.pictures import write_pictures
+        from pipecompile.reports.pictures.render import INSTALL_HINT
 
         pictures = write_pictures(out)
     except Exception as err:  # pictures are a bonus: never fail a compile over them
@@ -337,8 +337,8 @@ def _compile_pictures(args: argparse.Namespace, out: Path) -> None:
 
 
 def _viz(args: argparse.Namespace) -> int:
-    from pipecompile.viz.pictures import write_pictures
-    from pipecompile.viz.render import INSTALL_HINT
+    from pipecompile.reports.pictures.pictures import write_pictures
+    from pipecompile.reports.pictures.render import INSTALL_HINT
 
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
         raise PipecompileError(f"viz -o {args.output}: is a file; name a directory")
@@ -363,7 +363,7 @@ def _machine(args: argparse.Namespace) -> CostModel:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipecompile.model_file import recorded_model
+    from pipecompile.model.model_file import recorded_model
     from pipecompile.runtime.check import check_step
     from pipecompile.runtime.check_async import check_async_step
     from pipecompile.runtime.load import read_manifest
@@ -445,8 +445,8 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 
 
 def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ignore[no-untyped-def]
-    from pipecompile.show import schedule_report
-    from pipecompile.sizes import format_size
+    from pipecompile.ir.sizes import format_size
+    from pipecompile.reports.show import schedule_report
 
     predicted, _ = schedule_report(directory, program_path=program, uniform=True)
     stats = pipe.last_stats
@@ -497,7 +497,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     import json
 
-    from pipecompile.show import format_report, schedule_report
+    from pipecompile.reports.show import format_report, schedule_report
 
     report, timeline = schedule_report(args.directory, program_path=args.program,
                                        uniform=args.uniform)  # fmt: skip

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.api import CompiledPipeline, compile
-from pipecompile.frontend import TRACING
+from pipecompile.model.own_forward import TRACING
 
 __all__ = ["pipeline"]
 

@@ -10,7 +10,7 @@ import torch
 
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
-from pipecompile.model_file import ModelSpec, load_model_file
+from pipecompile.model.model_file import ModelSpec, load_model_file
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -161,7 +161,7 @@ def test_the_pipeline_draws_its_pictures_and_exports_onnx(tmp_path):
     assert {p.stem for p in written} == {"stages", "schedule"}
     assert all(p.is_file() and p.stat().st_size > 0 for p in written)
     pytest.importorskip("onnxruntime")
-    from pipecompile.onnx_chain import run_onnx_chain
+    from pipecompile.interop.onnx_chain import run_onnx_chain
 
     files = pipe.onnx()
     assert [p.name for p in files] == ["stage_0.onnx", "stage_1.onnx"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipecompile.cli import main
-from pipecompile.model_file import load_model_file
+from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import EXAMPLES
 

@@ -41,8 +41,8 @@ COSTS = ("time", "flops", "params")
 def compile_to(name: str, cost: str, stages: int, micro: int, directory: Path) -> None:
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.compiler import compile_model
-    from pipecompile.cost_model import CostModel
-    from pipecompile.model_file import load_model_file
+    from pipecompile.ir.cost_model import CostModel
+    from pipecompile.model.model_file import load_model_file
 
     path = ROOT / "examples" / f"{name}.py"
     spec = load_model_file(str(path))
@@ -55,7 +55,7 @@ def compile_to(name: str, cost: str, stages: int, micro: int, directory: Path) -
 
 def measure(directory: Path, steps: int) -> tuple[list[float], list[float], list[float]]:
     """Fastest forward and backward ns per micro-batch per stage, and predicted compute ns."""
-    from pipecompile.model_file import recorded_model
+    from pipecompile.model.model_file import recorded_model
     from pipecompile.runtime.load import read_manifest
     from pipecompile.runtime.pipeline import Pipeline
 
@@ -83,9 +83,9 @@ def measure(directory: Path, steps: int) -> tuple[list[float], list[float], list
 
 def pipelined_step(directory: Path, forward: list[float], backward: list[float]) -> float:
     """The simulated step time (ns) of the program with the measured stage times."""
-    from pipecompile.compiler import topology_from_manifest
+    from pipecompile.ir.simulate import Costs, simulate
+    from pipecompile.ir.topology import topology_from_manifest
     from pipecompile.runtime.load import read_manifest, read_program
-    from pipecompile.simulate import Costs, simulate
 
     manifest = read_manifest(directory)
     program = read_program(directory / manifest["program"])

@@ -32,11 +32,11 @@ from torch.utils import _pytree as pytree
 
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
-from pipecompile.model_file import load_model_file
-from pipecompile.onnx_chain import run_onnx_chain
-from pipecompile.onnx_export import export_onnx
+from pipecompile.interop.onnx_chain import run_onnx_chain
+from pipecompile.interop.onnx_export import export_onnx
+from pipecompile.ir.microbatch import split_microbatches
+from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.load import load_stages, read_manifest
-from pipecompile.runtime.microbatch import split_microbatches
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = ["mlp", "resnet", "gpt", "two_towers", "hf_gpt2", "hf_bert", "hf_llama"]

@@ -46,6 +46,7 @@ from types import FrameType
 from typing import Any
 
 import numpy as np
+
 from pipecompile.passes.min_max_partition import min_max_partition
 from pipecompile.passes.partition_search import Problem, solve
 
@@ -267,13 +268,12 @@ def random_cases(per_dist: int, seed: int) -> list[Case]:
 
 def example_costs(name: str) -> list[int]:
     """Per-atom FLOP costs of ``examples/<name>.py``, as pipecompile's balancer sees them."""
+    from pipecompile.frontend.tracer import trace
+    from pipecompile.ir.microbatch import split_microbatches
+    from pipecompile.ir.node_info import info
+    from pipecompile.model.model_file import load_model_file
     from pipecompile.passes import annotate_costs
     from pipecompile.passes.balance_stages import _atoms, compute_nodes
-
-    from pipecompile.frontend import trace
-    from pipecompile.model_file import load_model_file
-    from pipecompile.node_info import info
-    from pipecompile.runtime.microbatch import split_microbatches
 
     spec = load_model_file(str(ROOT / "examples" / f"{name}.py"))
     micro = split_microbatches(spec.inputs, 1)[0]

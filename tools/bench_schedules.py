@@ -31,17 +31,16 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
-from pipecompile.passes import insert_communication  # noqa: E402
-
 from pipecompile.codegen.emit import ModelRef, emit  # noqa: E402
-from pipecompile.compiler import compile_model, topology  # noqa: E402
-from pipecompile.memory_model import peak_stored_bytes  # noqa: E402
+from pipecompile.compiler import compile_model  # noqa: E402
+from pipecompile.ir.memory_model import peak_stored_bytes  # noqa: E402
+from pipecompile.ir.simulate import Costs, simulate  # noqa: E402
+from pipecompile.ir.sizes import format_size  # noqa: E402
+from pipecompile.ir.topology import Topology, topology  # noqa: E402
+from pipecompile.passes import insert_communication  # noqa: E402
 from pipecompile.runtime.interpreter import run_program  # noqa: E402
 from pipecompile.runtime.pipeline import Pipeline  # noqa: E402
 from pipecompile.schedules import generate  # noqa: E402
-from pipecompile.simulate import Costs, simulate  # noqa: E402
-from pipecompile.sizes import format_size  # noqa: E402
-from pipecompile.topology import Topology  # noqa: E402
 
 SHAPES = [(4, 8), (8, 32)]
 # (label, generator name, options, closed form of the bubble fraction)

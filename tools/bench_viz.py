@@ -57,7 +57,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def schedule_source(manifest: dict, program: object) -> object:
-    from pipecompile.viz.schedule_picture import schedule_dot, simulated_timeline
+    from pipecompile.reports.pictures.schedule_picture import schedule_dot, simulated_timeline
 
     timeline, unit = simulated_timeline(manifest, program)  # type: ignore[arg-type]
     return schedule_dot(timeline, program, unit=unit)  # type: ignore[arg-type]
@@ -65,10 +65,10 @@ def schedule_source(manifest: dict, program: object) -> object:
 
 def measure(directory: Path, scratch: Path, repeats: int) -> dict[str, float]:
     """Median seconds of the whole and of each part over ``repeats`` runs."""
+    from pipecompile.reports.pictures.pictures import write_pictures
+    from pipecompile.reports.pictures.render import render
+    from pipecompile.reports.pictures.stage_picture import stage_dot
     from pipecompile.runtime.load import read_manifest, read_program
-    from pipecompile.viz.pictures import write_pictures
-    from pipecompile.viz.render import render
-    from pipecompile.viz.stage_picture import stage_dot
 
     manifest = read_manifest(directory)
     program = read_program(directory / manifest["program"])

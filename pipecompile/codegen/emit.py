@@ -16,7 +16,6 @@ import torch
 from safetensors.torch import save_model
 
 from pipecompile import __version__
-from pipecompile.codegen.lower import lower_stage
 from pipecompile.codegen.output_dir import (
     FORMAT,
     MANIFEST,
@@ -27,9 +26,10 @@ from pipecompile.codegen.output_dir import (
 from pipecompile.codegen.stage_source import class_name, stage_source
 from pipecompile.compiler import Compiled
 from pipecompile.errors import EmitError
-from pipecompile.fingerprint import file_fingerprint
-from pipecompile.stage_graph import StageGraph
-from pipecompile.viz.layers import layer_groups
+from pipecompile.ir.layers import layer_groups
+from pipecompile.ir.lower import lower_stage
+from pipecompile.ir.stage_graph import StageGraph
+from pipecompile.model.fingerprint import file_fingerprint
 
 __all__ = ["ModelRef", "emit", "FORMAT", "MANIFEST"]
 

@@ -19,16 +19,16 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import InputError, MicrobatchError, ModelFileError, PipecompileError
-from pipecompile.frontend import tracing
-from pipecompile.runtime.executor import LossFn, call_loss_fn
-from pipecompile.runtime.microbatch import (
+from pipecompile.ir.microbatch import (
     check_target_rows,
     join_microbatches,
     split_microbatches,
     split_targets,
 )
+from pipecompile.ir.sizes import counted
+from pipecompile.model.own_forward import tracing
+from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.sizes import counted
 
 __all__ = [
     "CheckReport",

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.program import Program
+from pipecompile.ir.microbatch import split_microbatches, split_targets
+from pipecompile.ir.program import Program
 from pipecompile.runtime.check import (
     CheckReport,
     check_targets,
@@ -27,7 +28,6 @@ from pipecompile.runtime.check import (
     worst,
 )
 from pipecompile.runtime.executor import LossFn, call_loss_fn
-from pipecompile.runtime.microbatch import split_microbatches, split_targets
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["check_async_step", "weight_versions"]

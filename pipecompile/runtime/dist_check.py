@@ -15,10 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecompile.model_file import ModelSpec
+from pipecompile.ir.microbatch import join_microbatches
+from pipecompile.model.model_file import ModelSpec
 from pipecompile.runtime.check import CheckReport, check_step, compare
 from pipecompile.runtime.check_async import check_async_step
-from pipecompile.runtime.microbatch import join_microbatches
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["check_distributed"]

@@ -15,12 +15,12 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import ModelFileError, PipecompileError, RuntimeFailure
-from pipecompile.instr import Instr
-from pipecompile.passes.activation_memory import count_saved, tensor_bytes
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.microbatch import check_target_rows
+from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_backend import LocalBackend
-from pipecompile.runtime.microbatch import check_target_rows
 from pipecompile.runtime.stats import RunStats
 from pipecompile.runtime.weight_versions import WeightVersions
 

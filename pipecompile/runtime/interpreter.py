@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from pipecompile.errors import PipecompileError, RuntimeFailure
-from pipecompile.instr import Instr
-from pipecompile.program import Program
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.program import Program
 
 __all__ = ["Handler", "run_program"]
 

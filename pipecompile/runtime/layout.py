@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils import _pytree as pytree
 
-from pipecompile.ties import tied_params
+from pipecompile.ir.ties import tied_params
 
 __all__ = ["Layout"]
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_model
 from torch import nn
 
 from pipecompile.errors import EmitError, PipecompileError
-from pipecompile.program import Program
+from pipecompile.ir.program import Program
 
 __all__ = [
     "read_manifest",

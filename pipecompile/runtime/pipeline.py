@@ -11,22 +11,22 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.compiler import topology_from_manifest
 from pipecompile.errors import InputError, MicrobatchError, RuntimeFailure
-from pipecompile.program import Program
-from pipecompile.runtime.executor import LossFn, StepExecutor
-from pipecompile.runtime.interpreter import Handler, run_program
-from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.load import load_stages, read_manifest, read_program
-from pipecompile.runtime.local_backend import LocalBackend
-from pipecompile.runtime.microbatch import (
+from pipecompile.ir.microbatch import (
     input_mismatch,
     join_microbatches,
     split_microbatches,
     split_targets,
 )
+from pipecompile.ir.program import Program
+from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.ir.verify_program import verify_program
+from pipecompile.runtime.executor import LossFn, StepExecutor
+from pipecompile.runtime.interpreter import Handler, run_program
+from pipecompile.runtime.layout import Layout
+from pipecompile.runtime.load import load_stages, read_manifest, read_program
+from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.stats import RunStats
-from pipecompile.verify_program import verify_program
 
 __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
 

@@ -147,7 +147,7 @@ def _run(
     where: torch.device,
     progress: _Progress,
 ) -> int:
-    from pipecompile.model_file import recorded_model
+    from pipecompile.model.model_file import recorded_model
     from pipecompile.runtime.checkpoint import resume, save, save_due
     from pipecompile.runtime.dist_check import check_distributed
 

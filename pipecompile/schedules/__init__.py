@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipecompile.errors import ProgramError
-from pipecompile.program import Program
+from pipecompile.ir.program import Program
 from pipecompile.schedules.gpipe import gpipe
 from pipecompile.schedules.interleaved import interleaved
 from pipecompile.schedules.one_f_one_b import one_f_one_b

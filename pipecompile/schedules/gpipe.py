@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipecompile.instr import Instr
-from pipecompile.program import Program
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.program import Program
 
 __all__ = ["gpipe"]
 

@@ -4,8 +4,8 @@ micro-batch visits every device v times and the bubble shrinks v-fold."""
 from __future__ import annotations
 
 from pipecompile.errors import ProgramError
-from pipecompile.instr import Instr
-from pipecompile.program import Program
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.program import Program
 
 __all__ = ["interleaved"]
 

@@ -3,8 +3,8 @@ backward, so a stage never holds more micro-batches than there are stages after 
 
 from __future__ import annotations
 
-from pipecompile.instr import Instr
-from pipecompile.program import Program
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.program import Program
 
 __all__ = ["one_f_one_b", "order_1f1b"]
 

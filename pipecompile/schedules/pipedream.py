@@ -3,8 +3,8 @@ backward; weight stashing makes that backward use exactly the weights its forwar
 
 from __future__ import annotations
 
-from pipecompile.instr import Instr
-from pipecompile.program import Program
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.program import Program
 from pipecompile.schedules.one_f_one_b import order_1f1b
 
 __all__ = ["pipedream"]

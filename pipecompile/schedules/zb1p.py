@@ -3,8 +3,8 @@ critical path) and W (weight gradients, off it); W's are deferred to fill the dr
 
 from __future__ import annotations
 
-from pipecompile.instr import Instr
-from pipecompile.program import Program
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.program import Program
 
 __all__ = ["zb1p"]
 

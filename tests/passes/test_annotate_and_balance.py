@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx as fx
-from pipecompile.passes import annotate_costs, balance_stages
-from pipecompile.passes.balance_stages import compute_nodes
-from pipecompile.passes.flops import is_contraction
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipecompile.errors import BalanceError
-from pipecompile.frontend import trace
-from pipecompile.node_info import info
+from pipecompile.frontend.tracer import trace
+from pipecompile.ir.node_info import info
+from pipecompile.passes import annotate_costs, balance_stages
+from pipecompile.passes.balance_stages import compute_nodes
+from pipecompile.passes.flops import is_contraction
 from tests.conftest import example_spec
 
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from pipecompile.passes.branch_order import candidate_orders, may_reorder, reordered
 from torch import nn
 
 from pipecompile.cli import main
-from pipecompile.frontend import trace
+from pipecompile.frontend.tracer import trace
+from pipecompile.passes.branch_order import candidate_orders, may_reorder, reordered
 from tests.conftest import EXAMPLES, example_spec
 
 TOWERS = str(EXAMPLES / "two_towers.py")

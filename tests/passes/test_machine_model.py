@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 import torch.fx as fx
+from torch import nn
+
+from pipecompile.cli import main
+from pipecompile.frontend.tracer import trace
+from pipecompile.ir.memory_model import peak_weight_copies, stored_counts
 from pipecompile.passes import activation_memory, annotate_costs, balance_stages, split_stages
 from pipecompile.passes.balance_stages import _atoms, compute_nodes
 from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.insert_checkpoints import insert_checkpoints
 from pipecompile.passes.node_memory import node_memory
-from torch import nn
-
-from pipecompile.cli import main
-from pipecompile.frontend import trace
-from pipecompile.memory_model import peak_weight_copies, stored_counts
 from pipecompile.schedules import generate
 from tests.conftest import EXAMPLES, example_spec
 

@@ -6,6 +6,7 @@ import itertools
 import random
 
 import pytest
+
 from pipecompile.passes.min_max_partition import bottleneck, min_max_partition
 
 

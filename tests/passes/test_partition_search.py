@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+
 from pipecompile.passes.partition_search import (
     Limit,
     Problem,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pipecompile.passes.min_max_partition import bottleneck, min_max_partition
 
 

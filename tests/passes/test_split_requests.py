@@ -7,11 +7,11 @@ import json
 import random
 
 import pytest
-from pipecompile.passes.min_max_partition import bottleneck, min_max_partition_with_cuts
 
 from pipecompile.cli import main
 from pipecompile.errors import BalanceError, TraceError
-from pipecompile.model_file import load_model_file
+from pipecompile.model.model_file import load_model_file
+from pipecompile.passes.min_max_partition import bottleneck, min_max_partition_with_cuts
 from tests.conftest import EXAMPLES, write_model_file
 
 

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from pipecompile.codegen.emit import ModelRef, emit
-from pipecompile.compiler import Compiled, compile_model, topology
+from pipecompile.compiler import Compiled, compile_model
 from pipecompile.errors import MemoryBudgetError
-from pipecompile.memory_model import peak_stored_bytes
+from pipecompile.ir.memory_model import peak_stored_bytes
+from pipecompile.ir.simulate import Costs, simulate
+from pipecompile.ir.topology import topology
 from pipecompile.runtime.check import check_step
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.simulate import Costs, simulate
 from tests.conftest import EXAMPLE_NAMES, example_spec
 
 CONFIGS = {

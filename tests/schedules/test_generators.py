@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipecompile.errors import ProgramError
-from pipecompile.program import Program
+from pipecompile.ir.program import Program
 from pipecompile.schedules import SCHEDULES, generate
 
 

@@ -1,0 +1,144 @@
+"""Capture a model as an fx graph: torch.fx.symbolic_trace first, torch.export as the fallback."""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from pipecompile.errors import TraceError
+from pipecompile.frontend.dtype_check import check_dtypes
+from pipecompile.frontend.fake_prop import propagate_fake
+from pipecompile.frontend.inline_regions import inline_grad_regions
+from pipecompile.ir.leaf_modules import is_rebuildable_leaf
+from pipecompile.ir.split_point import recording
+from pipecompile.ir.traced import Traced
+from pipecompile.model.own_forward import tracing
+
+__all__ = ["trace"]
+
+
+class _LeafTracer(fx.Tracer):
+    """Keeps torch.nn modules that codegen can rebuild as call_module; traces through the rest."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return is_rebuildable_leaf(m)
+
+
+def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
+    """Trace ``model`` called as ``model(**inputs)``; raise TraceError with both tracers' reasons.
+
+    Example:
+        >>> traced = trace(torch.nn.Linear(4, 2), {"input": torch.randn(3, 4)})
+        >>> traced.tracer, traced.input_names
+        ('torch.fx', ('input',))
+    """
+    with tracing():
+        traced = _trace(model, inputs)
+    check_dtypes(traced.module)
+    return traced
+
+
+def _trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
+    try:
+        return _trace_fx(model, inputs)
+    except Exception as fx_err:
+        fx_reason = _reason(fx_err)
+    try:
+        return _trace_export(model, inputs)
+    except _SplitPointUnderExport as err:
+        raise TraceError(f"{err} (torch.fx: {fx_reason})") from None
+    except Exception as export_err:
+        export_reason = _reason(export_err)
+    raise TraceError(
+        f"cannot trace {type(model).__name__}:\n"
+        f"  torch.fx:     {fx_reason}\n"
+        f"  torch.export: {export_reason}\n"
+        "Make forward() traceable: avoid Python control flow that depends on tensor values "
+        "(use torch.where or torch.cond), keep example inputs static, and check that "
+        "model(**example_inputs()) runs eagerly."
+    )
+
+
+class _SplitPointUnderExport(Exception):
+    pass
+
+
+def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
+    tracer = _LeafTracer()
+    with recording(tracer):
+        graph = tracer.trace(model)
+    module = fx.GraphModule(model, graph, class_name=type(model).__name__)
+    names = _keep_placeholders(module, list(inputs))
+    spec = _flatten_output(module)
+    propagate_fake(module, [inputs[n] for n in names])
+    return Traced(module, "torch.fx", tuple(names), spec, model)
+
+
+def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
+    with recording(None) as missed:
+        exported = torch.export.export(model, (), dict(inputs), strict=False)
+    if missed:
+        raise _SplitPointUnderExport(
+            f"{type(model).__name__}.forward calls pipecompile.split_point(), which only the "
+            "torch.fx tracer can record, and torch.fx could not trace the model; mark the "
+            "boundaries with --split-at MODULE_PATH instead"
+        )
+    module = exported.module()
+    module._forward_pre_hooks.clear()  # export's kwargs checker; the graph now takes flat inputs
+    names = [n.target for n in module.graph.nodes if n.op == "placeholder"]
+    if names != list(inputs):
+        raise RuntimeError(f"exported placeholders {names} do not match inputs {list(inputs)}")
+    spec = module._out_spec  # set by torch.export on the module it returns
+    assert spec is not None
+    output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+    output.args = (tuple(output.args[0]),)
+    for node in [n for n in module.graph.nodes if n.op == "call_module" and not n.users]:
+        if str(node.target).startswith("_guards"):  # export's input guard; stages fix shapes anyway
+            module.graph.erase_node(node)
+    module.graph.set_codegen(fx.graph.CodeGen())
+    inline_grad_regions(module)
+    missing = [n.name for n in module.graph.nodes if n.op != "output" and "val" not in n.meta]
+    if missing:
+        raise RuntimeError(f"export left nodes without values: {missing[:5]}")
+    return Traced(module, "torch.export", tuple(str(n) for n in names), spec, model)
+
+
+def _keep_placeholders(module: fx.GraphModule, names: list[str]) -> list[str]:
+    """Drop placeholders for parameters the inputs leave at their defaults (they must be unused)."""
+    kept = []
+    for node in [n for n in module.graph.nodes if n.op == "placeholder"]:
+        if node.target in names:
+            kept.append(str(node.target))
+        elif node.users:
+            raise RuntimeError(
+                f"forward parameter {node.target!r} is used but has no example input"
+            )
+        else:
+            module.graph.erase_node(node)
+    module.recompile()
+    return kept
+
+
+def _flatten_output(module: fx.GraphModule) -> pytree.TreeSpec:
+    output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+    leaves, spec = pytree.tree_flatten(output.args[0])
+    for k, leaf in enumerate(leaves):
+        if not isinstance(leaf, fx.Node):
+            raise RuntimeError(f"model output #{k} is the constant {leaf!r}, not a computed value")
+    output.args = (tuple(leaves),)
+    module.recompile()
+    return spec
+
+
+def _reason(err: BaseException) -> str:
+    text = (str(err).strip().splitlines() or [""])[0][:240]
+    frames = [
+        f for f in traceback.extract_tb(err.__traceback__) if "site-packages" not in f.filename
+    ]
+    frames = [f for f in frames if "/pipecompile/" not in f.filename]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {text}{where}"

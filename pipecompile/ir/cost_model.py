@@ -1,0 +1,115 @@
+"""What the balancer assumes about the machines: link bandwidth, compute rate, device speeds,
+memory per device, optimizer state, and how many workers replication may use."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipecompile.errors import BalanceError
+from pipecompile.ir.sizes import parse_size
+
+__all__ = ["CostModel", "parse_rate", "parse_speeds", "parse_limits"]
+
+DEFAULT_BANDWIDTH = 10e9  # bytes/s: a 100 Gb/s network or a PCIe link between devices
+DEFAULT_FLOPS_RATE = 1e12  # FLOP/s a device sustains, for --balance flops
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The balancer's machine model (see docs/PARTITIONING.md).
+
+    Attributes:
+        bandwidth: bytes per second between two devices; a boundary's forward activations
+            and backward gradients cost bytes / bandwidth on both stages beside it.
+        flops_rate: FLOP/s of a device of speed 1, turning ``--balance flops`` into time
+            (a forward plus backward costs three times the forward FLOPs).
+        device_speed: per device, its speed relative to the others (2 = twice as fast);
+            empty means all equal.
+        memory_limit: per device (one value: every device), the bytes a stage's
+            parameters, gradients, optimizer state, weight copies and stored activations
+            may take; empty means no limit.
+        optimizer_states: parameter-sized tensors the optimizer keeps (AdamW 2, SGD with
+            momentum 1, plain SGD 0).
+        workers: ranks to spread over the stages with replication; None: one per stage.
+    """
+
+    bandwidth: float = DEFAULT_BANDWIDTH
+    flops_rate: float = DEFAULT_FLOPS_RATE
+    device_speed: tuple[float, ...] = ()
+    memory_limit: tuple[int, ...] = ()
+    optimizer_states: int = 2
+    workers: int | None = None
+
+    def validate(self, devices: int, stages: int) -> None:
+        """Raise BalanceError for values that cannot describe ``devices`` devices."""
+        if not self.bandwidth > 0:
+            raise BalanceError(f"--bandwidth must be positive, got {self.bandwidth:g}")
+        if not self.flops_rate > 0:
+            raise BalanceError(f"--flops-rate must be positive, got {self.flops_rate:g}")
+        if self.device_speed and len(self.device_speed) not in (1, devices):
+            raise BalanceError(
+                f"--device-speed gives {len(self.device_speed)} speeds for {devices} devices; "
+                "give one per device (or one for all)"
+            )
+        if any(not s > 0 for s in self.device_speed):
+            raise BalanceError(f"--device-speed values must be positive: {self.device_speed}")
+        if self.memory_limit and len(self.memory_limit) not in (1, devices):
+            raise BalanceError(
+                f"--memory-limit gives {len(self.memory_limit)} sizes for {devices} devices; "
+                "give one per device (or one for all)"
+            )
+        if self.optimizer_states < 0:
+            raise BalanceError("--optimizer-states must be 0 or more")
+        if self.workers is not None and self.workers < stages:
+            raise BalanceError(
+                f"--workers {self.workers} cannot run {stages} stages; give at least {stages}"
+            )
+
+    def speed(self, device: int) -> float:
+        if not self.device_speed:
+            return 1.0
+        return self.device_speed[0 if len(self.device_speed) == 1 else device]
+
+    def limit(self, device: int) -> int | None:
+        if not self.memory_limit:
+            return None
+        return self.memory_limit[0 if len(self.memory_limit) == 1 else device]
+
+
+def parse_rate(text: str, flag: str) -> float:
+    """A bandwidth such as ``10GB/s``, ``25GiB`` or ``1e10`` (bytes per second)."""
+    body = text.strip().removesuffix("/s").removesuffix("ps")
+    try:
+        return float(body)
+    except ValueError:
+        pass
+    try:
+        return float(parse_size(body))
+    except ValueError:
+        raise BalanceError(
+            f"{flag} {text!r}: write bytes per second, e.g. 10GB/s, 25GiB/s or 1e10"
+        ) from None
+
+
+def parse_speeds(text: str) -> tuple[float, ...]:
+    """``1,1,0.5,0.5``: one relative speed per device."""
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise BalanceError(
+            f"--device-speed {text!r}: write one number per device, e.g. 1,1,0.5,0.5"
+        ) from None
+
+
+def parse_limits(text: str) -> tuple[int, ...]:
+    """``16GiB`` or ``16GiB,16GiB,8GiB,8GiB``: bytes per device."""
+    try:
+        return tuple(parse_size(v) for v in text.split(","))
+    except ValueError as err:
+        raise BalanceError(f"--memory-limit: {err}") from None
+
+
+def scaled_speeds(model: CostModel, devices: Sequence[int]) -> list[int]:
+    """Per stage, an integer time multiplier (1000 at speed 1) for the device it runs on."""
+    return [max(1, round(1000 / model.speed(d))) for d in devices]

@@ -1,0 +1,156 @@
+"""Split a mini-batch into micro-batches along one dimension, and join results back.
+
+Also the checks that say, in the user's terms, why a mini-batch does not fit: an input of
+another shape or dtype than compiled, targets of another batch size, an output that has no
+batch dimension to join along.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from pipecompile.errors import InputError, MicrobatchError
+from pipecompile.ir.sizes import counted
+
+__all__ = [
+    "split_microbatches",
+    "split_targets",
+    "join_microbatches",
+    "input_mismatch",
+    "check_target_rows",
+    "Compiled",
+]
+
+Compiled = Mapping[str, tuple[tuple[int, ...], str]]  # input name -> (micro-batch shape, dtype)
+
+
+def split_microbatches(
+    tensors: Mapping[str, torch.Tensor], count: int, dim: int = 0
+) -> list[dict[str, torch.Tensor]]:
+    """``count`` dicts of equal slices of every tensor along ``dim``.
+
+    Raises:
+        MicrobatchError: a tensor's size along ``dim`` is not divisible by ``count``.
+    """
+    if count < 1:
+        raise MicrobatchError(f"--microbatches must be at least 1, got {count}")
+    for name, tensor in tensors.items():
+        size = tensor.shape[dim] if tensor.dim() > dim else None
+        if size is None or size % count:
+            raise MicrobatchError(
+                f"input {name!r} has shape {tuple(tensor.shape)}: its size along dim {dim} "
+                f"({size}) is not divisible into {counted(count, 'micro-batch')}; choose "
+                f"--microbatches that divides {size}"
+            )
+    chunks = {name: t.chunk(count, dim) for name, t in tensors.items()}
+    return [{name: parts[i] for name, parts in chunks.items()} for i in range(count)]
+
+
+def split_targets(
+    targets: Sequence[torch.Tensor], count: int, dim: int = 0
+) -> list[tuple[torch.Tensor, ...]]:
+    """``count`` tuples of equal slices of every target tensor (errors name ``target k``)."""
+    named = {f"target {k}": t for k, t in enumerate(targets)}
+    return [tuple(part.values()) for part in split_microbatches(named, count, dim)]
+
+
+def join_microbatches(
+    parts: Sequence[Sequence[torch.Tensor]], dim: int = 0, names: Sequence[str] = ()
+) -> list[torch.Tensor]:
+    """Concatenate per-micro-batch output lists position by position.
+
+    Raises:
+        MicrobatchError: an output is a scalar (no dimension ``dim`` to join along); the
+            message names it by position and by ``names[k]`` when given.
+    """
+    for k in range(len(parts[0])):
+        if any(not isinstance(p[k], torch.Tensor) or p[k].dim() <= dim for p in parts):
+            raise MicrobatchError(
+                f"{_output(k, names)} is a scalar, not a value per sample: the outputs of "
+                f"the micro-batches are joined along dimension {dim}, the batch; return it "
+                "per sample, or reduce it in loss_fn instead"
+            )
+    return [torch.cat([p[k] for p in parts], dim) for k in range(len(parts[0]))]
+
+
+def input_mismatch(
+    inputs: Mapping[str, torch.Tensor], compiled: Compiled, count: int, *,
+    dim: int = 0, exact: bool = False, where: str = "the pipeline",
+) -> str | None:  # fmt: skip
+    """Why ``inputs`` do not fit the micro-batch shapes and dtypes ``compiled`` for, or None.
+
+    The size along the batch dimension ``dim`` may differ unless ``exact`` (a distributed
+    run's messages, and torch.export stages, have the compiled sizes)."""
+    for name, tensor in inputs.items():
+        if name not in compiled:
+            continue
+        shape, dtype = compiled[name]
+        want = tuple(s * count if k == dim else s for k, s in enumerate(shape))
+        have = tuple(tensor.shape)
+        same = len(have) == len(want) and all(
+            h == w for k, (h, w) in enumerate(zip(have, want)) if exact or k != dim
+        )
+        if not same:
+            return (
+                f"input {name!r} has shape {have} but {where} was compiled for {want} "
+                f"({counted(count, 'micro-batch')} of {tuple(shape)}, batch first)"
+                f"{_shape_hint(have, want, dim, exact)}; pass inputs of that shape, or "
+                "recompile with these"
+            )
+        have_dtype = str(tensor.dtype).removeprefix("torch.")
+        if have_dtype != dtype:
+            return (
+                f"input {name!r} has dtype {have_dtype} but {where} was compiled for {dtype}; "
+                f"pass {dtype} inputs, or recompile with these"
+            )
+    return None
+
+
+def check_target_rows(
+    output: Any, targets: Sequence[Any], inputs: Mapping[str, torch.Tensor], *,
+    split: bool, scale: int = 1, dim: int = 0,
+) -> None:  # fmt: skip
+    """When targets are split into micro-batches (``split``), each one's size along ``dim``
+    must be the inputs' batch size or an output's (flattened (batch * seq) targets, output
+    gradients), or its slices do not line up with theirs. ``output``, ``targets`` and
+    ``inputs`` are one slice of the mini-batch; ``scale`` slices make it (for the message).
+
+    Raises:
+        InputError: naming ``target k`` and the sizes it should have had.
+    """
+    if not split:
+        return
+    rows = {t.shape[dim] for t in inputs.values() if isinstance(t, torch.Tensor) and t.dim() > dim}
+    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+    outs = {t.shape[dim] for t in leaves if t.dim() > dim}
+    for k, target in enumerate(targets):
+        if not isinstance(target, torch.Tensor) or target.dim() <= dim:
+            continue  # split_targets has refused what cannot be split
+        if rows and target.shape[dim] not in rows | outs:
+            shape = tuple(n * scale if d == dim else n for d, n in enumerate(target.shape))
+            raise InputError(
+                f"target {k} has shape {shape} but the inputs' batch is "
+                f"{_sizes(rows, scale)} (outputs: {_sizes(outs, scale)}): targets are split "
+                f"into micro-batches along dimension {dim} with the inputs, so they need that "
+                "size there; fix example_targets()"
+            )
+
+
+def _sizes(sizes: set[int], scale: int) -> str:
+    return " or ".join(str(n * scale) for n in sorted(sizes)) or "none"
+
+
+def _shape_hint(have: tuple[int, ...], want: tuple[int, ...], dim: int, exact: bool) -> str:
+    if len(have) == len(want) - 1 and have == want[:dim] + want[dim + 1 :]:
+        return ": it lacks the batch dimension"
+    if exact and len(have) == len(want) and have[dim] != want[dim]:
+        return f": its batch size differs ({have[dim]}, not {want[dim]})"
+    return ""
+
+
+def _output(k: int, names: Sequence[str]) -> str:
+    return f"output {k} ({names[k]})" if k < len(names) else f"output {k}"

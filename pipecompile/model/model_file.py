@@ -1,0 +1,208 @@
+"""Load a model, its example inputs and its training hooks from a user's ``model.py[:NAME]``."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipecompile.errors import ModelFileError
+from pipecompile.ir.values import non_tensor_input
+from pipecompile.model.fingerprint import file_fingerprint
+
+__all__ = ["ModelSpec", "load_model_file", "split_ref", "import_file"]
+
+DEFAULT_FACTORY = "build_model"
+
+
+@dataclass
+class ModelSpec:
+    """What a model file provides. ``inputs`` maps forward() parameter names to tensors."""
+
+    path: Path
+    name: str
+    model: nn.Module
+    inputs: dict[str, torch.Tensor]
+    targets: tuple[torch.Tensor, ...] | None
+    loss_fn: Callable[..., torch.Tensor] | None
+    module: ModuleType
+
+
+def split_ref(ref: str) -> tuple[Path, str]:
+    """``"dir/model.py:NAME"`` -> (path, NAME); NAME defaults to ``build_model``."""
+    path, sep, name = ref.rpartition(":")
+    if not sep or not name.isidentifier():
+        return Path(ref), DEFAULT_FACTORY
+    return Path(path), name
+
+
+def import_file(path: Path) -> ModuleType:
+    """Import a Python file by path (its folder is importable while it loads)."""
+    if not path.is_file():
+        raise ModelFileError(f"model file {str(path)!r} does not exist; pass a path to a .py file")
+    unique = f"pipecompile_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(unique, path)
+    if spec is None or spec.loader is None:
+        raise ModelFileError(f"cannot import {str(path)!r}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    sys.modules[unique] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[unique]
+        where = _user_frame(err, path)
+        raise ModelFileError(
+            f"importing {str(path)!r} failed{where}: {type(err).__name__}: {err}"
+        ) from err
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    return module
+
+
+def load_model_file(ref: str) -> ModelSpec:
+    """Load ``path.py[:NAME]`` per the model-file contract; raise ModelFileError otherwise."""
+    path, name = split_ref(ref)
+    module = import_file(path)
+    model = _make_model(module, name, path)
+    inputs = _named_inputs(model, _call_hook(module, "example_inputs", path, required=True), path)
+    targets = _call_hook(module, "example_targets", path, required=False)
+    if targets is not None and not isinstance(targets, tuple):
+        targets = (targets,)
+    loss_fn = getattr(module, "loss_fn", None)
+    if loss_fn is not None and not callable(loss_fn):
+        raise ModelFileError(f"{path}: loss_fn is a {type(loss_fn).__name__}, expected a function")
+    return ModelSpec(path, name, model, inputs, targets, loss_fn, module)
+
+
+def _make_model(module: ModuleType, name: str, path: Path) -> nn.Module:
+    if not hasattr(module, name):
+        found = sorted(
+            k for k, v in vars(module).items() if not k.startswith("_") and _looks_like_model(v)
+        )
+        hint = (
+            f"; candidates found: {', '.join(found)} (select one with {path}:NAME)" if found else ""
+        )
+        raise ModelFileError(
+            f"{path} has no {name!r}: define build_model() returning an nn.Module, "
+            f"or pass {path}:NAME{hint}"
+        )
+    obj = getattr(module, name)
+    if isinstance(obj, nn.Module):
+        return obj
+    if not callable(obj):
+        raise ModelFileError(f"{path}:{name} is a {type(obj).__name__}, not a model or factory")
+    try:
+        model = obj()
+    except Exception as err:
+        raise ModelFileError(
+            f"calling {path}:{name}() failed{_user_frame(err, path)}: {type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(model, nn.Module):
+        raise ModelFileError(
+            f"{path}:{name}() returned a {type(model).__name__}, expected a torch.nn.Module"
+        )
+    return model
+
+
+def _looks_like_model(value: Any) -> bool:
+    return isinstance(value, nn.Module) or (
+        inspect.isclass(value) and issubclass(value, nn.Module) and value.__module__ != "torch.nn"
+    )
+
+
+def _call_hook(module: ModuleType, hook: str, path: Path, *, required: bool) -> Any:
+    fn = getattr(module, hook, None)
+    if fn is None:
+        if required:
+            raise ModelFileError(
+                f"{path} has no {hook}(): define it to return a tuple of tensors "
+                "(positional inputs) or a dict of keyword tensors"
+            )
+        return None
+    try:
+        return fn()
+    except Exception as err:
+        raise ModelFileError(
+            f"{path}: {hook}() failed{_user_frame(err, path)}: {type(err).__name__}: {err}"
+        ) from err
+
+
+def _named_inputs(model: nn.Module, raw: Any, path: Path) -> dict[str, torch.Tensor]:
+    params = [
+        p.name
+        for p in inspect.signature(model.forward).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if isinstance(raw, torch.Tensor):
+        raw = (raw,)
+    if isinstance(raw, (tuple, list)):
+        if len(raw) > len(params):
+            raise ModelFileError(
+                f"{path}: example_inputs() gives {len(raw)} values but forward() takes "
+                f"{len(params)} ({', '.join(params)})"
+            )
+        named = dict(zip(params, raw))
+    elif isinstance(raw, dict):
+        unknown = [k for k in raw if k not in params]
+        if unknown:
+            raise ModelFileError(
+                f"{path}: example_inputs() has keys {unknown} that forward() does not take "
+                f"({', '.join(params)})"
+            )
+        named = {k: raw[k] for k in params if k in raw}
+    else:
+        raise ModelFileError(
+            f"{path}: example_inputs() returned a {type(raw).__name__}; "
+            "expected a tuple of tensors or a dict of keyword tensors"
+        )
+    problem = non_tensor_input(named)
+    if problem:
+        raise ModelFileError(f"{path}: {problem}")
+    return named
+
+
+def _user_frame(err: BaseException, path: Path) -> str:
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename) == path]
+    return f" at {path.name}:{frames[-1].lineno}" if frames else ""
+
+
+def recorded_model(
+    model: str | None, directory: Path, manifest: dict[str, Any], *, allow_stale: bool = False
+) -> ModelSpec:
+    """The model file ``model`` if given, else the one the emitted ``manifest`` records.
+
+    Raises:
+        ModelFileError: the recorded file changed since the directory was compiled (its
+            sha256 differs from the manifest's), unless ``allow_stale``.
+    """
+    if model:
+        return load_model_file(model)
+    recorded = manifest.get("model", {})
+    if not recorded.get("file"):
+        raise ModelFileError(
+            f"{directory}/manifest.json records no model file; pass --model FILE.py[:NAME]"
+        )
+    path = (Path(directory) / recorded["file"]).resolve()
+    if not allow_stale:
+        _check_fresh(path, recorded.get("file_sha256"), directory, recorded["name"])
+    return load_model_file(f"{path}:{recorded['name']}")
+
+
+def _check_fresh(path: Path, sha: str | None, directory: Path, name: str) -> None:
+    if sha is None or not path.is_file() or file_fingerprint(path) == sha:
+        return
+    raise ModelFileError(
+        f"{directory} is stale: {path} changed after it was compiled, so the compiled stages "
+        f"may no longer be that model; recompile (`pipecompile {path}:{name} --stages N "
+        f"-o {directory}`), or pass --allow-stale to run the compiled stages as they are"
+    )

@@ -1,0 +1,119 @@
+"""The balance report: per stage its ops, parameters, FLOPs, predicted time, activation and
+communication bytes and memory, then the bottleneck against the lower bound and the optimum.
+
+Read from an emitted manifest (``balance`` as the balancer wrote it, the stages' measured
+activation bytes, the edges) and the program, so `pipecompile show` and the compile summary
+print the same figures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipecompile.ir.memory_model import peak_stored_bytes, peak_weight_copies
+from pipecompile.ir.program import Program
+from pipecompile.ir.simulate import Costs
+from pipecompile.ir.sizes import format_count, format_size
+
+__all__ = ["stage_rows", "balance_lines", "stage_costs"]
+
+
+def stage_rows(manifest: dict[str, Any], program: Program) -> list[dict[str, Any]]:
+    """Per stage, the report's figures (None where the manifest lacks them)."""
+    balance = manifest.get("balance") or {}
+    edges = manifest.get("edges", [])
+    stages = manifest["stages"]
+    states = 2 + int((balance.get("model") or {}).get("optimizer_states", 2))
+    timed = balance.get("unit") == "ns"
+    saved = [(s.get("activation_bytes") or {}).get("saved", 0) for s in stages]
+    inputs = [(s.get("activation_bytes") or {}).get("inputs", 0) for s in stages]
+    replicas = manifest.get("replicas") or [1] * len(stages)
+    rows = []
+    for j, s in enumerate(stages):
+        d = program.stage_device[j]
+        own = [x if k == j else 0 for k, x in enumerate(saved)]
+        own_inputs = [x if k == j else 0 for k, x in enumerate(inputs)]
+        activations = peak_stored_bytes(program, own, own_inputs)[d]
+        copies = peak_weight_copies([x for x in program.devices[d] if x.stage == j])
+        rows.append({
+            "stage": j,
+            "device": d,
+            "replicas": replicas[j],
+            "ops": _at(balance, "stage_ops", j),
+            "param_bytes": s["param_bytes"],
+            "flops": s["flops"],
+            "time_ns": _at(balance, "stage_costs", j) if timed else None,
+            "compute_ns": _at(balance, "stage_compute", j) if timed else None,
+            "comm_ns": _at(balance, "stage_comm", j) if timed else None,
+            "activation_bytes": saved[j],
+            "sent_bytes": sum(e["bytes"] for e in edges if e["src"] == j),
+            "received_bytes": sum(e["bytes"] for e in edges if e["dst"] == j),
+            "memory_bytes": (states + copies) * s["param_bytes"] + activations,
+        })  # fmt: skip
+    return rows
+
+
+def stage_costs(manifest: dict[str, Any]) -> tuple[Costs, str]:
+    """The costs to simulate the program with, and their unit: the balancer's predicted
+    stage times split one third forward, two thirds backward (``"ns"``), or, for manifests
+    without them, the stages' forward FLOPs with a backward of twice that (``"flops"``)."""
+    balance = manifest.get("balance") or {}
+    if balance.get("unit") != "ns":
+        return Costs.from_flops([s["flops"] for s in manifest["stages"]]), "flops"
+    times = [float(t) for t in balance["stage_costs"]]
+    return Costs(tuple(t / 3 for t in times), tuple(2 * t / 3 for t in times)), "ns"
+
+
+def balance_lines(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The report as text."""
+    balance = manifest.get("balance") or {}
+    header = ("stage", "device", "ops", "params", "FLOPs", "time us", "comm us", "act/mb",
+              "sent", "received", "memory")  # fmt: skip
+    table = [header]
+    for r in rows:
+        device = f"{r['device']}" + (f" x{r['replicas']}" if r["replicas"] > 1 else "")
+        table.append((
+            str(r["stage"]), device, str(r["ops"] or "-"), format_size(r["param_bytes"]),
+            format_count(r["flops"]), _us(r["time_ns"]), _us(r["comm_ns"]),
+            format_size(r["activation_bytes"]), format_size(r["sent_bytes"]),
+            format_size(r["received_bytes"]), format_size(r["memory_bytes"]),
+        ))  # fmt: skip
+    widths = [max(len(row[k]) for row in table) for k in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
+    if balance:
+        lines.append(_verdict(balance))
+    return lines
+
+
+def _verdict(balance: dict[str, Any]) -> str:
+    unit = balance.get("unit")
+    show = (lambda v: f"{v / 1000:.2f} us") if unit == "ns" else format_count
+    if unit == "bytes":
+        show = format_size
+    model = balance.get("model") or {}
+    what = f"balance on {balance['cost']}"
+    if unit == "ns" and model.get("bandwidth"):
+        what += f", links at {format_count(model['bandwidth'], 'B/s')}"
+    elif unit == "ns":
+        what += ", communication ignored"
+    line = (
+        f"{what}: bottleneck {show(balance['bottleneck'])}, lower bound "
+        f"{show(balance['lower_bound'])} "
+        f"({balance['bottleneck'] / max(balance['lower_bound'], 1e-9):.3f}x), "
+        f"optimum {show(balance['bottleneck'])} (exact)"
+    )
+    if balance.get("requested_boundaries"):
+        line += (
+            f"; without the {balance['requested_boundaries']} requested boundaries "
+            f"{show(balance['unconstrained_optimum'])}"
+        )
+    return line
+
+
+def _at(balance: dict[str, Any], key: str, j: int) -> Any:
+    values = balance.get(key)
+    return values[j] if values and j < len(values) else None
+
+
+def _us(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1000:.2f}"

@@ -1,0 +1,60 @@
+"""An emitted directory's pictures: ``stages`` and ``schedule``, as DOT sources and drawn.
+
+The DOT sources are always written; the drawings only where Graphviz is installed
+(``Pictures.drawn`` is empty otherwise, and ``INSTALL_HINT`` says how to get it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipecompile.reports.pictures.render import dot_available, render
+from pipecompile.reports.pictures.schedule_picture import schedule_dot, simulated_timeline
+from pipecompile.reports.pictures.stage_picture import stage_dot
+from pipecompile.runtime.load import read_manifest, read_program
+
+__all__ = ["Pictures", "write_pictures"]
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """The files written: DOT sources, and the drawings (none without Graphviz)."""
+
+    sources: tuple[Path, ...]
+    drawn: tuple[Path, ...]
+
+
+def write_pictures(directory: Path, *, out: Path | None = None, fmt: str = "svg") -> Pictures:
+    """Write ``stages.dot`` and ``schedule.dot`` for the pipeline in ``directory`` into ``out``
+    (default: ``directory``) and, if Graphviz is installed, ``stages.<fmt>`` and
+    ``schedule.<fmt>``.
+
+    Example:
+        >>> write_pictures(Path("out/gpt2")).drawn  # doctest: +SKIP
+        (PosixPath('out/gpt2/stages.svg'), PosixPath('out/gpt2/schedule.svg'))
+
+    Raises:
+        EmitError: ``directory`` holds no readable manifest or program.
+        ProgramError: the program deadlocks when simulated.
+        RenderError: Graphviz failed, or ``fmt`` is not svg, png or pdf.
+    """
+    directory = Path(directory)
+    out = directory if out is None else Path(out)
+    manifest = read_manifest(directory)
+    program = read_program(directory / manifest["program"])
+    timeline, unit = simulated_timeline(manifest, program)
+    graphs = {
+        "stages": (stage_dot(manifest, program), "dot"),
+        "schedule": (schedule_dot(timeline, program, unit=unit), "neato"),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    sources = []
+    for name, (graph, _) in graphs.items():
+        sources.append(out / f"{name}.dot")
+        sources[-1].write_text(graph.source)
+    drawn = []
+    if dot_available():
+        for name, (graph, engine) in graphs.items():
+            drawn.append(render(graph, out / f"{name}.{fmt}", engine=engine))
+    return Pictures(tuple(sources), tuple(drawn))

@@ -1,0 +1,104 @@
+"""`pipecompile show OUT`: the simulated schedule of an emitted pipeline, as text or JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipecompile.ir.memory_model import peak_stored_bytes
+from pipecompile.ir.program import Program
+from pipecompile.ir.simulate import Costs, Timeline, simulate
+from pipecompile.ir.sizes import counted, format_size
+from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.ir.verify_program import verify_program
+from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
+from pipecompile.reports.timeline_text import timeline_text
+from pipecompile.runtime.load import read_manifest, read_program
+
+__all__ = ["schedule_report", "format_report", "closed_form"]
+
+_MAX_DRAWN_CLOCKS = 160
+_COSTS_IN = {
+    "ns": "predicted stage times in ns (F = 1/3, B = 2/3 of each)",
+    "flops": "forward FLOPs (B = 2 F)",
+}
+
+
+def schedule_report(
+    directory: str | Path, *, program_path: str | Path | None = None, uniform: bool = False
+) -> tuple[dict[str, Any], Timeline]:
+    """Simulate the directory's program (or ``program_path``, verified first).
+
+    Costs are the balancer's predicted stage times (forward a third, backward two thirds),
+    the stages' forward FLOPs (backward twice that) for manifests without them, or, with
+    ``uniform``, F = 1 and B = 2 per stage. Returns the JSON-ready figures and the timeline.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    program = read_program(Path(program_path) if program_path else directory / manifest["program"])
+    topology = topology_from_manifest(manifest)
+    verify_program(program, topology)
+    stages = manifest["stages"]
+    if uniform:
+        costs, what = Costs.uniform(len(stages)), "uniform (F=1, B=2, I=W=1)"
+    else:
+        costs, unit = stage_costs(manifest)
+        what = _COSTS_IN[unit]
+    timeline = simulate(program, topology, costs)
+    report: dict[str, Any] = {
+        "schedule": program.schedule,
+        "stages": program.num_stages,
+        "devices": len(program.devices),
+        "microbatches": program.microbatches,
+        "costs": what,
+        **timeline.as_dict(),
+        "closed_form_bubble": closed_form(program),
+        "checkpointed_forwards": sum(1 for _, _, x in program.instructions() if x.op == "FC"),
+    }
+    if all("activation_bytes" in s for s in stages):
+        saved = [s["activation_bytes"]["saved"] for s in stages]
+        inputs = [s["activation_bytes"]["inputs"] for s in stages]
+        report["peak_activation_bytes"] = list(peak_stored_bytes(program, saved, inputs))
+    report["balance"] = manifest.get("balance", {})
+    report["stage_table"] = stage_rows(manifest, program)
+    return report, timeline
+
+
+def closed_form(program: Program) -> float | None:
+    """The textbook bubble fraction of the program's schedule with uniform costs, if any."""
+    p, m = len(program.devices), program.microbatches
+    v = program.num_stages // p
+    if program.schedule in ("gpipe", "1f1b", "pipedream", "pipedream-vsync"):
+        return (p - 1) / (m + p - 1)
+    if program.schedule == "interleaved":
+        return (p - 1) / (v * m + p - 1)
+    if program.schedule == "zb1p" and m >= p:  # the zero-bubble closed form needs m >= p
+        return (p - 1) / (3 * m + p - 1)
+    return None
+
+
+def format_report(report: dict[str, Any], timeline: Timeline) -> str:
+    """The human-readable form: figures, one row per device, and the timetable if small."""
+    lines = [
+        f"schedule {report['schedule']}: {report['stages']} stages on {report['devices']} "
+        f"devices, {counted(report['microbatches'], 'micro-batch')}; costs: {report['costs']}",
+        f"makespan {report['makespan']:.6g}   bubble fraction {report['bubble_fraction']:.4f}"
+        + (
+            f"   (closed form with uniform costs {report['closed_form_bubble']:.4f})"
+            if report["closed_form_bubble"] is not None
+            else ""
+        ),
+    ]
+    if report["checkpointed_forwards"]:
+        lines.append(f"checkpointed forwards (FC): {report['checkpointed_forwards']}")
+    peaks = report.get("peak_activation_bytes")
+    lines.append("device   busy        peak in-flight   peak activations")
+    for d in range(report["devices"]):
+        mem = format_size(peaks[d]) if peaks else "-"
+        lines.append(
+            f"{d:>6}   {report['busy'][d]:<10.6g}  {report['peak_inflight'][d]:>14}   {mem:>16}"
+        )
+    lines += ["", *balance_lines({"balance": report["balance"]}, report["stage_table"])]
+    if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:
+        lines += ["", timeline_text(timeline)]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""The table printed after compiling: the balance report, the schedule's predictions, and
+where the output went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipecompile.ir.memory_model import peak_stored_bytes
+from pipecompile.ir.program import Program
+from pipecompile.ir.simulate import Costs, simulate
+from pipecompile.ir.sizes import counted, format_size
+from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
+from pipecompile.runtime.load import read_manifest, read_program
+
+__all__ = ["summary"]
+
+
+def summary(out: Path) -> str:
+    """A few lines a person reads after `pipecompile MODEL --stages N -o OUT`, read from the
+    emitted directory ``out``."""
+    manifest = read_manifest(Path(out))
+    program = read_program(Path(out) / manifest["program"])
+    rows = balance_lines(manifest, stage_rows(manifest, program))
+    rows.append(
+        f"tracer {manifest['model']['tracer']}; schedule {program.schedule}, "
+        f"{counted(program.microbatches, 'micro-batch')} of {manifest['microbatch_size']}"
+    )
+    rows.append(_schedule_line(manifest, program, *stage_costs(manifest)))
+    rows.append(f"wrote {out}")
+    return "\n".join(rows)
+
+
+def _schedule_line(manifest: dict[str, Any], program: Program, costs: Costs, unit: str) -> str:
+    timeline = simulate(program, topology_from_manifest(manifest), costs)
+    line = f"predicted: bubble {timeline.bubble_fraction:.3f}"
+    if unit == "ns":
+        line += f", step {timeline.makespan / 1e3:.1f} us"
+    line += f", peak in-flight micro-batches per device {list(timeline.peak_inflight)}"
+    stages = manifest["stages"]
+    if all("activation_bytes" in s for s in stages):
+        peaks = peak_stored_bytes(
+            program,
+            [s["activation_bytes"]["saved"] for s in stages],
+            [s["activation_bytes"]["inputs"] for s in stages],
+        )
+        line += f", peak activations {format_size(max(peaks))}"
+    checkpointed = sum(1 for _, _, x in program.instructions() if x.op == "FC")
+    if checkpointed:
+        line += f"; {checkpointed} checkpointed forwards"
+    return line

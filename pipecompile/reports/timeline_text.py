@@ -1,0 +1,41 @@
+"""Draw a simulated timeline as a clock table, one row per device (integer costs only)."""
+
+from __future__ import annotations
+
+from pipecompile.ir.simulate import Timeline
+
+__all__ = ["timeline_text"]
+
+_SHOWN = ("F", "FC", "B", "I", "W")
+
+
+def timeline_text(timeline: Timeline, *, width: int = 4) -> str:
+    """One column per clock, each busy clock labelled with its instruction (``F3``, ``B0`` …;
+    a stage other than the device's first is primed: ``F3'``), idle clocks shown as ``.``.
+
+    Raises:
+        ValueError: a span does not start and end on whole clocks.
+    """
+    spans = [s for s in timeline.spans if s.instr.op in _SHOWN and s.end > s.start]
+    if any(s.start != int(s.start) or s.end != int(s.end) for s in spans):
+        raise ValueError("timeline_text needs whole-number costs (use uniform costs)")
+    clocks = int(timeline.makespan)
+    first = {d: min((s.instr.stage for s in spans if s.device == d), default=0)
+             for d in range(timeline.devices)}  # fmt: skip
+    rows = ["clock     " + "".join(f"{k:<{width}}" for k in range(clocks)).rstrip()]
+    for d in range(timeline.devices):
+        cells = ["."] * clocks
+        for s in spans:
+            if s.device != d:
+                continue
+            op = "F" if s.instr.op == "FC" else s.instr.op
+            prime = "'" * _rank(s.instr.stage, first[d], timeline)
+            for k in range(int(s.start), int(s.end)):
+                cells[k] = f"{op}{s.instr.microbatch}{prime}"
+        rows.append(f"device {d:<2}" + "".join(f"{c:<{width}}" for c in cells).rstrip())
+    return "\n".join(rows)
+
+
+def _rank(stage: int, first: int, timeline: Timeline) -> int:
+    """How many of the device's stages come before ``stage`` (0 for its first)."""
+    return (stage - first) // timeline.devices if timeline.devices else 0

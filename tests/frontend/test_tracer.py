@@ -1,0 +1,67 @@
+"""Front end: torch.fx first, torch.export for models fx cannot trace, one error when both fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipecompile.errors import TraceError
+from pipecompile.frontend.tracer import trace
+from tests.conftest import example_spec
+
+
+@pytest.mark.parametrize(
+    "name, tracer",
+    [("mlp", "torch.fx"), ("resnet", "torch.fx"), ("gpt", "torch.fx"),
+     ("hf_gpt2", "torch.export"), ("hf_bert", "torch.export"), ("hf_llama", "torch.export")],
+)  # fmt: skip
+def test_tracer_choice_and_fidelity(name, tracer):
+    spec = example_spec(name)
+    traced = trace(spec.model, spec.inputs)
+    assert traced.tracer == tracer
+    assert traced.input_names == tuple(spec.inputs)
+    with torch.no_grad():
+        flat = traced.module(*spec.inputs.values())
+        want = torch.utils._pytree.tree_leaves(spec.model(**spec.inputs))
+    assert len(flat) == len(want)
+    for got, ref in zip(flat, want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+class DataDependent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.sum().item() > 0:  # control flow on a tensor's value
+            return h * 2
+        return h.nonzero()
+
+
+def test_untraceable_model_reports_both_tracers():
+    with pytest.raises(TraceError) as info:
+        trace(DataDependent(), {"x": torch.randn(2, 4)})
+    message = str(info.value)
+    assert "cannot trace DataDependent" in message
+    assert "torch.fx:" in message and "torch.export:" in message
+    assert "test_tracer.py" in message  # points at the user's line
+    assert "Make forward() traceable" in message
+
+
+class GradRegion(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            scale = self.fc.weight.abs().mean()
+        return self.fc(x) * scale
+
+
+def test_no_grad_regions_are_inlined_and_detached():
+    traced = trace(GradRegion(), {"x": torch.randn(2, 4)})
+    targets = {str(n.target) for n in traced.module.graph.nodes}
+    assert not any("wrap_with_set_grad_enabled" in t for t in targets)

@@ -1,0 +1,118 @@
+"""The simulator: closed-form bubbles with uniform costs, in-flight peaks, deadlocks."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from pipecompile.errors import ProgramError
+from pipecompile.ir.instr import Instr
+from pipecompile.ir.memory_model import peak_inflight, peak_stored_bytes
+from pipecompile.ir.program import Program
+from pipecompile.ir.simulate import Costs, simulate
+from pipecompile.ir.topology import Topology
+from pipecompile.passes import insert_communication
+from pipecompile.reports.timeline_text import timeline_text
+from pipecompile.schedules import generate
+
+SHAPES = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 32)]
+
+
+def run(name: str, stages: int, m: int, **options: object):
+    program = generate(name, stages, m, **options)  # type: ignore[arg-type]
+    return simulate(program, Topology.chain(stages), Costs.uniform(stages))
+
+
+def exact(value: float) -> Fraction:
+    return Fraction(value).limit_denominator(10_000)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "pipedream"])
+@pytest.mark.parametrize("p, m", SHAPES)
+def test_bubble_is_exactly_p_minus_1_over_m_plus_p_minus_1(name, p, m):
+    timeline = run(name, p, m)
+    assert timeline.makespan == 3 * (m + p - 1)
+    assert exact(timeline.bubble_fraction) == Fraction(p - 1, m + p - 1)
+
+
+@pytest.mark.parametrize("v", [2, 3, 4])
+@pytest.mark.parametrize("p, m", [(p, m) for p, m in SHAPES if m % p == 0])
+def test_interleaved_bubble_is_exactly_p_minus_1_over_vm_plus_p_minus_1(p, m, v):
+    timeline = run("interleaved", p * v, m, virtual_stages=v)
+    assert exact(timeline.bubble_fraction) == Fraction(p - 1, v * m + p - 1)
+
+
+@pytest.mark.parametrize("p, m", [(p, m) for p, m in SHAPES if m >= p])
+def test_zero_bubble_idles_a_third_of_1f1b(p, m):
+    zb, base = run("zb1p", p, m), run("1f1b", p, m)
+    idle = zb.makespan - 3 * m  # every device works 3m clocks
+    assert idle == p - 1  # (p-1)(F + I - W)
+    assert 3 * idle <= base.makespan - 3 * m
+    assert exact(zb.bubble_fraction) == Fraction(p - 1, 3 * m + p - 1)
+
+
+@pytest.mark.parametrize("p, m", SHAPES)
+def test_peak_inflight(p, m):
+    assert run("gpipe", p, m).peak_inflight == (m,) * p
+    assert run("1f1b", p, m).peak_inflight == tuple(min(p - j, m) for j in range(p))
+    assert run("pipedream", p, m).peak_inflight == tuple(min(p - j, m) for j in range(p))
+    assert run("zb1p", p, m).peak_inflight == (min(p, m),) * p
+
+
+def test_communication_costs_nothing_and_changes_nothing():
+    program = generate("1f1b", 4, 8)
+    full = insert_communication(program, topology=Topology.chain(4))
+    a = simulate(program, Topology.chain(4), Costs.uniform(4))
+    b = simulate(full, Topology.chain(4), Costs.uniform(4))
+    assert a.makespan == b.makespan and a.peak_inflight == b.peak_inflight
+
+
+def test_costs_scale_the_timeline():
+    program = generate("gpipe", 2, 2)
+    timeline = simulate(program, Topology.chain(2), Costs((1.0, 3.0), (2.0, 6.0)))
+    # stage 1 is three times slower: F0 F1 on device 1 take 3 each, then B1 B0 take 6 each
+    assert timeline.makespan == 1 + 3 + 3 + 6 + 6 + 2
+
+
+def test_checkpointed_backward_pays_for_the_recomputation():
+    program = generate("gpipe", 1, 1)
+    checkpointed = Program(
+        "gpipe", 1, (0,), ((Instr("FC", 0, 0), Instr("B", 0, 0), Instr("STEP", 0)),)
+    )
+    plain = simulate(program, Topology.chain(1), Costs.uniform(1)).makespan
+    assert simulate(checkpointed, Topology.chain(1), Costs.uniform(1)).makespan == plain + 1
+
+
+def test_deadlock_shows_where_each_device_is_stuck():
+    program = generate("gpipe", 2, 1)
+    swapped = Program(
+        "gpipe",
+        1,
+        (0, 1),
+        (program.devices[0], (Instr("B", 1, 0), Instr("F", 1, 0), Instr("STEP", 1))),
+    )
+    with pytest.raises(ProgramError, match=r"deadlocks(.|\n)*>> \[0\] 1B0"):
+        simulate(swapped, Topology.chain(2), Costs.uniform(2))
+
+
+def test_timeline_text_draws_the_1f1b_table():
+    text = timeline_text(run("1f1b", 2, 2))
+    assert text.splitlines()[1:] == [
+        "device 0 F0  F1  .   .   B0  B0  .   B1  B1",
+        "device 1 .   F0  B0  B0  F1  B1  B1  .   .",
+    ]
+
+
+def test_stored_bytes_follow_forward_checkpoint_and_recompute():
+    saved, inputs = [100, 40], [10, 4]
+    plain = generate("gpipe", 2, 3)
+    assert peak_stored_bytes(plain, saved, inputs) == (300, 120)
+    devices = tuple(
+        tuple(Instr("FC", x.stage, x.microbatch) if x.op == "F" else x for x in d)
+        for d in plain.devices
+    )
+    checkpointed = Program("gpipe", 3, (0, 1), devices)
+    # three stored inputs, then one micro-batch recomputed in full while the others wait
+    assert peak_stored_bytes(checkpointed, saved, inputs) == (100 + 2 * 10, 40 + 2 * 4)
+    assert peak_inflight(checkpointed) == (3, 3)

@@ -1,0 +1,124 @@
+"""The layers of the package and the one direction of their imports, checked on the source.
+
+Every module's layer is the first package under ``pipecompile`` it lives in (the root modules
+are the user surfaces); its imports, read with ``ast`` (also those inside functions), may only
+reach the layers its own is allowed to use. A new module is checked as soon as it exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipecompile._moved import MOVED
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = {"pipecompile": ROOT / "pipecompile", "pipecompile.passes": ROOT / "passes"}
+
+# layer -> the layers it may import (besides itself); `errors` is the shared base.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "ir": {"errors"},
+    "model": {"ir", "errors"},
+    "frontend": {"ir", "model", "errors"},
+    "passes": {"ir", "errors"},
+    "schedules": {"ir", "errors"},
+    "compiler": {"frontend", "passes", "schedules", "model", "ir", "errors"},
+    "codegen": {"compiler", "ir", "model", "errors", "version"},
+    "runtime": {"ir", "model", "errors"},
+    "reports": {"runtime", "ir", "errors"},
+    "interop": {"runtime", "ir", "errors"},
+}
+FORBIDDEN_FOR_RUNTIME = {"compiler", "passes", "frontend", "codegen", "reports", "interop"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, directory in SOURCES.items():
+        for path in directory.rglob("*.py"):
+            parts = path.relative_to(directory).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def layer(module: str) -> str:
+    """``pipecompile.ir.program`` -> ``ir``; a root module (cli, api, ...) -> ``surface``."""
+    parts = module.split(".")
+    if module == "pipecompile":
+        return "version"
+    if parts[1] == "errors":
+        return "errors"
+    return parts[1] if len(parts) > 2 or parts[1] in ALLOWED else "surface"
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every pipecompile import in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return [(line, name) for line, name in found if name.split(".")[0] == "pipecompile"]
+
+
+MODULES = _modules()
+
+
+LAYERED = sorted(m for m in MODULES if layer(m) not in ("surface", "version"))
+
+
+@pytest.mark.parametrize("module", LAYERED)
+def test_imports_point_down(module):
+    own = layer(module)
+    for line, name in imports(MODULES[module]):
+        used = layer(name)
+        assert used in ALLOWED[own] | {own}, (
+            f"{MODULES[module].relative_to(ROOT)}:{line} imports {name} ({used} layer); "
+            f"the {own} layer may use only {sorted(ALLOWED[own])}"
+        )
+
+
+def test_the_runtime_never_imports_the_compiler_a_pass_or_the_front_end():
+    runtime = [m for m in MODULES if layer(m) == "runtime"]
+    assert len(runtime) > 10
+    for module in runtime:
+        for line, name in imports(MODULES[module]):
+            assert layer(name) not in FORBIDDEN_FOR_RUNTIME, f"{module}:{line} imports {name}"
+
+
+def test_a_rank_loads_without_the_compiler():
+    """Importing the worker (what every rank runs) loads no compiler, pass or front end."""
+    code = (
+        "import sys, pipecompile.runtime.worker, pipecompile.runtime.pipeline\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'pipecompile' "
+        f"and m.split('.')[1:2] and m.split('.')[1] in {sorted(FORBIDDEN_FOR_RUNTIME)!r})\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_module_uses_an_old_path():
+    for module, path in MODULES.items():
+        if module == "pipecompile._moved":
+            continue
+        for line, name in imports(path):
+            stale = [old for old in MOVED if name == old or name.startswith(old + ".")]
+            where = f"{path.relative_to(ROOT)}:{line}"
+            assert not stale, f"{where} imports {name}, now {MOVED[stale[0]]}"
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_import_paths_still_work(old):
+    import importlib
+
+    before = importlib.import_module(old)
+    after = importlib.import_module(MOVED[old])
+    assert before is after
