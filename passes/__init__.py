@@ -1,6 +1,7 @@
 """pipecompile's compiler passes, one per module; each is a pure function of an IR value."""
 
-from pipecompile.passes.activation_memory import StageMemory, activation_memory
+from pipecompile.ir.saved_bytes import StageMemory
+from pipecompile.passes.activation_memory import activation_memory
 from pipecompile.passes.annotate_costs import annotate_costs
 from pipecompile.passes.balance_stages import balance_stages, min_max_partition
 from pipecompile.passes.insert_checkpoints import POLICIES, insert_checkpoints

@@ -10,7 +10,6 @@ two figures on real tensors with the same rule (``ir.saved_bytes``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,18 +17,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pipecompile.ir.lower import lower_stage
 from pipecompile.ir.markers import is_recv
-from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
+from pipecompile.ir.saved_bytes import StageMemory, count_saved, tensor_bytes
 from pipecompile.ir.stage_graph import Stage, StageGraph
 
 __all__ = ["StageMemory", "activation_memory"]
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    """Bytes one micro-batch holds on a stage: everything autograd saves, or only the inputs."""
-
-    saved: int
-    inputs: int
 
 
 def activation_memory(graph: StageGraph) -> tuple[StageMemory, ...]:

@@ -20,8 +20,8 @@ from pipecompile.errors import MemoryBudgetError, PipecompileError
 from pipecompile.ir.instr import Instr
 from pipecompile.ir.memory_model import device_peak_bytes
 from pipecompile.ir.program import Program
+from pipecompile.ir.saved_bytes import StageMemory
 from pipecompile.ir.sizes import format_size
-from pipecompile.passes.activation_memory import StageMemory
 
 __all__ = ["POLICIES", "insert_checkpoints"]
 

@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "passes": {"ir", "errors"},
     "schedules": {"ir", "errors"},
     "compiler": {"frontend", "passes", "schedules", "model", "ir", "errors"},
-    "codegen": {"compiler", "ir", "model", "errors", "version"},
+    "codegen": {"ir", "model", "errors", "version"},
     "runtime": {"ir", "model", "errors"},
     "reports": {"runtime", "ir", "errors"},
     "interop": {"runtime", "ir", "errors"},

@@ -24,8 +24,8 @@ from pipecompile.codegen.output_dir import (
     replace_output,
 )
 from pipecompile.codegen.stage_source import class_name, stage_source
-from pipecompile.compiler import Compiled
 from pipecompile.errors import EmitError
+from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.layers import layer_groups
 from pipecompile.ir.lower import lower_stage
 from pipecompile.ir.stage_graph import StageGraph

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -13,6 +12,7 @@ from torch import nn
 
 from pipecompile.errors import InternalError, PipecompileError
 from pipecompile.frontend.tracer import trace
+from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.microbatch import split_microbatches
 from pipecompile.ir.program import Program
@@ -22,7 +22,6 @@ from pipecompile.ir.traced import Traced
 from pipecompile.ir.verify_program import verify_program
 from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.passes import (
-    StageMemory,
     activation_memory,
     annotate_costs,
     balance_stages,
@@ -52,20 +51,6 @@ PASSES = (
 )
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """The result of compiling: the stage graph, the program and how long each pass took."""
-
-    graph: StageGraph
-    program: Program
-    microbatch_size: int
-    memory: tuple[StageMemory, ...] = ()
-    replicas: tuple[int, ...] = ()
-    balance: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    fingerprint: str = ""  # of the traced graph, see ``graph_fingerprint``
 
 
 def compile_model(

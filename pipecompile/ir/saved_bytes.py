@@ -6,12 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["count_saved", "tensor_bytes"]
+__all__ = ["StageMemory", "count_saved", "tensor_bytes"]
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes one micro-batch holds on a stage: everything autograd saves, or only the inputs."""
+
+    saved: int
+    inputs: int
 
 
 def tensor_bytes(values: Any) -> int:
