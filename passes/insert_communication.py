@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import FORWARD_OPS, INPUT_GRADIENT_OPS, Instr
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import Topology
 
@@ -33,10 +33,10 @@ def insert_communication(program: Program, *, topology: Topology) -> Program:
         out: list[Instr] = []
         for instr in instrs:
             j, i = instr.stage, instr.microbatch
-            if instr.op in ("F", "FC"):
+            if instr.op in FORWARD_OPS:
                 out += [Instr("RECV_F", j, i)] * (j in receives) + [instr]
                 out += [Instr("SEND_F", j, i)] * (j in sends)
-            elif instr.op in ("B", "I"):
+            elif instr.op in INPUT_GRADIENT_OPS:
                 out += [Instr("RECV_B", j, i)] * (j in sends) + [instr]
                 out += [Instr("SEND_B", j, i)] * (j in receives)
             elif instr.op == "STEP" and not any(x.op == "STEP" for x in out):

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 from pipecompile.errors import ProgramError
 
-__all__ = ["Instr", "OPS", "MICROBATCH_OPS", "FORWARD_OPS", "BACKWARD_OPS"]
+__all__ = [
+    "Instr", "OPS", "MICROBATCH_OPS", "FORWARD_OPS", "BACKWARD_OPS", "GRADIENT_OPS",
+    "INPUT_GRADIENT_OPS", "INFERENCE_OPS", "STEP_OPS",
+]  # fmt: skip
 
 # op -> what it does. Ops that act on one micro-batch print as `{stage}{op}{microbatch}`;
 # the others print as `{stage}{op}`.
@@ -27,9 +30,14 @@ OPS: dict[str, str] = {
     "STASH": "keep the stage's current weights as the version one micro-batch's F and B use",
     "UPDATE": "optimizer step with one micro-batch's gradients (asynchronous schedules)",
 }
-MICROBATCH_OPS = frozenset(OPS) - {"ALLREDUCE_TIED", "ALLREDUCE_REPLICAS", "STEP"}
-FORWARD_OPS = frozenset({"F", "FC"})
-BACKWARD_OPS = frozenset({"B", "I", "W"})
+# The groups every layer asks about, named once:
+FORWARD_OPS = frozenset({"F", "FC"})  # a micro-batch's forward (checkpointed or not)
+BACKWARD_OPS = frozenset({"B", "I", "W"})  # a micro-batch's backward, whole or split
+GRADIENT_OPS = frozenset({"B", "W"})  # the one that computes its parameter gradients
+INPUT_GRADIENT_OPS = frozenset({"B", "I"})  # the one that sends gradients to its inputs
+INFERENCE_OPS = FORWARD_OPS | {"SEND_F", "RECV_F"}  # what a forward-only program keeps
+STEP_OPS = frozenset({"STEP", "ALLREDUCE_TIED", "ALLREDUCE_REPLICAS"})  # once per step, no i
+MICROBATCH_OPS = frozenset(OPS) - STEP_OPS
 
 _PATTERN = re.compile(r"^(\d+)([A-Z_]+)(\d*)$")
 

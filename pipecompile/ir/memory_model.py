@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import INPUT_GRADIENT_OPS, Instr
 from pipecompile.ir.program import Program
 
 __all__ = [
@@ -48,7 +48,7 @@ def device_peak_bytes(instrs: Sequence[Instr], saved: Sequence[int], inputs: Seq
             held[key] = saved[x.stage]
         elif x.op == "FC":
             held[key] = inputs[x.stage]
-        elif x.op in ("B", "I") and key in held:
+        elif x.op in INPUT_GRADIENT_OPS and key in held:
             held[key] = max(before, saved[x.stage])  # recomputed for the backward
         total += held.get(key, 0) - before
         peak = max(peak, total)
@@ -70,7 +70,7 @@ def stored_counts(instrs: Sequence[Instr]) -> frozenset[tuple[int, int]]:
             held[i] = (1, 0)
         elif x.op == "FC":
             held[i] = (0, 1)
-        elif x.op in ("B", "I") and i in held:
+        elif x.op in INPUT_GRADIENT_OPS and i in held:
             held[i] = (1, held[i][1])  # recomputed: the full set again, beside the inputs
         seen.add((sum(f for f, _ in held.values()), sum(c for _, c in held.values())))
         if x.op == "W" or (x.op == "B" and i not in split):

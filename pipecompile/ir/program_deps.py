@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import FORWARD_OPS, INPUT_GRADIENT_OPS, STEP_OPS, Instr
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import Topology
 
@@ -41,7 +41,7 @@ class Facts:
         communicates = False
         for _, _, x in program.instructions():
             key = (x.stage, x.microbatch or 0)
-            if x.op in ("F", "FC"):
+            if x.op in FORWARD_OPS:
                 forward[key] = x.op
             elif x.op == "I":
                 split.add(key)
@@ -96,7 +96,7 @@ def requirements(instr: Instr, facts: Facts) -> list[Instr]:
     j, i = instr.stage, instr.microbatch if instr.microbatch is not None else 0
     op = instr.op
     via_messages = facts.communicates
-    if op in ("F", "FC"):
+    if op in FORWARD_OPS:
         needs = [Instr("STASH", j, i)] if (j, i) in facts.stashed else []
         for s in facts.producers[j]:
             if not (via_messages and facts.remote(s, j)):
@@ -104,7 +104,7 @@ def requirements(instr: Instr, facts: Facts) -> list[Instr]:
         if via_messages and any(facts.remote(s, j) for s in facts.producers[j]):
             needs.append(Instr("RECV_F", j, i))
         return needs
-    if op in ("B", "I"):
+    if op in INPUT_GRADIENT_OPS:
         needs = [facts.forward_of(j, i)]
         for t in facts.consumers[j]:
             if not (via_messages and facts.remote(j, t)):
@@ -124,7 +124,7 @@ def requirements(instr: Instr, facts: Facts) -> list[Instr]:
         return [Instr("SEND_B", t, i) for t in facts.consumers[j] if facts.remote(j, t)]
     if op == "UPDATE":
         return [facts.last_backward_of(j, i)]
-    if op in ("STEP", "ALLREDUCE_TIED", "ALLREDUCE_REPLICAS"):
+    if op in STEP_OPS:
         needs = [facts.last_backward_of(j, k) for k in range(facts.microbatches)]
         if op == "STEP":  # a tied stage steps once every holder has contributed its gradient
             needs += [Instr("ALLREDUCE_TIED", s) for s in facts.tie_peers[j]]

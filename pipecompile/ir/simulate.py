@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import FORWARD_OPS, Instr
 from pipecompile.ir.memory_model import peak_inflight
 from pipecompile.ir.program import Program
 from pipecompile.ir.program_deps import Facts, requirements
@@ -42,7 +42,7 @@ class Costs:
     def of(self, instr: Instr, facts: Facts) -> float:
         j = instr.stage
         recompute = self.forward[j] if facts.forward.get((j, instr.microbatch or 0)) == "FC" else 0
-        if instr.op in ("F", "FC"):
+        if instr.op in FORWARD_OPS:
             return self.forward[j]
         if instr.op == "B":
             return self.backward[j] + recompute

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import BACKWARD_OPS, FORWARD_OPS, GRADIENT_OPS, Instr
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import Topology
@@ -110,9 +110,9 @@ def _check_order(program: Program) -> None:
     for d, instrs in enumerate(program.devices):
         seen: set[tuple[int, int | None]] = set()
         for k, x in enumerate(instrs):
-            if x.op in ("F", "FC"):
+            if x.op in FORWARD_OPS:
                 seen.add((x.stage, x.microbatch))
-            elif x.op in ("B", "I", "W") and (x.stage, x.microbatch) not in seen:
+            elif x.op in BACKWARD_OPS and (x.stage, x.microbatch) not in seen:
                 raise ProgramError(
                     f"backward {x} comes before the forward of stage {x.stage}, micro-batch "
                     f"{x.microbatch}\n{program.show_around(d, k)}"
@@ -127,9 +127,9 @@ def _check_versions(program: Program) -> None:
         open_: dict[tuple[int, int | None], int] = {}
         for k, x in enumerate(instrs):
             key = (x.stage, x.microbatch)
-            if x.op in ("F", "FC") and key not in stashed:
+            if x.op in FORWARD_OPS and key not in stashed:
                 open_[key] = k
-            elif x.op in ("B", "W"):
+            elif x.op in GRADIENT_OPS:
                 open_.pop(key, None)
             elif x.op == "UPDATE":
                 for j, i in list(open_):

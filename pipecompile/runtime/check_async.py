@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from pipecompile.ir.instr import FORWARD_OPS
 from pipecompile.ir.microbatch import split_microbatches, split_targets
 from pipecompile.ir.program import Program
 from pipecompile.runtime.check import (
@@ -42,7 +43,7 @@ def weight_versions(program: Program) -> dict[tuple[int, int], int]:
             key = (x.stage, x.microbatch or 0)
             if x.op == "UPDATE":
                 updates[x.stage] = updates.get(x.stage, 0) + 1
-            elif x.op == "STASH" or (x.op in ("F", "FC") and key not in versions):
+            elif x.op == "STASH" or (x.op in FORWARD_OPS and key not in versions):
                 versions[key] = updates.get(x.stage, 0)
     return versions
 

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import ModelFileError, PipecompileError, RuntimeFailure
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import FORWARD_OPS, Instr
 from pipecompile.ir.microbatch import check_target_rows
 from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
 from pipecompile.runtime.interpreter import Handler
@@ -145,7 +145,7 @@ class StepExecutor:
             start = time.perf_counter_ns()
             done = handler(instr)
             if done:
-                forward = instr.op in ("F", "FC")
+                forward = instr.op in FORWARD_OPS
                 self.stats.add_compute(instr.stage, forward, time.perf_counter_ns() - start)
             return done
 

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import InputError, MicrobatchError, RuntimeFailure
+from pipecompile.ir.instr import INFERENCE_OPS
 from pipecompile.ir.microbatch import (
     input_mismatch,
     join_microbatches,
@@ -32,12 +33,10 @@ __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
-_FORWARD_OPS = ("F", "FC", "SEND_F", "RECV_F")
-
 
 def forward_only(program: Program) -> Program:
     """The program's forward part: what inference runs."""
-    devices = tuple(tuple(x for x in instrs if x.op in _FORWARD_OPS) for instrs in program.devices)
+    devices = tuple(tuple(x for x in instrs if x.op in INFERENCE_OPS) for instrs in program.devices)
     return replace(program, devices=devices)
 
 
