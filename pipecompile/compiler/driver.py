@@ -38,13 +38,13 @@ __all__ = ["PASSES", "Compiled", "compile_model"]
 
 # The passes, in the order they run; `--print-after NAME` prints the IR after any of them.
 PASSES = (
+    "schedule",
     "trace",
     "annotate_costs",
     "profile_costs",
     "balance_stages",
     "split_stages",
     "activation_memory",
-    "schedule",
     "insert_checkpoints",
     "insert_communication",
     "insert_replication",
@@ -107,12 +107,16 @@ def compile_model(
             f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}"
         )
     options: dict[str, Any] = {"virtual_stages": virtual_stages, "vertical_sync": vertical_sync}
-    compute = generate(schedule, stages, microbatches, **options)  # rejects bad options early
+    runner = _PassRunner(print_after, progress)
+    # The schedule comes first: it needs no graph, so bad schedule options fail before tracing,
+    # and the balancer's memory model reads it.
+    compute = runner("schedule", lambda: generate(schedule, stages, microbatches, **options), None)
     machine = machine or CostModel()
     _check_machine(machine, compute, replicas=replicas, memory_budget=memory_budget)
+    # What the --checkpoint policy keeps, for the balancer's memory limits; the stages' real
+    # bytes (and --memory-budget) only exist after splitting, where insert_checkpoints runs.
     policy = insert_checkpoints(compute, memory=(), flops=(), policy=checkpoint)
     micro = split_microbatches(inputs, microbatches)[0]
-    runner = _PassRunner(print_after, progress)
     traced: Traced = runner("trace", lambda: trace(model, micro), None)
     annotated = runner(
         "annotate_costs", lambda: annotate_costs(traced.module, root=traced.root), None
@@ -139,7 +143,6 @@ def compile_model(
     )
     graph = runner("split_stages", lambda: split_stages(balanced, traced=traced), StageGraph.verify)
     memory = runner("activation_memory", lambda: activation_memory(graph), None)
-    compute = runner("schedule", lambda: compute, None)
     checkpointed = runner(
         "insert_checkpoints",
         lambda: insert_checkpoints(
