@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipecompile.runtime.backend import MessageKey
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_backend import MISSING
 from pipecompile.runtime.placement import Placement
@@ -35,13 +36,6 @@ def tie_groups(layout: Layout, placement: Placement) -> dict[Hashable, Any]:
         if count > 1:
             groups[("replicas", d)] = dist.new_group(placement.ranks_of_device(d))
     return groups
-
-
-def _fields(key: Hashable) -> tuple[str, int, int, int, str]:
-    """A message key: (direction "F" or "B", producer stage, consumer stage, micro-batch,
-    value name)."""
-    fields: tuple[str, int, int, int, str] = key  # type: ignore[assignment]
-    return fields
 
 
 class DistBackend:
@@ -76,8 +70,8 @@ class DistBackend:
 
     # -- point to point ------------------------------------------------------------------
 
-    def send(self, key: Hashable, value: torch.Tensor | None) -> None:
-        kind, src, dst, i, name = _fields(key)
+    def send(self, key: MessageKey, value: torch.Tensor | None) -> None:
+        kind, src, dst, i, name = key
         index, shape, dtype = self.edges[(src, dst, name)]
         if kind == "B":
             if not dtype.is_floating_point:
@@ -88,11 +82,11 @@ class DistBackend:
         peer = self.placement.rank_of(dst if kind == "F" else src, i)
         self._sends.append((dist.isend(tensor, peer, tag=self._tag(kind, index, i)), tensor))
 
-    def ready(self, keys: Sequence[Hashable]) -> bool:
+    def ready(self, keys: Sequence[MessageKey]) -> bool:
         """Receive every message in ``keys`` (one batched call), blocking until they arrive."""
         ops, buffers = [], []
         for key in keys:
-            kind, src, dst, i, name = _fields(key)
+            kind, src, dst, i, name = key
             index, shape, dtype = self.edges[(src, dst, name)]
             if kind == "B" and not dtype.is_floating_point:
                 self._inbox[key] = None
@@ -107,7 +101,7 @@ class DistBackend:
         self._inbox.update(buffers)
         return True
 
-    def recv(self, key: Hashable) -> torch.Tensor | None:
+    def recv(self, key: MessageKey) -> torch.Tensor | None:
         return self._inbox.pop(key)
 
     def finish(self) -> None:

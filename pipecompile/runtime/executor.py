@@ -18,9 +18,9 @@ from pipecompile.errors import ModelFileError, PipecompileError, RuntimeFailure
 from pipecompile.ir.instr import FORWARD_OPS, Instr
 from pipecompile.ir.microbatch import check_target_rows
 from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
+from pipecompile.runtime.backend import Backend, MessageKey
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.stats import RunStats
 from pipecompile.runtime.weight_versions import WeightVersions
 
@@ -90,7 +90,7 @@ class StepExecutor:
         self,
         layout: Layout,
         modules: Sequence[nn.Module],
-        backend: LocalBackend,
+        backend: Backend,
         microbatches: Sequence[dict[str, torch.Tensor]],
         targets: Sequence[tuple[torch.Tensor, ...]] | None = None,
         loss_fn: LossFn | None = None,
@@ -279,17 +279,21 @@ class StepExecutor:
         outs = dict(zip(self.layout.outputs[j], self.to_send.pop((j, i))))
         for name, dst in self.layout.out_edges[j]:
             if self.layout.remote(j, dst):
-                self.backend.send(("F", j, dst, i, name), outs[name].detach())
+                self.backend.send(MessageKey("F", j, dst, i, name), outs[name].detach())
         return True
 
     def recv_activations(self, instr: Instr) -> bool:
         j, i = instr.stage, _mb(instr)
-        keys = [("F", s, j, i, n) for n, s in self.layout.in_edges[j] if self.layout.remote(s, j)]
+        keys = [
+            MessageKey("F", s, j, i, n)
+            for n, s in self.layout.in_edges[j]
+            if self.layout.remote(s, j)
+        ]
         if not self.backend.ready(keys):
             return False
         box = self.received.setdefault((j, i), {})
         for key in keys:
-            box[key[4]] = self.backend.recv(key)
+            box[key.value] = self.backend.recv(key)
         return True
 
     def send_gradients(self, instr: Instr) -> bool:
@@ -297,16 +301,20 @@ class StepExecutor:
         grads = self.in_grads.pop((j, i))
         for name, src in self.layout.in_edges[j]:
             if self.layout.remote(src, j):
-                self.backend.send(("B", src, j, i, name), grads.get(name))
+                self.backend.send(MessageKey("B", src, j, i, name), grads.get(name))
         return True
 
     def recv_gradients(self, instr: Instr) -> bool:
         j, i = instr.stage, _mb(instr)
-        keys = [("B", j, d, i, n) for n, d in self.layout.out_edges[j] if self.layout.remote(j, d)]
+        keys = [
+            MessageKey("B", j, d, i, n)
+            for n, d in self.layout.out_edges[j]
+            if self.layout.remote(j, d)
+        ]
         if not self.backend.ready(keys):
             return False
         for key in keys:
-            self._add_out_grad(j, i, key[4], self.backend.recv(key))
+            self._add_out_grad(j, i, key.value, self.backend.recv(key))
         return True
 
     def all_reduce_tied(self, instr: Instr) -> bool:
@@ -322,14 +330,12 @@ class StepExecutor:
 
     def all_reduce_replicas(self, instr: Instr) -> bool:
         """Sum the stage's gradients over its replicas (tied parameters excepted: their
-        ALLREDUCE_TIED already sums over every rank holding them). Nothing to do locally."""
-        reduce = getattr(self.backend, "reduce_replicas", None)
-        if reduce is not None:
-            j = instr.stage
-            tied = {held[j] for held in self.layout.ties.values() if j in held}
-            module = self.modules[j]
-            assert module is not None
-            reduce(j, [p for n, p in module.named_parameters() if n not in tied])
+        ALLREDUCE_TIED already sums over every rank holding them)."""
+        j = instr.stage
+        tied = {held[j] for held in self.layout.ties.values() if j in held}
+        module = self.modules[j]
+        assert module is not None
+        self.backend.reduce_replicas(j, [p for n, p in module.named_parameters() if n not in tied])
         return True
 
     def _take_tied_sums(self, j: int) -> bool:

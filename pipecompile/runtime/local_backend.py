@@ -57,6 +57,12 @@ class LocalBackend:
             del self._results[key]
         return value
 
+    def reduce_replicas(self, stage: int, params: list[torch.nn.Parameter]) -> None:
+        """Nothing to do: in one process a stage has no replicas."""
+
+    def finish(self) -> None:
+        """Nothing to wait for: a local send completes at once."""
+
     def pending(self) -> list[Hashable]:
         """Messages sent but never received (a correct program leaves none)."""
         return list(self._mailbox)

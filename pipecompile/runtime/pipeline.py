@@ -134,8 +134,7 @@ class Pipeline:
             keep_grads=keep_grads,
         )  # fmt: skip
         self._run(self._own_program(self.program), executor, inputs)
-        if hasattr(backend, "finish"):
-            backend.finish()
+        backend.finish()
         if self.after_step is not None:
             self.after_step()
         self.last_stats = executor.stats
@@ -217,8 +216,7 @@ class Pipeline:
         backend = self.backend()
         executor = StepExecutor(self.layout, self.modules, backend, micro)  # type: ignore[arg-type]
         self._run(self._own_program(forward_only(self.program)), executor, inputs)
-        if hasattr(backend, "finish"):
-            backend.finish()
+        backend.finish()
         if len(executor.results) < count:  # the last stage runs elsewhere
             return None
         results = [executor.results[i] for i in range(count)]

@@ -1,0 +1,56 @@
+"""What the executor asks of a message backend, and how a message between stages is named.
+
+The local backend (every device in this process) and the distributed one (a rank per device)
+both provide ``Backend``; the executor calls nothing else, so a new transport is one class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+__all__ = ["Backend", "MessageKey"]
+
+
+class MessageKey(NamedTuple):
+    """One value crossing between stages for one micro-batch: ``kind`` "F" carries the
+    activation from ``src`` to ``dst``, "B" its gradient back from ``dst`` to ``src``."""
+
+    kind: str
+    src: int
+    dst: int
+    microbatch: int
+    value: str
+
+
+class Backend(Protocol):
+    """Point-to-point messages and gradient sums for one training or inference step."""
+
+    def send(self, key: MessageKey, value: torch.Tensor | None) -> None:
+        """Post ``value`` for the receiver of ``key`` (None: no gradient); never waits."""
+
+    def ready(self, keys: Sequence[MessageKey]) -> bool:
+        """Whether every message in ``keys`` can be received now (a blocking backend waits
+        for them and returns True)."""
+
+    def recv(self, key: MessageKey) -> torch.Tensor | None:
+        """Take the message ``key`` (after ``ready``)."""
+
+    def contribute(
+        self, key: Hashable, member: int, members: Sequence[int], tensor: torch.Tensor
+    ) -> None:
+        """Add ``tensor`` to the sum named ``key`` over ``members`` (tied parameters)."""
+
+    def has_reduced(self, key: Hashable, member: int) -> bool:
+        """Whether the sum ``key`` is complete for ``member``."""
+
+    def reduced(self, key: Hashable, member: int) -> torch.Tensor | object:
+        """The completed sum for ``member`` (each takes it once)."""
+
+    def reduce_replicas(self, stage: int, params: list[torch.nn.Parameter]) -> None:
+        """Sum ``params``' gradients over the ranks replicating ``stage`` (locally: none)."""
+
+    def finish(self) -> Any:
+        """End the step: wait for the backend's own outstanding sends."""
