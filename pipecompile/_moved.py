@@ -37,6 +37,7 @@ MOVED: dict[str, str] = {
         for name in ("balance_table", "summary", "show", "timeline_text")
     },  # fmt: skip
     "pipecompile.viz": "pipecompile.reports.pictures",
+    "pipecompile.viz.layers": "pipecompile.ir.layers",
     "pipecompile.onnx_export": "pipecompile.interop.onnx_export",
     "pipecompile.onnx_chain": "pipecompile.interop.onnx_chain",
 }
@@ -44,9 +45,9 @@ MOVED: dict[str, str] = {
 
 def new_name(old: str) -> str | None:
     """Where module ``old`` lives now, or None if it did not move."""
-    for before, after in MOVED.items():
+    for before in sorted(MOVED, key=len, reverse=True):  # the most specific entry wins
         if old == before or old.startswith(before + "."):
-            return after + old[len(before) :]
+            return MOVED[before] + old[len(before) :]
     return None
 
 

@@ -1,5 +1,7 @@
 """The compiler driver: the pass list, run in order and verified after each pass."""
 
-from pipecompile.compiler.driver import PASSES, Compiled, compile_model
+from pipecompile.compiler.driver import PASSES, compile_model
+from pipecompile.ir.compiled import Compiled
+from pipecompile.ir.topology import topology, topology_from_manifest  # their former home
 
-__all__ = ["PASSES", "Compiled", "compile_model"]
+__all__ = ["PASSES", "Compiled", "compile_model", "topology", "topology_from_manifest"]
