@@ -30,11 +30,11 @@ def activation_memory(graph: StageGraph) -> tuple[StageMemory, ...]:
 
 def _stage_memory(stage: Stage) -> StageMemory:
     module = lower_stage(stage)
-    values = _input_values(stage)
+    values, received = _input_values(stage)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         args = [
-            _fake_input(values[name]) if isinstance(values[name], torch.Tensor)
-            else values[name]
+            _fake_input(values[name], grad=name in received)
+            if isinstance(values[name], torch.Tensor) else values[name]
             for name in stage.inputs
         ]  # fmt: skip
         # The stage runs on fake copies of its parameters and buffers, kept alive here, so
@@ -49,17 +49,20 @@ def _stage_memory(stage: Stage) -> StageMemory:
     return StageMemory(saved=sum(seen.values()), inputs=inputs)
 
 
-def _input_values(stage: Stage) -> dict[str, Any]:
-    values = {}
+def _input_values(stage: Stage) -> tuple[dict[str, Any], set[str]]:
+    """Each stage input's fake value, and the names received from other stages (the runtime
+    makes those leaves that require grad; model inputs come as the user gave them)."""
+    values, received = {}, set()
     for node in stage.module.graph.nodes:
         if node.op == "placeholder":
             values[str(node.target)] = node.meta.get("val")
         elif is_recv(node):
             values[str(node.args[0])] = node.meta.get("val")
-    return values
+            received.add(str(node.args[0]))
+    return values, received
 
 
-def _fake_input(value: torch.Tensor) -> torch.Tensor:
+def _fake_input(value: torch.Tensor, *, grad: bool) -> torch.Tensor:
     """A new fake tensor like ``value`` (called inside the fake mode, so nothing is allocated)."""
     fake = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
-    return fake.requires_grad_(fake.is_floating_point())
+    return fake.requires_grad_(grad and fake.is_floating_point())

@@ -19,6 +19,7 @@ import torch.fx as fx
 from pipecompile.errors import BalanceError
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.graph_copy import copy_graph_module
+from pipecompile.ir.mutation import mutated_inputs, storage_of
 from pipecompile.ir.node_info import info, with_info
 from pipecompile.ir.program import Program
 from pipecompile.ir.split_point import is_split_point
@@ -146,8 +147,23 @@ def _too_few_places(module: fx.GraphModule, stages: int, ops: int, places: int) 
     raise BalanceError(
         f"cannot cut {type(module).__name__} into {stages} stages: it has {ops} ops but "
         f"only {places} places where a stage may start (values that are neither tensors "
-        f"nor constants cannot cross a stage boundary); use --stages {places} or fewer"
+        f"nor constants cannot cross a stage boundary, and an op writing a value in place "
+        f"stays in the stage that made the value); use --stages {places} or fewer"
     )
+
+
+def _first_makers(ops: list[fx.Node]) -> dict[int | None, int]:
+    """Storage -> the first place a stage could start after the op (or the model input) that
+    made it: a write to that storage, through any view of it, must not start a later stage."""
+    made: dict[int | None, int] = {}
+    graph = ops[0].graph if ops else None
+    for node in graph.nodes if graph is not None else ():
+        if node.op == "placeholder":
+            made.setdefault(storage_of(node), 1)
+    for k, node in enumerate(ops):
+        made.setdefault(storage_of(node), k + 1)
+    made.pop(None, None)
+    return made
 
 
 def _spans(starts: list[int], count: int) -> list[tuple[int, int]]:
@@ -164,7 +180,8 @@ def _cost(node: fx.Node, module: fx.GraphModule, cost: str) -> int:
 
 
 def _atoms(ops: list[fx.Node]) -> list[list[fx.Node]]:
-    """Group ``ops`` into runs that no stage boundary may split."""
+    """Group ``ops`` into runs that no stage boundary may split: the span of a value that
+    cannot cross a boundary, and a value's producer through every op writing it in place."""
     position = {node: k for k, node in enumerate(ops)}
     blocked = [0] * (len(ops) + 1)  # blocked[k] > 0: no stage may start at ops[k]
     for node in ops:
@@ -174,6 +191,16 @@ def _atoms(ops: list[fx.Node]) -> list[list[fx.Node]]:
         if last_use > position[node]:
             blocked[position[node] + 1] += 1
             blocked[last_use + 1] -= 1
+    # An op writing a value in place runs in the stage that made the value (a model input's
+    # writer in the first stage): a received value is a leaf autograd may not change in place,
+    # and every later stage must receive the value as written, as eager code sees it.
+    made = _first_makers(ops)
+    for node in ops:
+        for written in mutated_inputs(node):
+            start = made.get(storage_of(written), position.get(written, -1) + 1)
+            if 0 < start <= position[node]:  # 0: a parameter or buffer, it stays where used
+                blocked[start] += 1
+                blocked[position[node] + 1] -= 1
     atoms: list[list[fx.Node]] = []
     running = 0
     for k, node in enumerate(ops):

@@ -18,14 +18,13 @@ The balancer solves the exact split for each candidate and keeps the best.
 
 from __future__ import annotations
 
-import operator
-
 import torch.fx as fx
+
+from pipecompile.ir.mutation import mutates
 
 __all__ = ["candidate_orders", "reordered", "may_reorder"]
 
 _OPS = ("call_function", "call_method", "call_module")
-_INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem}
 
 
 def candidate_orders(graph: fx.Graph) -> list[tuple[str, list[fx.Node]]]:
@@ -44,21 +43,7 @@ def candidate_orders(graph: fx.Graph) -> list[tuple[str, list[fx.Node]]]:
 
 def may_reorder(ops: list[fx.Node]) -> bool:
     """No op mutates a value or has side effects, so any topological order computes the same."""
-    return not any(_mutates(n) for n in ops)
-
-
-def _mutates(node: fx.Node) -> bool:
-    if node.is_impure() or node.target in _INPLACE:
-        return True
-    if node.op == "call_method":
-        return str(node.target).endswith("_")
-    if node.op == "call_function":
-        schema = getattr(node.target, "_schema", None)
-        if schema is not None and schema.is_mutable:
-            return True
-        name = getattr(node.target, "__name__", "")
-        return name.endswith("_") and not name.startswith("__")
-    return False
+    return not any(mutates(n) for n in ops)
 
 
 def _depth_first(ops: list[fx.Node], reverse: bool) -> list[fx.Node]:

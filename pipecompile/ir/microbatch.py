@@ -31,7 +31,9 @@ Compiled = Mapping[str, tuple[tuple[int, ...], str]]  # input name -> (micro-bat
 def split_microbatches(
     tensors: Mapping[str, torch.Tensor], count: int, dim: int = 0
 ) -> list[dict[str, torch.Tensor]]:
-    """``count`` dicts of equal slices of every tensor along ``dim``.
+    """``count`` dicts of equal slices of every tensor along ``dim``, each its own copy: a
+    model that writes its input in place then changes neither the caller's tensor nor another
+    micro-batch's (views of one tensor would share its autograd version counter).
 
     Raises:
         MicrobatchError: a tensor's size along ``dim`` is not divisible by ``count``.
@@ -47,7 +49,7 @@ def split_microbatches(
                 f"--microbatches that divides {size}"
             )
     chunks = {name: t.chunk(count, dim) for name, t in tensors.items()}
-    return [{name: parts[i] for name, parts in chunks.items()} for i in range(count)]
+    return [{name: parts[i].clone() for name, parts in chunks.items()} for i in range(count)]
 
 
 def split_targets(

@@ -158,11 +158,14 @@ class StepExecutor:
         args = [self._input(j, i, name) for name in self.layout.inputs[j]]
         weights = self.versions.leaves(j, i) if self.training else None
         keep = self.training and instr.op == "F"
+        kept = args
+        if self.training and not keep and j == 0:  # the model may write its inputs in place:
+            kept = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # recompute
         with torch.set_grad_enabled(keep), self._counting(j, i, keep) as saved:
             outs = self._call(j, args, weights)
         if self.training:
-            nbytes = sum(saved.values()) if keep else self._bytes(args)
-            self.held[(j, i)] = Held(args, outs if keep else None, weights, nbytes)
+            nbytes = sum(saved.values()) if keep else self._bytes(kept)
+            self.held[(j, i)] = Held(kept, outs if keep else None, weights, nbytes)
             self.stats.devices[self.layout.stage_device[j]].hold(nbytes)
         self._deliver(j, i, outs)
         if j == self.layout.last:
