@@ -394,6 +394,7 @@ def _run(args: argparse.Namespace) -> int:
             raise CheckError("pipelined results differ from the eager model (see above)")
         return 0
     from pipecompile.runtime.checkpoint import resume, save, save_due
+    from pipecompile.runtime.divergence import check_losses
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
     from pipecompile.runtime.worker import OPTIMIZERS
 
@@ -406,6 +407,7 @@ def _run(args: argparse.Namespace) -> int:
                 spec.inputs, spec.targets, spec.loss_fn, measure_memory=args.stats
             )
             ms = (time.perf_counter() - start) * 1000
+            check_losses(pipe.last_losses, step + 1)
             if not args.quiet:
                 print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
             done = step + 1

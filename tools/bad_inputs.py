@@ -473,9 +473,51 @@ STALE_AND_CHECK_CASES = [
          status=0),
 ]  # fmt: skip
 
+BATCHNORM = '''"""A BatchNorm model with a batch of 4."""
+import torch
+
+
+def build_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 2))
+
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+'''
+
+INPLACE = '''"""Linear and ReLU(inplace=True), three times: three places to cut."""
+import torch
+
+
+def build_model():
+    layers = []
+    for _ in range(3):
+        layers += [torch.nn.Linear(8, 8), torch.nn.ReLU(inplace=True)]
+    return torch.nn.Sequential(*layers)
+
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+'''
+
+TRAINING_RUN_CASES = [
+    Case("loss-nan", "loss_fn returns NaN (training must stop, not go on)",
+         mlp_variant((LOSS, 'return F.mse_loss(output, target) * float("nan")')),
+         (*RUN, "--model", "model.py", "--steps", "3"),
+         r"step 1, micro-batch 0: the loss is nan; training stops", quick=True),
+    Case("batchnorm-microbatch-of-one", "BatchNorm in training, --microbatches equal to the batch",
+         write("bn.py", BATCHNORM),
+         ("bn.py", "--stages", "2", "--microbatches", "4", "-o", "o", "-q"),
+         r"micro-batch is too small for BatchNorm.*fewer --microbatches"),
+    Case("inplace-too-many-stages", "ReLU(inplace=True) after every Linear, more stages than cuts",
+         write("ip.py", INPLACE), ("ip.py", "--stages", "5", "-o", "o", "-q"),
+         r"only 3 places.*writing a value in place.*--stages 3 or fewer"),
+]  # fmt: skip
+
 CASES: list[Case] = [
     *STAGE_CASES, *WEIGHT_CASES, *INPUT_CASES, *TRAINING_CASES, *OUTPUT_CASES, *NPROC_CASES,
-    *OUTPUT_DIR_CASES, *OPTION_CASES, *STALE_AND_CHECK_CASES,
+    *OUTPUT_DIR_CASES, *OPTION_CASES, *STALE_AND_CHECK_CASES, *TRAINING_RUN_CASES,
 ]  # fmt: skip
 
 

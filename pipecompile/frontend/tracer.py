@@ -47,6 +47,13 @@ def _trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
         return _trace_fx(model, inputs)
     except Exception as fx_err:
         fx_reason = _reason(fx_err)
+        if "Expected more than 1 value per channel when training" in str(fx_err):
+            shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in inputs.items())
+            raise TraceError(
+                f"the micro-batch is too small for BatchNorm in training mode, which needs more "
+                f"than one value per channel (traced on {shapes}): use fewer --microbatches "
+                "(a micro-batch is batch / microbatches rows) or a larger example batch"
+            ) from None
     try:
         return _trace_export(model, inputs)
     except _SplitPointUnderExport as err:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
 from pipecompile.runtime.dist_backend import DistBackend, tie_groups
+from pipecompile.runtime.divergence import check_losses
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline
@@ -206,6 +207,7 @@ def _run(
             else torch.zeros(1)
         ).to(where)
         dist.all_reduce(value)  # the last stage's replicas hold the losses between them
+        check_losses(pipe.last_losses, step + 1, None if pipe.last_losses else value.item())
         if pipe.asynchronous:
             value /= program.microbatches
         ms = (time.perf_counter() - began) * 1000  # the all-reduce waited for every rank

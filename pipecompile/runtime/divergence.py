@@ -1,0 +1,26 @@
+"""Training stops at the first loss that is not finite, naming the step and micro-batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from pipecompile.errors import RuntimeFailure
+
+__all__ = ["check_losses"]
+
+
+def check_losses(losses: Mapping[int, torch.Tensor], step: int, total: float | None = None) -> None:
+    """Raise RuntimeFailure if a micro-batch's loss in ``losses`` (or the step's ``total``,
+    on a rank that holds no loss) is NaN or infinite; ``step`` counts from 1."""
+    for i in sorted(losses):
+        value = float(losses[i].detach())
+        if not torch.isfinite(torch.tensor(value)):
+            raise RuntimeFailure(
+                f"step {step}, micro-batch {i}: the loss is {value}; training stops here and "
+                "keeps only checkpoints saved before this step (lower --lr, or check the "
+                "inputs, targets and loss_fn)"
+            )
+    if total is not None and not torch.isfinite(torch.tensor(total)):
+        raise RuntimeFailure(f"step {step}: the loss is {total}; training stops here")
