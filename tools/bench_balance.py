@@ -1,7 +1,8 @@
 """Benchmark the exact balancer: partition time for 20,000 nodes into 8 and 16 stages.
 
 Also re-checks exactness on random small cases against brute force, so the timing is of an
-algorithm known to be optimal on this run. Rerun with ``python tools/bench_balance.py``.
+algorithm known to be optimal on this run. Rerun with ``python tools/bench_balance.py``
+(``--quick``: 2,000 nodes, one repeat, 50 cases; a second or two).
 """
 
 from __future__ import annotations
@@ -47,9 +48,12 @@ def exact_cases(count: int, seed: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
     parser.add_argument("--nodes", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", type=int, default=500)
+    if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(nodes=2_000, repeats=1, cases=50)
     args = parser.parse_args()
     print(
         f"machine: {platform.machine()}, "

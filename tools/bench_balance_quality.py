@@ -15,7 +15,8 @@ two warm-ups. Reported:
 3. With ``--nproc``: the same splits for 2 stages run for real on 2 gloo processes (one
    thread each), slowest rank's step time, median over the steps.
 
-Rerun with ``python tools/bench_balance_quality.py`` (add ``--nproc`` for part 3).
+Rerun with ``python tools/bench_balance_quality.py`` (add ``--nproc`` for part 3;
+``--quick``: the MLP, 2 stages, one step, ``--balance time`` only, part 3 included).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def distributed_step(directory: Path, steps: int) -> float:
     result = subprocess.run(
         [sys.executable, "-m", "pipecompile", "run", str(directory), "--nproc", "2",
          "--steps", str(steps + 2), "--optimizer", "sgd", "--lr", "1e-4"],
-        capture_output=True, text=True, env=env, check=True,
+        capture_output=True, text=True, env=env, check=True, timeout=600,
     )  # fmt: skip
     times = [float(t) for t in re.findall(r"\(([0-9.]+) ms\)", result.stdout)][2:]
     return statistics.median(times)
@@ -124,7 +125,12 @@ def main() -> None:
     parser.add_argument("--examples", default=",".join(EXAMPLES))
     parser.add_argument("--nproc", action="store_true", help="also time 2 stages on 2 ranks")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--costs", default=",".join(COSTS), help="cost sources to compare")
+    parser.add_argument("--quick", action="store_true", help="the MLP, 2 stages, one step")
+    if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(examples="mlp", stages=2, steps=1, nproc=True, costs="time")
     args = parser.parse_args()
+    args.costs = args.costs.split(",")
     torch.set_num_threads(args.threads)  # one thread: far steadier timings on a small machine
     print(f"machine: {machine()}")
     print(f"command: python tools/bench_balance_quality.py {' '.join(sys.argv[1:])}\n")
@@ -140,7 +146,7 @@ def run(args: argparse.Namespace, names: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             steps[name] = {}
-            for cost in COSTS:
+            for cost in args.costs:
                 directory = Path(tmp) / f"{name}-{cost}"
                 compile_to(name, cost, args.stages, args.microbatches, directory)
                 fwd, bwd, predicted = measure(directory, args.steps)
@@ -156,17 +162,18 @@ def run(args: argparse.Namespace, names: list[str]) -> None:
         for name, errs in errors.items():
             worst = max(abs(e) for e in errs)
             print(f"| {name} | {', '.join(f'{e:+.1f}' for e in errs)} | {worst:.1f} |")
-        print("\n| example | pipelined step (ms) time / flops / params | slowest stage (ms) "
-              "time / flops / params |\n|---|---|---|")  # fmt: skip
+        costs = " / ".join(args.costs)
+        print(f"\n| example | pipelined step (ms) {costs} | slowest stage (ms) {costs} |\n"
+              "|---|---|---|")  # fmt: skip
         for name, row in steps.items():
-            step = " / ".join(f"{row[c][0] / 1e6:.2f}" for c in COSTS)
-            slow = " / ".join(f"{row[c][1] / 1e6:.2f}" for c in COSTS)
+            step = " / ".join(f"{row[c][0] / 1e6:.2f}" for c in args.costs)
+            slow = " / ".join(f"{row[c][1] / 1e6:.2f}" for c in args.costs)
             print(f"| {name} | {step} | {slow} |")
         if args.nproc:
-            print("\n| example | 2 ranks, measured step (ms) time / flops / params |\n|---|---|")
+            print(f"\n| example | 2 ranks, measured step (ms) {costs} |\n|---|---|")
             for name in names:
                 cells = []
-                for cost in COSTS:
+                for cost in args.costs:
                     directory = Path(tmp) / f"{name}-{cost}-2"
                     compile_to(name, cost, 2, args.microbatches, directory)
                     cells.append(f"{distributed_step(directory, args.steps):.1f}")

@@ -17,6 +17,7 @@ Rerun with::
 
     python tools/bench_compile.py                       # 24 and 48 layers, 3 repeats
     python tools/bench_compile.py --layers 24 --repeats 5 --json /tmp/bench.json
+    python tools/bench_compile.py --quick           # 4 layers, 1 repeat, no warm-up
 """
 
 from __future__ import annotations
@@ -203,6 +204,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, nargs="+", default=[24, 48])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="also write raw numbers here")
+    parser.add_argument("--quick", action="store_true", help="4 layers, one repeat")
+    if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(layers=[STAGES], repeats=1)
     args = parser.parse_args(argv)
     if args.repeats < 1 or any(n < STAGES or n % STAGES for n in args.layers):
         parser.error(f"--repeats must be >= 1 and each --layers a positive multiple of {STAGES}")
@@ -216,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     example, ids = load_gpt2_example(), example_ids()
     started = time.perf_counter()
-    warm_up(make_builder(example, min(args.layers)), ids, min(args.layers))
+    if not args.quick:  # in --quick the same calls run once, timed
+        warm_up(make_builder(example, min(args.layers)), ids, min(args.layers))
     results = [measure_size(example, ids, n, args.repeats) for n in args.layers]
     log(f"done in {time.perf_counter() - started:.1f} s")
     print("# pipecompile vs torch.distributed.pipelining: compile time\n")

@@ -10,7 +10,11 @@ the two systems; each timing is the slowest rank's, median of the timed steps; b
 their gradients inside the timed step and neither runs an optimizer.
 
 Also measured: how long the other ranks take to stop after one is killed mid-step, and the
-cost of a checkpoint save. Rerun with ``python tools/bench_distributed.py``.
+cost of a checkpoint save. Rerun with::
+
+    python tools/bench_distributed.py            # the figures in docs/BENCHMARKS.md
+    python tools/bench_distributed.py --quick    # a 4-layer GPT-2 of width 32, 2 processes,
+                                                 # one timed step: every path in seconds
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -32,11 +37,30 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
-LAYERS, WIDTH, HEADS, VOCAB, TOKENS, BATCH, MICRO = 24, 256, 8, 1024, 64, 16, 8
+WAIT_S = 900  # the most one torchrun of the full benchmark may take
 
 
-def data() -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randint(0, VOCAB, (BATCH, TOKENS + 1), generator=torch.Generator().manual_seed(0))
+@dataclass(frozen=True)
+class Sizes:
+    """The model, the batch and which process counts to run."""
+
+    layers: int = 24
+    width: int = 256
+    heads: int = 8
+    vocab: int = 1024
+    tokens: int = 64
+    batch: int = 16
+    micro: int = 8
+    procs: tuple[int, ...] = (2, 4)
+
+
+QUICK = Sizes(layers=4, width=32, heads=2, vocab=64, tokens=8, batch=4, micro=2, procs=(2,))
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def data(sizes: Sizes) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (sizes.batch, sizes.tokens + 1)
+    ids = torch.randint(0, sizes.vocab, shape, generator=torch.Generator().manual_seed(0))
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
@@ -44,24 +68,38 @@ def loss_of(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
 
 
-def compile_all(root: Path) -> dict[str, str]:
+def compile_all(root: Path, sizes: Sizes) -> dict[str, str]:
     from hf_gpt2 import build_gpt2
 
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.compiler import compile_model
 
-    model = build_gpt2(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, vocab_size=VOCAB,
-                       n_positions=128)  # fmt: skip
-    inputs, _ = data()
+    model = build_gpt2(n_layer=sizes.layers, n_embd=sizes.width, n_head=sizes.heads,
+                       vocab_size=sizes.vocab, n_positions=128)  # fmt: skip
+    inputs, _ = data(sizes)
     out = {}
-    for p in (2, 4):
-        for schedule in ("gpipe", "1f1b"):
+    for p in sizes.procs:
+        for schedule in SCHEDULES:
             compiled = compile_model(model, {"input_ids": inputs}, stages=p,
-                                     microbatches=MICRO, schedule=schedule)  # fmt: skip
+                                     microbatches=sizes.micro, schedule=schedule)  # fmt: skip
             target = root / f"{schedule}-{p}"
             emit(compiled, target, model=ModelRef(None, "gpt2", "gpt2"))
             out[f"{schedule}-{p}"] = str(target)
     return out
+
+
+class ContiguousGrad(torch.autograd.Function):
+    """The identity, whose backward makes the gradient contiguous: PipelineStage sends a stage's
+    input gradients as autograd made them (a transposed view when the split falls inside an
+    attention block), and gloo refuses a strided tensor."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 class Passing(nn.Module):
@@ -75,11 +113,14 @@ class Passing(nn.Module):
         self.before, self.after, self.last = before, after, last
 
     def forward(self, *values: torch.Tensor) -> object:
+        values = tuple(ContiguousGrad.apply(v) if v.requires_grad else v for v in values)
         env = dict(zip(self.before, values))
         env.update(zip(self.outputs, self.stage(*[env[n] for n in self.inputs])))
         if self.last:
             return env[self.outputs[0]]
-        return tuple(env[n] for n in self.after)
+        # PipelineStage sends what it is given and gloo refuses a strided view (the split can
+        # fall on one); pipecompile's backend makes the same copy before it sends.
+        return tuple(env[n].contiguous() for n in self.after)
 
 
 def live_sets(manifest: dict) -> list[list[str]]:
@@ -97,92 +138,132 @@ def live_sets(manifest: dict) -> list[list[str]]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    import hf_gpt2  # noqa: F401  (registers the model's output type for the output spec)
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    from pipecompile.runtime.checkpoint import save
-    from pipecompile.runtime.dist_backend import DistBackend, tie_groups
-    from pipecompile.runtime.layout import Layout
-    from pipecompile.runtime.load import load_stage, read_manifest, read_program
-    from pipecompile.runtime.pipeline import Pipeline
-
+    """One rank: every schedule of one process count, each timed against pipelining."""
+    sizes = Sizes(**json.loads(args.sizes))
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    directory = Path(args.directory)
+    for schedule in SCHEDULES:
+        directory = Path(args.directory) / f"{schedule}-{dist.get_world_size()}"
+        result = compare(directory, schedule, sizes, args.warmup, args.repeats)
+        if dist.get_rank() == 0:
+            print("RESULT " + json.dumps({"schedule": schedule, **result}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def compare(directory: Path, schedule: str, sizes: Sizes, warmup: int, repeats: int) -> dict:
+    """Alternate steps of the two systems on this rank's stage; then time a checkpoint save."""
+    import hf_gpt2  # noqa: F401  (registers the model's output type for the output spec)
+
+    from pipecompile.runtime.load import load_stage, read_manifest
+
+    rank = dist.get_rank()
     manifest = read_manifest(directory)
-    program = read_program(directory / manifest["program"])
-    modules = [load_stage(directory, e) if j == rank else None
-               for j, e in enumerate(manifest["stages"])]  # fmt: skip
-    layout = Layout.from_manifest(manifest, program.stage_device)
-    groups = tie_groups(layout)
-    pipe = Pipeline(manifest, modules, program, device=rank,
-                    backend=lambda: DistBackend(layout, manifest, MICRO, groups))  # fmt: skip
-    inputs, target = data()
-
-    def ours_loss(output: object, t: torch.Tensor) -> torch.Tensor:
-        return loss_of(output.logits, t)  # type: ignore[attr-defined]
-
-    sets = [[*manifest["inputs"]]] + live_sets(manifest) + [[]]
-    entry = manifest["stages"][rank]
-    wrapped = Passing(modules[rank], entry["inputs"], entry["outputs"], sets[rank],
-                      sets[rank + 1], rank == world - 1)  # fmt: skip
-    stage = PipelineStage(wrapped, rank, world, torch.device("cpu"))
-    kind = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
-    theirs = kind(stage, n_microbatches=MICRO, loss_fn=loss_of)
-
-    def run_ours() -> None:
-        pipe.train_step({"input_ids": inputs}, (target,), ours_loss)
-
-    def run_theirs() -> None:
-        if rank == 0:
-            theirs.step(inputs)
-        elif rank == world - 1:
-            theirs.step(target=target, losses=[])
-        else:
-            theirs.step()
-        wrapped.zero_grad(set_to_none=True)
-
+    module = load_stage(directory, manifest["stages"][rank])
+    run_ours, pipe = ours(directory, manifest, module, sizes)
+    run_theirs = theirs(manifest, module, schedule, sizes)
     times: dict[str, list[float]] = {"pipecompile": [], "pipelining": []}
-    for k in range(args.warmup + args.repeats):
+    for k in range(warmup + repeats):
         for name, run in (("pipecompile", run_ours), ("pipelining", run_theirs)):
             dist.barrier()
             start = time.perf_counter()
             run()
             slowest = torch.tensor([time.perf_counter() - start])
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            if k >= args.warmup:
+            if k >= warmup:
                 times[name].append(slowest.item())
+    pipe.set_optimizer(lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    run_ours()
+    save_s, size = checkpoint_save(pipe)
+    return {
+        "pipecompile": statistics.median(times["pipecompile"]),
+        "pipelining": statistics.median(times["pipelining"]),
+        "save_s": save_s, "save_bytes": size,
+    }  # fmt: skip
+
+
+def ours(directory: Path, manifest: dict, module: nn.Module, sizes: Sizes) -> tuple:
+    """pipecompile's training step on its distributed backend, and the pipeline it runs."""
+    from pipecompile.runtime.dist_backend import DistBackend, tie_groups
+    from pipecompile.runtime.layout import Layout
+    from pipecompile.runtime.load import read_program
+    from pipecompile.runtime.pipeline import Pipeline
+    from pipecompile.runtime.placement import Placement
+
+    rank = dist.get_rank()
+    program = read_program(directory / manifest["program"])
+    modules = [module if j == rank else None for j in range(len(manifest["stages"]))]
+    layout = Layout.from_manifest(manifest, program.stage_device)
+    placement = Placement.from_manifest(manifest, program.stage_device)  # as the worker does
+    groups = tie_groups(layout, placement)
+    pipe = Pipeline(
+        manifest, modules, program, device=rank,
+        backend=lambda: DistBackend(layout, manifest, sizes.micro, groups, placement),
+    )  # fmt: skip
+    inputs, target = data(sizes)
+
+    def loss(output: object, t: torch.Tensor) -> torch.Tensor:
+        return loss_of(output.logits, t)  # type: ignore[attr-defined]
+
+    def run() -> None:
+        pipe.train_step({"input_ids": inputs}, (target,), loss)
+
+    return run, pipe
+
+
+def theirs(manifest: dict, module: nn.Module, schedule: str, sizes: Sizes) -> object:
+    """torch.distributed.pipelining's step over a PipelineStage wrapper of the same module."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sets = [[*manifest["inputs"]]] + live_sets(manifest) + [[]]
+    entry = manifest["stages"][rank]
+    wrapped = Passing(module, entry["inputs"], entry["outputs"], sets[rank],
+                      sets[rank + 1], rank == world - 1)  # fmt: skip
+    stage = PipelineStage(wrapped, rank, world, torch.device("cpu"))
+    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    steps = kind(stage, n_microbatches=sizes.micro, loss_fn=loss_of)
+    inputs, target = data(sizes)
+
+    def run() -> None:
+        if rank == 0:
+            steps.step(inputs)
+        elif rank == world - 1:
+            steps.step(target=target, losses=[])
+        else:
+            steps.step()
+        wrapped.zero_grad(set_to_none=True)
+
+    return run
+
+
+def checkpoint_save(pipe: object) -> tuple[float, int]:
+    """Seconds one checkpoint save takes (weights and optimizer state), and its bytes."""
+    from pipecompile.runtime.checkpoint import save
+
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) if rank == 0 else Path(tmp)
-        shared = [str(root)]
+        shared = [tmp]  # rank 0's directory: every rank writes its stages there
         dist.broadcast_object_list(shared, src=0)
-        pipe.set_optimizer(lambda ps: torch.optim.AdamW(ps, lr=1e-3))
-        run_ours()
+        root = Path(shared[0]) / "ck"
         dist.barrier()
         start = time.perf_counter()
-        save(pipe, Path(shared[0]) / "ck", 1, rank)
-        save_s = time.perf_counter() - start
-        size = sum(f.stat().st_size for f in (Path(shared[0]) / "ck").rglob("*") if f.is_file())
-    if rank == 0:
-        print("RESULT " + json.dumps({
-            "pipecompile": statistics.median(times["pipecompile"]),
-            "pipelining": statistics.median(times["pipelining"]),
-            "save_s": save_s, "save_bytes": size,
-        }), flush=True)  # fmt: skip
-    dist.barrier()
-    dist.destroy_process_group()
+        save(pipe, root, 1, dist.get_rank())  # type: ignore[arg-type]
+        seconds = time.perf_counter() - start
+        size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+        dist.barrier()  # rank 0 removes the directory only once every rank has measured
+    return seconds, size
 
 
-def torchrun(nproc: int, *args: str) -> dict:
+def torchrun(nproc: int, *args: str) -> list[dict]:
+    """Start ``nproc`` workers; rank 0's results, one per schedule."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}", __file__, "--worker", *args]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True,
+    result = subprocess.run(command, capture_output=True, text=True, timeout=WAIT_S,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-    for line in result.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
+    found = [json.loads(ln[7:]) for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
+    if result.returncode or len(found) != len(SCHEDULES):
+        raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
+    return found
 
 
 def detection(directory: str, nproc: int) -> float:
@@ -202,46 +283,48 @@ def detection(directory: str, nproc: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny GPT-2 on 2 processes")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
-    parser.add_argument("--schedule", default="gpipe", help=argparse.SUPPRESS)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps")
+    if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(warmup=0, repeats=1)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
+    sizes = QUICK if args.quick else Sizes()
+    print(f"command: python tools/bench_distributed.py {' '.join(sys.argv[1:])}")
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"compiling GPT-2 ({LAYERS} layers, n_embd {WIDTH}) ...", file=sys.stderr)
-        dirs = compile_all(Path(tmp))
+        print(f"compiling GPT-2 ({sizes.layers} layers, n_embd {sizes.width}) ...",
+              file=sys.stderr)  # fmt: skip
+        compile_all(Path(tmp), sizes)
         print("| processes | schedule | pipecompile step (s) | pipelining step (s) | ratio "
               "| checkpoint save (s) | checkpoint size |")  # fmt: skip
         print("|---:|---|---:|---:|---:|---:|---:|")
-        for p in (2, 4):
-            for schedule in ("gpipe", "1f1b"):
-                r = torchrun(
-                    p,
-                    "--directory",
-                    dirs[f"{schedule}-{p}"],
-                    "--schedule",
-                    schedule,
-                    "--warmup",
-                    str(args.warmup),
-                    "--repeats",
-                    str(args.repeats),
-                )
-                print(f"| {p} | {schedule} | {r['pipecompile']:.3f} | {r['pipelining']:.3f} "
-                      f"| {r['pipecompile'] / r['pipelining']:.2f} | {r['save_s']:.3f} "
-                      f"| {r['save_bytes'] / 2**20:.1f} MiB |", flush=True)  # fmt: skip
-        mlp = Path(tmp) / "mlp"
-        from pipecompile.cli import main as cli
+        for p in sizes.procs:
+            options = ["--directory", tmp, "--sizes", json.dumps(asdict(sizes))]
+            options += ["--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+            for r in torchrun(p, *options):
+                print(f"| {p} | {r['schedule']} | {r['pipecompile']:.3f} "
+                      f"| {r['pipelining']:.3f} | {r['pipecompile'] / r['pipelining']:.2f} "
+                      f"| {r['save_s']:.3f} | {r['save_bytes'] / 2**20:.1f} MiB |",
+                      flush=True)  # fmt: skip
+        stop_times(Path(tmp) / "mlp", sizes.procs)
 
-        for p in (2, 4):
-            cli([str(ROOT / "examples" / "mlp.py"), "--stages", str(p), "--microbatches", "4",
-                 "-q", "-o", str(mlp / str(p))])  # fmt: skip
-            seconds = detection(str(mlp / str(p)), p)
-            print(f"\n{p} processes: after rank 1 is killed at 1B3, every other rank has "
-                  f"stopped {seconds:.2f} s later")  # fmt: skip
+
+def stop_times(root: Path, procs: tuple[int, ...]) -> None:
+    """Kill rank 1 of an MLP run mid-step; print when the other ranks had stopped."""
+    from pipecompile.cli import main as cli
+
+    for p in procs:
+        cli([str(ROOT / "examples" / "mlp.py"), "--stages", str(p), "--microbatches", "4",
+             "-q", "-o", str(root / str(p))])  # fmt: skip
+        seconds = detection(str(root / str(p)), p)
+        print(f"\n{p} processes: after rank 1 is killed at 1B3, every other rank has "
+              f"stopped {seconds:.2f} s later")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ machine and the command. Rerun with::
 
     python tools/bench_onnx.py                    # every example, 2 and 4 stages
     python tools/bench_onnx.py --examples gpt mlp --stages 2
+    python tools/bench_onnx.py --quick            # the MLP at 2 stages: a few seconds
 """
 
 from __future__ import annotations
@@ -131,12 +132,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", nargs="+", default=EXAMPLES, choices=EXAMPLES)
     parser.add_argument("--stages", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--quick", action="store_true", help="the MLP at 2 stages")
+    if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(examples=["mlp"], stages=[2])
     args = parser.parse_args(argv)
     print(f"machine: {machine()}")
     print(f"command: python tools/bench_onnx.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print()
     with tempfile.TemporaryDirectory() as tmp:
-        measure("mlp", 2, Path(tmp) / "warmup")  # the exporter's imports, untimed
+        if not args.quick:  # the exporter's imports, untimed (in --quick the same call runs)
+            measure("mlp", 2, Path(tmp) / "warmup")
         rows = []
         for name in args.examples:
             for stages in args.stages:

@@ -14,6 +14,8 @@ from an independent bisection on the bottleneck with a greedy check). Three part
 Rerun from the repository root (about a minute on 2 cores)::
 
     python tools/bench_partitioners.py
+    python tools/bench_partitioners.py --quick   # 2 cases per distribution, the MLP only,
+                                                 # 200 nodes: every part in a few seconds
 
 Peers are optional; a missing one is skipped with a note. Install them with::
 
@@ -410,13 +412,15 @@ def section_random(partitioners: dict[str, Callable[..., Outcome]], per_dist: in
             )
 
 
-def section_examples(partitioners: dict[str, Callable[..., Outcome]]) -> None:
+def section_examples(
+    partitioners: dict[str, Callable[..., Outcome]], examples: Sequence[str]
+) -> None:
     print("\n### Example models: real per-atom FLOP costs\n")
     print("Cells: bottleneck / optimum (✗ = not optimal).\n")
     names = list(partitioners)
     print("| example | atoms (zero-cost) | stages | optimum (FLOPs) | " + " | ".join(names) + " |")
     print("|---|---:|---:|---:|" + "---:|" * len(names))
-    for example in EXAMPLES:
+    for example in examples:
         try:
             costs = example_costs(example)
         except Exception as error:  # e.g. transformers missing
@@ -457,7 +461,7 @@ def section_timing(
         optimum = optimum_bisect(costs, stages)
         for name, run in partitioners.items():
             if name == "DeepSpeed":
-                small = 400
+                small = min(400, nodes // 4)  # 400 unless the nodes are few (--quick)
                 seconds, _ = timed(raw["DeepSpeed"], flop_like(small, rng), stages)
                 predicted = seconds * (nodes / small) ** 2
                 notes.append(
@@ -512,6 +516,10 @@ def main() -> None:
     parser.add_argument("--cap", type=float, default=60.0, help="seconds a peer may take")
     parser.add_argument("--peer-timeout", type=float, default=2.0, help="seconds per small case")
     parser.add_argument("--skip-examples", action="store_true")
+    parser.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=EXAMPLES)
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(per_dist=2, nodes=200, repeats=1, examples=["mlp"])
     args = parser.parse_args()
 
     partitioners: dict[str, Callable[..., Outcome]] = {
@@ -550,7 +558,7 @@ def main() -> None:
     )
     section_random(partitioners, args.per_dist)
     if not args.skip_examples:
-        section_examples(partitioners)
+        section_examples(partitioners, args.examples)
     section_timing(partitioners, raw, args.nodes, args.repeats, args.cap)
     print(f"\nTotal run time: {time.perf_counter() - start:.0f} s.")
 

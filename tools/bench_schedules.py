@@ -11,7 +11,8 @@ and the interpreter's overhead per instruction. Prints Markdown tables.
 4. Interpreter overhead per instruction: the dispatch loop alone (no-op handlers), and a
    whole training step of a model whose arithmetic is negligible.
 
-Rerun with ``python tools/bench_schedules.py`` (add ``--quick`` to skip the GPT).
+Rerun with ``python tools/bench_schedules.py`` (``--quick``: every part on small sizes, p=4,
+m=8 only, a 2-layer GPT of width 32, one repeat; a few seconds).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -42,7 +44,19 @@ from pipecompile.runtime.interpreter import run_program  # noqa: E402
 from pipecompile.runtime.pipeline import Pipeline  # noqa: E402
 from pipecompile.schedules import generate  # noqa: E402
 
-SHAPES = [(4, 8), (8, 32)]
+
+@dataclass(frozen=True)
+class Sizes:
+    """Pipeline shapes (p, m) and the GPT of part 3."""
+
+    shapes: tuple[tuple[int, int], ...] = ((4, 8), (8, 32))
+    gpt_layers: int = 8
+    gpt_width: int = 256
+    gpt_tokens: int = 128
+    gpt_batch: int = 32
+
+
+QUICK = Sizes(shapes=((4, 8),), gpt_layers=2, gpt_width=32, gpt_tokens=16, gpt_batch=8)
 # (label, generator name, options, closed form of the bubble fraction)
 SCHEDULES = [
     ("gpipe", "gpipe", {}, lambda p, m: Fraction(p - 1, m + p - 1)),
@@ -60,11 +74,11 @@ def stages_of(options: dict, p: int) -> int:
     return p * options.get("virtual_stages", 1)
 
 
-def bubbles() -> None:
+def bubbles(sizes: Sizes) -> None:
     print("\n### Simulated bubble fraction, uniform costs\n")
     print("| schedule | p | m | makespan | bubble (simulated) | closed form | idle clocks/device |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for p, m in SHAPES:
+    for p, m in sizes.shapes:
         for label, name, options, closed in SCHEDULES:
             n = stages_of(options, p)
             timeline = simulate(
@@ -85,13 +99,13 @@ def deep_mlp(layers: int = 16, width: int = 32) -> nn.Module:
     return nn.Sequential(*blocks)
 
 
-def inflight(tmp: Path) -> None:
+def inflight(tmp: Path, sizes: Sizes) -> None:
     print("\n### Peak in-flight micro-batches per device: measured / predicted\n")
     print("16-layer MLP (width 32), batch = m, one row per schedule and shape.\n")
     print("| schedule | p | m | measured | predicted (simulator) | equal |")
     print("|---|---:|---:|---|---|---|")
     model = deep_mlp()
-    for p, m in SHAPES:
+    for p, m in sizes.shapes:
         x, y = torch.randn(m, 32), torch.randn(m, 32)
         for label, name, options, _ in SCHEDULES:
             n = stages_of(options, p)
@@ -109,12 +123,16 @@ def inflight(tmp: Path) -> None:
             )
 
 
-def checkpoint_memory(tmp: Path) -> None:
+def checkpoint_memory(tmp: Path, sizes: Sizes) -> None:
     from gpt import build_gpt
 
     print("\n### Peak stored activation bytes per device, GPT, gpipe: never vs always\n")
-    model = build_gpt(n_layer=8, n_embd=256, n_head=8, block_size=128, vocab_size=512)
-    tokens = torch.randint(0, 512, (32, 129), generator=torch.Generator().manual_seed(0))
+    print(f"GPT: {sizes.gpt_layers} layers, n_embd {sizes.gpt_width}, {sizes.gpt_tokens} tokens, "
+          f"batch {sizes.gpt_batch}, 4 stages, 8 micro-batches.\n")  # fmt: skip
+    model = build_gpt(n_layer=sizes.gpt_layers, n_embd=sizes.gpt_width, n_head=8,
+                      block_size=sizes.gpt_tokens, vocab_size=512)  # fmt: skip
+    shape = (sizes.gpt_batch, sizes.gpt_tokens + 1)
+    tokens = torch.randint(0, 512, shape, generator=torch.Generator().manual_seed(0))
     inputs, targets = {"idx": tokens[:, :-1]}, (tokens[:, 1:],)
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -152,9 +170,10 @@ def checkpoint_memory(tmp: Path) -> None:
           f"{rows['never'][2]:.2f} s, always {rows['always'][2]:.2f} s.")  # fmt: skip
 
 
-def overhead(tmp: Path, repeats: int) -> None:
+def overhead(tmp: Path, sizes: Sizes, repeats: int) -> None:
     print("\n### Interpreter overhead per instruction (local backend)\n")
-    program = insert_communication(generate("1f1b", 8, 32), topology=Topology.chain(8))
+    p, m = sizes.shapes[-1]
+    program = insert_communication(generate("1f1b", p, m), topology=Topology.chain(p))
     count = sum(len(d) for d in program.devices)
     handlers = dict.fromkeys(
         ["F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "STEP"], lambda instr: True
@@ -166,11 +185,11 @@ def overhead(tmp: Path, repeats: int) -> None:
         times.append(time.perf_counter() - start)
     loop = statistics.median(times) / count * 1e6
     print(f"- dispatch loop alone, no-op handlers: {loop:.2f} µs per instruction "
-          f"(1f1b, p=8, m=32, {count} instructions, median of {repeats})")  # fmt: skip
+          f"(1f1b, p={p}, m={m}, {count} instructions, median of {repeats})")  # fmt: skip
 
-    model = deep_mlp(layers=8, width=4)
-    x, y = torch.randn(32, 4), torch.randn(32, 4)
-    compiled = compile_model(model, {"input": x}, stages=8, microbatches=32, schedule="1f1b")
+    model = deep_mlp(layers=p, width=4)
+    x, y = torch.randn(m, 4), torch.randn(m, 4)
+    compiled = compile_model(model, {"input": x}, stages=p, microbatches=m, schedule="1f1b")
     pipe = Pipeline.load(emit(compiled, tmp / "tiny", model=ModelRef(None, "tiny", "tiny")))
     pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=1e-3))
     steps = []
@@ -182,31 +201,33 @@ def overhead(tmp: Path, repeats: int) -> None:
     eager = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for xb, yb in zip(x.chunk(32), y.chunk(32)):
-            (nn.functional.mse_loss(model(xb), yb) / 32).backward()
+        for xb, yb in zip(x.chunk(m), y.chunk(m)):
+            (nn.functional.mse_loss(model(xb), yb) / m).backward()
         eager.append(time.perf_counter() - start)
     step, ref = statistics.median(steps), statistics.median(eager)
-    print(f"- whole training step, 8-layer MLP of width 4 (arithmetic negligible), 1f1b, "
-          f"p=8, m=32: {step * 1e3:.2f} ms for {count} instructions = "
-          f"{step / count * 1e6:.1f} µs per instruction; the same 32 micro-batches in eager "
+    print(f"- whole training step, {p}-layer MLP of width 4 (arithmetic negligible), 1f1b, "
+          f"p={p}, m={m}: {step * 1e3:.2f} ms for {count} instructions = "
+          f"{step / count * 1e6:.1f} µs per instruction; the same {m} micro-batches in eager "
           f"PyTorch take {ref * 1e3:.2f} ms, so pipecompile adds "
           f"{(step - ref) / count * 1e6:.1f} µs per instruction")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="skip the GPT memory benchmark")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
     parser.add_argument("--repeats", type=int, default=20)
+    if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(repeats=1)
     args = parser.parse_args()
+    sizes = QUICK if args.quick else Sizes()
     torch.set_num_threads(1)
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
           f"torch {torch.__version__}, 1 intra-op thread")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        bubbles()
-        inflight(Path(tmp))
-        if not args.quick:
-            checkpoint_memory(Path(tmp))
-        overhead(Path(tmp), args.repeats)
+        bubbles(sizes)
+        inflight(Path(tmp), sizes)
+        checkpoint_memory(Path(tmp), sizes)
+        overhead(Path(tmp), sizes, args.repeats)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ Rerun with::
 
     python tools/bench_viz.py                            # 3 repeats
     python tools/bench_viz.py --copy-to docs/pictures     # also refresh the committed pictures
+    python tools/bench_viz.py --quick                     # 4 layers of width 32, one repeat
+
+Without Graphviz's ``dot`` the two rendering rows are skipped with a note (and ``--copy-to``
+is refused): the DOT sources are still built and timed.
 """
 
 from __future__ import annotations
@@ -33,20 +37,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
 
-LAYERS, WIDTH, HEADS, STAGES, MICROBATCHES, SCHEDULE = 24, 256, 8, 4, 8, "1f1b"
+STAGES, MICROBATCHES, SCHEDULE = 4, 8, "1f1b"
+FULL, QUICK = (24, 256, 8), (4, 32, 2)  # GPT-2 layers, n_embd, heads
 
 
-def compile_gpt2(out: Path) -> Path:
-    """Compile and emit the 24-layer GPT-2 into ``out``."""
+def compile_gpt2(out: Path, layers: int, width: int, heads: int) -> Path:
+    """Compile and emit the GPT-2 into ``out``."""
     from hf_gpt2 import build_gpt2, example_inputs
 
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.compiler import compile_model
 
-    model = build_gpt2(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, n_positions=128)
+    model = build_gpt2(n_layer=layers, n_embd=width, n_head=heads, n_positions=128)
     compiled = compile_model(model, example_inputs(), stages=STAGES, microbatches=MICROBATCHES,
                              schedule=SCHEDULE)  # fmt: skip
-    label = f"hf_gpt2.py:build_gpt2(n_layer={LAYERS})"
+    label = f"hf_gpt2.py:build_gpt2(n_layer={layers})"
     return emit(compiled, out, model=ModelRef(None, label, label))
 
 
@@ -63,8 +68,9 @@ def schedule_source(manifest: dict, program: object) -> object:
     return schedule_dot(timeline, program, unit=unit)  # type: ignore[arg-type]
 
 
-def measure(directory: Path, scratch: Path, repeats: int) -> dict[str, float]:
-    """Median seconds of the whole and of each part over ``repeats`` runs."""
+def measure(directory: Path, scratch: Path, repeats: int, draw: bool) -> dict[str, float]:
+    """Median seconds of the whole and of each part over ``repeats`` runs; the Graphviz runs
+    only if ``draw``."""
     from pipecompile.reports.pictures.pictures import write_pictures
     from pipecompile.reports.pictures.render import render
     from pipecompile.reports.pictures.stage_picture import stage_dot
@@ -78,9 +84,12 @@ def measure(directory: Path, scratch: Path, repeats: int) -> dict[str, float]:
         runs.setdefault(name, []).append(seconds)
 
     for k in range(repeats):
-        add("write_pictures (both, svg)", timed(lambda: write_pictures(directory, out=scratch)))
+        whole = "write_pictures (both, svg)" if draw else "write_pictures (DOT sources only)"
+        add(whole, timed(lambda: write_pictures(directory, out=scratch)))
         add("  stage DOT source", timed(lambda: stage_dot(manifest, program)))
         add("  simulate + schedule DOT source", timed(lambda: schedule_source(manifest, program)))
+        if not draw:
+            continue
         stages, schedule = stage_dot(manifest, program), schedule_source(manifest, program)
         add("  dot -Tsvg stages", timed(partial(render, stages, scratch / f"s{k}.svg")))
         add("  neato -n2 -Tsvg schedule",
@@ -89,7 +98,9 @@ def measure(directory: Path, scratch: Path, repeats: int) -> dict[str, float]:
 
 
 def machine() -> str:
-    version = subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
+    version = "no Graphviz"
+    if shutil.which("dot") is not None:
+        version = subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
     return (f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()},"
             f" {version}")  # fmt: skip
 
@@ -99,18 +110,29 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--copy-to", type=Path, help="also copy the two SVGs here")
     parser.add_argument("--json", type=Path, help="write the medians as JSON")
+    parser.add_argument("--quick", action="store_true", help="a 4-layer GPT-2, one repeat")
+    if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(repeats=1)
     args = parser.parse_args()
-    if shutil.which("dot") is None:
-        print("Graphviz's `dot` is not installed (apt-get install graphviz)", file=sys.stderr)
+    draw = shutil.which("dot") is not None
+    if args.copy_to and not draw:
+        print("Graphviz's `dot` is not installed (apt-get install graphviz): no pictures to "
+              "copy", file=sys.stderr)  # fmt: skip
         return 2
+    layers, width, heads = QUICK if args.quick else FULL
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"machine: {machine()}")
+    if not draw:
+        print(
+            "note: Graphviz's `dot` is not installed (apt-get install graphviz): the two "
+            "rendering rows are skipped; write_pictures writes the DOT sources only"
+        )
     with tempfile.TemporaryDirectory() as tmp:
-        directory = compile_gpt2(Path(tmp) / "gpt2_24")
-        medians = measure(directory, Path(tmp) / "scratch", args.repeats)
+        directory = compile_gpt2(Path(tmp) / "gpt2", layers, width, heads)
+        medians = measure(directory, Path(tmp) / "scratch", args.repeats, draw)
         manifest = json.loads((directory / "manifest.json").read_text())
         nodes = sum(len(s["layers"]) for s in manifest["stages"])
-        print(f"model: GPT-2 {LAYERS} layers, n_embd {WIDTH}, {STAGES} stages, {MICROBATCHES} "
+        print(f"model: GPT-2 {layers} layers, n_embd {width}, {STAGES} stages, {MICROBATCHES} "
               f"micro-batches, {SCHEDULE}; {nodes} layer nodes")  # fmt: skip
         print(f"| step | median of {args.repeats} (ms) |\n|---|---:|")
         for name, seconds in medians.items():
@@ -119,7 +141,7 @@ def main() -> int:
             args.copy_to.mkdir(parents=True, exist_ok=True)
             for name in ("stages", "schedule"):
                 shutil.copy(Path(tmp) / "scratch" / f"{name}.svg",
-                            args.copy_to / f"gpt2_24_{name}.svg")  # fmt: skip
+                            args.copy_to / f"gpt2_{layers}_{name}.svg")  # fmt: skip
             print(f"copied the pictures to {args.copy_to}")
     if args.json:
         args.json.write_text(json.dumps(medians, indent=2) + "\n")

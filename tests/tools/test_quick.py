@@ -1,0 +1,61 @@
+"""Every script in tools/ runs end to end in its ``--quick`` mode, so no benchmark can rot.
+
+Each script is found by a glob (a new one is covered without touching this file) and run as a
+user runs it, ``python tools/X.py --quick``, in a subprocess with a time limit; it must exit 0
+and print something. A missing optional peer (torchgpipe, DeepSpeed) or Graphviz is skipped by
+the script itself with a note. tools/bad_inputs.py has its own test (tests/test_bad_inputs.py).
+
+The selected scripts run two at a time: most of a quick run is starting Python processes and
+importing torch, which leaves one of CI's two cores idle, so this halves the file's time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+TIMEOUT_S = 300  # per script: a quick mode takes seconds; this only bounds a hang
+AT_ONCE = 2
+OWN_TESTS = {"bad_inputs.py"}  # checked by tests/test_bad_inputs.py
+SCRIPTS = sorted(p for p in (ROOT / "tools").glob("*.py") if p.name not in OWN_TESTS)
+
+
+def run_quick(script: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def quick_runs(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future]]:
+    """The quick run of every script selected in this session, started at once in a pool."""
+    selected = [
+        item.callspec.params["script"]
+        for item in request.session.items
+        if item.module is sys.modules[__name__] and hasattr(item, "callspec")
+    ]
+    pool = ThreadPoolExecutor(max_workers=AT_ONCE)
+    try:
+        yield {script: pool.submit(run_quick, script) for script in selected}
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def test_every_script_is_found() -> None:
+    assert len(SCRIPTS) >= 9, [p.name for p in SCRIPTS]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_quick_mode_runs(script: Path, quick_runs: dict[Path, Future]) -> None:
+    result = quick_runs[script].result()
+    shown = f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, shown
+    assert result.stdout.strip(), shown
