@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = "BENCH_INTERRUPT_RUN"  # in the environment of every process of one run
 POLL_S = 0.02
+COMPLETE = "complete"
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ class Outcome:
 
     seconds: float | None  # None: processes were still running after the wait
     status: str
-    stderr_lines: int
-    checkpoint: str
+    stderr: list[str]
+    checkpoint: str  # COMPLETE, "n/a" or what is wrong
 
 
 # --------------------------------------------------------------------------- processes
@@ -180,11 +181,10 @@ def measure(case: Case, work: Path, compiled: Path, wait: float, start_wait: flo
         seconds = stop(proc, case, tag, directory, wait)
     finally:
         kill_all(proc, tag, directory)
-    text = stderr.read_text()
     return Outcome(
         None if seconds == float("inf") else seconds,
         exit_status(proc.returncode, seconds == float("inf")),
-        len(text.splitlines()),
+        stderr.read_text().splitlines(),
         checkpoint_state(ck) if case.system == "pipecompile" else "n/a (writes none)",
     )
 
@@ -200,8 +200,8 @@ def exit_status(code: int | None, killed_by_us: bool) -> str:
 
 
 def checkpoint_state(ck: Path) -> str:
-    """'step_N complete' when CK/latest names a step whose files are all there and no
-    temporary directory is left; otherwise what is wrong."""
+    """COMPLETE when CK/latest names a step whose files are all there and no temporary
+    directory is left; otherwise what is wrong."""
     leftovers = sorted(p.name for p in ck.glob(".step_*.tmp"))
     try:
         name = (ck / "latest").read_text().strip()
@@ -211,7 +211,7 @@ def checkpoint_state(ck: Path) -> str:
     files = [ck / name / f"stage_{j}.safetensors" for j in range(meta["stages"])]
     if meta.get("step") != int(name.removeprefix("step_")) or not all(map(Path.is_file, files)):
         return f"NO: {name} incomplete"
-    return f"{name} complete" + (f"; NO: {', '.join(leftovers)} left" if leftovers else "")
+    return f"NO: {', '.join(leftovers)} left" if leftovers else COMPLETE
 
 
 # --------------------------------------------------------------------------- the peer
@@ -269,9 +269,13 @@ def row(case: Case, outcomes: list[Outcome], wait: float) -> str:
     def seen(values: list[str]) -> str:
         return ", ".join(sorted(set(values), key=values.index))
 
-    lines = seen([str(o.stderr_lines) for o in outcomes])
+    lines = seen([str(len(o.stderr)) for o in outcomes])
+    states = [o.checkpoint for o in outcomes]
+    kept = seen(states)
+    if kept == COMPLETE:
+        kept = f"complete in {len(states)}/{len(states)}, no .step_*.tmp left"
     return (f"{case.label} {took} | {seen([o.status for o in outcomes])} | {lines} "
-            f"| {seen([o.checkpoint for o in outcomes])} |")  # fmt: skip
+            f"| {kept} |")  # fmt: skip
 
 
 def machine() -> str:
@@ -308,12 +312,18 @@ def main() -> int:
     print(f"runs per case: {args.repeats}; a stop may take {args.wait:.0f} s\n")
     print("| system | run | stopped by | seconds until no process is left | exit status "
           "| stderr lines | CK/latest |\n|---|---|---|---:|---|---:|---|")  # fmt: skip
+    firsts = []
     with tempfile.TemporaryDirectory(prefix="bench-interrupt-") as tmp:
         compiled = compile_mlp(Path(tmp) / "out")
         for case in QUICK_CASES if args.quick else CASES:
             outcomes = [measure(case, Path(tmp), compiled, args.wait, args.start_wait)
                         for _ in range(args.repeats)]  # fmt: skip
             print(row(case, outcomes, args.wait), flush=True)
+            firsts.append(f"{case.label.strip('| ').replace(' | ', ', ')}: "
+                          f"{(outcomes[-1].stderr or ['(nothing)'])[0][:150]}")  # fmt: skip
+    print("\nFirst stderr line of each case's last run:\n")
+    for line in firsts:
+        print(f"- {line}")
     return 0
 
 
