@@ -22,7 +22,13 @@ __all__ = ["trace"]
 
 
 class _LeafTracer(fx.Tracer):
-    """Keeps torch.nn modules that codegen can rebuild as call_module; traces through the rest."""
+    """Keeps torch.nn modules that codegen can rebuild as call_module; traces through the rest.
+
+    Buffers are proxied like parameters: otherwise ``self.count.add_(1)`` would run on the
+    real buffer while tracing, changing the user's model and leaving no trace in the graph.
+    """
+
+    proxy_buffer_attributes = True
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return is_rebuildable_leaf(m)

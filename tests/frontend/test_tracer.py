@@ -65,3 +65,33 @@ def test_no_grad_regions_are_inlined_and_detached():
     traced = trace(GradRegion(), {"x": torch.randn(2, 4)})
     targets = {str(n.target) for n in traced.module.graph.nodes}
     assert not any("wrap_with_set_grad_enabled" in t for t in targets)
+
+
+class MutatesBuffers(torch.nn.Module):
+    """A call counter and a running mean updated in forward (tools/fuzz.py, seed 27)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("mean", torch.zeros(4))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        with torch.no_grad():
+            self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.fc(x)
+
+
+def test_buffer_mutations_are_traced_not_run():
+    model, x = MutatesBuffers(), torch.randn(2, 4)
+    traced = trace(model, {"x": x})
+    assert traced.tracer == "torch.fx"
+    assert int(model.calls) == 0 and not model.mean.any()  # tracing left the model alone
+    methods = [str(n.target) for n in traced.module.graph.nodes if n.op == "call_method"]
+    assert methods.count("add_") == 2 and "mul_" in methods
+    traced.module(x)
+    eager = MutatesBuffers()
+    eager(x)
+    assert int(traced.module.calls) == 1
+    torch.testing.assert_close(traced.module.mean, eager.mean)
