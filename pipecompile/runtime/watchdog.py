@@ -132,9 +132,14 @@ class Watchdog:
                 continue
             their_host, pid = self.store.get(f"pipecompile/pid/{r}").decode().split()
             beat, at = self._heartbeat(r)
-            if their_host == host and not _alive(int(pid)):
+            gone = their_host == host and not _alive(int(pid))
+            silent = their_host != host and now - beat > stale_after
+            # Asked again: a rank that finished between the first look and now is not dead.
+            if (gone or silent) and self.store.check([f"pipecompile/done/{r}"]):
+                continue
+            if gone:
                 return f"rank {r} died (pid {pid}) at instruction {at}"
-            if their_host != host and now - beat > stale_after:
+            if silent:
                 return f"rank {r} stopped responding {now - beat:.1f} s ago at instruction {at}"
         return None
 
