@@ -1,9 +1,11 @@
-"""Inline torch.export's grad-mode regions so every op of the model sits in one flat graph.
+"""Flatten grad-mode regions so every op of the model sits in one graph of plain ops.
 
 torch.export wraps code that runs under ``torch.no_grad()`` (or ``enable_grad``) in
 ``higher_order.wrap_with_set_grad_enabled(enabled, submodule, *operands)``. Stages must be cut
 through plain ops, so the region's ops are copied in place of the call; when the region had
 gradients disabled its outputs are detached, which is exactly what no_grad meant for them.
+torch.fx records no region at all: its tracer marks the ops it made with gradients disabled
+(``meta[NO_GRAD]``), and their values are detached where ops outside the region read them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import operator
 import torch
 import torch.fx as fx
 
-__all__ = ["inline_grad_regions"]
+__all__ = ["NO_GRAD", "detach_no_grad_values", "inline_grad_regions"]
+
+NO_GRAD = "pipecompile_no_grad"  # node.meta key: the op ran under torch.no_grad() when traced
 
 _WRAP = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
 
@@ -55,6 +59,24 @@ def _inline(module: fx.GraphModule, call: fx.Node) -> None:
         user.replace_all_uses_with(results[user.args[1]])  # type: ignore[arg-type, index]
         module.graph.erase_node(user)
     module.graph.erase_node(call)
+
+
+def detach_no_grad_values(module: fx.GraphModule) -> None:
+    """Detach (in place) every tensor made by a ``meta[NO_GRAD]`` node where a node outside
+    the region reads it; needs ``meta["val"]``. Parameters read inside a region are get_attr
+    nodes, never marked: reading a parameter under no_grad leaves it trainable."""
+    for node in list(module.graph.nodes):
+        outside = [u for u in node.users if not u.meta.get(NO_GRAD)]
+        if not node.meta.get(NO_GRAD) or not outside:
+            continue
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        with module.graph.inserting_after(node):
+            detached = module.graph.call_method("detach", (node,))
+        detached.meta.update({k: v for k, v in node.meta.items() if k != NO_GRAD})
+        for user in outside:
+            user.replace_input_with(node, detached)
+    module.recompile()
 
 
 def _mapped(output: fx.Node, env: dict[fx.Node, object]) -> list[object]:

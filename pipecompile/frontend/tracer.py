@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -12,7 +13,11 @@ from torch.utils import _pytree as pytree
 from pipecompile.errors import TraceError
 from pipecompile.frontend.dtype_check import check_dtypes
 from pipecompile.frontend.fake_prop import propagate_fake
-from pipecompile.frontend.inline_regions import inline_grad_regions
+from pipecompile.frontend.inline_regions import (
+    NO_GRAD,
+    detach_no_grad_values,
+    inline_grad_regions,
+)
 from pipecompile.ir.leaf_modules import is_rebuildable_leaf
 from pipecompile.ir.split_point import recording
 from pipecompile.ir.traced import Traced
@@ -32,6 +37,14 @@ class _LeafTracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return is_rebuildable_leaf(m)
+
+    def create_node(self, kind: str, *args: Any, **kwargs: Any) -> fx.Node:
+        # torch.fx runs `with torch.no_grad():` while tracing but records nothing of it: mark
+        # the ops made with gradients off, whose values detach_no_grad_values then detaches.
+        node = super().create_node(kind, *args, **kwargs)
+        if kind.startswith("call_") and not torch.is_grad_enabled():
+            node.meta[NO_GRAD] = True
+        return node
 
 
 def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
@@ -82,12 +95,13 @@ class _SplitPointUnderExport(Exception):
 
 def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
     tracer = _LeafTracer()
-    with recording(tracer):
+    with recording(tracer), torch.enable_grad():  # only the model's own no_grad regions count
         graph = tracer.trace(model)
     module = fx.GraphModule(model, graph, class_name=type(model).__name__)
     names = _keep_placeholders(module, list(inputs))
     spec = _flatten_output(module)
     propagate_fake(module, [inputs[n] for n in names])
+    detach_no_grad_values(module)
     return Traced(module, "torch.fx", tuple(names), spec, model)
 
 

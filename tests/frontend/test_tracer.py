@@ -95,3 +95,30 @@ def test_buffer_mutations_are_traced_not_run():
     eager(x)
     assert int(traced.module.calls) == 1
     torch.testing.assert_close(traced.module.mean, eager.mean)
+
+
+class NoGradScale(torch.nn.Module):
+    """A scale computed under no_grad from an activation (tools/fuzz.py, seed 5032)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        with torch.no_grad():
+            scale = h.abs().mean(-1, keepdim=True) + 1.0
+        return h / scale
+
+
+@pytest.mark.parametrize("ambient", [torch.enable_grad, torch.no_grad])
+def test_fx_no_grad_region_passes_no_gradient(ambient):
+    model, x = NoGradScale(), torch.randn(3, 4)
+    with ambient():  # e.g. a decorated model first called under no_grad
+        traced = trace(model, {"x": x})
+    assert traced.tracer == "torch.fx"
+    traced.module(x)[0].sum().backward()
+    got = model.fc.weight.grad.clone()  # the traced module shares the model's parameters
+    model.zero_grad()
+    model(x).sum().backward()
+    torch.testing.assert_close(got, model.fc.weight.grad)
