@@ -5,7 +5,9 @@ Guarantees: a verified StageGraph. Stage 0 takes the model inputs; the last stag
 model outputs; every tensor read by a later stage is sent once by its producer (to all its
 consumer stages) and received by each consumer; constants (shapes, dtypes) crossing a
 boundary are written into the consumer instead. Parameters live in each stage that uses them;
-a parameter used by several stages appears in each, listing the same original names.
+a parameter used by several stages appears in each, listing the same original names. A
+parameter or persistent buffer forward never reads is held by stage 0, so the pipeline's state
+dict (checkpoints, export, ``--check``) has every tensor of the model's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.ir import markers
+from pipecompile.ir.graph_copy import graph_module
 from pipecompile.ir.node_info import info
 from pipecompile.ir.param_names import alias_names, attribute_name
 from pipecompile.ir.stage_graph import Edge, Stage, StageGraph
@@ -56,6 +59,7 @@ def split_stages(module: fx.GraphModule, *, traced: Traced) -> StageGraph:
     builders[-1].finish(list(returned), stage_of)
     for builder in builders[:-1]:
         builder.finish([], stage_of)
+    _hold_unread(builders, traced.root)
     stages = tuple(b.build(tuple(traced.input_names) if b.index == 0 else None) for b in builders)
     edges = tuple(
         _edge(node, stage_of[node], dst) for node in nodes for dst in consumers.get(node, ())
@@ -106,6 +110,15 @@ def _consumers(
     return result
 
 
+def _hold_unread(builders: list[_StageBuilder], root: nn.Module) -> None:
+    """Give stage 0 every tensor of ``root``'s state dict that no stage holds."""
+    held = {id(t) for b in builders for t in b.root.state_dict(keep_vars=True).values()}
+    for name, tensor in root.state_dict(keep_vars=True).items():
+        if id(tensor) not in held:
+            builders[0].hold(name, tensor)
+            held.add(id(tensor))
+
+
 def _edge(node: fx.Node, src: int, dst: int) -> Edge:
     val = node.meta["val"]
     nbytes = val.numel() * val.element_size()
@@ -147,13 +160,17 @@ class _StageBuilder:
         self.graph.call_function(markers.send, (self.env[node], name, dsts))
         self.outputs.append(name)
 
+    def hold(self, target: str, tensor: torch.Tensor) -> None:
+        """Keep a tensor forward never reads as an attribute of this stage."""
+        self._attribute(target, tensor)
+
     def finish(self, model_outputs: list[fx.Node], stage_of: dict[fx.Node, int]) -> None:
         lookup = self._lookup(stage_of)
         self.graph.output(tuple(lookup(n) for n in model_outputs))
         self.outputs.extend(value_name(n) for n in model_outputs)
 
     def build(self, model_inputs: tuple[str, ...] | None) -> Stage:
-        module = fx.GraphModule(self.root, self.graph, class_name=f"Stage{self.index}")
+        module = graph_module(self.root, self.graph, f"Stage{self.index}")
         state = {
             **dict(module.named_parameters(remove_duplicate=False)),
             **dict(module.named_buffers(remove_duplicate=False)),

@@ -7,6 +7,7 @@ import operator
 
 import torch.fx as fx
 
+from pipecompile.ir.graph_copy import graph_module
 from pipecompile.ir.markers import is_recv, is_send
 from pipecompile.ir.stage_graph import Stage
 
@@ -36,7 +37,7 @@ def lower_stage(stage: Stage) -> fx.GraphModule:
     values = [sent[name] for name in stage.outputs[: len(sent)]] + returned
     graph.output(tuple(values))
     _drop_unused_lookups(graph)
-    return fx.GraphModule(stage.module, graph, class_name=f"Stage{stage.index}")
+    return graph_module(stage.module, graph, f"Stage{stage.index}")
 
 
 def _drop_unused_lookups(graph: fx.Graph) -> None:

@@ -1,0 +1,201 @@
+"""Random models from tools/fuzz.py go through the whole tool: each one matches eager or is
+refused with a clear error, never an internal error or a mismatch.
+
+A fixed set of seeds, chosen so that together they use every feature of the generator and
+every schedule with every checkpoint policy, runs in this process; two of them also run with
+``pipecompile run --nproc N --check``. Replay a failing seed with ``python tools/fuzz.py
+--seed SEED --show``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+TOOL = ROOT / "tools" / "fuzz.py"
+
+
+def _load_tool():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("fuzz", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz = _load_tool()
+
+SEEDS = [
+    2003,
+    2024,
+    2065,
+    2083,
+    2088,
+    2111,
+    2133,
+    2138,
+    2153,
+    2175,
+    2199,
+    2222,
+    2234,
+    2259,
+    2311,
+    2335,
+    2338,
+    2357,
+    2359,
+    2378,
+    2397,
+    2433,
+    2437,
+    2441,
+    2445,
+    2485,
+    2504,
+    2517,
+    2524,
+    2531,
+    2537,
+    2560,
+    2565,
+    2588,
+    2620,
+    2622,
+    2648,
+    2666,
+    2673,
+    2676,
+    2699,
+    2705,
+    2706,
+    2715,
+    2738,
+    2746,
+    2757,
+    2779,
+    2785,
+    2787,
+    2839,
+    2850,
+    2897,
+    2900,
+    2909,
+    2911,
+    2921,
+    2922,
+    2928,
+    2967,
+    2981,
+    2984,
+    2990,
+]
+DISTRIBUTED = [2183, 2250]  # interleaved on 2 ranks; zb1p with BatchNorm, a counter, in-place
+# Seeds failing for a known cause being fixed elsewhere: {seed: reason} (xfail, not strict).
+# None today: in-place ops at stage boundaries and weights forward never reads are fixed.
+KNOWN_FAILURES: dict[int, str] = {}
+
+
+def _explain(outcome) -> str:  # type: ignore[no-untyped-def]
+    return (
+        f"seed {outcome.seed}: {outcome.verdict} [{outcome.phase}] {outcome.key}\n"
+        f"config: {outcome.config}\n{outcome.source}\n{outcome.detail}\n"
+        f"replay: python tools/fuzz.py --seed {outcome.seed} --show"
+    )
+
+
+def _params(seeds: list[int]) -> list[object]:
+    return [
+        pytest.param(s, marks=pytest.mark.xfail(reason=KNOWN_FAILURES[s], strict=False))
+        if s in KNOWN_FAILURES
+        else s
+        for s in seeds
+    ]
+
+
+@pytest.mark.parametrize("seed", _params(SEEDS + sorted(KNOWN_FAILURES)))
+def test_random_model_matches_eager_or_is_refused(seed, tmp_path):
+    outcome = fuzz.run_case(seed, workdir=tmp_path)
+    assert outcome.verdict in ("matched", "refused"), _explain(outcome)
+
+
+@pytest.mark.parametrize("seed", _params(DISTRIBUTED))
+def test_random_model_distributed_check(seed, tmp_path):
+    outcome = fuzz.run_case(seed, distributed=True, workdir=tmp_path)
+    assert outcome.verdict == "matched" and outcome.distributed == "matched", _explain(outcome)
+
+
+def test_the_seeds_cover_every_feature_schedule_and_policy():
+    cases = [fuzz.generate(s) for s in SEEDS + sorted(KNOWN_FAILURES)]
+    features = {f for c in cases for f in c.features}
+    everything = {f for s in range(2000, 2400) for f in fuzz.generate(s).features}
+    assert everything <= features, sorted(everything - features)
+    pairs = {(c.config.schedule, c.config.checkpoint) for c in cases}
+    assert len(pairs) == len(fuzz.SCHEDULES) * len(fuzz.POLICIES)
+    assert {c.config.stages for c in cases} == {1, 2, 3, 4}
+    assert {c.config.microbatches for c in cases} == {1, 2, 4}
+
+
+def test_generated_models_run_eagerly(tmp_path):
+    """The generator's own promise: every model runs forward and backward (no compile)."""
+    from pipecompile.model.model_file import load_model_file
+
+    for seed in range(300):
+        for inplace in (True, False):
+            path = tmp_path / f"model_{seed}_{inplace}.py"
+            path.write_text(fuzz.generate(seed, inplace=inplace).source)
+            fuzz._eager_step(load_model_file(str(path)))
+
+
+def test_no_inplace_generates_no_inplace_op():
+    writes = re.compile(r"[a-z]_\(|inplace=True|\+=|\] =")
+
+    def forward(source: str) -> str:  # without the buffer updates, which stay
+        body = source[source.index("def forward", source.index("class Fuzz")) :]
+        body = body[: body.index("def build_model")]
+        return "\n".join(line for line in body.splitlines() if "self.stat" not in line)
+
+    for seed in range(200):
+        case = fuzz.generate(seed, inplace=False)
+        assert not any(f.startswith("in-place") for f in case.features), seed
+        assert not writes.search(forward(case.source)), (seed, forward(case.source))
+    assert any(writes.search(forward(fuzz.generate(s).source)) for s in range(20))
+
+
+def test_same_seed_same_model():
+    assert fuzz.generate(7).source == fuzz.generate(7).source
+    assert fuzz.generate(7).source != fuzz.generate(8).source
+
+
+def test_failures_are_classified_by_reason():
+    outcome = fuzz.Outcome(1, "matched")
+    try:
+        raise fuzz_error("cannot cut Fuzz into 3 stages: it has 2 ops")
+    except Exception as err:
+        fuzz._classify(outcome, "refused", "compile", err)
+    assert outcome.key == "BalanceError: cannot cut Fuzz into N stages: it has N ops"
+    counts = fuzz.summary([outcome, fuzz.Outcome(2, "matched")])
+    assert re.search(r"matched +1\n  refused +1\n", counts), counts
+
+
+def fuzz_error(message: str) -> Exception:
+    from pipecompile.errors import BalanceError
+
+    return BalanceError(message)
+
+
+def test_quick_runs_as_a_user_runs_it():
+    result = subprocess.run(
+        [sys.executable, str(TOOL), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "6 models" in result.stdout, result.stdout
+    for verdict in ("internal", "mismatch", "invalid"):
+        assert re.search(rf"^  {verdict} +0$", result.stdout, re.M), result.stdout
