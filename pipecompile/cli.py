@@ -183,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", help="continue from the newest checkpoint in this directory")
     run.add_argument("--stats", action="store_true",
                      help="print measured peak in-flight and activation bytes")  # fmt: skip
+    run.add_argument("--skip-nonfinite", action="store_true",
+                     help="drop the update of a step whose loss is NaN or infinite and go on "
+                     "(default: stop there)")  # fmt: skip
     run.set_defaults(handler=_run)
 
     show = commands.add_parser("show", help="simulate a compiled pipeline's schedule")
@@ -394,22 +397,32 @@ def _run(args: argparse.Namespace) -> int:
             raise CheckError("pipelined results differ from the eager model (see above)")
         return 0
     from pipecompile.runtime.checkpoint import resume, save, save_due
-    from pipecompile.runtime.divergence import check_losses
+    from pipecompile.runtime.divergence import check_losses, finite, skipped_line
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
     from pipecompile.runtime.worker import OPTIMIZERS
 
     pipe.set_optimizer(lambda ps: OPTIMIZERS[args.optimizer](ps, lr=args.lr))
     done = first = resume(pipe, Path(args.resume)) if args.resume else 0
+    skipped: list[int] = []
     try:
         for step in range(first, args.steps):
             start = time.perf_counter()
             loss, _ = pipe.train_step(
-                spec.inputs, spec.targets, spec.loss_fn, measure_memory=args.stats
-            )
+                spec.inputs, spec.targets, spec.loss_fn,
+                measure_memory=args.stats, keep_grads=args.skip_nonfinite,
+            )  # fmt: skip
             ms = (time.perf_counter() - start) * 1000
-            check_losses(pipe.last_losses, step + 1)
+            note = ""
+            if not args.skip_nonfinite:
+                check_losses(pipe.last_losses, step + 1)
+            elif finite(float(loss)):
+                pipe.apply_step()
+            else:
+                pipe.drop_step()
+                skipped.append(step + 1)
+                note = "  skipped: the loss is not finite"
             if not args.quiet:
-                print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms)")
+                print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms){note}")
             done = step + 1
             if args.save and save_due(done, args.steps, args.save_every):
                 save(pipe, Path(args.save), done)  # removes its temporary files if interrupted
@@ -417,6 +430,8 @@ def _run(args: argparse.Namespace) -> int:
         save_dir = Path(args.save) if args.save else None
         print(interrupted_line(done, args.steps, save_dir), file=sys.stderr)
         return EXIT_INTERRUPTED
+    if skipped:
+        print(skipped_line(skipped, args.steps - first), file=sys.stderr)
     if args.stats and pipe.last_stats is not None:
         print(_stats_table(pipe, directory, args.program))
     return 0
@@ -429,6 +444,16 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 
     if args.save_every and not args.save:
         raise PipecompileError("--save-every needs --save DIR (where to write the checkpoints)")
+    if args.skip_nonfinite:
+        from pipecompile.runtime.divergence import SKIP_NEEDS_SYNC
+        from pipecompile.runtime.load import read_manifest, read_program
+
+        manifest = read_manifest(directory)
+        program = read_program(
+            Path(args.program) if args.program else directory / manifest["program"]
+        )
+        if any(x.op == "UPDATE" for _, _, x in program.instructions()):
+            raise PipecompileError(SKIP_NEEDS_SYNC.format(schedule=program.schedule))
     if args.save and inside(Path(args.save), directory):
         raise PipecompileError(
             f"--save {args.save} lies inside {directory}, which a recompile replaces; "
@@ -493,6 +518,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
             forwarded += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]
     forwarded += ["--check"] * args.check + ["-q"] * args.quiet
     forwarded += ["--allow-stale"] * args.allow_stale
+    forwarded += ["--skip-nonfinite"] * args.skip_nonfinite
     return launch(args.nproc, forwarded)
 
 

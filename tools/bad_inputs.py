@@ -135,12 +135,15 @@ def copy(src: str, dst: str) -> Setup:
     return run
 
 
-def compiled(setup: Setup, model: str = "model.py", out: str = "out") -> Setup:
-    """``setup`` (writing ``model``), then compile ``model`` into ``out`` as the base is."""
+def compiled(
+    setup: Setup, model: str = "model.py", out: str = "out", flags: tuple[str, ...] = ()
+) -> Setup:
+    """``setup`` (writing ``model``), then compile ``model`` into ``out`` as the base is (with
+    ``flags`` added)."""
 
     def run(d: Path) -> None:
         setup(d)
-        argv = [model, "--stages", "2", "--microbatches", "2", "-q", "-o", out]
+        argv = [model, "--stages", "2", "--microbatches", "2", *flags, "-q", "-o", out]
         result = run_in_process(argv, d)
         if result.status != 0:
             raise AssertionError(f"compiling {model} failed:\n{result.stderr}")
@@ -506,6 +509,10 @@ TRAINING_RUN_CASES = [
          mlp_variant((LOSS, 'return F.mse_loss(output, target) * float("nan")')),
          (*RUN, "--model", "model.py", "--steps", "3"),
          r"step 1, micro-batch 0: the loss is nan; training stops", quick=True),
+    Case("skip-nonfinite-async", "run --skip-nonfinite on a pipedream compile",
+         compiled(nothing, "mlp.py", out="o2", flags=("--schedule", "pipedream")),
+         ("run", "o2", "--skip-nonfinite", "-q"),
+         r"--skip-nonfinite needs a synchronous schedule: pipedream applies"),
     Case("batchnorm-microbatch-of-one", "BatchNorm in training, --microbatches equal to the batch",
          write("bn.py", BATCHNORM),
          ("bn.py", "--stages", "2", "--microbatches", "4", "-o", "o", "-q"),

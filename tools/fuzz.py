@@ -1523,6 +1523,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--features", action="store_true", help="print the feature table")
     args = parser.parse_args(argv)
+    if args.count < 1 or args.jobs < 1 or args.distributed_every < 0:
+        parser.error("--count and --jobs must be at least 1, --distributed-every at least 0")
+    try:
+        import torch  # noqa: F401  (workers would fail one by one without it)
+    except ImportError:
+        print("fuzz: torch is not installed in this Python; activate the project's venv")
+        return 2
     inplace = not args.no_inplace
     flags = " --no-inplace" if args.no_inplace else ""
     if args.show:

@@ -1,4 +1,5 @@
-"""Training stops at the first loss that is not finite, naming the step and micro-batch."""
+"""Training stops at the first loss that is not finite, naming the step and micro-batch, or
+(``--skip-nonfinite``) drops that step's update and goes on."""
 
 from __future__ import annotations
 
@@ -8,7 +9,27 @@ import torch
 
 from pipecompile.errors import RuntimeFailure
 
-__all__ = ["check_losses"]
+__all__ = ["SKIP_NEEDS_SYNC", "check_losses", "finite", "skipped_line"]
+
+SKIP_NEEDS_SYNC = (
+    "--skip-nonfinite needs a synchronous schedule: {schedule} applies each micro-batch's "
+    "update before the step's other losses are known; compile with --schedule gpipe, 1f1b, "
+    "zb1p or interleaved, or drop the option"
+)
+
+
+def finite(total: float) -> bool:
+    """Whether a step's summed loss is finite (a sum is finite only if every term is)."""
+    return bool(torch.isfinite(torch.tensor(total)))
+
+
+def skipped_line(skipped: list[int], steps: int) -> str:
+    """The closing line of a run that skipped ``skipped`` (1-based step numbers)."""
+    shown = ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else "")
+    return (
+        f"pipecompile: skipped {len(skipped)} of {steps} steps whose loss was not finite "
+        f"(steps {shown}); their updates were not applied"
+    )
 
 
 def check_losses(losses: Mapping[int, torch.Tensor], step: int, total: float | None = None) -> None:
@@ -20,7 +41,7 @@ def check_losses(losses: Mapping[int, torch.Tensor], step: int, total: float | N
             raise RuntimeFailure(
                 f"step {step}, micro-batch {i}: the loss is {value}; training stops here and "
                 "keeps only checkpoints saved before this step (lower --lr, or check the "
-                "inputs, targets and loss_fn)"
+                "inputs, targets and loss_fn; --skip-nonfinite drops such steps instead)"
             )
     if total is not None and not torch.isfinite(torch.tensor(total)):
         raise RuntimeFailure(f"step {step}: the loss is {total}; training stops here")

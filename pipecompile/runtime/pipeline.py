@@ -145,6 +145,23 @@ class Pipeline:
         loss = total / (count * scale)
         return loss, [executor.results[i] for i in range(count)]  # type: ignore[return-value]
 
+    def apply_step(self) -> None:
+        """Step each held stage's optimizer on the gradients ``train_step(keep_grads=True)``
+        left (tied and replica sums included), then zero them."""
+        for j, module in enumerate(self.modules):
+            if module is None:
+                continue
+            optimizer = self.optimizers[j] if self.optimizers is not None else None
+            if optimizer is not None:
+                optimizer.step()
+            module.zero_grad(set_to_none=True)
+
+    def drop_step(self) -> None:
+        """Discard the gradients ``train_step(keep_grads=True)`` left: the step never happened."""
+        for module in self.modules:
+            if module is not None:
+                module.zero_grad(set_to_none=True)
+
     def _own_program(self, program: Program) -> Program:
         if self.device is None:
             return program

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
 from pipecompile.runtime.dist_backend import DistBackend, tie_groups
-from pipecompile.runtime.divergence import check_losses
+from pipecompile.runtime.divergence import check_losses, finite, skipped_line
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline
@@ -55,6 +55,7 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-every", type=int, default=0, help="also every N steps")
     parser.add_argument("--resume", help="checkpoint directory to resume from")
     parser.add_argument("--allow-stale", action="store_true")
+    parser.add_argument("--skip-nonfinite", action="store_true")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="cuda: one GPU per rank (LOCAL_RANK) and NCCL; cpu: gloo")  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true")
@@ -198,26 +199,38 @@ def _run(
     pipe.set_optimizer(lambda ps: optimizer(ps, lr=args.lr))
     start = resume(pipe, Path(args.resume), rank) if args.resume else 0
     progress.done = start
+    skipped: list[int] = []
     for step in range(start, args.steps):
         began = time.perf_counter()
-        pipe.train_step(inputs, targets, spec.loss_fn)
+        pipe.train_step(inputs, targets, spec.loss_fn, keep_grads=args.skip_nonfinite)
         value = (
             torch.stack([v.detach() for v in pipe.last_losses.values()]).sum().reshape(1)
             if pipe.last_losses
             else torch.zeros(1)
         ).to(where)
         dist.all_reduce(value)  # the last stage's replicas hold the losses between them
-        check_losses(pipe.last_losses, step + 1, None if pipe.last_losses else value.item())
+        note = ""
+        if not args.skip_nonfinite:
+            check_losses(pipe.last_losses, step + 1, None if pipe.last_losses else value.item())
+        elif finite(value.item()):  # every rank sees the same sum: all apply, or none
+            pipe.apply_step()
+        else:
+            pipe.drop_step()
+            skipped.append(step + 1)
+            note = "  skipped: the loss is not finite"
         if pipe.asynchronous:
             value /= program.microbatches
         ms = (time.perf_counter() - began) * 1000  # the all-reduce waited for every rank
         if rank == 0 and not args.quiet:
             print(
-                f"step {step + 1}/{args.steps}  loss {value.item():.6f}  ({ms:.1f} ms)", flush=True
+                f"step {step + 1}/{args.steps}  loss {value.item():.6f}  ({ms:.1f} ms){note}",
+                flush=True,
             )
         done = progress.done = step + 1
         if args.save and save_due(done, args.steps, args.save_every):
             save(pipe, Path(args.save), done, rank)
+    if skipped and rank == 0:
+        print(skipped_line(skipped, args.steps - start), file=sys.stderr, flush=True)
     return 0
 
 
