@@ -127,6 +127,7 @@ def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
         if str(node.target).startswith("_guards"):  # export's input guard; stages fix shapes anyway
             module.graph.erase_node(node)
     module.graph.set_codegen(fx.graph.CodeGen())
+    type(module).__name__ = type(model).__name__  # each GraphModule has a class of its own
     inline_grad_regions(module)
     missing = [n.name for n in module.graph.nodes if n.op != "output" and "val" not in n.meta]
     if missing:
