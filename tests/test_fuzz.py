@@ -151,7 +151,7 @@ def test_generated_models_run_eagerly(tmp_path):
         for inplace in (True, False):
             path = tmp_path / f"model_{seed}_{inplace}.py"
             path.write_text(fuzz.generate(seed, inplace=inplace).source)
-            fuzz._eager_step(load_model_file(str(path)))
+            fuzz.eager_step(load_model_file(str(path)))
 
 
 def test_no_inplace_generates_no_inplace_op():
@@ -179,7 +179,7 @@ def test_failures_are_classified_by_reason():
     try:
         raise fuzz_error("cannot cut Fuzz into 3 stages: it has 2 ops")
     except Exception as err:
-        fuzz._classify(outcome, "refused", "compile", err)
+        fuzz.classify(outcome, "refused", "compile", err)
     assert outcome.key == "BalanceError: cannot cut Fuzz into N stages: it has N ops"
     counts = fuzz.summary([outcome, fuzz.Outcome(2, "matched")])
     assert re.search(r"matched +1\n  refused +1\n", counts), counts
@@ -199,3 +199,35 @@ def test_quick_runs_as_a_user_runs_it():
     assert "6 models" in result.stdout, result.stdout
     for verdict in ("internal", "mismatch", "invalid"):
         assert re.search(rf"^  {verdict} +0$", result.stdout, re.M), result.stdout
+
+
+# The peer, torch.distributed.pipelining (tools/fuzzing/peer.py): seed 4 (inputs as a tuple,
+# a dict output) and 25 (BatchNorm2d, a running mean buffer) split into 3 and 4 stages as asked
+# and match; seed 3 has a torch.no_grad() region, which pipeline() refuses.
+PEER_SEEDS = {4: ("matched", 3), 25: ("matched", 4), 3: ("refused", 0)}
+
+
+@pytest.fixture(scope="module")
+def peer_outcomes(tmp_path_factory):  # type: ignore[no-untyped-def]
+    workdir = tmp_path_factory.mktemp("peer")
+    return {seed: fuzz.run_peer(fuzz.generate(seed), workdir) for seed in PEER_SEEDS}
+
+
+@pytest.mark.parametrize("seed", sorted(PEER_SEEDS))
+def test_peer_outcome(seed, peer_outcomes):
+    peer = peer_outcomes[seed]
+    assert peer.verdict in fuzz.VERDICTS, peer
+    verdict, stages = PEER_SEEDS[seed]
+    assert (peer.verdict, peer.stages) == (verdict, stages), f"{peer.key}\n{peer.detail}"
+    assert peer.wanted == fuzz.generate(seed).config.stages
+    if verdict == "refused":
+        assert peer.key.startswith("RuntimeError: "), peer.key
+
+
+def test_peer_summary_block(peer_outcomes):
+    outcomes = [fuzz.Outcome(s, "matched", peer=p) for s, p in sorted(peer_outcomes.items())]
+    text = fuzz.summary(outcomes)
+    block = text[text.index(fuzz.PEER) :]
+    assert re.search(r"^  matched +2\n  refused +1\n", block, re.M), text
+    assert "stages as asked: 2 of 2 split models" in block, text
+    assert fuzz.PEER not in fuzz.summary([fuzz.Outcome(1, "matched")])
