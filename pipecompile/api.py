@@ -12,7 +12,9 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import inspect
+import json
 import shutil
 import tempfile
 import weakref
@@ -24,13 +26,14 @@ import torch
 from safetensors.torch import save_model
 from torch import nn
 
-from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.codegen.emit import MANIFEST, ModelRef, emit
 from pipecompile.codegen.output_dir import (
     check_replaceable,
     new_temp_dir,
     owned_names,
     replace_output,
 )
+from pipecompile.codegen.weight_sources import weight_plan
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
@@ -53,6 +56,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     balance: str = "flops",
     directory: str | Path | None = None,
     progress: bool = False,
+    weights: str | Path | None = None,
+    init_seed: int = 0,
     **options: Any,
 ) -> CompiledPipeline:
     """Compile ``model`` into ``stages`` pipeline stages and load them for running.
@@ -65,6 +70,10 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         directory: where to write the stage modules (default: a temporary directory that
             lives as long as the returned object; ``save`` copies it elsewhere).
         progress: print one line per compiler pass to stderr.
+        weights: a pretrained checkpoint (a ``.safetensors`` file, or a Hugging Face
+            directory, sharded or not) each stage loads its tensors from, by original name.
+        init_seed: the seed of the initialisation of tensors on the meta device (a model
+            built under ``torch.device("meta")``), replayed per stage.
         **options: the other options of ``pipecompile.compiler.compile_model`` (split_at,
             pinned, virtual_stages, vertical_sync, memory_budget, replicas, machine).
 
@@ -84,7 +93,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         if directory is None
         else Path(directory)
     )
-    emit(compiled, out, model=ModelRef(None, type(model).__name__, type(model).__name__))
+    emit(compiled, out, model=ModelRef(None, type(model).__name__, type(model).__name__),
+         weights=weight_plan(model, weights, init_seed))  # fmt: skip
     pipe = CompiledPipeline(out, model_type=type(model))
     if temporary:
         weakref.finalize(pipe, shutil.rmtree, out.parent, True)
@@ -181,13 +191,19 @@ class CompiledPipeline:
         out = Path(directory)
         keep = check_replaceable(out, force=force)
         tmp = new_temp_dir(out)
+        manifest = copy.deepcopy(self.manifest)
+        manifest["weights"] = {"source": "stage_files"}  # the current values, all of them
         try:
-            for name in owned_names(self.manifest):
+            for name in owned_names(self.manifest) - {"init.json", "init_constants.safetensors"}:
                 if (self.directory / name).is_file():
                     shutil.copy2(self.directory / name, tmp / name)
-            for module, entry in zip(self.pipeline.modules, self.manifest["stages"]):
+            for j, (module, entry) in enumerate(zip(self.pipeline.modules, manifest["stages"])):
+                entry.pop("from_checkpoint", None)
+                entry.pop("from_init", None)
+                entry["weights"] = entry.get("weights") or f"stage_{j}.safetensors"
                 if module is not None:
                     save_model(module, str(tmp / entry["weights"]))
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             replace_output(tmp, out, keep=keep)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -15,7 +15,7 @@ from pipecompile import __version__
 from pipecompile.compiler import PASSES, compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
 from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
-from pipecompile.ir.sizes import parse_size
+from pipecompile.ir.sizes import counted, parse_size
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_checkpoints import POLICIES
 from pipecompile.passes.insert_replication import parse_replicas
@@ -150,6 +150,13 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--force", action="store_true",
                       help="write into an -o directory that holds files pipecompile did not "
                       "write (they are kept)")  # fmt: skip
+    comp.add_argument("--weights", metavar="PATH",
+                      help="pretrained checkpoint the stages load by original name: a "
+                      ".safetensors file or a Hugging Face directory (sharded, with "
+                      "model.safetensors.index.json)")  # fmt: skip
+    comp.add_argument("--init-seed", type=_nonnegative_int, default=0,
+                      help="seed of the initialisation of a model built on the meta device "
+                      "(default 0)")  # fmt: skip
     comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     comp.set_defaults(handler=_compile)
 
@@ -198,9 +205,15 @@ def _parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="write the weights with the model's names")
     export.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
-    export.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
+    export.add_argument("-o", "--output", required=True,
+                        help="a .safetensors file (one state dict), or a directory: a Hugging "
+                        "Face checkpoint (shards and model.safetensors.index.json)")  # fmt: skip
+    export.add_argument("--shard-size", type=_size, default="5GB",
+                        help="largest shard of a directory export (default 5GB)")  # fmt: skip
     export.add_argument("--checkpoint", help="take the weights of this checkpoint's newest step")
-    export.add_argument("--force", action="store_true", help="replace an existing -o file")
+    export.add_argument("--force", action="store_true",
+                        help="replace an existing -o file; write into a directory holding "
+                        "other files (they are kept)")  # fmt: skip
     export.set_defaults(handler=_export)
 
     onnx = commands.add_parser("onnx", help="export every stage of a directory to ONNX")
@@ -218,18 +231,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pipecompile.runtime.export import export_weights
+    from pipecompile.runtime.export import export_sharded, export_weights, is_file_target
 
     target = Path(args.output)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    if not is_file_target(target):
+        count, shards = export_sharded(Path(args.directory), target, checkpoint,
+                                       shard_size=args.shard_size, force=args.force)  # fmt: skip
+        print(f"wrote {count} tensors in {counted(shards, 'shard')} to {target}")
+        return 0
     if target.is_dir():
-        raise PipecompileError(f"export -o {target}: is a directory; name a .safetensors file")
+        raise PipecompileError(
+            f"export -o {target}: is a directory; a .safetensors name must be a file"
+        )
     if target.exists() and not args.force:
         raise PipecompileError(
             f"export -o {target}: the file exists; pass --force to replace it, or name another"
         )
-    count = export_weights(
-        Path(args.directory), Path(args.output), Path(args.checkpoint) if args.checkpoint else None
-    )
+    count = export_weights(Path(args.directory), target, checkpoint)
     print(f"wrote {count} tensors to {args.output}")
     return 0
 
@@ -287,6 +306,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.codegen.output_dir import check_replaceable
+    from pipecompile.codegen.weight_sources import weight_plan
     from pipecompile.model.model_file import load_model_file, split_ref
     from pipecompile.reports.summary import summary
 
@@ -310,8 +330,13 @@ def _compile(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )  # fmt: skip
     start = time.perf_counter()
-    emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"), force=args.force)
+    notes: list[str] = []
+    emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"), force=args.force,
+         weights=weight_plan(spec.model, args.weights, args.init_seed, spec.module),
+         notes=notes)  # fmt: skip
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
+    for note in notes:
+        print(f"pipecompile: note: {note}", file=sys.stderr)
     _compile_pictures(args, out)
     if args.onnx:
         _write_onnx(args, out)
@@ -379,13 +404,16 @@ def _run(args: argparse.Namespace) -> int:
         if args.stats:
             raise PipecompileError("--stats measures the local backend; drop it with --nproc")
         return _run_distributed(args)
-    spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale)
+    # Only --check builds the model (its eager reference); a run builds just the stages.
+    spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale,
+                          build=args.check)  # fmt: skip
     if spec.targets is None or spec.loss_fn is None:
         raise ModelFileError(
             f"{spec.path} needs example_targets() and loss_fn(output, *targets) for `run`"
         )
     pipe = Pipeline.load(directory, args.program)
     if args.check:
+        assert spec.model is not None  # built for --check
         if pipe.asynchronous:
             report = check_async_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
                                       lr=args.lr, atol=args.atol, rtol=args.rtol)  # fmt: skip

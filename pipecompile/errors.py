@@ -11,6 +11,7 @@ __all__ = [
     "ProgramError",
     "MemoryBudgetError",
     "MicrobatchError",
+    "WeightsError",
     "InputError",
     "EmitError",
     "RuntimeFailure",
@@ -53,6 +54,10 @@ class MicrobatchError(PipecompileError):
 
 class InputError(PipecompileError):
     """The inputs or targets given to a compiled pipeline do not fit what it was compiled for."""
+
+
+class WeightsError(PipecompileError):
+    """A pretrained checkpoint (--weights) is missing, damaged, or not this model's."""
 
 
 class EmitError(PipecompileError):

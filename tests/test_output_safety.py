@@ -101,8 +101,13 @@ def test_export_never_overwrites_without_force(emitted, tmp_path, capsys):
     assert target.read_bytes() == b"precious"
     assert main(["export", str(emitted), "-o", str(target), "--force"]) == 0
     assert target.read_bytes() != b"precious"
+    # a directory is a sharded export: refused where it holds files an export did not write
     assert main(["export", str(emitted), "-o", str(tmp_path)]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    assert "holds mine.safetensors, which an export did not write" in capsys.readouterr().err
+    assert target.is_file() and not list(tmp_path.glob("model-*"))
+    (tmp_path / "dir.safetensors").mkdir()
+    assert main(["export", str(emitted), "-o", str(tmp_path / "dir.safetensors")]) == 2
+    assert "is a directory; a .safetensors name must be a file" in capsys.readouterr().err
 
 
 def test_viz_onto_a_file_is_refused(emitted, tmp_path, capsys):

@@ -249,10 +249,13 @@ INPUT_CASES = [
          mlp_variant((INPUTS, "return (torch.randn(IN_FEATURES, generator=g),)")),
          (*CHECK, "--model", "model.py"),
          r"input 'x' has shape \(32,\).*compiled for \(8, 32\).*lacks the batch dimension"),
-    Case("input-missing", "ran with --model whose forward() names its input differently",
+    Case("input-missing", "ran --check with --model whose forward() names its input differently",
          mlp_variant(("def forward(self, x: torch.Tensor)", "def forward(self, y: torch.Tensor)"),
                      ("x = self.act1(self.fc1(x))", "x = self.act1(self.fc1(y))")),
-         (*RUN, "--model", "model.py"), r"inputs lack 'x' \(given: 'y'\).*compiled for"),
+         (*CHECK, "--model", "model.py"), r"inputs lack 'x' \(given: 'y'\).*compiled for"),
+    Case("input-key-unknown", "ran with --model whose example_inputs() names another input",
+         mlp_variant((INPUTS, 'return {"y": torch.randn(BATCH_SIZE, IN_FEATURES, generator=g)}')),
+         (*RUN, "--model", "model.py"), r"example_inputs\(\) has keys \['y'\] that"),
     Case("check-other-model", "ran --check with --model of another model (other layer sizes)",
          mlp_variant(("IN_FEATURES = 32", "IN_FEATURES = 16")),
          (*CHECK, "--model", "model.py"),
@@ -409,12 +412,53 @@ OUTPUT_DIR_CASES = [
     Case("export-overwrite", "export -o onto an existing file", write("mine.safetensors", "x"),
          ("export", "out", "-o", "mine.safetensors"), r"file exists; pass --force",
          intact=("mine.safetensors",)),
-    Case("export-onto-dir", "export -o naming a directory", nothing,
-         ("export", "out", "-o", "out"), r"is a directory; name a \.safetensors file",
+    Case("export-onto-dir", "export -o naming the compiled directory (a sharded export)",
+         nothing, ("export", "out", "-o", "out"),
+         r"export -o out: the directory holds .*which an export did not write; pass --force",
          intact=("out/stage_0.safetensors",)),
     Case("viz-onto-file", "viz -o naming a file", write("mine.svg", "mine"),
          ("viz", "out", "-o", "mine.svg"), r"is a file; name a directory", intact=("mine.svg",)),
 ]  # fmt: skip
+
+
+def _other_weights(d: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"fc1.weight": torch.zeros(3, 3)}, str(d / "other.safetensors"))
+
+
+WEIGHTS_CASES = [
+    Case(
+        "weights-missing",
+        "--weights naming a path that does not exist",
+        nothing,
+        (*COMPILE, "-o", "w", "--weights", "nowhere"),
+        r"--weights nowhere does not exist",
+    ),
+    Case(
+        "weights-damaged",
+        "--weights naming a file that is not safetensors",
+        write("broken.safetensors", "not a checkpoint"),
+        (*COMPILE, "-o", "w", "--weights", "broken.safetensors"),
+        r"broken\.safetensors is not a readable safetensors file.*truncated",
+        intact=("broken.safetensors",),
+    ),
+    Case(
+        "weights-other-model",
+        "--weights of another model (a tensor of another shape)",
+        _other_weights,
+        (*COMPILE, "-o", "w", "--weights", "other.safetensors"),
+        r"fc1\.weight is \[3, 3\] in other\.safetensors but \[\d+, 32\] in the model",
+    ),
+    Case(
+        "weights-empty-dir",
+        "--weights naming a directory without a checkpoint",
+        write("empty/NOTES.md", "x"),
+        (*COMPILE, "-o", "w", "--weights", "empty"),
+        r"--weights empty holds neither model\.safetensors\.index\.json nor",
+    ),
+]
 
 OPTION_CASES = [
     Case("steps-zero", "run --steps 0", nothing, (*RUN, "--steps", "0"),
@@ -525,6 +569,7 @@ TRAINING_RUN_CASES = [
 CASES: list[Case] = [
     *STAGE_CASES, *WEIGHT_CASES, *INPUT_CASES, *TRAINING_CASES, *OUTPUT_CASES, *NPROC_CASES,
     *OUTPUT_DIR_CASES, *OPTION_CASES, *STALE_AND_CHECK_CASES, *TRAINING_RUN_CASES,
+    *WEIGHTS_CASES,
 ]  # fmt: skip
 
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_model
+from safetensors.torch import save_file, save_model
 
 from pipecompile import __version__
+from pipecompile.codegen.device_literals import drop_device_literals
 from pipecompile.codegen.output_dir import (
     FORMAT,
     MANIFEST,
@@ -24,6 +25,12 @@ from pipecompile.codegen.output_dir import (
     replace_output,
 )
 from pipecompile.codegen.stage_source import class_name, stage_source
+from pipecompile.codegen.weight_sources import (
+    StageSources,
+    WeightPlan,
+    stage_sources,
+    unused_in_checkpoint,
+)
 from pipecompile.errors import EmitError
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.layers import layer_groups
@@ -31,9 +38,11 @@ from pipecompile.ir.lower import lower_stage
 from pipecompile.ir.stage_graph import StageGraph
 from pipecompile.model.fingerprint import file_fingerprint
 
-__all__ = ["ModelRef", "emit", "FORMAT", "MANIFEST"]
+__all__ = ["ModelRef", "emit", "FORMAT", "MANIFEST", "WeightPlan"]
 
 PROGRAM = "program.txt"
+INIT = "init.json"
+INIT_CONSTANTS = "init_constants.safetensors"
 
 
 @dataclass(frozen=True)
@@ -45,20 +54,26 @@ class ModelRef:
     label: str
 
 
-def emit(compiled: Compiled, out: Path, *, model: ModelRef, force: bool = False) -> Path:
+def emit(
+    compiled: Compiled, out: Path, *, model: ModelRef, force: bool = False,
+    weights: WeightPlan | None = None, notes: list[str] | None = None,
+) -> Path:  # fmt: skip
     """Write ``compiled`` to directory ``out``, replacing a previous pipecompile output there
-    (only the files it wrote; see ``output_dir``).
+    (only the files it wrote; see ``output_dir``). ``weights`` says where tensors come from
+    when not every value is written (``weight_sources``); what a user should know about it
+    (converted dtypes, checkpoint tensors the model does not use) is appended to ``notes``.
 
     Raises:
         EmitError: ``out`` is a file, cannot be created, or holds files pipecompile did not
             write (unless ``force``: then they are kept and pipecompile's files written
             beside them).
+        WeightsError: a tensor has no source, or the checkpoint does not fit the model.
     """
     out = Path(out)
     keep = check_replaceable(out, force=force)
     tmp = new_temp_dir(out)
     try:
-        _write_all(compiled, tmp, model, out)
+        _write_all(compiled, tmp, model, out, weights or WeightPlan(), notes)
         replace_output(tmp, out, keep=keep)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -69,17 +84,100 @@ def emit(compiled: Compiled, out: Path, *, model: ModelRef, force: bool = False)
     return out
 
 
-def _write_all(compiled: Compiled, tmp: Path, model: ModelRef, out: Path) -> None:
+def _write_all(
+    compiled: Compiled, tmp: Path, model: ModelRef, out: Path, plan: WeightPlan,
+    notes: list[str] | None,
+) -> None:  # fmt: skip
     graph = compiled.graph
     count = len(graph.stages)
+    sources = []
     for stage in graph.stages:
         lowered = lower_stage(stage)
+        drop_device_literals(lowered)
         source = stage_source(stage, lowered, num_stages=count, model=model.label)
         (tmp / f"stage_{stage.index}.py").write_text(source)
-        save_model(lowered, str(tmp / f"stage_{stage.index}.safetensors"))
+        found = stage_sources(stage, lowered, plan)
+        weights = tmp / f"stage_{stage.index}.safetensors"
+        if found.all_values:
+            save_model(lowered, str(weights))
+        elif found.values:
+            save_file({k: v.contiguous() for k, v in found.values.items()}, str(weights))
+        sources.append(found)
     (tmp / PROGRAM).write_text(str(compiled.program))
+    init = _write_init(tmp, plan, sources)
     manifest = build_manifest(compiled, model, out)
+    manifest["weights"] = _weights_entry(plan, sources, init, out)
+    for entry, found in zip(manifest["stages"], sources):  # type: ignore[union-attr]
+        if not found.values and not found.all_values:
+            entry["weights"] = None
+        if found.checkpoint:
+            entry["from_checkpoint"] = found.checkpoint
+        if found.init:
+            entry["from_init"] = found.init
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if notes is not None:
+        notes.extend(_notes(plan, sources))
+
+
+def _write_init(tmp: Path, plan: WeightPlan, sources: list[StageSources]) -> str | None:
+    """init.json: the recipe of every tensor a stage initialises (and the constants they
+    copy, in init_constants.safetensors); None, "steps" or "constants": what was written."""
+    wanted = sorted({name for s in sources for name in s.init.values()})
+    if not wanted or plan.recipe is None:
+        return None
+    steps = {name: [step.to_json() for step in plan.recipe.steps[name]] for name in wanted}
+    used = {c for name in wanted for c in _constants(steps[name])}
+    record = {"seed": plan.seed, "methods": plan.recipe.methods, "tensors": steps}
+    if used:
+        save_file({k: plan.recipe.constants[k] for k in sorted(used)}, str(tmp / INIT_CONSTANTS))
+        record["constants"] = INIT_CONSTANTS
+    (tmp / INIT).write_text(json.dumps(record, indent=1) + "\n")
+    return "constants" if used else "steps"
+
+
+def _constants(raw: object) -> list[str]:
+    if isinstance(raw, dict):
+        if "const" in raw:
+            return [raw["const"]]
+        return [c for v in raw.values() for c in _constants(v)]
+    if isinstance(raw, list):
+        return [c for v in raw for c in _constants(v)]
+    return []
+
+
+def _weights_entry(plan: WeightPlan, sources: list[StageSources], init: str | None,
+                   out: Path) -> dict[str, object]:  # fmt: skip
+    """The manifest's ``weights``: where the tensors come from (docs/FORMAT.md)."""
+    entry: dict[str, object] = {"source": "stage_files"}
+    if init is not None:
+        entry = {"source": "init", "init": INIT, "seed": plan.seed}
+        if init == "constants":
+            entry["init_constants"] = INIT_CONSTANTS
+    if plan.checkpoint is not None and any(s.checkpoint for s in sources):
+        root = plan.checkpoint.path.resolve()
+        base = root.parent if root.is_file() else root
+        names = {n for s in sources for n in s.checkpoint.values()}
+        shards = sorted({os.path.relpath(plan.checkpoint.files[n].resolve(), base) for n in names})
+        entry = {**entry, "source": "checkpoint", "shards": shards,
+                 "checkpoint": os.path.relpath(root, Path(out).resolve())}  # fmt: skip
+    return entry
+
+
+def _notes(plan: WeightPlan, sources: list[StageSources]) -> list[str]:
+    notes = []
+    converted = [c for s in sources for c in s.converted]
+    if converted:
+        notes.append(
+            f"{len(converted)} checkpoint tensors are converted to the model's dtype when "
+            f"loaded (e.g. {converted[0]})"
+        )
+    unused = unused_in_checkpoint(plan, sources)
+    if unused:
+        notes.append(
+            f"{len(unused)} tensors of {plan.checkpoint.path} are not in the model and are "  # type: ignore[union-attr]
+            f"not loaded (e.g. {unused[0]})"
+        )
+    return notes
 
 
 def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, object]:

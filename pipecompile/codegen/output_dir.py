@@ -54,6 +54,9 @@ def owned_names(manifest: dict[str, Any]) -> set[str]:
     names = {MANIFEST, *PICTURES}
     if isinstance(manifest.get("program"), str):
         names.add(manifest["program"])
+    weights = manifest.get("weights")
+    if isinstance(weights, dict):
+        names.update(v for k in ("init", "init_constants") if isinstance(v := weights.get(k), str))
     for stage in manifest.get("stages") or ():
         if isinstance(stage, dict):
             names.update(stage.get(k) for k in ("file", "weights", "onnx"))

@@ -21,6 +21,7 @@ from pipecompile.ir.topology import topology
 from pipecompile.ir.traced import Traced
 from pipecompile.ir.verify_program import verify_program
 from pipecompile.model.fingerprint import graph_fingerprint
+from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import (
     activation_memory,
     annotate_costs,
@@ -117,7 +118,14 @@ def compile_model(
     # bytes (and --memory-budget) only exist after splitting, where insert_checkpoints runs.
     policy = insert_checkpoints(compute, memory=(), flops=(), policy=checkpoint)
     micro = split_microbatches(inputs, microbatches)[0]
-    traced: Traced = runner("trace", lambda: trace(model, micro), None)
+    meta = is_meta_model(model)  # no weights: traced on meta inputs, never run
+    if meta and balance == "time":
+        raise PipecompileError(
+            f"--balance time measures each op on real weights, and {type(model).__name__} is "
+            "on the meta device; balance on flops (the default) or params"
+        )
+    shown = {k: v.to("meta") for k, v in micro.items()} if meta else micro
+    traced: Traced = runner("trace", lambda: trace(model, shown), None)
     annotated = runner(
         "annotate_costs", lambda: annotate_costs(traced.module, root=traced.root), None
     )

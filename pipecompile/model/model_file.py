@@ -26,11 +26,12 @@ DEFAULT_FACTORY = "build_model"
 
 @dataclass
 class ModelSpec:
-    """What a model file provides. ``inputs`` maps forward() parameter names to tensors."""
+    """What a model file provides. ``inputs`` maps forward() parameter names to tensors.
+    ``model`` is None when the file was read to run compiled stages (``build=False``)."""
 
     path: Path
     name: str
-    model: nn.Module
+    model: nn.Module | None
     inputs: dict[str, torch.Tensor]
     targets: tuple[torch.Tensor, ...] | None
     loss_fn: Callable[..., torch.Tensor] | None
@@ -69,12 +70,21 @@ def import_file(path: Path) -> ModuleType:
     return module
 
 
-def load_model_file(ref: str) -> ModelSpec:
-    """Load ``path.py[:NAME]`` per the model-file contract; raise ModelFileError otherwise."""
+def load_model_file(
+    ref: str, *, build: bool = True, input_names: list[str] | None = None
+) -> ModelSpec:
+    """Load ``path.py[:NAME]`` per the model-file contract; raise ModelFileError otherwise.
+
+    With ``build=False`` the model is not built (compiled stages run without it: a rank never
+    holds the whole model); positional example inputs are then named by ``input_names``, the
+    compiled model's inputs in order.
+    """
     path, name = split_ref(ref)
     module = import_file(path)
-    model = _make_model(module, name, path)
-    inputs = _named_inputs(model, _call_hook(module, "example_inputs", path, required=True), path)
+    model = _make_model(module, name, path) if build else None
+    raw = _call_hook(module, "example_inputs", path, required=True)
+    params = _forward_params(model) if model is not None else list(input_names or [])
+    inputs = _named_inputs(params, raw, path, "forward()" if build else "the compiled model")
     targets = _call_hook(module, "example_targets", path, required=False)
     if targets is not None and not isinstance(targets, tuple):
         targets = (targets,)
@@ -137,18 +147,23 @@ def _call_hook(module: ModuleType, hook: str, path: Path, *, required: bool) -> 
         ) from err
 
 
-def _named_inputs(model: nn.Module, raw: Any, path: Path) -> dict[str, torch.Tensor]:
-    params = [
+def _forward_params(model: nn.Module) -> list[str]:
+    return [
         p.name
         for p in inspect.signature(model.forward).parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     ]
+
+
+def _named_inputs(
+    params: list[str], raw: Any, path: Path, taker: str = "forward()"
+) -> dict[str, torch.Tensor]:
     if isinstance(raw, torch.Tensor):
         raw = (raw,)
     if isinstance(raw, (tuple, list)):
         if len(raw) > len(params):
             raise ModelFileError(
-                f"{path}: example_inputs() gives {len(raw)} values but forward() takes "
+                f"{path}: example_inputs() gives {len(raw)} values but {taker} takes "
                 f"{len(params)} ({', '.join(params)})"
             )
         named = dict(zip(params, raw))
@@ -156,7 +171,7 @@ def _named_inputs(model: nn.Module, raw: Any, path: Path) -> dict[str, torch.Ten
         unknown = [k for k in raw if k not in params]
         if unknown:
             raise ModelFileError(
-                f"{path}: example_inputs() has keys {unknown} that forward() does not take "
+                f"{path}: example_inputs() has keys {unknown} that {taker} does not take "
                 f"({', '.join(params)})"
             )
         named = {k: raw[k] for k in params if k in raw}
@@ -177,16 +192,19 @@ def _user_frame(err: BaseException, path: Path) -> str:
 
 
 def recorded_model(
-    model: str | None, directory: Path, manifest: dict[str, Any], *, allow_stale: bool = False
-) -> ModelSpec:
-    """The model file ``model`` if given, else the one the emitted ``manifest`` records.
+    model: str | None, directory: Path, manifest: dict[str, Any], *, allow_stale: bool = False,
+    build: bool = True,
+) -> ModelSpec:  # fmt: skip
+    """The model file ``model`` if given, else the one the emitted ``manifest`` records;
+    ``build=False`` reads its hooks without building the model (see ``load_model_file``).
 
     Raises:
         ModelFileError: the recorded file changed since the directory was compiled (its
             sha256 differs from the manifest's), unless ``allow_stale``.
     """
+    names = list(manifest.get("inputs", []))
     if model:
-        return load_model_file(model)
+        return load_model_file(model, build=build, input_names=names)
     recorded = manifest.get("model", {})
     if not recorded.get("file"):
         raise ModelFileError(
@@ -195,7 +213,7 @@ def recorded_model(
     path = (Path(directory) / recorded["file"]).resolve()
     if not allow_stale:
         _check_fresh(path, recorded.get("file_sha256"), directory, recorded["name"])
-    return load_model_file(f"{path}:{recorded['name']}")
+    return load_model_file(f"{path}:{recorded['name']}", build=build, input_names=names)
 
 
 def _check_fresh(path: Path, sha: str | None, directory: Path, name: str) -> None:

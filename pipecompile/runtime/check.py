@@ -26,8 +26,10 @@ from pipecompile.ir.microbatch import (
     split_targets,
 )
 from pipecompile.ir.sizes import counted
+from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.own_forward import tracing
 from pipecompile.runtime.executor import LossFn, call_loss_fn
+from pipecompile.runtime.materialise import allocate
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = [
@@ -140,8 +142,9 @@ def fit_weights(pipe: Pipeline, model: nn.Module) -> dict[str, torch.Tensor]:
         ModelFileError: ``model`` has a tensor the pipeline lacks, or one of another shape
             (it is not the model the pipeline was compiled from).
     """
-    state, own = pipe.state_dict(), model.state_dict()
-    name = type(model).__name__
+    state = pipe.state_dict()
+    _materialise_meta(model, state)
+    own, name = model.state_dict(), type(model).__name__
     for key, tensor in own.items():
         if key not in state:
             problem = f"{key} is in {name} but not in {pipe.name}"
@@ -157,6 +160,19 @@ def fit_weights(pipe: Pipeline, model: nn.Module) -> dict[str, torch.Tensor]:
             f"model file {pipe.name} was compiled from (--model), or recompile"
         )
     return {k: v for k, v in state.items() if k in own}
+
+
+def _materialise_meta(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Give a model built on the meta device (the eager reference of a compile without
+    weights) memory, and its buffers outside the state dict (e.g. rotary frequencies) the
+    pipeline's values; the state dict is loaded by the caller."""
+    if not is_meta_model(model):
+        return
+    allocate(model, "cpu")
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in state:
+                buffer.copy_(state[name])
 
 
 def _eager(

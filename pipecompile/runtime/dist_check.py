@@ -59,7 +59,7 @@ def _compare_on_rank0(
     gathered: list[dict[str, Any]], spec: ModelSpec, directory: Path,
     args: argparse.Namespace, asynchronous: bool,
 ) -> CheckReport:  # fmt: skip
-    assert spec.targets is not None and spec.loss_fn is not None
+    assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
     local = Pipeline.load(directory, args.program)
     if asynchronous:
         report = check_async_step(local, spec.model, spec.inputs, spec.targets, spec.loss_fn,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from torch.utils import _pytree as pytree
 
+from pipecompile.errors import EmitError
 from pipecompile.ir.ties import tied_params
 
 __all__ = ["Layout"]
@@ -45,7 +49,7 @@ class Layout:
             ties=tied_params(params),
             params=params,
             model_inputs=tuple(manifest["inputs"]),
-            output_spec=pytree.treespec_loads(manifest["output_spec"]),
+            output_spec=load_output_spec(manifest["output_spec"]),
         )
 
     @property
@@ -54,3 +58,23 @@ class Layout:
 
     def remote(self, a: int, b: int) -> bool:
         return self.stage_device[a] != self.stage_device[b]
+
+
+def load_output_spec(raw: str) -> pytree.TreeSpec:
+    """The model's output structure. A node type (a Hugging Face ``ModelOutput``) is known to
+    pytree only once its module is imported: the types the spec names are imported first."""
+    try:
+        return pytree.treespec_loads(raw)
+    except NotImplementedError:
+        pass
+    for name in sorted(set(re.findall(r'"type": "([\w.]+)"', raw))):
+        module = name.rpartition(".")[0]
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    try:
+        return pytree.treespec_loads(raw)
+    except NotImplementedError as err:
+        raise EmitError(
+            f"the model's outputs cannot be rebuilt: {err}; import the module defining the "
+            "output type before loading, or recompile"
+        ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -12,12 +13,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 from torch import nn
 
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.ir.program import Program
+from pipecompile.runtime.materialise import allocate, fill_stage, needs_materialising
 
 __all__ = [
     "read_manifest",
@@ -63,7 +66,9 @@ def read_program(path: Path) -> Program:
         raise type(err)(f"{path}: {err}") from None
 
 
-def load_stage(directory: Path, entry: dict[str, Any]) -> nn.Module:
+def load_stage(
+    directory: Path, entry: dict[str, Any], manifest: dict[str, Any] | None = None
+) -> nn.Module:
     """Import ``entry["file"]``, build ``entry["class"]()``, load ``entry["weights"]`` into it.
 
     Raises:
@@ -84,19 +89,25 @@ def load_stage(directory: Path, entry: dict[str, Any]) -> nn.Module:
             f"{where} has no class {entry['class']!r}{defines}; undo the edit, or "
             f"{recompile_hint(directory)}"
         )
+    materialise = needs_materialising(entry)
     try:
-        stage = cls()
+        with torch.device("meta") if materialise else contextlib.nullcontext():
+            stage = cls()
     except Exception as err:
         raise EmitError(
             f"{where}: {entry['class']}() failed{_line_in(err, source)}: "
             f"{type(err).__name__}: {err}; fix the edit, or {recompile_hint(directory)}"
         ) from err
-    load_weights(stage, directory / entry["weights"], _stage_label(entry), directory)
+    if materialise:
+        allocate(stage, "cpu")
+        fill_stage(stage, entry, directory, manifest or read_manifest(directory))
+    else:
+        load_weights(stage, directory / entry["weights"], _stage_label(entry), directory)
     return stage
 
 
 def load_stages(directory: Path, manifest: dict[str, Any]) -> list[nn.Module]:
-    return [load_stage(directory, entry) for entry in manifest["stages"]]
+    return [load_stage(directory, entry, manifest) for entry in manifest["stages"]]
 
 
 def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> None:

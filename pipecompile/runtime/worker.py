@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     where = _device(args.device)
     backend = "nccl" if where.type == "cuda" else "gloo"
+    if where.type == "cuda":  # stage code leaves factory ops' device to the default
+        torch.set_default_device(where)
     dist.init_process_group(backend, timeout=timedelta(seconds=max(args.timeout, 1.0) * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
     progress = _Progress()
@@ -166,7 +168,8 @@ def _run(
         )
     device, replica = placement.role(rank)
     # First: it registers output types.
-    spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale)
+    spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale,
+                          build=args.check)  # a rank builds only its stages  # fmt: skip
     modules: list[Any] = [
         load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
         for j, entry in enumerate(manifest["stages"])

@@ -1,0 +1,133 @@
+"""Where each stage's tensors come from: values written into ``stage_<j>.safetensors`` (a real
+model), a pretrained checkpoint read by original name (``--weights``), or an initialisation
+recipe replayed where the stage runs (a model on the ``meta`` device).
+
+A tensor found in the checkpoint under one of its original names is read from there; else a
+real tensor's value is written into the stage file; else a meta tensor needs a recipe. A meta
+tensor with neither is an error naming it, its stage and what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pipecompile.errors import WeightsError
+from pipecompile.ir.stage_graph import Stage
+from pipecompile.model.checkpoint_files import Checkpoint, open_checkpoint
+from pipecompile.model.init_recipe import Recipe, is_meta_model, record_init
+
+__all__ = ["StageSources", "WeightPlan", "stage_sources", "unused_in_checkpoint", "weight_plan"]
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """The weights a compile was given: a checkpoint, the meta tensors' recipe, the seed."""
+
+    checkpoint: Checkpoint | None = None
+    recipe: Recipe | None = None
+    seed: int = 0
+
+
+@dataclass
+class StageSources:
+    """One stage's tensors (by stage state-dict name) split by where their values come from."""
+
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
+    checkpoint: dict[str, str] = field(default_factory=dict)  # stage name -> checkpoint name
+    init: dict[str, str] = field(default_factory=dict)  # stage name -> original name
+    converted: list[str] = field(default_factory=list)  # "name: bfloat16 -> float32"
+    names: set[str] = field(default_factory=set)  # every original name of every tensor
+
+    @property
+    def all_values(self) -> bool:
+        return not self.checkpoint and not self.init
+
+
+def weight_plan(
+    model: nn.Module, weights: str | Path | None, seed: int = 0, model_file: object = None
+) -> WeightPlan | None:
+    """What ``emit`` needs beyond the model's values: the checkpoint at ``weights`` (indexed,
+    nothing read yet) and, for a model with meta tensors, their initialisation recipe (the
+    model file's ``init_weights(module)`` included when ``model_file`` defines one); None for
+    a real model without a checkpoint."""
+    meta = is_meta_model(model)
+    if weights is None and not meta:
+        return None
+    checkpoint = open_checkpoint(Path(weights)) if weights is not None else None
+    hook = getattr(model_file, "init_weights", None)
+    recipe = record_init(model, hook if callable(hook) else None) if meta else None
+    return WeightPlan(checkpoint, recipe, seed)
+
+
+def stage_sources(stage: Stage, module: nn.Module, plan: WeightPlan) -> StageSources:
+    """Split ``module``'s (the lowered stage's) tensors by source.
+
+    Raises:
+        WeightsError: a tensor in the checkpoint has another shape, or a meta tensor is in
+            neither the checkpoint nor the recipe.
+    """
+    sources = StageSources()
+    seen: dict[int, str] = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        sources.names.update(stage.params.get(name, (name,)))
+        if id(tensor) in seen:  # tied within the stage: filled through its first name
+            continue
+        seen[id(tensor)] = name
+        originals = stage.params.get(name, (name,))
+        found = _in_checkpoint(plan.checkpoint, originals)
+        if found is not None:
+            _check_shape(plan.checkpoint, found, tensor, stage.index)  # type: ignore[arg-type]
+            sources.checkpoint[name] = found
+            have = plan.checkpoint.dtype(found)  # type: ignore[union-attr]
+            if have != tensor.dtype:
+                sources.converted.append(f"{found}: {_dt(have)} -> {_dt(tensor.dtype)}")
+        elif not tensor.is_meta:
+            sources.values[name] = tensor.detach()
+        elif plan.recipe is not None and plan.recipe.covers(originals[0]):
+            sources.init[name] = originals[0]
+        else:
+            raise WeightsError(_no_values(plan, originals[0], stage.index))
+    return sources
+
+
+def unused_in_checkpoint(plan: WeightPlan, stages: list[StageSources]) -> list[str]:
+    """Checkpoint tensors no stage reads (another model's, or ones the model does not use)."""
+    if plan.checkpoint is None:
+        return []
+    known = {name for s in stages for name in s.names}
+    return sorted(set(plan.checkpoint.files) - known)
+
+
+def _in_checkpoint(checkpoint: Checkpoint | None, originals: tuple[str, ...]) -> str | None:
+    if checkpoint is None:
+        return None
+    return next((n for n in originals if n in checkpoint.files), None)
+
+
+def _check_shape(checkpoint: Checkpoint, name: str, tensor: torch.Tensor, stage: int) -> None:
+    have = checkpoint.shape(name)
+    if have != tuple(tensor.shape):
+        raise WeightsError(
+            f"{name} is {list(have)} in {checkpoint.files[name]} but {list(tensor.shape)} in "
+            f"the model (stage {stage}); the checkpoint is of another model or configuration: "
+            "build the model with the checkpoint's config"
+        )
+
+
+def _no_values(plan: WeightPlan, name: str, stage: int) -> str:
+    why = plan.recipe.unrecorded.get(name, "") if plan.recipe is not None else ""
+    where = f"not in {plan.checkpoint.path}" if plan.checkpoint is not None else "no --weights"
+    because = f" ({why})" if why else ""
+    return (
+        f"{name} (stage {stage}) is on the meta device with no values: {where}, and the "
+        f"model's initialisation does not set it{because}; pass --weights with a checkpoint "
+        "holding it, or define init_weights(module) in the model file to set it"
+    )
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,143 @@
+"""Bring one stage's tensors into being where it runs, from the sources its manifest entry
+names: values in ``stage_<j>.safetensors``, tensors of a pretrained checkpoint read by
+original name (only this stage's, lazily), and initialisation recipes replayed with the
+run's seed (``init.json``). The stage is built on the meta device first, so no memory is
+spent on values that are overwritten."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+from torch import nn
+
+from pipecompile.errors import EmitError, WeightsError
+from pipecompile.model.checkpoint_files import Checkpoint, open_checkpoint
+from pipecompile.model.init_recipe import Step, replay, tensor_seed
+
+__all__ = ["allocate", "fill_stage", "needs_materialising"]
+
+
+def needs_materialising(entry: dict[str, Any]) -> bool:
+    """Whether a stage's tensors come from more than its own weights file."""
+    return entry.get("weights") is None or "from_checkpoint" in entry or "from_init" in entry
+
+
+def allocate(module: nn.Module, device: torch.device | str) -> None:
+    """Give every meta tensor of ``module`` uninitialised memory on ``device``, keeping
+    tied tensors tied (``nn.Module.to_empty`` would untie them)."""
+    made: dict[int, torch.Tensor] = {}
+    for sub in module.modules():
+        for table in (sub._parameters, sub._buffers):
+            for name, tensor in table.items():
+                if tensor is None or not tensor.is_meta:
+                    continue
+                if id(tensor) not in made:
+                    empty = torch.empty_like(tensor, device=device)
+                    if isinstance(tensor, nn.Parameter):
+                        empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
+                    made[id(tensor)] = empty
+                table[name] = made[id(tensor)]  # type: ignore[assignment]
+
+
+def fill_stage(
+    stage: nn.Module, entry: dict[str, Any], directory: Path, manifest: dict[str, Any]
+) -> None:
+    """Write every tensor of ``stage`` from the sources ``entry`` names.
+
+    Raises:
+        WeightsError: the checkpoint is missing, damaged or lacks a tensor.
+        EmitError: the stage's weights file is damaged, or a tensor has no source (an
+            edited manifest or stage file).
+    """
+    label = str(entry["file"]).removesuffix(".py").replace("_", " ")
+    state = stage.state_dict(keep_vars=True)
+    filled: set[int] = set()
+    with torch.no_grad():
+        if entry.get("weights"):
+            for name, value in _stage_file(directory / entry["weights"], label).items():
+                _write(state, name, value, label, filled)
+        checkpoint_names = entry.get("from_checkpoint") or {}
+        if checkpoint_names:
+            checkpoint = _checkpoint(directory, manifest)
+            for name, key in checkpoint_names.items():
+                if key not in checkpoint.files:
+                    raise WeightsError(
+                        f"{label} needs {key}, which {checkpoint.path} no longer holds; point "
+                        "the compile at the checkpoint again (--weights) and recompile"
+                    )
+                _write(state, name, checkpoint.tensor(key), label, filled)
+        init_names = entry.get("from_init") or {}
+        if init_names:
+            recipe = _recipe(directory, manifest)
+            for name, original in init_names.items():
+                value = torch.empty(state[name].shape, dtype=state[name].dtype, device="cpu")
+                steps = [Step.from_json(s) for s in recipe["tensors"][original]]
+                replay(value, steps, recipe["values"], tensor_seed(recipe["seed"], original))
+                _write(state, name, value, label, filled)
+    missing = [n for n, t in state.items() if id(t) not in filled]
+    if missing:
+        raise EmitError(
+            f"{label} of {directory}: no source for {missing[0]}"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; recompile"
+        )
+
+
+def _write(state: dict[str, torch.Tensor], name: str, value: torch.Tensor, label: str,
+           filled: set[int]) -> None:  # fmt: skip
+    target = state.get(name)
+    if target is None:
+        return
+    if tuple(value.shape) != tuple(target.shape):
+        raise WeightsError(
+            f"{label}: {name} is {list(value.shape)} in its source but {list(target.shape)} in "
+            "the stage; recompile against this checkpoint"
+        )
+    target.copy_(value.to(target.dtype))
+    filled.add(id(target))
+
+
+def _stage_file(path: Path, label: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise EmitError(f"{label}: weights {path} cannot be read ({err}); recompile") from None
+
+
+def _checkpoint(directory: Path, manifest: dict[str, Any]) -> Checkpoint:
+    raw = manifest.get("weights", {}).get("checkpoint")
+    if not raw:
+        raise EmitError(f"{directory}/manifest.json names no checkpoint; recompile")
+    try:
+        return _open_cached(str((Path(directory) / raw).resolve()))
+    except WeightsError as err:
+        raise WeightsError(
+            f"{directory} was compiled to read its weights from {raw} (relative to it), and "
+            f"that fails: {err}"
+        ) from None
+
+
+@cache
+def _open_cached(path: str) -> Checkpoint:
+    return open_checkpoint(Path(path))
+
+
+def _recipe(directory: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    weights = manifest.get("weights", {})
+    try:
+        recipe = json.loads((Path(directory) / weights["init"]).read_text())
+    except (KeyError, OSError, json.JSONDecodeError) as err:
+        raise EmitError(
+            f"{directory}: the initialisation recipes cannot be read ({err}); recompile"
+        ) from None
+    constants = weights.get("init_constants")
+    recipe["values"] = {}
+    if constants:
+        with safe_open(str(Path(directory) / constants), framework="pt") as f:
+            recipe["values"] = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    return recipe
