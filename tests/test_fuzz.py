@@ -202,9 +202,10 @@ def test_quick_runs_as_a_user_runs_it():
 
 
 # The peer, torch.distributed.pipelining (tools/fuzzing/peer.py): seed 4 (inputs as a tuple,
-# a dict output) and 25 (BatchNorm2d, a running mean buffer) split into 3 and 4 stages as asked
-# and match; seed 3 has a torch.no_grad() region, which pipeline() refuses.
-PEER_SEEDS = {4: ("matched", 3), 25: ("matched", 4), 3: ("refused", 0)}
+# a dict output), 25 (BatchNorm2d, a running mean buffer) and 10046 (an embedding called in two
+# stages, ``emb0`` and ``emb0@1``, and a constant lifted to a buffer) split into 3, 4 and 3
+# stages as asked and match; seed 3 has a torch.no_grad() region, which pipeline() refuses.
+PEER_SEEDS = {4: ("matched", 3), 25: ("matched", 4), 10046: ("matched", 3), 3: ("refused", 0)}
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +229,6 @@ def test_peer_summary_block(peer_outcomes):
     outcomes = [fuzz.Outcome(s, "matched", peer=p) for s, p in sorted(peer_outcomes.items())]
     text = fuzz.summary(outcomes)
     block = text[text.index(fuzz.PEER) :]
-    assert re.search(r"^  matched +2\n  refused +1\n", block, re.M), text
-    assert "stages as asked: 2 of 2 split models" in block, text
+    assert re.search(r"^  matched +3\n  refused +1\n", block, re.M), text
+    assert "stages as asked: 3 of 3 split models" in block, text
     assert fuzz.PEER not in fuzz.summary([fuzz.Outcome(1, "matched")])
