@@ -307,6 +307,7 @@ def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.codegen.output_dir import check_replaceable
     from pipecompile.codegen.weight_sources import weight_plan
+    from pipecompile.model.checkpoint_files import open_checkpoint
     from pipecompile.model.model_file import load_model_file, split_ref
     from pipecompile.reports.summary import summary
 
@@ -314,6 +315,7 @@ def _compile(args: argparse.Namespace) -> int:
     out = Path(args.output or Path("pipecompile-out") / path.stem)
     machine = _machine(args)  # bad machine options fail before the model loads
     check_replaceable(out, force=args.force)  # and a refused -o before the work
+    checkpoint = open_checkpoint(Path(args.weights)) if args.weights else None  # and --weights
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
@@ -332,7 +334,7 @@ def _compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     notes: list[str] = []
     emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"), force=args.force,
-         weights=weight_plan(spec.model, args.weights, args.init_seed, spec.module),
+         weights=weight_plan(spec.model, checkpoint, args.init_seed, spec.module),
          notes=notes)  # fmt: skip
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
     for note in notes:

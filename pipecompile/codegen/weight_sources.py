@@ -48,16 +48,20 @@ class StageSources:
 
 
 def weight_plan(
-    model: nn.Module, weights: str | Path | None, seed: int = 0, model_file: object = None
-) -> WeightPlan | None:
+    model: nn.Module, weights: str | Path | Checkpoint | None, seed: int = 0,
+    model_file: object = None,
+) -> WeightPlan | None:  # fmt: skip
     """What ``emit`` needs beyond the model's values: the checkpoint at ``weights`` (indexed,
-    nothing read yet) and, for a model with meta tensors, their initialisation recipe (the
-    model file's ``init_weights(module)`` included when ``model_file`` defines one); None for
-    a real model without a checkpoint."""
+    nothing read yet; or one already opened) and, for a model with meta tensors, their
+    initialisation recipe (the model file's ``init_weights(module)`` included when
+    ``model_file`` defines one); None for a real model without a checkpoint."""
     meta = is_meta_model(model)
     if weights is None and not meta:
         return None
-    checkpoint = open_checkpoint(Path(weights)) if weights is not None else None
+    checkpoint = (
+        weights if isinstance(weights, Checkpoint) or weights is None
+        else open_checkpoint(Path(weights))
+    )  # fmt: skip
     hook = getattr(model_file, "init_weights", None)
     recipe = record_init(model, hook if callable(hook) else None) if meta else None
     return WeightPlan(checkpoint, recipe, seed)

@@ -5,6 +5,7 @@ the model's own initialisation, and no rank builds the whole model."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,29 +62,56 @@ def _hf_checkpoint(tmp: Path) -> tuple[Path, torch.nn.Module]:
     return tmp / "ck", model
 
 
-def test_meta_model_compiles_without_values_and_checks(tmp_path, capfd):
-    model = _model_file(tmp_path)
-    _compile(model, tmp_path / "out")
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    """A 3-shard Hugging Face checkpoint (tests that damage it take a copy)."""
+    return _hf_checkpoint(tmp_path_factory.mktemp("ck"))
+
+
+@pytest.fixture(scope="module")
+def meta_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The meta GPT-2's model file and its compile into 2 stages (seed 0, no weights)."""
+    root = tmp_path_factory.mktemp("meta")
+    model = _model_file(root)
+    _compile(model, root / "out")
+    return model, root / "out"
+
+
+@pytest.fixture(scope="module")
+def weights_dir(tmp_path_factory, ck) -> Path:  # type: ignore[no-untyped-def]
+    """The meta GPT-2 compiled into 4 stages with --weights ck."""
+    root = tmp_path_factory.mktemp("weights")
+    _compile(_model_file(root), root / "out", "--weights", str(ck[0]), stages=4)
+    return root / "out"
+
+
+def _copy(ck: tuple[Path, torch.nn.Module], tmp: Path) -> Path:
+    shutil.copytree(ck[0], tmp / "ck")
+    return tmp / "ck"
+
+
+def test_meta_model_compiles_without_values_and_checks(meta_dir, tmp_path, capfd):
+    model, out = meta_dir
+    manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["weights"] == {"source": "init", "init": "init.json", "seed": 0}
     assert all(s["weights"] is None and s["from_init"] for s in manifest["stages"])
-    assert not list((tmp_path / "out").glob("stage_*.safetensors"))
-    recipe = json.loads((tmp_path / "out" / "init.json").read_text())
+    assert not list(out.glob("stage_*.safetensors"))
+    recipe = json.loads((out / "init.json").read_text())
     assert recipe["methods"] == ["reset_parameters", "GPT2LMHeadModel._init_weights"]
 
     (model.with_suffix(".built")).unlink()
-    assert main(["run", str(tmp_path / "out"), "--steps", "2", "-q"]) == 0
-    assert main(["run", str(tmp_path / "out"), "--steps", "1", "--nproc", "2", "-q"]) == 0
+    assert main(["run", str(out), "--steps", "2", "-q"]) == 0
+    assert main(["run", str(out), "--steps", "1", "--nproc", "2", "-q"]) == 0
     assert not model.with_suffix(".built").exists()  # no rank built the whole model
-    assert main(["run", str(tmp_path / "out"), "--check"]) == 0
+    assert main(["run", str(out), "--check"]) == 0
     assert "check passed" in capfd.readouterr().out
     assert model.with_suffix(".built").exists()  # the eager reference of --check
 
 
-def test_initialisation_is_the_same_for_every_stage_count(tmp_path):
+def test_initialisation_is_the_same_for_every_stage_count(meta_dir, tmp_path):
     model = _model_file(tmp_path)
-    states = []
-    for stages, seed in ((2, 0), (3, 0), (2, 1)):
+    states = [Pipeline.load(meta_dir[1]).state_dict()]  # 2 stages, seed 0
+    for stages, seed in ((3, 0), (2, 1)):
         out = tmp_path / f"s{stages}-{seed}"
         _compile(model, out, "--init-seed", str(seed), stages=stages)
         states.append(Pipeline.load(out).state_dict())
@@ -107,18 +135,20 @@ def test_meta_llama_rotary_buffers_and_check(tmp_path, capfd):
 
 
 @pytest.mark.parametrize("device", ["meta", "cpu"])
-def test_sharded_checkpoint_gives_the_pretrained_logits(device, tmp_path):
+def test_sharded_checkpoint_gives_the_pretrained_logits(device, ck, weights_dir, tmp_path):
     from transformers import GPT2LMHeadModel
 
-    checkpoint, saved = _hf_checkpoint(tmp_path)
+    checkpoint, saved = ck
     assert len(list(checkpoint.glob("model-*.safetensors"))) == 3
-    model = _model_file(tmp_path, device)
-    _compile(model, tmp_path / "out", "--weights", str(checkpoint), stages=4)
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    out = weights_dir
+    if device == "cpu":  # a real model: its own values are replaced by the checkpoint's
+        out = tmp_path / "out"
+        _compile(_model_file(tmp_path, device), out, "--weights", str(checkpoint), stages=4)
+    manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["weights"]["source"] == "checkpoint"
     assert len(manifest["weights"]["shards"]) == 3
 
-    pipe = pipecompile.load(tmp_path / "out")
+    pipe = pipecompile.load(out)
     reference = GPT2LMHeadModel.from_pretrained(checkpoint).eval()
     ids = torch.randint(0, 128, (8, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -130,11 +160,11 @@ def test_sharded_checkpoint_gives_the_pretrained_logits(device, tmp_path):
         assert torch.equal(state[name], tensor), name
 
 
-def test_api_compile_with_weights_and_save(tmp_path):
+def test_api_compile_with_weights_and_save(ck, tmp_path):
     sys.path.insert(0, str(EXAMPLES))
     import hf_gpt2
 
-    checkpoint, saved = _hf_checkpoint(tmp_path)
+    checkpoint, saved = ck
     with torch.device("meta"):
         model = hf_gpt2.build_model()
     pipe = pipecompile.compile(model, hf_gpt2.example_inputs(), stages=2, microbatches=2,
@@ -159,8 +189,8 @@ def _refused(argv: list[str], capfd, pattern: str) -> str:
     return err
 
 
-def test_bad_checkpoints_are_named(tmp_path, capfd):
-    checkpoint, _ = _hf_checkpoint(tmp_path)
+def test_bad_checkpoints_are_named(ck, tmp_path, capfd):
+    checkpoint = _copy(ck, tmp_path)
     model = _model_file(tmp_path)
     out = tmp_path / "out"
     base = [str(model), "--stages", "2", "-q", "-o", str(out), "--weights"]
@@ -178,8 +208,8 @@ def test_bad_checkpoints_are_named(tmp_path, capfd):
     assert not out.exists()  # nothing written by any refused compile
 
 
-def test_missing_tensors_and_dtype_notes(tmp_path, capfd):
-    checkpoint, saved = _hf_checkpoint(tmp_path)
+def test_missing_tensors_and_dtype_notes(ck, tmp_path, capfd):
+    saved = ck[1]
     state = {k: v.to(torch.bfloat16) for k, v in saved.state_dict().items()}
     state.pop("transformer.h.1.mlp.c_fc.bias")
     state["extra.unused"] = torch.zeros(2)
@@ -218,13 +248,12 @@ def test_meta_tensor_without_initialisation_is_refused(tmp_path, capfd):
     assert torch.equal(Pipeline.load(out).state_dict()["scale"], torch.ones(4))
 
 
-def test_export_to_a_sharded_directory_round_trips(tmp_path, capfd):
+def test_export_to_a_sharded_directory_round_trips(ck, weights_dir, tmp_path, capfd):
     from transformers import GPT2LMHeadModel
 
-    checkpoint, saved = _hf_checkpoint(tmp_path)
-    _compile(_model_file(tmp_path), tmp_path / "out", "--weights", str(checkpoint))
+    saved = ck[1]
     target = tmp_path / "exported"
-    argv = ["export", str(tmp_path / "out"), "-o", str(target), "--shard-size", "300KB"]
+    argv = ["export", str(weights_dir), "-o", str(target), "--shard-size", "300KB"]
     # a fresh interpreter: the output type (a transformers ModelOutput) must be found by name
     done = subprocess.run([sys.executable, "-m", "pipecompile", *argv], capture_output=True,
                           text=True, timeout=300)  # fmt: skip
@@ -251,8 +280,8 @@ def test_export_to_a_sharded_directory_round_trips(tmp_path, capfd):
     assert main([*argv, "--force"]) == 0 and (target / "NOTES.md").read_text() == "mine"
 
 
-def test_a_checkpoint_moved_after_compiling_is_named_at_run_time(tmp_path, capfd):
-    checkpoint, _ = _hf_checkpoint(tmp_path)
+def test_a_checkpoint_moved_after_compiling_is_named_at_run_time(ck, tmp_path, capfd):
+    checkpoint = _copy(ck, tmp_path)
     _compile(_model_file(tmp_path), tmp_path / "out", "--weights", str(checkpoint))
     checkpoint.rename(tmp_path / "moved")
     err = _refused(["run", str(tmp_path / "out"), "--steps", "1"], capfd, "was compiled to read")
