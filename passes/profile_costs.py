@@ -87,7 +87,9 @@ def _measure(
             env[node] = run()
         if node.op in _OPS:
             measured = _time(run, args, kwargs, warmup, repeats, interpreter, node)
-            times[node.name] = max(0, measured - overhead)
+            # at least 1 ns: a run op is never free, though a tiny one can measure below the
+            # harness overhead on a busy machine (and 0 would read as "not measured")
+            times[node.name] = max(1, measured - overhead)
             done += 1
             if progress and (done % 200 == 0 or done == len(ops)):
                 print(f"    profile: {done}/{len(ops)} ops "
