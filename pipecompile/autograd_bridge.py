@@ -4,9 +4,9 @@
 differentiate. Their backward runs the whole training program once more with, per
 micro-batch, the loss ``sum(output * grad_output)``: its gradients are exactly the
 vector-Jacobian product autograd asks for (the forward is recomputed, as with
-``--checkpoint always``; buffers such as BatchNorm's running statistics are restored so
-they are updated once). The stages' gradients are then added to the original model's
-parameters, a tied parameter once.
+``--checkpoint always``, with the forward's own random numbers; buffers such as BatchNorm's
+running statistics are restored so they are updated once). The stages' gradients are then
+added to the original model's parameters, a tied parameter once.
 """
 
 from __future__ import annotations
@@ -34,14 +34,16 @@ def pipelined_forward(pipe: Pipeline, model: nn.Module, inputs: dict[str, torch.
         output = pipe(inputs)
     leaves, spec = pytree.tree_flatten(output)
     anchor = torch.zeros((), requires_grad=True)  # puts the outputs on autograd's tape
-    flat = _Bridge.apply(anchor, _Context(pipe, model, inputs, leaves), *leaves)
+    context = _Context(pipe, model, inputs, leaves, pipe.last_rng_base)
+    flat = _Bridge.apply(anchor, context, *leaves)
     return pytree.tree_unflatten(list(flat), spec)
 
 
 class _Context:
     def __init__(self, pipe: Pipeline, model: nn.Module, inputs: dict[str, torch.Tensor],
-                 leaves: list[Any]) -> None:  # fmt: skip
+                 leaves: list[Any], rng_base: int) -> None:  # fmt: skip
         self.pipe, self.model, self.inputs, self.leaves = pipe, model, inputs, leaves
+        self.rng_base = rng_base  # the backward recomputes with the forward's random numbers
 
 
 class _Bridge(torch.autograd.Function):
@@ -77,7 +79,8 @@ def _backward(context: _Context, grads: tuple[Any, ...]) -> None:
     buffers = [
         {k: b.clone() for k, b in m.named_buffers()} if m is not None else {} for m in pipe.modules
     ]
-    pipe.train_step(context.inputs, targets, vjp_loss, loss_scale=1.0, keep_grads=True)
+    pipe.train_step(context.inputs, targets, vjp_loss, loss_scale=1.0, keep_grads=True,
+                    rng_base=context.rng_base)  # fmt: skip
     with torch.no_grad():
         for module, saved in zip(pipe.modules, buffers):
             if module is not None:

@@ -21,6 +21,7 @@ from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
 from pipecompile.runtime.backend import Backend, MessageKey
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
+from pipecompile.runtime.random_state import draw_base, seeded
 from pipecompile.runtime.stats import RunStats
 from pipecompile.runtime.weight_versions import WeightVersions
 
@@ -100,8 +101,10 @@ class StepExecutor:
         loss_scale: float | None = None,
         measure_memory: bool = False,
         keep_grads: bool = False,
+        rng_base: int | None = None,
     ) -> None:
         self.layout, self.modules, self.backend = layout, modules, backend
+        self.rng_base = draw_base() if rng_base is None else rng_base  # see random_state
         self.microbatches, self.targets, self.loss_fn = microbatches, targets, loss_fn
         self.optimizers, self.on_step = optimizers, on_step
         self.loss_scale = 1.0 / len(microbatches) if loss_scale is None else loss_scale
@@ -162,7 +165,8 @@ class StepExecutor:
         if self.training and not keep and j == 0:  # the model may write its inputs in place:
             kept = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # recompute
         with torch.set_grad_enabled(keep), self._counting(j, i, keep) as saved:
-            outs = self._call(j, args, weights)
+            with seeded(self.rng_base, j, i):
+                outs = self._call(j, args, weights)
         if self.training:
             nbytes = sum(saved.values()) if keep else self._bytes(kept)
             self.held[(j, i)] = Held(kept, outs if keep else None, weights, nbytes)
@@ -258,7 +262,8 @@ class StepExecutor:
         copies = [(sub, {n: b.clone() if b is not None else None for n, b in bufs.items()})
                   for sub, bufs in owners]  # fmt: skip
         with torch.enable_grad(), self._counting(j, i, True) as saved:
-            outs = self._call(j, held.args, held.weights)
+            with seeded(self.rng_base, j, i):  # the forward's own random numbers
+                outs = self._call(j, held.args, held.weights)
         for sub, bufs in copies:
             sub._buffers.update(bufs)
         if j == self.layout.last:

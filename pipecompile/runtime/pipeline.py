@@ -76,6 +76,7 @@ class Pipeline:
         self.after_step = after_step
         self.replica = replica
         self.last_losses: dict[int, torch.Tensor] = {}
+        self.last_rng_base = 0  # the base seed of the last step or inference (random_state)
         self.last_results: dict[int, tuple[torch.Tensor, ...]] = {}
         self.layout = Layout.from_manifest(manifest, program.stage_device)
         self.optimizers: list[torch.optim.Optimizer | None] | None = None
@@ -112,6 +113,7 @@ class Pipeline:
         measure_memory: bool = False,
         loss_scale: float | None = None,
         keep_grads: bool = False,
+        rng_base: int | None = None,
     ) -> tuple[torch.Tensor, list[Any]]:
         """Run the program on one mini-batch; returns (mean loss over micro-batches, outputs
         per micro-batch). ``on_step(j)`` is called before each optimizer step of stage j.
@@ -122,6 +124,9 @@ class Pipeline:
         activation bytes held per device in ``last_stats`` (``peak_inflight`` always is).
         ``loss_scale`` overrides the per-micro-batch loss scale; ``keep_grads`` leaves the
         gradients on the stages' parameters instead of stepping and zeroing them.
+        ``rng_base`` seeds every stage forward's random ops per (stage, micro-batch), and a
+        recomputed forward the same (default: drawn from torch's global generator; kept in
+        ``last_rng_base``), so dropout masks do not depend on the schedule's order.
         """
         count = self.program.microbatches
         micro = self._split(inputs)
@@ -131,8 +136,9 @@ class Pipeline:
         executor = StepExecutor(
             self.layout, self.modules, backend, micro, micro_targets, loss_fn,  # type: ignore[arg-type]
             self.optimizers, on_step, loss_scale=scale, measure_memory=measure_memory,
-            keep_grads=keep_grads,
+            keep_grads=keep_grads, rng_base=rng_base,
         )  # fmt: skip
+        self.last_rng_base = executor.rng_base
         self._run(self._own_program(self.program), executor, inputs)
         backend.finish()
         if self.after_step is not None:
@@ -226,12 +232,15 @@ class Pipeline:
         return self.wrap(handlers) if self.wrap is not None else handlers
 
     @torch.no_grad()
-    def __call__(self, inputs: dict[str, torch.Tensor]) -> Any:
-        """Inference through the pipeline; returns the model's output structure."""
+    def __call__(self, inputs: dict[str, torch.Tensor], *, rng_base: int | None = None) -> Any:
+        """Inference through the pipeline; returns the model's output structure.
+        ``rng_base`` as in ``train_step``."""
         count = self.program.microbatches
         micro = self._split(inputs)
         backend = self.backend()
-        executor = StepExecutor(self.layout, self.modules, backend, micro)  # type: ignore[arg-type]
+        executor = StepExecutor(self.layout, self.modules, backend, micro,  # type: ignore[arg-type]
+                                rng_base=rng_base)  # fmt: skip
+        self.last_rng_base = executor.rng_base
         self._run(self._own_program(forward_only(self.program)), executor, inputs)
         backend.finish()
         if len(executor.results) < count:  # the last stage runs elsewhere
