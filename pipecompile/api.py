@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_model
 from torch import nn
 
-from pipecompile.codegen.emit import MANIFEST, ModelRef, emit
+from pipecompile.codegen.emit import INIT, INIT_CONSTANTS, MANIFEST, ModelRef, emit
 from pipecompile.codegen.output_dir import (
     check_replaceable,
     new_temp_dir,
@@ -194,7 +194,7 @@ class CompiledPipeline:
         manifest = copy.deepcopy(self.manifest)
         manifest["weights"] = {"source": "stage_files"}  # the current values, all of them
         try:
-            for name in owned_names(self.manifest) - {"init.json", "init_constants.safetensors"}:
+            for name in owned_names(self.manifest) - {INIT, INIT_CONSTANTS}:
                 if (self.directory / name).is_file():
                     shutil.copy2(self.directory / name, tmp / name)
             for j, (module, entry) in enumerate(zip(self.pipeline.modules, manifest["stages"])):

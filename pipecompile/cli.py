@@ -427,7 +427,7 @@ def _run(args: argparse.Namespace) -> int:
             raise CheckError("pipelined results differ from the eager model (see above)")
         return 0
     from pipecompile.runtime.checkpoint import resume, save, save_due
-    from pipecompile.runtime.divergence import check_losses, finite, skipped_line
+    from pipecompile.runtime.divergence import finish_step, skipped_line
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
     from pipecompile.runtime.worker import OPTIMIZERS
 
@@ -442,15 +442,8 @@ def _run(args: argparse.Namespace) -> int:
                 measure_memory=args.stats, keep_grads=args.skip_nonfinite,
             )  # fmt: skip
             ms = (time.perf_counter() - start) * 1000
-            note = ""
-            if not args.skip_nonfinite:
-                check_losses(pipe.last_losses, step + 1)
-            elif finite(float(loss)):
-                pipe.apply_step()
-            else:
-                pipe.drop_step()
-                skipped.append(step + 1)
-                note = "  skipped: the loss is not finite"
+            note = finish_step(pipe, step + 1, float(loss), skip=args.skip_nonfinite,
+                               skipped=skipped)  # fmt: skip
             if not args.quiet:
                 print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms){note}")
             done = step + 1
@@ -482,7 +475,7 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
         program = read_program(
             Path(args.program) if args.program else directory / manifest["program"]
         )
-        if any(x.op == "UPDATE" for _, _, x in program.instructions()):
+        if program.asynchronous:
             raise PipecompileError(SKIP_NEEDS_SYNC.format(schedule=program.schedule))
     if args.save and inside(Path(args.save), directory):
         raise PipecompileError(

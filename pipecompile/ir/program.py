@@ -30,6 +30,11 @@ class Program:
     def num_stages(self) -> int:
         return len(self.stage_device)
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether stages update per micro-batch (``UPDATE``, pipedream) instead of once."""
+        return any(x.op == "UPDATE" for _, _, x in self.instructions())
+
     def instructions(self) -> Iterator[tuple[int, int, Instr]]:
         """Yield ``(device, position, instr)`` for every instruction."""
         for d, instrs in enumerate(self.devices):

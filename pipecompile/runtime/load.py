@@ -100,7 +100,8 @@ def load_stage(
         ) from err
     if materialise:
         allocate(stage, "cpu")
-        fill_stage(stage, entry, directory, manifest or read_manifest(directory))
+        fill_stage(stage, entry, directory, manifest or read_manifest(directory),
+                   _stage_label(entry))  # fmt: skip
     else:
         load_weights(stage, directory / entry["weights"], _stage_label(entry), directory)
     return stage

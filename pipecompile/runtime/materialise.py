@@ -46,8 +46,9 @@ def allocate(module: nn.Module, device: torch.device | str) -> None:
 
 
 def fill_stage(
-    stage: nn.Module, entry: dict[str, Any], directory: Path, manifest: dict[str, Any]
-) -> None:
+    stage: nn.Module, entry: dict[str, Any], directory: Path, manifest: dict[str, Any],
+    label: str,
+) -> None:  # fmt: skip
     """Write every tensor of ``stage`` from the sources ``entry`` names.
 
     Raises:
@@ -55,7 +56,6 @@ def fill_stage(
         EmitError: the stage's weights file is damaged, or a tensor has no source (an
             edited manifest or stage file).
     """
-    label = str(entry["file"]).removesuffix(".py").replace("_", " ")
     state = stage.state_dict(keep_vars=True)
     filled: set[int] = set()
     with torch.no_grad():

@@ -80,7 +80,7 @@ class Pipeline:
         self.last_results: dict[int, tuple[torch.Tensor, ...]] = {}
         self.layout = Layout.from_manifest(manifest, program.stage_device)
         self.optimizers: list[torch.optim.Optimizer | None] | None = None
-        self.asynchronous = any(x.op == "UPDATE" for _, _, x in program.instructions())
+        self.asynchronous = program.asynchronous
         self.last_stats: RunStats | None = None
         self.name = "the pipeline"  # how messages call it; Pipeline.load: its directory
 

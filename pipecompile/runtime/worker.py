@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
 from pipecompile.runtime.dist_backend import DistBackend, tie_groups
-from pipecompile.runtime.divergence import check_losses, finite, skipped_line
+from pipecompile.runtime.divergence import finish_step, skipped_line
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline
@@ -212,15 +212,9 @@ def _run(
             else torch.zeros(1)
         ).to(where)
         dist.all_reduce(value)  # the last stage's replicas hold the losses between them
-        note = ""
-        if not args.skip_nonfinite:
-            check_losses(pipe.last_losses, step + 1, None if pipe.last_losses else value.item())
-        elif finite(value.item()):  # every rank sees the same sum: all apply, or none
-            pipe.apply_step()
-        else:
-            pipe.drop_step()
-            skipped.append(step + 1)
-            note = "  skipped: the loss is not finite"
+        # every rank sees the same summed loss: all apply the step, or none
+        note = finish_step(pipe, step + 1, value.item(), skip=args.skip_nonfinite,
+                           skipped=skipped)  # fmt: skip
         if pipe.asynchronous:
             value /= program.microbatches
         ms = (time.perf_counter() - began) * 1000  # the all-reduce waited for every rank
