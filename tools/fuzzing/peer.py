@@ -39,7 +39,6 @@ run eagerly: a bug of the generator, also seen by ``run_case``).
 from __future__ import annotations
 
 import re
-import signal
 import tempfile
 import time
 import traceback
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzzing.generate import Case
-from fuzzing.run import _causes, _main_thread, _words
+from fuzzing.run import Timeout, _causes, _words, time_limit
 
 PEER = "torch.distributed.pipelining"
 PEER_TIMEOUT_S = 120
@@ -70,30 +69,16 @@ class PeerOutcome:
     seconds: float = 0.0
 
 
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: object) -> None:
-    raise _Timeout(f"no result within {PEER_TIMEOUT_S} s (a hang?)")
-
-
 def run_peer(case: Case, workdir: Path | None = None) -> PeerOutcome:
     """``case``'s model through ``torch.distributed.pipelining``, classified."""
     start = time.perf_counter()
     outcome = PeerOutcome(case.seed, "matched", wanted=case.config.stages)
     with tempfile.TemporaryDirectory(prefix="fuzzpeer", dir=workdir) as tmp:
-        old = signal.signal(signal.SIGALRM, _alarm) if _main_thread() else None
-        if old is not None:
-            signal.alarm(PEER_TIMEOUT_S)
         try:
-            _run(case, Path(tmp), outcome)
-        except Exception as err:  # a hang (_Timeout), or a failure outside the checks
+            with time_limit(PEER_TIMEOUT_S):
+                _run(case, Path(tmp), outcome)
+        except Exception as err:  # a hang (Timeout), or a failure outside the checks
             _set(outcome, "internal", err)
-        finally:
-            if old is not None:
-                signal.alarm(0)
-                signal.signal(signal.SIGALRM, old)
     outcome.seconds = time.perf_counter() - start
     return outcome
 
@@ -132,7 +117,7 @@ def _run(case: Case, tmp: Path, outcome: PeerOutcome) -> None:
             mb_kwargs=kwargs,
             split_spec={name: SplitPoint.BEGINNING for name in points} or None,
         )
-    except _Timeout:
+    except Timeout:
         raise
     except Exception as err:
         return _set(outcome, "refused", err)
@@ -147,7 +132,7 @@ def _run(case: Case, tmp: Path, outcome: PeerOutcome) -> None:
         spec.loss_fn(tree_unflatten(got_leaves, out_spec), *targets).backward()  # type: ignore[misc]
         failures = _compare_grads(_split_grads(gm, canonical), spec.model, canonical)
         failures += _compare_buffers(gm, spec.model)
-    except _Timeout:
+    except Timeout:
         raise
     except Exception as err:
         return _set(outcome, "internal", err)

@@ -3,6 +3,7 @@ matched, refused, internal, mismatch or invalid."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,12 +48,27 @@ class Outcome:
     source: str = field(default="", repr=False)
 
 
-class _Timeout(Exception):
-    pass
+class Timeout(Exception):
+    """A case that gave no result within its time limit (a hang?)."""
 
 
-def _alarm(signum: int, frame: object) -> None:
-    raise _Timeout(f"no result within {CASE_TIMEOUT_S} s (a hang?)")
+@contextlib.contextmanager
+def time_limit(seconds: int) -> Iterator[None]:
+    """Raise ``Timeout`` in the block after ``seconds`` (SIGALRM: main thread only; elsewhere
+    the block runs unbounded)."""
+
+    def alarm(signum: int, frame: object) -> None:
+        raise Timeout(f"no result within {seconds} s (a hang?)")
+
+    old = signal.signal(signal.SIGALRM, alarm) if _main_thread() else None
+    if old is not None:
+        signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
 
 
 def run_case(
@@ -68,17 +85,11 @@ def run_case(
     outcome = Outcome(seed, "matched", config=str(case.config), features=case.features)
     outcome.source = case.source
     with tempfile.TemporaryDirectory(prefix="fuzz", dir=workdir) as tmp:
-        old = signal.signal(signal.SIGALRM, _alarm) if _main_thread() else None
-        if old is not None:
-            signal.alarm(CASE_TIMEOUT_S)
         try:
-            _run(case, Path(tmp), outcome, distributed)
-        except _Timeout as err:
+            with time_limit(CASE_TIMEOUT_S):
+                _run(case, Path(tmp), outcome, distributed)
+        except Timeout as err:
             classify(outcome, "internal", outcome.phase, err)
-        finally:
-            if old is not None:
-                signal.alarm(0)
-                signal.signal(signal.SIGALRM, old)
     outcome.seconds = time.perf_counter() - start
     return outcome
 
