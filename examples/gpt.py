@@ -22,6 +22,7 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 64
     bias: bool = True
+    dropout: float = 0.0
 
 
 class CausalSelfAttention(nn.Module):
@@ -34,6 +35,7 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()
@@ -43,7 +45,7 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
+        return self.resid_drop(self.c_proj(y))
 
 
 class MLP(nn.Module):
@@ -54,9 +56,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.gelu = nn.GELU()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.drop(self.c_proj(self.gelu(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -82,6 +85,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
         self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -100,7 +104,7 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.size()
         pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
@@ -119,6 +123,12 @@ def build_gpt(**overrides: Any) -> nn.Module:
 def build_model() -> nn.Module:
     """Build the default small GPT, in training mode."""
     return build_gpt()
+
+
+def build_dropout_model() -> nn.Module:
+    """The same GPT with dropout 0.1 (embeddings and both residual branches), as GPT-2 has:
+    `pipecompile examples/gpt.py:build_dropout_model --stages 2`."""
+    return build_gpt(dropout=0.1)
 
 
 def _token_stream() -> torch.Tensor:

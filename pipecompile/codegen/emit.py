@@ -35,6 +35,7 @@ from pipecompile.errors import EmitError
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.layers import layer_groups
 from pipecompile.ir.lower import lower_stage
+from pipecompile.ir.random_ops import random_nodes
 from pipecompile.ir.stage_graph import StageGraph
 from pipecompile.model.fingerprint import file_fingerprint
 
@@ -90,10 +91,11 @@ def _write_all(
 ) -> None:  # fmt: skip
     graph = compiled.graph
     count = len(graph.stages)
-    sources = []
+    sources, randoms = [], []
     for stage in graph.stages:
         lowered = lower_stage(stage)
         drop_device_literals(lowered)
+        randoms.append([n.name for n in random_nodes(lowered)])
         source = stage_source(stage, lowered, num_stages=count, model=model.label)
         (tmp / f"stage_{stage.index}.py").write_text(source)
         found = stage_sources(stage, lowered, plan)
@@ -107,7 +109,8 @@ def _write_all(
     init = _write_init(tmp, plan, sources)
     manifest = build_manifest(compiled, model, out)
     manifest["weights"] = _weights_entry(plan, sources, init, out)
-    for entry, found in zip(manifest["stages"], sources):  # type: ignore[union-attr]
+    for entry, found, names in zip(manifest["stages"], sources, randoms):  # type: ignore[union-attr]
+        entry["random_ops"] = names
         if not found.values and not found.all_values:
             entry["weights"] = None
         if found.checkpoint:

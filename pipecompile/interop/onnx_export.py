@@ -151,7 +151,7 @@ def _export_stage(
         )
     args = tuple(torch.zeros(specs[name][0], dtype=specs[name][1]) for name in inputs)
     keep = [k for k, name in enumerate(outputs) if name not in inputs]
-    module = _Computed(load_stage(directory, entry).eval(), keep)
+    module = _Computed(load_stage(directory, entry, seed_ops=False).eval(), keep)
     # Exported under placeholder names, renamed afterwards: a stage input called `add` would
     # otherwise collide with the exporter's own name for an internal add node.
     names = {f"pipecompile_in_{k}": name for k, name in enumerate(inputs)}

@@ -21,6 +21,7 @@ from torch import nn
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.ir.program import Program
 from pipecompile.runtime.materialise import allocate, fill_stage, needs_materialising
+from pipecompile.runtime.op_seeds import seed_random_ops
 
 __all__ = [
     "read_manifest",
@@ -67,9 +68,11 @@ def read_program(path: Path) -> Program:
 
 
 def load_stage(
-    directory: Path, entry: dict[str, Any], manifest: dict[str, Any] | None = None
-) -> nn.Module:
-    """Import ``entry["file"]``, build ``entry["class"]()``, load ``entry["weights"]`` into it.
+    directory: Path, entry: dict[str, Any], manifest: dict[str, Any] | None = None,
+    *, seed_ops: bool = True,
+) -> nn.Module:  # fmt: skip
+    """Import ``entry["file"]``, build ``entry["class"]()``, load ``entry["weights"]`` into it;
+    with ``seed_ops`` (for running it) seed each of its random ops by name (``op_seeds``).
 
     Raises:
         EmitError: the stage file is missing, does not import (an edit broke it), lacks the
@@ -104,6 +107,8 @@ def load_stage(
                    _stage_label(entry))  # fmt: skip
     else:
         load_weights(stage, directory / entry["weights"], _stage_label(entry), directory)
+    if seed_ops:
+        seed_random_ops(stage, entry.get("random_ops", []), where)
     return stage
 
 

@@ -1,22 +1,30 @@
-"""Random numbers that belong to a (stage, micro-batch), not to the order instructions run in.
+"""Random numbers that belong to the program, not to the order instructions run in.
 
-Each stage forward of micro-batch i on stage j runs with torch's generators seeded from the
-step's base seed, j and i, inside ``torch.random.fork_rng`` (the caller's stream is left as it
-was). A recomputation (``--checkpoint``, ``--memory-budget``, the decorator's backward) runs
-with the same seed, so dropout draws the same mask as the forward it recomputes, whatever the
-schedule did in between. The base seed is drawn from torch's global generator once per step
-unless given (the decorator passes its forward's base to its backward).
+Each stage forward of micro-batch i on stage j runs inside ``torch.random.fork_rng`` (the
+caller's stream is left as it was) with torch's generators seeded from the step's base seed,
+j and i. Within it, every random op the compiler found (``ir/random_ops``; the stage's
+``random_ops`` in the manifest) is seeded again just before it runs from (base, i, the op's
+name in the traced graph) by ``seed_op``, which the runtime puts into the stage's forward
+(``op_seeds``). So an op draws the same numbers whichever stage holds it: for one base seed,
+losses and weights do not depend on the stage count, schedule, recompute policy or rank count.
+A recomputation (``--checkpoint``, ``--memory-budget``, the decorator's backward) runs with
+the same seeds, so dropout draws the mask of the forward it recomputes. The base seed is
+drawn from torch's global generator once per step unless given (``run --seed S`` derives it
+from S and the step: ``step_base``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["draw_base", "seeded"]
+__all__ = ["draw_base", "seeded", "seed_op", "step_base"]
+
+_current = threading.local()  # (base, micro-batch) of the stage forward running on this thread
 
 
 def draw_base() -> int:
@@ -24,16 +32,48 @@ def draw_base() -> int:
     return int(torch.randint(0, 2**62, (), dtype=torch.int64))
 
 
+def step_base(seed: int, step: int, part: int = 0) -> int:
+    """The base seed of mini-batch ``part`` of optimizer step ``step`` (counting from 0) of a
+    run with ``--seed seed``."""
+    return _hash(f"run:{seed}:{step}:{part}")
+
+
 def stage_seed(base: int, stage: int, microbatch: int) -> int:
-    digest = hashlib.sha256(f"{base}:{stage}:{microbatch}".encode()).digest()
+    return _hash(f"{base}:{stage}:{microbatch}")
+
+
+def op_seed(base: int, microbatch: int, name: str) -> int:
+    return _hash(f"{base}:{microbatch}:{name}")
+
+
+def _hash(text: str) -> int:
+    digest = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
 @contextlib.contextmanager
 def seeded(base: int, stage: int, microbatch: int) -> Iterator[None]:
     """Run the block with every generator (CPU, and CUDA where initialised) seeded for
-    (``base``, ``stage``, ``microbatch``); the previous states are restored after."""
+    (``base``, ``stage``, ``microbatch``), and ``seed_op`` active for (``base``,
+    ``microbatch``); the previous states are restored after."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    outer = getattr(_current, "value", None)
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(stage_seed(base, stage, microbatch))
-        yield
+        _current.value = (base, microbatch)
+        try:
+            yield
+        finally:
+            _current.value = outer
+
+
+def seed_op(name: str) -> None:
+    """Seed torch's generators for the random op ``name`` of the stage forward now running
+    (a no-op outside one, e.g. when a stage module is called directly)."""
+    current = getattr(_current, "value", None)
+    if current is None:
+        return
+    seed = op_seed(current[0], current[1], name)
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed(seed)

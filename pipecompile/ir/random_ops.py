@@ -1,0 +1,60 @@
+"""Which nodes of a graph draw random numbers.
+
+The compiler lists a stage's random nodes by their name in the traced graph (the manifest's
+``random_ops``); the runtime finds the same nodes in the stage's own code and seeds each from
+(seed, step, micro-batch, that name), so the numbers do not depend on how the graph was cut.
+Known here: torch.nn's dropout modules and RReLU, torch's and functional's random functions,
+the in-place samplers (``uniform_`` ...) and every aten op tagged nondeterministic_seeded.
+Random numbers drawn inside other code (a custom autograd Function, an op of another library)
+are not seen; docs/USAGE.md says what that means.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["is_random", "random_nodes"]
+
+RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                  nn.FeatureAlphaDropout, nn.RReLU)  # fmt: skip
+
+RANDOM_FUNCTIONS = {
+    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+    F.rrelu, F.gumbel_softmax, F.scaled_dot_product_attention,
+    torch.dropout, torch.bernoulli, torch.rand, torch.rand_like, torch.randn, torch.randn_like,
+    torch.randint, torch.randint_like, torch.randperm, torch.normal, torch.poisson,
+    torch.multinomial, torch.alpha_dropout, torch.feature_alpha_dropout, torch.rrelu,
+}  # fmt: skip
+
+RANDOM_METHODS = {
+    "bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
+    "cauchy_", "log_normal_", "multinomial",
+}  # fmt: skip
+
+
+def is_random(node: fx.Node, root: nn.Module) -> bool:
+    """Whether ``node`` (of a graph whose modules live under ``root``) draws random numbers."""
+    if node.op == "call_module":
+        return isinstance(root.get_submodule(str(node.target)), RANDOM_MODULES)
+    if node.op == "call_method":
+        return node.target in RANDOM_METHODS
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target is F.scaled_dot_product_attention:  # random only with dropout
+        p = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
+        return not (isinstance(p, int | float) and p == 0)
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+    try:
+        return target in RANDOM_FUNCTIONS
+    except TypeError:  # an unhashable callable
+        return False
+
+
+def random_nodes(module: fx.GraphModule) -> list[fx.Node]:
+    """``module``'s random nodes, in the order its forward runs them."""
+    return [n for n in module.graph.nodes if is_random(n, module)]
