@@ -7,9 +7,8 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from pipecompile import __version__
 from pipecompile.compiler import PASSES, compile_model
@@ -20,6 +19,21 @@ from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_checkpoints import POLICIES
 from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.passes.split_requests import parse_pins
+from pipecompile.runtime.train_args import (
+    add_training_arguments,
+)
+from pipecompile.runtime.train_args import (
+    nonnegative_float as _nonnegative_float,
+)
+from pipecompile.runtime.train_args import (
+    nonnegative_int as _nonnegative_int,
+)
+from pipecompile.runtime.train_args import (
+    positive_float as _positive_float,
+)
+from pipecompile.runtime.train_args import (
+    positive_int as _positive_int,
+)
 from pipecompile.schedules import SCHEDULES
 
 __all__ = ["main"]
@@ -162,37 +176,24 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="train or check a compiled pipeline")
     run.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
-    run.add_argument("--steps", type=_positive_int, default=1,
-                     help="training steps to run (on the example batch; weights are kept "
-                     "only with --save)")  # fmt: skip
     run.add_argument("--check", action="store_true", help="compare one step with the eager model")
     run.add_argument("--program", help="run this program file instead (verified first)")
-    run.add_argument("--model", help="model file to take inputs, targets and loss_fn from")
-    run.add_argument("--optimizer", default="adamw", choices=("sgd", "adam", "adamw"))
-    run.add_argument("--lr", type=_nonnegative_float, default=1e-3)
+    run.add_argument("--model", help="model file to take data, targets and loss_fn from")
     run.add_argument("--atol", type=_nonnegative_float, default=1e-5,
                      help="--check absolute tolerance")  # fmt: skip
     run.add_argument("--rtol", type=_nonnegative_float, default=1e-5,
                      help="--check relative tolerance")  # fmt: skip
-    run.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     run.add_argument("--nproc", type=_positive_int,
                      help="run with one process per device through torch.distributed")  # fmt: skip
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                      help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if any)")  # fmt: skip
     run.add_argument("--timeout", type=_positive_float, default=60.0,
                      help="--nproc: seconds a rank may wait on one instruction")  # fmt: skip
-    run.add_argument("--save", help="checkpoint directory (outside DIRECTORY), written after "
-                     "the last step")  # fmt: skip
-    run.add_argument("--save-every", type=_nonnegative_int, default=0,
-                     help="with --save: also save every N steps")  # fmt: skip
     run.add_argument("--allow-stale", action="store_true",
                      help="run even though the model file changed since compiling")  # fmt: skip
-    run.add_argument("--resume", help="continue from the newest checkpoint in this directory")
     run.add_argument("--stats", action="store_true",
                      help="print measured peak in-flight and activation bytes")  # fmt: skip
-    run.add_argument("--skip-nonfinite", action="store_true",
-                     help="drop the update of a step whose loss is NaN or infinite and go on "
-                     "(default: stop there)")  # fmt: skip
+    add_training_arguments(run)
     run.set_defaults(handler=_run)
 
     show = commands.add_parser("show", help="simulate a compiled pipeline's schedule")
@@ -270,32 +271,6 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _positive_int(text: str) -> int:
-    return _number(text, int, lambda v: v >= 1, "a whole number of at least 1")
-
-
-def _nonnegative_int(text: str) -> int:
-    return _number(text, int, lambda v: v >= 0, "a whole number of at least 0")
-
-
-def _positive_float(text: str) -> float:
-    return _number(text, float, lambda v: 0 < v < float("inf"), "a finite number above 0")
-
-
-def _nonnegative_float(text: str) -> float:
-    return _number(text, float, lambda v: 0 <= v < float("inf"), "a finite number of at least 0")
-
-
-def _number(text: str, kind: type, ok: Callable[[Any], bool], want: str) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not ok(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not {want}")
-    return value
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -394,8 +369,6 @@ def _machine(args: argparse.Namespace) -> CostModel:
 
 def _run(args: argparse.Namespace) -> int:
     from pipecompile.model.model_file import recorded_model
-    from pipecompile.runtime.check import check_step
-    from pipecompile.runtime.check_async import check_async_step
     from pipecompile.runtime.load import read_manifest
     from pipecompile.runtime.pipeline import Pipeline
 
@@ -409,54 +382,48 @@ def _run(args: argparse.Namespace) -> int:
     # Only --check builds the model (its eager reference); a run builds just the stages.
     spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale,
                           build=args.check)  # fmt: skip
-    if spec.targets is None or spec.loss_fn is None:
-        raise ModelFileError(
-            f"{spec.path} needs example_targets() and loss_fn(output, *targets) for `run`"
-        )
+    if spec.loss_fn is None:
+        raise ModelFileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")
     pipe = Pipeline.load(directory, args.program)
     if args.check:
-        assert spec.model is not None  # built for --check
-        if pipe.asynchronous:
-            report = check_async_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
-                                      lr=args.lr, atol=args.atol, rtol=args.rtol)  # fmt: skip
-        else:
-            report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
-                                atol=args.atol, rtol=args.rtol)  # fmt: skip
-        print(report)
-        if not report.ok:
-            raise CheckError("pipelined results differ from the eager model (see above)")
-        return 0
-    from pipecompile.runtime.checkpoint import resume, save, save_due
-    from pipecompile.runtime.divergence import finish_step, skipped_line
+        return _check(args, pipe, spec)
+    from pipecompile.model.data_hooks import EVAL, batch_source, example_source
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
-    from pipecompile.runtime.worker import OPTIMIZERS
+    from pipecompile.runtime.train_args import train_options
+    from pipecompile.runtime.training import TrainState, train
 
-    pipe.set_optimizer(lambda ps: OPTIMIZERS[args.optimizer](ps, lr=args.lr))
-    done = first = resume(pipe, Path(args.resume)) if args.resume else 0
-    skipped: list[int] = []
+    data = batch_source(spec) or example_source(spec)
+    options = train_options(args, directory)
+    options.measure_memory = True
+    state = TrainState()
     try:
-        for step in range(first, args.steps):
-            start = time.perf_counter()
-            loss, _ = pipe.train_step(
-                spec.inputs, spec.targets, spec.loss_fn,
-                measure_memory=args.stats, keep_grads=args.skip_nonfinite,
-            )  # fmt: skip
-            ms = (time.perf_counter() - start) * 1000
-            note = finish_step(pipe, step + 1, float(loss), skip=args.skip_nonfinite,
-                               skipped=skipped)  # fmt: skip
-            if not args.quiet:
-                print(f"step {step + 1}/{args.steps}  loss {float(loss):.6f}  ({ms:.1f} ms){note}")
-            done = step + 1
-            if args.save and save_due(done, args.steps, args.save_every):
-                save(pipe, Path(args.save), done)  # removes its temporary files if interrupted
+        train(pipe, spec.loss_fn, data, options, eval_data=batch_source(spec, EVAL),
+              state=state)  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main turns it into one)
-        save_dir = Path(args.save) if args.save else None
-        print(interrupted_line(done, args.steps, save_dir), file=sys.stderr)
+        print(interrupted_line(state.done, state.total, options.save), file=sys.stderr)
         return EXIT_INTERRUPTED
-    if skipped:
-        print(skipped_line(skipped, args.steps - first), file=sys.stderr)
     if args.stats and pipe.last_stats is not None:
         print(_stats_table(pipe, directory, args.program))
+    return 0
+
+
+def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-untyped-def]
+    """`run --check`: one step against the eager model."""
+    from pipecompile.runtime.check import check_step
+    from pipecompile.runtime.check_async import check_async_step
+
+    if spec.targets is None:
+        raise ModelFileError(f"{spec.path} needs example_targets() for `run --check`")
+    assert spec.model is not None  # built for --check
+    if pipe.asynchronous:
+        report = check_async_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
+                                  lr=args.lr, atol=args.atol, rtol=args.rtol)  # fmt: skip
+    else:
+        report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
+                            atol=args.atol, rtol=args.rtol)  # fmt: skip
+    print(report)
+    if not report.ok:
+        raise CheckError("pipelined results differ from the eager model (see above)")
     return 0
 
 
@@ -467,16 +434,12 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 
     if args.save_every and not args.save:
         raise PipecompileError("--save-every needs --save DIR (where to write the checkpoints)")
-    if args.skip_nonfinite:
-        from pipecompile.runtime.divergence import SKIP_NEEDS_SYNC
-        from pipecompile.runtime.load import read_manifest, read_program
-
-        manifest = read_manifest(directory)
-        program = read_program(
-            Path(args.program) if args.program else directory / manifest["program"]
+    if args.precision == "fp16" and not _uses_cuda(args):
+        raise PipecompileError(
+            "--precision fp16 needs a GPU (run --nproc N --device cuda): on the CPU, use "
+            "--precision bf16"
         )
-        if program.asynchronous:
-            raise PipecompileError(SKIP_NEEDS_SYNC.format(schedule=program.schedule))
+    _check_program_options(args, directory)
     if args.save and inside(Path(args.save), directory):
         raise PipecompileError(
             f"--save {args.save} lies inside {directory}, which a recompile replaces; "
@@ -487,11 +450,31 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 
         step_dir = latest_step_dir(Path(args.resume))
         step = json.loads((step_dir / "meta.json").read_text())["step"]
-        if step >= args.steps:
+        if args.steps is not None and step >= args.steps:
             raise PipecompileError(
                 f"--resume {args.resume} continues after step {step}, but --steps {args.steps} "
                 f"ends there; pass --steps greater than {step}"
             )
+
+
+def _uses_cuda(args: argparse.Namespace) -> bool:
+    """Whether the run's stages would be on a GPU (only `--nproc` places them there)."""
+    import torch
+
+    if not args.nproc or args.device == "cpu":
+        return False
+    return args.device == "cuda" or torch.cuda.is_available()
+
+
+def _check_program_options(args: argparse.Namespace, directory: Path) -> None:
+    """Training options the program's schedule cannot honour (see training.check_options)."""
+    from pipecompile.runtime.load import read_manifest, read_program
+    from pipecompile.runtime.train_args import train_options
+    from pipecompile.runtime.training import check_options
+
+    manifest = read_manifest(directory)
+    program = read_program(Path(args.program) if args.program else directory / manifest["program"])
+    check_options(train_options(args, directory), program)
 
 
 def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ignore[no-untyped-def]
@@ -531,18 +514,17 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
 
 def _run_distributed(args: argparse.Namespace) -> int:
     from pipecompile.runtime.launch import launch
+    from pipecompile.runtime.train_args import forwarded as training_args
 
-    forwarded = [args.directory, "--steps", str(args.steps), "--optimizer", args.optimizer,
-                 "--lr", str(args.lr), "--atol", str(args.atol), "--rtol", str(args.rtol),
-                 "--timeout", str(args.timeout), "--save-every", str(args.save_every),
-                 "--device", args.device]  # fmt: skip
-    for flag in ("program", "model", "save", "resume"):
+    if args.metrics is None:
+        args.metrics = str(Path(args.directory) / "metrics.jsonl")
+    ranks = [args.directory, "--atol", str(args.atol), "--rtol", str(args.rtol),
+             "--timeout", str(args.timeout), "--device", args.device]  # fmt: skip
+    for flag in ("program", "model"):
         if getattr(args, flag):
-            forwarded += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]
-    forwarded += ["--check"] * args.check + ["-q"] * args.quiet
-    forwarded += ["--allow-stale"] * args.allow_stale
-    forwarded += ["--skip-nonfinite"] * args.skip_nonfinite
-    return launch(args.nproc, forwarded)
+            ranks += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]
+    ranks += ["--check"] * args.check + ["--allow-stale"] * args.allow_stale
+    return launch(args.nproc, ranks + training_args(args))
 
 
 def _show(args: argparse.Namespace) -> int:

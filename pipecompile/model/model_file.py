@@ -7,7 +7,7 @@ import inspect
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,7 +19,7 @@ from pipecompile.errors import ModelFileError
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.model.fingerprint import file_fingerprint
 
-__all__ = ["ModelSpec", "load_model_file", "split_ref", "import_file"]
+__all__ = ["ModelSpec", "load_model_file", "split_ref", "import_file", "named_inputs"]
 
 DEFAULT_FACTORY = "build_model"
 
@@ -36,6 +36,7 @@ class ModelSpec:
     targets: tuple[torch.Tensor, ...] | None
     loss_fn: Callable[..., torch.Tensor] | None
     module: ModuleType
+    input_names: list[str] = field(default_factory=list)  # forward()'s, in order
 
 
 def split_ref(ref: str) -> tuple[Path, str]:
@@ -84,14 +85,14 @@ def load_model_file(
     model = _make_model(module, name, path) if build else None
     raw = _call_hook(module, "example_inputs", path, required=True)
     params = _forward_params(model) if model is not None else list(input_names or [])
-    inputs = _named_inputs(params, raw, path, "forward()" if build else "the compiled model")
+    inputs = named_inputs(params, raw, path, "forward()" if build else "the compiled model")
     targets = _call_hook(module, "example_targets", path, required=False)
     if targets is not None and not isinstance(targets, tuple):
         targets = (targets,)
     loss_fn = getattr(module, "loss_fn", None)
     if loss_fn is not None and not callable(loss_fn):
         raise ModelFileError(f"{path}: loss_fn is a {type(loss_fn).__name__}, expected a function")
-    return ModelSpec(path, name, model, inputs, targets, loss_fn, module)
+    return ModelSpec(path, name, model, inputs, targets, loss_fn, module, params)
 
 
 def _make_model(module: ModuleType, name: str, path: Path) -> nn.Module:
@@ -155,15 +156,17 @@ def _forward_params(model: nn.Module) -> list[str]:
     ]
 
 
-def _named_inputs(
-    params: list[str], raw: Any, path: Path, taker: str = "forward()"
-) -> dict[str, torch.Tensor]:
+def named_inputs(
+    params: list[str], raw: Any, path: Path, taker: str = "forward()",
+    hook: str = "example_inputs()",
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``raw`` (a tensor, tuple or dict, as ``hook`` gave it) named by forward's ``params``."""
     if isinstance(raw, torch.Tensor):
         raw = (raw,)
     if isinstance(raw, (tuple, list)):
         if len(raw) > len(params):
             raise ModelFileError(
-                f"{path}: example_inputs() gives {len(raw)} values but {taker} takes "
+                f"{path}: {hook} gives {len(raw)} values but {taker} takes "
                 f"{len(params)} ({', '.join(params)})"
             )
         named = dict(zip(params, raw))
@@ -171,13 +174,13 @@ def _named_inputs(
         unknown = [k for k in raw if k not in params]
         if unknown:
             raise ModelFileError(
-                f"{path}: example_inputs() has keys {unknown} that {taker} does not take "
+                f"{path}: {hook} has keys {unknown} that {taker} does not take "
                 f"({', '.join(params)})"
             )
         named = {k: raw[k] for k in params if k in raw}
     else:
         raise ModelFileError(
-            f"{path}: example_inputs() returned a {type(raw).__name__}; "
+            f"{path}: {hook} returned a {type(raw).__name__}; "
             "expected a tuple of tensors or a dict of keyword tensors"
         )
     problem = non_tensor_input(named)

@@ -3,7 +3,8 @@
 Layout of a checkpoint directory::
 
     latest                  the name of the newest complete step directory
-    step_<n>/meta.json      {"step": n, "stages": count, "format": "pipecompile-checkpoint/1"}
+    step_<n>/meta.json      {"step": n, "stages": count, "format": "pipecompile-checkpoint/1",
+                             "split": hash, "train": {"loss_scale": ..., "epoch": ...}}
     step_<n>/stage_<j>.safetensors   weights and buffers of stage j (its own names)
     step_<n>/stage_<j>.optim.pt      its optimizer's state_dict (tensors and numbers only)
 
@@ -32,27 +33,40 @@ from safetensors.torch import load_model, save_model
 from pipecompile.errors import EmitError
 from pipecompile.runtime.pipeline import Pipeline
 
-__all__ = ["save", "resume", "latest_step_dir", "save_due", "remove_partial", "split_fingerprint"]
+__all__ = [
+    "save",
+    "resume",
+    "train_state",
+    "latest_step_dir",
+    "save_due",
+    "remove_partial",
+    "split_fingerprint",
+]
 
 FORMAT = "pipecompile-checkpoint/1"
 
 
-def save(pipe: Pipeline, root: Path, step: int, rank: int = 0) -> Path:
-    """Write this rank's stages for ``step`` under ``root`` (all ranks call it together)."""
+def save(
+    pipe: Pipeline, root: Path, step: int, rank: int = 0, train: dict[str, Any] | None = None
+) -> Path:
+    """Write this rank's stages for ``step`` under ``root`` (all ranks call it together);
+    ``train`` (the training loop's own state: loss scale, epoch) goes into meta.json."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".step_{step}.tmp"
     if rank == 0:
         remove_partial(root)  # left by a save that was killed, this step's included
         tmp.mkdir()
     try:
-        return _write(pipe, root, tmp, step, rank)
+        return _write(pipe, root, tmp, step, rank, train)
     except BaseException:  # Ctrl-C or an error mid-save: `latest` still names a complete step
         if rank == 0:
             remove_partial(root)
         raise
 
 
-def _write(pipe: Pipeline, root: Path, tmp: Path, step: int, rank: int) -> Path:
+def _write(
+    pipe: Pipeline, root: Path, tmp: Path, step: int, rank: int, train: dict[str, Any] | None
+) -> Path:
     _barrier()
     for j, module in enumerate(pipe.modules):
         if module is None:
@@ -65,7 +79,7 @@ def _write(pipe: Pipeline, root: Path, tmp: Path, step: int, rank: int) -> Path:
     final = root / f"step_{step}"
     if rank == 0:
         meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules),
-                "split": split_fingerprint(pipe.manifest)}  # fmt: skip
+                "split": split_fingerprint(pipe.manifest), "train": train or {}}  # fmt: skip
         (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -131,6 +145,12 @@ def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
         if optimizer is not None and state.is_file():
             optimizer.load_state_dict(torch.load(state, weights_only=True))
     return int(meta["step"])
+
+
+def train_state(root: Path) -> dict[str, Any]:
+    """The training loop's state saved with the newest checkpoint under ``root``."""
+    meta = json.loads((latest_step_dir(root) / "meta.json").read_text())
+    return dict(meta.get("train") or {})
 
 
 def split_fingerprint(manifest: dict[str, Any]) -> str:

@@ -38,6 +38,12 @@ def tie_groups(layout: Layout, placement: Placement) -> dict[Hashable, Any]:
     return groups
 
 
+def _on_wire(dtype: torch.dtype, wire: torch.dtype | None) -> torch.dtype:
+    if wire is not None and dtype.is_floating_point and dtype.itemsize > wire.itemsize:
+        return wire
+    return dtype
+
+
 class DistBackend:
     """Messages and tied-gradient sums between this rank and the others."""
 
@@ -50,8 +56,12 @@ class DistBackend:
         placement: Placement | None = None,
         *,
         device: torch.device | None = None,
+        wire_dtype: torch.dtype | None = None,
     ) -> None:
+        """``wire_dtype``: floating-point values (and their gradients) travel in it when it
+        is narrower than their own (mixed precision)."""
         self.device = device or torch.device("cpu")
+        self.sent_bytes = 0
         self.layout = layout
         self.placement = placement or Placement(
             layout.stage_device, (1,) * (max(layout.stage_device) + 1)
@@ -60,9 +70,10 @@ class DistBackend:
         self.microbatches = microbatches
         self.groups = groups
         self.edges = {
-            (e["src"], e["dst"], e["value"]): (k, tuple(e["shape"]), getattr(torch, e["dtype"]))
+            (e["src"], e["dst"], e["value"]): (k, tuple(e["shape"]),
+                                               _on_wire(getattr(torch, e["dtype"]), wire_dtype))
             for k, e in enumerate(manifest["edges"])
-        }
+        }  # fmt: skip
         self._sends: list[tuple[Any, torch.Tensor]] = []
         self._inbox: dict[Hashable, torch.Tensor | None] = {}
         self._posted: dict[Hashable, dict[int, torch.Tensor]] = {}
@@ -78,7 +89,8 @@ class DistBackend:
                 return  # integer values carry no gradient; the receiver expects none
             if value is None:
                 value = torch.zeros(shape, dtype=dtype, device=self.device)  # sums like none
-        tensor = value.detach().contiguous()  # type: ignore[union-attr]
+        tensor = value.detach().to(dtype).contiguous()  # type: ignore[union-attr]
+        self.sent_bytes += tensor.numel() * tensor.element_size()
         peer = self.placement.rank_of(dst if kind == "F" else src, i)
         self._sends.append((dist.isend(tensor, peer, tag=self._tag(kind, index, i)), tensor))
 

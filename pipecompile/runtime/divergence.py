@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from pipecompile.errors import RuntimeFailure
 
-__all__ = ["SKIP_NEEDS_SYNC", "check_losses", "finite", "finish_step", "skipped_line"]
+__all__ = ["SKIP_NEEDS_SYNC", "check_losses", "finite", "skipped_line"]
 
 SKIP_NEEDS_SYNC = (
     "--skip-nonfinite needs a synchronous schedule: {schedule} applies each micro-batch's "
@@ -22,22 +21,6 @@ SKIP_NEEDS_SYNC = (
 def finite(total: float) -> bool:
     """Whether a step's summed loss is finite (a sum is finite only if every term is)."""
     return bool(torch.isfinite(torch.tensor(total)))
-
-
-def finish_step(pipe: Any, step: int, total: float, *, skip: bool, skipped: list[int]) -> str:
-    """After ``pipe.train_step`` (with ``keep_grads=skip``): without ``skip``, stop on a
-    non-finite loss (``check_losses``); with it, apply the step if ``total`` (the step's
-    summed loss, the same on every rank) is finite, else drop it and record ``step`` in
-    ``skipped``. Returns what the step's progress line adds."""
-    if not skip:
-        check_losses(pipe.last_losses, step, None if pipe.last_losses else total)
-    elif finite(total):
-        pipe.apply_step()
-    else:
-        pipe.drop_step()
-        skipped.append(step)
-        return "  skipped: the loss is not finite"
-    return ""
 
 
 def skipped_line(skipped: list[int], steps: int) -> str:

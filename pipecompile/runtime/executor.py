@@ -21,6 +21,7 @@ from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
 from pipecompile.runtime.backend import Backend, MessageKey
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
+from pipecompile.runtime.precision import autocast, for_wire
 from pipecompile.runtime.random_state import draw_base, seeded
 from pipecompile.runtime.stats import RunStats
 from pipecompile.runtime.weight_versions import WeightVersions
@@ -102,8 +103,10 @@ class StepExecutor:
         measure_memory: bool = False,
         keep_grads: bool = False,
         rng_base: int | None = None,
+        precision: torch.dtype | None = None,
     ) -> None:
         self.layout, self.modules, self.backend = layout, modules, backend
+        self.precision = precision  # autocast dtype of stage forwards and traffic (precision)
         self.rng_base = draw_base() if rng_base is None else rng_base  # see random_state
         self.microbatches, self.targets, self.loss_fn = microbatches, targets, loss_fn
         self.optimizers, self.on_step = optimizers, on_step
@@ -182,9 +185,10 @@ class StepExecutor:
         """Stage j's forward; a failure names the line of the stage file it happened on."""
         module = self.modules[j]
         try:
-            if weights is None:
-                return tuple(module(*args))
-            return tuple(torch.func.functional_call(module, weights, tuple(args)))
+            with autocast(self.precision, _device_of(module)):
+                if weights is None:
+                    return tuple(module(*args))
+                return tuple(torch.func.functional_call(module, weights, tuple(args)))
         except PipecompileError:
             raise
         except Exception as err:
@@ -248,7 +252,7 @@ class StepExecutor:
             return ([loss], [None]) if loss.requires_grad else ([], [])
         grads = self.out_grads.pop((j, i), {})
         pairs = [
-            (out, grads[name])
+            (out, grads[name].to(out.dtype))  # a gradient sent in low precision
             for name, out in zip(self.layout.outputs[j], outs)
             if grads.get(name) is not None and isinstance(out, torch.Tensor) and out.requires_grad
         ]
@@ -287,7 +291,8 @@ class StepExecutor:
         outs = dict(zip(self.layout.outputs[j], self.to_send.pop((j, i))))
         for name, dst in self.layout.out_edges[j]:
             if self.layout.remote(j, dst):
-                self.backend.send(MessageKey("F", j, dst, i, name), outs[name].detach())
+                value = for_wire(outs[name].detach(), self.precision)
+                self.backend.send(MessageKey("F", j, dst, i, name), value)
         return True
 
     def recv_activations(self, instr: Instr) -> bool:
@@ -417,7 +422,9 @@ class StepExecutor:
         count = len(self.microbatches)
         check_target_rows(output, self.targets[i], self.microbatches[i], split=count > 1,
                           scale=count)  # fmt: skip
-        return call_loss_fn(self.loss_fn, output, self.targets[i]) * self.loss_scale
+        with autocast(self.precision, _device_of(self.modules[self.layout.last])):
+            loss = call_loss_fn(self.loss_fn, output, self.targets[i])
+        return loss.float() * self.loss_scale
 
     def _add_out_grad(self, j: int, i: int, name: str, grad: torch.Tensor | None) -> None:
         if grad is None:
@@ -443,6 +450,11 @@ class _NoCount:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    param = next(module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def _mb(instr: Instr) -> int:

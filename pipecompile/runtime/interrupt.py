@@ -36,12 +36,12 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-def interrupted_line(done: int | None, steps: int, save: Path | None) -> str:
+def interrupted_line(done: int | None, steps: int | None, save: Path | None) -> str:
     """The line to print after an interrupt.
 
     Args:
         done: training steps finished when the run stopped (None: training had not begun).
-        steps: the run's ``--steps``.
+        steps: the run's length in steps (None: until the data ends).
         save: the ``--save`` directory, if any.
 
     Returns:
@@ -49,7 +49,9 @@ def interrupted_line(done: int | None, steps: int, save: Path | None) -> str:
     """
     where = ""
     if done is not None:
-        where = f" at step {done + 1}/{steps}" if done < steps else f" after step {done}/{steps}"
+        shown = "?" if steps is None else steps
+        running = steps is None or done < steps
+        where = f" at step {done + 1}/{shown}" if running else f" after step {done}/{shown}"
     return f"pipecompile: interrupted{where}{_kept(save)}"
 
 

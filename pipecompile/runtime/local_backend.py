@@ -19,10 +19,13 @@ class LocalBackend:
         self._mailbox: dict[Hashable, Any] = {}
         self._posted: dict[Hashable, dict[int, torch.Tensor]] = {}
         self._results: dict[Hashable, dict[int, torch.Tensor]] = {}
+        self.sent_bytes = 0  # tensor bytes sent between devices (what a wire would carry)
 
     def send(self, key: Hashable, value: Any) -> None:
         """Leave ``value`` for the receiver of ``key`` (a value may be None: no gradient)."""
         self._mailbox[key] = value
+        if isinstance(value, torch.Tensor):
+            self.sent_bytes += value.numel() * value.element_size()
 
     def ready(self, keys: Sequence[Hashable]) -> bool:
         return all(k in self._mailbox for k in keys)

@@ -82,6 +82,8 @@ class Pipeline:
         self.optimizers: list[torch.optim.Optimizer | None] | None = None
         self.asynchronous = program.asynchronous
         self.last_stats: RunStats | None = None
+        self.precision: torch.dtype | None = None  # autocast and traffic dtype (precision.py)
+        self.last_sent_bytes = 0  # bytes the last step sent between devices
         self.name = "the pipeline"  # how messages call it; Pipeline.load: its directory
 
     @classmethod
@@ -105,8 +107,8 @@ class Pipeline:
 
     def train_step(
         self,
-        inputs: dict[str, torch.Tensor],
-        targets: Sequence[torch.Tensor],
+        inputs: dict[str, torch.Tensor] | None,
+        targets: Sequence[torch.Tensor] | None,
         loss_fn: LossFn,
         on_step: Callable[[int], None] | None = None,
         *,
@@ -127,20 +129,23 @@ class Pipeline:
         ``rng_base`` seeds every stage forward's random ops per (stage, micro-batch), and a
         recomputed forward the same (default: drawn from torch's global generator; kept in
         ``last_rng_base``), so dropout masks do not depend on the schedule's order.
+        On a rank of a distributed run, ``inputs`` may be None unless it holds the first
+        stage, and ``targets`` unless it holds the last: other ranks never read the data.
         """
         count = self.program.microbatches
         micro = self._split(inputs)
-        micro_targets = split_targets(targets, count)
+        micro_targets = split_targets(targets, count) if targets is not None else None
         scale = loss_scale if loss_scale is not None else 1.0 if self.asynchronous else 1 / count
         backend = self.backend()
         executor = StepExecutor(
             self.layout, self.modules, backend, micro, micro_targets, loss_fn,  # type: ignore[arg-type]
             self.optimizers, on_step, loss_scale=scale, measure_memory=measure_memory,
-            keep_grads=keep_grads, rng_base=rng_base,
+            keep_grads=keep_grads, rng_base=rng_base, precision=self.precision,
         )  # fmt: skip
         self.last_rng_base = executor.rng_base
-        self._run(self._own_program(self.program), executor, inputs)
+        self._run(self._own_program(self.program), executor, inputs or {})
         backend.finish()
+        self.last_sent_bytes = getattr(backend, "sent_bytes", 0)
         if self.after_step is not None:
             self.after_step()
         self.last_stats = executor.stats
@@ -167,6 +172,10 @@ class Pipeline:
         for module in self.modules:
             if module is not None:
                 module.zero_grad(set_to_none=True)
+
+    @property
+    def _own_stages(self) -> set[int]:
+        return {j for j, m in enumerate(self.modules) if m is not None}
 
     def _own_program(self, program: Program) -> Program:
         if self.device is None:
@@ -213,9 +222,14 @@ class Pipeline:
     def _batch_dim(self) -> int:
         return int(self.manifest.get("batch_dim", 0))
 
-    def _split(self, inputs: dict[str, Any]) -> list[dict[str, torch.Tensor]]:
-        """The micro-batches of ``inputs``. A distributed run receives messages of the
-        compiled shapes, so its inputs must have exactly those."""
+    def _split(self, inputs: dict[str, Any] | None) -> list[dict[str, torch.Tensor]]:
+        """The micro-batches of ``inputs`` (empty ones where None: a rank that does not hold
+        the first stage). A distributed run receives messages of the compiled shapes, so its
+        inputs must have exactly those."""
+        if inputs is None:
+            if self.device is None or 0 in self._own_stages:
+                raise InputError(f"{self.name} needs the inputs: it runs the first stage")
+            return [{} for _ in range(self.program.microbatches)]
         ordered = self._ordered(inputs)
         if self.device is not None:
             problem = self.input_problem(ordered, exact=True)
@@ -232,16 +246,18 @@ class Pipeline:
         return self.wrap(handlers) if self.wrap is not None else handlers
 
     @torch.no_grad()
-    def __call__(self, inputs: dict[str, torch.Tensor], *, rng_base: int | None = None) -> Any:
+    def __call__(
+        self, inputs: dict[str, torch.Tensor] | None, *, rng_base: int | None = None
+    ) -> Any:
         """Inference through the pipeline; returns the model's output structure.
         ``rng_base`` as in ``train_step``."""
         count = self.program.microbatches
         micro = self._split(inputs)
         backend = self.backend()
         executor = StepExecutor(self.layout, self.modules, backend, micro,  # type: ignore[arg-type]
-                                rng_base=rng_base)  # fmt: skip
+                                rng_base=rng_base, precision=self.precision)  # fmt: skip
         self.last_rng_base = executor.rng_base
-        self._run(self._own_program(forward_only(self.program)), executor, inputs)
+        self._run(self._own_program(forward_only(self.program)), executor, inputs or {})
         backend.finish()
         if len(executor.results) < count:  # the last stage runs elsewhere
             return None

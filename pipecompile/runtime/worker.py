@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,40 +24,34 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
+from pipecompile.model.data_hooks import EVAL, batch_source, example_source
 from pipecompile.runtime.dist_backend import DistBackend, tie_groups
-from pipecompile.runtime.divergence import finish_step, skipped_line
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.placement import Placement
+from pipecompile.runtime.train_args import add_training_arguments, train_options
+from pipecompile.runtime.training import TrainState, train
 from pipecompile.runtime.watchdog import Watchdog
 
 __all__ = ["main", "worker_parser"]
 
-OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
 def worker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipecompile.runtime.worker")
     parser.add_argument("directory")
-    parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--program")
     parser.add_argument("--model")
-    parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--atol", type=float, default=1e-5)
     parser.add_argument("--rtol", type=float, default=1e-5)
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds a rank may wait on one instruction")  # fmt: skip
-    parser.add_argument("--save", help="checkpoint directory written after the last step")
-    parser.add_argument("--save-every", type=int, default=0, help="also every N steps")
-    parser.add_argument("--resume", help="checkpoint directory to resume from")
     parser.add_argument("--allow-stale", action="store_true")
-    parser.add_argument("--skip-nonfinite", action="store_true")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="cuda: one GPU per rank (LOCAL_RANK) and NCCL; cpu: gloo")  # fmt: skip
-    parser.add_argument("-q", "--quiet", action="store_true")
+    add_training_arguments(parser)
     return parser
 
 
@@ -75,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_default_device(where)
     dist.init_process_group(backend, timeout=timedelta(seconds=max(args.timeout, 1.0) * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
-    progress = _Progress()
+    progress = TrainState()
     watchdog = Watchdog(
         dist.distributed_c10d._get_default_store(), rank, world, timeout=args.timeout,
         on_stop=lambda status: _write_status(rank, status, step=progress.done),
@@ -116,13 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(status)  # never linger in a collective a failed peer will not join
 
 
-@dataclass
-class _Progress:
-    """Training steps finished (None before training starts), for the rank's status record."""
-
-    done: int | None = None
-
-
 def _stop_on_sigint(watchdog: Watchdog) -> None:
     """Ctrl-C ends the rank as SIGTERM does, through the watchdog, and every rank names it."""
     signal.sigwait({signal.SIGINT})
@@ -149,10 +135,9 @@ def _run(
     world: int,
     watchdog: Watchdog,
     where: torch.device,
-    progress: _Progress,
+    progress: TrainState,
 ) -> int:
     from pipecompile.model.model_file import recorded_model
-    from pipecompile.runtime.checkpoint import resume, save, save_due
     from pipecompile.runtime.dist_check import check_distributed
 
     directory = Path(args.directory)
@@ -185,50 +170,51 @@ def _run(
         wrap=lambda handlers: _tracked(handlers, watchdog),
         after_step=lambda: watchdog.idle("between steps"),
     )  # fmt: skip
-    if spec.targets is None or spec.loss_fn is None:
-        raise PipecompileError(
-            f"{spec.path} needs example_targets() and loss_fn(output, *targets) for `run`"
-        )
-    inputs = {k: v.to(where) for k, v in spec.inputs.items()}
-    targets = tuple(t.to(where) for t in spec.targets)
+    if spec.loss_fn is None:
+        raise PipecompileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")
     if args.check:
+        if spec.targets is None:
+            raise PipecompileError(f"{spec.path} needs example_targets() for `run --check`")
+        inputs = {k: v.to(where) for k, v in spec.inputs.items()}
+        targets = tuple(t.to(where) for t in spec.targets)
         report = check_distributed(pipe, spec, directory, args, inputs, targets)
         if rank == 0:
             print(report)
             if not report.ok:
                 raise CheckError("distributed results differ (see above)")
         return 0
-    optimizer = OPTIMIZERS[args.optimizer]
-    pipe.set_optimizer(lambda ps: optimizer(ps, lr=args.lr))
-    start = resume(pipe, Path(args.resume), rank) if args.resume else 0
-    progress.done = start
-    skipped: list[int] = []
-    for step in range(start, args.steps):
-        began = time.perf_counter()
-        pipe.train_step(inputs, targets, spec.loss_fn, keep_grads=args.skip_nonfinite)
-        value = (
-            torch.stack([v.detach() for v in pipe.last_losses.values()]).sum().reshape(1)
-            if pipe.last_losses
-            else torch.zeros(1)
-        ).to(where)
-        dist.all_reduce(value)  # the last stage's replicas hold the losses between them
-        # every rank sees the same summed loss: all apply the step, or none
-        note = finish_step(pipe, step + 1, value.item(), skip=args.skip_nonfinite,
-                           skipped=skipped)  # fmt: skip
-        if pipe.asynchronous:
-            value /= program.microbatches
-        ms = (time.perf_counter() - began) * 1000  # the all-reduce waited for every rank
-        if rank == 0 and not args.quiet:
-            print(
-                f"step {step + 1}/{args.steps}  loss {value.item():.6f}  ({ms:.1f} ms){note}",
-                flush=True,
-            )
-        done = progress.done = step + 1
-        if args.save and save_due(done, args.steps, args.save_every):
-            save(pipe, Path(args.save), done, rank)
-    if skipped and rank == 0:
-        print(skipped_line(skipped, args.steps - start), file=sys.stderr, flush=True)
+    mine = {j for j, m in enumerate(modules) if m is not None}
+    reads = (0 in mine, len(modules) - 1 in mine)  # inputs, targets: only these ranks read
+    data = (batch_source(spec) or example_source(spec)) if any(reads) else None
+    eval_data = batch_source(spec, EVAL) if any(reads) else None
+    train(pipe, spec.loss_fn, data, train_options(args, directory), group=_DistGroup(where),
+          eval_data=eval_data, state=progress, reads=reads, one_process=False,
+          device=where)  # fmt: skip
     return 0
+
+
+class _DistGroup:
+    """The training loop's collectives over every rank (float64, on the rank's device)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.rank, self.world, self.device = dist.get_rank(), dist.get_world_size(), device
+
+    def sum(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        mine = torch.tensor(values, dtype=torch.float64, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine)
+        return [t.tolist() for t in every]
+
+    def _reduce(self, values: list[float], op: Any) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=op)
+        return tensor.tolist()
 
 
 def _peer_problem(watchdog: Watchdog, err: Exception) -> str | None:

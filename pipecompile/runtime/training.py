@@ -1,0 +1,439 @@
+"""The training loop `pipecompile run` and every rank of `run --nproc` share.
+
+One optimizer step reads ``accumulate`` mini-batches (each one run of the program; their
+gradients are summed), then, for a synchronous program: decides on the loss (a non-finite one
+stops the run or, with ``skip_nonfinite``, drops the step), on fp16 overflow (skip the step,
+halve the scale), unscales, clips by the global norm, steps every optimizer and scheduler, and
+reports. Decisions that must agree across ranks are made on sums over the ``Group`` (one
+all-reduce of a few numbers per step under ``--nproc``), so every rank takes the same branch.
+
+A rank reads data only if it holds the first stage (inputs) or the last (targets); the others
+pass None and never call the model file's hooks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from pipecompile.errors import PipecompileError, RuntimeFailure
+from pipecompile.ir.program import Program
+from pipecompile.model.data_hooks import Batch, BatchSource
+from pipecompile.runtime.checkpoint import resume, save, save_due, train_state
+from pipecompile.runtime.divergence import SKIP_NEEDS_SYNC, check_losses, skipped_line
+from pipecompile.runtime.executor import LossFn, call_loss_fn
+from pipecompile.runtime.grad_ops import (
+    add_grads,
+    all_finite,
+    scale_grads,
+    squared_norm,
+    take_grads,
+)
+from pipecompile.runtime.lr_schedule import make_schedulers
+from pipecompile.runtime.metrics import Reporter, batch_counts, local_bubble, peak_memory
+from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast
+from pipecompile.runtime.random_state import draw_base, step_base
+
+__all__ = ["OPTIMIZERS", "Group", "LocalGroup", "TrainOptions", "TrainState", "train"]
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+class Group(Protocol):
+    """The ranks of a run, as the loop needs them: sums and maxima of a few numbers, and a
+    gather (``rank`` 0 reports)."""
+
+    rank: int
+
+    def sum(self, values: list[float]) -> list[float]: ...
+
+    def max(self, values: list[float]) -> list[float]: ...
+
+    def gather(self, values: list[float]) -> list[list[float]]: ...
+
+
+class LocalGroup:
+    """One process holding every device."""
+
+    rank = 0
+
+    def sum(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def max(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        return [list(values)]
+
+
+@dataclass
+class TrainOptions:
+    """What `run` was asked for (docs/USAGE.md, "Training")."""
+
+    steps: int | None = None  # optimizer steps; None: as many as --epochs give
+    epochs: int | None = None
+    accumulate: int = 1  # mini-batches per optimizer step
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    clip_grad_norm: float | None = None
+    precision: str = "fp32"
+    seed: int | None = None
+    skip_nonfinite: bool = False
+    save: Path | None = None
+    save_every: int = 0
+    resume: Path | None = None
+    metrics: Path | None = None
+    eval_every: int = 0  # 0: after each epoch and at the end (when there is an eval hook)
+    quiet: bool = False
+    measure_memory: bool = False
+
+
+@dataclass
+class TrainState:
+    """How far a run got (for the interrupt line) and what it recorded."""
+
+    done: int | None = None  # optimizer steps finished (None: not begun)
+    total: int | None = None
+    skipped: list[int] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    epoch: int = 1
+
+
+def check_options(options: TrainOptions, program: Program) -> None:
+    """Options the program cannot honour, refused before anything runs."""
+    if options.clip_grad_norm is not None and not options.clip_grad_norm > 0:
+        raise PipecompileError(
+            f"--clip-grad-norm {options.clip_grad_norm:g}: the norm must be above 0"
+        )
+    if options.precision not in PRECISIONS:
+        raise PipecompileError(
+            f"unknown precision {options.precision!r}; choose one of {', '.join(PRECISIONS)}"
+        )
+    if options.accumulate < 1:
+        raise PipecompileError(f"--accumulate {options.accumulate}: give at least 1")
+    if program.asynchronous:
+        asked = [flag for flag, on in (
+            ("--skip-nonfinite", options.skip_nonfinite),
+            ("--accumulate", options.accumulate > 1),
+            ("--clip-grad-norm", options.clip_grad_norm is not None),
+            ("--precision fp16", options.precision == "fp16"),
+        ) if on]  # fmt: skip
+        if asked:
+            raise PipecompileError(
+                SKIP_NEEDS_SYNC.replace("--skip-nonfinite", " and ".join(asked)).format(
+                    schedule=program.schedule
+                )
+            )
+
+
+def train(
+    pipe: Pipeline,
+    loss_fn: LossFn,
+    data: BatchSource | None,
+    options: TrainOptions,
+    *,
+    group: Group | None = None,
+    eval_data: BatchSource | None = None,
+    state: TrainState | None = None,
+    reads: tuple[bool, bool] = (True, True),
+    one_process: bool = True,
+    device: torch.device | None = None,
+) -> TrainState:
+    """Train ``pipe`` on ``data`` (None on a rank that reads no data) per ``options``.
+
+    ``reads``: whether this rank reads the inputs (holds the first stage) and the targets
+    (holds the last). ``state`` is updated as steps finish (the caller reads it after an
+    interrupt). Returns it, with one record per step. ``device``: where the batches go (a
+    rank's GPU); ``one_process``: every device of the program runs in this process.
+    """
+    group = group or LocalGroup()
+    state = state or TrainState()
+    check_options(options, pipe.program)
+    pipe.precision = PRECISIONS[options.precision]
+    factory = OPTIMIZERS[options.optimizer]
+    pipe.set_optimizer(lambda ps: factory(ps, lr=options.lr))
+    length = _epoch_length(data, group)
+    total = _total_steps(options, length)
+    state.total = total
+    schedulers = make_schedulers(pipe.optimizers or [], options.lr_schedule,
+                                 options.warmup_steps, total)  # fmt: skip
+    scaler = LossScaler() if options.precision == "fp16" else None
+    first = 0
+    if options.resume is not None:
+        first = resume(pipe, options.resume, group.rank)
+        saved = train_state(options.resume)
+        if scaler is not None and "loss_scale" in saved:
+            scaler.load_state_dict(saved["loss_scale"])
+        for scheduler in schedulers:
+            scheduler.last_epoch = first
+    seed = options.seed if options.seed is not None else int(group.max([draw_base()])[0])
+    feed = _Feed(data, length, group, epochs=options.epochs,
+                 skip=first * options.accumulate, device=device)  # fmt: skip
+    has_eval = group.max([1.0 if eval_data is not None else 0.0])[0] > 0
+    state.done, state.epoch = first, feed.epoch
+    reporter = Reporter(options.metrics if group.rank == 0 else None, total,
+                        quiet=options.quiet or group.rank != 0)  # fmt: skip
+    reporter.record({"kind": "start", "directory": pipe.name, "steps": total,
+                     "first": first, "precision": options.precision, "seed": seed,
+                     "microbatches": pipe.program.microbatches,
+                     "accumulate": options.accumulate})  # fmt: skip
+    per_epoch = f", {length} batches an epoch" if length and length > 1 else ""
+    reporter.say(f"training on {data.label if data else 'data read by other ranks'}{per_epoch}")
+    saved_at = first
+    try:
+        step = first
+        while total is None or step < total:
+            record = _one_step(pipe, loss_fn, feed, options, group, scaler, seed, step, reads,
+                               one_process)  # fmt: skip
+            if record is None:  # the data ran out (--epochs)
+                break
+            for scheduler in schedulers:
+                scheduler.step()
+            step += 1
+            state.done, state.epoch = step, record["epoch"]
+            if record["skipped"]:
+                state.skipped.append(step)
+            record["first"] = first
+            state.records.append(record)
+            reporter.step(record, record.pop("note"))
+            if has_eval and _eval_due(options, step, total, feed):
+                evaluation = _Feed(eval_data, None, group, epochs=1, skip=0, device=device)
+                _evaluate(pipe, loss_fn, evaluation, group, reads, reporter, step, feed.epoch)
+            if options.save and save_due(step, total or -1, options.save_every):
+                train = {"epoch": feed.epoch, "batches": feed.read}
+                if scaler is not None:
+                    train["loss_scale"] = scaler.state_dict()
+                save(pipe, options.save, step, group.rank, train)
+                saved_at = step
+        if options.save and state.done is not None and state.done != saved_at:
+            save(pipe, options.save, state.done, group.rank, {"epoch": feed.epoch})
+    finally:
+        reporter.close()
+    if state.skipped and group.rank == 0 and not options.quiet:
+        print(skipped_line(state.skipped, (state.done or 0) - first))
+    return state
+
+
+def _one_step(
+    pipe: Pipeline, loss_fn: LossFn, feed: _Feed, options: TrainOptions, group: Group,
+    scaler: LossScaler | None, seed: int, step: int, reads: tuple[bool, bool],
+    one_process: bool,
+) -> dict[str, Any] | None:  # fmt: skip
+    """One optimizer step; None if the data ended before it began."""
+    sync = not pipe.asynchronous
+    m, parts = pipe.program.microbatches, options.accumulate
+    loss_scale = (scaler.scale if scaler else 1.0) / (m * parts) if sync else 1.0
+    began = time.perf_counter()
+    busy_ns = 0
+    total_loss = 0.0
+    bad: tuple[int, dict[int, torch.Tensor]] | None = None
+    samples = tokens = 0
+    for part in range(parts):
+        batch = feed.next()
+        if batch is None:
+            if part == 0:
+                return None
+            break  # a last, shorter accumulation at the end of the data
+        taken = take_grads(pipe) if sync and part > 0 else None
+        inputs = batch.inputs if reads[0] else None
+        targets = batch.targets if reads[1] else None
+        try:
+            pipe.train_step(inputs, targets, loss_fn, keep_grads=sync, loss_scale=loss_scale,
+                            rng_base=step_base(seed, step, part),
+                            measure_memory=options.measure_memory)  # fmt: skip
+        except PipecompileError as err:
+            if feed.source is not None and feed.source.length != 1:
+                raise type(err)(f"{err} (batch {feed.read - 1} of {feed.source.label})") from err
+            raise
+        if taken is not None:
+            add_grads(pipe, taken)
+        losses = pipe.last_losses
+        part_sum = float(sum(v.detach().double() for v in losses.values())) / loss_scale
+        if bad is None and not math.isfinite(part_sum):
+            bad = (part, dict(losses))
+        total_loss += part_sum
+        stats = pipe.last_stats
+        busy_ns += sum(stats.compute_ns.values()) if stats else 0
+        counts = batch_counts(pipe.manifest, batch.inputs if reads[0] else None)
+        samples, tokens = samples + counts[0], tokens + (counts[1] or 0)
+    overflow = 1.0 if sync and scaler is not None and not all_finite(pipe) else 0.0
+    sq = squared_norm(pipe) if sync and options.clip_grad_norm is not None else 0.0
+    summed_loss, overflows, sq_norm = group.sum([total_loss, overflow, sq])
+    used = part + 1 if batch is not None else part
+    loss = summed_loss / (m * used)
+    note, skipped, grad_norm = "", False, None
+    if not math.isfinite(loss):
+        if not options.skip_nonfinite:
+            if bad is not None:
+                check_losses(bad[1], step + 1)  # names the micro-batch on the rank that has it
+            raise RuntimeFailure(f"step {step + 1}: the loss is {loss}; training stops here")
+        pipe.drop_step()
+        note, skipped = "  skipped: the loss is not finite", True
+    elif overflows > 0:
+        assert scaler is not None
+        pipe.drop_step()
+        scaler.update(True)
+        note = f"  skipped: fp16 gradients overflowed; loss scale now {scaler.scale:g}"
+        skipped = True
+    elif sync:
+        unscale = (1.0 / scaler.scale if scaler is not None else 1.0) * parts / used
+        if options.clip_grad_norm is not None:
+            grad_norm = math.sqrt(sq_norm) * unscale
+            if grad_norm > options.clip_grad_norm:
+                unscale *= options.clip_grad_norm / (grad_norm + 1e-6)
+        if unscale != 1.0:
+            scale_grads(pipe, unscale)
+        if scaler is not None:
+            scaler.update(False)
+        pipe.apply_step()
+    seconds = time.perf_counter() - began
+    busy = group.gather([busy_ns / 1e9 / seconds, *peak_memory(pipe, one_process=one_process)])
+    return {
+        "step": step + 1,
+        "epoch": feed.epoch,
+        "loss": loss,
+        "lr": _lr(pipe),
+        "step_ms": seconds * 1000,
+        "samples_per_s": samples / seconds,
+        "tokens_per_s": tokens / seconds if tokens else None,
+        "bubble": local_bubble(pipe) if one_process else 1 - sum(b[0] for b in busy) / len(busy),
+        "peak_memory": [int(v) for b in busy for v in b[1:]],
+        "sent_bytes": pipe.last_sent_bytes,
+        "grad_norm": grad_norm,
+        "loss_scale": scaler.scale if scaler is not None else None,
+        "skipped": skipped,
+        "note": note,
+    }
+
+
+def _device(pipe: Pipeline) -> torch.device:
+    for module in pipe.modules:
+        for param in module.parameters() if module is not None else ():
+            return param.device
+    return torch.device("cpu")
+
+
+def _lr(pipe: Pipeline) -> float | None:
+    for optimizer in pipe.optimizers or []:
+        if optimizer is not None:
+            return float(optimizer.param_groups[0]["lr"])
+    return None
+
+
+def _epoch_length(data: BatchSource | None, group: Group) -> int | None:
+    """Batches per epoch, agreed by every rank (ranks without data learn it from the others);
+    None if the hook's iterable has no length."""
+    mine = data.length if data is not None and data.length is not None else -1
+    agreed = int(group.max([float(mine)])[0])
+    return agreed if agreed >= 0 else None
+
+
+def _total_steps(options: TrainOptions, length: int | None) -> int | None:
+    if options.epochs is None:
+        return options.steps if options.steps is not None else 1
+    if length is None:
+        return options.steps  # None: until the data ends --epochs times
+    by_epochs = math.ceil(options.epochs * length / options.accumulate)
+    return min(by_epochs, options.steps) if options.steps is not None else by_epochs
+
+
+def _eval_due(options: TrainOptions, step: int, total: int | None, feed: _Feed) -> bool:
+    if options.eval_every:
+        return step % options.eval_every == 0 or step == total
+    return feed.at_epoch_end or step == total
+
+
+def _evaluate(
+    pipe: Pipeline, loss_fn: LossFn, data: _Feed, group: Group, reads: tuple[bool, bool],
+    reporter: Reporter, step: int, epoch: int,
+) -> None:  # fmt: skip
+    """Mean loss over ``data`` (one epoch of eval_batches()) with the stages in eval mode (no
+    dropout), forward only."""
+    modes = [(m, m.training) for m in pipe.modules if m is not None]
+    for module, _ in modes:
+        module.eval()
+    total = count = 0.0
+    try:
+        while (batch := data.next()) is not None:
+            output = pipe(batch.inputs if reads[0] else None)
+            if output is not None and reads[1]:
+                with torch.no_grad(), autocast(pipe.precision, _device(pipe)):
+                    total += float(call_loss_fn(loss_fn, output, batch.targets))
+                count += 1
+    finally:
+        for module, training in modes:
+            module.train(training)
+    total, count = group.sum([total, count])
+    if count:
+        reporter.eval({"step": step, "epoch": epoch, "loss": total / count})
+
+
+class _Feed:
+    """Mini-batches in order across epochs; ``read`` counts them. A rank without data only
+    keeps count (the epoch length comes from the ranks that read); where no rank knows the
+    length, the ranks agree after each batch on whether the data went on."""
+
+    def __init__(self, source: BatchSource | None, length: int | None, group: Group,
+                 *, epochs: int | None, skip: int,
+                 device: torch.device | None = None) -> None:  # fmt: skip
+        self.source, self.length, self.group, self.epochs = source, length, group, epochs
+        self.device = device
+        self.epoch, self.read, self.in_epoch = 1, 0, 0
+        self._it: Iterator[Batch] | None = None
+        self.at_epoch_end = False
+        for _ in range(skip):  # resuming: the batches the checkpointed steps used
+            if self.next() is None:
+                break
+
+    def next(self) -> Batch | None:
+        """The next mini-batch (an empty one on a rank without data), None when the data
+        has ended ``epochs`` times."""
+        if self.length is not None and self.in_epoch == self.length:
+            if self.epochs is not None and self.epoch >= self.epochs:
+                return None
+            self.epoch, self.in_epoch, self._it = self.epoch + 1, 0, None
+        batch = self._next_local()
+        if self.length is None:
+            more = self.group.max([1.0 if batch is not None else 0.0])[0] > 0
+            if not more:
+                return None
+        self.read += 1
+        self.in_epoch += 1
+        self.at_epoch_end = self.length is not None and self.in_epoch == self.length
+        if batch is None or batch is _NO_DATA:
+            return _NO_DATA
+        if self.device is not None and self.device.type != "cpu":
+            inputs = {k: v.to(self.device) for k, v in batch.inputs.items()}
+            return Batch(inputs, tuple(t.to(self.device) for t in batch.targets))
+        return batch
+
+    def _next_local(self) -> Batch | None:
+        if self.source is None:
+            return None if self.length is None else _NO_DATA
+        if self._it is None:
+            self._it = self.source.epoch()
+        batch = next(self._it, None)
+        if batch is None and self.length is None and (self.epochs is None or
+                                                      self.epoch < self.epochs):  # fmt: skip
+            self.epoch, self.in_epoch = self.epoch + 1, 0
+            self._it = self.source.epoch()
+            batch = next(self._it, None)
+        if batch is None and self.length is not None:
+            raise PipecompileError(
+                f"{self.source.label} gave {self.in_epoch} batches this epoch but its len() is "
+                f"{self.length}; make __len__ match what __iter__ yields"
+            )
+        return batch
+
+
+_NO_DATA = Batch({}, ())
