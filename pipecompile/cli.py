@@ -38,7 +38,7 @@ from pipecompile.schedules import SCHEDULES
 
 __all__ = ["main"]
 
-COMMANDS = ("compile", "run", "show", "export", "viz", "onnx")
+COMMANDS = ("compile", "run", "show", "export", "viz", "onnx", "plot")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,7 +228,22 @@ def _parser() -> argparse.ArgumentParser:
     viz.add_argument("-o", "--output", help="where to write the pictures (default: DIRECTORY)")
     viz.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     viz.set_defaults(handler=_viz)
+
+    plot = commands.add_parser("plot", help="draw a run's loss and throughput curves (SVG)")
+    plot.add_argument("source", help="a directory `pipecompile run` trained (its metrics.jsonl), "
+                      "or a metrics file written by run --metrics")  # fmt: skip
+    plot.add_argument("-o", "--output", help="the .svg to write (default: DIRECTORY/training.svg)")
+    plot.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    plot.set_defaults(handler=_plot)
     return parser
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from pipecompile.reports.plot import write_plot
+
+    written = write_plot(Path(args.source), Path(args.output) if args.output else None)
+    _say(args, f"wrote {written}")
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -190,4 +190,4 @@ def test_run_needs_targets_and_loss(tmp_path, capsys, missing):
     out = str(tmp_path / "o")
     assert main([str(path), "--stages", "2", "-q", "-o", out]) == 0
     assert main(["run", out]) == 2
-    assert "needs example_targets() and loss_fn" in capsys.readouterr().err
+    assert f"needs {missing}" in capsys.readouterr().err

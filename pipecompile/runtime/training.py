@@ -14,6 +14,7 @@ pass None and never call the model file's hooks.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -188,7 +189,9 @@ def train(
                      "microbatches": pipe.program.microbatches,
                      "accumulate": options.accumulate})  # fmt: skip
     per_epoch = f", {length} batches an epoch" if length and length > 1 else ""
-    reporter.say(f"training on {data.label if data else 'data read by other ranks'}{per_epoch}")
+    if group.rank == 0 and not options.quiet:
+        print(f"training on {data.label if data else 'data read by other ranks'}{per_epoch}",
+              file=sys.stderr, flush=True)  # fmt: skip
     saved_at = first
     try:
         step = first
@@ -220,7 +223,7 @@ def train(
     finally:
         reporter.close()
     if state.skipped and group.rank == 0 and not options.quiet:
-        print(skipped_line(state.skipped, (state.done or 0) - first))
+        print(skipped_line(state.skipped, (state.done or 0) - first), file=sys.stderr)
     return state
 
 
