@@ -167,6 +167,62 @@ class CompiledPipeline:
         loss, _ = self.pipeline.train_step(named, _as_tuple(targets), loss_fn)
         return loss
 
+    def fit(
+        self,
+        batches: Any,
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer: OptimizerFactory | str = "adamw",
+        *,
+        epochs: int | None = 1,
+        steps: int | None = None,
+        eval_batches: Any = None,
+        metrics: str | Path | None = None,
+        progress: bool = False,
+        **options: Any,
+    ) -> list[dict[str, Any]]:
+        """Train on ``batches`` with the loop of ``pipecompile run``; returns one record per
+        optimizer step (the keys of ``metrics.jsonl``, docs/USAGE.md).
+
+        Args:
+            batches: an iterable of ``(inputs, targets)`` mini-batches (inputs as for
+                ``__call__``: a tensor, tuple or dict), iterated once per epoch; or a function
+                returning a fresh one per epoch.
+            loss_fn: ``loss_fn(output, *targets)``, the batch mean.
+            optimizer: a factory over parameters, or "sgd", "adam", "adamw" (with ``lr=``).
+            epochs, steps: run ``epochs`` passes, or ``steps`` optimizer steps if given.
+            eval_batches: like ``batches``; its mean loss is recorded after each epoch.
+            metrics: append JSON lines to this file. ``progress``: print a line per step.
+            options: the other fields of ``runtime.training.TrainOptions``: ``accumulate``,
+                ``lr``, ``lr_schedule``, ``warmup_steps``, ``clip_grad_norm``,
+                ``precision``, ``seed``, ``skip_nonfinite``, ``save``, ``save_every``, ...
+        """
+        from pipecompile.model.data_hooks import iterable_source
+        from pipecompile.runtime.training import TrainOptions, train
+
+        known = set(TrainOptions.__dataclass_fields__)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise PipecompileError(
+                f"fit() got unknown option(s) {', '.join(unknown)}; it takes "
+                f"{', '.join(sorted(known - {'optimizer_factory', 'quiet'}))}"
+            )
+        chosen = TrainOptions(epochs=None if steps is not None else epochs, steps=steps,
+                              quiet=not progress, **options)  # fmt: skip
+        if isinstance(optimizer, str):
+            chosen.optimizer = optimizer
+        else:
+            chosen.optimizer_factory = optimizer
+        chosen.metrics = Path(metrics) if metrics is not None else None
+        for field in ("save", "resume"):
+            if isinstance(getattr(chosen, field), str):
+                setattr(chosen, field, Path(getattr(chosen, field)))
+        names = self.inputs
+        data = iterable_source(batches, names, "fit(batches)")
+        evals = iterable_source(eval_batches, names, "fit(eval_batches)") if eval_batches else None
+        state = train(self.pipeline, loss_fn, data, chosen, eval_data=evals)
+        self._factory = None  # the loop built its own optimizers
+        return state.records
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer under the original model's names."""
         return self.pipeline.state_dict()

@@ -20,7 +20,7 @@ import torch
 from pipecompile.errors import ModelFileError
 from pipecompile.model.model_file import ModelSpec, named_inputs
 
-__all__ = ["Batch", "BatchSource", "batch_source", "example_source"]
+__all__ = ["Batch", "BatchSource", "batch_source", "example_source", "iterable_source"]
 
 TRAIN, EVAL = "train_batches", "eval_batches"
 
@@ -68,9 +68,23 @@ def batch_source(spec: ModelSpec, hook: str = TRAIN) -> BatchSource | None:
     def epoch() -> Iterator[Batch]:
         nonlocal probe
         batches, probe = (probe if probe is not None else _call(fn, spec.path, hook)), None
-        yield from _checked(batches, spec, hook)
+        yield from _checked(batches, spec.input_names, spec.path, f"{hook}()")
 
     return BatchSource(epoch, length, f"{hook}() of {spec.path.name}")
+
+
+def iterable_source(batches: Any, input_names: list[str], label: str) -> BatchSource:
+    """``batches`` (an iterable of (inputs, targets), iterated once per epoch, or a function
+    returning one) as a BatchSource; errors call it ``label``."""
+    make = batches if callable(batches) else (lambda: batches)
+    first = make()
+    if isinstance(first, Iterator) and not callable(batches):
+        raise ModelFileError(
+            f"{label} is an iterator, which a second epoch would find empty; pass a list, or a "
+            "function returning a fresh iterable per epoch"
+        )
+    return BatchSource(lambda: _checked(make(), input_names, Path(label), ""), _length(first),
+                       label)  # fmt: skip
 
 
 def _call(fn: Callable[[], Any], path: Path, hook: str) -> Any:
@@ -93,7 +107,7 @@ def _length(batches: Any) -> int | None:
         return None
 
 
-def _checked(batches: Any, spec: ModelSpec, hook: str) -> Iterator[Batch]:
+def _checked(batches: Any, names: list[str], path: Path, hook: str) -> Iterator[Batch]:
     iterator = iter(batches)
     k = 0
     while True:
@@ -103,28 +117,28 @@ def _checked(batches: Any, spec: ModelSpec, hook: str) -> Iterator[Batch]:
             return
         except Exception as err:
             raise ModelFileError(
-                f"{spec.path}: {hook}() raised at batch {k}: {type(err).__name__}: {err}"
+                f"{path}: {hook or 'the batches'} raised at batch {k}: {type(err).__name__}: {err}"
             ) from err
-        yield _batch(raw, spec, f"{hook}() batch {k}")
+        yield _batch(raw, names, path, f"{hook} batch {k}".strip())
         k += 1
 
 
-def _batch(raw: Any, spec: ModelSpec, where: str) -> Batch:
+def _batch(raw: Any, names: list[str], path: Path, where: str) -> Batch:
     if not (isinstance(raw, tuple | list) and len(raw) == 2):
         got = f"a {type(raw).__name__}" + (
             f" of {len(raw)}" if isinstance(raw, tuple | list) else ""
         )
         raise ModelFileError(
-            f"{spec.path}: {where} is {got}; each batch must be a pair (inputs, targets)"
+            f"{path}: {where} is {got}; each batch must be a pair (inputs, targets)"
         )
     raw_inputs, raw_targets = raw
-    inputs = named_inputs(spec.input_names, raw_inputs, spec.path, hook=where)
+    inputs = named_inputs(names, raw_inputs, path, hook=where)
     targets = (raw_targets,) if isinstance(raw_targets, torch.Tensor) else raw_targets
     if not (isinstance(targets, tuple | list) and targets) or not all(
         isinstance(t, torch.Tensor) for t in targets
     ):
         raise ModelFileError(
-            f"{spec.path}: {where} has targets of type {type(raw_targets).__name__}; give a "
+            f"{path}: {where} has targets of type {type(raw_targets).__name__}; give a "
             "tensor or a tuple of tensors, as loss_fn(output, *targets) takes them"
         )
     return Batch(inputs, tuple(targets))

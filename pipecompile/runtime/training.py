@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,6 +88,7 @@ class TrainOptions:
     warmup_steps: int = 0
     clip_grad_norm: float | None = None
     precision: str = "fp32"
+    loss_scale: float = 2.0**16  # fp16: the initial dynamic loss scale
     seed: int | None = None
     skip_nonfinite: bool = False
     save: Path | None = None
@@ -97,6 +98,8 @@ class TrainOptions:
     eval_every: int = 0  # 0: after each epoch and at the end (when there is an eval hook)
     quiet: bool = False
     measure_memory: bool = False
+    optimizer_factory: Callable[[list[Any]], torch.optim.Optimizer] | None = None  # API: over
+    # a stage's parameters, instead of ``optimizer`` and ``lr``
 
 
 @dataclass
@@ -161,14 +164,14 @@ def train(
     state = state or TrainState()
     check_options(options, pipe.program)
     pipe.precision = PRECISIONS[options.precision]
-    factory = OPTIMIZERS[options.optimizer]
-    pipe.set_optimizer(lambda ps: factory(ps, lr=options.lr))
+    kind = OPTIMIZERS[options.optimizer]
+    pipe.set_optimizer(options.optimizer_factory or (lambda ps: kind(ps, lr=options.lr)))
     length = _epoch_length(data, group)
     total = _total_steps(options, length)
     state.total = total
     schedulers = make_schedulers(pipe.optimizers or [], options.lr_schedule,
                                  options.warmup_steps, total)  # fmt: skip
-    scaler = LossScaler() if options.precision == "fp16" else None
+    scaler = LossScaler(options.loss_scale) if options.precision == "fp16" else None
     first = 0
     if options.resume is not None:
         first = resume(pipe, options.resume, group.rank)
@@ -275,19 +278,19 @@ def _one_step(
     used = part + 1 if batch is not None else part
     loss = summed_loss / (m * used)
     note, skipped, grad_norm = "", False, None
-    if not math.isfinite(loss):
+    if overflows > 0:  # before the loss: a scaled loss may overflow where the loss did not
+        assert scaler is not None
+        pipe.drop_step()
+        scaler.update(True)
+        note = f"  skipped: fp16 gradients overflowed; loss scale now {scaler.scale:g}"
+        skipped = True
+    elif not math.isfinite(loss):
         if not options.skip_nonfinite:
             if bad is not None:
                 check_losses(bad[1], step + 1)  # names the micro-batch on the rank that has it
             raise RuntimeFailure(f"step {step + 1}: the loss is {loss}; training stops here")
         pipe.drop_step()
         note, skipped = "  skipped: the loss is not finite", True
-    elif overflows > 0:
-        assert scaler is not None
-        pipe.drop_step()
-        scaler.update(True)
-        note = f"  skipped: fp16 gradients overflowed; loss scale now {scaler.scale:g}"
-        skipped = True
     elif sync:
         unscale = (1.0 / scaler.scale if scaler is not None else 1.0) * parts / used
         if options.clip_grad_norm is not None:
