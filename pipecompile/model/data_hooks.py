@@ -108,10 +108,11 @@ def _length(batches: Any) -> int | None:
 
 
 def _checked(batches: Any, names: list[str], path: Path, hook: str) -> Iterator[Batch]:
-    iterator = iter(batches)
+    iterator: Iterator[Any] | None = None
     k = 0
     while True:
         try:
+            iterator = iterator or iter(batches)
             raw = next(iterator)
         except StopIteration:
             return

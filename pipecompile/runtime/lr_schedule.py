@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pipecompile.errors import PipecompileError
 
-__all__ = ["SCHEDULES", "lr_factor", "make_schedulers"]
+__all__ = ["SCHEDULES", "lr_factor", "make_schedulers", "resume_at"]
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -53,3 +53,13 @@ def make_schedulers(
     """One scheduler per optimizer (None where a stage has no parameters here)."""
     factor = lr_factor(name, warmup, total)
     return [LambdaLR(opt, factor) for opt in optimizers if opt is not None]
+
+
+def resume_at(schedulers: Sequence[LambdaLR], step: int) -> None:
+    """Continue the schedules at optimizer step ``step`` (after loading a checkpoint, whose
+    optimizer state holds the rate of the step before)."""
+    for scheduler in schedulers:
+        scheduler.last_epoch = step
+        groups = scheduler.optimizer.param_groups
+        for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(step)

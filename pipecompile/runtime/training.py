@@ -36,7 +36,7 @@ from pipecompile.runtime.grad_ops import (
     squared_norm,
     take_grads,
 )
-from pipecompile.runtime.lr_schedule import make_schedulers
+from pipecompile.runtime.lr_schedule import make_schedulers, resume_at
 from pipecompile.runtime.metrics import Reporter, batch_counts, local_bubble, peak_memory
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast
@@ -178,8 +178,7 @@ def train(
         saved = train_state(options.resume)
         if scaler is not None and "loss_scale" in saved:
             scaler.load_state_dict(saved["loss_scale"])
-        for scheduler in schedulers:
-            scheduler.last_epoch = first
+        resume_at(schedulers, first)
     seed = options.seed if options.seed is not None else int(group.max([draw_base()])[0])
     feed = _Feed(data, length, group, epochs=options.epochs,
                  skip=first * options.accumulate, device=device)  # fmt: skip

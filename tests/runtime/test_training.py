@@ -41,8 +41,8 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def _batches(count: int, seed: int = 0) -> list[tuple[tuple[torch.Tensor], torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [((torch.randint(0, 32, (8, 6), generator=g),), torch.randint(0, 32, (8, 6), generator=g))
-            for _ in range(count)]  # fmt: skip
+    ids = [torch.randint(0, 32, (8, 6), generator=g) for _ in range(2 * count)]
+    return [((ids[2 * k],), ids[2 * k + 1]) for k in range(count)]
 
 
 def _model(dropout: float = 0.0) -> nn.Module:

@@ -1,0 +1,155 @@
+"""`pipecompile run` on a model file's own data: train_batches()/eval_batches(), epochs,
+metrics.jsonl and `plot`, resuming mid-schedule, which ranks read data, and bad hooks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipecompile.cli import main
+from tests.conftest import write_model_file
+
+MODEL = """
+import os
+from pathlib import Path
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MARKS = os.environ.get("DATA_MARKS")
+
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 8), nn.Dropout(0.2), nn.Tanh(),
+                         nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 16))
+
+
+def _batch(k):
+    g = torch.Generator().manual_seed(k)
+    return (torch.randint(0, 16, (4, 5), generator=g),), torch.randint(0, 16, (4, 5), generator=g)
+
+
+class Batches:
+    def __init__(self, count, first):
+        self.count, self.first = count, first
+
+    def __len__(self):
+        return self.count
+
+    def __iter__(self):
+        if MARKS:
+            Path(MARKS, f"rank{os.environ.get('RANK', 'local')}").touch()
+        BREAK
+        return iter([_batch(self.first + k) for k in range(self.count)])
+
+
+def train_batches():
+    return Batches(3, 0)
+
+
+def eval_batches():
+    return Batches(2, 100)
+
+
+def example_inputs():
+    return _batch(0)[0]
+
+
+def example_targets():
+    return (_batch(0)[1],)
+
+
+def loss_fn(out, target):
+    return F.cross_entropy(out.reshape(-1, 16), target.reshape(-1))
+"""
+
+
+def _compiled(tmp_path: Path, breaking: str = "pass", stages: int = 2) -> Path:
+    path = write_model_file(tmp_path, MODEL.replace("BREAK", breaking), "data_model.py")
+    out = tmp_path / "out"
+    argv = [str(path), "--stages", str(stages), "--microbatches", "2", "-q", "-o", str(out)]
+    assert main(argv) == 0
+    return out
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_epochs_eval_metrics_and_plot(tmp_path, capsys):
+    out = _compiled(tmp_path)
+    assert main(["run", str(out), "--epochs", "2", "--seed", "1"]) == 0
+    stdout, err = capsys.readouterr()
+    assert "training on train_batches() of data_model.py, 3 batches an epoch" in err
+    assert "step 6/6" in stdout and "eval after step 3" in stdout, stdout
+    records = _records(out / "metrics.jsonl")
+    assert [r["kind"] for r in records] == ["start", *["train"] * 3, "eval", *["train"] * 3,
+                                            "eval"]  # fmt: skip
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["epoch"] for r in train] == [1, 1, 1, 2, 2, 2]
+    assert train[0]["samples_per_s"] > 0 and train[0]["tokens_per_s"] > 0
+    assert 0 <= train[0]["bubble"] < 1 and len(train[0]["peak_memory"]) == 2
+    assert main(["plot", str(out)]) == 0
+    assert (out / "training.svg").read_text().startswith("<?xml")
+
+
+def test_resuming_mid_schedule_ends_where_one_run_ends(tmp_path, capsys):
+    out = _compiled(tmp_path)
+    ck = tmp_path / "ck"
+    common = ["--steps", "4", "--seed", "2", "--lr-schedule", "cosine", "--warmup-steps", "1",
+              "--lr", "0.05", "--epochs", "2"]  # fmt: skip
+    assert main(["run", str(out), *common, "--save", str(ck), "--save-every", "2",
+                 "--metrics", str(tmp_path / "one.jsonl")]) == 0  # fmt: skip
+    (ck / "latest").write_text("step_2\n")  # as if the run had stopped after step 2's save
+    assert main(["run", str(out), *common, "--resume", str(ck),
+                 "--metrics", str(tmp_path / "two.jsonl")]) == 0  # fmt: skip
+    one = [r for r in _records(tmp_path / "one.jsonl") if r["kind"] == "train"]
+    two = [r for r in _records(tmp_path / "two.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in two] == [3, 4] and [r["epoch"] for r in two] == [1, 2]
+    assert [r["lr"] for r in two] == pytest.approx([r["lr"] for r in one[2:]], rel=1e-12)
+    assert [r["loss"] for r in two] == [r["loss"] for r in one[2:]]  # bit for bit
+
+
+def test_only_first_and_last_stage_ranks_read_data(tmp_path, capfd, monkeypatch):
+    out = _compiled(tmp_path, stages=3)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("DATA_MARKS", str(marks))
+    assert main(["run", str(out), "--steps", "2", "--seed", "5", "--nproc", "3",
+                 "--metrics", str(tmp_path / "d.jsonl")]) == 0  # fmt: skip
+    assert sorted(p.name for p in marks.iterdir()) == ["rank0", "rank2"]
+    monkeypatch.delenv("DATA_MARKS")
+    assert main(["run", str(out), "--steps", "2", "--seed", "5",
+                 "--metrics", str(tmp_path / "l.jsonl")]) == 0  # fmt: skip
+    dist = [r["loss"] for r in _records(tmp_path / "d.jsonl") if r["kind"] == "train"]
+    local = [r["loss"] for r in _records(tmp_path / "l.jsonl") if r["kind"] == "train"]
+    assert dist == pytest.approx(local, rel=1e-6)
+
+
+@pytest.mark.parametrize(("breaking", "message"), [
+    ("raise ValueError('disk gone')", "train_batches() raised at batch 0: ValueError: disk gone"),
+    ("return iter([(1, 2, 3)])", "train_batches() batch 0 is a tuple of 3; each batch must be"),
+    ("return iter([((torch.zeros(4, 5, dtype=torch.long),), 'x')])",
+     "train_batches() batch 0 has targets of type str"),
+])  # fmt: skip
+def test_a_bad_hook_is_one_line(tmp_path, capsys, breaking, message):
+    out = _compiled(tmp_path, breaking=breaking)
+    assert main(["run", str(out), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--precision", "fp16"], "--precision fp16 needs a GPU"),
+    (["--clip-grad-norm", "-1"], "--clip-grad-norm -1: the norm must be above 0"),
+    (["--lr-schedule", "cosin"], "invalid choice: 'cosin'"),
+    (["--accumulate", "0"], "'0' is not a whole number of at least 1"),
+])  # fmt: skip
+def test_bad_training_options(tmp_path, capsys, argv, message):
+    out = _compiled(tmp_path)
+    assert main(["run", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
