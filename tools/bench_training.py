@@ -14,6 +14,7 @@ torch.distributed.pipelining.
 
     python tools/bench_training.py            # the figures in docs/BENCHMARKS.md
     python tools/bench_training.py --quick    # fewer steps and configurations
+    python tools/bench_training.py --part throughput   # one part
 """
 
 from __future__ import annotations
@@ -193,6 +194,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps and configurations")
     parser.add_argument("--peer-worker", nargs=2, metavar=("STEPS", "RESULT"))
     parser.add_argument("--model-ref", default=str(CHAR))
+    parser.add_argument("--part", action="append", choices=("seeds", "bf16", "throughput"),
+                        help="run only this part (repeatable; default all)")  # fmt: skip
     args = parser.parse_args()
     if args.peer_worker:
         peer_worker(int(args.peer_worker[0]), Path(args.peer_worker[1]), args.model_ref)
@@ -202,9 +205,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        seeds(root, args.quick)
-        bf16(root, args.quick)
-        throughput(root, args.quick)
+        for part in args.part or ("seeds", "bf16", "throughput"):
+            {"seeds": seeds, "bf16": bf16, "throughput": throughput}[part](root, args.quick)
 
 
 if __name__ == "__main__":
