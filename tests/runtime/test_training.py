@@ -195,3 +195,31 @@ def test_epochs_and_eval() -> None:
     assert [r["epoch"] for r in records] == [1, 1, 1, 2, 2, 2]
     assert all(math.isfinite(r["loss"]) and r["samples_per_s"] > 0 for r in records)
     assert records[0]["tokens_per_s"] == pytest.approx(records[0]["samples_per_s"] * 6)
+
+
+def test_a_batch_that_does_not_split_is_named() -> None:
+    pipe = _compiled(_model())
+    good = _batches(1)
+    odd = ((torch.randint(0, 32, (5, 6)),), torch.randint(0, 32, (5, 6)))
+    with pytest.raises(PipecompileError, match=r"batch 1 of fit\(batches\)"):
+        pipe.fit([*good, odd], _loss, "sgd", epochs=1)
+
+
+def test_progress_bar_on_a_terminal_and_lines_otherwise(tmp_path) -> None:
+    import io
+
+    from pipecompile.runtime.metrics import Reporter
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    record = {"step": 2, "loss": 1.5, "step_ms": 10.0, "samples_per_s": 80.0,
+              "tokens_per_s": None, "bubble": 0.25, "first": 0}  # fmt: skip
+    bar, lines = Terminal(), io.StringIO()
+    Reporter(tmp_path / "m.jsonl", 4, stream=bar).step(dict(record))
+    Reporter(None, 4, stream=lines).step(dict(record))
+    assert bar.getvalue().startswith("\r[############............] 2/4  loss 1.5000")
+    assert "ETA 0:00:0" in bar.getvalue()
+    assert lines.getvalue() == "step 2/4  loss 1.500000  (10.0 ms)  80.0 samples/s  bubble 25%\n"
+    assert '"kind": "train"' in (tmp_path / "m.jsonl").read_text()
