@@ -37,7 +37,6 @@ from pipecompile.runtime.watchdog import Watchdog
 __all__ = ["main", "worker_parser"]
 
 
-
 def worker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipecompile.runtime.worker")
     parser.add_argument("directory")
