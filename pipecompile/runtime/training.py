@@ -239,7 +239,7 @@ def _one_step(
     m, parts = pipe.program.microbatches, options.accumulate
     loss_scale = (scaler.scale if scaler else 1.0) / (m * parts) if sync else 1.0
     began = time.perf_counter()
-    busy_ns = 0
+    busy_ns = sent = 0
     total_loss = 0.0
     bad: tuple[int, dict[int, torch.Tensor]] | None = None
     samples = tokens = 0
@@ -269,11 +269,12 @@ def _one_step(
         total_loss += part_sum
         stats = pipe.last_stats
         busy_ns += sum(stats.compute_ns.values()) if stats else 0
+        sent += pipe.last_sent_bytes
         counts = batch_counts(pipe.manifest, batch.inputs if reads[0] else None)
         samples, tokens = samples + counts[0], tokens + (counts[1] or 0)
     overflow = 1.0 if sync and scaler is not None and not all_finite(pipe) else 0.0
     sq = squared_norm(pipe) if sync and options.clip_grad_norm is not None else 0.0
-    summed_loss, overflows, sq_norm = group.sum([total_loss, overflow, sq])
+    summed_loss, overflows, sq_norm, sent_total = group.sum([total_loss, overflow, sq, sent])
     used = part + 1 if batch is not None else part
     loss = summed_loss / (m * used)
     note, skipped, grad_norm = "", False, None
@@ -313,7 +314,7 @@ def _one_step(
         "tokens_per_s": tokens / seconds if tokens else None,
         "bubble": local_bubble(pipe) if one_process else 1 - sum(b[0] for b in busy) / len(busy),
         "peak_memory": [int(v) for b in busy for v in b[1:]],
-        "sent_bytes": pipe.last_sent_bytes,
+        "sent_bytes": int(sent_total),
         "grad_norm": grad_norm,
         "loss_scale": scaler.scale if scaler is not None else None,
         "skipped": skipped,

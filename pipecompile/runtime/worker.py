@@ -164,7 +164,8 @@ def _run(
         manifest, modules, program, device=device,
         replica=(replica, placement.device_replicas[device]),
         backend=lambda: DistBackend(
-            layout, manifest, program.microbatches, groups, placement, device=where
+            layout, manifest, program.microbatches, groups, placement, device=where,
+            wire_dtype=pipe.precision,
         ),
         wrap=lambda handlers: _tracked(handlers, watchdog),
         after_step=lambda: watchdog.idle("between steps"),

@@ -153,3 +153,20 @@ def test_bad_training_options(tmp_path, capsys, argv, message):
     assert main(["run", str(out), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+def test_nproc_agrees_with_local_under_every_training_option(tmp_path, capsys):
+    """Accumulation, clipping (a norm summed over ranks), bf16 traffic over gloo, a schedule."""
+    out = _compiled(tmp_path)
+    flags = ["--steps", "3", "--seed", "3", "--accumulate", "2", "--clip-grad-norm", "0.05",
+             "--precision", "bf16", "--lr-schedule", "linear", "--warmup-steps", "1"]  # fmt: skip
+    for name, extra in (("local", []), ("nproc", ["--nproc", "2"])):
+        metrics = str(tmp_path / f"{name}.jsonl")
+        assert main(["run", str(out), *flags, "--metrics", metrics, *extra]) == 0
+    local, dist = (_records(tmp_path / f"{n}.jsonl")[1:] for n in ("local", "nproc"))
+    assert [r["kind"] for r in dist] == [r["kind"] for r in local] == [*["train"] * 3, "eval"]
+    assert [r["loss"] for r in dist] == pytest.approx([r["loss"] for r in local], rel=1e-6)
+    for key in ("grad_norm", "lr", "sent_bytes"):
+        got, want = ([r[key] for r in rs[:3]] for rs in (dist, local))
+        assert got == pytest.approx(want, rel=1e-6), key
+    assert all(r["grad_norm"] > 0.05 for r in local[:3])  # clipping acted
