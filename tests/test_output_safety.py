@@ -89,8 +89,10 @@ def test_checkpoints_beside_survive_a_recompile(tmp_path):
     assert _compile(out) == 0
     assert main(["run", str(out), "-q", "--steps", "2", "--save", str(saved)]) == 0
     before = _snapshot(saved)
+    metrics = (out / "metrics.jsonl").read_text()
     assert _compile(out) == 0
     assert _snapshot(saved) == before
+    assert (out / "metrics.jsonl").read_text() == metrics  # the runs' history is carried over
 
 
 def test_export_never_overwrites_without_force(emitted, tmp_path, capsys):

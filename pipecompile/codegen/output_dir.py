@@ -5,7 +5,9 @@ A directory is pipecompile's only if its ``manifest.json`` parses and carries pi
 format marker; even then, pipecompile owns only the files that manifest names (stage sources,
 weights, ONNX graphs, the program, the manifest) and the pictures. Anything else in the
 directory is the user's: a compile refuses to replace a directory holding such files, and with
-``force`` writes its own files beside them, never deleting one it did not write.
+``force`` writes its own files beside them, never deleting one it did not write. What `run`
+and `plot` write there (``RUN_RECORDS``) is pipecompile's too, but it is the history of
+training runs, not part of the compiled model: a recompile carries it over.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from pipecompile.errors import EmitError
 
 __all__ = [
+    "RUN_RECORDS",
     "FORMAT",
     "MANIFEST",
     "PICTURES",
@@ -36,6 +39,8 @@ MANIFEST = "manifest.json"
 # Every picture `pipecompile viz` may draw into an emitted directory.
 PICTURES = tuple(f"{name}.{ext}" for name in ("stages", "schedule")
                  for ext in ("dot", "svg", "png", "pdf"))  # fmt: skip
+
+RUN_RECORDS = ("metrics.jsonl", "training.svg")  # run's metrics and plot's picture
 
 
 def read_own_manifest(directory: Path) -> dict[str, Any] | None:
@@ -83,7 +88,8 @@ def check_replaceable(out: Path, *, force: bool = False) -> list[str]:
     if not present:
         return []
     manifest = read_own_manifest(out)
-    foreign = [n for n in present if manifest is None or n not in owned_names(manifest)]
+    ours = owned_names(manifest) | set(RUN_RECORDS) if manifest is not None else set()
+    foreign = [n for n in present if n not in ours]
     if foreign and not force:
         what = "is not a pipecompile output; it holds" if manifest is None else "holds"
         shown = ", ".join(_label(out, n) for n in foreign[:5])
@@ -128,6 +134,9 @@ def replace_output(tmp: Path, out: Path, *, keep: list[str]) -> None:
         elif not out.exists():
             tmp.rename(out)
         else:
+            for name in RUN_RECORDS:  # the runs' history outlives the compiled stages
+                if (out / name).is_file() and not (tmp / name).exists():
+                    os.replace(out / name, tmp / name)
             old = out.parent / f".pipecompile-old-{uuid.uuid4().hex[:12]}"
             out.rename(old)
             tmp.rename(out)
