@@ -9,18 +9,7 @@ import torch
 
 from pipecompile.errors import RuntimeFailure
 
-__all__ = ["SKIP_NEEDS_SYNC", "check_losses", "finite", "skipped_line"]
-
-SKIP_NEEDS_SYNC = (
-    "--skip-nonfinite needs a synchronous schedule: {schedule} applies each micro-batch's "
-    "update before the step's other losses are known; compile with --schedule gpipe, 1f1b, "
-    "zb1p or interleaved, or drop the option"
-)
-
-
-def finite(total: float) -> bool:
-    """Whether a step's summed loss is finite (a sum is finite only if every term is)."""
-    return bool(torch.isfinite(torch.tensor(total)))
+__all__ = ["check_losses", "skipped_line"]
 
 
 def skipped_line(skipped: list[int], steps: int) -> str:

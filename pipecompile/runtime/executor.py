@@ -21,7 +21,7 @@ from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
 from pipecompile.runtime.backend import Backend, MessageKey
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.precision import autocast, for_wire
+from pipecompile.runtime.precision import autocast, device_of, for_wire
 from pipecompile.runtime.random_state import draw_base, seeded
 from pipecompile.runtime.stats import RunStats
 from pipecompile.runtime.weight_versions import WeightVersions
@@ -185,7 +185,7 @@ class StepExecutor:
         """Stage j's forward; a failure names the line of the stage file it happened on."""
         module = self.modules[j]
         try:
-            with autocast(self.precision, _device_of(module)):
+            with autocast(self.precision, device_of(module)):
                 if weights is None:
                     return tuple(module(*args))
                 return tuple(torch.func.functional_call(module, weights, tuple(args)))
@@ -422,7 +422,7 @@ class StepExecutor:
         count = len(self.microbatches)
         check_target_rows(output, self.targets[i], self.microbatches[i], split=count > 1,
                           scale=count)  # fmt: skip
-        with autocast(self.precision, _device_of(self.modules[self.layout.last])):
+        with autocast(self.precision, device_of(self.modules[self.layout.last])):
             loss = call_loss_fn(self.loss_fn, output, self.targets[i])
         return loss.float() * self.loss_scale
 
@@ -450,11 +450,6 @@ class _NoCount:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _device_of(module: nn.Module) -> torch.device:
-    param = next(module.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
 
 
 def _mb(instr: Instr) -> int:

@@ -9,7 +9,6 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -170,7 +169,3 @@ def _throughput(record: dict[str, Any]) -> str:
 def _clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["PRECISIONS", "LossScaler", "autocast", "for_wire"]
+__all__ = ["PRECISIONS", "LossScaler", "autocast", "device_of", "for_wire"]
 
 PRECISIONS: dict[str, torch.dtype | None] = {
     "fp32": None,
@@ -30,6 +31,12 @@ def autocast(dtype: torch.dtype | None, device: torch.device) -> AbstractContext
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
+
+
+def device_of(module: nn.Module | None) -> torch.device:
+    """Where ``module``'s parameters live (the CPU for none): the device autocast is for."""
+    param = next(module.parameters(), None) if module is not None else None
+    return param.device if param is not None else torch.device("cpu")
 
 
 def for_wire(value: Any, dtype: torch.dtype | None) -> Any:

@@ -27,7 +27,7 @@ from pipecompile.errors import PipecompileError, RuntimeFailure
 from pipecompile.ir.program import Program
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime.checkpoint import resume, save, save_due, train_state
-from pipecompile.runtime.divergence import SKIP_NEEDS_SYNC, check_losses, skipped_line
+from pipecompile.runtime.divergence import check_losses, skipped_line
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.grad_ops import (
     add_grads,
@@ -39,10 +39,16 @@ from pipecompile.runtime.grad_ops import (
 from pipecompile.runtime.lr_schedule import make_schedulers, resume_at
 from pipecompile.runtime.metrics import Reporter, batch_counts, local_bubble, peak_memory
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast
+from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
 from pipecompile.runtime.random_state import draw_base, step_base
 
 __all__ = ["OPTIMIZERS", "Group", "LocalGroup", "TrainOptions", "TrainState", "train"]
+
+NEEDS_SYNC = (
+    "{flags} needs a synchronous schedule: {schedule} applies each micro-batch's update "
+    "before the step's other losses are known; compile with --schedule gpipe, 1f1b, zb1p or "
+    "interleaved, or drop the option"
+)
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
@@ -134,9 +140,7 @@ def check_options(options: TrainOptions, program: Program) -> None:
         ) if on]  # fmt: skip
         if asked:
             raise PipecompileError(
-                SKIP_NEEDS_SYNC.replace("--skip-nonfinite", " and ".join(asked)).format(
-                    schedule=program.schedule
-                )
+                NEEDS_SYNC.format(flags=" and ".join(asked), schedule=program.schedule)
             )
 
 
@@ -241,7 +245,7 @@ def _one_step(
     began = time.perf_counter()
     busy_ns = sent = 0
     total_loss = 0.0
-    bad: tuple[int, dict[int, torch.Tensor]] | None = None
+    bad: dict[int, torch.Tensor] | None = None  # the first non-finite part's losses
     samples = tokens = 0
     for part in range(parts):
         batch = feed.next()
@@ -265,7 +269,7 @@ def _one_step(
         losses = pipe.last_losses
         part_sum = float(sum(v.detach().double() for v in losses.values())) / loss_scale
         if bad is None and not math.isfinite(part_sum):
-            bad = (part, dict(losses))
+            bad = dict(losses)
         total_loss += part_sum
         stats = pipe.last_stats
         busy_ns += sum(stats.compute_ns.values()) if stats else 0
@@ -287,7 +291,7 @@ def _one_step(
     elif not math.isfinite(loss):
         if not options.skip_nonfinite:
             if bad is not None:
-                check_losses(bad[1], step + 1)  # names the micro-batch on the rank that has it
+                check_losses(bad, step + 1)  # names the micro-batch on the rank that has it
             raise RuntimeFailure(f"step {step + 1}: the loss is {loss}; training stops here")
         pipe.drop_step()
         note, skipped = "  skipped: the loss is not finite", True
@@ -320,13 +324,6 @@ def _one_step(
         "skipped": skipped,
         "note": note,
     }
-
-
-def _device(pipe: Pipeline) -> torch.device:
-    for module in pipe.modules:
-        for param in module.parameters() if module is not None else ():
-            return param.device
-    return torch.device("cpu")
 
 
 def _lr(pipe: Pipeline) -> float | None:
@@ -373,7 +370,10 @@ def _evaluate(
         while (batch := data.next()) is not None:
             output = pipe(batch.inputs if reads[0] else None)
             if output is not None and reads[1]:
-                with torch.no_grad(), autocast(pipe.precision, _device(pipe)):
+                with (
+                    torch.no_grad(),
+                    autocast(pipe.precision, device_of(pipe.modules[pipe.layout.last])),
+                ):
                     total += float(call_loss_fn(loss_fn, output, batch.targets))
                 count += 1
     finally:
