@@ -28,6 +28,7 @@ def _load_tool():  # type: ignore[no-untyped-def]
 
 
 bad_inputs = _load_tool()
+setups = sys.modules["catalogue.case"]  # the setups, loaded with the tool
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,8 @@ def workspace(tmp_path_factory):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("case", bad_inputs.CASES, ids=lambda case: case.id)
 def test_case(case, workspace):
     outcome = bad_inputs.run_case(case, workspace, in_process=True)
+    if outcome.verdict == "skipped":
+        pytest.skip(outcome.reason)
     assert outcome.clear, bad_inputs.show(outcome)
 
 
@@ -54,10 +57,11 @@ def test_quick_subset_as_a_user_runs_it():
     assert result.returncode == 0, result.stdout + result.stderr
     last = result.stdout.strip().splitlines()[-1]
     assert "0 traceback, 0 wrong exit, 0 unclear" in last, result.stdout
+    assert "0 silently wrong, 0 data lost, 0 hang" in last, result.stdout
 
 
 def test_a_traceback_is_classified_as_such():
-    case = bad_inputs.Case("x", "did", bad_inputs.nothing, (), "anything")
+    case = bad_inputs.Case("x", "did", setups.nothing, (), "anything")
     outcome = bad_inputs.Outcome(case, 1, "", "Traceback (most recent call last):\nValueError: x\n")
     assert bad_inputs.judge(case, outcome).verdict == "traceback"
     long = bad_inputs.Outcome(case, 2, "", "pipecompile: error: anything\nmore\nand more\n")
@@ -68,13 +72,26 @@ def test_a_traceback_is_classified_as_such():
     assert bad_inputs.judge(case, good).verdict == "clear"
     silent = bad_inputs.Outcome(case, 0, "", "")
     assert bad_inputs.judge(case, silent).verdict == "silently wrong"
+    hung = bad_inputs.Outcome(case, bad_inputs.HANG, "", "pipecompile: error: anything\n")
+    assert bad_inputs.judge(case, hung).verdict == "hang"
+
+
+def test_a_case_that_does_not_stop_is_judged_a_hang(tmp_path):
+    """The detector itself: a model file whose import sleeps, run with a 3 s limit."""
+    case = bad_inputs.Case(
+        "sleeps", "a model file that sleeps on import",
+        setups.write("model.py", "import time\ntime.sleep(600)\n"),
+        ("model.py", "--stages", "2", "-o", "o"), "anything", base=None, timeout=3.0,
+    )  # fmt: skip
+    outcome = bad_inputs.run_case(case, bad_inputs.Workspace(tmp_path), in_process=False)
+    assert outcome.verdict == "hang", bad_inputs.show(outcome)
 
 
 def test_a_changed_user_file_is_classified_as_data_lost(workspace):
     """The detector itself: --force overwrites the file the case declares the user's."""
     case = bad_inputs.Case(
         "overwrite-on-purpose", "export --force onto the user's file",
-        bad_inputs.write("mine.safetensors", "precious"),
+        setups.write("mine.safetensors", "precious"),
         ("export", "out", "-o", "mine.safetensors", "--force"), r"wrote", status=0,
         intact=("mine.safetensors",),
     )  # fmt: skip

@@ -20,574 +20,45 @@ Usage::
     python tools/bad_inputs.py --in-process    # call pipecompile.cli.main() instead (faster)
     python tools/bad_inputs.py --markdown > docs/ERRORS.md
 
-To add a case, append a ``Case`` to ``CASES`` (cases owned by one area may live in their own
-list, concatenated into ``CASES``).
+The cases live in ``tools/catalogue/``, one module per area (``basics``, ``files``, ``asked``,
+``pretrained``, ``ranks``); ``catalogue/case.py`` holds ``Case`` and the setups. To add a
+case, append it to its area's list. A case that may hang or that writes to file descriptor 2
+sets ``own_process`` (it always runs in a subprocess, killed after ``timeout`` seconds: a
+"hang"); one this machine cannot prepare (a full disk needs root) is skipped.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-MLP = REPO / "examples" / "mlp.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the catalogue package beside this file
+
+from catalogue.asked import ASKED  # noqa: E402
+from catalogue.basics import BASICS  # noqa: E402
+from catalogue.case import (  # noqa: E402
+    HANG,
+    MLP,
+    Case,
+    Outcome,
+    Unavailable,
+    run_in_process,
+    run_subprocess,
+)
+from catalogue.files import FILES  # noqa: E402
+from catalogue.pretrained import PRETRAINED  # noqa: E402
+from catalogue.ranks import RANKS  # noqa: E402
+
 TEST = "tests/test_bad_inputs.py::test_case"
 
-Setup = Callable[[Path], None]
-
-
-@dataclass(frozen=True)
-class Case:
-    """One mistake: ``setup`` prepares the case directory (a copy of ``base``), then
-    ``pipecompile *argv`` runs in it and must exit with ``status`` and a message on stderr
-    matching ``message`` (a regular expression, searched in the joined stderr lines)."""
-
-    id: str
-    did: str
-    setup: Setup
-    argv: tuple[str, ...]
-    message: str
-    status: int = 2
-    base: str | None = "mlp"
-    quick: bool = False
-    max_lines: int = 2
-    intact: tuple[str, ...] = ()  # files (in the case directory) that must not change
-
-
-@dataclass
-class Outcome:
-    """What one case printed and how it is judged."""
-
-    case: Case
-    status: int
-    stdout: str
-    stderr: str
-    verdict: str = ""
-    reason: str = ""
-    lines: list[str] = field(default_factory=list)
-
-    @property
-    def clear(self) -> bool:
-        return self.verdict == "clear"
-
-
-# -- setups ------------------------------------------------------------------------------
-
-
-def nothing(_: Path) -> None:
-    """The base directory as it is."""
-
-
-def edit(path: str, old: str, new: str, count: int = 1) -> Setup:
-    """A setup replacing ``old`` by ``new`` in the case directory's ``path``."""
-
-    def run(d: Path) -> None:
-        text = (d / path).read_text()
-        if old not in text:
-            raise AssertionError(f"{path} lacks {old!r}; the case needs updating")
-        (d / path).write_text(text.replace(old, new, count))
-
-    return run
-
-
-def write(path: str, text: str) -> Setup:
-    def run(d: Path) -> None:
-        (d / path).parent.mkdir(parents=True, exist_ok=True)
-        (d / path).write_text(text)
-
-    return run
-
-
-def truncate(path: str, keep: float) -> Setup:
-    """Keep the first ``keep`` fraction of ``path``'s bytes."""
-
-    def run(d: Path) -> None:
-        data = (d / path).read_bytes()
-        (d / path).write_bytes(data[: int(len(data) * keep)])
-
-    return run
-
-
-def delete(path: str) -> Setup:
-    def run(d: Path) -> None:
-        (d / path).unlink()
-
-    return run
-
-
-def copy(src: str, dst: str) -> Setup:
-    def run(d: Path) -> None:
-        shutil.copyfile(d / src, d / dst)
-
-    return run
-
-
-def compiled(
-    setup: Setup, model: str = "model.py", out: str = "out", flags: tuple[str, ...] = ()
-) -> Setup:
-    """``setup`` (writing ``model``), then compile ``model`` into ``out`` as the base is (with
-    ``flags`` added)."""
-
-    def run(d: Path) -> None:
-        setup(d)
-        argv = [model, "--stages", "2", "--microbatches", "2", *flags, "-q", "-o", out]
-        result = run_in_process(argv, d)
-        if result.status != 0:
-            raise AssertionError(f"compiling {model} failed:\n{result.stderr}")
-
-    return run
-
-
-def mlp_variant(*edits: tuple[str, str], name: str = "model.py") -> Setup:
-    """Write examples/mlp.py with each (old, new) replaced to ``name``."""
-
-    def run(d: Path) -> None:
-        text = MLP.read_text()
-        for old, new in edits:
-            if old not in text:
-                raise AssertionError(f"examples/mlp.py lacks {old!r}; the case needs updating")
-            text = text.replace(old, new)
-        (d / name).write_text(text)
-
-    return run
-
-
-# -- the catalogue -----------------------------------------------------------------------
-
-RUN = ("run", "out", "-q")
-CHECK = ("run", "out", "--check", "-q")
-INPUTS = "return (torch.randn(BATCH_SIZE, IN_FEATURES, generator=g),)"
-TARGETS = "return (torch.randn(BATCH_SIZE, OUT_FEATURES, generator=g),)"
-LOSS = 'return F.mse_loss(output, target, reduction="mean")'
-FORWARD_RETURN = "return self.fc5(x)"
-
-NO_PARAMS = '''"""A model without parameters."""
-import torch
-
-
-class Act(torch.nn.Module):
-    def forward(self, x):
-        return torch.relu(x) * 2 + 1
-
-
-def build_model():
-    return Act()
-
-
-def example_inputs():
-    return (torch.randn(8, 32),)
-
-
-def example_targets():
-    return (torch.randn(8, 32),)
-
-
-def loss_fn(output, target):
-    return torch.nn.functional.mse_loss(output, target)
-'''
-
-STAGE_CASES = [
-    Case("stage-syntax-error", "edited out/stage_1.py, leaving a syntax error",
-         edit("out/stage_1.py", "def forward(self, act2):", "def forward(self, act2:"),
-         RUN, r"out/stage_1\.py.*line \d+.*SyntaxError.*recompile", quick=True),
-    Case("stage-layer-size", "edited a layer's size in out/stage_1.py",
-         edit("out/stage_1.py", "in_features=64, out_features=10",
-              "in_features=64, out_features=12"),
-         RUN, r"stage_1\.safetensors.*fc5\.weight.*\(10, 64\).*\(12, 64\).*recompile"),
-    Case("stage-class-renamed", "renamed the class in out/stage_1.py",
-         edit("out/stage_1.py", "class Stage1(", "class MyStage("),
-         RUN, r"out/stage_1\.py.*no class 'Stage1'.*recompile"),
-    Case("stage-bad-import", "added an import of a missing module to out/stage_1.py",
-         edit("out/stage_1.py", "import torch\n", "import torch\nimport torchvisionx\n"),
-         RUN, r"out/stage_1\.py.*line 8.*torchvisionx.*recompile"),
-    Case("stage-file-deleted", "deleted out/stage_1.py",
-         delete("out/stage_1.py"), RUN, r"out/stage_1\.py.*missing.*recompile"),
-    Case("stage-forward-error", "edited forward() in out/stage_1.py to use a missing layer",
-         edit("out/stage_1.py", "self.fc5(act4)", "self.fc6(act4)"),
-         RUN, r"stage 1 forward at out/stage_1\.py:\d+: AttributeError.*fc6"),
-]  # fmt: skip
-
-WEIGHT_CASES = [
-    Case("weights-truncated", "truncated out/stage_1.safetensors (a copy cut short)",
-         truncate("out/stage_1.safetensors", 0.5),
-         RUN, r"stage 1: weights out/stage_1\.safetensors.*(damaged|truncated).*recompile",
-         quick=True),
-    Case("weights-empty", "emptied out/stage_1.safetensors (0 bytes)",
-         truncate("out/stage_1.safetensors", 0.0),
-         RUN, r"stage 1: weights out/stage_1\.safetensors.*empty.*recompile"),
-    Case("weights-deleted", "deleted out/stage_1.safetensors",
-         delete("out/stage_1.safetensors"),
-         RUN, r"stage 1: weights out/stage_1\.safetensors.*missing.*recompile"),
-    Case("weights-swapped", "copied out/stage_0.safetensors over out/stage_1.safetensors",
-         copy("out/stage_0.safetensors", "out/stage_1.safetensors"),
-         RUN, r"stage 1: weights out/stage_1\.safetensors.*fc3\.weight.*recompile"),
-]  # fmt: skip
-
-INPUT_CASES = [
-    Case("input-shape", "ran with --model whose example_inputs() has another feature size",
-         mlp_variant(("IN_FEATURES = 32", "IN_FEATURES = 16")),
-         (*RUN, "--model", "model.py"),
-         r"input 'x' has shape \(8, 16\).*compiled for \(8, 32\)", quick=True),
-    Case("input-no-batch-dim", "ran with --model whose example_inputs() lacks the batch dim",
-         mlp_variant((INPUTS, "return (torch.randn(IN_FEATURES, generator=g),)")),
-         (*RUN, "--model", "model.py"),
-         r"input 'x' has shape \(32,\).*compiled for \(8, 32\)"),
-    Case("input-no-batch-dim-check", "the input without its batch dim, under run --check",
-         mlp_variant((INPUTS, "return (torch.randn(IN_FEATURES, generator=g),)")),
-         (*CHECK, "--model", "model.py"),
-         r"input 'x' has shape \(32,\).*compiled for \(8, 32\).*lacks the batch dimension"),
-    Case("input-missing", "ran --check with --model whose forward() names its input differently",
-         mlp_variant(("def forward(self, x: torch.Tensor)", "def forward(self, y: torch.Tensor)"),
-                     ("x = self.act1(self.fc1(x))", "x = self.act1(self.fc1(y))")),
-         (*CHECK, "--model", "model.py"), r"inputs lack 'x' \(given: 'y'\).*compiled for"),
-    Case("input-key-unknown", "ran with --model whose example_inputs() names another input",
-         mlp_variant((INPUTS, 'return {"y": torch.randn(BATCH_SIZE, IN_FEATURES, generator=g)}')),
-         (*RUN, "--model", "model.py"), r"example_inputs\(\) has keys \['y'\] that"),
-    Case("check-other-model", "ran --check with --model of another model (other layer sizes)",
-         mlp_variant(("IN_FEATURES = 32", "IN_FEATURES = 16")),
-         (*CHECK, "--model", "model.py"),
-         r"eager model does not fit.*fc1\.weight is \(64, 16\) in MLP but \(64, 32\) in out"),
-    Case("input-dtype", "ran with --model whose example_inputs() are float64",
-         mlp_variant((INPUTS, "return (torch.randn(BATCH_SIZE, IN_FEATURES, generator=g, "
-                              "dtype=torch.float64),)")),
-         (*RUN, "--model", "model.py"), r"input 'x'.*float64.*compiled for.*float32"),
-    Case("input-dtype-check", "example_inputs() are float64, under run --check",
-         mlp_variant((INPUTS, "return (torch.randn(BATCH_SIZE, IN_FEATURES, generator=g, "
-                              "dtype=torch.float64),)")),
-         (*CHECK, "--model", "model.py"), r"input 'x'.*float64.*compiled for.*float32"),
-]  # fmt: skip
-
-TRAINING_CASES = [
-    Case("targets-batch", "example_targets() has another batch size than the inputs",
-         mlp_variant((TARGETS, "return (torch.randn(6, OUT_FEATURES, generator=g),)")),
-         (*RUN, "--model", "model.py"), r"target 0 has shape \(6, 10\).*batch.*8"),
-    Case("targets-batch-check", "example_targets() has another batch size, under run --check",
-         mlp_variant((TARGETS, "return (torch.randn(6, OUT_FEATURES, generator=g),)")),
-         (*CHECK, "--model", "model.py"), r"target 0 has shape \(6, 10\).*batch.*8"),
-    Case("loss-not-scalar", "loss_fn returns a tensor per sample (reduction='none')",
-         mlp_variant((LOSS, 'return F.mse_loss(output, target, reduction="none")')),
-         (*RUN, "--model", "model.py"), r"loss_fn.*model\.py.*shape \(4, 10\).*scalar"),
-    Case("loss-not-scalar-check", "loss_fn returns a tensor per sample, under run --check",
-         mlp_variant((LOSS, 'return F.mse_loss(output, target, reduction="none")')),
-         (*CHECK, "--model", "model.py"), r"loss_fn.*model\.py.*shape \(\d, 10\).*scalar"),
-    Case("loss-fn-arity", "loss_fn takes one argument but there is one target",
-         mlp_variant(("def loss_fn(output: torch.Tensor, target: torch.Tensor)",
-                      "def loss_fn(output: torch.Tensor)"),
-                     (LOSS, "return output.pow(2).mean()")),
-         (*RUN, "--model", "model.py"),
-         r"loss_fn \(model\.py:\d+\) takes 1 argument.*with 2.*output.*target"),
-    Case("loss-fn-arity-check", "loss_fn takes one argument, under run --check",
-         mlp_variant(("def loss_fn(output: torch.Tensor, target: torch.Tensor)",
-                      "def loss_fn(output: torch.Tensor)"),
-                     (LOSS, "return output.pow(2).mean()")),
-         (*CHECK, "--model", "model.py"),
-         r"loss_fn \(model\.py:\d+\) takes 1 argument.*with 2.*output.*target"),
-    Case("loss-fn-raises", "loss_fn fails inside (a shape mismatch in the user's code)",
-         mlp_variant((LOSS, "return (output @ target).mean()")),
-         (*RUN, "--model", "model.py"), r"loss_fn.*model\.py:\d+.*RuntimeError"),
-    Case("no-params-check", "run --check on a model without parameters",
-         compiled(write("model.py", NO_PARAMS)), CHECK,
-         r"no trainable parameters.*check passed", status=0, base=None),
-]  # fmt: skip
-
-OUTPUT_CASES = [
-    Case("output-batch-not-first", "forward() returns its output transposed (batch last)",
-         compiled(mlp_variant((FORWARD_RETURN, "return self.fc5(x).t()"),
-                              (LOSS, 'return F.mse_loss(output.t(), target, reduction="mean")'))),
-         CHECK, r"output 0 \(\w+\) has the batch in dimension 1.*\(10, 4\).*\(10, 8\)",
-         base=None),
-    Case("output-scalar", "forward() returns an extra scalar output",
-         compiled(mlp_variant((FORWARD_RETURN, "y = self.fc5(x)\n        return y, y.mean()"),
-                     (LOSS, 'return F.mse_loss(output[0], target, reduction="mean")'))),
-         CHECK, r"output 1 \(\w+\) is a scalar.*loss_fn", base=None),
-]  # fmt: skip
-
-NPROC_CASES = [
-    Case("nproc-stage-syntax-error", "edited out/stage_1.py, leaving a syntax error; --nproc 2",
-         edit("out/stage_1.py", "def forward(self, act2):", "def forward(self, act2:"),
-         (*RUN, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.py.*line \d+.*recompile",
-         max_lines=4),
-    Case("nproc-weights-truncated", "truncated out/stage_1.safetensors; --nproc 2",
-         truncate("out/stage_1.safetensors", 0.5),
-         (*RUN, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.safetensors.*recompile",
-         max_lines=4),
-    Case("nproc-input-batch", "ran --nproc 2 with inputs of another batch size than compiled",
-         mlp_variant(("BATCH_SIZE = 8", "BATCH_SIZE = 16")),
-         (*RUN, "--nproc", "2", "--model", "model.py"),
-         r"input 'x' has shape \(16, 32\).*compiled for \(8, 32\).*batch size differs",
-         max_lines=4),
-    Case("nproc-weights-swapped", "copied stage_0's weights over stage_1's; --nproc 2 --check",
-         copy("out/stage_0.safetensors", "out/stage_1.safetensors"),
-         (*CHECK, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.safetensors.*recompile",
-         max_lines=4),
-]  # fmt: skip
-
-
-def mkdir(path: str) -> Setup:
-    def run(d: Path) -> None:
-        (d / path).mkdir(parents=True, exist_ok=True)
-
-    return run
-
-
-def steps(*setups: Setup) -> Setup:
-    """Each setup in turn."""
-
-    def run(d: Path) -> None:
-        for setup in setups:
-            setup(d)
-
-    return run
-
-
-def ran(*argv: str) -> Setup:
-    """A setup that runs ``pipecompile ARGV`` (it must succeed)."""
-
-    def run(d: Path) -> None:
-        result = run_in_process(argv, d)
-        if result.status != 0:
-            raise AssertionError(f"pipecompile {' '.join(argv)} failed:\n{result.stderr}")
-
-    return run
-
-
-COMPILE = ("mlp.py", "--stages", "2", "-q")
-RESIDUAL = '''"""A residual MLP: stage 1 takes a value named `add`."""
-import torch
-
-
-class Residual(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
-        self.c = torch.nn.Linear(16, 4)
-
-    def forward(self, x):
-        h = x + torch.relu(self.a(x))
-        h = h + torch.relu(self.b(h))
-        return self.c(h)
-
-
-def build_model():
-    return Residual()
-
-
-def example_inputs():
-    return (torch.randn(8, 16),)
-'''
-
-OUTPUT_DIR_CASES = [
-    Case("out-foreign-manifest", "-o webapp/, a folder with its own manifest.json and index.html",
-         steps(write("webapp/manifest.json", '{"name": "app"}\n'),
-               write("webapp/index.html", "hi")),
-         (*COMPILE, "-o", "webapp"), r"webapp.*is not a pipecompile output.*index\.html.*--force",
-         quick=True, intact=("webapp/manifest.json", "webapp/index.html")),
-    Case("out-user-files", "recompiled into out/ after adding NOTES.md and results/ to it",
-         steps(write("out/NOTES.md", "notes"), mkdir("out/results"),
-               write("out/results/run1.txt", "0.5")),
-         (*COMPILE, "-o", "out", "--stages", "3"), r"NOTES\.md, results/.*--force",
-         intact=("out/NOTES.md", "out/results/run1.txt", "out/stage_1.py")),
-    Case("out-checkpoints-inside", "run out --save out/checkpoints (a recompile would delete them)",
-         nothing, ("run", "out", "--save", "out/checkpoints"), r"inside out.*recompile replaces"),
-    Case("out-is-a-file", "-o naming an existing file", write("notes.txt", "mine"),
-         (*COMPILE, "-o", "notes.txt"), r"notes\.txt.*is a file", intact=("notes.txt",)),
-    Case("out-under-a-file", "-o under an existing file", write("notes.txt", "mine"),
-         (*COMPILE, "-o", "notes.txt/out"), r"cannot create output directory.*notes\.txt",
-         intact=("notes.txt",)),
-    Case("out-name-too-long", "-o with a 300-character name", nothing,
-         (*COMPILE, "-o", "x" * 300), r"too long; choose a shorter -o"),
-    Case("export-overwrite", "export -o onto an existing file", write("mine.safetensors", "x"),
-         ("export", "out", "-o", "mine.safetensors"), r"file exists; pass --force",
-         intact=("mine.safetensors",)),
-    Case("export-onto-dir", "export -o naming the compiled directory (a sharded export)",
-         nothing, ("export", "out", "-o", "out"),
-         r"export -o out: the directory holds .*which an export did not write; pass --force",
-         intact=("out/stage_0.safetensors",)),
-    Case("viz-onto-file", "viz -o naming a file", write("mine.svg", "mine"),
-         ("viz", "out", "-o", "mine.svg"), r"is a file; name a directory", intact=("mine.svg",)),
-]  # fmt: skip
-
-
-def _other_weights(d: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    save_file({"fc1.weight": torch.zeros(3, 3)}, str(d / "other.safetensors"))
-
-
-WEIGHTS_CASES = [
-    Case(
-        "weights-missing",
-        "--weights naming a path that does not exist",
-        nothing,
-        (*COMPILE, "-o", "w", "--weights", "nowhere"),
-        r"--weights nowhere does not exist",
-    ),
-    Case(
-        "weights-damaged",
-        "--weights naming a file that is not safetensors",
-        write("broken.safetensors", "not a checkpoint"),
-        (*COMPILE, "-o", "w", "--weights", "broken.safetensors"),
-        r"broken\.safetensors is not a readable safetensors file.*truncated",
-        intact=("broken.safetensors",),
-    ),
-    Case(
-        "weights-other-model",
-        "--weights of another model (a tensor of another shape)",
-        _other_weights,
-        (*COMPILE, "-o", "w", "--weights", "other.safetensors"),
-        r"fc1\.weight is \[3, 3\] in other\.safetensors but \[\d+, 32\] in the model",
-    ),
-    Case(
-        "weights-empty-dir",
-        "--weights naming a directory without a checkpoint",
-        write("empty/NOTES.md", "x"),
-        (*COMPILE, "-o", "w", "--weights", "empty"),
-        r"--weights empty holds neither model\.safetensors\.index\.json nor",
-    ),
-]
-
-OPTION_CASES = [
-    Case("steps-zero", "run --steps 0", nothing, (*RUN, "--steps", "0"),
-         r"--steps: '0' is not a whole number of at least 1", quick=True),
-    Case("steps-negative", "run --steps -5", nothing, (*RUN, "--steps", "-5"), r"--steps: '-5'"),
-    Case("nproc-zero", "run --nproc 0", nothing, (*RUN, "--nproc", "0"), r"--nproc: '0'"),
-    Case("stages-zero", "--stages 0", nothing, (*COMPILE, "-o", "o", "--stages", "0"),
-         r"--stages: '0'"),
-    Case("microbatches-zero", "--microbatches 0", nothing,
-         (*COMPILE, "-o", "o", "--microbatches", "0"), r"--microbatches: '0'"),
-    Case("virtual-stages-zero", "--schedule interleaved --virtual-stages 0", nothing,
-         ("mlp.py", "--stages", "4", "-o", "o", "--schedule", "interleaved",
-          "--virtual-stages", "0"), r"--virtual-stages: '0'"),
-    Case("save-every-without-save", "run --save-every 2 without --save", nothing,
-         (*RUN, "--save-every", "2"), r"--save-every needs --save"),
-    Case("resume-beyond-steps", "run --resume ck at step 3 with --steps 2",
-         ran("run", "out", "-q", "--steps", "3", "--save", "ck"),
-         (*RUN, "--steps", "2", "--resume", "ck"), r"after step 3.*--steps greater than 3"),
-    Case("atol-negative", "run --check --atol -1", nothing, (*CHECK, "--atol", "-1"),
-         r"--atol: '-1' is not a finite number of at least 0"),
-    Case("lr-negative", "run --lr -0.1", nothing, (*RUN, "--lr", "-0.1"), r"--lr: '-0.1'"),
-    Case("lr-nan", "run --lr nan", nothing, (*RUN, "--lr", "nan"), r"--lr: 'nan'"),
-    Case("stages-not-a-number", "--stages two", nothing, (*COMPILE, "-o", "o", "--stages", "two"),
-         r"--stages: 'two'"),
-    Case("options-before-model", "pipecompile -q mlp.py --stages 2 (a flag first)", nothing,
-         ("-q", "mlp.py", "--stages", "2", "-o", "o"), r"^$", status=0),
-]  # fmt: skip
-
-STALE_AND_CHECK_CASES = [
-    Case("inputs-float64", "compiled a float32 model with float64 example_inputs()",
-         mlp_variant((INPUTS, INPUTS.replace("generator=g)", "generator=g).double()"))),
-         ("model.py", "--stages", "2", "-q", "-o", "o"), r"node fc1.*float32 and float64"),
-    Case("stale-model", "changed the model file (ReLU to GELU) after compiling, then ran",
-         edit("mlp.py", "nn.ReLU()", "nn.GELU()"), RUN,
-         r"out is stale: .*mlp\.py changed.*recompile.*--allow-stale", quick=True),
-    Case("stale-model-check", "changed the model file after compiling, then ran --check",
-         edit("mlp.py", "self.fc5 = ", "self.fc6 = nn.Linear(10, 10)\n        self.fc5 = "),
-         CHECK, r"is stale"),
-    Case("nan-stage-check", "edited out/stage_1.py to output NaN, then ran --check",
-         edit("out/stage_1.py", "        return (", "        return (float('nan') * "),
-         CHECK, r"pipelined results differ", status=1),
-    Case("resume-other-split", "--resume a checkpoint of another split of the same model",
-         steps(ran(*COMPILE, "-o", "other", "--split-at", "fc4"),
-               ran("run", "out", "-q", "--save", "ck")),
-         ("run", "other", "-q", "--steps", "2", "--resume", "ck"),
-         r"ck/step_1 was written by a pipeline split differently"),
-    Case("export-checkpoint-other-split", "export --checkpoint from another split",
-         steps(ran(*COMPILE, "-o", "other", "--split-at", "fc4"),
-               ran("run", "out", "-q", "--save", "ck")),
-         ("export", "other", "--checkpoint", "ck", "-o", "w.safetensors"),
-         r"split differently"),
-    Case("checkpoint-damaged", "--resume from a checkpoint whose stage file was cut short",
-         steps(ran("run", "out", "-q", "--save", "ck"),
-               truncate("ck/step_1/stage_1.safetensors", 0.5)),
-         (*RUN, "--steps", "2", "--resume", "ck"),
-         r"stage_1\.safetensors \(stage 1\) cannot be loaded"),
-    Case("onnx-residual", "onnx on a plain residual MLP (a boundary value named `add`)",
-         compiled(write("model.py", RESIDUAL), out="res"), ("onnx", "res", "-q"), r"^$",
-         status=0),
-]  # fmt: skip
-
-BATCHNORM = '''"""A BatchNorm model with a batch of 4."""
-import torch
-
-
-def build_model():
-    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                               torch.nn.Linear(8, 2))
-
-
-def example_inputs():
-    return (torch.randn(4, 8),)
-'''
-
-INPLACE = '''"""Linear and ReLU(inplace=True), three times: three places to cut."""
-import torch
-
-
-def build_model():
-    layers = []
-    for _ in range(3):
-        layers += [torch.nn.Linear(8, 8), torch.nn.ReLU(inplace=True)]
-    return torch.nn.Sequential(*layers)
-
-
-def example_inputs():
-    return (torch.randn(4, 8),)
-'''
-
-TRAINING_RUN_CASES = [
-    Case("loss-nan", "loss_fn returns NaN (training must stop, not go on)",
-         mlp_variant((LOSS, 'return F.mse_loss(output, target) * float("nan")')),
-         (*RUN, "--model", "model.py", "--steps", "3"),
-         r"step 1, micro-batch 0: the loss is nan; training stops", quick=True),
-    Case("skip-nonfinite-async", "run --skip-nonfinite on a pipedream compile",
-         compiled(nothing, "mlp.py", out="o2", flags=("--schedule", "pipedream")),
-         ("run", "o2", "--skip-nonfinite", "-q"),
-         r"--skip-nonfinite needs a synchronous schedule: pipedream applies"),
-    Case("data-hook-raises", "train_batches() raises",
-         mlp_variant(("def loss_fn(", 'def train_batches():\n    raise OSError("no such corpus")'
-                      "\n\n\ndef loss_fn(")),
-         (*RUN, "--model", "model.py"),
-         r"model.py: train_batches\(\) failed: OSError: no such corpus"),
-    Case("data-hook-structure", "train_batches() yields (x, y, z) instead of (inputs, targets)",
-         mlp_variant(("def loss_fn(", "def train_batches():\n    return [(1, 2, 3)]"
-                      "\n\n\ndef loss_fn(")),
-         (*RUN, "--model", "model.py"),
-         r"train_batches\(\) batch 0 is a tuple of 3; each batch must be a pair"),
-    Case("fp16-on-cpu", "run --precision fp16 without a GPU", nothing,
-         (*RUN, "--precision", "fp16"), r"--precision fp16 needs a GPU.*bf16", quick=True),
-    Case("clip-not-positive", "run --clip-grad-norm 0", nothing,
-         (*RUN, "--clip-grad-norm", "0"), r"--clip-grad-norm 0: the norm must be above 0"),
-    Case("unknown-lr-schedule", "run --lr-schedule cosin (a typo)", nothing,
-         (*RUN, "--lr-schedule", "cosin"),
-         r"invalid choice: 'cosin'.*'constant', 'cosine', 'linear'"),
-    Case("batchnorm-microbatch-of-one", "BatchNorm in training, --microbatches equal to the batch",
-         write("bn.py", BATCHNORM),
-         ("bn.py", "--stages", "2", "--microbatches", "4", "-o", "o", "-q"),
-         r"micro-batch is too small for BatchNorm.*fewer --microbatches"),
-    Case("inplace-too-many-stages", "ReLU(inplace=True) after every Linear, more stages than cuts",
-         write("ip.py", INPLACE), ("ip.py", "--stages", "5", "-o", "o", "-q"),
-         r"only 3 places.*writing a value in place.*--stages 3 or fewer"),
-]  # fmt: skip
-
-CASES: list[Case] = [
-    *STAGE_CASES, *WEIGHT_CASES, *INPUT_CASES, *TRAINING_CASES, *OUTPUT_CASES, *NPROC_CASES,
-    *OUTPUT_DIR_CASES, *OPTION_CASES, *STALE_AND_CHECK_CASES, *TRAINING_RUN_CASES,
-    *WEIGHTS_CASES,
-]  # fmt: skip
+CASES: list[Case] = [*BASICS, *FILES, *ASKED, *PRETRAINED, *RANKS]
 
 
 # -- bases: prepared once, copied per case -----------------------------------------------
@@ -633,65 +104,14 @@ class Workspace:
 # -- running -----------------------------------------------------------------------------
 
 
-def run_subprocess(argv: Sequence[str], cwd: Path) -> Outcome:
-    """``python -m pipecompile ARGV`` in ``cwd``, as a user runs it."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pipecompile", *argv], cwd=cwd, capture_output=True, text=True,
-        env={**os.environ, "PIPECOMPILE_DEBUG": ""}, timeout=300,
-    )  # fmt: skip
-    return Outcome(_NO_CASE, result.returncode, result.stdout, result.stderr)
-
-
-def run_in_process(argv: Sequence[str], cwd: Path) -> Outcome:
-    """``pipecompile.cli.main(argv)`` in ``cwd`` with stdout and stderr captured; an
-    exception escaping main() is printed as the interpreter would and counts as status 1.
-    Warnings are printed to the captured stderr as a fresh process would print them (a test
-    runner's filters and earlier cases' once-only registries would otherwise hide them);
-    output written straight to file descriptor 2, and logging handlers made before the
-    capture, are missed: the subprocess mode sees them."""
-    from pipecompile.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    previous = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            _default_filters()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                status = _call(main, argv)
-    finally:
-        os.chdir(previous)
-    shown = "".join(
-        warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
-    )
-    return Outcome(_NO_CASE, status, out.getvalue(), shown + err.getvalue())
-
-
-def _call(main: Callable[[list[str]], int], argv: Sequence[str]) -> int:
-    try:
-        return main(list(argv))
-    except SystemExit as exit_:  # argparse
-        return exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:  # what the user would see as a traceback
-        traceback.print_exc()
-        return 1
-
-
-def _default_filters() -> None:
-    """Python's default warning filters, as a new process has them."""
-    warnings.resetwarnings()
-    warnings.simplefilter("default")
-    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
-        warnings.simplefilter("ignore", category)
-    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
-
-
 def judge(case: Case, outcome: Outcome) -> Outcome:
     """Classify ``outcome`` as clear, traceback, wrong exit or unclear."""
     outcome.case = case
     lines = [ln for ln in outcome.stderr.splitlines() if ln.strip()]
     outcome.lines = lines
-    if "Traceback (most recent call last)" in outcome.stdout + outcome.stderr:
+    if outcome.status == HANG:
+        outcome.verdict, outcome.reason = "hang", f"still running after {case.timeout:g} s"
+    elif "Traceback (most recent call last)" in outcome.stdout + outcome.stderr:
         outcome.verdict, outcome.reason = "traceback", _last_error(lines)
     elif outcome.status == 0 and case.status != 0:
         outcome.verdict, outcome.reason = "silently wrong", f"exit 0, expected {case.status}"
@@ -729,10 +149,21 @@ def _last_error(lines: list[str]) -> str:
 
 
 def run_case(case: Case, space: Workspace, *, in_process: bool) -> Outcome:
-    d = space.prepare(case)
-    before = {path: _read(d / path) for path in case.intact}
-    runner = run_in_process if in_process else run_subprocess
-    outcome = runner(case.argv, d)
+    """Prepare ``case``, run it (in this process only if ``in_process`` and the case allows),
+    judge it, and check its user's files; a case this machine cannot prepare is skipped."""
+    try:
+        d = space.prepare(case)
+    except Unavailable as why:
+        return Outcome(case, 0, "", "", verdict="skipped", reason=str(why))
+    try:
+        before = {path: _read(d / path) for path in case.intact}
+        if in_process and not case.own_process:
+            outcome = run_in_process(case.argv, d)
+        else:
+            outcome = run_subprocess(case.argv, d, timeout=case.timeout)
+    finally:
+        if case.cleanup is not None:
+            case.cleanup(d)
     outcome.stderr = outcome.stderr.replace(f"{d}/", "").replace(str(d), ".")
     judge(case, outcome)
     lost = [path for path, data in before.items() if _read(d / path) != data]
@@ -756,9 +187,6 @@ def run_cases(cases: Sequence[Case], *, in_process: bool, jobs: int = 1) -> list
             return list(pool.map(lambda c: run_case(c, space, in_process=False), cases))
 
 
-_NO_CASE = Case("", "", nothing, (), "")
-
-
 # -- reports -----------------------------------------------------------------------------
 
 
@@ -775,10 +203,11 @@ def counts(outcomes: Sequence[Outcome]) -> str:
     def n(verdict: str) -> int:
         return sum(o.verdict == verdict for o in outcomes)
 
+    skipped = f", {n('skipped')} skipped (this machine cannot prepare them)" if n("skipped") else ""
     return (
         f"{len(outcomes)} cases tried: {n('clear')} clear, {n('traceback')} traceback, "
         f"{n('wrong exit')} wrong exit, {n('unclear')} unclear, {n('silently wrong')} silently "
-        f"wrong, {n('data lost')} data lost"
+        f"wrong, {n('data lost')} data lost, {n('hang')} hang{skipped}"
     )
 
 
@@ -861,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             print(show(o))
         print(table(outcomes))
         print(counts(outcomes))
-    return 0 if all(o.clear for o in outcomes) else 1
+    return 0 if all(o.clear or o.verdict == "skipped" for o in outcomes) else 1
 
 
 if __name__ == "__main__":
