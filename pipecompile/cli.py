@@ -445,7 +445,7 @@ def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-unty
 def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
     """Options that contradict each other or the directory, refused before anything runs."""
     from pipecompile.codegen.output_dir import inside
-    from pipecompile.runtime.checkpoint import latest_step_dir
+    from pipecompile.runtime.checkpoint import latest_step_dir, read_meta
 
     if args.save_every and not args.save:
         raise PipecompileError("--save-every needs --save DIR (where to write the checkpoints)")
@@ -461,10 +461,7 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
             f"save beside it instead, e.g. --save {directory.resolve()}-checkpoints"
         )
     if args.resume:
-        import json
-
-        step_dir = latest_step_dir(Path(args.resume))
-        step = json.loads((step_dir / "meta.json").read_text())["step"]
+        step = read_meta(latest_step_dir(Path(args.resume)))["step"]
         if args.steps is not None and step >= args.steps:
             raise PipecompileError(
                 f"--resume {args.resume} continues after step {step}, but --steps {args.steps} "

@@ -21,9 +21,9 @@ Usage::
     python tools/bad_inputs.py --markdown > docs/ERRORS.md
 
 The cases live in ``tools/catalogue/``, one module per area (``basics``, ``files``, ``asked``,
-``pretrained``, ``ranks``); ``catalogue/case.py`` holds ``Case`` and the setups. To add a
-case, append it to its area's list. A case that may hang or that writes to file descriptor 2
-sets ``own_process`` (it always runs in a subprocess, killed after ``timeout`` seconds: a
+``pretrained``, ``ranks``, ``saved``); ``catalogue/case.py`` holds ``Case`` and the setups. To
+add a case, append it to its area's list. A case that may hang or that writes to file descriptor
+2 sets ``own_process`` (it always runs in a subprocess, killed after ``timeout`` seconds: a
 "hang"); one this machine cannot prepare (a full disk needs root) is skipped.
 """
 
@@ -55,10 +55,11 @@ from catalogue.case import (  # noqa: E402
 from catalogue.files import FILES  # noqa: E402
 from catalogue.pretrained import PRETRAINED  # noqa: E402
 from catalogue.ranks import RANKS  # noqa: E402
+from catalogue.saved import SAVED  # noqa: E402
 
 TEST = "tests/test_bad_inputs.py::test_case"
 
-CASES: list[Case] = [*BASICS, *FILES, *ASKED, *PRETRAINED, *RANKS]
+CASES: list[Case] = [*BASICS, *FILES, *ASKED, *PRETRAINED, *RANKS, *SAVED]
 
 
 # -- bases: prepared once, copied per case -----------------------------------------------

@@ -23,13 +23,17 @@ one written from another meta tensor, has no recipe: it must come from a checkpo
 from __future__ import annotations
 
 import hashlib
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from pipecompile.errors import ModelFileError, PipecompileError
 
 __all__ = ["Recipe", "Step", "record_init", "replay", "tensor_seed", "is_meta_model"]
 
@@ -92,20 +96,42 @@ def record_init(model: nn.Module, hook: InitHook | None = None) -> Recipe:
         resettable = [m for m in model.modules() if callable(getattr(m, "reset_parameters", None))]
         if resettable:
             recipe.methods.append("reset_parameters")
+        paths = {id(m): path or "the model" for path, m in model.named_modules()}
         for module in resettable:
-            module.reset_parameters()
+            _initialise(f"{type(module).__name__}.reset_parameters()", module.reset_parameters,
+                        module, paths)  # fmt: skip
         own = getattr(model, "_init_weights", None)
         if callable(own):
             recipe.methods.append(f"{type(model).__name__}._init_weights")
             for module in model.modules():
-                own(module)
+                _initialise(f"{type(model).__name__}._init_weights(module)",
+                            lambda m=module: own(m), module, paths)  # fmt: skip
         if hook is not None:
             recipe.methods.append("init_weights (model file)")
             for module in model.modules():
-                hook(module)
+                _initialise("the model file's init_weights(module)", lambda m=module: hook(m),
+                            module, paths)  # fmt: skip
     for name in set(names.values()) - set(recipe.steps) - set(recipe.unrecorded):
         recipe.unrecorded[name] = "no initialisation step wrote it"
     return recipe
+
+
+def _initialise(what: str, call: Callable[[], object], module: nn.Module,
+                paths: dict[int, str]) -> None:  # fmt: skip
+    """``call()``; a failure in the user's code becomes one error naming it, the module and
+    the line."""
+    try:
+        call()
+    except PipecompileError:
+        raise
+    except Exception as err:
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno}"
+        raise ModelFileError(
+            f"{what} failed on {paths.get(id(module), '?')} ({type(module).__name__}) at "
+            f"{where}: {type(err).__name__}: {err}; fix it, or pass --weights with a "
+            "checkpoint holding every tensor"
+        ) from None
 
 
 def tensor_seed(seed: int, name: str) -> int:

@@ -4,7 +4,8 @@ Layout of a checkpoint directory::
 
     latest                  the name of the newest complete step directory
     step_<n>/meta.json      {"step": n, "stages": count, "format": "pipecompile-checkpoint/1",
-                             "split": hash, "train": {"loss_scale": ..., "epoch": ...}}
+                             "split": hash, "optimizer": "AdamW",
+                             "train": {"loss_scale": ..., "epoch": ...}}
     step_<n>/stage_<j>.safetensors   weights and buffers of stage j (its own names)
     step_<n>/stage_<j>.optim.pt      its optimizer's state_dict (tensors and numbers only)
 
@@ -38,6 +39,7 @@ __all__ = [
     "resume",
     "train_state",
     "latest_step_dir",
+    "read_meta",
     "save_due",
     "remove_partial",
     "split_fingerprint",
@@ -79,7 +81,8 @@ def _write(
     final = root / f"step_{step}"
     if rank == 0:
         meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules),
-                "split": split_fingerprint(pipe.manifest), "train": train or {}}  # fmt: skip
+                "split": split_fingerprint(pipe.manifest), "train": train or {},
+                "optimizer": _optimizer_kind(pipe)}  # fmt: skip
         (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -88,6 +91,12 @@ def _write(
         os.replace(pointer, root / "latest")
     _barrier()
     return final
+
+
+def _optimizer_kind(pipe: Pipeline) -> str | None:
+    """The class name of this rank's optimizers (every stage uses the same kind)."""
+    kinds = [type(o).__name__ for o in pipe.optimizers or [] if o is not None]
+    return kinds[0] if kinds else None
 
 
 def remove_partial(root: Path) -> None:
@@ -104,22 +113,56 @@ def save_due(done: int, steps: int, every: int) -> bool:
 
 
 def latest_step_dir(root: Path) -> Path:
-    """The newest complete checkpoint under ``root``; EmitError if there is none."""
+    """The newest complete checkpoint under ``root`` (or ``root`` itself, a ``step_<n>``
+    directory); EmitError if there is none."""
+    if (root / "meta.json").is_file():  # --resume ck/step_3: that step, not the newest
+        read_meta(root)
+        return root
     pointer = root / "latest"
     if not pointer.is_file():
         raise EmitError(f"{root} holds no checkpoint (no 'latest' file); pass a --save directory")
-    step_dir = root / pointer.read_text().strip()
-    meta = step_dir / "meta.json"
-    if not meta.is_file() or json.loads(meta.read_text()).get("format") != FORMAT:
+    try:
+        step_dir = root / pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise EmitError(f"cannot read {pointer}: {err}; pass a step directory instead, e.g. "
+                        f"--resume {root}/step_N") from None  # fmt: skip
+    if not (step_dir / "meta.json").is_file():
         raise EmitError(f"{step_dir} is not a complete pipecompile checkpoint")
+    read_meta(step_dir)
     return step_dir
+
+
+def read_meta(step_dir: Path) -> dict[str, Any]:
+    """``step_dir/meta.json``, checked; EmitError naming the file if it is damaged."""
+    path = step_dir / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise EmitError(f"checkpoint {path} is damaged ({type(err).__name__}: {err}); "
+                        f"{_earlier(step_dir)}") from None  # fmt: skip
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise EmitError(f"{step_dir} is not a complete pipecompile checkpoint ({path} lacks "
+                        f"the format {FORMAT!r}); {_earlier(step_dir)}")  # fmt: skip
+    if not isinstance(meta.get("step"), int) or not isinstance(meta.get("stages"), int):
+        raise EmitError(f"checkpoint {path} is damaged (no whole 'step' and 'stages'); "
+                        f"{_earlier(step_dir)}")  # fmt: skip
+    return meta
+
+
+def _earlier(step_dir: Path) -> str:
+    """Advice to resume from another step of the same checkpoint directory."""
+    others = sorted((p for p in step_dir.parent.glob("step_*") if p != step_dir and
+                     p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))  # fmt: skip
+    if others:
+        return f"resume from another step, e.g. --resume {others[-1]}"
+    return "resume from another checkpoint, or start again without --resume"
 
 
 def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
     """Load this rank's stages and optimizer states from the newest checkpoint; returns the
     step count to continue from."""
     step_dir = latest_step_dir(root)
-    meta = json.loads((step_dir / "meta.json").read_text())
+    meta = read_meta(step_dir)
     split = meta.get("split")
     if meta["stages"] != len(pipe.modules) or (split and split != split_fingerprint(pipe.manifest)):
         counts = f" ({meta['stages']} stages, this one {len(pipe.modules)})"
@@ -143,14 +186,35 @@ def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
         optimizer = pipe.optimizers[j] if pipe.optimizers else None
         state = step_dir / f"stage_{j}.optim.pt"
         if optimizer is not None and state.is_file():
-            optimizer.load_state_dict(torch.load(state, weights_only=True))
+            _load_optimizer(optimizer, state, meta.get("optimizer"))
     return int(meta["step"])
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, path: Path, kind: str | None) -> None:
+    """Load ``path`` into ``optimizer``, refusing a state another kind of optimizer saved (its
+    hyper-parameters would replace this one's, and the first step would fail)."""
+    try:
+        state = torch.load(path, weights_only=True)
+        saved = set(state["param_groups"][0]) - {"params"}
+    except Exception as err:
+        raise EmitError(
+            f"checkpoint file {path} cannot be loaded ({type(err).__name__}: {err}); it is "
+            "damaged: resume from another checkpoint"
+        ) from None
+    mine = set(optimizer.param_groups[0]) - {"params"}
+    if saved != mine:
+        trained = kind or f"an optimizer with {', '.join(sorted(saved - mine)[:3])}"
+        flag = f" (--optimizer {kind.lower()})" if kind in ("SGD", "Adam", "AdamW") else ""
+        raise EmitError(
+            f"checkpoint {path.parent} was trained with {trained}, this run uses "
+            f"{type(optimizer).__name__}; resume with the optimizer it was trained with{flag}"
+        )
+    optimizer.load_state_dict(state)
 
 
 def train_state(root: Path) -> dict[str, Any]:
     """The training loop's state saved with the newest checkpoint under ``root``."""
-    meta = json.loads((latest_step_dir(root) / "meta.json").read_text())
-    return dict(meta.get("train") or {})
+    return dict(read_meta(latest_step_dir(root)).get("train") or {})
 
 
 def split_fingerprint(manifest: dict[str, Any]) -> str:
