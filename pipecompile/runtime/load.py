@@ -38,6 +38,11 @@ _REQUIRED = ("format", "inputs", "outputs", "stages", "microbatches", "device_ma
 def read_manifest(directory: Path) -> dict[str, Any]:
     """The manifest of ``directory``; raises EmitError if it is missing or malformed."""
     path = Path(directory) / "manifest.json"
+    if Path(directory).suffix == ".py" and Path(directory).is_file():
+        raise EmitError(
+            f"{str(directory)!r} is a model file; this command takes the directory a compile "
+            f"writes: compile it first (`pipecompile {directory} --stages N -o DIR`), then pass DIR"
+        )
     if not path.is_file():
         raise EmitError(
             f"{str(directory)!r} holds no manifest.json; pass a directory written by "
@@ -45,8 +50,10 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         )
     try:
         manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise EmitError(f"{path} is not valid JSON: {err}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise EmitError(f"{path} cannot be read ({err}); recompile the model") from None
+    if not isinstance(manifest, dict):
+        raise EmitError(f"{path} is not a pipecompile manifest; recompile the model")
     missing = [key for key in _REQUIRED if key not in manifest]
     if missing:
         raise EmitError(f"{path} lacks {', '.join(missing)}; recompile the model")

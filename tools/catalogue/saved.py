@@ -1,9 +1,10 @@
-"""Saved training state and initialisation: a damaged checkpoint, resuming with another
-optimizer or from one step, a model file whose init_weights() raises."""
+"""What pipecompile saved and reads back: a damaged manifest or checkpoint, resuming with
+another optimizer or from one step, a model file where a directory belongs, a model file whose
+init_weights() raises."""
 
 from __future__ import annotations
 
-from catalogue.case import RUN, Case, ran, steps, write
+from catalogue.case import RUN, Case, ran, steps, truncate, write
 
 SAVED_RUN = ran("run", "out", "-q", "--steps", "2", "--save", "ck", "--save-every", "1")
 
@@ -42,6 +43,14 @@ SAVED: list[Case] = [
          r"ck/step_2 is not a complete pipecompile checkpoint.*--resume ck/step_1"),
     Case("resume-one-step", "--resume naming an earlier step directory (ck/step_1), not ck",
          SAVED_RUN, (*RUN, "--steps", "2", "--resume", "ck/step_1"), r"^$", status=0),
+    Case("run-a-model-file", "run mlp.py (the model file, not the compiled directory)",
+         steps(), ("run", "mlp.py", "-q"),
+         r"'mlp\.py' is a model file.*compile it first \(`pipecompile mlp\.py --stages N -o DIR`"),
+    Case("manifest-truncated", "out/manifest.json cut short (a copy interrupted)",
+         truncate("out/manifest.json", 0.5), RUN, r"out/manifest\.json cannot be read.*recompile"),
+    Case("manifest-a-list", "out/manifest.json replaced by a JSON list",
+         write("out/manifest.json", "[]\n"), RUN,
+         r"out/manifest\.json is not a pipecompile manifest; recompile"),
     Case("init-weights-raises", "the model file's init_weights() raises (a meta-device model)",
          write("meta_model.py", META_MODEL),
          ("meta_model.py", "--stages", "2", "-q", "-o", "mo"),
