@@ -5,7 +5,8 @@ A directory is pipecompile's only if its ``manifest.json`` parses and carries pi
 format marker; even then, pipecompile owns only the files that manifest names (stage sources,
 weights, ONNX graphs, the program, the manifest) and the pictures. Anything else in the
 directory is the user's: a compile refuses to replace a directory holding such files, and with
-``force`` writes its own files beside them, never deleting one it did not write. What `run`
+``force`` writes its own files beside them, never deleting or replacing one it did not write
+(a user's file named as one pipecompile writes, such as ``stage_0.py``, is refused). What `run`
 and `plot` write there (``RUN_RECORDS``) is pipecompile's too, but it is the history of
 training runs, not part of the compiled model: a recompile carries it over.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -29,6 +31,7 @@ __all__ = [
     "owned_names",
     "read_own_manifest",
     "check_replaceable",
+    "kept_note",
     "new_temp_dir",
     "replace_output",
     "inside",
@@ -41,6 +44,9 @@ PICTURES = tuple(f"{name}.{ext}" for name in ("stages", "schedule")
                  for ext in ("dot", "svg", "png", "pdf"))  # fmt: skip
 
 RUN_RECORDS = ("metrics.jsonl", "training.svg")  # run's metrics and plot's picture
+# The names a compile (or --onnx, or viz) may write into an output directory.
+_WRITTEN = re.compile(r"stage_\d+\.(py|safetensors|onnx)|program\.txt|init\.json"
+                      r"|init_constants\.safetensors|manifest\.json")  # fmt: skip
 
 
 def read_own_manifest(directory: Path) -> dict[str, Any] | None:
@@ -75,8 +81,9 @@ def check_replaceable(out: Path, *, force: bool = False) -> list[str]:
     Returns the names in ``out`` that pipecompile did not write (empty unless ``force``).
 
     Raises:
-        EmitError: ``out`` is a file; or it holds files pipecompile did not write (named in
-            the message) and ``force`` is not set.
+        EmitError: ``out`` is a file or cannot be created; it holds files pipecompile did
+            not write (named in the message) and ``force`` is not set; or, ``force`` or not,
+            one of them bears a name pipecompile writes (it would be replaced).
     """
     out = Path(out)
     try:
@@ -86,20 +93,50 @@ def check_replaceable(out: Path, *, force: bool = False) -> list[str]:
     except OSError as err:
         raise EmitError(f"cannot use output directory {str(out)!r}: {_reason(err)}") from None
     if not present:
+        _probe(out, inside=False)
         return []
     manifest = read_own_manifest(out)
     ours = owned_names(manifest) | set(RUN_RECORDS) if manifest is not None else set()
     foreign = [n for n in present if n not in ours]
-    if foreign and not force:
-        what = "is not a pipecompile output; it holds" if manifest is None else "holds"
-        shown = ", ".join(_label(out, n) for n in foreign[:5])
-        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+    clash = [n for n in foreign if _WRITTEN.fullmatch(n) or n in PICTURES]
+    what = "is not a pipecompile output; it holds" if manifest is None else "holds"
+    if clash:
         raise EmitError(
-            f"output directory {str(out)!r} {what} files pipecompile did not write ({shown}"
-            f"{more}); choose another -o, move them out, or pass --force to write beside them "
-            "(nothing of theirs is deleted)"
+            f"output directory {str(out)!r} {what} files pipecompile did not write "
+            f"({_shown(out, foreign)}), {_shown(out, clash)} among them under a name it may "
+            "write; it never replaces them (--force or not): choose another -o, or move them out"
         )
+    if foreign and not force:
+        raise EmitError(
+            f"output directory {str(out)!r} {what} files pipecompile did not write "
+            f"({_shown(out, foreign)}); choose another -o, move them out, or pass --force to "
+            "write beside them (nothing of theirs is deleted)"
+        )
+    _probe(out, inside=bool(foreign))
     return foreign
+
+
+def _probe(out: Path, *, inside: bool) -> None:
+    """Refuse now, before the work, an ``out`` whose parent (where the new output is built)
+    or, with ``inside``, which itself (where it is merged) cannot be written."""
+    shutil.rmtree(new_temp_dir(out))
+    if inside:
+        try:
+            probe = out / f".pipecompile-probe-{uuid.uuid4().hex[:12]}"
+            probe.mkdir()
+            probe.rmdir()
+        except OSError as err:
+            raise EmitError(f"cannot write output directory {str(out)!r}: {_reason(err)}") from None
+
+
+def kept_note(out: Path, keep: list[str]) -> str:
+    """The note a compile with ``force`` prints about the user's files it left in ``out``."""
+    return f"kept {_shown(out, keep)} in {out}: pipecompile did not write them"
+
+
+def _shown(out: Path, names: list[str]) -> str:
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return ", ".join(_label(out, n) for n in names[:5]) + more
 
 
 def _label(out: Path, name: str) -> str:
@@ -149,6 +186,10 @@ def _merge_into(tmp: Path, out: Path, keep: list[str]) -> None:
     previous = read_own_manifest(out)
     stale = owned_names(previous) if previous else set()
     new = {p.name for p in tmp.iterdir()}
+    taken = sorted(new & set(keep))
+    if taken:  # check_replaceable refuses these; never replace a user's file regardless
+        raise EmitError(f"output directory {str(out)!r} holds {', '.join(taken)}, which "
+                        "pipecompile did not write; choose another -o")  # fmt: skip
     for name in sorted(stale - new - set(keep)):
         path = out / name
         if path.is_file():

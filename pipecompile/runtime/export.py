@@ -5,6 +5,9 @@
 shards of at most ``shard_size`` bytes and ``model.safetensors.index.json``), which
 ``from_pretrained`` and ``pipecompile --weights`` read. Files are written under temporary
 names and renamed into place, so an interrupted export leaves no half-written file.
+
+Every file written carries pipecompile's marker (``files.owned``), and only a marked file is
+ever replaced or deleted: a user's checkpoint in ``TARGET`` is refused, ``--force`` or not.
 """
 
 from __future__ import annotations
@@ -17,16 +20,35 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from pipecompile.errors import PipecompileError
+from pipecompile.errors import EmitError
+from pipecompile.files.disk import writing
+from pipecompile.files.owned import (
+    EXPORT_MARK,
+    EXPORT_METADATA,
+    SHARD,
+    copied_digests,
+    is_our_index,
+    is_our_safetensors,
+    sha256,
+)
+from pipecompile.files.writable import check_directory, check_file
 from pipecompile.model.checkpoint_files import INDEX
 from pipecompile.runtime.checkpoint import resume
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.pipeline import Pipeline
 
-__all__ = ["export_weights", "export_sharded", "SHARD_SIZE", "is_file_target"]
+__all__ = [
+    "export_weights",
+    "export_sharded",
+    "SHARD_SIZE",
+    "is_file_target",
+    "check_file_target",
+    "check_dir_target",
+]
 
 SHARD_SIZE = 5_000_000_000  # Hugging Face's default max_shard_size, "5GB"
 CONFIGS = ("config.json", "generation_config.json")  # copied from a --weights directory
+SINGLE = "model.safetensors"  # a Hugging Face checkpoint of one file
 
 
 def is_file_target(target: Path) -> bool:
@@ -36,44 +58,127 @@ def is_file_target(target: Path) -> bool:
 
 def export_weights(directory: Path, target: Path, checkpoint: Path | None = None) -> int:
     """Write the emitted (or the checkpoint's newest) weights to ``target`` atomically;
-    returns the number of tensors. Tied parameters appear under each of their names."""
+    returns the number of tensors. Tied parameters appear under each of their names.
+
+    Raises:
+        EmitError: ``target`` is a directory, a file pipecompile export did not write, or
+            cannot be written (named, with the reason).
+    """
+    check_file_target(target)
     state = _state(directory, checkpoint)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    save_file(state, str(tmp))
-    os.replace(tmp, target)
+    with writing("write the export to", target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _atomic(target, lambda tmp: save_file(state, str(tmp), metadata=EXPORT_METADATA))
     return len(state)
 
 
 def export_sharded(
     directory: Path, target: Path, checkpoint: Path | None = None, *,
-    shard_size: int = SHARD_SIZE, force: bool = False,
+    shard_size: int = SHARD_SIZE, force: bool = False, notes: list[str] | None = None,
 ) -> tuple[int, int]:  # fmt: skip
     """Write the weights as a Hugging Face checkpoint directory ``target``; returns (tensors,
     shards). Tensors are packed in name order; one larger than ``shard_size`` gets a shard of
     its own. The compile's ``--weights`` directory's ``config.json`` (and
-    ``generation_config.json``) are copied beside them when ``target`` has none.
+    ``generation_config.json``) are copied beside them when ``target`` has none. A previous
+    export's shards are replaced; what else ``force`` wrote beside is named in ``notes``.
 
     Raises:
-        PipecompileError: ``target`` is a file, or a directory holding files other than a
-            previous export's (unless ``force``: they are kept).
+        EmitError: see ``check_dir_target``; or ``target`` cannot be written.
     """
-    _check_target(target, force)
+    kept = check_dir_target(target, force)
+    if kept and notes is not None:
+        notes.append(f"kept {_names(kept)} in {target}: an export did not write them")
     state = _state(directory, checkpoint)
     shards = _pack(state, shard_size)
-    target.mkdir(parents=True, exist_ok=True)
-    for old in target.glob("model-*-of-*.safetensors"):
-        old.unlink()  # a previous export's shards (another count): replaced as a whole
     names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-    weight_map = {}
-    for name, shard in zip(names, shards):
-        _atomic(target / name, lambda tmp, shard=shard: save_file(shard, str(tmp)))
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    _atomic(target / INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n"))
-    _copy_configs(directory, target)
+    with writing("write the export to", target):
+        target.mkdir(parents=True, exist_ok=True)
+        weight_map = {}
+        for name, shard in zip(names, shards):
+            _atomic(target / name, lambda tmp, shard=shard: save_file(
+                shard, str(tmp), metadata=EXPORT_METADATA))  # fmt: skip
+            weight_map.update(dict.fromkeys(shard, name))
+        copied = _copy_configs(directory, target)
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        metadata = {"total_size": total, "written_by": EXPORT_MARK, "copied": copied}
+        index = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
+        _atomic(target / INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n"))
+        for old in target.iterdir():  # a previous export's shards of another count: stale now
+            if SHARD.fullmatch(old.name) and old.name not in names and is_our_safetensors(old):
+                old.unlink()
     return len(state), len(shards)
+
+
+def check_file_target(target: Path) -> None:
+    """Refuse an export file ``target`` that is a directory, a file pipecompile export did
+    not write (never replaced, ``--force`` or not), or a place that cannot be written."""
+    if target.is_dir():
+        raise EmitError(f"export -o {target}: is a directory; a .safetensors name must be a file")
+    if target.exists() and not is_our_safetensors(target):
+        raise EmitError(
+            f"export -o {target}: the file exists and pipecompile export did not write it; "
+            "it is never replaced (--force or not): choose another -o, or move it away"
+        )
+    check_file(target, "the export")
+
+
+def check_dir_target(target: Path, force: bool) -> list[str]:
+    """Refuse an export directory that could lose a user's file; returns the names in it an
+    export did not write (which ``force`` writes beside, keeping them).
+
+    Raises:
+        EmitError: ``target`` is a file or cannot be written; it holds a checkpoint (shards,
+            an index, ``model.safetensors``) pipecompile did not write, whatever ``force``;
+            or other files an export did not write, without ``force``.
+    """
+    if target.exists() and not target.is_dir():
+        raise EmitError(
+            f"export -o {target}: is a file; name a directory for a sharded checkpoint, or a "
+            ".safetensors file for one state dict"
+        )
+    check_directory(target, "the export")
+    if not target.is_dir():
+        return []
+    copied = copied_digests(target / INDEX)
+    weights, other = [], []
+    for path in sorted(target.iterdir()):
+        name = path.name
+        if name == INDEX:
+            mine = is_our_index(path)
+        elif SHARD.fullmatch(name) or name == SINGLE:
+            mine = is_our_safetensors(path)
+        else:
+            mine = name in copied and path.is_file() and sha256(path) == copied[name]
+            if not mine and not _leftover(name):
+                other.append(name + "/" * path.is_dir())
+            continue
+        if not mine:
+            weights.append(name)
+    if weights:
+        raise EmitError(
+            f"export -o {target}: it holds a checkpoint pipecompile did not write "
+            f"({_names(weights)}), which an export never replaces (--force or not); choose "
+            "another -o"
+        )
+    if other and not force:
+        raise EmitError(
+            f"export -o {target}: the directory holds {_names(other)}, which an export did not "
+            "write; pass --force to write the checkpoint beside them (they are kept), or "
+            "choose another -o"
+        )
+    return other
+
+
+def _leftover(name: str) -> bool:
+    """A temporary file an export killed mid-write left (it is written over)."""
+    inner = name[1:].removesuffix(".tmp")
+    return name.startswith(".") and name.endswith(".tmp") and (
+        SHARD.fullmatch(inner) is not None or inner == INDEX)  # fmt: skip
+
+
+def _names(names: list[str]) -> str:
+    more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+    return ", ".join(names[:4]) + more
 
 
 def _state(directory: Path, checkpoint: Path | None) -> dict[str, torch.Tensor]:
@@ -96,35 +201,22 @@ def _pack(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Te
     return shards
 
 
-def _check_target(target: Path, force: bool) -> None:
-    if target.exists() and not target.is_dir():
-        raise PipecompileError(
-            f"export -o {target}: is a file; name a directory for a sharded checkpoint, or a "
-            ".safetensors file for one state dict"
-        )
-    if not target.is_dir() or force:
-        return
-    ours = {INDEX, *CONFIGS}
-    other = sorted(
-        p.name for p in target.iterdir()
-        if p.name not in ours and not (p.name.startswith("model-") and p.suffix == ".safetensors")
-    )  # fmt: skip
-    if other:
-        raise PipecompileError(
-            f"export -o {target}: the directory holds {', '.join(other[:3])}, which an export "
-            "did not write; pass --force to write the checkpoint beside them, or name another"
-        )
-
-
-def _copy_configs(directory: Path, target: Path) -> None:
+def _copy_configs(directory: Path, target: Path) -> dict[str, str]:
+    """Copy the ``--weights`` directory's configs where ``target`` has none; returns the
+    sha256 of each config in ``target`` an export wrote (this one or an earlier one)."""
+    earlier = copied_digests(target / INDEX)
+    ours = {n: d for n, d in earlier.items()
+            if (target / n).is_file() and sha256(target / n) == d}  # fmt: skip
     weights = read_manifest(directory).get("weights", {})
     if weights.get("source") != "checkpoint":
-        return
+        return ours
     source = (Path(directory) / weights["checkpoint"]).resolve()
     source = source if source.is_dir() else source.parent
     for name in CONFIGS:
         if (source / name).is_file() and not (target / name).exists():
-            shutil.copyfile(source / name, target / name)
+            _atomic(target / name, lambda tmp, name=name: shutil.copyfile(source / name, tmp))
+            ours[name] = sha256(target / name)
+    return ours
 
 
 def _atomic(path: Path, write) -> None:  # type: ignore[no-untyped-def]
