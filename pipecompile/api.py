@@ -17,6 +17,7 @@ import inspect
 import json
 import shutil
 import tempfile
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from pipecompile.codegen.output_dir import (
     replace_output,
 )
 from pipecompile.codegen.weight_sources import weight_plan
-from pipecompile.errors import PipecompileError
+from pipecompile.errors import PipecompileError, WeightsError
 from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.runtime.load import read_manifest
@@ -57,6 +58,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     directory: str | Path | None = None,
     progress: bool = False,
     weights: str | Path | None = None,
+    allow_missing: bool = False,
     init_seed: int = 0,
     **options: Any,
 ) -> CompiledPipeline:
@@ -71,7 +73,10 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
             lives as long as the returned object; ``save`` copies it elsewhere).
         progress: print one line per compiler pass to stderr.
         weights: a pretrained checkpoint (a ``.safetensors`` file, or a Hugging Face
-            directory, sharded or not) each stage loads its tensors from, by original name.
+            directory, sharded or not) each stage loads its tensors from, by original name
+            (a prefix such as ``transformer.`` added or removed as ``from_pretrained`` does).
+        allow_missing: initialise the model's tensors the checkpoint lacks (listed in a
+            warning) instead of raising ``WeightsError``.
         init_seed: the seed of the initialisation of tensors on the meta device (a model
             built under ``torch.device("meta")``), replayed per stage.
         **options: the other options of ``pipecompile.compiler.compile_model`` (split_at,
@@ -83,6 +88,9 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     from pipecompile.compiler import compile_model
 
     inputs = bind_inputs(model, example_inputs)
+    if allow_missing and weights is None:
+        raise WeightsError("allow_missing applies to weights=; pass a checkpoint or drop it")
+    plan = weight_plan(model, weights, init_seed, allow_missing=allow_missing)
     compiled = compile_model(
         model, inputs, stages=stages, microbatches=microbatches, schedule=schedule,
         checkpoint=checkpoint, balance=balance, progress=progress, **options,
@@ -93,8 +101,11 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         if directory is None
         else Path(directory)
     )
+    notes: list[str] = []
     emit(compiled, out, model=ModelRef(None, type(model).__name__, type(model).__name__),
-         weights=weight_plan(model, weights, init_seed))  # fmt: skip
+         weights=plan, notes=notes)  # fmt: skip
+    for note in notes:
+        warnings.warn(f"pipecompile: {note}", stacklevel=2)
     pipe = CompiledPipeline(out, model_type=type(model))
     if temporary:
         weakref.finalize(pipe, shutil.rmtree, out.parent, True)

@@ -168,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="pretrained checkpoint the stages load by original name: a "
                       ".safetensors file or a Hugging Face directory (sharded, with "
                       "model.safetensors.index.json)")  # fmt: skip
+    comp.add_argument("--allow-missing", action="store_true",
+                      help="--weights: initialise the model's tensors the checkpoint lacks "
+                      "(listed) instead of refusing it")  # fmt: skip
     comp.add_argument("--init-seed", type=_nonnegative_int, default=0,
                       help="seed of the initialisation of a model built on the meta device "
                       "(default 0)")  # fmt: skip
@@ -297,6 +300,7 @@ def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.codegen.output_dir import check_replaceable
     from pipecompile.codegen.weight_sources import weight_plan
+    from pipecompile.errors import WeightsError
     from pipecompile.model.checkpoint_files import open_checkpoint
     from pipecompile.model.model_file import load_model_file, split_ref
     from pipecompile.reports.summary import summary
@@ -305,9 +309,13 @@ def _compile(args: argparse.Namespace) -> int:
     out = Path(args.output or Path("pipecompile-out") / path.stem)
     machine = _machine(args)  # bad machine options fail before the model loads
     check_replaceable(out, force=args.force)  # and a refused -o before the work
+    if args.allow_missing and not args.weights:
+        raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
     checkpoint = open_checkpoint(Path(args.weights)) if args.weights else None  # and --weights
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
+    plan = weight_plan(spec.model, checkpoint, args.init_seed, spec.module,
+                       allow_missing=args.allow_missing)  # fmt: skip
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
     compiled = compile_model(
         spec.model, spec.inputs, stages=args.stages, microbatches=args.microbatches,
@@ -324,8 +332,7 @@ def _compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     notes: list[str] = []
     emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"), force=args.force,
-         weights=weight_plan(spec.model, checkpoint, args.init_seed, spec.module),
-         notes=notes)  # fmt: skip
+         weights=plan, notes=notes)  # fmt: skip
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
     for note in notes:
         print(f"pipecompile: note: {note}", file=sys.stderr)

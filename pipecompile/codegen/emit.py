@@ -163,11 +163,43 @@ def _weights_entry(plan: WeightPlan, sources: list[StageSources], init: str | No
         shards = sorted({os.path.relpath(plan.checkpoint.files[n].resolve(), base) for n in names})
         entry = {**entry, "source": "checkpoint", "shards": shards,
                  "checkpoint": os.path.relpath(root, Path(out).resolve())}  # fmt: skip
+    if plan.held is not None:
+        entry.update(_held_entry(plan))
+    return entry
+
+
+def _held_entry(plan: WeightPlan) -> dict[str, object]:
+    """How many of the model's tensors the checkpoint gave, under which names, and which it
+    lacked (initialised instead: --allow-missing)."""
+    held = plan.held
+    assert held is not None
+    entry: dict[str, object] = {"loaded": held.loaded, "model_tensors": held.total}
+    if held.names.added or held.names.removed:
+        prefix = {"added": held.names.added} if held.names.added else {}
+        entry["prefix"] = prefix or {"removed": held.names.removed}
+    if held.missing:
+        entry["missing"] = list(held.missing)
     return entry
 
 
 def _notes(plan: WeightPlan, sources: list[StageSources]) -> list[str]:
     notes = []
+    held = plan.held
+    if held is not None and (held.names.added or held.names.removed):
+        lacks = "lack the model's" if held.names.added else "carry the extra"
+        notes.append(
+            f"the names in {plan.checkpoint.path} {lacks} prefix "  # type: ignore[union-attr]
+            f"{(held.names.added or held.names.removed)!r}"
+            f"{' (a checkpoint of the base model)' if held.names.added else ''}: read with the "
+            f"{held.names}, as from_pretrained does"
+        )
+    if held is not None and held.missing:
+        shown = ", ".join(held.missing[:10])
+        more = f" and {len(held.missing) - 10} more" if len(held.missing) > 10 else ""
+        notes.append(
+            f"--allow-missing: {len(held.missing)} of the model's {held.total} tensors are not "
+            f"in {plan.checkpoint.path} and are initialised instead: {shown}{more}"  # type: ignore[union-attr]
+        )
     converted = [c for s in sources for c in s.converted]
     if converted:
         notes.append(

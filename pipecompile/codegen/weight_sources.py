@@ -2,9 +2,11 @@
 model), a pretrained checkpoint read by original name (``--weights``), or an initialisation
 recipe replayed where the stage runs (a model on the ``meta`` device).
 
-A tensor found in the checkpoint under one of its original names is read from there; else a
-real tensor's value is written into the stage file; else a meta tensor needs a recipe. A meta
-tensor with neither is an error naming it, its stage and what to do.
+A tensor found in the checkpoint under one of its original names (with a prefix added or
+removed, ``checkpoint_names``) is read from there; every saved tensor of the model must be,
+unless ``allow_missing``. Otherwise a real tensor's value is written into the stage file; else a
+meta tensor needs a recipe. A meta tensor with neither is an error naming it, its stage and
+what to do.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import nn
 from pipecompile.errors import WeightsError
 from pipecompile.ir.stage_graph import Stage
 from pipecompile.model.checkpoint_files import Checkpoint, open_checkpoint
+from pipecompile.model.checkpoint_names import Coverage, NameMap, coverage, match_names
 from pipecompile.model.init_recipe import Recipe, is_meta_model, record_init
 
 __all__ = ["StageSources", "WeightPlan", "stage_sources", "unused_in_checkpoint", "weight_plan"]
@@ -25,11 +28,17 @@ __all__ = ["StageSources", "WeightPlan", "stage_sources", "unused_in_checkpoint"
 
 @dataclass(frozen=True)
 class WeightPlan:
-    """The weights a compile was given: a checkpoint, the meta tensors' recipe, the seed."""
+    """The weights a compile was given: a checkpoint, the meta tensors' recipe, the seed, and
+    which of the model's tensors the checkpoint holds under which names."""
 
     checkpoint: Checkpoint | None = None
     recipe: Recipe | None = None
     seed: int = 0
+    held: Coverage | None = None
+
+    @property
+    def names(self) -> NameMap:
+        return self.held.names if self.held is not None else NameMap()
 
 
 @dataclass
@@ -49,12 +58,18 @@ class StageSources:
 
 def weight_plan(
     model: nn.Module, weights: str | Path | Checkpoint | None, seed: int = 0,
-    model_file: object = None,
+    model_file: object = None, *, allow_missing: bool = False,
 ) -> WeightPlan | None:  # fmt: skip
     """What ``emit`` needs beyond the model's values: the checkpoint at ``weights`` (indexed,
-    nothing read yet; or one already opened) and, for a model with meta tensors, their
-    initialisation recipe (the model file's ``init_weights(module)`` included when
-    ``model_file`` defines one); None for a real model without a checkpoint."""
+    nothing read yet; or one already opened), the names its tensors are read by, and, for a
+    model with meta tensors, their initialisation recipe (the model file's
+    ``init_weights(module)`` included when ``model_file`` defines one); None for a real model
+    without a checkpoint.
+
+    Raises:
+        WeightsError: the checkpoint lacks some of the model's tensors (unless
+            ``allow_missing``: they are then initialised as without a checkpoint).
+    """
     meta = is_meta_model(model)
     if weights is None and not meta:
         return None
@@ -62,9 +77,17 @@ def weight_plan(
         weights if isinstance(weights, Checkpoint) or weights is None
         else open_checkpoint(Path(weights))
     )  # fmt: skip
+    held = None
+    if checkpoint is not None:
+        held = coverage(model, checkpoint.files, match_names(model, checkpoint.files))
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if held.names(name) in checkpoint.files:
+                _check_shape(checkpoint, held.names(name), tensor, None)
+        if held.missing and not allow_missing:
+            raise WeightsError(_missing(checkpoint, held))
     hook = getattr(model_file, "init_weights", None)
     recipe = record_init(model, hook if callable(hook) else None) if meta else None
-    return WeightPlan(checkpoint, recipe, seed)
+    return WeightPlan(checkpoint, recipe, seed, held)
 
 
 def stage_sources(stage: Stage, module: nn.Module, plan: WeightPlan) -> StageSources:
@@ -82,7 +105,7 @@ def stage_sources(stage: Stage, module: nn.Module, plan: WeightPlan) -> StageSou
             continue
         seen[id(tensor)] = name
         originals = stage.params.get(name, (name,))
-        found = _in_checkpoint(plan.checkpoint, originals)
+        found = _in_checkpoint(plan, originals)
         if found is not None:
             _check_shape(plan.checkpoint, found, tensor, stage.index)  # type: ignore[arg-type]
             sources.checkpoint[name] = found
@@ -102,22 +125,40 @@ def unused_in_checkpoint(plan: WeightPlan, stages: list[StageSources]) -> list[s
     """Checkpoint tensors no stage reads (another model's, or ones the model does not use)."""
     if plan.checkpoint is None:
         return []
-    known = {name for s in stages for name in s.names}
+    known = {plan.names(name) for s in stages for name in s.names}
     return sorted(set(plan.checkpoint.files) - known)
 
 
-def _in_checkpoint(checkpoint: Checkpoint | None, originals: tuple[str, ...]) -> str | None:
-    if checkpoint is None:
+def _in_checkpoint(plan: WeightPlan, originals: tuple[str, ...]) -> str | None:
+    if plan.checkpoint is None:
         return None
-    return next((n for n in originals if n in checkpoint.files), None)
+    return next((plan.names(n) for n in originals if plan.names(n) in plan.checkpoint.files), None)
 
 
-def _check_shape(checkpoint: Checkpoint, name: str, tensor: torch.Tensor, stage: int) -> None:
+def _missing(checkpoint: Checkpoint, held: Coverage) -> str:
+    """One line: how many of the model's tensors ``checkpoint`` lacks, the first few, the fix."""
+    first = ", ".join(held.missing[:3]) + (", ..." if len(held.missing) > 3 else "")
+    renamed = f" (read with {held.names})" if held.names != NameMap() else ""
+    other = ""
+    if not held.loaded:
+        sample = next(iter(sorted(checkpoint.files)), None)
+        other = f" (it holds none of them{f', e.g. {sample}' if sample else ''})"
+    return (
+        f"{checkpoint.path} lacks {len(held.missing)} of the model's {held.total} tensors"
+        f"{renamed}: {first}{other}; pass the checkpoint of this model, or --allow-missing to "
+        "initialise the ones it lacks"
+    )
+
+
+def _check_shape(
+    checkpoint: Checkpoint, name: str, tensor: torch.Tensor, stage: int | None
+) -> None:
     have = checkpoint.shape(name)
     if have != tuple(tensor.shape):
+        where = f" (stage {stage})" if stage is not None else ""
         raise WeightsError(
             f"{name} is {list(have)} in {checkpoint.files[name]} but {list(tensor.shape)} in "
-            f"the model (stage {stage}); the checkpoint is of another model or configuration: "
+            f"the model{where}; the checkpoint is of another model or configuration: "
             "build the model with the checkpoint's config"
         )
 

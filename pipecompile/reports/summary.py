@@ -28,8 +28,24 @@ def summary(out: Path) -> str:
         f"{counted(program.microbatches, 'micro-batch')} of {manifest['microbatch_size']}"
     )
     rows.append(_schedule_line(manifest, program, *stage_costs(manifest)))
+    weights = _weights_line(manifest.get("weights") or {})
+    if weights:
+        rows.append(weights)
     rows.append(f"wrote {out}")
     return "\n".join(rows)
+
+
+def _weights_line(weights: dict[str, Any]) -> str | None:
+    """``weights: 148 of 148 tensors from model.safetensors (prefix 'transformer.' added)``."""
+    if "loaded" not in weights:
+        return None
+    line = f"weights: {weights['loaded']} of {weights['model_tensors']} tensors from "
+    line += Path(weights.get("checkpoint") or "the checkpoint").name
+    for how, prefix in (weights.get("prefix") or {}).items():
+        line += f" (prefix {prefix!r} {how})"
+    if weights.get("missing"):
+        line += f", {len(weights['missing'])} initialised (--allow-missing)"
+    return line
 
 
 def _schedule_line(manifest: dict[str, Any], program: Program, costs: Costs, unit: str) -> str:

@@ -216,8 +216,10 @@ def test_missing_tensors_and_dtype_notes(ck, tmp_path, capfd):
     save_file(state, str(tmp_path / "partial.safetensors"))
     model = _model_file(tmp_path)
     base = [str(model), "--stages", "2", "-q", "-o", str(tmp_path / "out")]
+    partial = ["--weights", str(tmp_path / "partial.safetensors")]
+    _refused([*base, *partial], capfd, "lacks 1 of the model's 52 tensors: transformer.h.1.mlp")
     capfd.readouterr()
-    assert main([*base, "--weights", str(tmp_path / "partial.safetensors")]) == 0
+    assert main([*base, *partial, "--allow-missing"]) == 0
     err = capfd.readouterr().err
     converted = "converted to the model's dtype when loaded (e.g. transformer.wte.weight: "
     assert converted + "bfloat16 -> float32)" in err
