@@ -216,8 +216,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="largest shard of a directory export (default 5GB)")  # fmt: skip
     export.add_argument("--checkpoint", help="take the weights of this checkpoint's newest step")
     export.add_argument("--force", action="store_true",
-                        help="replace an existing -o file; write into a directory holding "
-                        "other files (they are kept)")  # fmt: skip
+                        help="write into a directory holding other files (they are kept; a "
+                        "file an export did not write is never replaced)")  # fmt: skip
     export.set_defaults(handler=_export)
 
     onnx = commands.add_parser("onnx", help="export every stage of a directory to ONNX")
@@ -255,18 +255,14 @@ def _export(args: argparse.Namespace) -> int:
     target = Path(args.output)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if not is_file_target(target):
+        notes: list[str] = []
         count, shards = export_sharded(Path(args.directory), target, checkpoint,
-                                       shard_size=args.shard_size, force=args.force)  # fmt: skip
+                                       shard_size=args.shard_size, force=args.force,
+                                       notes=notes)  # fmt: skip
+        for note in notes:
+            print(f"pipecompile: note: {note}", file=sys.stderr)
         print(f"wrote {count} tensors in {counted(shards, 'shard')} to {target}")
         return 0
-    if target.is_dir():
-        raise PipecompileError(
-            f"export -o {target}: is a directory; a .safetensors name must be a file"
-        )
-    if target.exists() and not args.force:
-        raise PipecompileError(
-            f"export -o {target}: the file exists; pass --force to replace it, or name another"
-        )
     count = export_weights(Path(args.directory), target, checkpoint)
     print(f"wrote {count} tensors to {args.output}")
     return 0
@@ -474,6 +470,23 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
                 f"--resume {args.resume} continues after step {step}, but --steps {args.steps} "
                 f"ends there; pass --steps greater than {step}"
             )
+    if not args.check:
+        _check_run_places(args, directory)
+
+
+def _check_run_places(args: argparse.Namespace, directory: Path) -> None:
+    """Where the run writes (--save, --metrics), checked before it starts."""
+    from pipecompile.runtime.checkpoint import check_save_dir
+    from pipecompile.runtime.metrics import check_metrics_file
+
+    if args.force and not args.save:
+        raise PipecompileError("--force lets --save replace another run's checkpoints; drop it")
+    check_metrics_file(Path(args.metrics) if args.metrics else directory / "metrics.jsonl")
+    if args.save:
+        resume = Path(args.resume) if args.resume else None
+        note = check_save_dir(Path(args.save), resume=resume, force=args.force)
+        if note:
+            print(f"pipecompile: note: {note}", file=sys.stderr)
 
 
 def _uses_cuda(args: argparse.Namespace) -> bool:

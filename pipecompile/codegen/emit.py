@@ -21,6 +21,7 @@ from pipecompile.codegen.output_dir import (
     FORMAT,
     MANIFEST,
     check_replaceable,
+    kept_note,
     new_temp_dir,
     replace_output,
 )
@@ -31,7 +32,8 @@ from pipecompile.codegen.weight_sources import (
     stage_sources,
     unused_in_checkpoint,
 )
-from pipecompile.errors import EmitError
+from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.files.disk import disk_message, os_error
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.layers import layer_groups
 from pipecompile.ir.lower import lower_stage
@@ -65,9 +67,10 @@ def emit(
     (converted dtypes, checkpoint tensors the model does not use) is appended to ``notes``.
 
     Raises:
-        EmitError: ``out`` is a file, cannot be created, or holds files pipecompile did not
-            write (unless ``force``: then they are kept and pipecompile's files written
-            beside them).
+        EmitError: ``out`` is a file, cannot be created or written (a full disk: named),
+            or holds files pipecompile did not write (unless ``force``: then they are kept,
+            pipecompile's files are written beside them, and ``notes`` says so; a user's
+            file named as one of pipecompile's is refused regardless).
         WeightsError: a tensor has no source, or the checkpoint does not fit the model.
     """
     out = Path(out)
@@ -76,12 +79,16 @@ def emit(
     try:
         _write_all(compiled, tmp, model, out, weights or WeightPlan(), notes)
         replace_output(tmp, out, keep=keep)
-    except OSError as err:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise EmitError(f"cannot write {str(out)!r}: {err.strerror or err}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        cause = (
+            os_error(err) if not isinstance(err, (PipecompileError, KeyboardInterrupt)) else None
+        )
+        if cause is not None:  # a full disk, or a permission (safetensors wraps them)
+            raise EmitError(disk_message("write output directory", out, cause)) from None
         raise
+    if keep and notes is not None:
+        notes.append(kept_note(out, keep))
     return out
 
 

@@ -66,5 +66,6 @@ def _probe(directory: Path, what: str, shown: Path) -> None:
             os.unlink(name)
         else:
             os.rmdir(tempfile.mkdtemp(prefix=".pipecompile-probe-", dir=base))
-    except OSError as err:
-        raise EmitError(disk_message(f"write {what} to", shown, err)) from None
+    except OSError as err:  # the probe's own name says nothing to the user
+        bare = OSError(err.errno, err.strerror)
+        raise EmitError(disk_message(f"write {what} to", shown, bare)) from None

@@ -16,6 +16,12 @@ interrupted save removes its temporary files; a rank killed mid-save leaves them
 save or to the launcher (``remove_partial``). PipeDream
 programs drain at the end of every step, so no stashed weight version outlives a step and
 none needs saving.
+
+Only what pipecompile wrote is replaced: a ``step_<n>`` whose ``meta.json`` carries the
+format marker, and a ``latest`` naming a step. A run refuses (``check_save_dir``) a directory
+holding another run's checkpoints unless it resumes from there or is forced. A save the disk
+refuses (full, read-only) names the path and the last complete checkpoint, and a local run
+saves that step to a fresh directory under the system's temporary directory instead.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +39,15 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
-from pipecompile.errors import EmitError
+from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.files.disk import disk_message, os_error
+from pipecompile.files.owned import CHECKPOINT_FORMAT, is_our_latest, is_our_step_dir
+from pipecompile.files.writable import check_directory
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = [
     "save",
+    "check_save_dir",
     "resume",
     "train_state",
     "latest_step_dir",
@@ -45,14 +57,33 @@ __all__ = [
     "split_fingerprint",
 ]
 
-FORMAT = "pipecompile-checkpoint/1"
+FORMAT = CHECKPOINT_FORMAT
+_STEP = re.compile(r"step_\d+")
 
 
 def save(
     pipe: Pipeline, root: Path, step: int, rank: int = 0, train: dict[str, Any] | None = None
 ) -> Path:
     """Write this rank's stages for ``step`` under ``root`` (all ranks call it together);
-    ``train`` (the training loop's own state: loss scale, epoch) goes into meta.json."""
+    ``train`` (the training loop's own state: loss scale, epoch) goes into meta.json.
+
+    Raises:
+        EmitError: ``root`` holds a ``step_<step>`` or ``latest`` pipecompile did not write;
+            or the disk refused the save: the message names ``root``, the last complete
+            checkpoint in it and (in one process) where this step was saved instead.
+    """
+    try:
+        return _save(pipe, root, step, rank, train)
+    except PipecompileError:
+        raise
+    except Exception as err:
+        cause = os_error(err)
+        if cause is None:
+            raise
+        raise EmitError(_failed_save(pipe, root, step, rank, train, cause)) from None
+
+
+def _save(pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any] | None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".step_{step}.tmp"
     if rank == 0:
@@ -76,10 +107,12 @@ def _write(
         save_model(module, str(tmp / f"stage_{j}.safetensors"))
         optimizer = pipe.optimizers[j] if pipe.optimizers else None
         if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / f"stage_{j}.optim.pt")
+            with open(tmp / f"stage_{j}.optim.pt", "wb") as f:  # a full disk: an OSError
+                torch.save(optimizer.state_dict(), f)
     _barrier()
     final = root / f"step_{step}"
     if rank == 0:
+        _check_replaceable(root, final)
         meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules),
                 "split": split_fingerprint(pipe.manifest), "train": train or {},
                 "optimizer": _optimizer_kind(pipe)}  # fmt: skip
@@ -91,6 +124,93 @@ def _write(
         os.replace(pointer, root / "latest")
     _barrier()
     return final
+
+
+def _check_replaceable(root: Path, final: Path) -> None:
+    """Never replace a ``step_<n>`` or ``latest`` pipecompile did not write (``check_save_dir``
+    refuses them before a run; this guards a user who puts one there meanwhile)."""
+    foreign = [p.name for p in (final, root / "latest") if p.exists()
+               and not (is_our_step_dir(p) if p is final else is_our_latest(p))]  # fmt: skip
+    if foreign:
+        raise EmitError(
+            f"cannot save checkpoint {final}: {root} holds {', '.join(foreign)}, which "
+            "pipecompile did not write and never replaces; move it away or --save elsewhere"
+        )
+
+
+def _failed_save(
+    pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any] | None,
+    cause: OSError,
+) -> str:  # fmt: skip
+    """What a save the disk refused tells the user; in one process, this step is saved to a
+    fresh temporary directory first, so that the training done is not lost."""
+    line = disk_message(f"write checkpoint step_{step} to", root, cause)
+    latest = root / "latest"
+    if is_our_latest(latest) and is_our_step_dir(root / latest.read_text().strip()):
+        kept = f"the last complete checkpoint there is {root / latest.read_text().strip()}"
+    else:
+        kept = f"no complete checkpoint is in {root}"
+    if dist.is_available() and dist.is_initialized():
+        return f"{line}; {kept}"
+    rescue = Path(tempfile.mkdtemp(prefix=f"pipecompile-rescue-step{step}-"))
+    try:
+        _save(pipe, rescue, step, rank, train)
+    except Exception as err:
+        shutil.rmtree(rescue, ignore_errors=True)
+        why = os_error(err)
+        return f"{line}; {kept}; saving it to {tempfile.gettempdir()} failed too ({why or err})"
+    return (
+        f"{line}\n{kept}; step {step} was saved to {rescue} instead: continue with --resume "
+        f"{rescue} --save DIR (where there is room)"
+    )
+
+
+def check_save_dir(root: Path, *, resume: Path | None, force: bool) -> str | None:
+    """Refuse, before a run starts, a ``--save`` directory that cannot be written or where the
+    run could lose checkpoints; returns a note of what ``force`` will replace (else None).
+
+    A directory holding another run's checkpoints is refused unless ``resume`` continues
+    from it (the same directory, or one of its steps) or ``force`` is set: then the run's
+    saves replace those steps of the earlier run it saves again. A ``step_<n>`` or ``latest``
+    pipecompile did not write is refused, ``force`` or not.
+
+    Raises:
+        EmitError: naming ``root`` and the way out.
+    """
+    check_directory(root, "checkpoints")
+    if not root.is_dir():
+        return None
+    steps = sorted((p for p in root.iterdir() if _STEP.fullmatch(p.name)),
+                   key=lambda p: int(p.name[5:]))  # fmt: skip
+    foreign = [p.name + "/" * p.is_dir() for p in steps if not is_our_step_dir(p)]
+    latest = root / "latest"
+    if latest.exists() and not is_our_latest(latest):
+        foreign.append("latest")
+    if foreign:
+        raise EmitError(
+            f"--save {root} holds {', '.join(foreign[:4])}, which pipecompile did not write (not "
+            f"a checkpoint with meta.json's format {FORMAT!r}) and never replaces, --force or "
+            "not; choose another --save, or move them away"
+        )
+    ours = [p.name for p in steps]
+    if not ours or (resume is not None and _continues(resume, root)):
+        return None
+    shown = ", ".join(ours[:3]) + (f" ... {ours[-1]}" if len(ours) > 3 else "")
+    if not force:
+        raise EmitError(
+            f"--save {root} holds another run's checkpoints ({shown}), which this run would "
+            f"replace; continue that run with --resume {root}, choose another --save, or pass "
+            "--force to replace them"
+        )
+    return (
+        f"--force: the checkpoints in {root} ({shown}) are replaced as this run saves their steps"
+    )
+
+
+def _continues(resume: Path, root: Path) -> bool:
+    """Whether ``--resume resume`` continues the run saved in ``root``."""
+    resume, root = Path(resume).resolve(), Path(root).resolve()
+    return resume == root or (resume.parent == root and _STEP.fullmatch(resume.name) is not None)
 
 
 def _optimizer_kind(pipe: Pipeline) -> str | None:

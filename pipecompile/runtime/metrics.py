@@ -4,6 +4,7 @@ plot`` draws. docs/USAGE.md lists the keys."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import resource
@@ -14,11 +15,29 @@ from typing import Any, TextIO
 
 import torch
 
-from pipecompile.errors import PipecompileError
+from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.files.disk import disk_message
+from pipecompile.files.owned import is_our_metrics
+from pipecompile.files.writable import check_file
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import topology_from_manifest
 
-__all__ = ["Reporter", "batch_counts", "local_bubble", "peak_memory"]
+__all__ = ["Reporter", "batch_counts", "check_metrics_file", "local_bubble", "peak_memory"]
+
+
+def check_metrics_file(path: Path) -> None:
+    """Refuse, before a run starts, a metrics file that cannot be appended to, or that holds
+    lines a run did not write (a user's file named by mistake).
+
+    Raises:
+        EmitError: naming ``path`` and the way out.
+    """
+    check_file(path, "metrics", append=True)
+    if path.exists() and not is_our_metrics(path):
+        raise EmitError(
+            f"cannot append metrics to {path}: it holds lines pipecompile did not write; "
+            "name a new file with --metrics FILE (or one an earlier run wrote)"
+        )
 
 
 def batch_counts(
@@ -106,8 +125,15 @@ class Reporter:
                     f"cannot write metrics to {self.metrics}: {err.strerror or err}; pass "
                     "--metrics FILE somewhere writable"
                 ) from None
-        self._file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+            self._file.flush()
+        except OSError as err:  # a full disk: the metrics stop, the training goes on
+            line = disk_message("write metrics to", self.metrics, err)
+            print(f"pipecompile: warning: {line}; the run goes on without them", file=sys.stderr)
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self.metrics, self._file = None, None
 
     def say(self, text: str) -> None:
         """A line of its own (the bar, if drawn, is redrawn after it)."""

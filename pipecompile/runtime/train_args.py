@@ -33,7 +33,7 @@ _VALUED = (
     ("--save-every", "save_every", False), ("--eval-every", "eval_every", False),
     ("--save", "save", True), ("--resume", "resume", True), ("--metrics", "metrics", True),
 )  # fmt: skip
-_SWITCHES = (("--skip-nonfinite", "skip_nonfinite"), ("-q", "quiet"))
+_SWITCHES = (("--skip-nonfinite", "skip_nonfinite"), ("-q", "quiet"), ("--force", "force"))
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +67,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     add("--save-every", type=nonnegative_int, default=0,
         help="with --save: also save every N steps")  # fmt: skip
     add("--resume", help="continue from the newest checkpoint in this directory")
+    add("--force", action="store_true",
+        help="--save into a directory holding another run's checkpoints: replace those of "
+        "the steps this run saves (what pipecompile did not write is never replaced)")  # fmt: skip
     add("--metrics", metavar="FILE",
         help="append one JSON line per step here (default: DIRECTORY/metrics.jsonl)")  # fmt: skip
     add("--eval-every", type=nonnegative_int, default=0, metavar="N",
