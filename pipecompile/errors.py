@@ -65,7 +65,7 @@ class EmitError(PipecompileError):
 
 
 class RuntimeFailure(PipecompileError):
-    """An instruction failed while a program ran; names the device, step and instruction."""
+    """An instruction failed while a program ran; names the device and the instruction."""
 
 
 class CheckError(PipecompileError):

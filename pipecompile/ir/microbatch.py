@@ -114,12 +114,13 @@ def input_mismatch(
 
 def check_target_rows(
     output: Any, targets: Sequence[Any], inputs: Mapping[str, torch.Tensor], *,
-    split: bool, scale: int = 1, dim: int = 0,
+    split: bool, scale: int = 1, dim: int = 0, source: str = "the batch's targets",
 ) -> None:  # fmt: skip
     """When targets are split into micro-batches (``split``), each one's size along ``dim``
     must be the inputs' batch size or an output's (flattened (batch * seq) targets, output
     gradients), or its slices do not line up with theirs. ``output``, ``targets`` and
-    ``inputs`` are one slice of the mini-batch; ``scale`` slices make it (for the message).
+    ``inputs`` are one slice of the mini-batch; ``scale`` slices make it (for the message);
+    ``source``: what to fix (the caller names the batch where it knows more).
 
     Raises:
         InputError: naming ``target k`` and the sizes it should have had.
@@ -138,7 +139,7 @@ def check_target_rows(
                 f"target {k} has shape {shape} but the inputs' batch is "
                 f"{_sizes(rows, scale)} (outputs: {_sizes(outs, scale)}): targets are split "
                 f"into micro-batches along dimension {dim} with the inputs, so they need that "
-                "size there; fix example_targets()"
+                f"size there; fix {source}"
             )
 
 

@@ -10,8 +10,9 @@ names the hook, the file and the batch.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,32 @@ class Batch:
 @dataclass
 class BatchSource:
     """Where a run's mini-batches come from: ``epoch()`` iterates one pass, ``length`` is its
-    number of batches when known, ``label`` says what it is (for the run's first line)."""
+    number of batches when known, ``label`` says what it is (for the run's first line and
+    its errors). ``peek()`` reads the next pass's first batch ahead (that pass still yields
+    it), so a run can check the data before it trains."""
 
-    epoch: Callable[[], Iterator[Batch]]
+    start: Callable[[], Iterator[Batch]]
     length: int | None
     label: str
+    again: str = "return a fresh iterable for each epoch"  # the fix for a used-up iterable
+    single: str | None = None  # what errors call the batch of a one-batch source
+    _started: Iterator[Batch] | None = field(default=None, repr=False)
+
+    def batch_name(self, k: int) -> str:
+        """Batch ``k`` (from 0, in its epoch) as errors name it."""
+        return self.single or f"{self.label}, batch {k}"
+
+    def epoch(self) -> Iterator[Batch]:
+        """One pass over the batches."""
+        started, self._started = self._started, None
+        return started if started is not None else self.start()
+
+    def peek(self) -> Batch | None:
+        """The first batch the next ``epoch()`` yields, or None if it yields none."""
+        batches = self.epoch()
+        first = next(batches, None)
+        self._started = batches if first is None else itertools.chain([first], batches)
+        return first
 
 
 def example_source(spec: ModelSpec) -> BatchSource:
@@ -51,7 +73,12 @@ def example_source(spec: ModelSpec) -> BatchSource:
             "*targets) for `run`"
         )
     batch = Batch(spec.inputs, spec.targets)
-    return BatchSource(lambda: iter([batch]), 1, "the example batch (no train_batches() hook)")
+    return BatchSource(
+        lambda: iter([batch]),
+        1,
+        "the example batch (no train_batches() hook)",
+        single=f"example_inputs() and example_targets() of {spec.path.name}",
+    )
 
 
 def batch_source(spec: ModelSpec, hook: str = TRAIN) -> BatchSource | None:
@@ -70,7 +97,8 @@ def batch_source(spec: ModelSpec, hook: str = TRAIN) -> BatchSource | None:
         batches, probe = (probe if probe is not None else _call(fn, spec.path, hook)), None
         yield from _checked(batches, spec.input_names, spec.path, f"{hook}()")
 
-    return BatchSource(epoch, length, f"{hook}() of {spec.path.name}")
+    fresh = f"make {hook}() return a fresh iterable on each call (a list, or a new generator)"
+    return BatchSource(epoch, length, f"{hook}() of {spec.path.name}", fresh)
 
 
 def iterable_source(batches: Any, input_names: list[str], label: str) -> BatchSource:
@@ -83,8 +111,9 @@ def iterable_source(batches: Any, input_names: list[str], label: str) -> BatchSo
             f"{label} is an iterator, which a second epoch would find empty; pass a list, or a "
             "function returning a fresh iterable per epoch"
         )
+    fresh = "pass a list, or a function returning a fresh iterable per epoch"
     return BatchSource(lambda: _checked(make(), input_names, Path(label), ""), _length(first),
-                       label)  # fmt: skip
+                       label, fresh)  # fmt: skip
 
 
 def _call(fn: Callable[[], Any], path: Path, hook: str) -> Any:

@@ -208,7 +208,8 @@ def check_targets(
     """``check_target_rows`` for one slice ``batch`` of ``inputs`` (``scale`` slices); inputs
     that do not fit what was compiled are named first, as they explain the failure."""
     try:
-        check_target_rows(output, targets, batch, split=pipe.program.microbatches > 1, scale=scale)
+        check_target_rows(output, targets, batch, split=pipe.program.microbatches > 1,
+                          scale=scale, source="example_targets()")  # fmt: skip
     except InputError as err:
         pipe.blame_inputs(inputs, err)
         raise

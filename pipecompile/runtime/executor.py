@@ -424,6 +424,14 @@ class StepExecutor:
                           scale=count)  # fmt: skip
         with autocast(self.precision, device_of(self.modules[self.layout.last])):
             loss = call_loss_fn(self.loss_fn, output, self.targets[i])
+        if not loss.requires_grad and any(
+            t.requires_grad for t in outs if isinstance(t, torch.Tensor)
+        ):
+            raise ModelFileError(
+                f"loss_fn ({_defined_at(self.loss_fn)}) returned a loss that does not require "
+                "grad (a new or detached tensor: torch.tensor(...), .detach(), .item()), so "
+                "training could not change a weight; compute it from the output with torch ops"
+            )
         return loss.float() * self.loss_scale
 
     def _add_out_grad(self, j: int, i: int, name: str, grad: torch.Tensor | None) -> None:

@@ -22,14 +22,14 @@ def run_program(program: Program, handlers: Mapping[str, Handler]) -> None:
     """Execute every device's instructions in order with ``handlers[instr.op]``.
 
     Raises:
-        RuntimeFailure: a handler raised (the message names device, step and instruction), or
+        RuntimeFailure: a handler raised (the message names the device and instruction), or
             no device can proceed.
     """
     pcs = [0] * len(program.devices)
     while any(pc < len(instrs) for pc, instrs in zip(pcs, program.devices)):
         moved = False
         for d, instrs in enumerate(program.devices):
-            while pcs[d] < len(instrs) and _dispatch(handlers, instrs[pcs[d]], d, pcs[d]):
+            while pcs[d] < len(instrs) and _dispatch(handlers, instrs[pcs[d]], d):
                 pcs[d] += 1
                 moved = True
         if not moved:
@@ -41,12 +41,14 @@ def run_program(program: Program, handlers: Mapping[str, Handler]) -> None:
             raise RuntimeFailure(f"no device can proceed: {waiting}")
 
 
-def _dispatch(handlers: Mapping[str, Handler], instr: Instr, device: int, step: int) -> bool:
+def _dispatch(handlers: Mapping[str, Handler], instr: Instr, device: int) -> bool:
+    # The instruction names its stage and micro-batch; its place in the device's list is
+    # left out, as a "step" there would read as the training loop's (1-based) step.
     try:
         return handlers[instr.op](instr)
     except PipecompileError as err:
-        raise type(err)(f"device {device}, step {step}, instruction {instr}: {err}") from err
+        raise type(err)(f"device {device}, instruction {instr}: {err}") from err
     except Exception as err:
         raise RuntimeFailure(
-            f"device {device}, step {step}, instruction {instr}: {type(err).__name__}: {err}"
+            f"device {device}, instruction {instr}: {type(err).__name__}: {err}"
         ) from err

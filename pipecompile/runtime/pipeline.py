@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.errors import InputError, MicrobatchError, RuntimeFailure
+from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
 from pipecompile.ir.instr import INFERENCE_OPS
 from pipecompile.ir.microbatch import (
     input_mismatch,
@@ -99,11 +99,17 @@ class Pipeline:
 
     def set_optimizer(self, factory: OptimizerFactory) -> None:
         """One optimizer per stage over that stage's parameters (tied copies step identically);
-        a stage without parameters gets none."""
+        a stage without parameters gets none.
+
+        Raises:
+            PipecompileError: the factory raised, returned no ``torch.optim.Optimizer``, or
+                one over none of the parameters it was given (it would train nothing).
+        """
         self.optimizers = [
-            factory(params) if m is not None and (params := list(m.parameters())) else None
+            _optimizer(factory, params) if m is not None and (params := list(m.parameters()))
+            else None
             for m in self.modules
-        ]
+        ]  # fmt: skip
 
     def train_step(
         self,
@@ -299,3 +305,31 @@ class Pipeline:
                 f"inputs {', '.join(map(repr, self.layout.model_inputs))}"
             )
         return {n: inputs[n] for n in self.layout.model_inputs}
+
+
+def _optimizer(factory: OptimizerFactory, params: list[torch.nn.Parameter]) -> Any:
+    """``factory(params)``, held to returning an optimizer of (some of) ``params``."""
+    example = "e.g. lambda ps: torch.optim.AdamW(ps, lr=1e-3)"
+    try:
+        optimizer = factory(params)
+    except Exception as err:
+        raise PipecompileError(
+            f"the optimizer factory failed on a stage's parameters: {type(err).__name__}: "
+            f"{err}; it must take an iterable of parameters ({example})"
+        ) from err
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise PipecompileError(
+            f"the optimizer factory returned {_kind(optimizer)}, not a torch.optim.Optimizer; "
+            f"return one over the parameters it is given ({example})"
+        )
+    given = {id(p) for p in params}
+    if not any(id(p) in given for group in optimizer.param_groups for p in group["params"]):
+        raise PipecompileError(
+            "the optimizer factory returned an optimizer of other parameters than the ones it "
+            f"was given (a stage's), so nothing would train; build it over its argument ({example})"
+        )
+    return optimizer
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"

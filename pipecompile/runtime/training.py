@@ -167,6 +167,8 @@ def train(
     group = group or LocalGroup()
     state = state or TrainState()
     check_options(options, pipe.program)
+    if data is not None and data.peek() is None:  # before anything is built or trained
+        raise PipecompileError(empty_data(data, 1, 0))
     pipe.precision = PRECISIONS[options.precision]
     kind = OPTIMIZERS[options.optimizer]
     pipe.set_optimizer(options.optimizer_factory or (lambda ps: kind(ps, lr=options.lr)))
@@ -183,10 +185,23 @@ def train(
         if scaler is not None and "loss_scale" in saved:
             scaler.load_state_dict(saved["loss_scale"])
         resume_at(schedulers, first)
+    if total is not None and first >= total:
+        raise PipecompileError(
+            f"--resume {options.resume}: the checkpoint is at step {first} and the run ends at "
+            f"step {total}, so there is nothing to train; pass --steps greater than {first}"
+        )
     seed = options.seed if options.seed is not None else int(group.max([draw_base()])[0])
     feed = _Feed(data, length, group, epochs=options.epochs,
                  skip=first * options.accumulate, device=device)  # fmt: skip
     has_eval = group.max([1.0 if eval_data is not None else 0.0])[0] > 0
+    if options.eval_every and not has_eval:
+        raise PipecompileError(
+            f"--eval-every {options.eval_every}: there is no eval_batches() to evaluate on; "
+            "define eval_batches() in the model file, or drop --eval-every"
+        )
+    if has_eval:  # its first batch, through the pipeline, before any training
+        probe = _Feed(_first_only(eval_data), None, group, epochs=1, skip=0, device=device)
+        _evaluate(pipe, loss_fn, probe, group, reads, "checked before training")
     state.done, state.epoch = first, feed.epoch
     reporter = Reporter(options.metrics if group.rank == 0 else None, total,
                         quiet=options.quiet or group.rank != 0)  # fmt: skip
@@ -217,7 +232,9 @@ def train(
             reporter.step(record, record.pop("note"))
             if has_eval and _eval_due(options, step, total, feed):
                 evaluation = _Feed(eval_data, None, group, epochs=1, skip=0, device=device)
-                _evaluate(pipe, loss_fn, evaluation, group, reads, reporter, step, feed.epoch)
+                loss = _evaluate(pipe, loss_fn, evaluation, group, reads,
+                                 f"the evaluation after step {step}")  # fmt: skip
+                reporter.eval({"step": step, "epoch": feed.epoch, "loss": loss})
             if options.save and save_due(step, total or -1, options.save_every):
                 train = {"epoch": feed.epoch, "batches": feed.read}
                 if scaler is not None:
@@ -261,9 +278,7 @@ def _one_step(
                             rng_base=step_base(seed, step, part),
                             measure_memory=options.measure_memory)  # fmt: skip
         except PipecompileError as err:
-            if feed.source is not None and feed.source.length != 1:
-                raise type(err)(f"{err} (batch {feed.read - 1} of {feed.source.label})") from err
-            raise
+            raise _in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
         if taken is not None:
             add_grads(pipe, taken)
         losses = pipe.last_losses
@@ -358,36 +373,108 @@ def _eval_due(options: TrainOptions, step: int, total: int | None, feed: _Feed) 
 
 def _evaluate(
     pipe: Pipeline, loss_fn: LossFn, data: _Feed, group: Group, reads: tuple[bool, bool],
-    reporter: Reporter, step: int, epoch: int,
-) -> None:  # fmt: skip
+    when: str,
+) -> float:  # fmt: skip
     """Mean loss over ``data`` (one epoch of eval_batches()) with the stages in eval mode (no
-    dropout), forward only."""
+    dropout), forward only. A failure names the batch and ``when`` it was evaluated."""
     modes = [(m, m.training) for m in pipe.modules if m is not None]
     for module, _ in modes:
         module.eval()
     total = count = 0.0
     try:
         while (batch := data.next()) is not None:
-            output = pipe(batch.inputs if reads[0] else None)
-            if output is not None and reads[1]:
-                with (
-                    torch.no_grad(),
-                    autocast(pipe.precision, device_of(pipe.modules[pipe.layout.last])),
-                ):
-                    total += float(call_loss_fn(loss_fn, output, batch.targets))
-                count += 1
+            try:
+                output = pipe(batch.inputs if reads[0] else None)
+                if output is not None and reads[1]:
+                    with (
+                        torch.no_grad(),
+                        autocast(pipe.precision, device_of(pipe.modules[pipe.layout.last])),
+                    ):
+                        total += float(call_loss_fn(loss_fn, output, batch.targets))
+                    count += 1
+            except PipecompileError as err:
+                raise _in_batch(err, pipe, data, batch, when) from err
     finally:
         for module, training in modes:
             module.train(training)
     total, count = group.sum([total, count])
-    if count:
-        reporter.eval({"step": step, "epoch": epoch, "loss": total / count})
+    return total / count if count else math.nan
+
+
+def _first_only(source: BatchSource | None) -> BatchSource | None:
+    """``source``'s first batch as a source of its own (None on a rank without data)."""
+    if source is None:
+        return None
+    first = source.peek()
+    if first is None:
+        raise PipecompileError(empty_data(source, 1, 0))
+    return BatchSource(lambda: iter([first]), 1, source.label, source.again)
+
+
+def _in_batch(err: PipecompileError, pipe: Pipeline, feed: _Feed, batch: Batch,
+              when: str) -> PipecompileError:  # fmt: skip
+    """``err``, raised by the pipeline on ``feed``'s last batch, with that batch named first
+    (an id outside an embedding's range said as such); ``when``: the step, or the check."""
+    source = feed.source
+    if source is None:  # a rank without data: the ranks that read it name the batch
+        return err
+    where = source.batch_name(feed.in_epoch - 1)
+    if feed.epoch > 1:
+        where += f" of epoch {feed.epoch}"
+    hint = out_of_range(err, batch, pipe)
+    return type(err)(f"{where} ({when}): {hint or err}")
+
+
+def out_of_range(err: BaseException, batch: Batch, pipe: Pipeline) -> str | None:
+    """What torch's bare ``IndexError: index out of range in self`` (an embedding given an id
+    beyond its rows) means for ``batch``: its integer inputs' ids against this process's
+    embeddings; None for any other error."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, IndexError):
+        cause = cause.__cause__
+    if cause is None or "out of range" not in str(cause):
+        return None
+    ids = {n: t for n, t in batch.inputs.items()
+           if t.numel() and not t.is_floating_point() and t.dtype != torch.bool}  # fmt: skip
+    rows = _embeddings(pipe)
+    if not ids or not rows:
+        return None
+    low, high = min(int(t.min()) for t in ids.values()), max(int(t.max()) for t in ids.values())
+    held = ", ".join(
+        f"input {n!r} holds ids {int(t.min())}..{int(t.max())}" for n, t in ids.items()
+    )
+    over = [f"{name} ({n} rows: ids 0..{n - 1})" for name, n in rows if n <= high]
+    if low < 0:
+        problem = "a negative id is outside every embedding's range"
+    else:
+        problem = f"beyond embedding {' or '.join(over or [f'{n} ({k} rows)' for n, k in rows])}"
+    return (
+        f"{held}: {problem}; fix the data, or the vocabulary size (and recompile) "
+        f"[{type(cause).__name__}: {cause}]"
+    )
+
+
+def _embeddings(pipe: Pipeline) -> list[tuple[str, int]]:
+    """(original name, rows) of every nn.Embedding of the stages in this process."""
+    found = []
+    for module, names in zip(pipe.modules, pipe.layout.params):
+        if module is None:
+            continue
+        for path, sub in module.named_modules():
+            if isinstance(sub, torch.nn.Embedding):
+                original = names.get(f"{path}.weight", [f"{path}.weight"])[0]
+                found.append((original.removesuffix(".weight"), sub.num_embeddings))
+    return found
 
 
 class _Feed:
     """Mini-batches in order across epochs; ``read`` counts them. A rank without data only
     keeps count (the epoch length comes from the ranks that read); where no rank knows the
-    length, the ranks agree after each batch on whether the data went on."""
+    length, the ranks agree after each batch on whether the data went on.
+
+    The data is held to what it promised: an epoch that yields no batch (a used-up iterable
+    returned again), or a number of batches other than its ``len()`` (either way), stops the
+    run with an error instead of training on less than asked."""
 
     def __init__(self, source: BatchSource | None, length: int | None, group: Group,
                  *, epochs: int | None, skip: int,
@@ -395,6 +482,7 @@ class _Feed:
         self.source, self.length, self.group, self.epochs = source, length, group, epochs
         self.device = device
         self.epoch, self.read, self.in_epoch = 1, 0, 0
+        self.gave = 0  # batches the first epoch gave (for the message of an empty one)
         self._it: Iterator[Batch] | None = None
         self.at_epoch_end = False
         for _ in range(skip):  # resuming: the batches the checkpointed steps used
@@ -407,7 +495,7 @@ class _Feed:
         if self.length is not None and self.in_epoch == self.length:
             if self.epochs is not None and self.epoch >= self.epochs:
                 return None
-            self.epoch, self.in_epoch, self._it = self.epoch + 1, 0, None
+            self._new_epoch()
         batch = self._next_local()
         if self.length is None:
             more = self.group.max([1.0 if batch is not None else 0.0])[0] > 0
@@ -416,6 +504,8 @@ class _Feed:
         self.read += 1
         self.in_epoch += 1
         self.at_epoch_end = self.length is not None and self.in_epoch == self.length
+        if self.at_epoch_end and self.source is not None:
+            self._check_no_more()
         if batch is None or batch is _NO_DATA:
             return _NO_DATA
         if self.device is not None and self.device.type != "cpu":
@@ -423,23 +513,64 @@ class _Feed:
             return Batch(inputs, tuple(t.to(self.device) for t in batch.targets))
         return batch
 
+    def _new_epoch(self) -> None:
+        if self.epoch == 1:
+            self.gave = self.in_epoch
+        self.epoch, self.in_epoch, self._it = self.epoch + 1, 0, None
+
     def _next_local(self) -> Batch | None:
         if self.source is None:
             return None if self.length is None else _NO_DATA
         if self._it is None:
             self._it = self.source.epoch()
         batch = next(self._it, None)
-        if batch is None and self.length is None and (self.epochs is None or
-                                                      self.epoch < self.epochs):  # fmt: skip
-            self.epoch, self.in_epoch = self.epoch + 1, 0
+        if (
+            batch is None
+            and self.length is None
+            and self.in_epoch > 0
+            and (self.epochs is None or self.epoch < self.epochs)
+        ):
+            self._new_epoch()
             self._it = self.source.epoch()
             batch = next(self._it, None)
+        if batch is None and self.in_epoch == 0:
+            raise PipecompileError(empty_data(self.source, self.epoch, self.gave))
         if batch is None and self.length is not None:
-            raise PipecompileError(
-                f"{self.source.label} gave {self.in_epoch} batches this epoch but its len() is "
-                f"{self.length}; make __len__ match what __iter__ yields"
-            )
+            raise PipecompileError(_length_mismatch(self.source, self.epoch, self.in_epoch))
         return batch
+
+    def _check_no_more(self) -> None:
+        """At the end of an epoch of known length: the data must end there too."""
+        assert self._it is not None and self.source is not None
+        extra = 0
+        while extra < _COUNT_AT_MOST and next(self._it, None) is not None:
+            extra += 1
+        if extra:
+            yielded = self.in_epoch + extra
+            more = "at least " if extra == _COUNT_AT_MOST else ""
+            raise PipecompileError(_length_mismatch(self.source, self.epoch, yielded, more))
 
 
 _NO_DATA = Batch({}, ())
+_COUNT_AT_MOST = 10_000  # batches past its len() counted for the message
+
+
+def empty_data(source: BatchSource, epoch: int, first_gave: int) -> str:
+    """The message for an epoch of ``source`` that yielded no batch."""
+    if epoch == 1:
+        return (
+            f"{source.label} yielded no batches; it must give at least one (inputs, targets) "
+            "mini-batch"
+        )
+    return (
+        f"{source.label} yielded no batches in epoch {epoch} (epoch 1 gave {first_gave}): the "
+        f"iterable was used up by the first pass; {source.again}"
+    )
+
+
+def _length_mismatch(source: BatchSource, epoch: int, yielded: int, more: str = "") -> str:
+    return (
+        f"{source.label} yielded {more}{yielded} batches in epoch {epoch} but its len() is "
+        f"{source.length}; make __len__ return the number of batches __iter__ yields (or drop "
+        "__len__)"
+    )

@@ -201,7 +201,7 @@ def test_a_batch_that_does_not_split_is_named() -> None:
     pipe = _compiled(_model())
     good = _batches(1)
     odd = ((torch.randint(0, 32, (5, 6)),), torch.randint(0, 32, (5, 6)))
-    with pytest.raises(PipecompileError, match=r"batch 1 of fit\(batches\)"):
+    with pytest.raises(PipecompileError, match=r"^fit\(batches\), batch 1 \(step 2\): "):
         pipe.fit([*good, odd], _loss, "sgd", epochs=1)
 
 
