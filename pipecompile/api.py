@@ -30,6 +30,7 @@ from torch import nn
 from pipecompile.codegen.emit import INIT, INIT_CONSTANTS, MANIFEST, ModelRef, emit
 from pipecompile.codegen.output_dir import (
     check_replaceable,
+    inside,
     new_temp_dir,
     owned_names,
     replace_output,
@@ -108,6 +109,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         warnings.warn(f"pipecompile: {note}", stacklevel=2)
     pipe = CompiledPipeline(out, model_type=type(model))
     if temporary:
+        pipe._temporary = out.parent
         weakref.finalize(pipe, shutil.rmtree, out.parent, True)
     return pipe
 
@@ -130,6 +132,7 @@ class CompiledPipeline:
         self.pipeline = Pipeline.load(self.directory)
         self._signature = inspect.signature(model_type.forward) if model_type else None
         self._factory: OptimizerFactory | None = None
+        self._temporary: Path | None = None  # deleted with this object (compiled in memory)
 
     @property
     def program(self) -> Program:
@@ -189,6 +192,7 @@ class CompiledPipeline:
         eval_batches: Any = None,
         metrics: str | Path | None = None,
         progress: bool = False,
+        force: bool = False,
         **options: Any,
     ) -> list[dict[str, Any]]:
         """Train on ``batches`` with the loop of ``pipecompile run``; returns one record per
@@ -203,6 +207,9 @@ class CompiledPipeline:
             epochs, steps: run ``epochs`` passes, or ``steps`` optimizer steps if given.
             eval_batches: like ``batches``; its mean loss is recorded after each epoch.
             metrics: append JSON lines to this file. ``progress``: print a line per step.
+            force: let ``save`` replace another run's checkpoints there (as ``run
+                --force``); ``save`` and ``metrics`` are checked before training, and may not
+                lie in the temporary ``directory`` of a pipeline compiled without one.
             options: the other fields of ``runtime.training.TrainOptions``: ``accumulate``,
                 ``lr``, ``lr_schedule``, ``warmup_steps``, ``clip_grad_norm``,
                 ``precision``, ``seed``, ``skip_nonfinite``, ``save``, ``save_every``, ...
@@ -227,12 +234,32 @@ class CompiledPipeline:
         for field in ("save", "resume"):
             if isinstance(getattr(chosen, field), str):
                 setattr(chosen, field, Path(getattr(chosen, field)))
+        self._check_places(chosen, force)
         names = self.inputs
         data = iterable_source(batches, names, "fit(batches)")
         evals = iterable_source(eval_batches, names, "fit(eval_batches)") if eval_batches else None
         state = train(self.pipeline, loss_fn, data, chosen, eval_data=evals)
         self._factory = None  # the loop built its own optimizers
         return state.records
+
+    def _check_places(self, options: Any, force: bool) -> None:
+        """Where ``fit`` writes, checked before it trains: not in this pipeline's temporary
+        directory (it goes with the object), writable, and not another run's checkpoints."""
+        from pipecompile.runtime.checkpoint import check_save_dir
+        from pipecompile.runtime.metrics import check_metrics_file
+
+        for name in ("save", "metrics"):
+            path = getattr(options, name)
+            if path is not None and self._temporary and inside(path, self._temporary):
+                raise PipecompileError(
+                    f"fit({name}={str(path)!r}): it lies in this pipeline's temporary directory "
+                    f"{self._temporary}, which is deleted with the pipeline; {name} elsewhere, "
+                    f"e.g. {name}={Path(path).name!r}, or compile with directory=..."
+                )
+        if options.metrics is not None:
+            check_metrics_file(options.metrics)
+        if options.save is not None:
+            check_save_dir(options.save, resume=options.resume, force=force)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer under the original model's names."""

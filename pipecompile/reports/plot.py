@@ -2,7 +2,8 @@
 
 Reads the JSON-lines metrics `pipecompile run` appends to ``OUT/metrics.jsonl`` and draws the
 last run in it as plain SVG text (no plotting library): loss against step above, throughput
-against step below. The same records always give the same bytes.
+against step below. The same records always give the same bytes. The picture carries
+pipecompile's marker (an XML comment), and only a marked picture is ever replaced.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from pipecompile.errors import PipecompileError
+from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.files.disk import writing
+from pipecompile.files.owned import SVG_MARK, is_our_svg
+from pipecompile.files.writable import check_file
 
 __all__ = ["METRICS", "read_metrics", "last_run", "nice_ticks", "plot_svg", "write_plot"]
 
@@ -189,6 +193,7 @@ def plot_svg(records: list[dict[str, Any]], title: str) -> str:
     (loss_top, loss_height), (speed_top, speed_height) = PANELS
     lines = [
         '<?xml version="1.0" encoding="UTF-8"?>',
+        SVG_MARK,
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
         f"<title>{_text(title)}</title>",
@@ -308,6 +313,8 @@ def write_plot(source: Path, output: Path | None = None) -> Path:
 
     Raises:
         PipecompileError: ``output`` is not a .svg file, or the metrics cannot be read.
+        EmitError: ``output`` is a picture ``plot`` did not draw (never replaced), or cannot
+            be written (named, with the reason).
     """
     source = Path(source)
     # A path that does not exist yet is a directory unless it is named like a metrics file.
@@ -317,9 +324,19 @@ def write_plot(source: Path, output: Path | None = None) -> Path:
         output = source.with_suffix(".svg") if is_file else source / DEFAULT_PICTURE
     if output.suffix.lower() != ".svg":
         raise PipecompileError(f"cannot write {output}: only SVG is drawn; name a .svg file")
+    if output.is_file() and not is_our_svg(output):
+        raise EmitError(
+            f"plot -o {output}: the file exists and pipecompile plot did not draw it; it is "
+            "never replaced: choose another -o, or move it away"
+        )
+    check_file(output, "the plot")
     svg = plot_svg(last_run(read_metrics(metrics)), f"training: {metrics.parent}")
-    output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(svg, encoding="utf-8", errors="replace")
-    os.replace(tmp, output)
+    with writing("write the plot to", output):
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(svg, encoding="utf-8", errors="replace")
+            os.replace(tmp, output)
+        finally:
+            tmp.unlink(missing_ok=True)
     return output

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipecompile.files.disk import writing
 from pipecompile.reports.pictures.render import dot_available, render
 from pipecompile.reports.pictures.schedule_picture import schedule_dot, simulated_timeline
 from pipecompile.reports.pictures.stage_picture import stage_dot
@@ -37,6 +38,7 @@ def write_pictures(directory: Path, *, out: Path | None = None, fmt: str = "svg"
     Raises:
         EmitError: ``directory`` holds no readable manifest or program.
         ProgramError: the program deadlocks when simulated.
+        EmitError: ``out`` cannot be written (named, with the reason).
         RenderError: Graphviz failed, or ``fmt`` is not svg, png or pdf.
     """
     directory = Path(directory)
@@ -48,13 +50,13 @@ def write_pictures(directory: Path, *, out: Path | None = None, fmt: str = "svg"
         "stages": (stage_dot(manifest, program), "dot"),
         "schedule": (schedule_dot(timeline, program, unit=unit), "neato"),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    sources = []
-    for name, (graph, _) in graphs.items():
-        sources.append(out / f"{name}.dot")
-        sources[-1].write_text(graph.source)
-    drawn = []
-    if dot_available():
-        for name, (graph, engine) in graphs.items():
-            drawn.append(render(graph, out / f"{name}.{fmt}", engine=engine))
+    sources, drawn = [], []
+    with writing("write pictures to", out):
+        out.mkdir(parents=True, exist_ok=True)
+        for name, (graph, _) in graphs.items():
+            sources.append(out / f"{name}.dot")
+            sources[-1].write_text(graph.source)
+        if dot_available():
+            for name, (graph, engine) in graphs.items():
+                drawn.append(render(graph, out / f"{name}.{fmt}", engine=engine))
     return Pictures(tuple(sources), tuple(drawn))
