@@ -170,3 +170,19 @@ def test_the_pipeline_draws_its_pictures_and_exports_onnx(tmp_path):
     with torch.no_grad():
         expected = spec.model.eval()(**micro)
     assert abs(torch.as_tensor(outputs[0]) - expected).max().item() < 1e-5
+
+
+def test_fit_refuses_to_save_into_the_pipelines_own_temporary_directory(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x, y = torch.randn(4, 4), torch.randn(4, 2)
+    pipe = pipecompile.compile(model, (x,), stages=2)
+    loss = nn.functional.mse_loss
+    for option in ("save", "metrics"):
+        with pytest.raises(PipecompileError, match=f"fit\\({option}=.*temporary directory"):
+            pipe.fit([((x,), y)], loss, "sgd", steps=1, **{option: pipe.directory / "ck"})
+    assert not (pipe.directory / "ck").exists()
+    pipe.fit([((x,), y)], loss, "sgd", steps=1, save=tmp_path / "ck")
+    assert (tmp_path / "ck" / "latest").read_text() == "step_1\n"
+    with pytest.raises(PipecompileError, match="another run's checkpoints"):
+        pipe.fit([((x,), y)], loss, "sgd", steps=1, save=tmp_path / "ck")
+    pipe.fit([((x,), y)], loss, "sgd", steps=1, save=tmp_path / "ck", force=True)

@@ -69,6 +69,36 @@ def test_force_writes_beside_user_files_and_drops_only_our_stale_ones(tmp_path):
     assert main(["run", str(out), "-q"]) == 0
 
 
+@pytest.mark.parametrize("name", ["manifest.json", "stage_0.py", "program.txt"])
+def test_force_never_replaces_a_users_file_named_as_ours(tmp_path, capsys, name):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / name).write_text("mine")
+    (mine / "notes.txt").write_text("mine too")
+    before = _snapshot(mine)
+    assert _compile(mine, "--force") == 2
+    err = capsys.readouterr().err
+    assert f"{name} among them under a name it may write" in err and "choose another -o" in err
+    assert _snapshot(mine) == before
+
+
+def test_force_notes_what_it_kept(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert _compile(mine, "--force") == 0
+    assert f"pipecompile: note: kept notes.txt in {mine}" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_an_edited_stage_of_our_own_is_replaced_by_a_recompile(tmp_path):
+    out = tmp_path / "x"
+    assert _compile(out) == 0
+    original = (out / "stage_0.py").read_text()
+    (out / "stage_0.py").write_text(original + "# my experiment\n")
+    assert _compile(out) == 0 and (out / "stage_0.py").read_text() == original
+
+
 def test_recompile_replaces_its_own_output(tmp_path):
     out = tmp_path / "x"
     assert main([MLP, "--stages", "3", "-q", "-o", str(out)]) == 0
@@ -95,14 +125,13 @@ def test_checkpoints_beside_survive_a_recompile(tmp_path):
     assert (out / "metrics.jsonl").read_text() == metrics  # the runs' history is carried over
 
 
-def test_export_never_overwrites_without_force(emitted, tmp_path, capsys):
+def test_export_never_overwrites_a_users_file(emitted, tmp_path, capsys):
     target = tmp_path / "mine.safetensors"
     target.write_bytes(b"precious")
-    assert main(["export", str(emitted), "-o", str(target)]) == 2
-    assert "--force" in capsys.readouterr().err
-    assert target.read_bytes() == b"precious"
-    assert main(["export", str(emitted), "-o", str(target), "--force"]) == 0
-    assert target.read_bytes() != b"precious"
+    for force in ([], ["--force"]):
+        assert main(["export", str(emitted), "-o", str(target), *force]) == 2
+        assert "did not write it; it is never replaced" in capsys.readouterr().err
+        assert target.read_bytes() == b"precious"
     # a directory is a sharded export: refused where it holds files an export did not write
     assert main(["export", str(emitted), "-o", str(tmp_path)]) == 2
     assert "holds mine.safetensors, which an export did not write" in capsys.readouterr().err

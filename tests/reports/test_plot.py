@@ -177,11 +177,12 @@ def test_metrics_without_train_records_are_refused(tmp_path):
 
 def test_write_plot_replaces_the_default_picture_atomically(tmp_path, monkeypatch):
     write_lines(tmp_path / "metrics.jsonl", two_runs())
-    (tmp_path / "training.svg").write_text("old")
+    old = f"{plot.SVG_MARK}\n<svg>an earlier plot</svg>"
+    (tmp_path / "training.svg").write_text(old)
     replaced, real_replace = [], os.replace
 
     def spy(src, dst):
-        assert Path(dst).read_text() == "old"  # the old picture stays whole until the swap
+        assert Path(dst).read_text() == old  # the old picture stays whole until the swap
         replaced.append((Path(src), Path(dst)))
         real_replace(src, dst)
 
@@ -205,3 +206,16 @@ def test_only_svg_is_written(tmp_path):
     with pytest.raises(PipecompileError, match="only SVG is drawn; name a .svg file"):
         write_plot(tmp_path, tmp_path / "training.png")
     assert not (tmp_path / "training.png").exists()
+
+
+def test_a_picture_plot_did_not_draw_is_never_replaced(tmp_path):
+    write_lines(tmp_path / "metrics.jsonl", two_runs())
+    mine = tmp_path / "training.svg"
+    mine.write_text("<svg>my drawing</svg>")
+    for output in (None, mine):
+        with pytest.raises(PipecompileError, match="pipecompile plot did not draw it"):
+            write_plot(tmp_path, output)
+    assert mine.read_text() == "<svg>my drawing</svg>"
+    mine.unlink()
+    assert write_plot(tmp_path) == mine and write_plot(tmp_path) == mine  # its own: replaced
+    assert plot.SVG_MARK in mine.read_text()
