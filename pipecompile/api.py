@@ -228,6 +228,11 @@ class CompiledPipeline:
                               quiet=not progress, **options)  # fmt: skip
         if isinstance(optimizer, str):
             chosen.optimizer = optimizer
+        elif "lr" in options:
+            raise PipecompileError(
+                f"fit(lr={options['lr']}) sets the rate of a named optimizer ('sgd', 'adam', "
+                "'adamw'); an optimizer factory sets its own: drop lr, or pass it to the factory"
+            )
         else:
             chosen.optimizer_factory = optimizer
         chosen.metrics = Path(metrics) if metrics is not None else None

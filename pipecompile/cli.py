@@ -171,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--allow-missing", action="store_true",
                       help="--weights: initialise the model's tensors the checkpoint lacks "
                       "(listed) instead of refusing it")  # fmt: skip
-    comp.add_argument("--init-seed", type=_nonnegative_int, default=0,
+    comp.add_argument("--init-seed", type=_nonnegative_int,
                       help="seed of the initialisation of a model built on the meta device "
                       "(default 0)")  # fmt: skip
     comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -182,16 +182,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true", help="compare one step with the eager model")
     run.add_argument("--program", help="run this program file instead (verified first)")
     run.add_argument("--model", help="model file to take data, targets and loss_fn from")
-    run.add_argument("--atol", type=_nonnegative_float, default=1e-5,
-                     help="--check absolute tolerance")  # fmt: skip
-    run.add_argument("--rtol", type=_nonnegative_float, default=1e-5,
-                     help="--check relative tolerance")  # fmt: skip
+    run.add_argument("--atol", type=_nonnegative_float,
+                     help="--check absolute tolerance (default 1e-5)")  # fmt: skip
+    run.add_argument("--rtol", type=_nonnegative_float,
+                     help="--check relative tolerance (default 1e-5)")  # fmt: skip
     run.add_argument("--nproc", type=_positive_int,
                      help="run with one process per device through torch.distributed")  # fmt: skip
-    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"),
                      help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if any)")  # fmt: skip
-    run.add_argument("--timeout", type=_positive_float, default=60.0,
-                     help="--nproc: seconds a rank may wait on one instruction")  # fmt: skip
+    run.add_argument("--timeout", type=_positive_float,
+                     help="--nproc: seconds a rank may wait on one instruction (default "
+                     "60)")  # fmt: skip
     run.add_argument("--allow-stale", action="store_true",
                      help="run even though the model file changed since compiling")  # fmt: skip
     run.add_argument("--stats", action="store_true",
@@ -212,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True,
                         help="a .safetensors file (one state dict), or a directory: a Hugging "
                         "Face checkpoint (shards and model.safetensors.index.json)")  # fmt: skip
-    export.add_argument("--shard-size", type=_size, default="5GB",
+    export.add_argument("--shard-size", type=_positive_size,
                         help="largest shard of a directory export (default 5GB)")  # fmt: skip
     export.add_argument("--checkpoint", help="take the weights of this checkpoint's newest step")
     export.add_argument("--force", action="store_true",
@@ -250,14 +251,25 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pipecompile.runtime.export import export_sharded, export_weights, is_file_target
+    from pipecompile.runtime.export import (
+        SHARD_SIZE,
+        export_sharded,
+        export_weights,
+        is_file_target,
+    )
 
     target = Path(args.output)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    if is_file_target(target) and args.shard_size is not None:
+        raise PipecompileError(
+            f"--shard-size applies to a directory export; -o {target} is one .safetensors file "
+            "(a single state dict): drop --shard-size, or name a directory"
+        )
     if not is_file_target(target):
         notes: list[str] = []
+        shard_size = args.shard_size or SHARD_SIZE
         count, shards = export_sharded(Path(args.directory), target, checkpoint,
-                                       shard_size=args.shard_size, force=args.force,
+                                       shard_size=shard_size, force=args.force,
                                        notes=notes)  # fmt: skip
         for note in notes:
             print(f"pipecompile: note: {note}", file=sys.stderr)
@@ -287,6 +299,13 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _positive_size(text: str) -> int:
+    size = _size(text)
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is no size to write a shard of; give e.g. 2GB")
+    return size
+
+
 def _say(args: argparse.Namespace, text: str) -> None:
     if not args.quiet:
         print(text, file=sys.stderr)
@@ -310,7 +329,8 @@ def _compile(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(Path(args.weights)) if args.weights else None  # and --weights
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
-    plan = weight_plan(spec.model, checkpoint, args.init_seed, spec.module,
+    _check_init_seed(args.init_seed, spec.model)
+    plan = weight_plan(spec.model, checkpoint, args.init_seed or 0, spec.module,
                        allow_missing=args.allow_missing)  # fmt: skip
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
     compiled = compile_model(
@@ -338,6 +358,19 @@ def _compile(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(summary(out))
     return 0
+
+
+def _check_init_seed(seed: int | None, model: object) -> None:
+    """--init-seed seeds the initialisation of meta tensors only: refused for a model
+    built with its weights, where it would change nothing."""
+    from pipecompile.model.init_recipe import is_meta_model
+
+    if seed is not None and not is_meta_model(model):
+        raise PipecompileError(
+            f"--init-seed {seed} seeds the initialisation of a model built on the meta "
+            f"device, but {type(model).__name__} was built with its weights, which it would "
+            "not change: drop it (seed build_model() itself, e.g. torch.manual_seed)"
+        )
 
 
 def _compile_pictures(args: argparse.Namespace, out: Path) -> None:
@@ -393,6 +426,9 @@ def _run(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
     manifest = read_manifest(directory)
     _check_run_options(args, directory)
+    for name, value in _RUN_DEFAULTS.items():  # None until here: given or not is known
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.nproc:
         if args.stats:
             raise PipecompileError("--stats measures the local backend; drop it with --nproc")
@@ -465,6 +501,11 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
         )
     if args.resume:
         step = read_meta(latest_step_dir(Path(args.resume)))["step"]
+        if args.steps is None and args.epochs is None:
+            raise PipecompileError(
+                f"--resume {args.resume}: the checkpoint is at step {step}, and without --steps "
+                f"the run has nothing more to do; pass --steps greater than {step}"
+            )
         if args.steps is not None and step >= args.steps:
             raise PipecompileError(
                 f"--resume {args.resume} continues after step {step}, but --steps {args.steps} "
@@ -499,14 +540,71 @@ def _uses_cuda(args: argparse.Namespace) -> bool:
 
 
 def _check_program_options(args: argparse.Namespace, directory: Path) -> None:
-    """Training options the program's schedule cannot honour (see training.check_options)."""
+    """Options this run would ignore, and training options the program's schedule cannot
+    honour (see training.check_options)."""
     from pipecompile.runtime.load import read_manifest, read_program
     from pipecompile.runtime.train_args import train_options
     from pipecompile.runtime.training import check_options
 
     manifest = read_manifest(directory)
     program = read_program(Path(args.program) if args.program else directory / manifest["program"])
+    _refuse_ignored(args, program.asynchronous)
     check_options(train_options(args, directory), program)
+
+
+_RUN_DEFAULTS = {"atol": 1e-5, "rtol": 1e-5, "timeout": 60.0, "device": "auto"}
+
+# Why `run --check` (one fp32 step of the compiled weights on the example batch, against the
+# eager model) cannot honour a training option; a pipedream check takes --lr (one SGD step).
+_CHECK_CANNOT = {
+    "steps": "it runs one step",
+    "epochs": "it runs one step on the example batch",
+    "accumulate": "it compares one mini-batch",
+    "precision": "it compares fp32 results, which autocast would move beyond any tolerance",
+    "optimizer": "it compares gradients, not an optimizer's update",
+    "lr": "a synchronous program's check compares gradients, before any update",
+    "lr_schedule": "it runs no schedule",
+    "warmup_steps": "it runs no schedule",
+    "clip_grad_norm": "it compares the unclipped gradients",
+    "seed": "it needs a model without random ops, whose masks the pipeline draws its own way",
+    "skip_nonfinite": "a non-finite value fails the check",
+    "save": "it trains nothing to save",
+    "save_every": "it trains nothing to save",
+    "resume": "it checks the compiled weights, not a checkpoint's",
+    "metrics": "it records no steps",
+    "eval_every": "it evaluates nothing",
+    "force": "it writes nothing",
+}
+
+
+def _refuse_ignored(args: argparse.Namespace, asynchronous: bool) -> None:
+    """Options given that this run would accept and ignore, refused with the reason."""
+    from pipecompile.runtime.train_args import given
+
+    for flag in ("timeout", "device"):
+        if getattr(args, flag) is not None and not args.nproc:
+            raise PipecompileError(
+                f"--{flag} applies to the ranks of --nproc N, which a run without --nproc "
+                f"does not start: drop --{flag}, or add --nproc"
+            )
+    if not args.check:
+        for flag in ("atol", "rtol"):
+            if getattr(args, flag) is not None:
+                raise PipecompileError(
+                    f"--{flag} is a tolerance of --check; drop it, or add --check"
+                )
+        return
+    cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in given(args)
+              if not (asynchronous and name == "lr")]  # fmt: skip
+    if args.stats:
+        cannot.append(("--stats", "it measures a training run"))
+    if cannot:
+        listed = "; ".join(f"{flag}: {why}" for flag, why in cannot)
+        them = "it" if len(cannot) == 1 else "them"
+        raise PipecompileError(
+            f"--check runs one fp32 step of the compiled weights on the example batch against "
+            f"the eager model and cannot honour {listed}; drop {them}, or train without --check"
+        )
 
 
 def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ignore[no-untyped-def]

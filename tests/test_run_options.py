@@ -60,6 +60,47 @@ def test_bad_compile_options(model_and_out, tmp_path, capsys, argv, message):
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--check", "--precision", "bf16"], "cannot honour --precision: it compares fp32"),
+        (["--check", "--accumulate", "2", "--steps", "3"],
+         "cannot honour --steps: it runs one step; --accumulate: it compares one mini-batch"),
+        (["--check", "--save", "ck"], "cannot honour --save: it trains nothing to save"),
+        (["--check", "--epochs", "2"], "cannot honour --epochs"),
+        (["--check", "--lr", "0.1"], "cannot honour --lr"),
+        (["--check", "--seed", "1"], "cannot honour --seed"),
+        (["--timeout", "5"], "--timeout applies to the ranks of --nproc N"),
+        (["--device", "cpu"], "--device applies to the ranks of --nproc N"),
+        (["--atol", "0.1"], "--atol is a tolerance of --check"),
+        (["--eval-every", "2"], "--eval-every 2: there is no eval_batches()"),
+    ],
+)  # fmt: skip
+def test_options_the_run_would_ignore_are_refused(model_and_out, capsys, argv, message):
+    assert main(["run", str(model_and_out[1]), "-q", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_check_still_takes_what_it_honours(model_and_out, capsys):
+    assert main(["run", str(model_and_out[1]), "--check", "--atol", "1e-4", "--rtol", "0"]) == 0
+    assert "check passed" in capsys.readouterr().out
+
+
+def test_init_seed_on_a_model_with_weights_and_a_shard_size_without_shards_are_refused(
+    model_and_out, tmp_path, capsys
+):
+    model, out = model_and_out
+    assert main([str(model), "--stages", "2", "--init-seed", "1", "-o", str(tmp_path / "o")]) == 2
+    assert "MLP was built with its weights" in capsys.readouterr().err
+    target = tmp_path / "w.safetensors"
+    assert main(["export", str(out), "-o", str(target), "--shard-size", "1GB"]) == 2
+    assert "--shard-size applies to a directory export" in capsys.readouterr().err
+    assert not target.exists()
+    assert main(["export", str(out), "-o", str(tmp_path / "hf"), "--shard-size", "0"]) == 2
+    assert "'0' is no size to write a shard of" in capsys.readouterr().err
+
+
 def test_options_in_any_order(model_and_out, tmp_path, capsys):
     model, out = model_and_out
     assert main(["-q", str(model), "--stages", "2", "-o", str(tmp_path / "o")]) == 0
@@ -73,6 +114,8 @@ def test_resume_beyond_steps_is_refused(model_and_out, tmp_path, capsys):
     assert main(["run", str(out), "-q", "--steps", "3", "--save", str(saved)]) == 0
     assert main(["run", str(out), "-q", "--steps", "3", "--resume", str(saved)]) == 2
     assert "continues after step 3" in capsys.readouterr().err
+    assert main(["run", str(out), "-q", "--resume", str(saved)]) == 2  # would do nothing
+    assert "the checkpoint is at step 3" in capsys.readouterr().err
     assert main(["run", str(out), "-q", "--steps", "4", "--resume", str(saved)]) == 0
 
 

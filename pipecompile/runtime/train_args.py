@@ -15,6 +15,7 @@ from pipecompile.runtime.training import OPTIMIZERS, TrainOptions
 __all__ = [
     "add_training_arguments",
     "forwarded",
+    "given",
     "train_options",
     "positive_int",
     "nonnegative_int",
@@ -88,6 +89,18 @@ def forwarded(args: argparse.Namespace) -> list[str]:
     for flag, name in _SWITCHES:
         out += [flag] * bool(getattr(args, name))
     return out
+
+
+def given(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, attribute) of each training option ``args`` sets to other than its default
+    (a value equal to the default asks for nothing the run would not do anyway)."""
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_training_arguments(defaults)
+    return [
+        (flag, name)
+        for flag, name in [(f, n) for f, n, _ in _VALUED] + list(_SWITCHES)
+        if name != "quiet" and getattr(args, name) != defaults.get_default(name)
+    ]
 
 
 def train_options(args: argparse.Namespace, directory: Path) -> TrainOptions:

@@ -26,6 +26,7 @@ import torch
 from pipecompile.errors import PipecompileError, RuntimeFailure
 from pipecompile.ir.program import Program
 from pipecompile.model.data_hooks import Batch, BatchSource
+from pipecompile.runtime.batch_agreement import agree_on_batch
 from pipecompile.runtime.checkpoint import resume, save, save_due, train_state
 from pipecompile.runtime.divergence import check_losses, skipped_line
 from pipecompile.runtime.executor import LossFn, call_loss_fn
@@ -131,6 +132,16 @@ def check_options(options: TrainOptions, program: Program) -> None:
         )
     if options.accumulate < 1:
         raise PipecompileError(f"--accumulate {options.accumulate}: give at least 1")
+    if options.optimizer_factory is None and options.optimizer not in OPTIMIZERS:
+        raise PipecompileError(
+            f"unknown optimizer {options.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}, "
+            "or pass a factory over parameters"
+        )
+    if options.loss_scale != TrainOptions.loss_scale and options.precision != "fp16":
+        raise PipecompileError(
+            f"loss_scale {options.loss_scale:g} is the initial scale of --precision fp16; this "
+            f"run is {options.precision}, which scales no loss: drop it, or use fp16"
+        )
     if program.asynchronous:
         asked = [flag for flag, on in (
             ("--skip-nonfinite", options.skip_nonfinite),
@@ -270,6 +281,7 @@ def _one_step(
             if part == 0:
                 return None
             break  # a last, shorter accumulation at the end of the data
+        _agree(batch, feed, group)
         taken = take_grads(pipe) if sync and part > 0 else None
         inputs = batch.inputs if reads[0] else None
         targets = batch.targets if reads[1] else None
@@ -383,6 +395,7 @@ def _evaluate(
     total = count = 0.0
     try:
         while (batch := data.next()) is not None:
+            _agree(batch, data, group)
             try:
                 output = pipe(batch.inputs if reads[0] else None)
                 if output is not None and reads[1]:
@@ -399,6 +412,12 @@ def _evaluate(
             module.train(training)
     total, count = group.sum([total, count])
     return total / count if count else math.nan
+
+
+def _agree(batch: Batch, feed: _Feed, group: Group) -> None:
+    """Under --nproc, the ranks that read ``feed``'s last batch must have read the same one."""
+    if not isinstance(group, LocalGroup):
+        agree_on_batch(batch, feed.source, feed.in_epoch - 1, feed.epoch, group)
 
 
 def _first_only(source: BatchSource | None) -> BatchSource | None:
@@ -443,11 +462,11 @@ def out_of_range(err: BaseException, batch: Batch, pipe: Pipeline) -> str | None
     held = ", ".join(
         f"input {n!r} holds ids {int(t.min())}..{int(t.max())}" for n, t in ids.items()
     )
-    over = [f"{name} ({n} rows: ids 0..{n - 1})" for name, n in rows if n <= high]
+    over = [f"{name!r} ({n} rows: ids 0..{n - 1})" for name, n in rows if n <= high]
     if low < 0:
         problem = "a negative id is outside every embedding's range"
     else:
-        problem = f"beyond embedding {' or '.join(over or [f'{n} ({k} rows)' for n, k in rows])}"
+        problem = f"beyond embedding {' or '.join(over or [f'{n!r} ({k} rows)' for n, k in rows])}"
     return (
         f"{held}: {problem}; fix the data, or the vocabulary size (and recompile) "
         f"[{type(cause).__name__}: {cause}]"

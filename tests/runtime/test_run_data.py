@@ -142,6 +142,47 @@ def test_a_bad_hook_is_one_line(tmp_path, capsys, breaking, message):
     assert message in err and "Traceback" not in err, err
 
 
+_ONE_SHOT = (
+    "if self.count == 3 and getattr(Batches, 'used', False): return iter([])\n"
+    "        Batches.used = getattr(Batches, 'used', False) or self.count == 3"
+)
+
+
+@pytest.mark.parametrize(("breaking", "message"), [
+    ("if self.count == 3: return iter([])",
+     "train_batches() of data_model.py yielded no batches; it must give at least one"),
+    ("if self.count == 3: return iter([_batch(k) for k in range(5)])",
+     "train_batches() of data_model.py yielded 5 batches in epoch 1 but its len() is 3"),
+    ("if self.count == 3: return iter([_batch(k) for k in range(2)])",
+     "train_batches() of data_model.py yielded 2 batches in epoch 1 but its len() is 3"),
+    (_ONE_SHOT, "train_batches() of data_model.py yielded no batches in epoch 2 (epoch 1 gave 3)"
+     ": the iterable was used up by the first pass; make train_batches() return a fresh"),
+    ("if self.count == 3: return iter([_batch(0), ((torch.full((4, 5), 99),), _batch(1)[1])])",
+     "train_batches() of data_model.py, batch 1 (step 2): input 'input' holds ids 99..99: "
+     "beyond embedding '0' (16 rows: ids 0..15)"),
+    ("if self.count == 3: return iter([_batch(0), (_batch(1)[0], torch.zeros(6, 5).long())])",
+     "train_batches() of data_model.py, batch 1 (step 2): device 1, instruction 1F0: target 0 "
+     "has shape (6, 5)"),
+    ("if self.count == 2: return iter([(_batch(0)[0], torch.zeros(4, 6).long())])",
+     "eval_batches() of data_model.py, batch 0 (checked before training): "),
+])  # fmt: skip
+def test_data_that_breaks_its_promise_stops_the_run_naming_it(tmp_path, capsys, breaking,
+                                                               message):  # fmt: skip
+    out = _compiled(tmp_path, breaking=breaking)
+    assert main(["run", str(out), "-q", "--steps", "8"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    if "eval_batches" in message or "no batches;" in message:  # found before training
+        assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_used_up_hook_under_nproc_stops_every_rank(tmp_path, capfd):
+    out = _compiled(tmp_path, breaking=_ONE_SHOT)
+    assert main(["run", str(out), "-q", "--steps", "8", "--nproc", "2"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("yielded no batches in epoch 2 (epoch 1 gave 3)") == 2, err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--precision", "fp16"], "--precision fp16 needs a GPU"),
     (["--clip-grad-norm", "-1"], "--clip-grad-norm -1: the norm must be above 0"),

@@ -205,6 +205,95 @@ def test_a_batch_that_does_not_split_is_named() -> None:
         pipe.fit([*good, odd], _loss, "sgd", epochs=1)
 
 
+class _Sized:
+    """Batches with a ``__len__`` of ``length`` whose ``__iter__`` yields ``count``."""
+
+    def __init__(self, length: int, count: int) -> None:
+        self.length, self.batches = length, _batches(count)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.batches)
+
+
+@pytest.mark.parametrize(("batches", "message"), [
+    ([], r"^fit\(batches\) yielded no batches; it must give at least one"),
+    (lambda: iter([]), r"^fit\(batches\) yielded no batches"),
+    (_Sized(2, 3), r"yielded 3 batches in epoch 1 but its len\(\) is 2; make __len__"),
+    (_Sized(5, 3), r"yielded 3 batches in epoch 1 but its len\(\) is 5; make __len__"),
+])  # fmt: skip
+def test_data_that_gives_other_than_it_promised_stops_the_run(batches, message) -> None:
+    pipe = _compiled(_model())
+    with pytest.raises(PipecompileError, match=message):
+        pipe.fit(batches, _loss, "sgd", steps=8)
+
+
+def test_a_used_up_iterable_on_a_new_epoch_stops_the_run() -> None:
+    """A function that returns the same generator each epoch: 3 of 8 steps, then an error."""
+    once = (b for b in _batches(3))
+    with pytest.raises(PipecompileError, match=r"yielded no batches in epoch 2 \(epoch 1 gave "
+                       r"3\): the iterable was used up.*a function returning a fresh"):  # fmt: skip
+        _compiled(_model()).fit(lambda: once, _loss, "sgd", steps=8)
+    fresh = _compiled(_model()).fit(lambda: (b for b in _batches(3)), _loss, "sgd", steps=8)
+    assert [r["epoch"] for r in fresh] == [1, 1, 1, 2, 2, 2, 3, 3]
+
+
+def test_nothing_trains_before_eval_batches_pass_a_check_of_their_first_batch() -> None:
+    pipe = _compiled(_model())
+    before = {k: v.clone() for k, v in pipe.state_dict().items()}
+    wrong = [((torch.randint(0, 32, (8, 6)),), torch.randint(0, 32, (8, 5)))]  # targets short
+    with pytest.raises(PipecompileError, match=r"^fit\(eval_batches\), batch 0 \(checked "
+                       r"before training\): .*loss_fn"):  # fmt: skip
+        pipe.fit(_batches(2), _loss, "sgd", epochs=1, eval_batches=wrong)
+    with pytest.raises(PipecompileError, match=r"fit\(eval_batches\) yielded no batches"):
+        pipe.fit(_batches(2), _loss, "sgd", epochs=1, eval_batches=lambda: iter([]))
+    with pytest.raises(PipecompileError, match=r"--eval-every 2: there is no eval_batches\(\)"):
+        pipe.fit(_batches(2), _loss, "sgd", epochs=1, eval_every=2)
+    _close(pipe.state_dict(), before, tol=0)
+
+
+def test_an_id_beyond_the_embedding_names_the_batch_the_input_and_the_embedding() -> None:
+    bad = ((torch.full((8, 6), 40),), torch.zeros(8, 6, dtype=torch.long))
+    with pytest.raises(
+        PipecompileError,
+        match=r"^fit\(batches\), batch 1 \(step 2\): input "
+        r"'idx' holds ids 40..40: beyond embedding 'emb' \(32 rows: ids 0..31\)",
+    ):
+        _compiled(_model()).fit([*_batches(1), bad], _loss, "sgd", epochs=1)
+
+
+@pytest.mark.parametrize("loss_fn", [
+    lambda out, target: torch.tensor(1.0),
+    lambda out, target: _loss(out, target).detach(),
+])  # fmt: skip
+def test_a_loss_that_cannot_be_differentiated_is_refused(loss_fn) -> None:
+    with pytest.raises(
+        ModelFileError,
+        match=r"^fit\(batches\), batch 0 \(step 1\): .*loss_fn "
+        r"\(\S*test_training\.py:\d+\) returned a loss that does not require grad",
+    ):
+        _compiled(_model()).fit(_batches(1), loss_fn, "sgd", steps=1)
+
+
+@pytest.mark.parametrize(("optimizer", "options", "message"), [
+    (lambda ps: None, {}, "the optimizer factory returned None, not a torch.optim.Optimizer"),
+    (lambda ps: torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), {}, "other parameters"),
+    (lambda ps: torch.optim.SGD(ps, lr=-1), {}, "the optimizer factory failed.*ValueError"),
+    (lambda ps: torch.optim.SGD(ps, lr=0.1), {"lr": 0.5}, r"fit\(lr=0.5\).*factory sets its own"),
+    ("sgdd", {}, "unknown optimizer 'sgdd'"),
+    ("sgd", {"loss_scale": 1024.0}, "loss_scale 1024 is the initial scale of --precision fp16"),
+])  # fmt: skip
+def test_an_optimizer_that_would_train_nothing_is_refused(optimizer, options, message) -> None:
+    pipe = _compiled(_model())
+    with pytest.raises(PipecompileError, match=message):
+        pipe.fit(_batches(1), _loss, optimizer, steps=1, **options)
+    if callable(optimizer) and not options:
+        with pytest.raises(PipecompileError, match=message):
+            pipe.train_step(*_batches(1)[0], _loss, optimizer)
+
+
 def test_progress_bar_on_a_terminal_and_lines_otherwise(tmp_path) -> None:
     import io
 
