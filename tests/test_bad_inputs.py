@@ -88,11 +88,13 @@ def test_a_case_that_does_not_stop_is_judged_a_hang(tmp_path):
 
 
 def test_a_changed_user_file_is_classified_as_data_lost(workspace):
-    """The detector itself: --force overwrites the file the case declares the user's."""
+    """The detector itself: a recompile replaces an edited stage file (pipecompile's own, which
+    it restores on purpose), here declared the user's."""
     case = bad_inputs.Case(
-        "overwrite-on-purpose", "export --force onto the user's file",
-        setups.write("mine.safetensors", "precious"),
-        ("export", "out", "-o", "mine.safetensors", "--force"), r"wrote", status=0,
-        intact=("mine.safetensors",),
+        "overwrite-on-purpose", "recompile over an edited out/stage_0.py",
+        setups.edit("out/stage_0.py", "import torch", "import torch  # my edit"),
+        ("mlp.py", "--stages", "2", "--microbatches", "2", "-q", "-o", "out"), r"^$", status=0,
+        intact=("out/stage_0.py",),
     )  # fmt: skip
-    assert bad_inputs.run_case(case, workspace, in_process=True).verdict == "data lost"
+    outcome = bad_inputs.run_case(case, workspace, in_process=True)
+    assert outcome.status == 0 and outcome.verdict == "data lost", bad_inputs.show(outcome)

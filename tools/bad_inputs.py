@@ -134,14 +134,17 @@ def judge(case: Case, outcome: Outcome) -> Outcome:
 
 
 def _judge_success(case: Case, outcome: Outcome) -> None:
-    """A case that must succeed: nothing on stderr, the message in the report on stdout."""
-    if outcome.lines:
-        outcome.verdict, outcome.reason = "unclear", f"stderr: {outcome.lines[0][:100]}"
-    elif not re.search(case.message, outcome.stdout, re.S):
+    """A case that must succeed: nothing on stderr but up to ``max_lines`` notes (what
+    ``--force`` kept), the message in the notes and the report on stdout."""
+    notes = [ln for ln in outcome.lines if ln.startswith("pipecompile: note: ")]
+    noise = [ln for ln in outcome.lines if ln not in notes]
+    if noise or len(notes) > case.max_lines:
+        outcome.verdict, outcome.reason = "unclear", f"stderr: {(noise or notes)[0][:100]}"
+    elif not re.search(case.message, "\n".join([*notes, outcome.stdout]), re.S):
         outcome.verdict, outcome.reason = "unclear", f"stdout does not match {case.message!r}"
     else:
         outcome.verdict = "clear"
-        outcome.lines = [ln.strip() for ln in outcome.stdout.splitlines() if ln.strip()]
+        outcome.lines = notes + [ln.strip() for ln in outcome.stdout.splitlines() if ln.strip()]
 
 
 def _last_error(lines: list[str]) -> str:

@@ -147,12 +147,13 @@ def new_temp_dir(out: Path) -> Path:
     """A fresh hidden directory beside ``out`` to build an output in (its name has a fixed
     length, so a long ``out`` name never makes it too long)."""
     out = Path(out)
+    tmp = out.parent / f".pipecompile-tmp-{uuid.uuid4().hex[:12]}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".pipecompile-tmp-{uuid.uuid4().hex[:12]}"
         tmp.mkdir()
-    except OSError as err:
-        raise EmitError(f"cannot create output directory {str(out)!r}: {_reason(err)}") from None
+    except OSError as err:  # not named: the temporary directory's name says nothing
+        bare = OSError(err.errno, err.strerror) if err.filename == str(tmp) else err
+        raise EmitError(f"cannot create output directory {str(out)!r}: {_reason(bare)}") from None
     return tmp
 
 
