@@ -1,8 +1,10 @@
 """`pipecompile run OUT --nproc N`: start N ranks on this machine with torch's own launcher.
 
 The ranks are `python -m torch.distributed.run --standalone --nproc-per-node N -m
-pipecompile.runtime.worker OUT ...`. Rank 0's output is passed through; the launcher's own
-chatter is dropped unless the run fails, in which case each rank's one-line reason is shown.
+pipecompile.runtime.worker OUT ...`. Rank 0's output is passed through, and what the model
+file's hooks print on any rank is shown as it comes, each line prefixed ``rank k:``; the
+launcher's own chatter is dropped unless the run fails, in which case each rank's one-line
+reason is shown, each on a line of its own.
 
 Ctrl-C or SIGTERM stops the whole run. The launcher runs in a session of its own (torch starts
 each rank in one too), so a terminal's Ctrl-C reaches only this process, which sends SIGTERM to
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +34,7 @@ from typing import Any
 
 from pipecompile.runtime.checkpoint import remove_partial
 from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
+from pipecompile.runtime.rank_output import USER_LINE, say
 from pipecompile.runtime.worker import worker_parser
 
 __all__ = ["launch", "GRACE_S"]
@@ -39,6 +43,7 @@ GRACE_S = 5.0  # after a stop signal, seconds before what is left of the run is 
 _POLL_S = 0.1
 _STATUS_ENV = "PIPECOMPILE_STATUS_DIR"
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_RANK_LINE = re.compile(r"(?=pipecompile: rank \d+: )")  # where a rank's line begins
 
 
 def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> int:
@@ -72,7 +77,12 @@ def _outcome(nproc: int, returncode: int, stderr: str, entries: list[dict]) -> i
     """Print the ranks' own lines (and the launcher's output if none says why it failed);
     return the run's exit status."""
     statuses = {entry["rank"]: entry["status"] for entry in entries}
-    ours = [ln for ln in stderr.splitlines() if ln.startswith("pipecompile:")]
+    ours = [
+        part  # two ranks' lines that reached the pipe as one are shown as two
+        for ln in stderr.splitlines()
+        for part in _RANK_LINE.split(ln)
+        if part.startswith("pipecompile:")
+    ]
     for line in ours:
         print(line, file=sys.stderr)
     if returncode == 0 and len(statuses) == nproc and not any(statuses.values()):
@@ -127,11 +137,37 @@ def _supervise(
         command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=_tied_to_us(),
     )  # fmt: skip
+    relay = _Relay(proc.stderr)
+    relay.start()
     try:
-        stderr = _wait(proc, marker, stop)
+        _wait(proc, relay, marker, stop)
     finally:
         _end_run(proc, marker)  # normally nothing is left; after an exception, everything
-    return proc.returncode, stderr
+    relay.join(GRACE_S)
+    return proc.returncode, relay.text
+
+
+class _Relay(threading.Thread):
+    """Reads the launcher's stderr, which the ranks share, to its end: the model file's own
+    lines (``rank k: ...``) are shown as they come, and everything is kept for the end."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(daemon=True, name="pipecompile-relay")
+        self.stream = stream
+        self.lines: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def run(self) -> None:
+        try:
+            for line in self.stream:
+                self.lines.append(line)
+                if USER_LINE.match(line):
+                    say(line.rstrip("\n"))
+        except (OSError, ValueError):  # the pipe was closed under us: the run is over
+            pass
 
 
 def _tied_to_us() -> Any:
@@ -149,24 +185,21 @@ def _killed_when_parent_dies(prctl: Any, parent: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _wait(proc: subprocess.Popen, marker: bytes, stop: _StopSignals) -> str:
-    """The launcher's stderr, read until the launcher and the ranks (who share the pipe) end.
+def _wait(proc: subprocess.Popen, relay: _Relay, marker: bytes, stop: _StopSignals) -> None:
+    """Until the launcher has ended and the ranks (who share its stderr) have closed it.
     A stop signal sends them SIGTERM; GRACE_S later, or at a second signal, SIGKILL."""
     deadline = None
     while True:
-        try:
-            return proc.communicate(timeout=_POLL_S)[1]
-        except subprocess.TimeoutExpired:
-            pass
+        relay.join(_POLL_S)
+        if not relay.is_alive() and proc.poll() is not None:
+            return
         if stop.caught and deadline is None:
             _signal_run(proc, marker, signal.SIGTERM)
             deadline = time.monotonic() + GRACE_S
         if deadline is not None and (time.monotonic() > deadline or len(stop.caught) > 1):
             _signal_run(proc, marker, signal.SIGKILL)
-            try:
-                return proc.communicate(timeout=GRACE_S)[1]
-            except subprocess.TimeoutExpired:
-                return ""  # something outside the run holds the pipe; _end_run finishes
+            relay.join(GRACE_S)  # else something outside the run holds the pipe
+            return  # _end_run finishes
 
 
 def _end_run(proc: subprocess.Popen, marker: bytes) -> None:

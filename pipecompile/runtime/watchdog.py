@@ -3,9 +3,10 @@
 Each rank's watchdog thread publishes, in the run's c10d store, the instruction its rank is
 on (every ``interval``), and checks the others: a failure another rank reported, a rank on
 this host whose process is gone, a rank whose heartbeat stopped, or this rank stuck on one
-instruction longer than ``timeout``. Whichever it finds, it prints one line naming the rank
-and the instruction, and ends the process: a rank blocked inside a receive cannot be woken
-any other way. torchrun's SIGTERM to the survivors of a dead rank is handled the same way.
+instruction (or in the model file's data hook) longer than ``timeout``. Whichever it finds,
+it prints one line naming the rank and the instruction, and ends the process: a rank
+blocked inside a receive cannot be woken any other way. torchrun's SIGTERM to the survivors
+of a dead rank is handled the same way.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import threading
 import time
 from typing import Any
 
+from pipecompile.runtime.rank_output import say
+
 __all__ = ["Watchdog", "EXIT_PEER_FAILED"]
 
 EXIT_PEER_FAILED = 3
 _FAILED = "pipecompile/failed"
+_READING = "reading "  # the position of a rank waiting on the data hook, as others see it
 
 
 class Watchdog:
@@ -41,6 +45,8 @@ class Watchdog:
         self.timeout, self.interval = timeout, interval
         self.current = "start"
         self._since: float | None = None  # None: not inside an instruction, no hang timer
+        self._failed = False  # this rank reported its own failure: the main thread ends it
+        self._stderr = sys.stderr  # not the model file's output, even while that is redirected
         self._stop = threading.Event()
         self.store.set(f"pipecompile/pid/{rank}", f"{socket.gethostname()} {os.getpid()}")
         self._beat()
@@ -64,8 +70,16 @@ class Watchdog:
         self.current = instr
         self._since = time.monotonic()
 
+    def reading(self, what: str) -> None:
+        """The main thread waits on the model file's data hook (``what``: which and the batch);
+        it too must return within the timeout."""
+        self.current = _READING + what
+        self._since = time.monotonic()
+
     def report_failure(self, message: str) -> None:
-        """This rank failed: tell the others (first report wins)."""
+        """This rank failed: tell the others (first report wins); the main thread ends it,
+        so this thread does not stop it for its own report."""
+        self._failed = True
         self.store.compare_set(
             _FAILED, "", f"rank {self.rank} failed at instruction {self.current}: {message}"
         )
@@ -89,11 +103,23 @@ class Watchdog:
                 problem = f"lost contact with the run's store ({type(err).__name__})"
             since = self._since
             if problem is None and since is not None and time.monotonic() - since > self.timeout:
-                problem = f"no progress for {self.timeout:g} s; " + "; ".join(
-                    f"rank {r} at {at}" for r, at in self._positions().items()
-                )
-            if problem is not None:
+                problem = self._no_progress()
+            if problem is not None and not self._failed:
                 self._die(problem)
+
+    def _no_progress(self) -> str:
+        """Why this rank waited ``timeout`` in vain: a rank stuck in the data hook, if one is
+        (the others wait on it), else where each rank is."""
+        positions = self._positions()
+        for r, at in sorted(positions.items(), key=lambda p: p[0] != self.rank):  # own first
+            if at.startswith(_READING):
+                return (
+                    f"rank {r}: {at.removeprefix(_READING)} did not return within --timeout "
+                    f"{self.timeout:g} s: the data hook blocks; make it return, or raise --timeout"
+                )
+        return f"no progress for {self.timeout:g} s; " + "; ".join(
+            f"rank {r} at {at}" for r, at in positions.items()
+        )
 
     def _on_sigterm(self) -> None:
         signal.sigwait({signal.SIGTERM})
@@ -153,11 +179,14 @@ class Watchdog:
     def _die(self, problem: str) -> None:
         try:
             self.blame(problem)
-            print(
-                f"pipecompile: rank {self.rank}: stopping at instruction {self.current}: {problem}",
-                file=sys.stderr,
-                flush=True,
-            )
+            own = f"rank {self.rank}: "
+            if self.current.startswith(_READING) and problem.startswith(own):
+                line = f"error: {problem.removeprefix(own)}"  # this rank's hook blocks
+            elif self.current.startswith(_READING):
+                line = f"stopping in {self.current.removeprefix(_READING)}: {problem}"
+            else:
+                line = f"stopping at instruction {self.current}: {problem}"
+            say(f"pipecompile: rank {self.rank}: {line}", self._stderr)
             if self.on_stop is not None:
                 self.on_stop(EXIT_PEER_FAILED)
         finally:

@@ -9,6 +9,7 @@ NCCL on CUDA) and rank 0 prints the losses and the check.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,20 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
-from pipecompile.model.data_hooks import EVAL, batch_source, example_source
+from pipecompile.model.data_hooks import (
+    EVAL,
+    TRAIN,
+    Batch,
+    BatchSource,
+    batch_source,
+    example_source,
+)
 from pipecompile.runtime.dist_backend import DistBackend, tie_groups
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.placement import Placement
+from pipecompile.runtime.rank_output import say, user_output
 from pipecompile.runtime.train_args import add_training_arguments, train_options
 from pipecompile.runtime.training import TrainState, train
 from pipecompile.runtime.watchdog import Watchdog
@@ -152,8 +162,9 @@ def _run(
         )
     device, replica = placement.role(rank)
     # First: it registers output types.
-    spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale,
-                          build=args.check)  # a rank builds only its stages  # fmt: skip
+    with user_output(rank):  # what the model file prints as it is imported
+        spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale,
+                              build=args.check)  # a rank builds only its stages  # fmt: skip
     modules: list[Any] = [
         load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
         for j, entry in enumerate(manifest["stages"])
@@ -185,12 +196,44 @@ def _run(
         return 0
     mine = {j for j, m in enumerate(modules) if m is not None}
     reads = (0 in mine, len(modules) - 1 in mine)  # inputs, targets: only these ranks read
-    data = (batch_source(spec) or example_source(spec)) if any(reads) else None
-    eval_data = batch_source(spec, EVAL) if any(reads) else None
+    data = (_hook(spec, TRAIN, watchdog) or example_source(spec)) if any(reads) else None
+    eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
     train(pipe, spec.loss_fn, data, train_options(args, directory), group=_DistGroup(where),
           eval_data=eval_data, state=progress, reads=reads, one_process=False,
           device=where)  # fmt: skip
     return 0
+
+
+def _hook(spec: Any, hook: str, watchdog: Watchdog) -> BatchSource | None:
+    """The model file's data ``hook`` (None if it has none), watched: each call and each
+    batch must come within --timeout, and what the hook prints is shown as this rank's."""
+    rank = watchdog.rank
+    try:
+        watchdog.reading(f"{hook}() of {spec.path.name}")
+        with user_output(rank):
+            source = batch_source(spec, hook)
+    finally:
+        watchdog.idle("setup")
+    if source is None:
+        return None
+    return dataclasses.replace(source, start=lambda: _watched(source, watchdog))
+
+
+def _watched(source: BatchSource, watchdog: Watchdog) -> Iterator[Batch]:
+    """One epoch of ``source``, each batch read under the watchdog's timer and with the
+    hook's output shown as this rank's."""
+    batches, k = source.start(), 0
+    while True:
+        watchdog.reading(source.batch_name(k))
+        try:
+            with user_output(watchdog.rank):
+                batch = next(batches, None)
+        finally:
+            watchdog.idle("between steps")
+        if batch is None:
+            return
+        yield batch
+        k += 1
 
 
 class _DistGroup:
@@ -267,7 +310,7 @@ def _inject(kind: str, watchdog: Watchdog) -> None:
 
 
 def _say_error(rank: int, message: str) -> None:
-    print(f"pipecompile: rank {rank}: {message}", file=sys.stderr, flush=True)
+    say(f"pipecompile: rank {rank}: {message}")
 
 
 def _write_status(rank: int, status: int, **extra: Any) -> None:
