@@ -175,3 +175,33 @@ def test_nccl_on_two_gpus_equals_local(tmp_path, capfd):
     assert main(["run", out, "--nproc", "2", "--device", "cuda", "--check",
                  "--atol", "1e-4", "--rtol", "1e-4"]) == 0  # fmt: skip
     assert "check passed" in capfd.readouterr().out
+
+
+def test_a_full_disk_stops_every_rank_naming_the_path(tmp_path, capfd):
+    """A save the disk refuses mid-run: every rank stops (none waits on a barrier the failed
+    one never reaches), the error names the directory, and `latest` names a whole step."""
+    import subprocess
+
+    full = tmp_path / "full"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320k", "tmpfs", str(full)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        out = compile_to(tmp_path, MLP, "--stages", "2", "--microbatches", "2")
+        ck = full / "ck"
+        argv = ["run", out, "--nproc", "2", "--steps", "20", "--save", str(ck), "--save-every",
+                "1", "--timeout", "20", "-q"]  # fmt: skip
+        assert main(argv) == 2
+        err = capfd.readouterr().err
+        assert "cannot write checkpoint step_" in err and f"to {ck}: the disk is full" in err
+        assert "Traceback" not in err
+        assert all(line.startswith("pipecompile: rank") for line in err.strip().splitlines())
+        assert (
+            f"the last complete checkpoint there is {ck / (ck / 'latest').read_text().strip()}"
+            in err
+        )
+        assert not list(ck.glob(".step_*"))
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)
