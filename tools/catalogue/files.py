@@ -180,6 +180,12 @@ SAVE_CASES = [
          r"cannot write checkpoint step_\d+ to full/ck: the disk is full.*the last complete "
          r"checkpoint there is full/ck/step_\d+; step \d+ was saved to \S+ instead: continue "
          r"with --resume", cleanup=unmount("full")),
+    Case("save-full-disk-nproc", "run --nproc 2 --save-every 1 onto a disk that fills up",
+         small_disk("full", "320k"),
+         (*RUN, "--nproc", "2", "--steps", "20", "--save", "full/ck", "--save-every", "1"),
+         r"rank \d: error: cannot write checkpoint step_\d+ to full/ck: the disk is full.*the "
+         r"last complete checkpoint there is full/ck/step_\d+", max_lines=4,
+         cleanup=unmount("full")),
     Case("run-force-alone", "run --force without --save", steps(), (*RUN, "--force"),
          r"--force lets --save replace another run's checkpoints; drop it"),
 ]  # fmt: skip
