@@ -59,6 +59,6 @@ def agree_on_batch(
     raise PipecompileError(
         f"{source.label} gave rank {readers[0][0]} and rank {other[0]} different batches at "
         f"{where} (their shapes or values differ): every rank that reads data calls it, so it "
-        "must give the same batches in the same order; seed its shuffling (e.g. "
-        "torch.Generator().manual_seed(epoch))"
+        "must give the same batches in the same order; seed its shuffling and random data "
+        "(e.g. torch.Generator().manual_seed(0), random.Random(0))"
     )
