@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pipecompile.errors import PipecompileError, RuntimeFailure
+from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
 from pipecompile.ir.program import Program
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime.batch_agreement import agree_on_batch
@@ -437,10 +437,12 @@ def _in_batch(err: PipecompileError, pipe: Pipeline, feed: _Feed, batch: Batch,
     source = feed.source
     if source is None:  # a rank without data: the ranks that read it name the batch
         return err
+    hint = out_of_range(err, batch, pipe)
+    if source.single and not hint and not isinstance(err, InputError | MicrobatchError):
+        return type(err)(f"{when}: {err}")  # not the batch's fault: the example is no culprit
     where = source.batch_name(feed.in_epoch - 1)
     if feed.epoch > 1:
         where += f" of epoch {feed.epoch}"
-    hint = out_of_range(err, batch, pipe)
     return type(err)(f"{where} ({when}): {hint or err}")
 
 
