@@ -4,7 +4,8 @@ directory; only a file carrying its marker is ever replaced or deleted.
 * an exported ``.safetensors`` file or shard: ``written_by`` in its safetensors metadata;
 * an export's ``model.safetensors.index.json``: ``written_by`` in its ``metadata``, with the
   sha256 of each file the export copied beside it (``config.json``) under ``copied``;
-* a ``pipecompile plot`` SVG: the XML comment ``SVG_MARK`` near its start;
+* a ``pipecompile plot`` SVG: the XML comment ``SVG_MARK`` near its start (or, drawn before
+  the marker existed, plot's exact opening lines);
 * a metrics file: every complete line a JSON object with ``kind`` and ``time``;
 * a checkpoint step directory: ``meta.json`` with ``CHECKPOINT_FORMAT``; ``latest``: a line
   naming ``step_<n>``.
@@ -39,6 +40,10 @@ __all__ = [
 EXPORT_MARK = "pipecompile export"
 EXPORT_METADATA = {"format": "pt", "written_by": EXPORT_MARK}  # safetensors header metadata
 SVG_MARK = "<!-- written by pipecompile plot -->"
+# What plot's pictures began with before they carried SVG_MARK (byte for byte).
+_OLD_SVG = (b'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
+            b'width="900" height="600" viewBox="0 0 900 600" font-family="sans-serif" '
+            b'font-size="12">\n<title>training: ')  # fmt: skip
 CHECKPOINT_FORMAT = "pipecompile-checkpoint/1"
 SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")  # a Hugging Face shard's name
 
@@ -88,7 +93,7 @@ def is_our_svg(path: Path) -> bool:
             head = f.read(_HEAD)
     except OSError:
         return False
-    return SVG_MARK.encode() in head
+    return SVG_MARK.encode() in head or head.startswith(_OLD_SVG)
 
 
 def is_our_metrics(path: Path) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
@@ -50,6 +51,9 @@ def test_an_svg_is_ours_only_with_the_plot_comment(tmp_path):
     ours.write_text(f'<?xml version="1.0"?>\n{SVG_MARK}\n<svg/>')
     theirs.write_text("<svg/>")
     assert is_our_svg(ours) and not is_our_svg(theirs)
+    older = tmp_path / "c.svg"  # drawn by plot before the marker: its exact opening
+    older.write_text(Path(__file__).parents[2].joinpath("docs/char_lm_training.svg").read_text())
+    assert is_our_svg(older)
 
 
 def test_a_metrics_file_is_ours_when_every_complete_line_is_a_record(tmp_path):
