@@ -74,6 +74,8 @@ def test_bad_compile_options(model_and_out, tmp_path, capsys, argv, message):
         (["--device", "cpu"], "--device applies to the ranks of --nproc N"),
         (["--atol", "0.1"], "--atol is a tolerance of --check"),
         (["--eval-every", "2"], "--eval-every 2: there is no eval_batches()"),
+        (["--steps", "3", "--warmup-steps", "5"], "--warmup-steps 5 is longer than the run"),
+        (["--lr", "0"], "--lr: '0' is not a finite number above 0"),
     ],
 )  # fmt: skip
 def test_options_the_run_would_ignore_are_refused(model_and_out, capsys, argv, message):

@@ -47,7 +47,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     add("--accumulate", type=positive_int, default=1, metavar="N",
         help="mini-batches whose gradients are summed into one optimizer step")  # fmt: skip
     add("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
-    add("--lr", type=nonnegative_float, default=1e-3)
+    add("--lr", type=positive_float, default=1e-3)
     add("--lr-schedule", default="constant", choices=SCHEDULES,
         help="constant, or warm-up then cosine or linear decay to 0 at the last step")  # fmt: skip
     add("--warmup-steps", type=nonnegative_int, default=0, metavar="N",

@@ -132,6 +132,8 @@ def check_options(options: TrainOptions, program: Program) -> None:
         )
     if options.accumulate < 1:
         raise PipecompileError(f"--accumulate {options.accumulate}: give at least 1")
+    if options.optimizer_factory is None and not options.lr > 0:
+        raise PipecompileError(f"--lr {options.lr:g} would train nothing; give a rate above 0")
     if options.optimizer_factory is None and options.optimizer not in OPTIMIZERS:
         raise PipecompileError(
             f"unknown optimizer {options.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}, "
@@ -186,6 +188,11 @@ def train(
     length = _epoch_length(data, group)
     total = _total_steps(options, length)
     state.total = total
+    if total is not None and options.warmup_steps > total:
+        raise PipecompileError(
+            f"--warmup-steps {options.warmup_steps} is longer than the run ({total} steps): the "
+            f"rate would never reach --lr; warm up over at most {total} steps, or run longer"
+        )
     schedulers = make_schedulers(pipe.optimizers or [], options.lr_schedule,
                                  options.warmup_steps, total)  # fmt: skip
     scaler = LossScaler(options.loss_scale) if options.precision == "fp16" else None

@@ -283,6 +283,7 @@ def test_a_loss_that_cannot_be_differentiated_is_refused(loss_fn) -> None:
     (lambda ps: torch.optim.SGD(ps, lr=-1), {}, "the optimizer factory failed.*ValueError"),
     (lambda ps: torch.optim.SGD(ps, lr=0.1), {"lr": 0.5}, r"fit\(lr=0.5\).*factory sets its own"),
     ("sgdd", {}, "unknown optimizer 'sgdd'"),
+    ("sgd", {"lr": 0.0}, "--lr 0 would train nothing"),
     ("sgd", {"loss_scale": 1024.0}, "loss_scale 1024 is the initial scale of --precision fp16"),
 ])  # fmt: skip
 def test_an_optimizer_that_would_train_nothing_is_refused(optimizer, options, message) -> None:
