@@ -65,6 +65,7 @@ def export_weights(directory: Path, target: Path, checkpoint: Path | None = None
             cannot be written (named, with the reason).
     """
     check_file_target(target)
+    _check_not_source(directory, target)
     state = _state(directory, checkpoint)
     with writing("write the export to", target):
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +87,7 @@ def export_sharded(
         EmitError: see ``check_dir_target``; or ``target`` cannot be written.
     """
     kept = check_dir_target(target, force)
+    _check_not_source(directory, target)
     if kept and notes is not None:
         notes.append(f"kept {_names(kept)} in {target}: an export did not write them")
     state = _state(directory, checkpoint)
@@ -169,6 +171,25 @@ def check_dir_target(target: Path, force: bool) -> list[str]:
     return other
 
 
+def _check_not_source(directory: Path, target: Path) -> None:
+    """Refuse to export into the checkpoint the compiled directory reads its weights from
+    (its manifest names that checkpoint's shards: replacing them would change or break it)."""
+    source = _weights_source(directory)
+    if source is not None and target.resolve() == source:
+        raise EmitError(
+            f"export -o {target}: {directory} reads its weights from there (compiled with "
+            "--weights); exporting into it would replace them: choose another -o"
+        )
+
+
+def _weights_source(directory: Path) -> Path | None:
+    """The checkpoint (file or directory) a compile with ``--weights`` reads, if any."""
+    weights = read_manifest(directory).get("weights", {})
+    if weights.get("source") != "checkpoint":
+        return None
+    return (Path(directory) / weights["checkpoint"]).resolve()
+
+
 def _leftover(name: str) -> bool:
     """A temporary file an export killed mid-write left (it is written over)."""
     inner = name[1:].removesuffix(".tmp")
@@ -207,10 +228,9 @@ def _copy_configs(directory: Path, target: Path) -> dict[str, str]:
     earlier = copied_digests(target / INDEX)
     ours = {n: d for n, d in earlier.items()
             if (target / n).is_file() and sha256(target / n) == d}  # fmt: skip
-    weights = read_manifest(directory).get("weights", {})
-    if weights.get("source") != "checkpoint":
+    source = _weights_source(directory)
+    if source is None:
         return ours
-    source = (Path(directory) / weights["checkpoint"]).resolve()
     source = source if source.is_dir() else source.parent
     for name in CONFIGS:
         if (source / name).is_file() and not (target / name).exists():

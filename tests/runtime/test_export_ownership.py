@@ -116,3 +116,14 @@ def test_an_unwritable_target_is_named_before_the_work(out, tmp_path, capsys):
     assert "notes.txt is a file, not a directory" in capsys.readouterr().err
     assert main(["export", str(out), "-o", str(blocker / "hf")]) == 2
     assert "notes.txt is a file, not a directory" in capsys.readouterr().err
+
+
+def test_the_checkpoint_a_compile_reads_is_never_exported_over(out, tmp_path, capsys):
+    hf, tuned = tmp_path / "hf", tmp_path / "tuned"
+    assert main(["export", str(out), "-o", str(hf)]) == 0  # ours, marked
+    argv = [str(EXAMPLES / "mlp.py"), "--stages", "2", "-q", "-o", str(tuned), "--weights", str(hf)]
+    assert main(argv) == 0
+    before = _snapshot(hf)
+    assert main(["export", str(tuned), "-o", str(hf)]) == 2
+    assert f"{tuned} reads its weights from there" in capsys.readouterr().err
+    assert _snapshot(hf) == before
