@@ -548,21 +548,21 @@ def _check_program_options(args: argparse.Namespace, directory: Path) -> None:
 
     manifest = read_manifest(directory)
     program = read_program(Path(args.program) if args.program else directory / manifest["program"])
-    _refuse_ignored(args, program.asynchronous)
+    _refuse_ignored(args)
     check_options(train_options(args, directory), program)
 
 
 _RUN_DEFAULTS = {"atol": 1e-5, "rtol": 1e-5, "timeout": 60.0, "device": "auto"}
 
 # Why `run --check` (one fp32 step of the compiled weights on the example batch, against the
-# eager model) cannot honour a training option; a pipedream check takes --lr (one SGD step).
+# eager model) cannot honour a training option. --lr is taken: a pipedream check runs one SGD
+# step of it, a synchronous one compares gradients (the same command serves every schedule).
 _CHECK_CANNOT = {
     "steps": "it runs one step",
     "epochs": "it runs one step on the example batch",
     "accumulate": "it compares one mini-batch",
     "precision": "it compares fp32 results, which autocast would move beyond any tolerance",
     "optimizer": "it compares gradients, not an optimizer's update",
-    "lr": "a synchronous program's check compares gradients, before any update",
     "lr_schedule": "it runs no schedule",
     "warmup_steps": "it runs no schedule",
     "clip_grad_norm": "it compares the unclipped gradients",
@@ -577,7 +577,7 @@ _CHECK_CANNOT = {
 }
 
 
-def _refuse_ignored(args: argparse.Namespace, asynchronous: bool) -> None:
+def _refuse_ignored(args: argparse.Namespace) -> None:
     """Options given that this run would accept and ignore, refused with the reason."""
     from pipecompile.runtime.train_args import given
 
@@ -594,8 +594,7 @@ def _refuse_ignored(args: argparse.Namespace, asynchronous: bool) -> None:
                     f"--{flag} is a tolerance of --check; drop it, or add --check"
                 )
         return
-    cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in given(args)
-              if not (asynchronous and name == "lr")]  # fmt: skip
+    cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in given(args) if name != "lr"]
     if args.stats:
         cannot.append(("--stats", "it measures a training run"))
     if cannot:

@@ -68,7 +68,6 @@ def test_bad_compile_options(model_and_out, tmp_path, capsys, argv, message):
          "cannot honour --steps: it runs one step; --accumulate: it compares one mini-batch"),
         (["--check", "--save", "ck"], "cannot honour --save: it trains nothing to save"),
         (["--check", "--epochs", "2"], "cannot honour --epochs"),
-        (["--check", "--lr", "0.1"], "cannot honour --lr"),
         (["--check", "--seed", "1"], "cannot honour --seed"),
         (["--timeout", "5"], "--timeout applies to the ranks of --nproc N"),
         (["--device", "cpu"], "--device applies to the ranks of --nproc N"),
