@@ -35,6 +35,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,14 +84,16 @@ class Workspace:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.bases: dict[str, Path] = {}
+        self._lock = threading.Lock()
 
     def prepare(self, case: Case) -> Path:
         d = self.root / "cases" / case.id
-        if case.base is None:
-            d.mkdir(parents=True)
-        else:
-            shutil.copytree(self.base(case.base), d, symlinks=True)
-        case.setup(d)
+        with self._lock:  # a setup may run pipecompile in this process, which changes directory
+            if case.base is None:
+                d.mkdir(parents=True)
+            else:
+                shutil.copytree(self.base(case.base), d, symlinks=True)
+            case.setup(d)
         return d
 
     def base(self, name: str) -> Path:
