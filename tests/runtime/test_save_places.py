@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,7 @@ def test_a_full_disk_mid_run_names_the_last_checkpoint_and_keeps_the_step(
     assert (rescue / "latest").read_text() == "step_2\n"
     monkeypatch.undo()
     assert main(["run", str(out), "-q", "--steps", "3", "--resume", str(rescue)]) == 0
+    shutil.rmtree(rescue)
 
 
 def test_a_full_disk_while_writing_metrics_warns_and_goes_on(tmp_path, capsys):
