@@ -71,8 +71,8 @@ class Watchdog:
         self._since = time.monotonic()
 
     def reading(self, what: str) -> None:
-        """The main thread waits on the model file's data hook (``what``: which and the batch);
-        it too must return within the timeout."""
+        """The main thread waits on the model file's code (``what``: its import, or a data
+        hook and the batch); it too must return within the timeout."""
         self.current = _READING + what
         self._since = time.monotonic()
 
@@ -115,7 +115,8 @@ class Watchdog:
             if at.startswith(_READING):
                 return (
                     f"rank {r}: {at.removeprefix(_READING)} did not return within --timeout "
-                    f"{self.timeout:g} s: the data hook blocks; make it return, or raise --timeout"
+                    f"{self.timeout:g} s: the model file's code blocks; make it return, or raise "
+                    "--timeout"
                 )
         return f"no progress for {self.timeout:g} s; " + "; ".join(
             f"rank {r} at {at}" for r, at in positions.items()

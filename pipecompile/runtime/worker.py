@@ -162,9 +162,11 @@ def _run(
         )
     device, replica = placement.role(rank)
     # First: it registers output types.
-    with user_output(rank):  # what the model file prints as it is imported
+    watchdog.reading("the model file's import")  # bounded by --timeout, its prints shown
+    with user_output(rank):
         spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale,
                               build=args.check)  # a rank builds only its stages  # fmt: skip
+    watchdog.idle("setup")
     modules: list[Any] = [
         load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
         for j, entry in enumerate(manifest["stages"])

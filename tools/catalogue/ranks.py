@@ -91,8 +91,8 @@ RANKS = [
          **ON_RANKS),
     Case("nproc-hook-blocks", "train_batches() sleeps before its third batch; --timeout 5",
          mlp_variant(BLOCKS_IN_ITERATOR), (*RUN, *NPROC, "--steps", "4", "--timeout", "5"),
-         rf"rank \d: error: {HOOK}, batch 2 did not return within --timeout 5 s: the data hook "
-         r"blocks", **ON_RANKS),
+         rf"rank \d: error: {HOOK}, batch 2 did not return within --timeout 5 s: the model "
+         r"file's code blocks", **ON_RANKS),
     Case("nproc-hook-blocks-in-call", "train_batches() itself sleeps; --timeout 5",
          mlp_variant(BLOCKS_IN_CALL), (*RUN, *NPROC, "--timeout", "5"),
          rf"rank \d: error: {HOOK} did not return within --timeout 5 s", **ON_RANKS),
@@ -100,6 +100,12 @@ RANKS = [
          mlp_variant(BLOCKS_ON_ONE_RANK), (*RUN, *NPROC, "--timeout", "5"),
          rf"(?=.*rank 1: error: {HOOK} did not return within --timeout 5 s)"
          rf"(?=.*rank 0: stopping [^:]*: rank 1: {HOOK} did not return)", **ON_RANKS),
+    Case("nproc-import-blocks", "the model file sleeps on rank 1 as it is imported; --timeout 5",
+         mlp_variant(("import torch\n", "import os\nimport time\n\nimport torch\n\n"
+                      "if os.environ.get('RANK') == '1':\n    time.sleep(1000)\n")),
+         (*RUN, *NPROC, "--timeout", "5"),
+         r"rank 1: error: the model file's import did not return within --timeout 5 s",
+         **ON_RANKS),
     Case("nproc-eval-hook-blocks", "eval_batches() sleeps; --timeout 5",
          mlp_variant(EVAL_BLOCKS), (*RUN, *NPROC, "--timeout", "5"),
          r"rank \d: error: eval_batches\(\) of model\.py did not return within --timeout 5 s",
