@@ -45,7 +45,7 @@ class Watchdog:
         self.timeout, self.interval = timeout, interval
         self.current = "start"
         self._since: float | None = None  # None: not inside an instruction, no hang timer
-        self._failed = False  # this rank reported its own failure: the main thread ends it
+        self._ending = False  # the main thread reported a failure and ends the rank itself
         self._stderr = sys.stderr  # not the model file's output, even while that is redirected
         self._stop = threading.Event()
         self.store.set(f"pipecompile/pid/{rank}", f"{socket.gethostname()} {os.getpid()}")
@@ -79,7 +79,7 @@ class Watchdog:
     def report_failure(self, message: str) -> None:
         """This rank failed: tell the others (first report wins); the main thread ends it,
         so this thread does not stop it for its own report."""
-        self._failed = True
+        self._ending = True
         self.store.compare_set(
             _FAILED, "", f"rank {self.rank} failed at instruction {self.current}: {message}"
         )
@@ -104,7 +104,7 @@ class Watchdog:
             since = self._since
             if problem is None and since is not None and time.monotonic() - since > self.timeout:
                 problem = self._no_progress()
-            if problem is not None and not self._failed:
+            if problem is not None and not self._ending:
                 self._die(problem)
 
     def _no_progress(self) -> str:
@@ -171,7 +171,9 @@ class Watchdog:
         return None
 
     def blame(self, problem: str) -> None:
-        """Pass a peer's failure on, so every rank names the same root cause."""
+        """Pass a peer's failure on, so every rank names the same root cause; the caller ends
+        the rank, so the heartbeat thread no longer stops it (nor prints a second line)."""
+        self._ending = True
         try:
             self.store.compare_set(_FAILED, "", problem)
         except Exception:
