@@ -264,7 +264,8 @@ class CompiledPipeline:
         if options.metrics is not None:
             check_metrics_file(options.metrics)
         if options.save is not None:
-            check_save_dir(options.save, resume=options.resume, force=force)
+            check_save_dir(options.save, resume=options.resume, force=force,
+                           force_flag="force=True")  # fmt: skip
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer under the original model's names."""

@@ -30,6 +30,7 @@ add a case, append it to its area's list. A case that may hang or that writes to
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -162,6 +163,9 @@ def run_case(case: Case, space: Workspace, *, in_process: bool) -> Outcome:
         d = space.prepare(case)
     except Unavailable as why:
         return Outcome(case, 0, "", "", verdict="skipped", reason=str(why))
+    except Exception as err:  # a setup step failed: the case cannot be judged (a bug here,
+        # or, run against an older pipecompile, a flag it did not have yet)
+        return Outcome(case, 0, "", "", verdict="setup failed", reason=str(err)[-300:])
     try:
         before = {path: _read(d / path) for path in case.intact}
         if in_process and not case.own_process:
@@ -211,6 +215,8 @@ def counts(outcomes: Sequence[Outcome]) -> str:
         return sum(o.verdict == verdict for o in outcomes)
 
     skipped = f", {n('skipped')} skipped (this machine cannot prepare them)" if n("skipped") else ""
+    if n("setup failed"):
+        skipped += f", {n('setup failed')} setup failed"
     return (
         f"{len(outcomes)} cases tried: {n('clear')} clear, {n('traceback')} traceback, "
         f"{n('wrong exit')} wrong exit, {n('unclear')} unclear, {n('silently wrong')} silently "
@@ -284,12 +290,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", action="store_true", help="print each case's full output")
     parser.add_argument("--markdown", action="store_true", help="print docs/ERRORS.md")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--json", metavar="FILE", help="also write each case's verdict as JSON")
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(f"{c.id:<28} {c.did}" for c in CASES))
         return 0
     cases = select(CASES, args.only, args.quick)
     outcomes = run_cases(cases, in_process=args.in_process, jobs=args.jobs)
+    if args.json:
+        rows = [{"id": o.case.id, "verdict": o.verdict, "exit": o.status, "reason": o.reason,
+                 "lines": o.lines} for o in outcomes]  # fmt: skip
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.markdown:
         print(markdown(outcomes), end="")
     else:

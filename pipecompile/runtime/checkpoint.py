@@ -165,7 +165,9 @@ def _failed_save(
     )
 
 
-def check_save_dir(root: Path, *, resume: Path | None, force: bool) -> str | None:
+def check_save_dir(
+    root: Path, *, resume: Path | None, force: bool, force_flag: str = "--force"
+) -> str | None:
     """Refuse, before a run starts, a ``--save`` directory that cannot be written or where the
     run could lose checkpoints; returns a note of what ``force`` will replace (else None).
 
@@ -200,7 +202,7 @@ def check_save_dir(root: Path, *, resume: Path | None, force: bool) -> str | Non
         raise EmitError(
             f"--save {root} holds another run's checkpoints ({shown}), which this run would "
             f"replace; continue that run with --resume {root}, choose another --save, or pass "
-            "--force to replace them"
+            f"{force_flag} to replace them"
         )
     return (
         f"--force: the checkpoints in {root} ({shown}) are replaced as this run saves their steps"
