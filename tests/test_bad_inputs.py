@@ -8,6 +8,7 @@ starts its ranks); the tool's own subprocess mode, as a user runs it, is checked
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 
@@ -98,3 +99,18 @@ def test_a_changed_user_file_is_classified_as_data_lost(workspace):
     )  # fmt: skip
     outcome = bad_inputs.run_case(case, workspace, in_process=True)
     assert outcome.status == 0 and outcome.verdict == "data lost", bad_inputs.show(outcome)
+
+
+def test_verdicts_per_area_from_recorded_json(tmp_path, capsys):
+    """--areas reads what --json recorded, before -> now per area, and runs nothing."""
+    first, second = bad_inputs.AREAS["files"][0].id, bad_inputs.AREAS["asked"][0].id
+    before, now = tmp_path / "before.json", tmp_path / "now.json"
+    row = {"exit": 2, "reason": "", "lines": []}
+    before.write_text(json.dumps([{**row, "id": first, "verdict": "data lost"},
+                                  {**row, "id": second, "verdict": "silently wrong"}]))  # fmt: skip
+    now.write_text(json.dumps([{**row, "id": first, "verdict": "clear"},
+                               {**row, "id": second, "verdict": "clear"}]))  # fmt: skip
+    assert bad_inputs.main(["--areas", str(now), "--before", str(before)]) == 0
+    table = capsys.readouterr().out
+    assert "| files | 1 | 0 -> 1 |" in table and "| asked | 1 | 0 -> 1 |" in table
+    assert "| all | 2 | 0 -> 2 | 0 -> 0 | 0 -> 0 | 0 -> 0 | 1 -> 0 | 1 -> 0 | 0 -> 0 |" in table

@@ -61,7 +61,12 @@ from catalogue.saved import SAVED  # noqa: E402
 
 TEST = "tests/test_bad_inputs.py::test_case"
 
-CASES: list[Case] = [*BASICS, *FILES, *ASKED, *PRETRAINED, *RANKS, *SAVED]
+AREAS: dict[str, list[Case]] = {
+    "basics": BASICS, "files": FILES, "asked": ASKED, "pretrained": PRETRAINED, "ranks": RANKS,
+    "saved": SAVED,
+}  # fmt: skip
+CASES: list[Case] = [case for cases in AREAS.values() for case in cases]
+VERDICTS = ("clear", "unclear", "wrong exit", "traceback", "silently wrong", "data lost", "hang")
 
 
 # -- bases: prepared once, copied per case -----------------------------------------------
@@ -254,6 +259,39 @@ def markdown(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def by_area(outcomes: Sequence[Outcome], before: dict[str, str] | None = None) -> str:
+    """A markdown table of verdicts per area; with ``before`` (case id -> verdict, from an
+    earlier ``--json``), each cell reads ``before -> now``."""
+    verdicts = [v for v in VERDICTS if v != "clear"]
+    rows = ["| area | cases | clear | " + " | ".join(verdicts) + " |",
+            "| --- | ---: | ---: |" + " ---: |" * len(verdicts)]  # fmt: skip
+    areas = {case.id: area for area, cases in AREAS.items() for case in cases}
+    for area in [*AREAS, "all"]:
+        mine = [o for o in outcomes if area in ("all", areas.get(o.case.id))]
+
+        def cell(verdict: str, mine: list[Outcome] = mine) -> str:
+            now = sum(o.verdict == verdict for o in mine)
+            if before is None:
+                return str(now)
+            return f"{sum(before.get(o.case.id) == verdict for o in mine)} -> {now}"
+
+        rows.append(f"| {area} | {len(mine)} | {cell('clear')} | "
+                    + " | ".join(cell(v) for v in verdicts) + " |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def _recorded(path: Path) -> list[Outcome]:
+    """The outcomes a ``--json`` file recorded (of the cases the catalogue still has)."""
+    known = {case.id: case for case in CASES}
+    rows = json.loads(path.read_text())
+    return [Outcome(known[r["id"]], r["exit"], "", "", verdict=r["verdict"], reason=r["reason"])
+            for r in rows if r["id"] in known]  # fmt: skip
+
+
+def _verdicts(path: str | None) -> dict[str, str] | None:
+    return {o.case.id: o.verdict for o in _recorded(Path(path))} if path else None
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -291,9 +329,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print docs/ERRORS.md")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--json", metavar="FILE", help="also write each case's verdict as JSON")
+    parser.add_argument("--areas", metavar="JSON",
+                        help="run nothing: print the verdicts a --json file recorded, per area, "
+                        "as a markdown table")  # fmt: skip
+    parser.add_argument(
+        "--before",
+        metavar="JSON",
+        help="with --areas: an earlier --json file; cells read before -> now",
+    )
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(f"{c.id:<28} {c.did}" for c in CASES))
+        return 0
+    if args.areas:
+        print(by_area(_recorded(Path(args.areas)), _verdicts(args.before)))
         return 0
     cases = select(CASES, args.only, args.quick)
     outcomes = run_cases(cases, in_process=args.in_process, jobs=args.jobs)

@@ -33,7 +33,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
 CONFIG = GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=2, n_head=2,
                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-                    tie_word_embeddings=TIED)
+                    tie_word_embeddings=TIED, bos_token_id=0, eos_token_id=0)
 
 
 def build_model():
