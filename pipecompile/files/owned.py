@@ -8,7 +8,10 @@ directory; only a file carrying its marker is ever replaced or deleted.
   the marker existed, plot's exact opening lines);
 * a metrics file: every complete line a JSON object with ``kind`` and ``time``;
 * a checkpoint step directory: ``meta.json`` with ``CHECKPOINT_FORMAT``; ``latest``: a line
-  naming ``step_<n>``.
+  naming ``step_<n>``;
+* a file of a kind that carries no marker (``viz``'s pictures written outside an emitted
+  directory: DOT, SVG, PNG, PDF): its sha256 in the ledger ``LEDGER`` beside it, so a file
+  changed since pipecompile wrote it is no longer pipecompile's.
 
 An emitted directory's ownership (its manifest) is ``codegen.output_dir``'s.
 """
@@ -35,6 +38,9 @@ __all__ = [
     "is_our_step_dir",
     "is_our_latest",
     "sha256",
+    "LEDGER",
+    "unrecorded",
+    "record",
 ]
 
 EXPORT_MARK = "pipecompile export"
@@ -45,6 +51,7 @@ _OLD_SVG = (b'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.
             b'width="900" height="600" viewBox="0 0 900 600" font-family="sans-serif" '
             b'font-size="12">\n<title>training: ')  # fmt: skip
 CHECKPOINT_FORMAT = "pipecompile-checkpoint/1"
+LEDGER = ".pipecompile-written.json"  # name -> sha256 of files written without a marker
 SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")  # a Hugging Face shard's name
 
 _HEAD = 4096  # bytes read to find an SVG's marker
@@ -142,3 +149,38 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def unrecorded(paths: list[Path]) -> list[Path]:
+    """The existing files among ``paths`` that their directory's ledger does not record with
+    their current content (a user's file, or one changed since pipecompile wrote it)."""
+    return [p for p in paths if p.exists() and _ledger(p.parent).get(p.name) != _digest(p)]
+
+
+def record(paths: list[Path]) -> None:
+    """Add the written ``paths`` (all in one directory) to that directory's ledger."""
+    if not paths:
+        return
+    directory = paths[0].parent
+    ledger = _ledger(directory)
+    ledger.update({p.name: sha256(p) for p in paths})
+    tmp = directory / f"{LEDGER}.tmp"
+    tmp.write_text(json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
+    tmp.replace(directory / LEDGER)
+
+
+def _ledger(directory: Path) -> dict[str, str]:
+    try:
+        ledger = json.loads((Path(directory) / LEDGER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return (
+        {k: v for k, v in ledger.items() if isinstance(v, str)} if isinstance(ledger, dict) else {}
+    )
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return sha256(path) if path.is_file() else None
+    except OSError:
+        return None

@@ -15,6 +15,8 @@ import pytest
 from pipecompile.cli import main
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
+from pipecompile.errors import EmitError
+from pipecompile.files.owned import LEDGER
 from pipecompile.ir.instr import Instr
 from pipecompile.ir.layers import layer_of
 from pipecompile.ir.program import Program
@@ -204,3 +206,23 @@ def test_viz_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("pipecompile: error:") and "holds no manifest.json" in err
     assert main(["viz", str(tmp_path), "--format", "gif"]) == 2
+
+
+def test_viz_elsewhere_replaces_only_pictures_it_drew(gpt3, tmp_path):
+    """Outside the emitted directory, a picture file is pipecompile's only while its digest
+    is in the directory's ledger: its own are redrawn, a user's or a changed one is kept."""
+    pics = tmp_path / "pics"
+    first = write_pictures(gpt3, out=pics)
+    write_pictures(gpt3, out=pics)  # its own: redrawn
+    assert (pics / LEDGER).is_file() and first.sources[0].is_file()
+    (pics / "stages.dot").write_text("digraph mine {}\n")  # changed since: the user's now
+    with pytest.raises(EmitError, match=r"viz -o .*pics: stages\.dot exist there .* never"):
+        write_pictures(gpt3, out=pics)
+    assert (pics / "stages.dot").read_text() == "digraph mine {}\n"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "schedule.svg").write_text("<svg/>")
+    with pytest.raises(EmitError, match=r"schedule\.svg exist there"):
+        write_pictures(gpt3, out=mine)
+    assert (mine / "schedule.svg").read_text() == "<svg/>"
+    assert not (mine / "stages.dot").exists()  # refused before anything was written

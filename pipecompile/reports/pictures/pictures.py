@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipecompile.errors import EmitError
 from pipecompile.files.disk import writing
+from pipecompile.files.owned import record, unrecorded
 from pipecompile.reports.pictures.render import dot_available, render
 from pipecompile.reports.pictures.schedule_picture import schedule_dot, simulated_timeline
 from pipecompile.reports.pictures.stage_picture import stage_dot
@@ -51,6 +53,9 @@ def write_pictures(directory: Path, *, out: Path | None = None, fmt: str = "svg"
         "schedule": (schedule_dot(timeline, program, unit=unit), "neato"),
     }
     sources, drawn = [], []
+    elsewhere = out.resolve() != directory.resolve()  # outside the emitted directory
+    if elsewhere:
+        _refuse_foreign(out, [out / f"{name}.{ext}" for name in graphs for ext in ("dot", fmt)])
     with writing("write pictures to", out):
         out.mkdir(parents=True, exist_ok=True)
         for name, (graph, _) in graphs.items():
@@ -59,4 +64,18 @@ def write_pictures(directory: Path, *, out: Path | None = None, fmt: str = "svg"
         if dot_available():
             for name, (graph, engine) in graphs.items():
                 drawn.append(render(graph, out / f"{name}.{fmt}", engine=engine))
+        if elsewhere:
+            record([*sources, *drawn])
     return Pictures(tuple(sources), tuple(drawn))
+
+
+def _refuse_foreign(out: Path, targets: list[Path]) -> None:
+    """Outside an emitted directory a picture file is replaced only if pipecompile wrote it
+    (its digest in the directory's ledger): never a user's file, nor one changed since."""
+    foreign = unrecorded(targets)
+    if foreign:
+        raise EmitError(
+            f"viz -o {out}: {', '.join(p.name for p in foreign)} exist there and pipecompile "
+            "did not draw them (or they changed since); they are never replaced: choose another "
+            "-o, or move them away"
+        )
