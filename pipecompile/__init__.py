@@ -4,12 +4,8 @@ The public names are loaded on first use, so that `import pipecompile` (and with
 a distributed run, or the command line before it parses its arguments) stays light.
 """
 
-from pipecompile import _moved
-
 __version__ = "0.1.0"
 __all__ = ["__version__", "split_point", "compile", "load", "pipeline", "CompiledPipeline"]
-
-_moved.install()  # modules that moved into the layer packages keep their old import paths
 
 
 def __getattr__(name: str) -> object:

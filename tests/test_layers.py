@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile._moved import MOVED
-
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"pipecompile": ROOT / "pipecompile", "pipecompile.passes": ROOT / "passes"}
 
@@ -104,22 +102,3 @@ def test_a_rank_loads_without_the_compiler():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_no_module_uses_an_old_path():
-    for module, path in MODULES.items():
-        if module == "pipecompile._moved":
-            continue
-        for line, name in imports(path):
-            stale = [old for old in MOVED if name == old or name.startswith(old + ".")]
-            where = f"{path.relative_to(ROOT)}:{line}"
-            assert not stale, f"{where} imports {name}, now {MOVED[stale[0]]}"
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_import_paths_still_work(old):
-    import importlib
-
-    before = importlib.import_module(old)
-    after = importlib.import_module(MOVED[old])
-    assert before is after
