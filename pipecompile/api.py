@@ -250,8 +250,7 @@ class CompiledPipeline:
     def _check_places(self, options: Any, force: bool) -> None:
         """Where ``fit`` writes, checked before it trains: not in this pipeline's temporary
         directory (it goes with the object), writable, and not another run's checkpoints."""
-        from pipecompile.runtime.checkpoint import check_save_dir
-        from pipecompile.runtime.metrics import check_metrics_file
+        from pipecompile.runtime.training import check_places
 
         for name in ("save", "metrics"):
             path = getattr(options, name)
@@ -261,11 +260,7 @@ class CompiledPipeline:
                     f"{self._temporary}, which is deleted with the pipeline; {name} elsewhere, "
                     f"e.g. {name}={Path(path).name!r}, or compile with directory=..."
                 )
-        if options.metrics is not None:
-            check_metrics_file(options.metrics)
-        if options.save is not None:
-            check_save_dir(options.save, resume=options.resume, force=force,
-                           force_flag="force=True")  # fmt: skip
+        check_places(options, force=force, force_flag="force=True")
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer under the original model's names."""

@@ -517,17 +517,14 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 
 def _check_run_places(args: argparse.Namespace, directory: Path) -> None:
     """Where the run writes (--save, --metrics), checked before it starts."""
-    from pipecompile.runtime.checkpoint import check_save_dir
-    from pipecompile.runtime.metrics import check_metrics_file
+    from pipecompile.runtime.train_args import train_options
+    from pipecompile.runtime.training import check_places
 
     if args.force and not args.save:
         raise PipecompileError("--force lets --save replace another run's checkpoints; drop it")
-    check_metrics_file(Path(args.metrics) if args.metrics else directory / "metrics.jsonl")
-    if args.save:
-        resume = Path(args.resume) if args.resume else None
-        note = check_save_dir(Path(args.save), resume=resume, force=args.force)
-        if note:
-            print(f"pipecompile: note: {note}", file=sys.stderr)
+    note = check_places(train_options(args, directory), force=args.force)
+    if note:
+        print(f"pipecompile: note: {note}", file=sys.stderr)
 
 
 def _uses_cuda(args: argparse.Namespace) -> bool:

@@ -27,7 +27,7 @@ from pipecompile.errors import InputError, MicrobatchError, PipecompileError, Ru
 from pipecompile.ir.program import Program
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime.batch_agreement import agree_on_batch
-from pipecompile.runtime.checkpoint import resume, save, save_due, train_state
+from pipecompile.runtime.checkpoint import check_save_dir, resume, save, save_due, train_state
 from pipecompile.runtime.divergence import check_losses, skipped_line
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.grad_ops import (
@@ -38,12 +38,26 @@ from pipecompile.runtime.grad_ops import (
     take_grads,
 )
 from pipecompile.runtime.lr_schedule import make_schedulers, resume_at
-from pipecompile.runtime.metrics import Reporter, batch_counts, local_bubble, peak_memory
+from pipecompile.runtime.metrics import (
+    Reporter,
+    batch_counts,
+    check_metrics_file,
+    local_bubble,
+    peak_memory,
+)
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
 from pipecompile.runtime.random_state import draw_base, step_base
 
-__all__ = ["OPTIMIZERS", "Group", "LocalGroup", "TrainOptions", "TrainState", "train"]
+__all__ = [
+    "OPTIMIZERS",
+    "Group",
+    "LocalGroup",
+    "TrainOptions",
+    "TrainState",
+    "check_places",
+    "train",
+]
 
 NEEDS_SYNC = (
     "{flags} needs a synchronous schedule: {schedule} applies each micro-batch's update "
@@ -155,6 +169,16 @@ def check_options(options: TrainOptions, program: Program) -> None:
             raise PipecompileError(
                 NEEDS_SYNC.format(flags=" and ".join(asked), schedule=program.schedule)
             )
+
+
+def check_places(options: TrainOptions, *, force: bool, force_flag: str = "--force") -> str | None:
+    """Where a run writes (``options.metrics``, ``options.save``), checked before it trains;
+    returns the note of what ``force`` lets the save replace, if anything."""
+    if options.metrics is not None:
+        check_metrics_file(options.metrics)
+    if options.save is None:
+        return None
+    return check_save_dir(options.save, resume=options.resume, force=force, force_flag=force_flag)
 
 
 def train(
