@@ -215,7 +215,7 @@ class CompiledPipeline:
                 ``precision``, ``seed``, ``skip_nonfinite``, ``save``, ``save_every``, ...
         """
         from pipecompile.model.data_hooks import iterable_source
-        from pipecompile.runtime.training import TrainOptions, train
+        from pipecompile.runtime.training.loop import TrainOptions, train
 
         known = set(TrainOptions.__dataclass_fields__)
         unknown = sorted(set(options) - known)
@@ -250,7 +250,7 @@ class CompiledPipeline:
     def _check_places(self, options: Any, force: bool) -> None:
         """Where ``fit`` writes, checked before it trains: not in this pipeline's temporary
         directory (it goes with the object), writable, and not another run's checkpoints."""
-        from pipecompile.runtime.training import check_places
+        from pipecompile.runtime.training.loop import check_places
 
         for name in ("save", "metrics"):
             path = getattr(options, name)

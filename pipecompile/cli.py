@@ -19,19 +19,19 @@ from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_checkpoints import POLICIES
 from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.passes.split_requests import parse_pins
-from pipecompile.runtime.train_args import (
+from pipecompile.runtime.training.options import (
     add_training_arguments,
 )
-from pipecompile.runtime.train_args import (
+from pipecompile.runtime.training.options import (
     nonnegative_float as _nonnegative_float,
 )
-from pipecompile.runtime.train_args import (
+from pipecompile.runtime.training.options import (
     nonnegative_int as _nonnegative_int,
 )
-from pipecompile.runtime.train_args import (
+from pipecompile.runtime.training.options import (
     positive_float as _positive_float,
 )
-from pipecompile.runtime.train_args import (
+from pipecompile.runtime.training.options import (
     positive_int as _positive_int,
 )
 from pipecompile.schedules import SCHEDULES
@@ -251,7 +251,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pipecompile.runtime.export import (
+    from pipecompile.runtime.training.export import (
         SHARD_SIZE,
         export_sharded,
         export_weights,
@@ -443,8 +443,8 @@ def _run(args: argparse.Namespace) -> int:
         return _check(args, pipe, spec)
     from pipecompile.model.data_hooks import EVAL, batch_source, example_source
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
-    from pipecompile.runtime.train_args import train_options
-    from pipecompile.runtime.training import TrainState, train
+    from pipecompile.runtime.training.loop import TrainState, train
+    from pipecompile.runtime.training.options import train_options
 
     data = batch_source(spec) or example_source(spec)
     options = train_options(args, directory)
@@ -463,8 +463,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-untyped-def]
     """`run --check`: one step against the eager model."""
-    from pipecompile.runtime.check import check_step
-    from pipecompile.runtime.check_async import check_async_step
+    from pipecompile.runtime.check.asynchronous import check_async_step
+    from pipecompile.runtime.check.step import check_step
 
     if spec.targets is None:
         raise ModelFileError(f"{spec.path} needs example_targets() for `run --check`")
@@ -484,7 +484,7 @@ def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-unty
 def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
     """Options that contradict each other or the directory, refused before anything runs."""
     from pipecompile.codegen.output_dir import inside
-    from pipecompile.runtime.checkpoint import latest_step_dir, read_meta
+    from pipecompile.runtime.training.train_state import latest_step_dir, read_meta
 
     if args.save_every and not args.save:
         raise PipecompileError("--save-every needs --save DIR (where to write the checkpoints)")
@@ -517,8 +517,8 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 
 def _check_run_places(args: argparse.Namespace, directory: Path) -> None:
     """Where the run writes (--save, --metrics), checked before it starts."""
-    from pipecompile.runtime.train_args import train_options
-    from pipecompile.runtime.training import check_places
+    from pipecompile.runtime.training.loop import check_places
+    from pipecompile.runtime.training.options import train_options
 
     if args.force and not args.save:
         raise PipecompileError("--force lets --save replace another run's checkpoints; drop it")
@@ -540,8 +540,8 @@ def _check_program_options(args: argparse.Namespace, directory: Path) -> None:
     """Options this run would ignore, and training options the program's schedule cannot
     honour (see training.check_options)."""
     from pipecompile.runtime.load import read_manifest, read_program
-    from pipecompile.runtime.train_args import train_options
-    from pipecompile.runtime.training import check_options
+    from pipecompile.runtime.training.loop import check_options
+    from pipecompile.runtime.training.options import train_options
 
     manifest = read_manifest(directory)
     program = read_program(Path(args.program) if args.program else directory / manifest["program"])
@@ -576,7 +576,7 @@ _CHECK_CANNOT = {
 
 def _refuse_ignored(args: argparse.Namespace) -> None:
     """Options given that this run would accept and ignore, refused with the reason."""
-    from pipecompile.runtime.train_args import given
+    from pipecompile.runtime.training.options import given
 
     for flag in ("timeout", "device"):
         if getattr(args, flag) is not None and not args.nproc:
@@ -639,8 +639,8 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
 
 
 def _run_distributed(args: argparse.Namespace) -> int:
-    from pipecompile.runtime.launch import launch
-    from pipecompile.runtime.train_args import forwarded as training_args
+    from pipecompile.runtime.distributed.launch import launch
+    from pipecompile.runtime.training.options import forwarded as training_args
 
     if args.metrics is None:
         args.metrics = str(Path(args.directory) / "metrics.jsonl")

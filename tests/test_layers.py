@@ -92,10 +92,45 @@ def test_the_runtime_never_imports_the_compiler_a_pass_or_the_front_end():
             assert layer(name) not in FORBIDDEN_FOR_RUNTIME, f"{module}:{line} imports {name}"
 
 
+# The rooms of the runtime -> the rooms each may import; "core" is runtime/'s own modules.
+RUNTIME_ROOMS: dict[str, set[str]] = {
+    "core": set(),
+    "training": {"core"},
+    "check": {"core"},
+    "distributed": {"core", "training", "check"},
+}
+
+
+def room(module: str) -> str:
+    """``pipecompile.runtime.training.loop`` -> ``training``; ``...runtime.load`` -> ``core``."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 else "core"
+
+
+def test_every_runtime_module_is_in_a_known_room_with_a_docstring():
+    rooms = {room(m) for m in MODULES if layer(m) == "runtime" and m != "pipecompile.runtime"}
+    assert rooms == set(RUNTIME_ROOMS)
+    for name in RUNTIME_ROOMS:
+        package = ROOT / "pipecompile" / "runtime" / ("" if name == "core" else name)
+        assert ast.get_docstring(ast.parse((package / "__init__.py").read_text())), package
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == "runtime"))
+def test_runtime_rooms_import_only_their_own_and_the_rooms_below(module):
+    own = room(module)
+    for line, name in imports(MODULES[module]):
+        if layer(name) != "runtime" or name == "pipecompile.runtime":
+            continue
+        assert room(name) in RUNTIME_ROOMS[own] | {own}, (
+            f"{MODULES[module].relative_to(ROOT)}:{line} imports {name} (the {room(name)} room); "
+            f"the {own} room may use only {sorted(RUNTIME_ROOMS[own])}"
+        )
+
+
 def test_a_rank_loads_without_the_compiler():
     """Importing the worker (what every rank runs) loads no compiler, pass or front end."""
     code = (
-        "import sys, pipecompile.runtime.worker, pipecompile.runtime.pipeline\n"
+        "import sys, pipecompile.runtime.distributed.worker, pipecompile.runtime.pipeline\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'pipecompile' "
         f"and m.split('.')[1:2] and m.split('.')[1] in {sorted(FORBIDDEN_FOR_RUNTIME)!r})\n"
         "print(bad); sys.exit(1 if bad else 0)\n"

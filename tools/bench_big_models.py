@@ -574,9 +574,10 @@ def part_train_memory(tmp: Path, sizes: TrainSizes, part: PartResult) -> None:
     require(compiled, "pipecompile compile", part)
 
     log("train_memory: pipecompile run --nproc ...")
+    worker = "pipecompile.runtime.distributed.worker"
     run, ours = polled(pipecompile_command("run", str(out), "--nproc", str(sizes.stages),
                                            "--steps", str(sizes.steps), "--lr", str(sizes.lr),
-                                           "-q"), "pipecompile.runtime.worker", tmp)  # fmt: skip
+                                           "-q"), worker, tmp)  # fmt: skip
     print(f"run:     {shown(run.command)}: {run.wall:.1f} s")
     require(run, "pipecompile run --nproc", part)
 

@@ -184,11 +184,11 @@ def compare(directory: Path, schedule: str, sizes: Sizes, warmup: int, repeats: 
 
 def ours(directory: Path, manifest: dict, module: nn.Module, sizes: Sizes) -> tuple:
     """pipecompile's training step on its distributed backend, and the pipeline it runs."""
-    from pipecompile.runtime.dist_backend import DistBackend, tie_groups
+    from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
+    from pipecompile.runtime.distributed.placement import Placement
     from pipecompile.runtime.layout import Layout
     from pipecompile.runtime.load import read_program
     from pipecompile.runtime.pipeline import Pipeline
-    from pipecompile.runtime.placement import Placement
 
     rank = dist.get_rank()
     program = read_program(directory / manifest["program"])
@@ -239,7 +239,7 @@ def theirs(manifest: dict, module: nn.Module, schedule: str, sizes: Sizes) -> ob
 
 def checkpoint_save(pipe: object) -> tuple[float, int]:
     """Seconds one checkpoint save takes (weights and optimizer state), and its bytes."""
-    from pipecompile.runtime.checkpoint import save
+    from pipecompile.runtime.training.train_state import save
 
     with tempfile.TemporaryDirectory() as tmp:
         shared = [tmp]  # rank 0's directory: every rank writes its stages there
@@ -268,7 +268,7 @@ def torchrun(nproc: int, *args: str) -> list[dict]:
 
 def detection(directory: str, nproc: int) -> float:
     """Seconds from killing rank 1 mid-step until the last other rank has stopped."""
-    from pipecompile.runtime.launch import launch
+    from pipecompile.runtime.distributed.launch import launch
 
     os.environ["PIPECOMPILE_FAULT"] = "1:1B3:kill"
     records: list[dict] = []

@@ -1,1 +1,2 @@
-"""Running compiled pipelines: loading stages, the interpreter and its backends."""
+"""Running compiled pipelines. The interpreter core lives here (loading stages, the executor and its
+local backend); the rooms below it are ``training/``, ``check/`` and ``distributed/``."""

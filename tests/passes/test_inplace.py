@@ -17,7 +17,7 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import BalanceError
 from pipecompile.ir.mutation import mutated_inputs
-from pipecompile.runtime.check import check_step
+from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 
 

@@ -12,9 +12,9 @@ from torch import nn
 
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
-from pipecompile.runtime.check import check_step
-from pipecompile.runtime.export import export_weights
+from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.training.export import export_weights
 
 
 class Unread(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipecompile.cli import main
-from pipecompile.runtime.launch import launch
+from pipecompile.runtime.distributed.launch import launch
 from tests.conftest import EXAMPLES
 
 MLP, GPT = str(EXAMPLES / "mlp.py"), str(EXAMPLES / "gpt.py")

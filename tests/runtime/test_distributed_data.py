@@ -16,10 +16,10 @@ import torch.distributed as dist
 from pipecompile.cli import main
 from pipecompile.errors import PipecompileError
 from pipecompile.model.data_hooks import Batch, BatchSource
-from pipecompile.runtime import launch as launch_module
-from pipecompile.runtime.batch_agreement import agree_on_batch, fingerprint
-from pipecompile.runtime.rank_output import PrefixedLines, user_output
-from pipecompile.runtime.watchdog import Watchdog
+from pipecompile.runtime.distributed import launch as launch_module
+from pipecompile.runtime.distributed.rank_output import PrefixedLines, user_output
+from pipecompile.runtime.distributed.watchdog import Watchdog
+from pipecompile.runtime.training.batch_agreement import agree_on_batch, fingerprint
 from tests.conftest import write_model_file
 
 MODEL = """

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.runtime.checkpoint import save
 from pipecompile.runtime.interrupt import interrupted_line
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.training.train_state import save
 from tests.runtime.test_distributed import MLP, compile_to
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds processes in /proc")
@@ -148,7 +148,7 @@ def test_an_interrupted_save_keeps_latest_and_removes_its_files(tmp_path, mlp, m
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("pipecompile.runtime.checkpoint.save_model", interrupted)
+    monkeypatch.setattr("pipecompile.runtime.training.train_state.save_model", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save(pipe, ck, 2)
     assert (ck / "latest").read_text().strip() == "step_1"

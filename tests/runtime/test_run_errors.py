@@ -12,7 +12,7 @@ from torch import nn
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import InputError, MicrobatchError, ModelFileError
-from pipecompile.runtime.check import check_step
+from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.executor import call_loss_fn
 from pipecompile.runtime.load import read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline

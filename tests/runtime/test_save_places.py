@@ -12,8 +12,8 @@ import pytest
 from safetensors import SafetensorError
 
 from pipecompile.cli import main
-from pipecompile.runtime import checkpoint
-from pipecompile.runtime.metrics import Reporter
+from pipecompile.runtime.training import train_state as checkpoint
+from pipecompile.runtime.training.metrics import Reporter
 from tests.conftest import EXAMPLES
 
 

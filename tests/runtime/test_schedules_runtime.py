@@ -14,7 +14,7 @@ from pipecompile.errors import MemoryBudgetError
 from pipecompile.ir.memory_model import peak_stored_bytes
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import topology
-from pipecompile.runtime.check import check_step
+from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import EXAMPLE_NAMES, example_spec
 

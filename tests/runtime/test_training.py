@@ -14,8 +14,8 @@ from torch import nn
 
 import pipecompile
 from pipecompile.errors import ModelFileError, PipecompileError
-from pipecompile.runtime.lr_schedule import lr_factor
 from pipecompile.runtime.precision import LossScaler
+from pipecompile.runtime.training.lr_schedule import lr_factor
 
 
 class Tied(nn.Module):
@@ -298,7 +298,7 @@ def test_an_optimizer_that_would_train_nothing_is_refused(optimizer, options, me
 def test_progress_bar_on_a_terminal_and_lines_otherwise(tmp_path) -> None:
     import io
 
-    from pipecompile.runtime.metrics import Reporter
+    from pipecompile.runtime.training.metrics import Reporter
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

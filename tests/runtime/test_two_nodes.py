@@ -26,7 +26,7 @@ def _node(out: Path, port: int) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
             "--nproc-per-node", "2", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
-            "-m", "pipecompile.runtime.worker", str(out), "--check"]  # fmt: skip
+            "-m", "pipecompile.runtime.distributed.worker", str(out), "--check"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)  # fmt: skip

@@ -105,8 +105,8 @@ def _run(case: Case, tmp: Path, outcome: Outcome, distributed: bool) -> None:
     from pipecompile.compiler import compile_model
     from pipecompile.errors import InternalError, PipecompileError, RuntimeFailure
     from pipecompile.model.model_file import load_model_file
-    from pipecompile.runtime.check import check_step
-    from pipecompile.runtime.check_async import check_async_step
+    from pipecompile.runtime.check.asynchronous import check_async_step
+    from pipecompile.runtime.check.step import check_step
     from pipecompile.runtime.pipeline import Pipeline
 
     path = tmp / "model.py"
@@ -165,7 +165,7 @@ def _buffers_after(model: object, pipe: object, inputs: dict[str, object]) -> di
     import torch
 
     from pipecompile.ir.microbatch import split_microbatches
-    from pipecompile.runtime.check import fit_weights
+    from pipecompile.runtime.check.step import fit_weights
 
     twin = copy.deepcopy(model)
     twin.load_state_dict(fit_weights(pipe, twin))  # type: ignore[arg-type, attr-defined]

@@ -26,28 +26,34 @@ import torch
 from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
 from pipecompile.ir.program import Program
 from pipecompile.model.data_hooks import Batch, BatchSource
-from pipecompile.runtime.batch_agreement import agree_on_batch
-from pipecompile.runtime.checkpoint import check_save_dir, resume, save, save_due, train_state
-from pipecompile.runtime.divergence import check_losses, skipped_line
 from pipecompile.runtime.executor import LossFn, call_loss_fn
-from pipecompile.runtime.grad_ops import (
+from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
+from pipecompile.runtime.random_state import draw_base, step_base
+from pipecompile.runtime.training.batch_agreement import agree_on_batch
+from pipecompile.runtime.training.divergence import check_losses, skipped_line
+from pipecompile.runtime.training.grad_ops import (
     add_grads,
     all_finite,
     scale_grads,
     squared_norm,
     take_grads,
 )
-from pipecompile.runtime.lr_schedule import make_schedulers, resume_at
-from pipecompile.runtime.metrics import (
+from pipecompile.runtime.training.lr_schedule import make_schedulers, resume_at
+from pipecompile.runtime.training.metrics import (
     Reporter,
     batch_counts,
     check_metrics_file,
     local_bubble,
     peak_memory,
 )
-from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
-from pipecompile.runtime.random_state import draw_base, step_base
+from pipecompile.runtime.training.train_state import (
+    check_save_dir,
+    resume,
+    save,
+    save_due,
+    train_state,
+)
 
 __all__ = [
     "OPTIMIZERS",

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from pipecompile.runtime.rank_output import say
+from pipecompile.runtime.distributed.rank_output import say
 
 __all__ = ["Watchdog", "EXIT_PEER_FAILED"]
 

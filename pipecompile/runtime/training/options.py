@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipecompile.runtime.lr_schedule import SCHEDULES
 from pipecompile.runtime.precision import PRECISIONS
-from pipecompile.runtime.training import OPTIMIZERS, TrainOptions
+from pipecompile.runtime.training.loop import OPTIMIZERS, TrainOptions
+from pipecompile.runtime.training.lr_schedule import SCHEDULES
 
 __all__ = [
     "add_training_arguments",

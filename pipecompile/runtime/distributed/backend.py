@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.runtime.backend import MessageKey
+from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_backend import MISSING
-from pipecompile.runtime.placement import Placement
 
 __all__ = ["DistBackend", "tie_groups"]
 

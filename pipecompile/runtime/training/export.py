@@ -33,9 +33,9 @@ from pipecompile.files.owned import (
 )
 from pipecompile.files.writable import check_directory, check_file
 from pipecompile.model.checkpoint_files import INDEX
-from pipecompile.runtime.checkpoint import resume
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.training.train_state import resume
 
 __all__ = [
     "export_weights",

@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from pipecompile.ir.microbatch import join_microbatches
 from pipecompile.model.model_file import ModelSpec
-from pipecompile.runtime.check import CheckReport, check_step, compare
-from pipecompile.runtime.check_async import check_async_step
+from pipecompile.runtime.check.asynchronous import check_async_step
+from pipecompile.runtime.check.step import CheckReport, check_step, compare
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["check_distributed"]

@@ -1,8 +1,8 @@
 """`pipecompile run OUT --nproc N`: start N ranks on this machine with torch's own launcher.
 
-The ranks are `python -m torch.distributed.run --standalone --nproc-per-node N -m
-pipecompile.runtime.worker OUT ...`. Rank 0's output is passed through, and what the model
-file's hooks print on any rank is shown as it comes, each line prefixed ``rank k:``; the
+The ranks are `python -m torch.distributed.run --standalone --nproc-per-node N
+-m pipecompile.runtime.distributed.worker OUT ...`. Rank 0's output is passed through, and what
+the model file's hooks print on any rank is shown as it comes, each line prefixed ``rank k:``; the
 launcher's own chatter is dropped unless the run fails, in which case each rank's one-line
 reason is shown, each on a line of its own.
 
@@ -32,10 +32,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pipecompile.runtime.checkpoint import remove_partial
+from pipecompile.runtime.distributed.rank_output import USER_LINE, say
+from pipecompile.runtime.distributed.worker import worker_parser
 from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
-from pipecompile.runtime.rank_output import USER_LINE, say
-from pipecompile.runtime.worker import worker_parser
+from pipecompile.runtime.training.train_state import remove_partial
 
 __all__ = ["launch", "GRACE_S"]
 
@@ -58,7 +58,7 @@ def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> i
             command = [
                 sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={nproc}", "--monitor-interval=0.1",
-                "-m", "pipecompile.runtime.worker", *worker_args,
+                "-m", "pipecompile.runtime.distributed.worker", *worker_args,
             ]  # fmt: skip
             env = {**os.environ, _STATUS_ENV: status_dir, "OMP_NUM_THREADS": "1"}
             returncode, stderr = _supervise(command, env, status_dir, stop)

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from pipecompile.ir.instr import FORWARD_OPS
 from pipecompile.ir.microbatch import split_microbatches, split_targets
 from pipecompile.ir.program import Program
-from pipecompile.runtime.check import (
+from pipecompile.runtime.check.step import (
     CheckReport,
     check_targets,
     compare,

@@ -1,4 +1,4 @@
-"""One rank of a distributed run: `python -m pipecompile.runtime.worker OUT [options]`.
+"""One rank of a distributed run: `python -m pipecompile.runtime.distributed.worker OUT [options]`.
 
 Started by torch's launcher, one process per device of the program (`pipecompile run OUT
 --nproc N` does it for one machine; see docs/DISTRIBUTED.md for several). Each rank loads only
@@ -34,21 +34,21 @@ from pipecompile.model.data_hooks import (
     batch_source,
     example_source,
 )
-from pipecompile.runtime.dist_backend import DistBackend, tie_groups
+from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
+from pipecompile.runtime.distributed.placement import Placement
+from pipecompile.runtime.distributed.rank_output import say, user_output
+from pipecompile.runtime.distributed.watchdog import Watchdog
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.placement import Placement
-from pipecompile.runtime.rank_output import say, user_output
-from pipecompile.runtime.train_args import add_training_arguments, train_options
-from pipecompile.runtime.training import TrainState, train
-from pipecompile.runtime.watchdog import Watchdog
+from pipecompile.runtime.training.loop import TrainState, train
+from pipecompile.runtime.training.options import add_training_arguments, train_options
 
 __all__ = ["main", "worker_parser"]
 
 
 def worker_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipecompile.runtime.worker")
+    parser = argparse.ArgumentParser(prog="python -m pipecompile.runtime.distributed.worker")
     parser.add_argument("directory")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--program")
@@ -147,7 +147,7 @@ def _run(
     progress: TrainState,
 ) -> int:
     from pipecompile.model.model_file import recorded_model
-    from pipecompile.runtime.dist_check import check_distributed
+    from pipecompile.runtime.check.distributed import check_distributed
 
     directory = Path(args.directory)
     manifest = read_manifest(directory)
