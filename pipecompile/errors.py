@@ -14,6 +14,7 @@ __all__ = [
     "WeightsError",
     "InputError",
     "EmitError",
+    "ManifestVersionError",
     "RuntimeFailure",
     "CheckError",
     "InternalError",
@@ -62,6 +63,10 @@ class WeightsError(PipecompileError):
 
 class EmitError(PipecompileError):
     """The output directory cannot be written or read back."""
+
+
+class ManifestVersionError(EmitError):
+    """An emitted directory's manifest is in another format (a newer pipecompile wrote it)."""
 
 
 class RuntimeFailure(PipecompileError):

@@ -21,7 +21,7 @@ SOURCES = {"pipecompile": ROOT / "pipecompile", "pipecompile.passes": ROOT / "pa
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "files": {"errors"},
-    "ir": {"errors"},
+    "ir": {"files", "errors"},
     "model": {"ir", "errors"},
     "frontend": {"ir", "model", "errors"},
     "passes": {"ir", "errors"},

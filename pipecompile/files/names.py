@@ -1,0 +1,75 @@
+"""The names of the files pipecompile writes, each spelled here once (docs/FORMAT.md).
+
+An emitted directory holds ``MANIFEST``, ``PROGRAM``, per stage ``stage_source(j)``,
+``stage_weights(j)`` and, once exported, ``stage_onnx(j)``; with a meta-device model also
+``INIT`` and ``INIT_CONSTANTS``; and the pictures ``PICTURES``. ``run`` adds ``METRICS`` and
+``plot`` adds ``TRAINING_PICTURE`` beside them. A checkpoint directory (``run --save DIR``)
+holds ``step_dir(n)`` folders, each with ``CHECKPOINT_META`` and per stage
+``stage_weights(j)`` and ``stage_optimizer(j)``, and the pointer ``LATEST``.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "MANIFEST",
+    "PROGRAM",
+    "INIT",
+    "INIT_CONSTANTS",
+    "METRICS",
+    "TRAINING_PICTURE",
+    "PICTURES",
+    "EMITTED",
+    "LATEST",
+    "CHECKPOINT_META",
+    "stage_source",
+    "stage_weights",
+    "stage_onnx",
+    "stage_optimizer",
+    "step_dir",
+]
+
+MANIFEST = "manifest.json"
+PROGRAM = "program.txt"
+INIT = "init.json"  # the initialisation recipes of a meta-device model
+INIT_CONSTANTS = "init_constants.safetensors"  # the real tensors those recipes copy
+METRICS = "metrics.jsonl"  # what `pipecompile run` writes in the emitted directory
+TRAINING_PICTURE = "training.svg"  # what `pipecompile plot DIR` writes next to it
+# Every picture `pipecompile viz` may draw into an emitted directory.
+PICTURES = tuple(f"{name}.{ext}" for name in ("stages", "schedule")
+                 for ext in ("dot", "svg", "png", "pdf"))  # fmt: skip
+LATEST = "latest"  # a checkpoint directory's pointer: one line naming the newest step_dir
+CHECKPOINT_META = "meta.json"  # a checkpoint step's record (its format marker, the step)
+
+
+def stage_source(j: int) -> str:
+    """``stage_<j>.py``: stage ``j`` as a standalone module."""
+    return f"stage_{j}.py"
+
+
+def stage_weights(j: int) -> str:
+    """``stage_<j>.safetensors``: stage ``j``'s tensors (emitted, and in a checkpoint step)."""
+    return f"stage_{j}.safetensors"
+
+
+def stage_onnx(j: int) -> str:
+    """``stage_<j>.onnx``: stage ``j``'s ONNX graph (``pipecompile onnx``)."""
+    return f"stage_{j}.onnx"
+
+
+def stage_optimizer(j: int) -> str:
+    """``stage_<j>.optim.pt``: stage ``j``'s optimizer state in a checkpoint step."""
+    return f"stage_{j}.optim.pt"
+
+
+def step_dir(n: int) -> str:
+    """``step_<n>``: the checkpoint of training step ``n``."""
+    return f"step_{n}"
+
+
+# Every name a compile (or --onnx, or viz) may write into an emitted directory.
+EMITTED = re.compile(
+    r"stage_\d+\.(py|safetensors|onnx)"
+    + "".join(f"|{re.escape(name)}" for name in (PROGRAM, INIT, INIT_CONSTANTS, MANIFEST))
+)
