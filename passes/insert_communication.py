@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipecompile.ir.instr import FORWARD_OPS, INPUT_GRADIENT_OPS, Instr
+from pipecompile.ir.instr import FORWARD_OPS, INPUT_GRADIENT_OPS, Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import Topology
 
@@ -34,14 +34,14 @@ def insert_communication(program: Program, *, topology: Topology) -> Program:
         for instr in instrs:
             j, i = instr.stage, instr.microbatch
             if instr.op in FORWARD_OPS:
-                out += [Instr("RECV_F", j, i)] * (j in receives) + [instr]
-                out += [Instr("SEND_F", j, i)] * (j in sends)
+                out += [Instr(Op.RECV_F, j, i)] * (j in receives) + [instr]
+                out += [Instr(Op.SEND_F, j, i)] * (j in sends)
             elif instr.op in INPUT_GRADIENT_OPS:
-                out += [Instr("RECV_B", j, i)] * (j in sends) + [instr]
-                out += [Instr("SEND_B", j, i)] * (j in receives)
-            elif instr.op == "STEP" and not any(x.op == "STEP" for x in out):
-                on_device = sorted({x.stage for x in instrs if x.op == "STEP"} & tied)
-                out += [Instr("ALLREDUCE_TIED", s) for s in on_device] + [instr]
+                out += [Instr(Op.RECV_B, j, i)] * (j in sends) + [instr]
+                out += [Instr(Op.SEND_B, j, i)] * (j in receives)
+            elif instr.op == Op.STEP and not any(x.op == Op.STEP for x in out):
+                on_device = sorted({x.stage for x in instrs if x.op == Op.STEP} & tied)
+                out += [Instr(Op.ALLREDUCE_TIED, s) for s in on_device] + [instr]
             else:
                 out.append(instr)
         devices.append(tuple(out))

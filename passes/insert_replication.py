@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 
 __all__ = ["insert_replication", "parse_replicas"]
@@ -43,7 +43,7 @@ def insert_replication(program: Program, *, replicas: Sequence[int]) -> Program:
             "replicated stages need one stage per device; the interleaved schedule puts "
             "several stages on one device"
         )
-    if any(x.op == "UPDATE" for _, _, x in program.instructions()):
+    if any(x.op == Op.UPDATE for _, _, x in program.instructions()):
         raise ProgramError(
             "replicated stages need a synchronous schedule (gpipe, 1f1b, zb1p): replicas of "
             "an asynchronously updated stage would drift apart"
@@ -52,8 +52,8 @@ def insert_replication(program: Program, *, replicas: Sequence[int]) -> Program:
     for instrs in program.devices:
         out: list[Instr] = []
         for x in instrs:
-            if x.op == "STEP" and replicas[x.stage] > 1:
-                out.append(Instr("ALLREDUCE_REPLICAS", x.stage))
+            if x.op == Op.STEP and replicas[x.stage] > 1:
+                out.append(Instr(Op.ALLREDUCE_REPLICAS, x.stage))
             out.append(x)
         devices.append(tuple(out))
     return replace(program, devices=tuple(devices))

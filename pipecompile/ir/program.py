@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.sizes import counted
 
 __all__ = ["Program"]
@@ -33,7 +33,7 @@ class Program:
     @property
     def asynchronous(self) -> bool:
         """Whether stages update per micro-batch (``UPDATE``, pipedream) instead of once."""
-        return any(x.op == "UPDATE" for _, _, x in self.instructions())
+        return any(x.op == Op.UPDATE for _, _, x in self.instructions())
 
     def instructions(self) -> Iterator[tuple[int, int, Instr]]:
         """Yield ``(device, position, instr)`` for every instruction."""

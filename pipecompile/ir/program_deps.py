@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipecompile.ir.instr import FORWARD_OPS, INPUT_GRADIENT_OPS, STEP_OPS, Instr
+from pipecompile.ir.instr import FORWARD_OPS, INPUT_GRADIENT_OPS, STEP_OPS, Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import Topology
 
 __all__ = ["Facts", "requirements"]
 
-_COMM = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B"})
+_COMM = frozenset({Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B})
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Facts:
     microbatches: int
     producers: tuple[tuple[int, ...], ...]
     consumers: tuple[tuple[int, ...], ...]
-    forward: dict[tuple[int, int], str]  # (j, i) -> "F" or "FC"
+    forward: dict[tuple[int, int], Op]  # (j, i) -> Op.F or Op.FC
     split: frozenset[tuple[int, int]]  # (j, i) whose backward is I then W
     stashed: frozenset[tuple[int, int]]
     communicates: bool
@@ -43,11 +43,11 @@ class Facts:
             key = (x.stage, x.microbatch or 0)
             if x.op in FORWARD_OPS:
                 forward[key] = x.op
-            elif x.op == "I":
+            elif x.op == Op.I:
                 split.add(key)
-            elif x.op == "STASH":
+            elif x.op == Op.STASH:
                 stashed.add(key)
-            elif x.op == "ALLREDUCE_REPLICAS":
+            elif x.op == Op.ALLREDUCE_REPLICAS:
                 replicated.add(x.stage)
             communicates |= x.op in _COMM
         return cls(
@@ -71,15 +71,15 @@ class Facts:
         )
 
     def forward_of(self, j: int, i: int) -> Instr:
-        return Instr(self.forward.get((j, i), "F"), j, i)
+        return Instr(self.forward.get((j, i), Op.F), j, i)
 
     def input_grad_of(self, j: int, i: int) -> Instr:
         """The instruction after which stage j's input gradients for micro-batch i exist."""
-        return Instr("I" if (j, i) in self.split else "B", j, i)
+        return Instr(Op.I if (j, i) in self.split else "B", j, i)
 
     def last_backward_of(self, j: int, i: int) -> Instr:
         """The instruction after which micro-batch i is finished on stage j."""
-        return Instr("W" if (j, i) in self.split else "B", j, i)
+        return Instr(Op.W if (j, i) in self.split else "B", j, i)
 
     def remote(self, a: int, b: int) -> bool:
         return self.stage_device[a] != self.stage_device[b]
@@ -97,12 +97,12 @@ def requirements(instr: Instr, facts: Facts) -> list[Instr]:
     op = instr.op
     via_messages = facts.communicates
     if op in FORWARD_OPS:
-        needs = [Instr("STASH", j, i)] if (j, i) in facts.stashed else []
+        needs = [Instr(Op.STASH, j, i)] if (j, i) in facts.stashed else []
         for s in facts.producers[j]:
             if not (via_messages and facts.remote(s, j)):
                 needs.append(facts.forward_of(s, i))
         if via_messages and any(facts.remote(s, j) for s in facts.producers[j]):
-            needs.append(Instr("RECV_F", j, i))
+            needs.append(Instr(Op.RECV_F, j, i))
         return needs
     if op in INPUT_GRADIENT_OPS:
         needs = [facts.forward_of(j, i)]
@@ -110,24 +110,24 @@ def requirements(instr: Instr, facts: Facts) -> list[Instr]:
             if not (via_messages and facts.remote(j, t)):
                 needs.append(facts.input_grad_of(t, i))
         if via_messages and any(facts.remote(j, t) for t in facts.consumers[j]):
-            needs.append(Instr("RECV_B", j, i))
+            needs.append(Instr(Op.RECV_B, j, i))
         return needs
-    if op == "W":
-        return [Instr("I", j, i)]
-    if op == "SEND_F":
+    if op == Op.W:
+        return [Instr(Op.I, j, i)]
+    if op == Op.SEND_F:
         return [facts.forward_of(j, i)]
-    if op == "SEND_B":
+    if op == Op.SEND_B:
         return [facts.input_grad_of(j, i)]
-    if op == "RECV_F":
-        return [Instr("SEND_F", s, i) for s in facts.producers[j] if facts.remote(s, j)]
-    if op == "RECV_B":
-        return [Instr("SEND_B", t, i) for t in facts.consumers[j] if facts.remote(j, t)]
-    if op == "UPDATE":
+    if op == Op.RECV_F:
+        return [Instr(Op.SEND_F, s, i) for s in facts.producers[j] if facts.remote(s, j)]
+    if op == Op.RECV_B:
+        return [Instr(Op.SEND_B, t, i) for t in facts.consumers[j] if facts.remote(j, t)]
+    if op == Op.UPDATE:
         return [facts.last_backward_of(j, i)]
     if op in STEP_OPS:
         needs = [facts.last_backward_of(j, k) for k in range(facts.microbatches)]
-        if op == "STEP":  # a tied stage steps once every holder has contributed its gradient
-            needs += [Instr("ALLREDUCE_TIED", s) for s in facts.tie_peers[j]]
-            needs += [Instr("ALLREDUCE_REPLICAS", j)] * (j in facts.replicated)
+        if op == Op.STEP:  # a tied stage steps once every holder has contributed its gradient
+            needs += [Instr(Op.ALLREDUCE_TIED, s) for s in facts.tie_peers[j]]
+            needs += [Instr(Op.ALLREDUCE_REPLICAS, j)] * (j in facts.replicated)
         return needs
     return []

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import FORWARD_OPS, Instr
+from pipecompile.ir.instr import FORWARD_OPS, Instr, Op
 from pipecompile.ir.memory_model import peak_inflight
 from pipecompile.ir.program import Program
 from pipecompile.ir.program_deps import Facts, requirements
@@ -41,14 +41,14 @@ class Costs:
 
     def of(self, instr: Instr, facts: Facts) -> float:
         j = instr.stage
-        recompute = self.forward[j] if facts.forward.get((j, instr.microbatch or 0)) == "FC" else 0
+        recompute = self.forward[j] if facts.forward.get((j, instr.microbatch or 0)) == Op.FC else 0
         if instr.op in FORWARD_OPS:
             return self.forward[j]
-        if instr.op == "B":
+        if instr.op == Op.B:
             return self.backward[j] + recompute
-        if instr.op == "I":
+        if instr.op == Op.I:
             return self.backward[j] / 2 + recompute
-        if instr.op == "W":
+        if instr.op == Op.W:
             return self.backward[j] / 2
         return 0.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import BACKWARD_OPS, FORWARD_OPS, GRADIENT_OPS, Instr
+from pipecompile.ir.instr import BACKWARD_OPS, FORWARD_OPS, GRADIENT_OPS, Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import Topology
@@ -61,7 +61,7 @@ def _expected(program: Program, topology: Topology, have: Counter[Instr]) -> Cou
     tied = {j for group in topology.tie_groups for j in group}
     want: Counter[Instr] = Counter()
     for j in range(program.num_stages):
-        asynchronous = any(have[Instr("UPDATE", j, i)] for i in range(program.microbatches))
+        asynchronous = any(have[Instr(Op.UPDATE, j, i)] for i in range(program.microbatches))
         if asynchronous and j in tied:
             raise ProgramError(
                 f"stage {j} holds a parameter tied to another stage, which asynchronous "
@@ -69,26 +69,26 @@ def _expected(program: Program, topology: Topology, have: Counter[Instr]) -> Cou
                 "(gpipe, 1f1b, interleaved, zb1p) or untie the parameter"
             )
         for i in range(program.microbatches):
-            forward = "FC" if have[Instr("FC", j, i)] else "F"
+            forward = Op.FC if have[Instr(Op.FC, j, i)] else Op.F
             want[Instr(forward, j, i)] = 1
-            if have[Instr("I", j, i)] or have[Instr("W", j, i)]:
-                want.update([Instr("I", j, i), Instr("W", j, i)])
+            if have[Instr(Op.I, j, i)] or have[Instr(Op.W, j, i)]:
+                want.update([Instr(Op.I, j, i), Instr(Op.W, j, i)])
             else:
-                want[Instr("B", j, i)] = 1
+                want[Instr(Op.B, j, i)] = 1
             if any(s == j for s, _ in remote):
-                want.update([Instr("SEND_F", j, i), Instr("RECV_B", j, i)])
+                want.update([Instr(Op.SEND_F, j, i), Instr(Op.RECV_B, j, i)])
             if any(t == j for _, t in remote):
-                want.update([Instr("RECV_F", j, i), Instr("SEND_B", j, i)])
+                want.update([Instr(Op.RECV_F, j, i), Instr(Op.SEND_B, j, i)])
             if asynchronous:
-                want[Instr("UPDATE", j, i)] = 1
-            stash = Instr("STASH", j, i)
+                want[Instr(Op.UPDATE, j, i)] = 1
+            stash = Instr(Op.STASH, j, i)
             want[stash] = min(have[stash], 1)
-        replicas = Instr("ALLREDUCE_REPLICAS", j)
+        replicas = Instr(Op.ALLREDUCE_REPLICAS, j)
         want[replicas] = 0 if asynchronous else min(have[replicas], 1)
         if not asynchronous:
-            want[Instr("STEP", j)] = 1
+            want[Instr(Op.STEP, j)] = 1
             if j in tied:
-                want[Instr("ALLREDUCE_TIED", j)] = 1
+                want[Instr(Op.ALLREDUCE_TIED, j)] = 1
     return want
 
 
@@ -123,7 +123,7 @@ def _check_versions(program: Program) -> None:
     """An UPDATE between a micro-batch's forward and its backward changes the weights the
     backward would differentiate; only a STASH before the forward keeps them."""
     for d, instrs in enumerate(program.devices):
-        stashed = {(x.stage, x.microbatch) for x in instrs if x.op == "STASH"}
+        stashed = {(x.stage, x.microbatch) for x in instrs if x.op == Op.STASH}
         open_: dict[tuple[int, int | None], int] = {}
         for k, x in enumerate(instrs):
             key = (x.stage, x.microbatch)
@@ -131,7 +131,7 @@ def _check_versions(program: Program) -> None:
                 open_[key] = k
             elif x.op in GRADIENT_OPS:
                 open_.pop(key, None)
-            elif x.op == "UPDATE":
+            elif x.op == Op.UPDATE:
                 for j, i in list(open_):
                     if j == x.stage and (j, i) != key:
                         raise ProgramError(

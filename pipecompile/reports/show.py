@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipecompile.ir.instr import Op
 from pipecompile.ir.memory_model import peak_stored_bytes
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Costs, Timeline, simulate
@@ -53,7 +54,7 @@ def schedule_report(
         "costs": what,
         **timeline.as_dict(),
         "closed_form_bubble": closed_form(program),
-        "checkpointed_forwards": sum(1 for _, _, x in program.instructions() if x.op == "FC"),
+        "checkpointed_forwards": sum(1 for _, _, x in program.instructions() if x.op == Op.FC),
     }
     if all("activation_bytes" in s for s in stages):
         saved = [s["activation_bytes"]["saved"] for s in stages]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipecompile.ir.instr import Op
 from pipecompile.ir.memory_model import peak_stored_bytes
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Costs, simulate
@@ -62,7 +63,7 @@ def _schedule_line(manifest: dict[str, Any], program: Program, costs: Costs, uni
             [s["activation_bytes"]["inputs"] for s in stages],
         )
         line += f", peak activations {format_size(max(peaks))}"
-    checkpointed = sum(1 for _, _, x in program.instructions() if x.op == "FC")
+    checkpointed = sum(1 for _, _, x in program.instructions() if x.op == Op.FC)
     if checkpointed:
         line += f"; {checkpointed} checkpointed forwards"
     return line

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pipecompile.ir.instr import Op
 from pipecompile.ir.simulate import Timeline
 
 __all__ = ["timeline_text"]
 
-_SHOWN = ("F", "FC", "B", "I", "W")
+_SHOWN = (Op.F, Op.FC, Op.B, Op.I, Op.W)
 
 
 def timeline_text(timeline: Timeline, *, width: int = 4) -> str:
@@ -28,7 +29,7 @@ def timeline_text(timeline: Timeline, *, width: int = 4) -> str:
         for s in spans:
             if s.device != d:
                 continue
-            op = "F" if s.instr.op == "FC" else s.instr.op
+            op = Op.F if s.instr.op == Op.FC else s.instr.op
             prime = "'" * _rank(s.instr.stage, first[d], timeline)
             for k in range(int(s.start), int(s.end)):
                 cells[k] = f"{op}{s.instr.microbatch}{prime}"

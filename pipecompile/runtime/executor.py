@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import ModelFileError, PipecompileError, RuntimeFailure
-from pipecompile.ir.instr import FORWARD_OPS, Instr
+from pipecompile.ir.instr import FORWARD_OPS, Instr, Op
 from pipecompile.ir.microbatch import check_target_rows
 from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
 from pipecompile.runtime.backend import Backend, MessageKey
@@ -125,22 +125,22 @@ class StepExecutor:
         self.to_send: dict[tuple[int, int], tuple[Any, ...]] = {}
         self.results: dict[int, tuple[torch.Tensor, ...]] = {}
 
-    def handlers(self) -> dict[str, Handler]:
+    def handlers(self) -> dict[Op, Handler]:
         return {
-            "F": self._timed(self.forward),
-            "FC": self._timed(self.forward),
-            "B": self._timed(self.backward),
-            "I": self._timed(self.backward),
-            "W": self._timed(self.backward_weights),
-            "SEND_F": self.send_activations,
-            "RECV_F": self.recv_activations,
-            "SEND_B": self.send_gradients,
-            "RECV_B": self.recv_gradients,
-            "ALLREDUCE_TIED": self.all_reduce_tied,
-            "ALLREDUCE_REPLICAS": self.all_reduce_replicas,
-            "STEP": self.step,
-            "STASH": self.stash,
-            "UPDATE": self.update,
+            Op.F: self._timed(self.forward),
+            Op.FC: self._timed(self.forward),
+            Op.B: self._timed(self.backward),
+            Op.I: self._timed(self.backward),
+            Op.W: self._timed(self.backward_weights),
+            Op.SEND_F: self.send_activations,
+            Op.RECV_F: self.recv_activations,
+            Op.SEND_B: self.send_gradients,
+            Op.RECV_B: self.recv_gradients,
+            Op.ALLREDUCE_TIED: self.all_reduce_tied,
+            Op.ALLREDUCE_REPLICAS: self.all_reduce_replicas,
+            Op.STEP: self.step,
+            Op.STASH: self.stash,
+            Op.UPDATE: self.update,
         }
 
     def _timed(self, handler: Handler) -> Handler:
@@ -163,7 +163,7 @@ class StepExecutor:
         j, i = instr.stage, _mb(instr)
         args = [self._input(j, i, name) for name in self.layout.inputs[j]]
         weights = self.versions.leaves(j, i) if self.training else None
-        keep = self.training and instr.op == "F"
+        keep = self.training and instr.op == Op.F
         kept = args
         if self.training and not keep and j == 0:  # the model may write its inputs in place:
             kept = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # recompute
@@ -212,7 +212,7 @@ class StepExecutor:
         outs = held.outs if held.outs is not None else self._recompute(j, i, held)
         roots, grads = self._roots(j, i, outs)
         args = held.args
-        if instr.op == "B":
+        if instr.op == Op.B:
             if roots:
                 torch.autograd.backward(roots, grads)
             grads_in = {n: _grad(a) for n, a in zip(self.layout.inputs[j], args)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 
 __all__ = ["gpipe"]
@@ -21,7 +21,7 @@ def gpipe(stages: int, microbatches: int) -> Program:
     """
     devices = []
     for j in range(stages):
-        forward = [Instr("F", j, i) for i in range(microbatches)]
-        backward = [Instr("B", j, i) for i in reversed(range(microbatches))]
-        devices.append(tuple(forward + backward + [Instr("STEP", j)]))
+        forward = [Instr(Op.F, j, i) for i in range(microbatches)]
+        backward = [Instr(Op.B, j, i) for i in reversed(range(microbatches))]
+        devices.append(tuple(forward + backward + [Instr(Op.STEP, j)]))
     return Program("gpipe", microbatches, tuple(range(stages)), tuple(devices))

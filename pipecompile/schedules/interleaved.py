@@ -4,7 +4,7 @@ micro-batch visits every device v times and the bubble shrinks v-fold."""
 from __future__ import annotations
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 
 __all__ = ["interleaved"]
@@ -47,7 +47,7 @@ def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Prog
         for k in range(total - warmup):
             order += [forward[warmup + k], backward[k]]
         order += backward[total - warmup :]
-        steps = [Instr("STEP", j) for j in range(d, stages, p)]
+        steps = [Instr(Op.STEP, j) for j in range(d, stages, p)]
         devices.append(tuple(order + steps))
     return Program("interleaved", microbatches, tuple(j % p for j in range(stages)), tuple(devices))
 
@@ -58,4 +58,4 @@ def _slot(k: int, d: int, p: int, v: int, *, backward: bool) -> Instr:
     chunk = r // p
     if backward:
         chunk = v - 1 - chunk
-    return Instr("B" if backward else "F", chunk * p + d, group * p + r % p)
+    return Instr(Op.B if backward else "F", chunk * p + d, group * p + r % p)

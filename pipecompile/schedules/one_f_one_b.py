@@ -3,7 +3,7 @@ backward, so a stage never holds more micro-batches than there are stages after 
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 
 __all__ = ["one_f_one_b", "order_1f1b"]
@@ -16,10 +16,10 @@ def order_1f1b(j: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
     the remaining backwards. Stage j therefore holds at most ``min(p - j, m)`` micro-batches.
     """
     warmup = min(stages - j - 1, microbatches)
-    order = [("F", i) for i in range(warmup)]
+    order = [(Op.F, i) for i in range(warmup)]
     for k in range(microbatches - warmup):
-        order += [("F", warmup + k), ("B", k)]
-    order += [("B", i) for i in range(microbatches - warmup, microbatches)]
+        order += [(Op.F, warmup + k), (Op.B, k)]
+    order += [(Op.B, i) for i in range(microbatches - warmup, microbatches)]
     return order
 
 
@@ -39,5 +39,5 @@ def one_f_one_b(stages: int, microbatches: int) -> Program:
     devices = []
     for j in range(stages):
         instrs = [Instr(op, j, i) for op, i in order_1f1b(j, stages, microbatches)]
-        devices.append(tuple(instrs + [Instr("STEP", j)]))
+        devices.append(tuple(instrs + [Instr(Op.STEP, j)]))
     return Program("1f1b", microbatches, tuple(range(stages)), tuple(devices))

@@ -3,7 +3,7 @@ backward; weight stashing makes that backward use exactly the weights its forwar
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.schedules.one_f_one_b import order_1f1b
 
@@ -34,18 +34,18 @@ def pipedream(stages: int, microbatches: int, vertical_sync: bool = False) -> Pr
     for j in range(stages):
         instrs: list[Instr] = []
         if vertical_sync:
-            instrs += [Instr("STASH", j, i) for i in range(min(stages, microbatches))]
+            instrs += [Instr(Op.STASH, j, i) for i in range(min(stages, microbatches))]
         for op, i in order_1f1b(j, stages, microbatches):
-            if op == "F":
+            if op == Op.F:
                 instrs += (
-                    [Instr("F", j, i)]
+                    [Instr(Op.F, j, i)]
                     if vertical_sync
-                    else [Instr("STASH", j, i), Instr("F", j, i)]
+                    else [Instr(Op.STASH, j, i), Instr(Op.F, j, i)]
                 )
             else:
-                instrs += [Instr("B", j, i), Instr("UPDATE", j, i)]
+                instrs += [Instr(Op.B, j, i), Instr(Op.UPDATE, j, i)]
                 if vertical_sync and i + stages < microbatches:
-                    instrs.append(Instr("STASH", j, i + stages))
+                    instrs.append(Instr(Op.STASH, j, i + stages))
         devices.append(tuple(instrs))
     name = "pipedream-vsync" if vertical_sync else "pipedream"
     return Program(name, microbatches, tuple(range(stages)), tuple(devices))

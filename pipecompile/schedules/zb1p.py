@@ -3,7 +3,7 @@ critical path) and W (weight gradients, off it); W's are deferred to fill the dr
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 
 __all__ = ["zb1p"]
@@ -28,15 +28,15 @@ def zb1p(stages: int, microbatches: int) -> Program:
     devices = []
     for j in range(stages):
         warmup = min(stages - j, microbatches)
-        instrs = [Instr("F", j, i) for i in range(warmup)]
+        instrs = [Instr(Op.F, j, i) for i in range(warmup)]
         weights = 0  # W's issued so far; stage j runs W(k - j) after I(k)
         for k in range(microbatches):
-            instrs.append(Instr("I", j, k))
+            instrs.append(Instr(Op.I, j, k))
             if k >= j:
-                instrs.append(Instr("W", j, weights))
+                instrs.append(Instr(Op.W, j, weights))
                 weights += 1
             if warmup + k < microbatches:
-                instrs.append(Instr("F", j, warmup + k))
-        instrs += [Instr("W", j, i) for i in range(weights, microbatches)]
-        devices.append(tuple(instrs + [Instr("STEP", j)]))
+                instrs.append(Instr(Op.F, j, warmup + k))
+        instrs += [Instr(Op.W, j, i) for i in range(weights, microbatches)]
+        devices.append(tuple(instrs + [Instr(Op.STEP, j)]))
     return Program("zb1p", microbatches, tuple(range(stages)), tuple(devices))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import OPS, Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.schedules import generate
 
@@ -74,6 +74,15 @@ def test_instr_round_trips(text):
 def test_bad_instr_is_rejected(text, message):
     with pytest.raises(ProgramError, match=message):
         Instr.parse(text)
+
+
+def test_every_op_is_described_prints_as_its_name_and_has_a_handler():
+    from pipecompile.runtime.executor import Executor
+
+    assert set(OPS) == set(Op) and all(op.description for op in Op)
+    assert [f"{op}" for op in Op] == [str(op) for op in Op] == [op.value for op in Op]
+    assert Instr("F", 0, 1).op is Op.F  # an op given as text is the enum from then on
+    assert set(Executor.handlers(Executor.__new__(Executor))) == set(Op)
 
 
 def test_gpipe_golden_table():

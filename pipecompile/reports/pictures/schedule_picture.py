@@ -19,6 +19,7 @@ from typing import Any
 
 import graphviz  # type: ignore[import-untyped]
 
+from pipecompile.ir.instr import Op
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Span, Timeline, simulate
 from pipecompile.ir.sizes import counted, format_count
@@ -27,9 +28,14 @@ from pipecompile.reports.balance_table import stage_costs
 
 __all__ = ["simulated_timeline", "schedule_dot", "OP_COLORS", "IDLE_COLOR"]
 
-OP_COLORS = {"F": "#7eb0e0", "FC": "#7fd1c1", "B": "#f4a259", "I": "#f6d365", "W": "#c39bd3"}
-OP_NAMES = {"F": "forward", "FC": "checkpointed forward", "B": "backward",
-            "I": "backward (input gradients)", "W": "weight gradients"}  # fmt: skip
+OP_COLORS = {Op.F: "#7eb0e0", Op.FC: "#7fd1c1", Op.B: "#f4a259", Op.I: "#f6d365", Op.W: "#c39bd3"}
+OP_NAMES = {
+    Op.F: "forward",
+    Op.FC: "checkpointed forward",
+    Op.B: "backward",
+    Op.I: "backward (input gradients)",
+    Op.W: "weight gradients",
+}
 IDLE_COLOR = "#e6e6e6"
 _FONT = "Helvetica"
 _ROW, _GAP, _GUTTER, _BOX_MIN = 24.0, 8.0, 96.0, 16.0  # points

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.ir.instr import FORWARD_OPS
+from pipecompile.ir.instr import FORWARD_OPS, Op
 from pipecompile.ir.microbatch import split_microbatches, split_targets
 from pipecompile.ir.program import Program
 from pipecompile.runtime.check.step import (
@@ -41,9 +41,9 @@ def weight_versions(program: Program) -> dict[tuple[int, int], int]:
         updates: dict[int, int] = {}
         for x in instrs:
             key = (x.stage, x.microbatch or 0)
-            if x.op == "UPDATE":
+            if x.op == Op.UPDATE:
                 updates[x.stage] = updates.get(x.stage, 0) + 1
-            elif x.op == "STASH" or (x.op in FORWARD_OPS and key not in versions):
+            elif x.op == Op.STASH or (x.op in FORWARD_OPS and key not in versions):
                 versions[key] = updates.get(x.stage, 0)
     return versions
 
