@@ -1,0 +1,122 @@
+"""Counts of the package's shape, for docs/BENCHMARKS.md ("A house a newcomer can work in").
+
+    python tools/qa/house.py                 # the working tree
+    python tools/qa/house.py --rev 6954312   # a commit (read with `git archive`)
+    python tools/qa/house.py --quick         # the working tree, what the test suite runs
+
+Prints: root modules of ``pipecompile/``, Python files per folder (``pipecompile/`` and
+``passes/``), parameters typed as a manifest dict (``manifest...: dict``/``Mapping``), the
+``# fmt: skip`` comments in the package, how many places spell ``"manifest.json"`` and
+``"metrics.jsonl"``, and the pairs of places in the package that share six or more
+consecutive lines (after stripping indentation, blank lines and comments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("pipecompile", "passes")
+MANIFEST_DICT = re.compile(r"manifest[a-z_]*: ?(dict|Mapping)\b")
+WINDOW = 6  # lines a copy must share to count
+
+
+def sources(tree: Path) -> dict[Path, list[str]]:
+    """Every Python file of the package, by path relative to ``tree``."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((tree / package).rglob("*.py")):
+            found[path.relative_to(tree)] = path.read_text().splitlines()
+    return found
+
+
+def copied_pairs(files: dict[Path, list[str]]) -> int:
+    """Pairs of files (or of distant places in one file) sharing ``WINDOW`` meaningful lines."""
+    places: dict[tuple[str, ...], list[tuple[Path, int]]] = defaultdict(list)
+    for path, lines in files.items():
+        kept = [(n, ln.strip()) for n, ln in enumerate(lines) if _meaningful(ln)]
+        for k in range(len(kept) - WINDOW + 1):
+            window = tuple(text for _, text in kept[k : k + WINDOW])
+            places[window].append((path, kept[k][0]))
+    pairs: set[tuple[Path, int, Path, int]] = set()
+    for where in places.values():
+        for a in range(len(where)):
+            for b in range(a + 1, len(where)):
+                (pa, la), (pb, lb) = where[a], where[b]
+                if pa == pb and abs(la - lb) < WINDOW:
+                    continue  # one run of repeated lines, not a copy
+                pairs.add((pa, la // 50, pb, lb // 50))  # one pair per region of a file
+    return len({(pa, pb, ra, rb) for pa, ra, pb, rb in pairs})
+
+
+def _meaningful(line: str) -> bool:
+    text = line.strip()
+    return bool(text) and not text.startswith("#") and text not in (")", "]", "}", '"""')
+
+
+def counts(tree: Path) -> dict[str, object]:
+    files = sources(tree)
+    folders = Counter(str(path.parent) for path in files)
+    spelled = {
+        name: sum(f'"{name}"' in "\n".join(lines) for lines in files.values())
+        for name in ("manifest.json", "metrics.jsonl")
+    }
+    return {
+        "root modules": sum(1 for p in files if str(p.parent) == "pipecompile"),
+        "files per folder": dict(sorted(folders.items())),
+        "manifest dict signatures": sum(
+            len(MANIFEST_DICT.findall(ln)) for lines in files.values() for ln in lines
+        ),
+        "# fmt: skip in the package": sum(
+            ln.count("# fmt: skip") for lines in files.values() for ln in lines
+        ),
+        "files spelling each name": spelled,
+        f"copied regions ({WINDOW}+ lines)": copied_pairs(files),
+    }
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The package at commit ``rev``, unpacked under ``into``."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, *PACKAGES], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        sys.exit(f"house.py: cannot read commit {rev!r}: {archive.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def show(name: str, values: dict[str, object]) -> None:
+    print(f"== {name}")
+    for key, value in values.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for inner, count in value.items():
+                print(f"  {inner}: {count}")
+        else:
+            print(f"{key}: {value}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rev", help="count this commit instead of the working tree")
+    parser.add_argument("--quick", action="store_true", help="the working tree only")
+    args = parser.parse_args(argv)
+    if args.rev and not args.quick:
+        with tempfile.TemporaryDirectory() as tmp:
+            show(f"commit {args.rev}", counts(checkout(args.rev, Path(tmp))))
+    show("working tree", counts(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
