@@ -40,11 +40,16 @@ from pipecompile.errors import PipecompileError, WeightsError
 from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.runtime.load import read_manifest
+from pipecompile.runtime.option_fields import declared
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["compile", "load", "CompiledPipeline", "bind_inputs"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+# fit() also takes the loop's options that have no flag.
+_LOOP_ONLY = frozenset({"loss_scale", "measure_memory"})
 
 
 def compile(  # noqa: A001 - the API's name, as torch.compile
@@ -61,6 +66,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     weights: str | Path | None = None,
     allow_missing: bool = False,
     init_seed: int = 0,
+    force: bool = False,
+    onnx: bool = False,
     **options: Any,
 ) -> CompiledPipeline:
     """Compile ``model`` into ``stages`` pipeline stages and load them for running.
@@ -80,14 +87,19 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
             warning) instead of raising ``WeightsError``.
         init_seed: the seed of the initialisation of tensors on the meta device (a model
             built under ``torch.device("meta")``), replayed per stage.
+        force: write into a ``directory`` holding files pipecompile did not write (kept).
+        onnx: also export every stage to ``stage_<j>.onnx`` (as ``pipe.onnx()``).
         **options: the other options of ``pipecompile.compiler.compile_model`` (split_at,
-            pinned, virtual_stages, vertical_sync, memory_budget, replicas, machine).
+            pinned, virtual_stages, vertical_sync, memory_budget, replicas, machine,
+            print_after). The keywords are those ``CompileOptions``' fields declare.
 
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
     """
+    from pipecompile.compile_options import CompileOptions
     from pipecompile.compiler import compile_model
 
+    _check_keywords(compile, options, _keywords(CompileOptions))
     inputs = bind_inputs(model, example_inputs)
     if allow_missing and weights is None:
         raise WeightsError("allow_missing applies to weights=; pass a checkpoint or drop it")
@@ -104,14 +116,35 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     )
     notes: list[str] = []
     emit(compiled, out, model=ModelRef(None, type(model).__name__, type(model).__name__),
-         weights=plan, notes=notes)  # fmt: skip
+         force=force, weights=plan, notes=notes)  # fmt: skip
     for note in notes:
         warnings.warn(f"pipecompile: {note}", stacklevel=2)
     pipe = CompiledPipeline(out, model_type=type(model))
     if temporary:
         pipe._temporary = out.parent
         weakref.finalize(pipe, shutil.rmtree, out.parent, True)
+    if onnx:
+        pipe.onnx()
     return pipe
+
+
+def _keywords(cls: type) -> frozenset[str]:
+    """The API keywords of the options dataclass ``cls``: its fields' ``api`` names."""
+    return frozenset(o.api or f.name for f, o in declared(cls) if o.api is not None)
+
+
+def _check_keywords(
+    function: Callable[..., Any], options: dict[str, Any], known: frozenset[str]
+) -> None:
+    """Refuse ``options`` (``function``'s ``**options``) that are no ``known`` keyword."""
+    unknown = sorted(set(options) - known)
+    if unknown:
+        named = inspect.signature(function).parameters.values()
+        takes = known | {p.name for p in named if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        raise PipecompileError(
+            f"{function.__name__}() got unknown option(s) {', '.join(unknown)}; it takes "
+            f"{', '.join(sorted(takes))}"
+        )
 
 
 def load(directory: str | Path) -> CompiledPipeline:
@@ -210,20 +243,15 @@ class CompiledPipeline:
             force: let ``save`` replace another run's checkpoints there (as ``run
                 --force``); ``save`` and ``metrics`` are checked before training, and may not
                 lie in the temporary ``directory`` of a pipeline compiled without one.
-            options: the other fields of ``runtime.training.TrainOptions``: ``accumulate``,
-                ``lr``, ``lr_schedule``, ``warmup_steps``, ``clip_grad_norm``,
-                ``precision``, ``seed``, ``skip_nonfinite``, ``save``, ``save_every``, ...
+            options: the other training options (the fields of ``TrainFlags``, the flags of
+                ``run`` without dashes): ``accumulate``, ``lr``, ``lr_schedule``,
+                ``warmup_steps``, ``clip_grad_norm``, ``precision``, ``seed``,
+                ``skip_nonfinite``, ``save``, ``save_every``, ...; and ``loss_scale``.
         """
         from pipecompile.model.data_hooks import iterable_source
         from pipecompile.runtime.training.loop import TrainOptions, train
 
-        known = set(TrainOptions.__dataclass_fields__)
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise PipecompileError(
-                f"fit() got unknown option(s) {', '.join(unknown)}; it takes "
-                f"{', '.join(sorted(known - {'optimizer_factory', 'quiet'}))}"
-            )
+        _check_keywords(CompiledPipeline.fit, options, _keywords(TrainFlags) | _LOOP_ONLY)
         chosen = TrainOptions(epochs=None if steps is not None else epochs, steps=steps,
                               quiet=not progress, **options)  # fmt: skip
         if isinstance(optimizer, str):

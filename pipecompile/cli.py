@@ -11,30 +11,16 @@ from pathlib import Path
 from typing import NoReturn
 
 from pipecompile import __version__
-from pipecompile.compiler import PASSES, compile_model
+from pipecompile.compile_options import CompileOptions
+from pipecompile.compiler import compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
 from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
-from pipecompile.ir.sizes import counted, parse_size
-from pipecompile.passes.balance_stages import COSTS
-from pipecompile.passes.insert_checkpoints import POLICIES
+from pipecompile.ir.sizes import counted
 from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.passes.split_requests import parse_pins
-from pipecompile.runtime.training.options import (
-    add_training_arguments,
-)
-from pipecompile.runtime.training.options import (
-    nonnegative_float as _nonnegative_float,
-)
-from pipecompile.runtime.training.options import (
-    nonnegative_int as _nonnegative_int,
-)
-from pipecompile.runtime.training.options import (
-    positive_float as _positive_float,
-)
-from pipecompile.runtime.training.options import (
-    positive_int as _positive_int,
-)
-from pipecompile.schedules import SCHEDULES
+from pipecompile.runtime.option_fields import add_options, from_args, settled, size, to_argv
+from pipecompile.runtime.training.loop import TrainOptions
+from pipecompile.runtime.training.options import RunFlags, TrainFlags, given, train_options
 
 __all__ = ["main"]
 
@@ -100,104 +86,13 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "model", help="model file, optionally FILE.py:NAME (default NAME: build_model)"
     )
-    comp.add_argument("--stages", type=_positive_int, required=True,
-                      help="number of pipeline stages")  # fmt: skip
-    comp.add_argument("-o", "--output", help="output directory (default: pipecompile-out/<model>)")
-    comp.add_argument("--microbatches", type=_positive_int, default=1,
-                      help="micro-batches per mini-batch (default 1: no pipelining, one "
-                      "stage works at a time)")  # fmt: skip
-    comp.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES))
-    comp.add_argument("--balance", default="flops", choices=COSTS)
-    comp.add_argument("--split-at", action="append", default=[], metavar="[before:|after:]PATH",
-                      help="start a stage at this submodule (repeatable)")  # fmt: skip
-    comp.add_argument("--pin-cost", action="append", default=[], metavar="PATH=COST",
-                      help="count submodule PATH as COST when balancing (repeatable)")  # fmt: skip
-    comp.add_argument("--virtual-stages", type=_positive_int, metavar="V",
-                      help="interleaved: stages per device (default 2)")  # fmt: skip
-    comp.add_argument("--vertical-sync", action="store_true",
-                      help="pipedream: all stages use stage 0's weight version")  # fmt: skip
-    comp.add_argument("--checkpoint", default="never", choices=POLICIES,
-                      help="which micro-batches' forwards are recomputed in backward")  # fmt: skip
-    comp.add_argument("--replicate", metavar="R0,R1,...",
-                      help="ranks per stage, e.g. 2,1,1 (then --nproc their sum)")  # fmt: skip
-    comp.add_argument("--memory-budget", type=_size, metavar="SIZE",
-                      help="activation bytes per device (e.g. 2GiB); the least "
-                      "recomputation that fits is chosen")  # fmt: skip
-    comp.add_argument(
-        "--bandwidth",
-        default="10GB/s",
-        metavar="RATE",
-        help="link speed between devices the balancer assumes (default 10GB/s)",
-    )
-    comp.add_argument(
-        "--flops-rate",
-        type=float,
-        default=1e12,
-        metavar="FLOP/S",
-        help="--balance flops: a device's sustained FLOP/s (default 1e12)",
-    )
-    comp.add_argument(
-        "--device-speed",
-        metavar="S0,S1,...",
-        help="relative speed per device, e.g. 1,1,0.5,0.5 (default all 1)",
-    )
-    comp.add_argument(
-        "--memory-limit",
-        metavar="SIZE[,SIZE...]",
-        help="bytes per device for parameters, gradients, optimizer state and "
-        "activations (e.g. 16GiB); the split must fit",
-    )
-    comp.add_argument(
-        "--optimizer-states",
-        type=int,
-        default=2,
-        metavar="K",
-        help="parameter-sized tensors the optimizer keeps (AdamW 2, SGD 0)",
-    )
-    comp.add_argument("--workers", type=int, metavar="W",
-                      help="ranks to run on: the balancer also chooses how many replicas "
-                      "each stage gets (then run --nproc W)")  # fmt: skip
-    comp.add_argument("--print-after", action="append", default=[], metavar="PASS",
-                      help=f"print the IR after a pass ({', '.join(PASSES)})")  # fmt: skip
-    comp.add_argument("--onnx", action="store_true",
-                      help="also export every stage to stage_<j>.onnx")  # fmt: skip
-    comp.add_argument("--force", action="store_true",
-                      help="write into an -o directory that holds files pipecompile did not "
-                      "write (they are kept)")  # fmt: skip
-    comp.add_argument("--weights", metavar="PATH",
-                      help="pretrained checkpoint the stages load by original name: a "
-                      ".safetensors file or a Hugging Face directory (sharded, with "
-                      "model.safetensors.index.json)")  # fmt: skip
-    comp.add_argument("--allow-missing", action="store_true",
-                      help="--weights: initialise the model's tensors the checkpoint lacks "
-                      "(listed) instead of refusing it")  # fmt: skip
-    comp.add_argument("--init-seed", type=_nonnegative_int,
-                      help="seed of the initialisation of a model built on the meta device "
-                      "(default 0)")  # fmt: skip
-    comp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    add_options(comp, CompileOptions)
     comp.set_defaults(handler=_compile)
 
     run = commands.add_parser("run", help="train or check a compiled pipeline")
     run.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
-    run.add_argument("--check", action="store_true", help="compare one step with the eager model")
-    run.add_argument("--program", help="run this program file instead (verified first)")
-    run.add_argument("--model", help="model file to take data, targets and loss_fn from")
-    run.add_argument("--atol", type=_nonnegative_float,
-                     help="--check absolute tolerance (default 1e-5)")  # fmt: skip
-    run.add_argument("--rtol", type=_nonnegative_float,
-                     help="--check relative tolerance (default 1e-5)")  # fmt: skip
-    run.add_argument("--nproc", type=_positive_int,
-                     help="run with one process per device through torch.distributed")  # fmt: skip
-    run.add_argument("--device", choices=("auto", "cpu", "cuda"),
-                     help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if any)")  # fmt: skip
-    run.add_argument("--timeout", type=_positive_float,
-                     help="--nproc: seconds a rank may wait on one instruction (default "
-                     "60)")  # fmt: skip
-    run.add_argument("--allow-stale", action="store_true",
-                     help="run even though the model file changed since compiling")  # fmt: skip
-    run.add_argument("--stats", action="store_true",
-                     help="print measured peak in-flight and activation bytes")  # fmt: skip
-    add_training_arguments(run)
+    add_options(run, RunFlags)
+    add_options(run, TrainFlags)
     run.set_defaults(handler=_run)
 
     show = commands.add_parser("show", help="simulate a compiled pipeline's schedule")
@@ -292,18 +187,10 @@ def _write_onnx(args: argparse.Namespace, directory: Path) -> None:
     _say(args, f"wrote {', '.join(p.name for p in paths)} to {directory}")
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def _positive_size(text: str) -> int:
-    size = _size(text)
-    if size < 1:
+    if size(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is no size to write a shard of; give e.g. 2GB")
-    return size
+    return size(text)
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -426,9 +313,8 @@ def _run(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
     manifest = read_manifest(directory)
     _check_run_options(args, directory)
-    for name, value in _RUN_DEFAULTS.items():  # None until here: given or not is known
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    # None until here, where what was given is known: each option not given takes its default
+    vars(args).update(vars(settled(from_args(RunFlags, args))))
     if args.nproc:
         if args.stats:
             raise PipecompileError("--stats measures the local backend; drop it with --nproc")
@@ -444,10 +330,9 @@ def _run(args: argparse.Namespace) -> int:
     from pipecompile.model.data_hooks import EVAL, batch_source, example_source
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
     from pipecompile.runtime.training.loop import TrainState, train
-    from pipecompile.runtime.training.options import train_options
 
     data = batch_source(spec) or example_source(spec)
-    options = train_options(args, directory)
+    options = _train_options(args, directory)
     options.measure_memory = True
     state = TrainState()
     try:
@@ -518,11 +403,10 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 def _check_run_places(args: argparse.Namespace, directory: Path) -> None:
     """Where the run writes (--save, --metrics), checked before it starts."""
     from pipecompile.runtime.training.loop import check_places
-    from pipecompile.runtime.training.options import train_options
 
     if args.force and not args.save:
         raise PipecompileError("--force lets --save replace another run's checkpoints; drop it")
-    note = check_places(train_options(args, directory), force=args.force)
+    note = check_places(_train_options(args, directory), force=args.force)
     if note:
         print(f"pipecompile: note: {note}", file=sys.stderr)
 
@@ -541,15 +425,16 @@ def _check_program_options(args: argparse.Namespace, directory: Path) -> None:
     honour (see training.check_options)."""
     from pipecompile.runtime.load import read_manifest, read_program
     from pipecompile.runtime.training.loop import check_options
-    from pipecompile.runtime.training.options import train_options
 
     manifest = read_manifest(directory)
     program = read_program(Path(args.program) if args.program else directory / manifest["program"])
     _refuse_ignored(args)
-    check_options(train_options(args, directory), program)
+    check_options(_train_options(args, directory), program)
 
 
-_RUN_DEFAULTS = {"atol": 1e-5, "rtol": 1e-5, "timeout": 60.0, "device": "auto"}
+def _train_options(args: argparse.Namespace, directory: Path) -> TrainOptions:
+    return train_options(from_args(TrainFlags, args), directory)
+
 
 # Why `run --check` (one fp32 step of the compiled weights on the example batch, against the
 # eager model) cannot honour a training option. --lr is taken: a pipedream check runs one SGD
@@ -576,8 +461,6 @@ _CHECK_CANNOT = {
 
 def _refuse_ignored(args: argparse.Namespace) -> None:
     """Options given that this run would accept and ignore, refused with the reason."""
-    from pipecompile.runtime.training.options import given
-
     for flag in ("timeout", "device"):
         if getattr(args, flag) is not None and not args.nproc:
             raise PipecompileError(
@@ -591,7 +474,8 @@ def _refuse_ignored(args: argparse.Namespace) -> None:
                     f"--{flag} is a tolerance of --check; drop it, or add --check"
                 )
         return
-    cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in given(args) if name != "lr"]
+    asked = given(from_args(TrainFlags, args))
+    cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in asked if name != "lr"]
     if args.stats:
         cannot.append(("--stats", "it measures a training run"))
     if cannot:
@@ -640,17 +524,11 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
 
 def _run_distributed(args: argparse.Namespace) -> int:
     from pipecompile.runtime.distributed.launch import launch
-    from pipecompile.runtime.training.options import forwarded as training_args
 
     if args.metrics is None:
         args.metrics = str(Path(args.directory) / "metrics.jsonl")
-    ranks = [args.directory, "--atol", str(args.atol), "--rtol", str(args.rtol),
-             "--timeout", str(args.timeout), "--device", args.device]  # fmt: skip
-    for flag in ("program", "model"):
-        if getattr(args, flag):
-            ranks += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]
-    ranks += ["--check"] * args.check + ["--allow-stale"] * args.allow_stale
-    return launch(args.nproc, ranks + training_args(args))
+    ranks = to_argv(from_args(RunFlags, args)) + to_argv(from_args(TrainFlags, args))
+    return launch(args.nproc, [args.directory, *ranks])
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -40,32 +40,32 @@ from pipecompile.runtime.distributed.rank_output import say, user_output
 from pipecompile.runtime.distributed.watchdog import Watchdog
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
+from pipecompile.runtime.option_fields import add_options, from_args, settled
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.loop import TrainState, train
-from pipecompile.runtime.training.options import add_training_arguments, train_options
+from pipecompile.runtime.training.options import RunFlags, TrainFlags, train_options
 
 __all__ = ["main", "worker_parser"]
 
 
 def worker_parser() -> argparse.ArgumentParser:
+    """The options `run --nproc` forwards to each rank (declared in training.options)."""
     parser = argparse.ArgumentParser(prog="python -m pipecompile.runtime.distributed.worker")
-    parser.add_argument("directory")
-    parser.add_argument("--check", action="store_true")
-    parser.add_argument("--program")
-    parser.add_argument("--model")
-    parser.add_argument("--atol", type=float, default=1e-5)
-    parser.add_argument("--rtol", type=float, default=1e-5)
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds a rank may wait on one instruction")  # fmt: skip
-    parser.add_argument("--allow-stale", action="store_true")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="cuda: one GPU per rank (LOCAL_RANK) and NCCL; cpu: gloo")  # fmt: skip
-    add_training_arguments(parser)
+    parser.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
+    add_options(parser, RunFlags, forwarded=True)
+    add_options(parser, TrainFlags)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """A rank's options, each one not given settled to its default (as `run` does)."""
     args = worker_parser().parse_args(argv)
+    vars(args).update(vars(settled(from_args(RunFlags, args))))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     # Before any thread exists (gloo starts some), so every thread inherits it: SIGTERM is
     # then taken only by the watchdog's own thread, which reports before ending the process,
     # and SIGINT only by _stop_on_sigint's (a KeyboardInterrupt inside a collective would
@@ -200,9 +200,9 @@ def _run(
     reads = (0 in mine, len(modules) - 1 in mine)  # inputs, targets: only these ranks read
     data = (_hook(spec, TRAIN, watchdog) or example_source(spec)) if any(reads) else None
     eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
-    train(pipe, spec.loss_fn, data, train_options(args, directory), group=_DistGroup(where),
-          eval_data=eval_data, state=progress, reads=reads, one_process=False,
-          device=where)  # fmt: skip
+    options = train_options(from_args(TrainFlags, args), directory)
+    train(pipe, spec.loss_fn, data, options, group=_DistGroup(where), eval_data=eval_data,
+          state=progress, reads=reads, one_process=False, device=where)  # fmt: skip
     return 0
 
 

@@ -1,146 +1,218 @@
-"""The training options of `pipecompile run`, declared once for the command and for each rank
-of `run --nproc` (which gets them forwarded), and turned into ``TrainOptions``."""
+"""The options of `pipecompile run`, declared once (``RunFlags``, ``TrainFlags``) for the
+command, for each rank of `run --nproc` (which gets the forwarded ones) and for ``fit()``, and
+turned into ``TrainOptions``."""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pipecompile.runtime.option_fields import (
+    declared,
+    finite_float,
+    nonnegative_float,
+    nonnegative_int,
+    option,
+    positive_float,
+    positive_int,
+)
 from pipecompile.runtime.precision import PRECISIONS
 from pipecompile.runtime.training.loop import OPTIMIZERS, TrainOptions
 from pipecompile.runtime.training.lr_schedule import SCHEDULES
 
-__all__ = [
-    "add_training_arguments",
-    "forwarded",
-    "given",
-    "train_options",
-    "positive_int",
-    "nonnegative_int",
-    "positive_float",
-    "nonnegative_float",
-    "finite_float",
-]
-
-# (flag, attribute, is a path): what `run --nproc` forwards to its ranks, besides switches
-_VALUED = (
-    ("--steps", "steps", False), ("--epochs", "epochs", False),
-    ("--accumulate", "accumulate", False), ("--optimizer", "optimizer", False),
-    ("--lr", "lr", False), ("--lr-schedule", "lr_schedule", False),
-    ("--warmup-steps", "warmup_steps", False), ("--clip-grad-norm", "clip_grad_norm", False),
-    ("--precision", "precision", False), ("--seed", "seed", False),
-    ("--save-every", "save_every", False), ("--eval-every", "eval_every", False),
-    ("--save", "save", True), ("--resume", "resume", True), ("--metrics", "metrics", True),
-)  # fmt: skip
-_SWITCHES = (("--skip-nonfinite", "skip_nonfinite"), ("-q", "quiet"), ("--force", "force"))
+__all__ = ["RunFlags", "TrainFlags", "given", "train_options"]
 
 
-def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training flags (docs/USAGE.md, "Training")."""
-    add = parser.add_argument
-    add("--steps", type=positive_int,
-        help="optimizer steps to run (default 1, or as many as --epochs give)")  # fmt: skip
-    add("--epochs", type=positive_int,
-        help="passes over train_batches() (the data restarts when it ends)")  # fmt: skip
-    add("--accumulate", type=positive_int, default=1, metavar="N",
-        help="mini-batches whose gradients are summed into one optimizer step")  # fmt: skip
-    add("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
-    add("--lr", type=positive_float, default=1e-3)
-    add("--lr-schedule", default="constant", choices=SCHEDULES,
-        help="constant, or warm-up then cosine or linear decay to 0 at the last step")  # fmt: skip
-    add("--warmup-steps", type=nonnegative_int, default=0, metavar="N",
-        help="steps over which the learning rate rises linearly to --lr")  # fmt: skip
-    add("--clip-grad-norm", type=finite_float, metavar="NORM",
-        help="scale the gradients so their global norm (all stages and ranks) is at most "
-        "NORM")  # fmt: skip
-    add("--precision", default="fp32", choices=tuple(PRECISIONS),
-        help="autocast dtype of the stages and their traffic; fp32 master weights (fp16: "
-        "a GPU, with dynamic loss scaling)")  # fmt: skip
-    add("--seed", type=nonnegative_int,
-        help="random ops (dropout) draw from this seed, the step, the micro-batch and their "
-        "place in the model: the same for any stage count, schedule or rank count")  # fmt: skip
-    add("--skip-nonfinite", action="store_true",
-        help="drop the update of a step whose loss is NaN or infinite and go on "
-        "(default: stop there)")  # fmt: skip
-    add("--save", help="checkpoint directory (outside DIRECTORY), written after the last step")
-    add("--save-every", type=nonnegative_int, default=0,
-        help="with --save: also save every N steps")  # fmt: skip
-    add("--resume", help="continue from the newest checkpoint in this directory")
-    add("--force", action="store_true",
-        help="--save into a directory holding another run's checkpoints: replace those of "
-        "the steps this run saves (what pipecompile did not write is never replaced)")  # fmt: skip
-    add("--metrics", metavar="FILE",
-        help="append one JSON line per step here (default: DIRECTORY/metrics.jsonl)")  # fmt: skip
-    add("--eval-every", type=nonnegative_int, default=0, metavar="N",
-        help="with eval_batches(): evaluate every N steps (default: after each epoch and at "
-        "the end)")  # fmt: skip
-    add("-q", "--quiet", action="store_true", help="print nothing but errors")
+@dataclass
+class RunFlags:
+    """`run`'s own options (the command line only: ``fit()`` runs in this process); None:
+    not given, until ``settled`` gives the ``then`` value once the refusals have run."""
+
+    check: bool = option(
+        "--check", switch=True, api=None, help="compare one step with the eager model"
+    )
+    program: str | None = option(
+        "--program", path=True, api=None, help="run this program file instead (verified first)"
+    )
+    model: str | None = option(
+        "--model", path=True, api=None, help="model file to take data, targets and loss_fn from"
+    )
+    atol: float | None = option(
+        "--atol",
+        check=nonnegative_float,
+        then=1e-5,
+        api=None,
+        help="--check absolute tolerance (default 1e-5)",
+    )
+    rtol: float | None = option(
+        "--rtol",
+        check=nonnegative_float,
+        then=1e-5,
+        api=None,
+        help="--check relative tolerance (default 1e-5)",
+    )
+    nproc: int | None = option(
+        "--nproc",
+        check=positive_int,
+        forwarded=False,
+        api=None,
+        help="run with one process per device through torch.distributed",
+    )
+    device: str | None = option(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        then="auto",
+        api=None,
+        help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if any)",
+    )
+    timeout: float | None = option(
+        "--timeout",
+        check=positive_float,
+        then=60.0,
+        api=None,
+        help="--nproc: seconds a rank may wait on one instruction (default 60)",
+    )
+    allow_stale: bool = option(
+        "--allow-stale",
+        switch=True,
+        api=None,
+        help="run even though the model file changed since compiling",
+    )
+    stats: bool = option(
+        "--stats",
+        switch=True,
+        forwarded=False,
+        api=None,
+        help="print measured peak in-flight and activation bytes",
+    )
 
 
-def forwarded(args: argparse.Namespace) -> list[str]:
-    """``args``' training flags as arguments for a rank (paths made absolute)."""
-    out: list[str] = []
-    for flag, name, is_path in _VALUED:
-        value = getattr(args, name)
-        if value is not None:
-            out += [flag, str(Path(value).resolve()) if is_path else str(value)]
-    for flag, name in _SWITCHES:
-        out += [flag] * bool(getattr(args, name))
-    return out
+@dataclass
+class TrainFlags:
+    """The training options (docs/USAGE.md, "Training"): `run`'s flags, forwarded to every
+    rank, and ``fit()``'s keywords."""
+
+    steps: int | None = option(
+        "--steps",
+        check=positive_int,
+        help="optimizer steps to run (default 1, or as many as --epochs give)",
+    )
+    epochs: int | None = option(
+        "--epochs",
+        check=positive_int,
+        help="passes over train_batches() (the data restarts when it ends)",
+    )
+    accumulate: int = option(
+        "--accumulate",
+        check=positive_int,
+        default=1,
+        metavar="N",
+        help="mini-batches whose gradients are summed into one optimizer step",
+    )
+    optimizer: str = option(
+        "--optimizer",
+        default="adamw",
+        choices=sorted(OPTIMIZERS),
+        help="the optimizer of every stage",
+    )
+    lr: float = option(
+        "--lr", check=positive_float, default=1e-3, help="the optimizer's learning rate"
+    )
+    lr_schedule: str = option(
+        "--lr-schedule",
+        default="constant",
+        choices=SCHEDULES,
+        help="constant, or warm-up then cosine or linear decay to 0 at the last step",
+    )
+    warmup_steps: int = option(
+        "--warmup-steps",
+        check=nonnegative_int,
+        default=0,
+        metavar="N",
+        help="steps over which the learning rate rises linearly to --lr",
+    )
+    clip_grad_norm: float | None = option(
+        "--clip-grad-norm",
+        check=finite_float,
+        metavar="NORM",
+        help="scale the gradients so their global norm (all stages and ranks) is at most NORM",
+    )
+    precision: str = option(
+        "--precision",
+        default="fp32",
+        choices=tuple(PRECISIONS),
+        help="autocast dtype of the stages and their traffic; fp32 master "
+        "weights (fp16: a GPU, with dynamic loss scaling)",
+    )
+    seed: int | None = option(
+        "--seed",
+        check=nonnegative_int,
+        help="random ops (dropout) draw from this seed, the step, the "
+        "micro-batch and their place in the model: the same for any "
+        "stage count, schedule or rank count",
+    )
+    skip_nonfinite: bool = option(
+        "--skip-nonfinite",
+        switch=True,
+        help="drop the update of a step whose loss is NaN or infinite "
+        "and go on (default: stop there)",
+    )
+    save: str | None = option(
+        "--save",
+        path=True,
+        help="checkpoint directory (outside DIRECTORY), written after the last step",
+    )
+    save_every: int = option(
+        "--save-every",
+        check=nonnegative_int,
+        default=0,
+        help="with --save: also save every N steps",
+    )
+    resume: str | None = option(
+        "--resume", path=True, help="continue from the newest checkpoint in this directory"
+    )
+    force: bool = option(
+        "--force",
+        switch=True,
+        help="--save into a directory holding another run's checkpoints: "
+        "replace those of the steps this run saves (what pipecompile did not "
+        "write is never replaced)",
+    )
+    metrics: str | None = option(
+        "--metrics",
+        metavar="FILE",
+        path=True,
+        help="append one JSON line per step here (default: DIRECTORY/metrics.jsonl)",
+    )
+    eval_every: int = option(
+        "--eval-every",
+        check=nonnegative_int,
+        default=0,
+        metavar="N",
+        help="with eval_batches(): evaluate every N steps (default: after "
+        "each epoch and at the end)",
+    )
+    quiet: bool = option(
+        "-q", "--quiet", switch=True, api="progress", help="print nothing but errors"
+    )
 
 
-def given(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(flag, attribute) of each training option ``args`` sets to other than its default
-    (a value equal to the default asks for nothing the run would not do anyway)."""
-    defaults = argparse.ArgumentParser(add_help=False)
-    add_training_arguments(defaults)
+def given(flags: TrainFlags) -> list[tuple[str, str]]:
+    """(flag, field) of each training option ``flags`` sets to other than its default (a
+    value equal to the default asks for nothing the run would not do anyway)."""
     return [
-        (flag, name)
-        for flag, name in [(f, n) for f, n, _ in _VALUED] + list(_SWITCHES)
-        if name != "quiet" and getattr(args, name) != defaults.get_default(name)
+        (o.flag, f.name)
+        for f, o in declared(TrainFlags)
+        if f.name != "quiet" and getattr(flags, f.name) != f.default
     ]
 
 
-def train_options(args: argparse.Namespace, directory: Path) -> TrainOptions:
-    return TrainOptions(
-        steps=args.steps, epochs=args.epochs, accumulate=args.accumulate,
-        optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule,
-        warmup_steps=args.warmup_steps, clip_grad_norm=args.clip_grad_norm,
-        precision=args.precision, seed=args.seed, skip_nonfinite=args.skip_nonfinite,
-        save=Path(args.save) if args.save else None, save_every=args.save_every,
-        resume=Path(args.resume) if args.resume else None,
-        metrics=Path(args.metrics) if args.metrics else directory / "metrics.jsonl",
-        eval_every=args.eval_every, quiet=args.quiet,
-    )  # fmt: skip
-
-
-def positive_int(text: str) -> int:
-    return _number(text, int, lambda v: v >= 1, "a whole number of at least 1")
-
-
-def nonnegative_int(text: str) -> int:
-    return _number(text, int, lambda v: v >= 0, "a whole number of at least 0")
-
-
-def positive_float(text: str) -> float:
-    return _number(text, float, lambda v: 0 < v < float("inf"), "a finite number above 0")
-
-
-def nonnegative_float(text: str) -> float:
-    return _number(text, float, lambda v: 0 <= v < float("inf"), "a finite number of at least 0")
-
-
-def finite_float(text: str) -> float:
-    return _number(text, float, lambda v: abs(v) < float("inf"), "a finite number")
-
-
-def _number(text: str, kind: type, ok: Callable[[Any], bool], want: str) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not ok(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not {want}")
-    return value
+def train_options(flags: TrainFlags, directory: Path) -> TrainOptions:
+    """The loop's options for ``flags`` (--metrics defaults to DIRECTORY/metrics.jsonl)."""
+    known = {f.name for f in dataclasses.fields(TrainOptions)}
+    values = {f.name: getattr(flags, f.name) for f in dataclasses.fields(flags) if f.name in known}
+    for name in ("save", "resume", "metrics"):
+        values[name] = Path(values[name]) if values[name] else None
+    values["metrics"] = values["metrics"] or directory / "metrics.jsonl"
+    return TrainOptions(**values)

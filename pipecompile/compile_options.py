@@ -1,0 +1,164 @@
+"""The options of `pipecompile compile`, declared once (``CompileOptions``) for the command
+line's flags and ``pipecompile.compile``'s keywords (``api``: the keyword's name there; the
+machine's options are the API's one ``machine=CostModel(...)``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipecompile.compiler import PASSES
+from pipecompile.passes.balance_stages import COSTS
+from pipecompile.passes.insert_checkpoints import POLICIES
+from pipecompile.runtime.option_fields import nonnegative_int, option, positive_int, size
+from pipecompile.schedules import SCHEDULES
+
+__all__ = ["CompileOptions"]
+
+
+@dataclass
+class CompileOptions:
+    """What `pipecompile compile` was asked for; None: not given (refusals tell it apart)."""
+
+    stages: int = option(
+        "--stages", check=positive_int, required=True, help="number of pipeline stages"
+    )
+    output: str | None = option(
+        "-o",
+        "--output",
+        api="directory",
+        help="output directory (default: pipecompile-out/<model>)",
+    )
+    microbatches: int = option(
+        "--microbatches",
+        check=positive_int,
+        default=1,
+        help="micro-batches per mini-batch (default 1: no pipelining, one stage works at a time)",
+    )
+    schedule: str = option(
+        "--schedule",
+        default="gpipe",
+        choices=sorted(SCHEDULES),
+        help="the order of the micro-batches' forwards and backwards (docs/schedules/)",
+    )
+    balance: str = option(
+        "--balance", default="flops", choices=COSTS, help="the cost the stages are balanced on"
+    )
+    split_at: list[str] = option(
+        "--split-at",
+        repeat=True,
+        metavar="[before:|after:]PATH",
+        help="start a stage at this submodule (repeatable)",
+    )
+    pin_cost: list[str] = option(
+        "--pin-cost",
+        repeat=True,
+        metavar="PATH=COST",
+        api="pinned",
+        help="count submodule PATH as COST when balancing (repeatable)",
+    )
+    virtual_stages: int | None = option(
+        "--virtual-stages",
+        check=positive_int,
+        metavar="V",
+        help="interleaved: stages per device (default 2)",
+    )
+    vertical_sync: bool = option(
+        "--vertical-sync", switch=True, help="pipedream: all stages use stage 0's weight version"
+    )
+    checkpoint: str = option(
+        "--checkpoint",
+        default="never",
+        choices=POLICIES,
+        help="which micro-batches' forwards are recomputed in backward",
+    )
+    replicate: str | None = option(
+        "--replicate",
+        metavar="R0,R1,...",
+        api="replicas",
+        help="ranks per stage, e.g. 2,1,1 (then --nproc their sum)",
+    )
+    memory_budget: int | None = option(
+        "--memory-budget",
+        check=size,
+        metavar="SIZE",
+        help="activation bytes per device (e.g. 2GiB); the least recomputation that fits is chosen",
+    )
+    bandwidth: str = option(
+        "--bandwidth",
+        default="10GB/s",
+        metavar="RATE",
+        api="machine",
+        help="link speed between devices the balancer assumes (default 10GB/s)",
+    )
+    flops_rate: float = option(
+        "--flops-rate",
+        check=float,
+        default=1e12,
+        metavar="FLOP/S",
+        api="machine",
+        help="--balance flops: a device's sustained FLOP/s (default 1e12)",
+    )
+    device_speed: str | None = option(
+        "--device-speed",
+        metavar="S0,S1,...",
+        api="machine",
+        help="relative speed per device, e.g. 1,1,0.5,0.5 (default all 1)",
+    )
+    memory_limit: str | None = option(
+        "--memory-limit",
+        metavar="SIZE[,SIZE...]",
+        api="machine",
+        help="bytes per device for parameters, gradients, "
+        "optimizer state and activations (e.g. 16GiB); the split "
+        "must fit",
+    )
+    optimizer_states: int = option(
+        "--optimizer-states",
+        check=int,
+        default=2,
+        metavar="K",
+        api="machine",
+        help="parameter-sized tensors the optimizer keeps (AdamW 2, SGD 0)",
+    )
+    workers: int | None = option(
+        "--workers",
+        check=int,
+        metavar="W",
+        api="machine",
+        help="ranks to run on: the balancer also chooses how many "
+        "replicas each stage gets (then run --nproc W)",
+    )
+    print_after: list[str] = option(
+        "--print-after",
+        repeat=True,
+        metavar="PASS",
+        help=f"print the IR after a pass ({', '.join(PASSES)})",
+    )
+    onnx: bool = option("--onnx", switch=True, help="also export every stage to stage_<j>.onnx")
+    force: bool = option(
+        "--force",
+        switch=True,
+        help="write into an -o directory that holds files pipecompile did not "
+        "write (they are kept)",
+    )
+    weights: str | None = option(
+        "--weights",
+        metavar="PATH",
+        help="pretrained checkpoint the stages load by original name: a "
+        ".safetensors file or a Hugging Face directory (sharded, with "
+        "model.safetensors.index.json)",
+    )
+    allow_missing: bool = option(
+        "--allow-missing",
+        switch=True,
+        help="--weights: initialise the model's tensors the checkpoint "
+        "lacks (listed) instead of refusing it",
+    )
+    init_seed: int | None = option(
+        "--init-seed",
+        check=nonnegative_int,
+        help="seed of the initialisation of a model built on the meta device (default 0)",
+    )
+    quiet: bool = option(
+        "-q", "--quiet", switch=True, api="progress", help="print nothing but errors"
+    )

@@ -1,0 +1,182 @@
+"""Options declared once, as dataclass fields: each field's ``option(...)`` carries its flag,
+help, check and default, from which the command line's flags, the namespace's dataclass and
+the argv `run --nproc` forwards to each rank are all made.
+
+Example:
+    >>> @dataclass
+    ... class Flags:
+    ...     steps: int | None = option("--steps", check=positive_int, help="steps to run")
+    >>> parser = argparse.ArgumentParser(); add_options(parser, Flags)
+    >>> to_argv(from_args(Flags, parser.parse_args(["--steps", "3"])))
+    ['--steps', '3']
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pipecompile.ir.sizes import parse_size
+
+__all__ = [
+    "Option",
+    "option",
+    "declared",
+    "flag_of",
+    "add_options",
+    "from_args",
+    "to_argv",
+    "settled",
+    "positive_int",
+    "nonnegative_int",
+    "positive_float",
+    "nonnegative_float",
+    "finite_float",
+    "size",
+]
+
+_KEY = "pipecompile.option"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option's declaration (the metadata of its dataclass field)."""
+
+    flags: tuple[str, ...]  # as the command line spells it; the first long one names it
+    help: str
+    check: Callable[[str], Any] | None = None  # the command line's text -> the value
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+    switch: bool = False  # a flag without a value (store_true)
+    repeat: bool = False  # may be given several times; the values form a list
+    then: Any = None  # taken when not given, once the checks that need "given?" have run
+    forwarded: bool = True  # `run --nproc` hands it to every rank (run's options only)
+    path: bool = False  # forwarded made absolute (a rank may start elsewhere)
+    api: str | None = ""  # the Python API's keyword ("": the field's name; None: none)
+
+    @property
+    def flag(self) -> str:
+        return next((f for f in self.flags if f.startswith("--")), self.flags[0])
+
+
+def option(
+    *flags: str,
+    help: str,  # noqa: A002 - argparse's name for it
+    default: Any = None,
+    required: bool = False,
+    **declared: Any,
+) -> Any:
+    """A dataclass field declaring an option (see ``Option`` for the keywords); ``default``
+    is the value when it is not given (None: "not given", told apart from any value; a switch
+    is off), and a ``required`` option has none."""
+    meta = {_KEY: Option(tuple(flags), help, **declared)}
+    if required:
+        return dataclasses.field(metadata=meta)
+    if declared.get("repeat"):
+        return dataclasses.field(default_factory=list, metadata=meta)
+    return dataclasses.field(default=False if declared.get("switch") else default, metadata=meta)
+
+
+def declared(cls: type) -> Iterator[tuple[dataclasses.Field, Option]]:
+    """Each field of the options dataclass ``cls`` with its declaration, in order."""
+    for f in dataclasses.fields(cls):
+        yield f, f.metadata[_KEY]
+
+
+def flag_of(cls: type, name: str) -> str:
+    """The flag of field ``name`` of ``cls``, e.g. ``--save-every``."""
+    return next(o.flag for f, o in declared(cls) if f.name == name)
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type, *, forwarded: bool = False) -> None:
+    """Add every field of ``cls`` to ``parser`` (only the forwarded ones if ``forwarded``)."""
+    for f, o in declared(cls):
+        if forwarded and not o.forwarded:
+            continue
+        kw: dict[str, Any] = {"dest": f.name, "help": o.help}
+        if o.switch:
+            kw["action"] = "store_true"
+        else:
+            kw.update(type=o.check, metavar=o.metavar, choices=o.choices)
+            kw["action"] = "append" if o.repeat else "store"
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kw["required"] = True
+        else:
+            kw["default"] = [] if o.repeat else f.default
+        parser.add_argument(*o.flags, **kw)
+
+
+def from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """The ``cls`` of the options ``args`` holds (parsed by a parser ``add_options`` built);
+    a field the parser lacks (a rank's, for an option not forwarded) keeps its default."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+def to_argv(options: Any) -> list[str]:
+    """``options``' forwarded fields as a rank's arguments: a value given (not None) after its
+    flag (a path made absolute), a switch that is on as its flag."""
+    out: list[str] = []
+    for f, o in declared(type(options)):
+        value = getattr(options, f.name)
+        if not o.forwarded or value is None or value is False:
+            continue
+        if o.switch:
+            out.append(o.flags[0])
+        else:
+            for one in value if o.repeat else [value]:
+                out += [o.flag, str(Path(one).resolve()) if o.path else str(one)]
+    return out
+
+
+def settled(options: T) -> T:
+    """``options`` with each option not given (None) set to its ``then`` value."""
+    later = {
+        f.name: o.then
+        for f, o in declared(type(options))
+        if o.then is not None and getattr(options, f.name) is None
+    }
+    return dataclasses.replace(options, **later)  # type: ignore[type-var]
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 1, "a whole number of at least 1")
+
+
+def nonnegative_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 0, "a whole number of at least 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, lambda v: 0 < v < float("inf"), "a finite number above 0")
+
+
+def nonnegative_float(text: str) -> float:
+    return _number(text, float, lambda v: 0 <= v < float("inf"), "a finite number of at least 0")
+
+
+def finite_float(text: str) -> float:
+    return _number(text, float, lambda v: abs(v) < float("inf"), "a finite number")
+
+
+def size(text: str) -> int:
+    """A byte count such as ``2GiB``."""
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _number(text: str, kind: type, ok: Callable[[Any], bool], want: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {want}")
+    return value
