@@ -1,4 +1,4 @@
-"""Every mistake in tools/bad_inputs.py's catalogue gets a short, clear message, no traceback.
+"""Every mistake in tools/qa/bad_inputs.py's catalogue gets a short, clear message, no traceback.
 
 Each case runs in this process through ``pipecompile.cli.main`` (a `--nproc` case still
 starts its ranks); the tool's own subprocess mode, as a user runs it, is checked on its
@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-TOOL = ROOT / "tools" / "bad_inputs.py"
+TOOL = ROOT / "tools" / "qa" / "bad_inputs.py"
 
 
 def _load_tool():  # type: ignore[no-untyped-def]

@@ -1,9 +1,9 @@
-"""Random models from tools/fuzz.py go through the whole tool: each one matches eager or is
+"""Random models from tools/qa/fuzz.py go through the whole tool: each one matches eager or is
 refused with a clear error, never an internal error or a mismatch.
 
 A fixed set of seeds, chosen so that together they use every feature of the generator and
 every schedule with every checkpoint policy, runs in this process; two of them also run with
-``pipecompile run --nproc N --check``. Replay a failing seed with ``python tools/fuzz.py
+``pipecompile run --nproc N --check``. Replay a failing seed with ``python tools/qa/fuzz.py
 --seed SEED --show``.
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-TOOL = ROOT / "tools" / "fuzz.py"
+TOOL = ROOT / "tools" / "qa" / "fuzz.py"
 
 
 def _load_tool():  # type: ignore[no-untyped-def]
@@ -107,7 +107,7 @@ def _explain(outcome) -> str:  # type: ignore[no-untyped-def]
     return (
         f"seed {outcome.seed}: {outcome.verdict} [{outcome.phase}] {outcome.key}\n"
         f"config: {outcome.config}\n{outcome.source}\n{outcome.detail}\n"
-        f"replay: python tools/fuzz.py --seed {outcome.seed} --show"
+        f"replay: python tools/qa/fuzz.py --seed {outcome.seed} --show"
     )
 
 
@@ -201,7 +201,7 @@ def test_quick_runs_as_a_user_runs_it():
         assert re.search(rf"^  {verdict} +0$", result.stdout, re.M), result.stdout
 
 
-# The peer, torch.distributed.pipelining (tools/fuzzing/peer.py): seed 4 (inputs as a tuple,
+# The peer, torch.distributed.pipelining (tools/qa/fuzzing/peer.py): seed 4 (inputs as a tuple,
 # a dict output), 25 (BatchNorm2d, a running mean buffer) and 10046 (an embedding called in two
 # stages, ``emb0`` and ``emb0@1``, and a constant lifted to a buffer) split into 3, 4 and 3
 # stages as asked and match; seed 3 has a torch.no_grad() region, which pipeline() refuses.

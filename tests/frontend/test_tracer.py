@@ -68,7 +68,7 @@ def test_no_grad_regions_are_inlined_and_detached():
 
 
 class MutatesBuffers(torch.nn.Module):
-    """A call counter and a running mean updated in forward (tools/fuzz.py, seed 27)."""
+    """A call counter and a running mean updated in forward (tools/qa/fuzz.py, seed 27)."""
 
     def __init__(self):
         super().__init__()
@@ -98,7 +98,7 @@ def test_buffer_mutations_are_traced_not_run():
 
 
 class NoGradScale(torch.nn.Module):
-    """A scale computed under no_grad from an activation (tools/fuzz.py, seed 5032)."""
+    """A scale computed under no_grad from an activation (tools/qa/fuzz.py, seed 5032)."""
 
     def __init__(self):
         super().__init__()

@@ -3,7 +3,7 @@
 The peers (torchgpipe, DeepSpeed) are optional: each test that needs one is skipped when it is
 not installed. Only the peer's pure-Python partition function is loaded, from its installed
 file, so importing the whole peer package (and its side effects on torch) is avoided.
-``tools/bench_partitioners.py`` runs the full comparison.
+``tools/bench/partitioners.py`` runs the full comparison.
 """
 
 from __future__ import annotations

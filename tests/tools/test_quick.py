@@ -1,9 +1,11 @@
-"""Every script in tools/ runs end to end in its ``--quick`` mode, so no benchmark can rot.
+"""Every script in tools/bench/ and tools/qa/ runs end to end in its ``--quick`` mode, so no
+benchmark can rot.
 
-Each script is found by a glob (a new one is covered without touching this file) and run as a
-user runs it, ``python tools/X.py --quick``, in a subprocess with a time limit; it must exit 0
-and print something. A missing optional peer (torchgpipe, DeepSpeed) or Graphviz is skipped by
-the script itself with a note. tools/bad_inputs.py has its own test (tests/test_bad_inputs.py).
+Each script is found by a glob of both rooms (a new one is covered without touching this file)
+and run as a user runs it, ``python tools/ROOM/X.py --quick``, in a subprocess with a time limit;
+it must exit 0 and print something. A missing optional peer (torchgpipe, DeepSpeed) or Graphviz
+is skipped by the script itself with a note. tools/qa/bad_inputs.py has its own test
+(tests/test_bad_inputs.py); tools/bench/common.py is the benchmarks' shared helpers, no script.
 
 The selected scripts run two at a time: most of a quick run is starting Python processes and
 importing torch, which leaves one of CI's two cores idle, so this halves the file's time.
@@ -23,8 +25,10 @@ from tests.conftest import ROOT
 
 TIMEOUT_S = 300  # per script: a quick mode takes seconds; this only bounds a hang
 AT_ONCE = 2
-OWN_TESTS = {"bad_inputs.py"}  # checked by tests/test_bad_inputs.py
-SCRIPTS = sorted(p for p in (ROOT / "tools").glob("*.py") if p.name not in OWN_TESTS)
+ROOMS = ("bench", "qa")
+NOT_RUN = {"bad_inputs.py", "common.py"}  # tests/test_bad_inputs.py; the benchmarks' helpers
+FOUND = sorted(p for room in ROOMS for p in (ROOT / "tools" / room).glob("*.py"))
+SCRIPTS = [p for p in FOUND if p.name not in NOT_RUN]
 
 
 def run_quick(script: Path) -> subprocess.CompletedProcess[str]:
@@ -50,7 +54,14 @@ def quick_runs(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future]]:
 
 
 def test_every_script_is_found() -> None:
-    assert len(SCRIPTS) >= 9, [p.name for p in SCRIPTS]
+    """Both rooms hold scripts, none is left loose in tools/, and every file globbed is a script
+    (it runs as ``__main__``) or one of the known exceptions."""
+    assert len(SCRIPTS) >= 13, [p.name for p in SCRIPTS]
+    assert {p.parent.name for p in SCRIPTS} == set(ROOMS)
+    assert not list((ROOT / "tools").glob("*.py")), "a script belongs in tools/bench or tools/qa"
+    assert NOT_RUN <= {p.name for p in FOUND}
+    for script in SCRIPTS:
+        assert 'if __name__ == "__main__":' in script.read_text(), script
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)

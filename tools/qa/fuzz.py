@@ -48,13 +48,13 @@ with the peer's verdicts and reasons, and how many models it cut into fewer stag
 
 Usage::
 
-    python tools/fuzz.py --quick                       # a few models, a few seconds
-    python tools/fuzz.py --count 200 --seed 1000 --jobs 2
-    python tools/fuzz.py --seed 1017 --show            # replay one seed: source and traceback
-    python tools/fuzz.py --count 2000 --jobs 2 --distributed-every 200
-    python tools/fuzz.py --count 200 --no-inplace      # no in-place ops (another model set)
-    python tools/fuzz.py --count 200 --jobs 2 --peer   # and torch.distributed.pipelining
-    python tools/fuzz.py --seed 1017 --show --peer     # one seed through both
+    python tools/qa/fuzz.py --quick                       # a few models, a few seconds
+    python tools/qa/fuzz.py --count 200 --seed 1000 --jobs 2
+    python tools/qa/fuzz.py --seed 1017 --show            # replay one seed: source and traceback
+    python tools/qa/fuzz.py --count 2000 --jobs 2 --distributed-every 200
+    python tools/qa/fuzz.py --count 200 --no-inplace      # no in-place ops (another model set)
+    python tools/qa/fuzz.py --count 200 --jobs 2 --peer   # and torch.distributed.pipelining
+    python tools/qa/fuzz.py --seed 1017 --show --peer     # one seed through both
 
 The exit status is 1 when any model is internal, mismatch or invalid in pipecompile; the
 peer's verdicts do not count.
@@ -181,7 +181,7 @@ def summary(outcomes: list[Outcome], *, flags: str = "") -> str:
         )
     bad = [o for o in outcomes if o.verdict in ("internal", "mismatch", "invalid")]
     if bad:
-        lines.append(f"replay: python tools/fuzz.py --seed SEED --show{flags}")
+        lines.append(f"replay: python tools/qa/fuzz.py --seed SEED --show{flags}")
     peers = [o.peer for o in outcomes if o.peer is not None]
     if peers:
         lines.append(peer_summary(peers, flags=flags))
@@ -221,7 +221,7 @@ def peer_summary(peers: list[PeerOutcome], *, flags: str = "") -> str:
             f"more: {sum(p.stages > p.wanted for p in split)}"
         )
     if any(p.verdict in ("internal", "mismatch", "invalid") for p in peers):
-        lines.append(f"replay: python tools/fuzz.py --seed SEED --show --peer{flags}")
+        lines.append(f"replay: python tools/qa/fuzz.py --seed SEED --show --peer{flags}")
     return "\n".join(lines)
 
 

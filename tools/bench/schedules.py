@@ -11,16 +11,14 @@ and the interpreter's overhead per instruction. Prints Markdown tables.
 4. Interpreter overhead per instruction: the dispatch loop alone (no-op handlers), and a
    whole training step of a model whose arithmetic is negligible.
 
-Rerun with ``python tools/bench_schedules.py`` (``--quick``: every part on small sizes, p=4,
+Rerun with ``python tools/bench/schedules.py`` (``--quick``: every part on small sizes, p=4,
 m=8 only, a 2-layer GPT of width 32, one repeat; a few seconds).
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,21 +26,19 @@ from fractions import Fraction
 from pathlib import Path
 
 import torch
+from common import machine, use_examples
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-
-from pipecompile.codegen.emit import ModelRef, emit  # noqa: E402
-from pipecompile.compiler import compile_model  # noqa: E402
-from pipecompile.ir.memory_model import peak_stored_bytes  # noqa: E402
-from pipecompile.ir.simulate import Costs, simulate  # noqa: E402
-from pipecompile.ir.sizes import format_size  # noqa: E402
-from pipecompile.ir.topology import Topology, topology  # noqa: E402
-from pipecompile.passes import insert_communication  # noqa: E402
-from pipecompile.runtime.interpreter import run_program  # noqa: E402
-from pipecompile.runtime.pipeline import Pipeline  # noqa: E402
-from pipecompile.schedules import generate  # noqa: E402
+from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.compiler import compile_model
+from pipecompile.ir.memory_model import peak_stored_bytes
+from pipecompile.ir.simulate import Costs, simulate
+from pipecompile.ir.sizes import format_size
+from pipecompile.ir.topology import Topology, topology
+from pipecompile.passes import insert_communication
+from pipecompile.runtime.interpreter import run_program
+from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.schedules import generate
 
 
 @dataclass(frozen=True)
@@ -124,6 +120,7 @@ def inflight(tmp: Path, sizes: Sizes) -> None:
 
 
 def checkpoint_memory(tmp: Path, sizes: Sizes) -> None:
+    use_examples()
     from gpt import build_gpt
 
     print("\n### Peak stored activation bytes per device, GPT, gpipe: never vs always\n")
@@ -221,8 +218,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
     torch.set_num_threads(1)
-    print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
-          f"torch {torch.__version__}, 1 intra-op thread")  # fmt: skip
+    print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
         bubbles(sizes)
         inflight(Path(tmp), sizes)

@@ -12,16 +12,14 @@ One untimed export comes first, so the exporter's one-time import is not in the 
 Differences are max |a - b| over every output element. Prints a Markdown table with the
 machine and the command. Rerun with::
 
-    python tools/bench_onnx.py                    # every example, 2 and 4 stages
-    python tools/bench_onnx.py --examples gpt mlp --stages 2
-    python tools/bench_onnx.py --quick            # the MLP at 2 stages: a few seconds
+    python tools/bench/onnx_chain.py                    # every example, 2 and 4 stages
+    python tools/bench/onnx_chain.py --examples gpt mlp --stages 2
+    python tools/bench/onnx_chain.py --quick            # the MLP at 2 stages: a few seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import EXAMPLES, command, log, machine
 from torch.utils import _pytree as pytree
 
 from pipecompile.codegen.emit import ModelRef, emit
@@ -39,8 +38,7 @@ from pipecompile.ir.microbatch import split_microbatches
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.load import load_stages, read_manifest
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = ["mlp", "resnet", "gpt", "two_towers", "hf_gpt2", "hf_bert", "hf_llama"]
+EXAMPLE_NAMES = ["mlp", "resnet", "gpt", "two_towers", "hf_gpt2", "hf_bert", "hf_llama"]
 MICROBATCHES = 2
 
 
@@ -58,7 +56,7 @@ class Row:
 
 def measure(name: str, stages: int, root: Path) -> Row:
     """Compile, export and chain one example; the differences are max |a - b| over outputs."""
-    spec = load_model_file(str(REPO / "examples" / f"{name}.py"))
+    spec = load_model_file(str(EXAMPLES / f"{name}.py"))
     compiled = compile_model(spec.model, spec.inputs, stages=stages, microbatches=MICROBATCHES)
     ref = ModelRef(spec.path, spec.name, name)
     directory = emit(compiled, root / f"{name}_{stages}", model=ref)
@@ -96,22 +94,13 @@ def _max_diff(got: list[np.ndarray], want: list[np.ndarray]) -> float:
     return max(float(np.abs(g.astype(np.float64) - w).max()) for g, w in zip(got, want))
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+def versions() -> list[str]:
+    """The ONNX libraries' versions, for the machine line."""
     import onnx
     import onnxruntime
     import onnxscript
 
-    return (
-        f"{cpu}, {torch.get_num_threads()} threads, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, onnx {onnx.__version__}, onnxscript {onnxscript.__version__}, "
-        f"onnxruntime {onnxruntime.__version__}"
-    )
+    return [f"{m.__name__} {m.__version__}" for m in (onnx, onnxscript, onnxruntime)]
 
 
 def table(rows: list[Row]) -> str:
@@ -130,14 +119,14 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", nargs="+", default=EXAMPLES, choices=EXAMPLES)
+    parser.add_argument("--examples", nargs="+", default=EXAMPLE_NAMES, choices=EXAMPLE_NAMES)
     parser.add_argument("--stages", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--quick", action="store_true", help="the MLP at 2 stages")
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still count
         parser.set_defaults(examples=["mlp"], stages=[2])
     args = parser.parse_args(argv)
-    print(f"machine: {machine()}")
-    print(f"command: python tools/bench_onnx.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"machine: {machine(*versions())}")
+    print(f"command: {command(argv)}")
     print()
     with tempfile.TemporaryDirectory() as tmp:
         if not args.quick:  # the exporter's imports, untimed (in --quick the same call runs)
@@ -146,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.examples:
             for stages in args.stages:
                 rows.append(measure(name, stages, Path(tmp)))
-                print(f"  {name} {stages} stages done", file=sys.stderr)
+                log(f"  {name} {stages} stages done")
     print(table(rows))
 
 

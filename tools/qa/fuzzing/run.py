@@ -22,7 +22,7 @@ from fuzzing.generate import Case, Config, generate
 if TYPE_CHECKING:
     from fuzzing.peer import PeerOutcome
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CASE_TIMEOUT_S = 120
 DIST_TIMEOUT_S = 300
 # Causes of internal errors being fixed elsewhere, {name: a phrase of the error chain}, so a long

@@ -15,19 +15,15 @@ the medians are reported, together with each pipecompile pass's median share of 
 
 Rerun with::
 
-    python tools/bench_compile.py                       # 24 and 48 layers, 3 repeats
-    python tools/bench_compile.py --layers 24 --repeats 5 --json /tmp/bench.json
-    python tools/bench_compile.py --quick           # 4 layers, 1 repeat, no warm-up
+    python tools/bench/compile_time.py                       # 24 and 48 layers, 3 repeats
+    python tools/bench/compile_time.py --layers 24 --repeats 5 --json /tmp/bench.json
+    python tools/bench/compile_time.py --quick           # 4 layers, 1 repeat, no warm-up
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import platform
-import shlex
 import shutil
 import statistics
 import sys
@@ -40,12 +36,11 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from common import command, log, machine, timed, use_examples
 from torch import nn
 
 from pipecompile.compiler import PASSES as COMPILER_PASSES
 
-REPO = Path(__file__).resolve().parents[1]
-GPT2_FILE = REPO / "examples" / "hf_gpt2.py"
 STAGES = 4
 MICROBATCHES = 4
 BATCH, SEQ_LEN, VOCAB = 8, 64, 1000
@@ -63,14 +58,11 @@ class SizeResult:
 
 
 def load_gpt2_example() -> ModuleType:
-    """Import ``examples/hf_gpt2.py`` by path as module ``hf_gpt2``."""
-    spec = importlib.util.spec_from_file_location("hf_gpt2", GPT2_FILE)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {GPT2_FILE}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hf_gpt2"] = module
-    spec.loader.exec_module(module)
-    return module
+    """``examples/hf_gpt2.py``, imported as ``hf_gpt2``."""
+    use_examples()
+    import hf_gpt2
+
+    return hf_gpt2
 
 
 def example_ids() -> torch.Tensor:
@@ -117,17 +109,11 @@ def time_pipelining(model: nn.Module, ids: torch.Tensor, layers: int) -> float:
 
     per = layers // STAGES
     spec = {f"transformer.h.{per * s}": SplitPoint.BEGINNING for s in range(1, STAGES)}
-    start = time.perf_counter()
-    pipe = pipeline(model, mb_args=(ids[: BATCH // MICROBATCHES],), split_spec=spec)
-    elapsed = time.perf_counter() - start
+    micro = ids[: BATCH // MICROBATCHES]
+    elapsed, pipe = timed(lambda: pipeline(model, mb_args=(micro,), split_spec=spec))
     if pipe.num_stages != STAGES:
         raise RuntimeError(f"pipeline() made {pipe.num_stages} stages, expected {STAGES}")
     return elapsed
-
-
-def log(message: str) -> None:
-    """A progress line on stderr."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def warm_up(build: Callable[[], nn.Module], ids: torch.Tensor, layers: int) -> None:
@@ -187,15 +173,8 @@ def share_table(results: list[SizeResult]) -> str:
 
 
 def machine_lines(argv: list[str]) -> str:
-    """Machine, torch version and the exact command line."""
-    cpu = platform.processor() or platform.machine()
-    return "\n".join(
-        [
-            f"- machine: {cpu}, {os.cpu_count()} CPUs ({platform.platform()})",
-            f"- torch {torch.__version__}, torch threads {torch.get_num_threads()}",
-            f"- command: `{shlex.join([sys.executable, *argv])}`",
-        ]
-    )
+    """The machine and the exact command line."""
+    return f"- machine: {machine()}\n- command: `{command(argv[1:])}`"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -1,7 +1,7 @@
 """Benchmark the exact balancer: partition time for 20,000 nodes into 8 and 16 stages.
 
 Also re-checks exactness on random small cases against brute force, so the timing is of an
-algorithm known to be optimal on this run. Rerun with ``python tools/bench_balance.py``
+algorithm known to be optimal on this run. Rerun with ``python tools/bench/balance.py``
 (``--quick``: 2,000 nodes, one repeat, 50 cases; a second or two).
 """
 
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import platform
 import random
 import statistics
 import time
+
+from common import machine
 
 from pipecompile.passes.min_max_partition import bottleneck, min_max_partition
 
@@ -55,10 +56,7 @@ def main() -> None:
     if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
         parser.set_defaults(nodes=2_000, repeats=1, cases=50)
     args = parser.parse_args()
-    print(
-        f"machine: {platform.machine()}, "
-        f"{platform.python_implementation()} {platform.python_version()}"
-    )
+    print(f"machine: {machine()}")
     print(f"exact on random cases: {exact_cases(args.cases, 0)}/{args.cases}")
     print("| nodes | stages | median time (ms) |\n|---:|---:|---:|")
     for stages in (8, 16):

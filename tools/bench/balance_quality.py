@@ -15,7 +15,7 @@ two warm-ups. Reported:
 3. With ``--nproc``: the same splits for 2 stages run for real on 2 gloo processes (one
    thread each), slowest rank's step time, median over the steps.
 
-Rerun with ``python tools/bench_balance_quality.py`` (add ``--nproc`` for part 3;
+Rerun with ``python tools/bench/balance_quality.py`` (add ``--nproc`` for part 3;
 ``--quick``: the MLP, 2 stages, one step, ``--balance time`` only, part 3 included).
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -33,9 +32,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import EXAMPLES, command, machine, pipecompile_command
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ["mlp", "resnet", "gpt", "two_towers", "hf_gpt2", "hf_bert", "hf_llama"]
+EXAMPLE_NAMES = ["mlp", "resnet", "gpt", "two_towers", "hf_gpt2", "hf_bert", "hf_llama"]
 COSTS = ("time", "flops", "params")
 
 
@@ -45,7 +44,7 @@ def compile_to(name: str, cost: str, stages: int, micro: int, directory: Path) -
     from pipecompile.ir.cost_model import CostModel
     from pipecompile.model.model_file import load_model_file
 
-    path = ROOT / "examples" / f"{name}.py"
+    path = EXAMPLES / f"{name}.py"
     spec = load_model_file(str(path))
     compiled = compile_model(
         spec.model, spec.inputs, stages=stages, microbatches=micro, balance=cost,
@@ -97,24 +96,11 @@ def pipelined_step(directory: Path, forward: list[float], backward: list[float])
 def distributed_step(directory: Path, steps: int) -> float:
     """Median step time (ms) of a real 2-process gloo run, one thread per process."""
     env = {"OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pipecompile", "run", str(directory), "--nproc", "2",
-         "--steps", str(steps + 2), "--optimizer", "sgd", "--lr", "1e-4"],
-        capture_output=True, text=True, env=env, check=True, timeout=600,
-    )  # fmt: skip
+    run = pipecompile_command("run", str(directory), "--nproc", "2", "--steps", str(steps + 2))
+    run += ["--optimizer", "sgd", "--lr", "1e-4"]
+    result = subprocess.run(run, capture_output=True, text=True, env=env, check=True, timeout=600)
     times = [float(t) for t in re.findall(r"\(([0-9.]+) ms\)", result.stdout)][2:]
     return statistics.median(times)
-
-
-def machine() -> str:
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-         if ln.startswith("model name")), platform.processor(),
-    )  # fmt: skip
-    return (
-        f"{cpu}, {torch.get_num_threads()} threads, Python {platform.python_version()}, "
-        f"torch {torch.__version__}"
-    )
 
 
 def main() -> None:
@@ -122,7 +108,7 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--examples", default=",".join(EXAMPLES))
+    parser.add_argument("--examples", default=",".join(EXAMPLE_NAMES))
     parser.add_argument("--nproc", action="store_true", help="also time 2 stages on 2 ranks")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--costs", default=",".join(COSTS), help="cost sources to compare")
@@ -133,7 +119,7 @@ def main() -> None:
     args.costs = args.costs.split(",")
     torch.set_num_threads(args.threads)  # one thread: far steadier timings on a small machine
     print(f"machine: {machine()}")
-    print(f"command: python tools/bench_balance_quality.py {' '.join(sys.argv[1:])}\n")
+    print(f"command: {command()}\n")
     names = args.examples.split(",")
     with tempfile.TemporaryDirectory() as cache:  # profile afresh: no timings from other runs
         os.environ["XDG_CACHE_HOME"] = cache

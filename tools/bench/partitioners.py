@@ -13,8 +13,8 @@ from an independent bisection on the bottleneck with a greedy check). Three part
 
 Rerun from the repository root (about a minute on 2 cores)::
 
-    python tools/bench_partitioners.py
-    python tools/bench_partitioners.py --quick   # 2 cases per distribution, the MLP only,
+    python tools/bench/partitioners.py
+    python tools/bench/partitioners.py --quick   # 2 cases per distribution, the MLP only,
                                                  # 200 nodes: every part in a few seconds
 
 Peers are optional; a missing one is skipped with a note. Install them with::
@@ -34,8 +34,6 @@ import importlib.metadata
 import importlib.util
 import itertools
 import math
-import os
-import platform
 import random
 import signal
 import statistics
@@ -48,12 +46,12 @@ from types import FrameType
 from typing import Any
 
 import numpy as np
+from common import EXAMPLES, command, machine, timed
 
 from pipecompile.passes.min_max_partition import min_max_partition
 from pipecompile.passes.partition_search import Problem, solve
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ("gpt", "mlp", "resnet", "hf_gpt2", "hf_bert", "hf_llama")
+EXAMPLE_NAMES = ("gpt", "mlp", "resnet", "hf_gpt2", "hf_bert", "hf_llama")
 DISTRIBUTIONS = ("uniform", "exponential", "pareto", "huge-among-small", "transformer", "sparse")
 
 
@@ -277,7 +275,7 @@ def example_costs(name: str) -> list[int]:
     from pipecompile.passes import annotate_costs
     from pipecompile.passes.balance_stages import _atoms, compute_nodes
 
-    spec = load_model_file(str(ROOT / "examples" / f"{name}.py"))
+    spec = load_model_file(str(EXAMPLES / f"{name}.py"))
     micro = split_microbatches(spec.inputs, 1)[0]
     traced = trace(spec.model, micro)
     annotated = annotate_costs(traced.module, root=traced.root)
@@ -321,33 +319,13 @@ def ratio_text(outcome: Outcome, optimum: int) -> str:
     return f"{ratio:.3f}" + ("" if outcome.bottleneck == optimum else " ✗")
 
 
-def machine_lines() -> list[str]:
-    cpu, memory = "unknown CPU", ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        kib = int(Path("/proc/meminfo").read_text().split()[1])  # MemTotal
-        memory = f", {kib / 2**20:.0f} GiB"
-    import torch
-
-    versions = [f"Python {platform.python_version()}", f"torch {torch.__version__}"]
-    versions.append(f"numpy {np.__version__}")
+def peer_versions() -> list[str]:
+    """numpy's and the installed peers' versions, for the machine line."""
+    versions = [f"numpy {np.__version__}"]
     for package in ("torchgpipe", "deepspeed"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions.append(f"{package} {importlib.metadata.version(package)}")
-    return [
-        f"Machine: {platform.platform()}, {cpu}, {os.cpu_count()} CPU cores{memory}.",
-        "Versions: " + ", ".join(versions) + ".",
-    ]
-
-
-def timed(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
-    """Seconds ``fn(*args)`` took, and its result."""
-    start = time.perf_counter()
-    result = fn(*args)
-    return time.perf_counter() - start, result
+    return versions
 
 
 # --------------------------------------------------------------------------- sections
@@ -489,7 +467,7 @@ def section_timing(
             rows.append(f"| {name} | {stages} | {text} | {ratio_text(outcome, optimum)} |")
     print(f"\n### Partition time, {nodes:,} nodes\n")
     print(
-        "Costs as in tools/bench_balance.py (each node 0, up to 1e6, or 1e8..1e10 FLOPs; seeded); "
+        "Costs as in tools/bench/balance.py (each node 0, up to 1e6, or 1e8..1e10 FLOPs; seeded); "
         f"median of {repeats} calls, each from the cost list to the split; optimum by bisection. "
         f"A peer predicted to need more than {cap:.0f} s is not run.\n"
     )
@@ -516,7 +494,7 @@ def main() -> None:
     parser.add_argument("--cap", type=float, default=60.0, help="seconds a peer may take")
     parser.add_argument("--peer-timeout", type=float, default=2.0, help="seconds per small case")
     parser.add_argument("--skip-examples", action="store_true")
-    parser.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=EXAMPLES)
+    parser.add_argument("--examples", nargs="+", default=list(EXAMPLE_NAMES), choices=EXAMPLE_NAMES)
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
     if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
         parser.set_defaults(per_dist=2, nodes=200, repeats=1, examples=["mlp"])
@@ -545,10 +523,9 @@ def main() -> None:
 
     start = time.perf_counter()
     print("## Partitioners: pipecompile vs torchgpipe and DeepSpeed\n")
-    for line in [*machine_lines(), *notes]:
+    for line in [f"Machine: {machine(*peer_versions())}.", *notes]:
         print(line)
-    command = " ".join(["python tools/bench_partitioners.py", *sys.argv[1:]])
-    print(f"Command: `{command}`")
+    print(f"Command: `{command()}`")
     print(
         "\nColumns: pipecompile = `min_max_partition`; general solver = `partition_search.solve` "
         "with zero communication; torchgpipe = `balance.blockpartition.solve` (the split "

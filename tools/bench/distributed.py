@@ -12,8 +12,8 @@ their gradients inside the timed step and neither runs an optimizer.
 Also measured: how long the other ranks take to stop after one is killed mid-step, and the
 cost of a checkpoint save. Rerun with::
 
-    python tools/bench_distributed.py            # the figures in docs/BENCHMARKS.md
-    python tools/bench_distributed.py --quick    # a 4-layer GPT-2 of width 32, 2 processes,
+    python tools/bench/distributed.py            # the figures in docs/BENCHMARKS.md
+    python tools/bench/distributed.py --quick    # a 4-layer GPT-2 of width 32, 2 processes,
                                                  # one timed step: every path in seconds
 """
 
@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -32,10 +31,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from common import EXAMPLES, command, log, machine, torchrun_command, use_examples
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
+use_examples()
 
 WAIT_S = 900  # the most one torchrun of the full benchmark may take
 
@@ -256,9 +255,8 @@ def checkpoint_save(pipe: object) -> tuple[float, int]:
 
 def torchrun(nproc: int, *args: str) -> list[dict]:
     """Start ``nproc`` workers; rank 0's results, one per schedule."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", __file__, "--worker", *args]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=WAIT_S,
+    workers = torchrun_command(nproc, __file__, "--worker", *args)
+    result = subprocess.run(workers, capture_output=True, text=True, timeout=WAIT_S,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     found = [json.loads(ln[7:]) for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
     if result.returncode or len(found) != len(SCHEDULES):
@@ -274,7 +272,7 @@ def detection(directory: str, nproc: int) -> float:
     records: list[dict] = []
     try:
         launch(nproc, [directory, "--steps", "3", "-q", "--model",
-                       str(ROOT / "examples" / "mlp.py")], keep=records)  # fmt: skip
+                       str(EXAMPLES / "mlp.py")], keep=records)  # fmt: skip
     finally:
         del os.environ["PIPECOMPILE_FAULT"]
     by_rank = {r["rank"]: r for r in records}
@@ -296,10 +294,10 @@ def main() -> None:
         worker(args)
         return
     sizes = QUICK if args.quick else Sizes()
-    print(f"command: python tools/bench_distributed.py {' '.join(sys.argv[1:])}")
+    print(f"machine: {machine()}")
+    print(f"command: {command()}")
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"compiling GPT-2 ({sizes.layers} layers, n_embd {sizes.width}) ...",
-              file=sys.stderr)  # fmt: skip
+        log(f"compiling GPT-2 ({sizes.layers} layers, n_embd {sizes.width}) ...")
         compile_all(Path(tmp), sizes)
         print("| processes | schedule | pipecompile step (s) | pipelining step (s) | ratio "
               "| checkpoint save (s) | checkpoint size |")  # fmt: skip
@@ -320,7 +318,7 @@ def stop_times(root: Path, procs: tuple[int, ...]) -> None:
     from pipecompile.cli import main as cli
 
     for p in procs:
-        cli([str(ROOT / "examples" / "mlp.py"), "--stages", str(p), "--microbatches", "4",
+        cli([str(EXAMPLES / "mlp.py"), "--stages", str(p), "--microbatches", "4",
              "-q", "-o", str(root / str(p))])  # fmt: skip
         seconds = detection(str(root / str(p)), p)
         print(f"\n{p} processes: after rank 1 is killed at 1B3, every other rank has "

@@ -9,9 +9,9 @@ Graphviz run (``dot`` for the stages, ``neato -n2`` for the schedule).
 
 Rerun with::
 
-    python tools/bench_viz.py                            # 3 repeats
-    python tools/bench_viz.py --copy-to docs/pictures     # also refresh the committed pictures
-    python tools/bench_viz.py --quick                     # 4 layers of width 32, one repeat
+    python tools/bench/viz.py                            # 3 repeats
+    python tools/bench/viz.py --copy-to docs/pictures     # also refresh the committed pictures
+    python tools/bench/viz.py --quick                     # 4 layers of width 32, one repeat
 
 Without Graphviz's ``dot`` the two rendering rows are skipped with a note (and ``--copy-to``
 is refused): the DOT sources are still built and timed.
@@ -21,21 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples"))
+from common import command, machine, timed, use_examples
 
 STAGES, MICROBATCHES, SCHEDULE = 4, 8, "1f1b"
 FULL, QUICK = (24, 256, 8), (4, 32, 2)  # GPT-2 layers, n_embd, heads
@@ -43,6 +38,7 @@ FULL, QUICK = (24, 256, 8), (4, 32, 2)  # GPT-2 layers, n_embd, heads
 
 def compile_gpt2(out: Path, layers: int, width: int, heads: int) -> Path:
     """Compile and emit the GPT-2 into ``out``."""
+    use_examples()
     from hf_gpt2 import build_gpt2, example_inputs
 
     from pipecompile.codegen.emit import ModelRef, emit
@@ -53,12 +49,6 @@ def compile_gpt2(out: Path, layers: int, width: int, heads: int) -> Path:
                              schedule=SCHEDULE)  # fmt: skip
     label = f"hf_gpt2.py:build_gpt2(n_layer={layers})"
     return emit(compiled, out, model=ModelRef(None, label, label))
-
-
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def schedule_source(manifest: dict, program: object) -> object:
@@ -80,29 +70,29 @@ def measure(directory: Path, scratch: Path, repeats: int, draw: bool) -> dict[st
     program = read_program(directory / manifest["program"])
     runs: dict[str, list[float]] = {}
 
-    def add(name: str, seconds: float) -> None:
-        runs.setdefault(name, []).append(seconds)
+    def add(name: str, fn: Callable[[], object]) -> None:
+        runs.setdefault(name, []).append(timed(fn)[0])
 
     for k in range(repeats):
         whole = "write_pictures (both, svg)" if draw else "write_pictures (DOT sources only)"
-        add(whole, timed(lambda: write_pictures(directory, out=scratch)))
-        add("  stage DOT source", timed(lambda: stage_dot(manifest, program)))
-        add("  simulate + schedule DOT source", timed(lambda: schedule_source(manifest, program)))
+        add(whole, lambda: write_pictures(directory, out=scratch))
+        add("  stage DOT source", lambda: stage_dot(manifest, program))
+        add("  simulate + schedule DOT source", lambda: schedule_source(manifest, program))
         if not draw:
             continue
         stages, schedule = stage_dot(manifest, program), schedule_source(manifest, program)
-        add("  dot -Tsvg stages", timed(partial(render, stages, scratch / f"s{k}.svg")))
-        add("  neato -n2 -Tsvg schedule",
-            timed(partial(render, schedule, scratch / f"t{k}.svg", engine="neato")))  # fmt: skip
+        add("  dot -Tsvg stages", partial(render, stages, scratch / f"s{k}.svg"))
+        add(
+            "  neato -n2 -Tsvg schedule",
+            partial(render, schedule, scratch / f"t{k}.svg", engine="neato"),
+        )
     return {name: statistics.median(values) for name, values in runs.items()}
 
 
-def machine() -> str:
-    version = "no Graphviz"
-    if shutil.which("dot") is not None:
-        version = subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
-    return (f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()},"
-            f" {version}")  # fmt: skip
+def graphviz_version() -> str:
+    if shutil.which("dot") is None:
+        return "no Graphviz"
+    return subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
 
 
 def main() -> int:
@@ -120,8 +110,8 @@ def main() -> int:
               "copy", file=sys.stderr)  # fmt: skip
         return 2
     layers, width, heads = QUICK if args.quick else FULL
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"machine: {machine()}")
+    print(f"command: {command()}")
+    print(f"machine: {machine(graphviz_version())}")
     if not draw:
         print(
             "note: Graphviz's `dot` is not installed (apt-get install graphviz): the two "

@@ -22,8 +22,8 @@ happens.
 
 Rerun with::
 
-    python tools/bench_interrupt.py            # every case, 3 runs each (about 3 minutes)
-    python tools/bench_interrupt.py --quick    # one run of 3 cases: each path once
+    python tools/bench/interrupt.py            # every case, 3 runs each (about 3 minutes)
+    python tools/bench/interrupt.py --quick    # one run of 3 cases: each path once
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -42,7 +41,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import (
+    EXAMPLES,
+    command,
+    machine,
+    pipecompile_command,
+    run_checked,
+    torchrun_command,
+)
+
 MARKER = "BENCH_INTERRUPT_RUN"  # in the environment of every process of one run
 POLL_S = 0.02
 COMPLETE = "complete"
@@ -161,18 +168,15 @@ def measure(case: Case, work: Path, compiled: Path, wait: float, start_wait: flo
     ck, ready = directory / "ck", directory / "ready"
     env = {**os.environ, MARKER: tag, "OMP_NUM_THREADS": "1"}
     if case.system == "pipecompile":
-        command = [sys.executable, "-m", "pipecompile", "run", str(compiled), "--steps", "100000",
-                   "--save", str(ck), "--save-every", "1"]  # fmt: skip
-        command += ["--nproc", str(case.nproc)] if case.nproc else []
+        run = pipecompile_command("run", str(compiled), "--steps", "100000", "--save", str(ck))
+        run += ["--save-every", "1", *(["--nproc", str(case.nproc)] if case.nproc else [])]
         started = (ck / "latest").is_file
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={case.nproc}", __file__,
-                   "--peer-worker", str(ready)]  # fmt: skip
+        run = torchrun_command(case.nproc, __file__, "--peer-worker", str(ready))
         started = ready.is_file
     stderr = directory / "stderr.txt"
     with open(stderr, "w") as err, open(directory / "stdout.txt", "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=directory,
+        proc = subprocess.Popen(run, stdout=out, stderr=err, env=env, cwd=directory,
                                 start_new_session=True)  # fmt: skip
     try:
         if not wait_for(started, start_wait, proc):
@@ -251,9 +255,8 @@ def peer_worker(ready: Path) -> None:
 
 
 def compile_mlp(target: Path) -> Path:
-    command = [sys.executable, "-m", "pipecompile", str(ROOT / "examples" / "mlp.py"),
-               "--stages", "2", "-q", "-o", str(target)]  # fmt: skip
-    subprocess.run(command, check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    mlp = pipecompile_command(str(EXAMPLES / "mlp.py"), "--stages", "2", "-q", "-o", str(target))
+    run_checked(mlp, timeout=300, OMP_NUM_THREADS="1")
     return target
 
 
@@ -278,18 +281,6 @@ def row(case: Case, outcomes: list[Outcome], wait: float) -> str:
             f"| {kept} |")  # fmt: skip
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (
-        f"{cpu}, {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one run of 3 cases")
@@ -308,7 +299,7 @@ def main() -> int:
         print("this benchmark reads /proc: Linux only", file=sys.stderr)
         return 2
     print(f"machine: {machine()}")
-    print(f"command: python tools/bench_interrupt.py {' '.join(sys.argv[1:])}")
+    print(f"command: {command()}")
     print(f"runs per case: {args.repeats}; a stop may take {args.wait:.0f} s\n")
     print("| system | run | stopped by | seconds until no process is left | exit status "
           "| stderr lines | CK/latest |\n|---|---|---|---:|---|---:|---|")  # fmt: skip

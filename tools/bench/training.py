@@ -12,9 +12,9 @@ torch.distributed.pipelining.
    same model, data, micro-batches and optimizer (ScheduleGPipe, split at the middle block),
    both on 2 CPU processes with gloo: samples/s, median over the timed steps.
 
-    python tools/bench_training.py            # the figures in docs/BENCHMARKS.md
-    python tools/bench_training.py --quick    # fewer steps and configurations
-    python tools/bench_training.py --part throughput   # one part
+    python tools/bench/training.py            # the figures in docs/BENCHMARKS.md
+    python tools/bench/training.py --quick    # fewer steps and configurations
+    python tools/bench/training.py --part throughput   # one part
 """
 
 from __future__ import annotations
@@ -23,24 +23,28 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from common import (
+    EXAMPLES,
+    machine,
+    pipecompile_command,
+    run_checked,
+    timed,
+    torchrun_command,
+    use_examples,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-GPT = ROOT / "examples" / "gpt.py"
-CHAR = ROOT / "examples" / "char_lm.py"
+GPT = EXAMPLES / "gpt.py"
+CHAR = EXAMPLES / "char_lm.py"
 
 
 def pipecompile(*args: str) -> None:
-    command = [sys.executable, "-m", "pipecompile", *args]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    run_checked(pipecompile_command(*args))
 
 
 def train_records(path: Path) -> list[dict]:
@@ -78,7 +82,7 @@ def seeds(root: Path, quick: bool) -> None:
 
 def bf16(root: Path, quick: bool) -> None:
     steps = 5 if quick else 20
-    sys.path.insert(0, str(GPT.parent))
+    use_examples()
     import gpt  # examples/gpt.py
 
     curves, sent = {}, {}
@@ -122,20 +126,12 @@ def throughput(root: Path, quick: bool) -> None:
     args = ["--steps", str(steps), "-q", "--optimizer", "adamw", "--lr", "1e-3"]
     ours = peer = 0.0
     for _ in range(1 if quick else 2):  # alternate, so both see the same machine
-        began = time.perf_counter()
-        pipecompile("run", str(out), "--nproc", "2", *args)
-        ours_wall = time.perf_counter() - began
+        ours_wall, _ = timed(pipecompile, "run", str(out), "--nproc", "2", *args)
         records = train_records(out / "metrics.jsonl")[-steps:]
         ours = max(ours, statistics.median(r["samples_per_s"] for r in records[1:] or records))
         result = root / "peer.json"
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                   "--master-port", "29531", __file__, "--peer-worker", str(steps), str(result),
-                   "--model-ref", model]  # fmt: skip
-        began = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        peer_wall = time.perf_counter() - began
-        if done.returncode != 0:
-            raise SystemExit(f"pipelining run failed:\n{done.stderr[-3000:]}")
+        launch = torchrun_command(2, __file__, "--peer-worker", str(steps), str(result))
+        peer_wall, _ = timed(run_checked, [*launch, "--model-ref", model])
         peer = max(peer, json.loads(result.read_text())["samples_per_s"])
     print(f"\n## Training throughput, char_lm, 2 processes, {steps} steps\n")
     print("| | samples/s (median step) | whole command (s) |")
@@ -202,7 +198,7 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+    print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for part in args.part or ("seeds", "bf16", "throughput"):

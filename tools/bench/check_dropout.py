@@ -11,8 +11,8 @@ stored activations of the forward itself. Printed: the largest difference of los
 gradient from the reference (goal ≤ 1e-5). For the decorator, the outputs its backward
 recomputed are compared with those its forward returned.
 
-    python tools/check_dropout.py            # p = 0.5, width 256
-    python tools/check_dropout.py --quick    # width 16
+    python tools/bench/check_dropout.py            # p = 0.5, width 256
+    python tools/bench/check_dropout.py --quick    # width 16
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import machine
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import pipecompile  # noqa: E402
-from pipecompile.codegen.emit import ModelRef, emit  # noqa: E402
-from pipecompile.compiler import compile_model  # noqa: E402
-from pipecompile.runtime.pipeline import Pipeline  # noqa: E402
+import pipecompile
+from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.compiler import compile_model
+from pipecompile.runtime.pipeline import Pipeline
 
 
 class Dropped(nn.Module):
@@ -101,8 +99,8 @@ def main() -> int:
         "zb1p, checkpoint always": {"schedule": "zb1p", "checkpoint": "always"},
         "--memory-budget (some forwards recomputed)": {"memory_budget": 8 * width * 4 * 2},
     }
-    print(f"# dropout p={args.p}, width {width}, 2 stages, 4 micro-batches, torch "
-          f"{torch.__version__}\n")  # fmt: skip
+    print(f"# dropout p={args.p}, width {width}, 2 stages, 4 micro-batches\n")
+    print(f"machine: {machine()}\n")
     print("| configuration | forwards recomputed | max loss diff | max gradient diff | goal |")
     print("|---|---:|---:|---:|---|")
     failed = False

@@ -1,0 +1,101 @@
+"""What the benchmarks share: the repository's paths, the machine and command they report, timing
+and the pipecompile / torchrun commands they start.
+
+A script here runs as ``python tools/bench/X.py``, so this folder is first on ``sys.path`` and
+``from common import ...`` finds this file from any working directory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+EXAMPLES = ROOT / "examples"
+T = TypeVar("T")
+
+
+def use_examples() -> None:
+    """Make examples/ importable (``import gpt``, ``from hf_gpt2 import build_gpt2``)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def machine(*extras: str) -> str:
+    """The machine as docs/BENCHMARKS.md records it: CPU, cores, memory, OS, Python, torch (and
+    its thread count once imported), then ``extras`` (a peer's or a library's version)."""
+    parts = [f"{cpu_name()}, {os.cpu_count()} CPUs"]
+    if hasattr(os, "sysconf"):
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        parts.append(f"{memory:.0f} GiB")
+    parts += [platform.platform(), f"Python {platform.python_version()}"]
+    try:
+        parts.append(f"torch {importlib.metadata.version('torch')}")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if "torch" in sys.modules:
+        parts.append(f"torch threads {sys.modules['torch'].get_num_threads()}")
+    return ", ".join([*parts, *extras])
+
+
+def command(argv: list[str] | None = None) -> str:
+    """The command line this script was started with, as a user types it from the repository
+    root: ``python tools/bench/X.py ARGS``."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    return shlex.join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)])
+
+
+def log(message: str) -> None:
+    """A progress line on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def timed(fn: Callable[..., T], *args: object) -> tuple[float, T]:
+    """Seconds ``fn(*args)`` took, and its result."""
+    start = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - start, result
+
+
+def pipecompile_command(*args: str) -> list[str]:
+    """``pipecompile ARGS`` as a command for this interpreter."""
+    return [sys.executable, "-m", "pipecompile", *args]
+
+
+def torchrun_command(nproc: int, *args: str) -> list[str]:
+    """``torchrun --standalone --nproc-per-node=NPROC ARGS`` for this interpreter."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*launcher, f"--nproc-per-node={nproc}", *args]
+
+
+def run_checked(
+    command: list[str], *, cwd: Path = ROOT, timeout: float | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` (``env`` added to this environment); stop the benchmark with its stderr's
+    tail if it fails."""
+    environment = {**os.environ, **env}
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=environment
+    )
+    if done.returncode != 0:
+        tail = done.stdout[-2000:] + done.stderr[-3000:]
+        raise SystemExit(f"{shlex.join(command)} failed:\n{tail}")
+    return done
