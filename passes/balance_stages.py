@@ -6,7 +6,7 @@ carries NodeInfo.stage, stages are contiguous in graph order, each is non-empty,
 starts at every requested boundary (``split_point()`` markers, which are removed, and
 ``split_at`` module paths), and the largest stage cost is the exact minimum over all cuts at
 legal points that honour those requests. A cut is legal when every value crossing it is a
-tensor or a constant that can be written into code.
+tensor or a constant that can be written into code. Beside it, the ``BalanceReport``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 import torch.fx as fx
 
 from pipecompile.errors import BalanceError
+from pipecompile.ir.balance_report import BalanceReport
+from pipecompile.ir.checkpoint_policy import policy_counts, with_checkpoints
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.graph_copy import copy_graph_module
 from pipecompile.ir.mutation import mutated_inputs, storage_of
@@ -34,7 +36,6 @@ from pipecompile.passes.split_requests import pinned_costs, requested_starts
 __all__ = ["balance_stages", "COSTS", "compute_nodes", "min_max_partition"]
 
 COSTS = ("flops", "params", "time")
-BALANCE_KEY = "pipecompile_balance"  # GraphModule.meta key of the balance report
 _OPS = ("call_function", "call_method", "call_module")
 
 
@@ -52,8 +53,10 @@ def balance_stages(
     pinned: Mapping[str, int] | None = None,
     model: CostModel | None = None,
     program: Program | None = None,
-) -> fx.GraphModule:
-    """Return a copy of ``module`` with each op assigned to one of ``stages`` stages.
+    checkpoint: str = "never",
+) -> tuple[fx.GraphModule, BalanceReport]:
+    """Return a copy of ``module`` with each op assigned to one of ``stages`` stages, and the
+    report of the split (see ``BalanceReport``).
 
     Args:
         module: an annotated graph module (see annotate_costs).
@@ -67,6 +70,8 @@ def balance_stages(
             communication, replicated over ``model.workers``) under the memory limits.
         program: the compute program of the chosen schedule (placement, micro-batches in
             flight, weight copies); required with ``model``.
+        checkpoint: the ``--checkpoint`` policy whose stored activations the memory limits
+            count (the forwards it checkpoints store only their inputs).
 
     Raises:
         BalanceError: fewer legal cut points than stages - 1, an unknown cost, or a requested
@@ -97,6 +102,7 @@ def balance_stages(
     else:
         assert program is not None and program.num_stages == stages
         model.validate(len(program.devices), stages)
+        program = with_checkpoints(program, policy_counts(checkpoint, program))
         manual = bool(cuts) or len(ops) != len(compute_nodes(module.graph))
         orders = candidate_orders(out.graph)[: 1 if manual else None]
         solved = (
@@ -113,13 +119,13 @@ def balance_stages(
         for atom in atoms[first:end]:
             for node in atom:
                 with_info(node, stage=j)
-    out.meta[BALANCE_KEY] = {
-        "cost": cost,
-        **report,
-        "stage_ops": [sum(len(a) for a in atoms[s:e]) for s, e in _spans(starts, len(atoms))],
-        "requested_boundaries": len(cuts),
-    }
-    return out
+    stage_ops = [sum(len(a) for a in atoms[s:e]) for s, e in _spans(starts, len(atoms))]
+    firsts = [sum(stage_ops[:j]) for j in range(len(stage_ops))]
+    frozen = {k: tuple(v) if isinstance(v, list) else v for k, v in report.items()}
+    return out, BalanceReport(
+        starts=tuple(firsts), method="min_max" if model is None else "modelled", cost=cost,
+        stage_ops=tuple(stage_ops), requested_boundaries=len(cuts), **frozen,
+    )  # fmt: skip
 
 
 def _modelled(

@@ -230,7 +230,7 @@ def _compile(args: argparse.Namespace) -> int:
         replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
         machine=machine,
         print_after=frozenset(args.print_after),
-        progress=not args.quiet,
+        progress=not args.quiet, verify_each=args.verify_each,
     )  # fmt: skip
     start = time.perf_counter()
     notes: list[str] = []

@@ -134,6 +134,12 @@ class CompileOptions:
         metavar="PASS",
         help=f"print the IR after a pass ({', '.join(PASSES)})",
     )
+    verify_each: bool = option(
+        "--verify-each",
+        switch=True,
+        help="run the expensive IR checks (graph re-propagation, program verification and "
+        "simulation) after every compiler pass, not only after the last",
+    )
     onnx: bool = option("--onnx", switch=True, help="also export every stage to stage_<j>.onnx")
     force: bool = option(
         "--force",

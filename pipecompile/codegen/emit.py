@@ -249,7 +249,7 @@ def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, 
         "schedule": program.schedule,
         "device_map": list(program.stage_device),
         "replicas": list(compiled.replicas or [1] * len(graph.stages)),
-        "balance": compiled.balance,
+        "balance": compiled.balance.as_json() if compiled.balance else {},
         "program": PROGRAM,
         "stages": [
             {

@@ -1,17 +1,22 @@
-"""The compiler driver: runs the passes in order, verifies the IR after each, times them."""
+"""The compiler driver: runs the table of passes in order, each once, checks the IR after each,
+times them."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from pipecompile.compiler import checks
 from pipecompile.errors import InternalError, PipecompileError
 from pipecompile.frontend.tracer import trace
+from pipecompile.ir.balance_report import BalanceReport
+from pipecompile.ir.checkpoint_policy import check_policy
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.microbatch import split_microbatches
@@ -19,7 +24,6 @@ from pipecompile.ir.program import Program
 from pipecompile.ir.stage_graph import StageGraph
 from pipecompile.ir.topology import topology
 from pipecompile.ir.traced import Traced
-from pipecompile.ir.verify_program import verify_program
 from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import (
@@ -32,26 +36,135 @@ from pipecompile.passes import (
     profile_costs,
     split_stages,
 )
-from pipecompile.passes.balance_stages import BALANCE_KEY
 from pipecompile.schedules import generate
 
-__all__ = ["PASSES", "Compiled", "compile_model"]
+__all__ = ["PASSES", "TABLE", "Pass", "Compiled", "compile_model"]
 
-# The passes, in the order they run; `--print-after NAME` prints the IR after any of them.
-PASSES = (
-    "schedule",
-    "trace",
-    "annotate_costs",
-    "profile_costs",
-    "balance_stages",
-    "split_stages",
-    "activation_memory",
-    "insert_checkpoints",
-    "insert_communication",
-    "insert_replication",
-)
+IR = dict[str, Any]  # the IR values by name: what the passes take and give
 
-T = TypeVar("T")
+
+@dataclass(frozen=True)
+class Request:
+    """What compile_model was asked: the model, one micro-batch of inputs, the options."""
+
+    model: nn.Module
+    micro: dict[str, torch.Tensor]
+    meta: bool  # the model has no weights: traced on meta inputs, never run
+    stages: int
+    microbatches: int
+    schedule: str
+    balance: str
+    split_at: tuple[str, ...]
+    pinned: dict[str, int] | None
+    virtual_stages: int | None
+    vertical_sync: bool
+    checkpoint: str
+    memory_budget: int | None
+    replicas: tuple[int, ...] | None
+    machine: CostModel
+    progress: bool
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One row of the table: the pass ``run(request, ir)`` reads the values named ``takes``
+    and returns those named ``gives`` (a tuple when several); ``check`` (cheap) runs after
+    it always, ``verify`` (expensive) under ``verify_each`` and, for the last pass, always;
+    a pass whose ``when`` is false for the request is skipped."""
+
+    name: str
+    run: Callable[[Request, IR], Any]
+    takes: tuple[str, ...]
+    gives: tuple[str, ...]
+    check: Callable[[IR], None]
+    verify: Callable[[IR], None] | None = None
+    when: Callable[[Request], bool] | None = None
+
+
+def _schedule(r: Request, ir: IR) -> Program:
+    # First: it needs no graph, so bad schedule options fail before tracing.
+    compute = generate(r.schedule, r.stages, r.microbatches, virtual_stages=r.virtual_stages,
+                       vertical_sync=r.vertical_sync)  # fmt: skip
+    _check_options(r, compute)
+    return compute
+
+
+def _trace(r: Request, ir: IR) -> Traced:
+    shown = {k: v.to("meta") for k, v in r.micro.items()} if r.meta else r.micro
+    return trace(r.model, shown)
+
+
+def _annotate(r: Request, ir: IR) -> Any:
+    return annotate_costs(ir["traced"].module, root=ir["traced"].root)
+
+
+def _profile(r: Request, ir: IR) -> Any:
+    inputs = [r.micro[n] for n in ir["traced"].input_names]
+    return profile_costs(ir["annotated"], inputs=inputs, progress=r.progress)
+
+
+def _balance(r: Request, ir: IR) -> Any:
+    return balance_stages(
+        ir["annotated"], stages=r.stages, cost=r.balance, split_at=r.split_at, pinned=r.pinned,
+        model=r.machine, program=ir["compute"], checkpoint=r.checkpoint,
+    )  # fmt: skip
+
+
+def _split(r: Request, ir: IR) -> StageGraph:
+    return split_stages(ir["balanced"], traced=ir["traced"])
+
+
+def _memory(r: Request, ir: IR) -> Any:
+    return activation_memory(ir["graph"])
+
+
+def _checkpoint(r: Request, ir: IR) -> Program:
+    flops = [s.flops for s in ir["graph"].stages]
+    return insert_checkpoints(ir["compute"], memory=ir["memory"], flops=flops,
+                              policy=r.checkpoint, budget=r.memory_budget)  # fmt: skip
+
+
+def _communicate(r: Request, ir: IR) -> Program:
+    return insert_communication(ir["checkpointed"], topology=topology(ir["graph"]))
+
+
+def _replicate(r: Request, ir: IR) -> Program:
+    return insert_replication(ir["communicating"], replicas=_replica_counts(r, ir["balance"]))
+
+
+def _graph_check(key: str) -> Callable[[IR], None]:
+    return lambda ir: checks.repropagate(ir[key] if key != "traced" else ir[key].module)
+
+
+def _program_check(key: str) -> Callable[[IR], None]:
+    return lambda ir: checks.check_program(ir[key])
+
+
+# The passes, in the order they run, each once; `--print-after NAME` prints what a pass gives.
+# `insert_checkpoints` runs after `activation_memory`, whose bytes a --memory-budget needs; the
+# balancer models the --checkpoint policy's stored activations itself (ir/checkpoint_policy).
+TABLE: tuple[Pass, ...] = (
+    Pass("schedule", _schedule, (), ("compute",), _program_check("compute"),
+         lambda ir: checks.verify_compute(ir["compute"])),
+    Pass("trace", _trace, (), ("traced",), checks.lint_traced, _graph_check("traced")),
+    Pass("annotate_costs", _annotate, ("traced",), ("annotated",), checks.lint_annotated,
+         _graph_check("annotated")),
+    Pass("profile_costs", _profile, ("traced", "annotated"), ("annotated",),
+         checks.lint_annotated, _graph_check("annotated"), when=lambda r: r.balance == "time"),
+    Pass("balance_stages", _balance, ("annotated", "compute"), ("balanced", "balance"),
+         checks.check_balanced, _graph_check("balanced")),
+    Pass("split_stages", _split, ("balanced", "traced"), ("graph",), checks.check_stage_graph,
+         lambda ir: checks.lint_stages(ir["graph"])),
+    Pass("activation_memory", _memory, ("graph",), ("memory",), checks.check_memory),
+    Pass("insert_checkpoints", _checkpoint, ("compute", "memory", "graph"), ("checkpointed",),
+         _program_check("checkpointed"), lambda ir: checks.verify_compute(ir["checkpointed"])),
+    Pass("insert_communication", _communicate, ("checkpointed", "graph"), ("communicating",),
+         _program_check("communicating"),
+         lambda ir: checks.verify_linked(ir["communicating"], ir["graph"])),
+    Pass("insert_replication", _replicate, ("communicating", "balance"), ("program",),
+         _program_check("program"), lambda ir: checks.verify_linked(ir["program"], ir["graph"])),
+)  # fmt: skip
+PASSES = tuple(p.name for p in TABLE)
 
 
 def compile_model(
@@ -72,6 +185,7 @@ def compile_model(
     machine: CostModel | None = None,
     print_after: frozenset[str] = frozenset(),
     progress: bool = False,
+    verify_each: bool = False,
 ) -> Compiled:
     """Trace ``model`` on one micro-batch of ``inputs`` and compile it into stages and a program.
 
@@ -97,87 +211,105 @@ def compile_model(
             limits, workers to replicate over); default ``CostModel()``. With
             ``machine.workers`` the balancer also chooses the replica counts.
         print_after: pass names after which the IR is printed.
-        progress: print one line per pass to stderr.
+        progress: print one line per pass (and per expensive check) to stderr.
+        verify_each: run the expensive checks (fake-tensor re-propagation of each graph,
+            ``verify_program`` with its simulation of each program) after every pass, not
+            only after the last; each is timed as ``verify NAME``.
 
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
+        InternalError: a pass failed, or the IR it produced failed its check (a bug).
     """
     unknown = sorted(print_after - set(PASSES))
     if unknown:
         raise PipecompileError(
             f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}"
         )
-    options: dict[str, Any] = {"virtual_stages": virtual_stages, "vertical_sync": vertical_sync}
-    runner = _PassRunner(print_after, progress)
-    # The schedule comes first: it needs no graph, so bad schedule options fail before tracing,
-    # and the balancer's memory model reads it.
-    compute = runner("schedule", lambda: generate(schedule, stages, microbatches, **options), None)
-    machine = machine or CostModel()
-    _check_machine(machine, compute, replicas=replicas, memory_budget=memory_budget)
-    # What the --checkpoint policy keeps, for the balancer's memory limits; the stages' real
-    # bytes (and --memory-budget) only exist after splitting, where insert_checkpoints runs.
-    policy = insert_checkpoints(compute, memory=(), flops=(), policy=checkpoint)
-    micro = split_microbatches(inputs, microbatches)[0]
-    meta = is_meta_model(model)  # no weights: traced on meta inputs, never run
-    if meta and balance == "time":
+    request = Request(
+        model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
+        microbatches, schedule, balance, split_at, pinned, virtual_stages, vertical_sync,
+        checkpoint, memory_budget, replicas, machine or CostModel(), progress,
+    )  # fmt: skip
+    ir, timings = run_passes(request, print_after=print_after, verify_each=verify_each)
+    micro = request.micro
+    return Compiled(
+        ir["graph"], ir["program"], next(iter(micro.values())).shape[0] if micro else 0,
+        ir["memory"], _replica_counts(request, ir["balance"]), ir["balance"], timings,
+        fingerprint=graph_fingerprint(ir["traced"].module),
+    )  # fmt: skip
+
+
+def run_passes(
+    request: Request, *, print_after: frozenset[str] = frozenset(), verify_each: bool = False
+) -> tuple[IR, tuple[tuple[str, float], ...]]:
+    """Run every pass of TABLE that applies to ``request``, in order; return the IR values by
+    name and the ``(name, seconds)`` timings."""
+    ir: IR = {}
+    timings: list[tuple[str, float]] = []
+    todo = [p for p in TABLE if p.when is None or p.when(request)]
+    for k, step in enumerate(todo):
+        start = time.perf_counter()
+        _give(step, _guarded(step.name, "failed", step.run, request, ir), ir)
+        _guarded(step.name, "produced a bad IR", step.check, ir)
+        _record(timings, step.name, start, request.progress)
+        if step.verify is not None and (verify_each or k == len(todo) - 1):
+            start = time.perf_counter()
+            _guarded(step.name, "produced a bad IR", step.verify, ir)
+            if verify_each:
+                _record(timings, f"verify {step.name}", start, request.progress)
+            else:  # the final check, timed with the last pass as it always was
+                name, seconds = timings.pop()
+                timings.append((name, seconds + time.perf_counter() - start))
+        if step.name in print_after:
+            print(f"--- IR after {step.name} ---\n{_ir_text(ir[step.gives[0]])}")
+    return ir, tuple(timings)
+
+
+def _give(step: Pass, result: Any, ir: IR) -> None:
+    values = result if len(step.gives) > 1 else (result,)
+    ir.update(zip(step.gives, values, strict=True))
+
+
+def _guarded(name: str, what: str, run: Callable[..., Any], *args: Any) -> Any:
+    """``run(*args)``; a user's error passes through, anything else is our bug in pass
+    ``name``."""
+    try:
+        return run(*args)
+    except PipecompileError as err:  # the user's to fix, such as a tie under pipedream
+        if what != "failed":
+            err.add_note(f"(found by the check after pass {name})")
+        raise
+    except Exception as err:
+        raise InternalError(_bug(name, what, err)) from err
+
+
+def _bug(name: str, what: str, err: Exception) -> str:
+    return (
+        f"pass {name} {what}: {type(err).__name__}: {err}\n"
+        "This is a pipecompile bug; please report it with the model file."
+    )
+
+
+def _record(timings: list[tuple[str, float]], name: str, start: float, progress: bool) -> None:
+    seconds = time.perf_counter() - start
+    timings.append((name, seconds))
+    if progress:
+        print(f"  {name:<22} {seconds * 1000:8.1f} ms", file=sys.stderr)
+
+
+def _replica_counts(r: Request, report: BalanceReport) -> tuple[int, ...]:
+    return tuple(r.replicas or report.replicas or (1,) * r.stages)
+
+
+def _check_options(r: Request, compute: Program) -> None:
+    """The options that contradict each other or the schedule, before any tracing."""
+    _check_machine(r.machine, compute, replicas=r.replicas, memory_budget=r.memory_budget)
+    check_policy(r.checkpoint)
+    if r.meta and r.balance == "time":
         raise PipecompileError(
-            f"--balance time measures each op on real weights, and {type(model).__name__} is "
+            f"--balance time measures each op on real weights, and {type(r.model).__name__} is "
             "on the meta device; balance on flops (the default) or params"
         )
-    shown = {k: v.to("meta") for k, v in micro.items()} if meta else micro
-    traced: Traced = runner("trace", lambda: trace(model, shown), None)
-    annotated = runner(
-        "annotate_costs", lambda: annotate_costs(traced.module, root=traced.root), None
-    )
-    if balance == "time":  # measured on this machine, cached
-        inputs_now = [micro[n] for n in traced.input_names]
-        annotated = runner(
-            "profile_costs",
-            lambda: profile_costs(annotated, inputs=inputs_now, progress=progress),
-            None,
-        )
-    balanced = runner(
-        "balance_stages",
-        lambda: balance_stages(
-            annotated,
-            stages=stages,
-            cost=balance,
-            split_at=split_at,
-            pinned=pinned,
-            model=machine,
-            program=policy,
-        ),  # fmt: skip
-        None,
-    )
-    graph = runner("split_stages", lambda: split_stages(balanced, traced=traced), StageGraph.verify)
-    memory = runner("activation_memory", lambda: activation_memory(graph), None)
-    checkpointed = runner(
-        "insert_checkpoints",
-        lambda: insert_checkpoints(
-            compute,
-            memory=memory,
-            flops=[s.flops for s in graph.stages],
-            policy=checkpoint,
-            budget=memory_budget,
-        ),  # fmt: skip
-        None,
-    )
-    check = topology(graph)
-    communicating = runner(
-        "insert_communication", lambda: insert_communication(checkpointed, topology=check), None
-    )
-    report = dict(balanced.meta.get(BALANCE_KEY, {}))
-    counts = tuple(replicas or report.get("replicas") or (1,) * stages)
-    program = runner(
-        "insert_replication",
-        lambda: insert_replication(communicating, replicas=counts),
-        lambda p: verify_program(p, check),
-    )
-    size = next(iter(micro.values())).shape[0] if micro else 0
-    return Compiled(
-        graph, program, size, memory, counts, report, runner.timings,
-        fingerprint=graph_fingerprint(traced.module),
-    )  # fmt: skip
 
 
 def _check_machine(
@@ -205,33 +337,6 @@ def _check_machine(
             "split) and --memory-budget (activations only, used to choose checkpointing for "
             "the split) cannot be combined; give one"
         )
-
-
-class _PassRunner:
-    def __init__(self, print_after: frozenset[str], progress: bool) -> None:
-        self.print_after = print_after
-        self.progress = progress
-        self.timings: dict[str, float] = {}
-
-    def __call__(self, name: str, run: Callable[[], T], verify: Callable[[T], Any] | None) -> T:
-        start = time.perf_counter()
-        try:
-            result = run()
-            if verify is not None:
-                verify(result)
-        except PipecompileError:
-            raise
-        except Exception as err:
-            raise InternalError(
-                f"pass {name} failed: {type(err).__name__}: {err}\n"
-                "This is a pipecompile bug; please report it with the model file."
-            ) from err
-        self.timings[name] = time.perf_counter() - start
-        if self.progress:
-            print(f"  {name:<22} {self.timings[name] * 1000:8.1f} ms", file=sys.stderr)
-        if name in self.print_after:
-            print(f"--- IR after {name} ---\n{_ir_text(result)}")
-        return result
 
 
 def _ir_text(value: object) -> str:

@@ -3,9 +3,9 @@ way (stored bytes per stage, replica counts, the balance report, pass timings)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.program import Program
 from pipecompile.ir.saved_bytes import StageMemory
 from pipecompile.ir.stage_graph import StageGraph
@@ -15,13 +15,18 @@ __all__ = ["Compiled"]
 
 @dataclass(frozen=True)
 class Compiled:
-    """The result of compiling: the stage graph, the program and how long each pass took."""
+    """The result of compiling: the stage graph, the program and how long each pass took.
+
+    ``timings`` holds ``(name, seconds)`` in the order they ran: each pass that ran (with its
+    cheap IR check), and under ``verify_each`` each ``verify NAME``, the expensive checks of
+    the IR a pass produced.
+    """
 
     graph: StageGraph
     program: Program
     microbatch_size: int
     memory: tuple[StageMemory, ...] = ()
     replicas: tuple[int, ...] = ()
-    balance: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
+    balance: BalanceReport | None = None
+    timings: tuple[tuple[str, float], ...] = ()
     fingerprint: str = ""  # of the traced graph, see ``graph_fingerprint``

@@ -41,9 +41,16 @@ def test_annotation_records_bytes_and_leaves_input_untouched():
 def test_every_op_gets_a_stage_and_stages_are_contiguous():
     spec = example_spec("gpt")
     traced = trace(spec.model, spec.inputs)
-    balanced = balance_stages(annotate_costs(traced.module, root=traced.root), stages=4)
+    balanced, report = balance_stages(annotate_costs(traced.module, root=traced.root), stages=4)
     stages = [info(n).stage for n in compute_nodes(balanced.graph)]
     assert stages == sorted(stages) and set(stages) == {0, 1, 2, 3}
+    assert report.starts == tuple(stages.index(j) for j in range(4))
+    assert report.stage_ops == tuple(stages.count(j) for j in range(4))
+    assert report.method == "min_max" and report.bottleneck == max(report.stage_costs)
+    assert list(report.as_json()) == [
+        "cost", "stage_costs", "bottleneck", "lower_bound", "unconstrained_optimum",
+        "stage_ops", "requested_boundaries",
+    ]  # fmt: skip
 
 
 class TupleAcross(torch.nn.Module):
@@ -58,7 +65,7 @@ def test_values_that_are_tuples_never_cross_a_boundary():
     annotated = annotate_costs(traced.module, root=traced.root)
     with pytest.raises(BalanceError, match="has 5 ops but only 2 places where a stage may start"):
         balance_stages(annotated, stages=3)
-    balanced = balance_stages(annotated, stages=2)
+    balanced, _ = balance_stages(annotated, stages=2)
     stage = {n.name: info(n).stage for n in compute_nodes(balanced.graph)}
     assert stage["chunk"] == stage["getitem"] == stage["getitem_1"] == 0 and stage["add"] == 1
 

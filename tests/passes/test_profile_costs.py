@@ -33,7 +33,7 @@ def test_balance_time_cuts_exactly_on_the_measured_times():
     times = [1000 * (k + 1) ** 2 for k in range(len(ops))]  # stand-in measurements
     for node, t in zip(ops, times):
         with_info(node, time_ns=t)
-    balanced = balance_stages(annotated, stages=3, cost="time")
+    balanced, _ = balance_stages(annotated, stages=3, cost="time")
     stages = [info(n).stage for n in compute_nodes(balanced.graph)]
     starts = min_max_partition(times, 3)
     assert [stages.index(j) for j in range(3)] == starts

@@ -1,0 +1,133 @@
+"""The driver's checks of the IR a pass produced: a cheap one after every pass, an expensive one
+after every pass under ``verify_each`` (and after the last pass always).
+
+Each check reads the driver's named IR values (``ir["graph"]`` ...) and raises on a broken IR;
+the driver reports the failure as an InternalError naming the pass it ran after.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from pipecompile.frontend.fake_prop import propagate_fake
+from pipecompile.ir.graph_copy import copy_graph_module
+from pipecompile.ir.node_info import info
+from pipecompile.ir.program import Program
+from pipecompile.ir.stage_graph import StageGraph
+from pipecompile.ir.topology import Topology, topology
+from pipecompile.ir.verify_program import verify_program
+from pipecompile.passes.balance_stages import compute_nodes
+
+__all__ = [
+    "lint_traced", "lint_annotated", "check_balanced", "check_stage_graph", "check_memory",
+    "check_program", "repropagate", "lint_stages", "verify_compute", "verify_linked",
+]  # fmt: skip
+
+IR = dict[str, Any]
+
+
+def lint_traced(ir: IR) -> None:
+    """The traced graph is well formed (fx's lint: defined before used, one output)."""
+    ir["traced"].module.graph.lint()
+
+
+def lint_annotated(ir: IR) -> None:
+    """Well formed, and its ops' costs are non-negative."""
+    _lint_costs(ir["annotated"])
+
+
+def check_balanced(ir: IR) -> None:
+    """Well formed; every op has a stage, stages run 0, 1, ... in graph order without gaps;
+    the report counts the same ops per stage."""
+    module, report = ir["balanced"], ir["balance"]
+    _lint_costs(module)
+    stages = [info(n).stage for n in compute_nodes(module.graph)]
+    if None in stages:
+        raise AssertionError("an op has no stage")
+    counts = [stages.count(j) for j in range(max(stages, default=-1) + 1)]
+    if stages != sorted(stages) or 0 in counts:  # type: ignore[type-var]
+        raise AssertionError(f"stages are not contiguous in graph order: {stages}")
+    if tuple(counts) != report.stage_ops:
+        raise AssertionError(f"ops per stage {counts}, the report says {list(report.stage_ops)}")
+
+
+def check_stage_graph(ir: IR) -> None:
+    """The stage graph's invariants (``StageGraph.verify``)."""
+    ir["graph"].verify()
+
+
+def check_memory(ir: IR) -> None:
+    """One non-negative StageMemory per stage."""
+    memory, stages = ir["memory"], len(ir["graph"].stages)
+    if len(memory) != stages or any(m.saved < 0 or m.inputs < 0 for m in memory):
+        raise AssertionError(f"{len(memory)} stage memories for {stages} stages: {memory}")
+
+
+def check_program(program: Program) -> None:
+    """Well formed: the device list matches the placement, every instruction names an existing
+    stage and micro-batch and runs on its stage's device."""
+    if not program.stage_device or len(program.devices) != max(program.stage_device) + 1:
+        raise AssertionError(
+            f"{len(program.devices)} devices for the placement {list(program.stage_device)}"
+        )
+    for d, k, x in program.instructions():
+        bad_batch = x.microbatch is not None and not 0 <= x.microbatch < program.microbatches
+        if not 0 <= x.stage < program.num_stages or bad_batch:
+            raise AssertionError(f"no such stage or micro-batch\n{program.show_around(d, k)}")
+        if program.stage_device[x.stage] != d:
+            raise AssertionError(f"on the wrong device\n{program.show_around(d, k)}")
+
+
+def repropagate(module: fx.GraphModule) -> None:
+    """Run the graph again on fake inputs and compare every tensor's shape and dtype with the
+    recorded ``meta["val"]``: the graph still computes what its annotations say."""
+    copy = copy_graph_module(module)
+    places = [n for n in copy.graph.nodes if n.op == "placeholder"]
+    before = {n.name: n.meta.get("val") for n in copy.graph.nodes}
+    propagate_fake(copy, [_zeros_like(n.meta["val"]) for n in places])
+    for node in copy.graph.nodes:
+        old, new = before[node.name], node.meta.get("val")
+        if isinstance(old, torch.Tensor) and (
+            not isinstance(new, torch.Tensor) or (old.shape, old.dtype) != (new.shape, new.dtype)
+        ):
+            raise AssertionError(f"{node.name}: recorded {_describe(old)}, now {_describe(new)}")
+
+
+def lint_stages(graph: StageGraph) -> None:
+    """Every stage's graph is well formed."""
+    for stage in graph.stages:
+        stage.module.graph.lint()
+
+
+def verify_compute(program: Program) -> None:
+    """A compute-only program (no messages yet): counts, order, versions, and it runs to the
+    end (``verify_program`` against stages that exchange nothing)."""
+    verify_program(program, Topology(program.num_stages, frozenset()))
+
+
+def verify_linked(program: Program, graph: StageGraph) -> None:
+    """A program with its messages: ``verify_program`` against the stage graph's topology."""
+    verify_program(program, topology(graph))
+
+
+def _lint_costs(module: fx.GraphModule) -> None:
+    module.graph.lint()
+    for node in compute_nodes(module.graph):
+        facts = info(node)
+        if min(facts.flops, facts.param_bytes, facts.activation_bytes, facts.time_ns) < 0:
+            raise AssertionError(f"{node.name}: negative cost {facts}")
+
+
+def _zeros_like(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.zeros(value.shape, dtype=value.dtype, device=value.device)
+    return value
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{list(value.shape)}"
+    return type(value).__name__

@@ -1,0 +1,71 @@
+"""The balance report: where the balancer cut the stages, what each stage costs, and how.
+
+The balancer returns it beside the balanced graph; the driver hands it to the later steps
+(the replica counts it chose) and to the manifest, whose ``balance`` object is ``as_json()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["BalanceReport"]
+
+
+@dataclass(frozen=True)
+class BalanceReport:
+    """What the balancer decided and why.
+
+    ``starts`` and ``method`` describe the decision (the index, among the graph's ops, of each
+    stage's first op; ``"min_max"`` for the plain summed-cost split, ``"modelled"`` for the
+    machine model's predicted times) and stay out of the manifest. The other fields are the
+    manifest's ``balance`` object, in its order; those of the modelled split only (``unit``
+    and the ``stage_*`` times, ``replicas``, ``model``, ``stage_memory`` under a memory limit,
+    ``stage_balanced``, ``order``, ``orders``) are None after a plain split and left out.
+    """
+
+    starts: tuple[int, ...]
+    method: str
+    cost: str
+    stage_costs: tuple[float, ...]
+    bottleneck: float
+    lower_bound: float
+    unconstrained_optimum: float
+    stage_ops: tuple[int, ...]
+    requested_boundaries: int
+    unit: str | None = None
+    stage_compute: tuple[float, ...] | None = None
+    stage_comm: tuple[float, ...] | None = None
+    stage_comm_bytes: tuple[int, ...] | None = None
+    stage_params: tuple[int, ...] | None = None
+    replicas: tuple[int, ...] | None = None
+    model: dict[str, Any] | None = None
+    stage_memory: tuple[int, ...] | None = None
+    stage_balanced: tuple[int, ...] | None = None
+    order: str | None = None
+    orders: dict[str, float] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The manifest's ``balance`` object: every field set, in the manifest's key order."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {
+            key: list(values[key]) if isinstance(values[key], tuple) else values[key]
+            for key in _JSON_ORDER
+            if values[key] is not None
+        }
+
+    def __str__(self) -> str:
+        costs = " ".join(f"{c:g}" for c in self.stage_costs)
+        return (
+            f"balance ({self.method}, {self.cost}{', ' + self.unit if self.unit else ''}): "
+            f"stages start at ops {list(self.starts)}; costs {costs}; "
+            f"bottleneck {self.bottleneck:g}, lower bound {self.lower_bound:g}"
+        )
+
+
+# The manifest's key order, as the balancer has always written it.
+_JSON_ORDER = (
+    "cost", "unit", "stage_costs", "stage_compute", "stage_comm", "stage_comm_bytes",
+    "stage_params", "bottleneck", "lower_bound", "unconstrained_optimum", "replicas", "model",
+    "stage_memory", "stage_balanced", "order", "orders", "stage_ops", "requested_boundaries",
+)  # fmt: skip
