@@ -12,9 +12,8 @@ Example:
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import inspect
-import json
 import shutil
 import tempfile
 import warnings
@@ -27,7 +26,7 @@ import torch
 from safetensors.torch import save_model
 from torch import nn
 
-from pipecompile.codegen.emit import INIT, INIT_CONSTANTS, MANIFEST, ModelRef, emit
+from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.codegen.output_dir import (
     check_replaceable,
     inside,
@@ -37,6 +36,8 @@ from pipecompile.codegen.output_dir import (
 )
 from pipecompile.codegen.weight_sources import weight_plan
 from pipecompile.errors import PipecompileError, WeightsError
+from pipecompile.files.names import INIT, INIT_CONSTANTS, stage_weights
+from pipecompile.ir.manifest import WeightsRecord, write_manifest
 from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.runtime.load import read_manifest
@@ -180,7 +181,7 @@ class CompiledPipeline:
     @property
     def inputs(self) -> list[str]:
         """The model's input names, in forward() order."""
-        return list(self.manifest["inputs"])
+        return list(self.manifest.inputs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Inference through the pipeline on one mini-batch (split into micro-batches)."""
@@ -314,19 +315,23 @@ class CompiledPipeline:
         out = Path(directory)
         keep = check_replaceable(out, force=force)
         tmp = new_temp_dir(out)
-        manifest = copy.deepcopy(self.manifest)
-        manifest["weights"] = {"source": "stage_files"}  # the current values, all of them
+        stages = tuple(
+            dataclasses.replace(entry, weights=entry.weights or stage_weights(j),
+                                from_checkpoint=None, from_init=None)
+            for j, entry in enumerate(self.manifest.stages)
+        )  # fmt: skip
+        # every stage file now holds the current values, all of them
+        manifest = dataclasses.replace(
+            self.manifest, stages=stages, weights=WeightsRecord("stage_files")
+        )
         try:
             for name in owned_names(self.manifest) - {INIT, INIT_CONSTANTS}:
                 if (self.directory / name).is_file():
                     shutil.copy2(self.directory / name, tmp / name)
-            for j, (module, entry) in enumerate(zip(self.pipeline.modules, manifest["stages"])):
-                entry.pop("from_checkpoint", None)
-                entry.pop("from_init", None)
-                entry["weights"] = entry.get("weights") or f"stage_{j}.safetensors"
-                if module is not None:
-                    save_model(module, str(tmp / entry["weights"]))
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            for module, entry in zip(self.pipeline.modules, manifest.stages):
+                if module is not None and entry.weights is not None:
+                    save_model(module, str(tmp / entry.weights))
+            write_manifest(tmp, manifest)
             replace_output(tmp, out, keep=keep)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -427,7 +427,7 @@ def _check_program_options(args: argparse.Namespace, directory: Path) -> None:
     from pipecompile.runtime.training.loop import check_options
 
     manifest = read_manifest(directory)
-    program = read_program(Path(args.program) if args.program else directory / manifest["program"])
+    program = read_program(Path(args.program) if args.program else directory / manifest.program)
     _refuse_ignored(args)
     check_options(_train_options(args, directory), program)
 
@@ -503,7 +503,7 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
             f"                 {format_size(dev.peak_stored):>10} / "
             f"{format_size(want[d]) if want else '-'}"
         )
-    balance = pipe.manifest.get("balance") or {}
+    balance = pipe.manifest.balance or {}
     predicted_ns = balance.get("stage_compute") if balance.get("unit") == "ns" else None
     m = pipe.program.microbatches
     rows.append("stage   compute per micro-batch, forward + backward (measured / predicted)")
@@ -523,10 +523,11 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
 
 
 def _run_distributed(args: argparse.Namespace) -> int:
+    from pipecompile.files.names import METRICS
     from pipecompile.runtime.distributed.launch import launch
 
     if args.metrics is None:
-        args.metrics = str(Path(args.directory) / "metrics.jsonl")
+        args.metrics = str(Path(args.directory) / METRICS)
     ranks = to_argv(from_args(RunFlags, args)) + to_argv(from_args(TrainFlags, args))
     return launch(args.nproc, [args.directory, *ranks])
 

@@ -11,6 +11,7 @@ import pytest
 from pipecompile.cli import main
 from pipecompile.codegen.output_dir import check_replaceable, owned_names
 from pipecompile.errors import EmitError
+from pipecompile.ir.manifest import read_manifest
 from tests.conftest import EXAMPLES
 
 MLP = str(EXAMPLES / "mlp.py")
@@ -182,8 +183,7 @@ def _writable(directory: Path) -> bool:
 
 
 def test_owned_names_cover_everything_a_compile_writes(emitted):
-    manifest = json.loads((emitted / "manifest.json").read_text())
-    assert {p.name for p in emitted.iterdir()} <= owned_names(manifest)
+    assert {p.name for p in emitted.iterdir()} <= owned_names(read_manifest(emitted))
     assert check_replaceable(emitted) == []
 
 

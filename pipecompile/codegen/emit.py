@@ -6,6 +6,7 @@ when complete, so a failure never leaves a half-written directory or destroys a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,8 +19,6 @@ from safetensors.torch import save_file, save_model
 from pipecompile import __version__
 from pipecompile.codegen.device_literals import drop_device_literals
 from pipecompile.codegen.output_dir import (
-    FORMAT,
-    MANIFEST,
     check_replaceable,
     kept_note,
     new_temp_dir,
@@ -33,19 +32,28 @@ from pipecompile.codegen.weight_sources import (
     unused_in_checkpoint,
 )
 from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.files import names as files
 from pipecompile.files.disk import disk_message, os_error
+from pipecompile.files.names import INIT, INIT_CONSTANTS, PROGRAM
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.layers import layer_groups
 from pipecompile.ir.lower import lower_stage
+from pipecompile.ir.manifest import (
+    FORMAT,
+    ActivationBytes,
+    Edge,
+    Manifest,
+    ModelRecord,
+    StageEntry,
+    ValueSpec,
+    WeightsRecord,
+    write_manifest,
+)
 from pipecompile.ir.random_ops import random_nodes
-from pipecompile.ir.stage_graph import StageGraph
+from pipecompile.ir.stage_graph import Stage, StageGraph
 from pipecompile.model.fingerprint import file_fingerprint
 
-__all__ = ["ModelRef", "emit", "FORMAT", "MANIFEST", "WeightPlan"]
-
-PROGRAM = "program.txt"
-INIT = "init.json"
-INIT_CONSTANTS = "init_constants.safetensors"
+__all__ = ["ModelRef", "emit", "build_manifest", "WeightPlan"]
 
 
 @dataclass(frozen=True)
@@ -104,9 +112,9 @@ def _write_all(
         drop_device_literals(lowered)
         randoms.append([n.name for n in random_nodes(lowered)])
         source = stage_source(stage, lowered, num_stages=count, model=model.label)
-        (tmp / f"stage_{stage.index}.py").write_text(source)
+        (tmp / files.stage_source(stage.index)).write_text(source)
         found = stage_sources(stage, lowered, plan)
-        weights = tmp / f"stage_{stage.index}.safetensors"
+        weights = tmp / files.stage_weights(stage.index)
         if found.all_values:
             save_model(lowered, str(weights))
         elif found.values:
@@ -114,17 +122,8 @@ def _write_all(
         sources.append(found)
     (tmp / PROGRAM).write_text(str(compiled.program))
     init = _write_init(tmp, plan, sources)
-    manifest = build_manifest(compiled, model, out)
-    manifest["weights"] = _weights_entry(plan, sources, init, out)
-    for entry, found, names in zip(manifest["stages"], sources, randoms):  # type: ignore[union-attr]
-        entry["random_ops"] = names
-        if not found.values and not found.all_values:
-            entry["weights"] = None
-        if found.checkpoint:
-            entry["from_checkpoint"] = found.checkpoint
-        if found.init:
-            entry["from_init"] = found.init
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    weights = _weights_entry(plan, sources, init, out)
+    write_manifest(tmp, build_manifest(compiled, model, out, sources, randoms, weights))
     if notes is not None:
         notes.extend(_notes(plan, sources))
 
@@ -156,37 +155,40 @@ def _constants(raw: object) -> list[str]:
 
 
 def _weights_entry(plan: WeightPlan, sources: list[StageSources], init: str | None,
-                   out: Path) -> dict[str, object]:  # fmt: skip
+                   out: Path) -> WeightsRecord:  # fmt: skip
     """The manifest's ``weights``: where the tensors come from (docs/FORMAT.md)."""
-    entry: dict[str, object] = {"source": "stage_files"}
+    entry = WeightsRecord("stage_files")
     if init is not None:
-        entry = {"source": "init", "init": INIT, "seed": plan.seed}
-        if init == "constants":
-            entry["init_constants"] = INIT_CONSTANTS
+        constants = INIT_CONSTANTS if init == "constants" else None
+        entry = WeightsRecord("init", init=INIT, seed=plan.seed, init_constants=constants)
     if plan.checkpoint is not None and any(s.checkpoint for s in sources):
         root = plan.checkpoint.path.resolve()
         base = root.parent if root.is_file() else root
         names = {n for s in sources for n in s.checkpoint.values()}
         shards = sorted({os.path.relpath(plan.checkpoint.files[n].resolve(), base) for n in names})
-        entry = {**entry, "source": "checkpoint", "shards": shards,
-                 "checkpoint": os.path.relpath(root, Path(out).resolve())}  # fmt: skip
+        where = os.path.relpath(root, Path(out).resolve())
+        entry = dataclasses.replace(
+            entry, source="checkpoint", shards=tuple(shards), checkpoint=where
+        )
     if plan.held is not None:
-        entry.update(_held_entry(plan))
+        entry = _with_held(entry, plan)
     return entry
 
 
-def _held_entry(plan: WeightPlan) -> dict[str, object]:
+def _with_held(entry: WeightsRecord, plan: WeightPlan) -> WeightsRecord:
     """How many of the model's tensors the checkpoint gave, under which names, and which it
     lacked (initialised instead: --allow-missing)."""
     held = plan.held
     assert held is not None
-    entry: dict[str, object] = {"loaded": held.loaded, "model_tensors": held.total}
-    if held.names.added or held.names.removed:
-        prefix = {"added": held.names.added} if held.names.added else {}
-        entry["prefix"] = prefix or {"removed": held.names.removed}
-    if held.missing:
-        entry["missing"] = list(held.missing)
-    return entry
+    prefix = None
+    if held.names.added:
+        prefix = {"added": held.names.added}
+    elif held.names.removed:
+        prefix = {"removed": held.names.removed}
+    missing = tuple(held.missing) or None
+    return dataclasses.replace(
+        entry, loaded=held.loaded, model_tensors=held.total, prefix=prefix, missing=missing
+    )
 
 
 def _notes(plan: WeightPlan, sources: list[StageSources]) -> list[str]:
@@ -222,79 +224,83 @@ def _notes(plan: WeightPlan, sources: list[StageSources]) -> list[str]:
     return notes
 
 
-def build_manifest(compiled: Compiled, model: ModelRef, out: Path) -> dict[str, object]:
-    """The manifest as a JSON-ready dict (documented in docs/FORMAT.md)."""
+def build_manifest(
+    compiled: Compiled, model: ModelRef, out: Path, sources: list[StageSources],
+    randoms: list[list[str]], weights: WeightsRecord,
+) -> Manifest:  # fmt: skip
+    """The manifest (docs/FORMAT.md) of ``compiled`` written to ``out``: ``sources`` and
+    ``randoms`` are each stage's tensor sources and random ops, ``weights`` where they come
+    from."""
     graph, program = compiled.graph, compiled.program
     model_file = file_sha = None
     if model.file is not None:
         model_file = os.path.relpath(Path(model.file).resolve(), Path(out).resolve())
         file_sha = file_fingerprint(model.file)
-    return {
-        "format": FORMAT,
-        "pipecompile_version": __version__,
-        "model": {
-            "file": model_file,
-            "name": model.name,
-            "tracer": graph.tracer,
-            "file_sha256": file_sha,
-            "graph_sha256": compiled.fingerprint or None,
-        },  # fmt: skip
-        "inputs": list(graph.model_inputs),
-        "input_values": _input_values(graph),
-        "outputs": list(graph.model_outputs),
-        "output_spec": graph.output_spec,
-        "batch_dim": 0,
-        "microbatches": program.microbatches,
-        "microbatch_size": compiled.microbatch_size,
-        "schedule": program.schedule,
-        "device_map": list(program.stage_device),
-        "replicas": list(compiled.replicas or [1] * len(graph.stages)),
-        "balance": compiled.balance.as_json() if compiled.balance else {},
-        "program": PROGRAM,
-        "stages": [
-            {
-                "file": f"stage_{s.index}.py",
-                "class": class_name(s.index),
-                "weights": f"stage_{s.index}.safetensors",
-                "inputs": list(s.inputs),
-                "outputs": list(s.outputs),
-                "params": {name: list(originals) for name, originals in s.params.items()},
-                "flops": s.flops,
-                "param_bytes": s.param_bytes,
-                "device": program.stage_device[s.index],
-                **_activation_bytes(compiled, s.index),
-                "layers": [[path, ops] for path, ops in layer_groups(s.module.graph)],
-            }
-            for s in graph.stages
-        ],
-        "edges": [
-            {
-                "value": e.value,
-                "src": e.src,
-                "dst": e.dst,
-                "shape": list(e.shape),
-                "dtype": e.dtype,
-                "bytes": e.nbytes,
-            }
-            for e in graph.edges
-        ],  # fmt: skip
-    }
+    record = ModelRecord(
+        model_file, model.name, graph.tracer, file_sha, compiled.fingerprint or None
+    )
+    stages = zip(graph.stages, sources, randoms)
+    return Manifest(
+        format=FORMAT,
+        pipecompile_version=__version__,
+        model=record,
+        inputs=tuple(graph.model_inputs),
+        input_values=_input_values(graph),
+        outputs=tuple(graph.model_outputs),
+        output_spec=graph.output_spec,
+        batch_dim=0,
+        microbatches=program.microbatches,
+        microbatch_size=compiled.microbatch_size,
+        schedule=program.schedule,
+        device_map=tuple(program.stage_device),
+        replicas=tuple(compiled.replicas or [1] * len(graph.stages)),
+        balance=compiled.balance,
+        program=PROGRAM,
+        stages=tuple(_stage_entry(compiled, s, found, names) for s, found, names in stages),
+        edges=tuple(
+            Edge(e.value, e.src, e.dst, tuple(e.shape), e.dtype, e.nbytes) for e in graph.edges
+        ),
+        weights=weights,
+    )
 
 
-def _input_values(graph: StageGraph) -> list[dict[str, object]]:
+def _stage_entry(
+    compiled: Compiled, stage: Stage, found: StageSources, random_ops: list[str]
+) -> StageEntry:
+    j = stage.index
+    written = bool(found.values or found.all_values)
+    return StageEntry(
+        file=files.stage_source(j),
+        class_name=class_name(j),
+        weights=files.stage_weights(j) if written else None,
+        inputs=tuple(stage.inputs),
+        outputs=tuple(stage.outputs),
+        params={name: tuple(originals) for name, originals in stage.params.items()},
+        flops=stage.flops,
+        param_bytes=stage.param_bytes,
+        device=compiled.program.stage_device[j],
+        activation_bytes=_activation_bytes(compiled, j),
+        layers=tuple((path, ops) for path, ops in layer_groups(stage.module.graph)),
+        random_ops=tuple(random_ops),
+        from_checkpoint=found.checkpoint or None,
+        from_init=found.init or None,
+    )
+
+
+def _input_values(graph: StageGraph) -> tuple[ValueSpec, ...]:
     """Shape and dtype of each tensor model input per micro-batch (stage 0's placeholders)."""
     placeholders = [n for n in graph.stages[0].module.graph.nodes if n.op == "placeholder"]
-    values: list[dict[str, object]] = []
+    values: list[ValueSpec] = []
     for name, node in zip(graph.model_inputs, placeholders):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             dtype = str(val.dtype).removeprefix("torch.")
-            values.append({"value": name, "shape": list(val.shape), "dtype": dtype})
-    return values
+            values.append(ValueSpec(name, tuple(val.shape), dtype))
+    return tuple(values)
 
 
-def _activation_bytes(compiled: Compiled, j: int) -> dict[str, object]:
+def _activation_bytes(compiled: Compiled, j: int) -> ActivationBytes | None:
     if not compiled.memory:
-        return {}
+        return None
     mem = compiled.memory[j]
-    return {"activation_bytes": {"saved": mem.saved, "inputs": mem.inputs}}
+    return ActivationBytes(mem.saved, mem.inputs)

@@ -13,21 +13,17 @@ training runs, not part of the compiled model: a recompile carries it over.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
 
-from pipecompile.errors import EmitError
+from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.files.names import EMITTED, MANIFEST, METRICS, PICTURES, TRAINING_PICTURE
+from pipecompile.ir.manifest import Manifest, read_manifest
 
 __all__ = [
     "RUN_RECORDS",
-    "FORMAT",
-    "MANIFEST",
-    "PICTURES",
     "owned_names",
     "read_own_manifest",
     "check_replaceable",
@@ -37,41 +33,24 @@ __all__ = [
     "inside",
 ]
 
-FORMAT = "pipecompile/1"
-MANIFEST = "manifest.json"
-# Every picture `pipecompile viz` may draw into an emitted directory.
-PICTURES = tuple(f"{name}.{ext}" for name in ("stages", "schedule")
-                 for ext in ("dot", "svg", "png", "pdf"))  # fmt: skip
-
-RUN_RECORDS = ("metrics.jsonl", "training.svg")  # run's metrics and plot's picture
-# The names a compile (or --onnx, or viz) may write into an output directory.
-_WRITTEN = re.compile(r"stage_\d+\.(py|safetensors|onnx)|program\.txt|init\.json"
-                      r"|init_constants\.safetensors|manifest\.json")  # fmt: skip
+RUN_RECORDS = (METRICS, TRAINING_PICTURE)  # run's metrics and plot's picture
 
 
-def read_own_manifest(directory: Path) -> dict[str, Any] | None:
-    """The manifest of ``directory`` if pipecompile wrote it, else None."""
+def read_own_manifest(directory: Path) -> Manifest | None:
+    """The manifest of ``directory`` if pipecompile wrote it (in this format), else None."""
     try:
-        manifest = json.loads((Path(directory) / MANIFEST).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return read_manifest(directory)
+    except PipecompileError:
         return None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return None
-    return manifest
 
 
-def owned_names(manifest: dict[str, Any]) -> set[str]:
+def owned_names(manifest: Manifest) -> set[str]:
     """The names of the files an emitted directory's manifest says pipecompile wrote."""
-    names = {MANIFEST, *PICTURES}
-    if isinstance(manifest.get("program"), str):
-        names.add(manifest["program"])
-    weights = manifest.get("weights")
-    if isinstance(weights, dict):
-        names.update(v for k in ("init", "init_constants") if isinstance(v := weights.get(k), str))
-    for stage in manifest.get("stages") or ():
-        if isinstance(stage, dict):
-            names.update(stage.get(k) for k in ("file", "weights", "onnx"))
-    names.discard(None)  # type: ignore[arg-type]
+    names = {MANIFEST, *PICTURES, manifest.program}
+    if manifest.weights is not None:
+        names.update(n for n in (manifest.weights.init, manifest.weights.init_constants) if n)
+    for stage in manifest.stages:
+        names.update(n for n in (stage.file, stage.weights, stage.onnx) if n)
     return names
 
 
@@ -98,7 +77,7 @@ def check_replaceable(out: Path, *, force: bool = False) -> list[str]:
     manifest = read_own_manifest(out)
     ours = owned_names(manifest) | set(RUN_RECORDS) if manifest is not None else set()
     foreign = [n for n in present if n not in ours]
-    clash = [n for n in foreign if _WRITTEN.fullmatch(n) or n in PICTURES]
+    clash = [n for n in foreign if EMITTED.fullmatch(n) or n in PICTURES]
     what = "is not a pipecompile output; it holds" if manifest is None else "holds"
     if clash:
         raise EmitError(

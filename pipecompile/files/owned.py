@@ -24,6 +24,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipecompile.files.names import CHECKPOINT_META
+
 __all__ = [
     "EXPORT_MARK",
     "EXPORT_METADATA",
@@ -128,7 +130,7 @@ def is_our_metrics(path: Path) -> bool:
 def is_our_step_dir(path: Path) -> bool:
     """Whether ``path`` is a checkpoint step directory pipecompile wrote."""
     try:
-        meta = json.loads((Path(path) / "meta.json").read_text())
+        meta = json.loads((Path(path) / CHECKPOINT_META).read_text())
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("format") == CHECKPOINT_FORMAT

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from pipecompile.errors import EmitError, RuntimeFailure
+from pipecompile.ir.manifest import StageEntry
 from pipecompile.runtime.load import read_manifest
 
 __all__ = ["run_onnx_chain"]
@@ -49,36 +50,34 @@ def run_onnx_chain(
     ort = _import_onnxruntime()
     directory = Path(directory)
     manifest = read_manifest(directory)
-    missing = [name for name in manifest["inputs"] if name not in inputs]
+    missing = [name for name in manifest.inputs if name not in inputs]
     if missing:
         raise RuntimeFailure(f"run_onnx_chain: model inputs {missing} are missing")
-    values = {name: _as_numpy(inputs[name]) for name in manifest["inputs"]}
-    for j, entry in enumerate(manifest["stages"]):
+    values = {name: _as_numpy(inputs[name]) for name in manifest.inputs}
+    for j, entry in enumerate(manifest.stages):
         session = _session(ort, directory, j, entry, providers)
-        feed = {name: values[name] for name in entry["inputs"]}
+        feed = {name: values[name] for name in entry.inputs}
         try:
-            outputs = session.run(entry["outputs"], feed)
+            outputs = session.run(list(entry.outputs), feed)
         except Exception as err:
             shapes = {name: list(array.shape) for name, array in feed.items()}
             raise RuntimeFailure(
-                f"stage {j} ({entry['onnx']}) failed in onnxruntime with inputs {shapes}: "
+                f"stage {j} ({entry.onnx}) failed in onnxruntime with inputs {shapes}: "
                 f"{err}; the graphs take one micro-batch of the compiled shapes"
             ) from None
-        values.update(zip(entry["outputs"], outputs))
-    return [values[name] for name in manifest["outputs"]]
+        values.update(zip(entry.outputs, outputs))
+    return [values[name] for name in manifest.outputs]
 
 
-def _session(
-    ort: Any, directory: Path, j: int, entry: dict[str, Any], providers: Sequence[str]
-) -> Any:
-    if "onnx" not in entry:
+def _session(ort: Any, directory: Path, j: int, entry: StageEntry, providers: Sequence[str]) -> Any:
+    if entry.onnx is None:
         raise EmitError(
             f"stage {j} of {directory} has no ONNX file; export it with "
             f"`pipecompile onnx {directory}` (or compile with --onnx)"
         )
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only
-    return ort.InferenceSession(str(directory / entry["onnx"]), options, providers=list(providers))
+    return ort.InferenceSession(str(directory / entry.onnx), options, providers=list(providers))
 
 
 def _as_numpy(value: np.ndarray | torch.Tensor) -> np.ndarray:

@@ -8,7 +8,7 @@ eval mode, for inference. Needs the ``onnx`` extra: ``pip install 'pipecompile[o
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 import re
@@ -25,20 +25,15 @@ import torch
 from torch import nn
 
 from pipecompile.errors import EmitError
+from pipecompile.files.names import stage_onnx
+from pipecompile.ir.manifest import Manifest, StageEntry, write_manifest
 from pipecompile.runtime.load import load_stage, read_manifest
 
 __all__ = ["OnnxExportError", "export_onnx"]
 
-MANIFEST = "manifest.json"
-
 
 class OnnxExportError(EmitError):
     """A stage cannot be exported to ONNX (an op without an ONNX form, or a missing package)."""
-
-
-def _onnx_file(j: int) -> str:
-    """The file name of stage ``j``'s ONNX graph inside the emitted directory."""
-    return f"stage_{j}.onnx"
 
 
 def export_onnx(
@@ -72,37 +67,35 @@ def export_onnx(
     scratch = directory / f".onnx-tmp-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     try:
-        for j, entry in enumerate(manifest["stages"]):
+        for j, entry in enumerate(manifest.stages):
             start = time.perf_counter()
-            _export_stage(onnx, directory, j, entry, specs, scratch / _onnx_file(j))
+            _export_stage(onnx, directory, j, entry, specs, scratch / stage_onnx(j))
             if progress is not None:
                 ms = (time.perf_counter() - start) * 1000
-                progress(f"  {'onnx ' + _onnx_file(j):<22} {ms:8.1f} ms")
-        paths = []
-        for j, entry in enumerate(manifest["stages"]):
-            os.replace(scratch / _onnx_file(j), directory / _onnx_file(j))
-            entry["onnx"] = _onnx_file(j)
-            paths.append(directory / _onnx_file(j))
+                progress(f"  {'onnx ' + stage_onnx(j):<22} {ms:8.1f} ms")
+        for j in range(len(manifest.stages)):
+            os.replace(scratch / stage_onnx(j), directory / stage_onnx(j))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    _write_manifest(directory, manifest)
-    return paths
+    stages = [dataclasses.replace(e, onnx=stage_onnx(j)) for j, e in enumerate(manifest.stages)]
+    write_manifest(directory, dataclasses.replace(manifest, stages=tuple(stages)))
+    return [directory / stage_onnx(j) for j in range(len(stages))]
 
 
-def _value_specs(manifest: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def _value_specs(manifest: Manifest) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Shape and dtype per micro-batch of every model input and every cross-stage value.
 
     Raises:
         OnnxExportError: the manifest predates ``input_values`` (recompile the model).
     """
-    if "input_values" not in manifest:
+    if manifest.input_values is None:
         raise OnnxExportError(
             "the manifest has no input_values (the micro-batch shapes of the model inputs); "
             "recompile the model with this pipecompile, then export again"
         )
     specs = {}
-    for value in [*manifest["input_values"], *manifest["edges"]]:
-        specs[value["value"]] = (tuple(value["shape"]), getattr(torch, value["dtype"]))
+    for value in [*manifest.input_values, *manifest.edges]:
+        specs[value.value] = (value.shape, getattr(torch, value.dtype))
     return specs
 
 
@@ -139,11 +132,11 @@ def _export_stage(
     onnx: Any,
     directory: Path,
     j: int,
-    entry: dict[str, Any],
+    entry: StageEntry,
     specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
     target: Path,
 ) -> None:
-    inputs, outputs = list(entry["inputs"]), list(entry["outputs"])
+    inputs, outputs = list(entry.inputs), list(entry.outputs)
     missing = [name for name in inputs if name not in specs]
     if missing:
         raise OnnxExportError(
@@ -230,7 +223,7 @@ def _check_names(model: Any, j: int, inputs: list[str], outputs: list[str]) -> N
 _OP = re.compile(r"op='([^']+)', overload='([^']+)'")
 
 
-def _failure_message(directory: Path, j: int, entry: dict[str, Any], err: Exception) -> str:
+def _failure_message(directory: Path, j: int, entry: StageEntry, err: Exception) -> str:
     """Names the stage and, where the exporter says it, the op it could not convert."""
     text = str(err)
     found = _OP.search(text)
@@ -239,7 +232,7 @@ def _failure_message(directory: Path, j: int, entry: dict[str, Any], err: Except
     else:
         what = f"{type(err).__name__}: {_summary_line(text)}"
     return (
-        f"stage {j} ({directory / entry['file']}) cannot be exported to ONNX: {what}. The "
+        f"stage {j} ({directory / entry.file}) cannot be exported to ONNX: {what}. The "
         f"PyTorch stages in {directory} are complete and no ONNX file was written; for ONNX, "
         "change the model to avoid that op (PIPECOMPILE_DEBUG=1 shows the exporter's report)"
     )
@@ -272,10 +265,3 @@ def _quiet_exporter() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
-
-
-def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    path = directory / MANIFEST
-    tmp = directory / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, path)

@@ -24,6 +24,7 @@ from pipecompile.files.names import MANIFEST
 
 __all__ = [
     "FORMAT",
+    "MANIFEST",
     "Manifest",
     "ModelRecord",
     "ValueSpec",
@@ -239,7 +240,7 @@ class Manifest:
     inputs: tuple[str, ...]
     input_values: tuple[ValueSpec, ...] | None
     outputs: tuple[str, ...]
-    output_spec: str | None
+    output_spec: str
     batch_dim: int
     microbatches: int
     microbatch_size: int | None
@@ -297,7 +298,7 @@ class Manifest:
             inputs=tuple(raw["inputs"]),
             input_values=tuple(map(ValueSpec.from_json, values)) if values is not None else None,
             outputs=tuple(raw["outputs"]),
-            output_spec=raw.get("output_spec"),
+            output_spec=raw["output_spec"],
             batch_dim=int(raw.get("batch_dim", 0)),
             microbatches=int(raw["microbatches"]),
             microbatch_size=raw.get("microbatch_size"),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipecompile.ir.ties import tied_groups
 
 if TYPE_CHECKING:
+    from pipecompile.ir.manifest import Manifest
     from pipecompile.ir.stage_graph import StageGraph
 
 __all__ = ["Topology", "topology", "topology_from_manifest"]
@@ -35,8 +36,8 @@ def topology(graph: StageGraph) -> Topology:
     return Topology(len(graph.stages), edges, groups)
 
 
-def topology_from_manifest(manifest: dict[str, Any]) -> Topology:
+def topology_from_manifest(manifest: Manifest) -> Topology:
     """The same facts, read from an emitted manifest."""
-    edges = frozenset((e["src"], e["dst"]) for e in manifest.get("edges", []))
-    groups = tuple(tied_groups([s["params"] for s in manifest["stages"]]))
-    return Topology(len(manifest["stages"]), edges, groups)
+    edges = frozenset((e.src, e.dst) for e in manifest.edges)
+    groups = tuple(tied_groups([s.params for s in manifest.stages]))
+    return Topology(len(manifest.stages), edges, groups)

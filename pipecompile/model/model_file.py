@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from pipecompile.errors import ModelFileError
+from pipecompile.ir.manifest import MANIFEST, Manifest
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.model.fingerprint import file_fingerprint
 
@@ -195,7 +196,7 @@ def _user_frame(err: BaseException, path: Path) -> str:
 
 
 def recorded_model(
-    model: str | None, directory: Path, manifest: dict[str, Any], *, allow_stale: bool = False,
+    model: str | None, directory: Path, manifest: Manifest, *, allow_stale: bool = False,
     build: bool = True,
 ) -> ModelSpec:  # fmt: skip
     """The model file ``model`` if given, else the one the emitted ``manifest`` records;
@@ -205,18 +206,18 @@ def recorded_model(
         ModelFileError: the recorded file changed since the directory was compiled (its
             sha256 differs from the manifest's), unless ``allow_stale``.
     """
-    names = list(manifest.get("inputs", []))
+    names = list(manifest.inputs)
     if model:
         return load_model_file(model, build=build, input_names=names)
-    recorded = manifest.get("model", {})
-    if not recorded.get("file"):
+    recorded = manifest.model
+    if recorded is None or not recorded.file:
         raise ModelFileError(
-            f"{directory}/manifest.json records no model file; pass --model FILE.py[:NAME]"
+            f"{directory}/{MANIFEST} records no model file; pass --model FILE.py[:NAME]"
         )
-    path = (Path(directory) / recorded["file"]).resolve()
+    path = (Path(directory) / recorded.file).resolve()
     if not allow_stale:
-        _check_fresh(path, recorded.get("file_sha256"), directory, recorded["name"])
-    return load_model_file(f"{path}:{recorded['name']}", build=build, input_names=names)
+        _check_fresh(path, recorded.file_sha256, directory, recorded.name)
+    return load_model_file(f"{path}:{recorded.name}", build=build, input_names=names)
 
 
 def _check_fresh(path: Path, sha: str | None, directory: Path, name: str) -> None:

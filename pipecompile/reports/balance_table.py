@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.memory_model import peak_stored_bytes, peak_weight_copies
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Costs
@@ -18,16 +19,15 @@ from pipecompile.ir.sizes import format_count, format_size
 __all__ = ["stage_rows", "balance_lines", "stage_costs"]
 
 
-def stage_rows(manifest: dict[str, Any], program: Program) -> list[dict[str, Any]]:
+def stage_rows(manifest: Manifest, program: Program) -> list[dict[str, Any]]:
     """Per stage, the report's figures (None where the manifest lacks them)."""
-    balance = manifest.get("balance") or {}
-    edges = manifest.get("edges", [])
-    stages = manifest["stages"]
+    balance = manifest.balance or {}
+    edges, stages = manifest.edges, manifest.stages
     states = 2 + int((balance.get("model") or {}).get("optimizer_states", 2))
     timed = balance.get("unit") == "ns"
-    saved = [(s.get("activation_bytes") or {}).get("saved", 0) for s in stages]
-    inputs = [(s.get("activation_bytes") or {}).get("inputs", 0) for s in stages]
-    replicas = manifest.get("replicas") or [1] * len(stages)
+    saved = [s.activation_bytes.saved if s.activation_bytes else 0 for s in stages]
+    inputs = [s.activation_bytes.inputs if s.activation_bytes else 0 for s in stages]
+    replicas = manifest.replica_counts
     rows = []
     for j, s in enumerate(stages):
         d = program.stage_device[j]
@@ -40,33 +40,33 @@ def stage_rows(manifest: dict[str, Any], program: Program) -> list[dict[str, Any
             "device": d,
             "replicas": replicas[j],
             "ops": _at(balance, "stage_ops", j),
-            "param_bytes": s["param_bytes"],
-            "flops": s["flops"],
+            "param_bytes": s.param_bytes,
+            "flops": s.flops,
             "time_ns": _at(balance, "stage_costs", j) if timed else None,
             "compute_ns": _at(balance, "stage_compute", j) if timed else None,
             "comm_ns": _at(balance, "stage_comm", j) if timed else None,
             "activation_bytes": saved[j],
-            "sent_bytes": sum(e["bytes"] for e in edges if e["src"] == j),
-            "received_bytes": sum(e["bytes"] for e in edges if e["dst"] == j),
-            "memory_bytes": (states + copies) * s["param_bytes"] + activations,
+            "sent_bytes": sum(e.nbytes for e in edges if e.src == j),
+            "received_bytes": sum(e.nbytes for e in edges if e.dst == j),
+            "memory_bytes": (states + copies) * s.param_bytes + activations,
         })  # fmt: skip
     return rows
 
 
-def stage_costs(manifest: dict[str, Any]) -> tuple[Costs, str]:
+def stage_costs(manifest: Manifest) -> tuple[Costs, str]:
     """The costs to simulate the program with, and their unit: the balancer's predicted
     stage times split one third forward, two thirds backward (``"ns"``), or, for manifests
     without them, the stages' forward FLOPs with a backward of twice that (``"flops"``)."""
-    balance = manifest.get("balance") or {}
+    balance = manifest.balance or {}
     if balance.get("unit") != "ns":
-        return Costs.from_flops([s["flops"] for s in manifest["stages"]]), "flops"
+        return Costs.from_flops([s.flops for s in manifest.stages]), "flops"
     times = [float(t) for t in balance["stage_costs"]]
     return Costs(tuple(t / 3 for t in times), tuple(2 * t / 3 for t in times)), "ns"
 
 
-def balance_lines(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+def balance_lines(manifest: Manifest, rows: list[dict[str, Any]]) -> list[str]:
     """The report as text."""
-    balance = manifest.get("balance") or {}
+    balance = manifest.balance or {}
     header = ("stage", "device", "ops", "params", "FLOPs", "time us", "comm us", "act/mb",
               "sent", "received", "memory")  # fmt: skip
     table = [header]

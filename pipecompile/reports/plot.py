@@ -19,13 +19,11 @@ from xml.sax.saxutils import escape
 
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files.disk import writing
+from pipecompile.files.names import METRICS, TRAINING_PICTURE
 from pipecompile.files.owned import SVG_MARK, is_our_svg
 from pipecompile.files.writable import check_file
 
-__all__ = ["METRICS", "read_metrics", "last_run", "nice_ticks", "plot_svg", "write_plot"]
-
-METRICS = "metrics.jsonl"  # what `pipecompile run` writes in its output directory
-DEFAULT_PICTURE = "training.svg"  # what `pipecompile plot DIR` writes next to it
+__all__ = ["read_metrics", "last_run", "nice_ticks", "plot_svg", "write_plot"]
 
 WIDTH, HEIGHT = 900, 600
 LEFT, RIGHT = 90, 870  # the plotting area's x extent, shared by both panels
@@ -321,7 +319,7 @@ def write_plot(source: Path, output: Path | None = None) -> Path:
     is_file = source.is_file() or (source.suffix == ".jsonl" and not source.is_dir())
     metrics = source if is_file else source / METRICS
     if output is None:
-        output = source.with_suffix(".svg") if is_file else source / DEFAULT_PICTURE
+        output = source.with_suffix(".svg") if is_file else source / TRAINING_PICTURE
     if output.suffix.lower() != ".svg":
         raise PipecompileError(f"cannot write {output}: only SVG is drawn; name a .svg file")
     if output.is_file() and not is_our_svg(output):

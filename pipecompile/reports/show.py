@@ -36,10 +36,10 @@ def schedule_report(
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
-    program = read_program(Path(program_path) if program_path else directory / manifest["program"])
+    program = read_program(Path(program_path) if program_path else directory / manifest.program)
     topology = topology_from_manifest(manifest)
     verify_program(program, topology)
-    stages = manifest["stages"]
+    stages = manifest.stages
     if uniform:
         costs, what = Costs.uniform(len(stages)), "uniform (F=1, B=2, I=W=1)"
     else:
@@ -56,11 +56,12 @@ def schedule_report(
         "closed_form_bubble": closed_form(program),
         "checkpointed_forwards": sum(1 for _, _, x in program.instructions() if x.op == Op.FC),
     }
-    if all("activation_bytes" in s for s in stages):
-        saved = [s["activation_bytes"]["saved"] for s in stages]
-        inputs = [s["activation_bytes"]["inputs"] for s in stages]
+    held = [s.activation_bytes for s in stages]
+    if all(held):
+        saved = [a.saved for a in held if a]
+        inputs = [a.inputs for a in held if a]
         report["peak_activation_bytes"] = list(peak_stored_bytes(program, saved, inputs))
-    report["balance"] = manifest.get("balance", {})
+    report["balance"] = manifest.balance or {}
     report["stage_table"] = stage_rows(manifest, program)
     return report, timeline
 

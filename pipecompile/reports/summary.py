@@ -4,9 +4,9 @@ where the output went."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pipecompile.ir.instr import Op
+from pipecompile.ir.manifest import Manifest, WeightsRecord
 from pipecompile.ir.memory_model import peak_stored_bytes
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Costs, simulate
@@ -22,45 +22,44 @@ def summary(out: Path) -> str:
     """A few lines a person reads after `pipecompile MODEL --stages N -o OUT`, read from the
     emitted directory ``out``."""
     manifest = read_manifest(Path(out))
-    program = read_program(Path(out) / manifest["program"])
+    program = read_program(Path(out) / manifest.program)
     rows = balance_lines(manifest, stage_rows(manifest, program))
     rows.append(
-        f"tracer {manifest['model']['tracer']}; schedule {program.schedule}, "
-        f"{counted(program.microbatches, 'micro-batch')} of {manifest['microbatch_size']}"
+        f"tracer {manifest.model.tracer if manifest.model else '?'}; schedule "
+        f"{program.schedule}, {counted(program.microbatches, 'micro-batch')} of "
+        f"{manifest.microbatch_size}"
     )
     rows.append(_schedule_line(manifest, program, *stage_costs(manifest)))
-    weights = _weights_line(manifest.get("weights") or {})
+    weights = _weights_line(manifest.weights)
     if weights:
         rows.append(weights)
     rows.append(f"wrote {out}")
     return "\n".join(rows)
 
 
-def _weights_line(weights: dict[str, Any]) -> str | None:
+def _weights_line(weights: WeightsRecord | None) -> str | None:
     """``weights: 148 of 148 tensors from model.safetensors (prefix 'transformer.' added)``."""
-    if "loaded" not in weights:
+    if weights is None or weights.loaded is None:
         return None
-    line = f"weights: {weights['loaded']} of {weights['model_tensors']} tensors from "
-    line += Path(weights.get("checkpoint") or "the checkpoint").name
-    for how, prefix in (weights.get("prefix") or {}).items():
+    line = f"weights: {weights.loaded} of {weights.model_tensors} tensors from "
+    line += Path(weights.checkpoint or "the checkpoint").name
+    for how, prefix in (weights.prefix or {}).items():
         line += f" (prefix {prefix!r} {how})"
-    if weights.get("missing"):
-        line += f", {len(weights['missing'])} initialised (--allow-missing)"
+    if weights.missing:
+        line += f", {len(weights.missing)} initialised (--allow-missing)"
     return line
 
 
-def _schedule_line(manifest: dict[str, Any], program: Program, costs: Costs, unit: str) -> str:
+def _schedule_line(manifest: Manifest, program: Program, costs: Costs, unit: str) -> str:
     timeline = simulate(program, topology_from_manifest(manifest), costs)
     line = f"predicted: bubble {timeline.bubble_fraction:.3f}"
     if unit == "ns":
         line += f", step {timeline.makespan / 1e3:.1f} us"
     line += f", peak in-flight micro-batches per device {list(timeline.peak_inflight)}"
-    stages = manifest["stages"]
-    if all("activation_bytes" in s for s in stages):
+    held = [s.activation_bytes for s in manifest.stages]
+    if all(held):
         peaks = peak_stored_bytes(
-            program,
-            [s["activation_bytes"]["saved"] for s in stages],
-            [s["activation_bytes"]["inputs"] for s in stages],
+            program, [a.saved for a in held if a], [a.inputs for a in held if a]
         )
         line += f", peak activations {format_size(max(peaks))}"
     checkpointed = sum(1 for _, _, x in program.instructions() if x.op == Op.FC)

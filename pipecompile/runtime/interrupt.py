@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pipecompile.files.names import LATEST
+
 __all__ = ["EXIT_INTERRUPTED", "interrupted_line", "sigterm_as_ctrl_c"]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell shows for Ctrl-C; SIGTERM ends alike
@@ -58,7 +60,7 @@ def interrupted_line(done: int | None, steps: int | None, save: Path | None) -> 
 def _kept(save: Path | None) -> str:
     if save is None:
         return ""
-    pointer = save / "latest"
+    pointer = save / LATEST
     try:
         name = pointer.read_text().strip()
     except OSError:

@@ -6,11 +6,11 @@ import contextlib
 import importlib
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import EmitError
+from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.ties import tied_params
 
 __all__ = ["Layout"]
@@ -31,25 +31,24 @@ class Layout:
     output_spec: pytree.TreeSpec
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], stage_device: tuple[int, ...]) -> Layout:
-        stages = manifest["stages"]
+    def from_manifest(cls, manifest: Manifest, stage_device: tuple[int, ...]) -> Layout:
+        stages, edges = manifest.stages, manifest.edges
         count = len(stages)
-        edges = manifest.get("edges", [])
-        params = tuple({k: tuple(v) for k, v in s["params"].items()} for s in stages)
+        params = tuple(dict(s.params) for s in stages)
         return cls(
-            inputs=tuple(tuple(s["inputs"]) for s in stages),
-            outputs=tuple(tuple(s["outputs"]) for s in stages),
+            inputs=tuple(s.inputs for s in stages),
+            outputs=tuple(s.outputs for s in stages),
             in_edges=tuple(
-                tuple((e["value"], e["src"]) for e in edges if e["dst"] == j) for j in range(count)
+                tuple((e.value, e.src) for e in edges if e.dst == j) for j in range(count)
             ),
             out_edges=tuple(
-                tuple((e["value"], e["dst"]) for e in edges if e["src"] == j) for j in range(count)
+                tuple((e.value, e.dst) for e in edges if e.src == j) for j in range(count)
             ),
             stage_device=stage_device,
             ties=tied_params(params),
             params=params,
-            model_inputs=tuple(manifest["inputs"]),
-            output_spec=load_output_spec(manifest["output_spec"]),
+            model_inputs=manifest.inputs,
+            output_spec=load_output_spec(manifest.output_spec),
         )
 
     @property

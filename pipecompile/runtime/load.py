@@ -1,17 +1,16 @@
-"""Read an emitted directory back: the manifest, the program and each stage module."""
+"""Read an emitted directory back: the manifest (``ir.manifest``), the program and each stage
+module."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import re
 import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -19,6 +18,7 @@ from safetensors.torch import load_model
 from torch import nn
 
 from pipecompile.errors import EmitError, PipecompileError
+from pipecompile.ir.manifest import Manifest, StageEntry, read_manifest
 from pipecompile.ir.program import Program
 from pipecompile.runtime.materialise import allocate, fill_stage, needs_materialising
 from pipecompile.runtime.op_seeds import seed_random_ops
@@ -32,37 +32,6 @@ __all__ = [
     "recompile_hint",
 ]
 
-_REQUIRED = ("format", "inputs", "outputs", "stages", "microbatches", "device_map", "program")
-
-
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest of ``directory``; raises EmitError if it is missing or malformed."""
-    path = Path(directory) / "manifest.json"
-    if Path(directory).suffix == ".py" and Path(directory).is_file():
-        raise EmitError(
-            f"{str(directory)!r} is a model file; this command takes the directory a compile "
-            f"writes: compile it first (`pipecompile {directory} --stages N -o DIR`), then pass DIR"
-        )
-    if not path.is_file():
-        raise EmitError(
-            f"{str(directory)!r} holds no manifest.json; pass a directory written by "
-            "`pipecompile MODEL --stages N -o DIR`"
-        )
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EmitError(f"{path} cannot be read ({err}); recompile the model") from None
-    if not isinstance(manifest, dict):
-        raise EmitError(f"{path} is not a pipecompile manifest; recompile the model")
-    missing = [key for key in _REQUIRED if key not in manifest]
-    if missing:
-        raise EmitError(f"{path} lacks {', '.join(missing)}; recompile the model")
-    if manifest["format"] != "pipecompile/1":
-        raise EmitError(
-            f"{path} has format {manifest['format']!r}; this pipecompile reads pipecompile/1"
-        )
-    return manifest
-
 
 def read_program(path: Path) -> Program:
     """Parse a program file; errors name the file."""
@@ -75,10 +44,10 @@ def read_program(path: Path) -> Program:
 
 
 def load_stage(
-    directory: Path, entry: dict[str, Any], manifest: dict[str, Any] | None = None,
+    directory: Path, entry: StageEntry, manifest: Manifest | None = None,
     *, seed_ops: bool = True,
 ) -> nn.Module:  # fmt: skip
-    """Import ``entry["file"]``, build ``entry["class"]()``, load ``entry["weights"]`` into it;
+    """Import ``entry.file``, build ``entry.class_name()``, load ``entry.weights`` into it;
     with ``seed_ops`` (for running it) seed each of its random ops by name (``op_seeds``).
 
     Raises:
@@ -87,16 +56,16 @@ def load_stage(
             message names the stage and the file and says how to recompile.
     """
     directory = Path(directory)
-    source = directory / entry["file"]
+    source = directory / entry.file
     where = f"{_stage_label(entry)}: {source}"
-    module = _import_stage(source, entry["class"], where, directory)
-    cls = getattr(module, entry["class"], None)
+    module = _import_stage(source, entry.class_name, where, directory)
+    cls = getattr(module, entry.class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         found = [k for k, v in vars(module).items() if isinstance(v, type) and
                  issubclass(v, nn.Module) and v.__module__ == module.__name__]  # fmt: skip
         defines = f" (it defines {', '.join(found)})" if found else ""
         raise EmitError(
-            f"{where} has no class {entry['class']!r}{defines}; undo the edit, or "
+            f"{where} has no class {entry.class_name!r}{defines}; undo the edit, or "
             f"{recompile_hint(directory)}"
         )
     materialise = needs_materialising(entry)
@@ -105,7 +74,7 @@ def load_stage(
             stage = cls()
     except Exception as err:
         raise EmitError(
-            f"{where}: {entry['class']}() failed{_line_in(err, source)}: "
+            f"{where}: {entry.class_name}() failed{_line_in(err, source)}: "
             f"{type(err).__name__}: {err}; fix the edit, or {recompile_hint(directory)}"
         ) from err
     if materialise:
@@ -113,14 +82,15 @@ def load_stage(
         fill_stage(stage, entry, directory, manifest or read_manifest(directory),
                    _stage_label(entry))  # fmt: skip
     else:
-        load_weights(stage, directory / entry["weights"], _stage_label(entry), directory)
+        assert entry.weights is not None  # else needs_materialising
+        load_weights(stage, directory / entry.weights, _stage_label(entry), directory)
     if seed_ops:
-        seed_random_ops(stage, entry.get("random_ops", []), where)
+        seed_random_ops(stage, list(entry.random_ops or ()), where)
     return stage
 
 
-def load_stages(directory: Path, manifest: dict[str, Any]) -> list[nn.Module]:
-    return [load_stage(directory, entry, manifest) for entry in manifest["stages"]]
+def load_stages(directory: Path, manifest: Manifest) -> list[nn.Module]:
+    return [load_stage(directory, entry, manifest) for entry in manifest.stages]
 
 
 def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> None:
@@ -159,14 +129,16 @@ def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> N
 def recompile_hint(directory: Path) -> str:
     """``recompile: pipecompile MODEL --stages N ... -o DIRECTORY`` from the manifest."""
     try:
-        manifest = json.loads((Path(directory) / "manifest.json").read_text())
-        model = os.path.relpath(Path(directory) / manifest["model"]["file"])
-        stages, count = len(manifest["stages"]), manifest["microbatches"]
-    except (OSError, ValueError, KeyError, TypeError):
+        manifest = read_manifest(directory)
+    except PipecompileError:
+        manifest = None
+    if manifest is None or manifest.model is None or manifest.model.file is None:
         return f"recompile the model (`pipecompile MODEL --stages N -o {directory}`)"
+    model = os.path.relpath(Path(directory) / manifest.model.file)
+    stages, count = len(manifest.stages), manifest.microbatches
     options = f" --microbatches {count}" if count > 1 else ""
-    if manifest.get("schedule", "gpipe") != "gpipe":
-        options += f" --schedule {manifest['schedule']}"
+    if manifest.schedule != "gpipe":
+        options += f" --schedule {manifest.schedule}"
     return f"recompile (`pipecompile {model} --stages {stages}{options} -o {directory}`)"
 
 
@@ -208,9 +180,9 @@ def _weight_shapes(path: Path, where: str, directory: Path) -> dict[str, list[in
         ) from None
 
 
-def _stage_label(entry: dict[str, Any]) -> str:
-    found = re.fullmatch(r"Stage(\d+)", str(entry.get("class", "")))
-    return f"stage {found.group(1)}" if found else f"stage {entry.get('class')}"
+def _stage_label(entry: StageEntry) -> str:
+    found = re.fullmatch(r"Stage(\d+)", entry.class_name)
+    return f"stage {found.group(1)}" if found else f"stage {entry.class_name}"
 
 
 def _line_in(err: BaseException, source: Path) -> str:

@@ -17,15 +17,17 @@ from safetensors.torch import load_file
 from torch import nn
 
 from pipecompile.errors import EmitError, WeightsError
+from pipecompile.files.names import MANIFEST
+from pipecompile.ir.manifest import Manifest, StageEntry
 from pipecompile.model.checkpoint_files import Checkpoint, open_checkpoint
 from pipecompile.model.init_recipe import Step, replay, tensor_seed
 
 __all__ = ["allocate", "fill_stage", "needs_materialising"]
 
 
-def needs_materialising(entry: dict[str, Any]) -> bool:
+def needs_materialising(entry: StageEntry) -> bool:
     """Whether a stage's tensors come from more than its own weights file."""
-    return entry.get("weights") is None or "from_checkpoint" in entry or "from_init" in entry
+    return entry.weights is None or entry.from_checkpoint is not None or entry.from_init is not None
 
 
 def allocate(module: nn.Module, device: torch.device | str) -> None:
@@ -46,8 +48,7 @@ def allocate(module: nn.Module, device: torch.device | str) -> None:
 
 
 def fill_stage(
-    stage: nn.Module, entry: dict[str, Any], directory: Path, manifest: dict[str, Any],
-    label: str,
+    stage: nn.Module, entry: StageEntry, directory: Path, manifest: Manifest, label: str,
 ) -> None:  # fmt: skip
     """Write every tensor of ``stage`` from the sources ``entry`` names.
 
@@ -59,10 +60,10 @@ def fill_stage(
     state = stage.state_dict(keep_vars=True)
     filled: set[int] = set()
     with torch.no_grad():
-        if entry.get("weights"):
-            for name, value in _stage_file(directory / entry["weights"], label).items():
+        if entry.weights:
+            for name, value in _stage_file(directory / entry.weights, label).items():
                 _write(state, name, value, label, filled)
-        checkpoint_names = entry.get("from_checkpoint") or {}
+        checkpoint_names = entry.from_checkpoint or {}
         if checkpoint_names:
             checkpoint = _checkpoint(directory, manifest)
             for name, key in checkpoint_names.items():
@@ -72,7 +73,7 @@ def fill_stage(
                         "the compile at the checkpoint again (--weights) and recompile"
                     )
                 _write(state, name, checkpoint.tensor(key), label, filled)
-        init_names = entry.get("from_init") or {}
+        init_names = entry.from_init or {}
         if init_names:
             recipe = _recipe(directory, manifest)
             for name, original in init_names.items():
@@ -109,10 +110,10 @@ def _stage_file(path: Path, label: str) -> dict[str, torch.Tensor]:
         raise EmitError(f"{label}: weights {path} cannot be read ({err}); recompile") from None
 
 
-def _checkpoint(directory: Path, manifest: dict[str, Any]) -> Checkpoint:
-    raw = manifest.get("weights", {}).get("checkpoint")
+def _checkpoint(directory: Path, manifest: Manifest) -> Checkpoint:
+    raw = manifest.weights and manifest.weights.checkpoint
     if not raw:
-        raise EmitError(f"{directory}/manifest.json names no checkpoint; recompile")
+        raise EmitError(f"{directory}/{MANIFEST} names no checkpoint; recompile")
     try:
         return _open_cached(str((Path(directory) / raw).resolve()))
     except WeightsError as err:
@@ -127,15 +128,17 @@ def _open_cached(path: str) -> Checkpoint:
     return open_checkpoint(Path(path))
 
 
-def _recipe(directory: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    weights = manifest.get("weights", {})
+def _recipe(directory: Path, manifest: Manifest) -> dict[str, Any]:
+    weights = manifest.weights
     try:
-        recipe = json.loads((Path(directory) / weights["init"]).read_text())
+        if weights is None or weights.init is None:
+            raise KeyError("init")
+        recipe = json.loads((Path(directory) / weights.init).read_text())
     except (KeyError, OSError, json.JSONDecodeError) as err:
         raise EmitError(
             f"{directory}: the initialisation recipes cannot be read ({err}); recompile"
         ) from None
-    constants = weights.get("init_constants")
+    constants = weights.init_constants
     recipe["values"] = {}
     if constants:
         with safe_open(str(Path(directory) / constants), framework="pt") as f:

@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 
 from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
 from pipecompile.ir.instr import INFERENCE_OPS
+from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.microbatch import (
     input_mismatch,
     join_microbatches,
@@ -51,7 +52,7 @@ class Pipeline:
 
     def __init__(
         self,
-        manifest: dict[str, Any],
+        manifest: Manifest,
         modules: Sequence[nn.Module | None],
         program: Program,
         *,
@@ -92,7 +93,7 @@ class Pipeline:
         program file, verified before use)."""
         directory = Path(directory)
         manifest = read_manifest(directory)
-        prog = read_program(Path(program) if program else directory / manifest["program"])
+        prog = read_program(Path(program) if program else directory / manifest.program)
         pipe = cls(manifest, load_stages(directory, manifest), prog)
         pipe.name = str(directory)
         return pipe
@@ -213,11 +214,9 @@ class Pipeline:
         """Why ``inputs`` do not fit the shapes and dtypes compiled for, or None (sizes along
         the batch dimension are compared only if ``exact`` or the stages are specialised to
         them)."""
-        compiled = {
-            v["value"]: (tuple(v["shape"]), v["dtype"])
-            for v in self.manifest.get("input_values", [])
-        }
-        exact = exact or self.manifest.get("model", {}).get("tracer") == "torch.export"
+        compiled = {v.value: (v.shape, v.dtype) for v in self.manifest.input_values or ()}
+        model = self.manifest.model
+        exact = exact or (model is not None and model.tracer == "torch.export")
         tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         return input_mismatch(
             tensors, compiled, self.program.microbatches,
@@ -226,7 +225,7 @@ class Pipeline:
 
     @property
     def _batch_dim(self) -> int:
-        return int(self.manifest.get("batch_dim", 0))
+        return self.manifest.batch_dim
 
     def _split(self, inputs: dict[str, Any] | None) -> list[dict[str, torch.Tensor]]:
         """The micro-batches of ``inputs`` (empty ones where None: a rank that does not hold
@@ -268,7 +267,7 @@ class Pipeline:
         if len(executor.results) < count:  # the last stage runs elsewhere
             return None
         results = [executor.results[i] for i in range(count)]
-        joined = join_microbatches(results, names=self.manifest["outputs"])
+        joined = join_microbatches(results, names=self.manifest.outputs)
         return pytree.tree_unflatten(joined, self.layout.output_spec)
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -99,9 +99,9 @@ def test_api_reads_a_base_checkpoint_into_the_model_with_a_head(tmp_path):
 
     with pytest.warns(UserWarning, match="lack the model's prefix 'transformer.'"):
         pipe = pipecompile.compile(GPT2LMHeadModel(CONFIG).eval(), (ids,), stages=2, weights=path)
-    weights = pipe.manifest["weights"]
-    assert weights["prefix"] == {"added": "transformer."}
-    assert (weights["loaded"], weights["model_tensors"]) == (len(base.state_dict()),) * 2
+    weights = pipe.manifest.weights
+    assert weights.prefix == {"added": "transformer."}
+    assert (weights.loaded, weights.model_tensors) == (len(base.state_dict()),) * 2
     torch.testing.assert_close(pipe(ids).logits, reference(ids).logits)
 
 
@@ -115,7 +115,7 @@ def test_api_refuses_a_missing_tensor_unless_allowed(tmp_path):
         pipecompile.compile(model, (ids,), stages=2, weights=path)
     with pytest.warns(UserWarning, match="initialised instead: transformer.ln_f.bias"):
         pipe = pipecompile.compile(model, (ids,), stages=2, weights=path, allow_missing=True)
-    assert pipe.manifest["weights"]["missing"] == ["transformer.ln_f.bias"]
+    assert pipe.manifest.weights.missing == ("transformer.ln_f.bias",)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ Graphviz where it is installed, and the fallback (DOT sources plus one hint) whe
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import shutil
 import sys
@@ -19,6 +18,7 @@ from pipecompile.errors import EmitError
 from pipecompile.files.owned import LEDGER
 from pipecompile.ir.instr import Instr
 from pipecompile.ir.layers import layer_of
+from pipecompile.ir.manifest import Manifest, read_manifest
 from pipecompile.ir.program import Program
 from pipecompile.ir.sizes import format_size
 from pipecompile.reports.pictures.pictures import write_pictures
@@ -41,9 +41,9 @@ def _emit(root: Path, name: str, stages: int, **options: object) -> Path:
     return emit(compiled, root / f"{name}_{stages}", model=ModelRef(spec.path, spec.name, name))
 
 
-def _read(directory: Path) -> tuple[dict, Program]:
-    manifest = json.loads((directory / "manifest.json").read_text())
-    return manifest, read_program(directory / manifest["program"])
+def _read(directory: Path) -> tuple[Manifest, Program]:
+    manifest = read_manifest(directory)
+    return manifest, read_program(directory / manifest.program)
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +69,21 @@ def test_layer_of(path, layer):
 
 def test_manifest_layers_count_every_op(gpt3):
     manifest, _ = _read(gpt3)
-    ops = manifest["balance"]["stage_ops"]
-    for j, stage in enumerate(manifest["stages"]):
-        assert sum(count for _, count in stage["layers"]) == ops[j]
-        assert len({path for path, _ in stage["layers"]}) == len(stage["layers"])
-    assert ["wte", 1] in manifest["stages"][0]["layers"]
+    ops = manifest.balance["stage_ops"]
+    for j, stage in enumerate(manifest.stages):
+        assert sum(count for _, count in stage.layers) == ops[j]
+        assert len({path for path, _ in stage.layers}) == len(stage.layers)
+    assert ("wte", 1) in manifest.stages[0].layers
 
 
 def test_stage_dot_has_a_cluster_per_stage_and_labelled_edges(gpt3):
     manifest, program = _read(gpt3)
     source = stage_dot(manifest, program).source
     assert len(re.findall(r"subgraph cluster_\d+ \{", source)) == 3
-    for e in manifest["edges"]:
-        shape = "[" + ", ".join(map(str, e["shape"])) + "]"
-        label = f"{e['value']}\\n{shape} {e['dtype']}\\n{format_size(e['bytes'])}"
-        assert f"s{e['src']}_send_{e['value']} -> s{e['dst']}_recv_{e['value']}" in source
+    for e in manifest.edges:
+        shape = "[" + ", ".join(map(str, e.shape)) + "]"
+        label = f"{e.value}\\n{shape} {e.dtype}\\n{format_size(e.nbytes)}"
+        assert f"s{e.src}_send_{e.value} -> s{e.dst}_recv_{e.value}" in source
         assert f'label="{label}"' in source
     sends = re.findall(r'send_\S+ \[label="send [^"]*" color="([^"]+)" fillcolor="([^"]+)"', source)
     recvs = re.findall(r'recv_\S+ \[label="recv [^"]*" color="([^"]+)" fillcolor="([^"]+)"', source)
@@ -106,11 +106,11 @@ def test_checkpointed_stage_is_dashed_and_labelled(gpt3):
 
 def test_older_manifest_without_layers_draws_one_node_per_stage(gpt3):
     manifest, program = _read(gpt3)
-    for stage in manifest["stages"]:
-        del stage["layers"]
+    stages = tuple(dataclasses.replace(stage, layers=None) for stage in manifest.stages)
+    manifest = dataclasses.replace(manifest, stages=stages)
     source = stage_dot(manifest, program).source
     assert re.findall(r"s(\d)_l0 \[label=\"Stage\1\\n(\d+) ops", source) == [
-        (str(j), str(n)) for j, n in enumerate(manifest["balance"]["stage_ops"])
+        (str(j), str(n)) for j, n in enumerate(manifest.balance["stage_ops"])
     ]
 
 
@@ -124,7 +124,7 @@ def test_gpt2_24_layers_stay_a_small_picture(tmp_path):
     compiled = compile_model(model, example_inputs(), stages=4, microbatches=2)
     out = emit(compiled, tmp_path / "gpt2", model=ModelRef(None, "gpt2", "gpt2"))
     manifest, program = _read(out)
-    layers = [path for s in manifest["stages"] for path, _ in s["layers"]]
+    layers = [path for s in manifest.stages for path, _ in s.layers]
     assert [f"transformer.h.{k}" for k in range(24)] == [p for p in layers if ".h." in p]
     assert len(layers) <= 34  # 24 blocks and a handful of embeddings, norms and heads
     source = stage_dot(manifest, program).source
@@ -149,7 +149,7 @@ def test_schedule_dot_has_a_row_per_device_and_a_colour_per_kind(tmp_path):
 
 def test_schedule_falls_back_to_flop_costs(gpt3):
     manifest, program = _read(gpt3)
-    del manifest["balance"]
+    manifest = dataclasses.replace(manifest, balance=None)
     timeline, unit = simulated_timeline(manifest, program)
     assert unit == "flops"
     assert "time (forward FLOPs)" in schedule_dot(timeline, program, unit=unit).source

@@ -46,7 +46,7 @@ def write_pictures(directory: Path, *, out: Path | None = None, fmt: str = "svg"
     directory = Path(directory)
     out = directory if out is None else Path(out)
     manifest = read_manifest(directory)
-    program = read_program(directory / manifest["program"])
+    program = read_program(directory / manifest.program)
     timeline, unit = simulated_timeline(manifest, program)
     graphs = {
         "stages": (stage_dot(manifest, program), "dot"),

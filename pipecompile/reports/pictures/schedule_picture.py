@@ -15,11 +15,11 @@ or the stages' forward FLOPs for manifests without them.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import graphviz  # type: ignore[import-untyped]
 
 from pipecompile.ir.instr import Op
+from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Span, Timeline, simulate
 from pipecompile.ir.sizes import counted, format_count
@@ -41,7 +41,7 @@ _FONT = "Helvetica"
 _ROW, _GAP, _GUTTER, _BOX_MIN = 24.0, 8.0, 96.0, 16.0  # points
 
 
-def simulated_timeline(manifest: dict[str, Any], program: Program) -> tuple[Timeline, str]:
+def simulated_timeline(manifest: Manifest, program: Program) -> tuple[Timeline, str]:
     """Simulate ``program`` on the manifest's predicted stage times (unit ``"ns"``), or on its
     forward FLOPs (unit ``"flops"``) when the balancer recorded no times.
 

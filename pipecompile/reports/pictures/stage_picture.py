@@ -16,10 +16,11 @@ layers follow program order, not data flow::
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import graphviz  # type: ignore[import-untyped]
 
+from pipecompile.ir.manifest import Manifest, StageEntry
 from pipecompile.ir.program import Program
 from pipecompile.ir.sizes import counted, format_count, format_size
 
@@ -33,7 +34,7 @@ RECV_STYLE = {"shape": "cds", "fillcolor": "#d1e5f0", "color": "#2166ac", "style
 _FONT = "Helvetica"
 
 
-def stage_dot(manifest: dict[str, Any], program: Program) -> graphviz.Digraph:
+def stage_dot(manifest: Manifest, program: Program) -> graphviz.Digraph:
     """The stage picture of an emitted pipeline, as a graphviz graph for ``dot``.
 
     Args:
@@ -54,27 +55,27 @@ def stage_dot(manifest: dict[str, Any], program: Program) -> graphviz.Digraph:
              margin="0.08,0.03", height="0.3")  # fmt: skip
     dot.attr("edge", fontname=_FONT, fontsize="9", color="#555555")
     checkpointed = _checkpointed(program)
-    for j, stage in enumerate(manifest["stages"]):
+    for j, stage in enumerate(manifest.stages):
         _stage_cluster(dot, manifest, j, stage, checkpointed.get(j, 0))
     _model_inputs(dot, manifest)
     _model_outputs(dot, manifest)
-    for e in manifest.get("edges", []):
-        label = f"{e['value']}\\n{_shape(e['shape'])} {e['dtype']}\\n{format_size(e['bytes'])}"
+    for e in manifest.edges:
+        label = f"{e.value}\\n{_shape(e.shape)} {e.dtype}\\n{format_size(e.nbytes)}"
         # A value skipping stages is drawn lighter and left out of the ranking, so it cannot
         # stretch the columns it passes.
-        skip = {} if e["dst"] == e["src"] + 1 else {"constraint": "false", "color": "#9a9a9a"}
-        dot.edge(_send_id(e["src"], e["value"]), _recv_id(e["dst"], e["value"]), label=label,
+        skip = {} if e.dst == e.src + 1 else {"constraint": "false", "color": "#9a9a9a"}
+        dot.edge(_send_id(e.src, e.value), _recv_id(e.dst, e.value), label=label,
                  penwidth="1.5", **skip)  # fmt: skip
     return dot
 
 
-def _title(manifest: dict[str, Any]) -> str:
-    model = manifest.get("model") or {}
-    name = model.get("name") or "model"
-    source = f"{model['file'].rsplit('/', 1)[-1]}:{name}" if model.get("file") else name
-    stages, devices = len(manifest["stages"]), len(set(manifest["device_map"]))
-    return (f"{source}: {stages} stages on {devices} devices, schedule {manifest.get('schedule')},"
-            f" {counted(manifest['microbatches'], 'micro-batch')}")  # fmt: skip
+def _title(manifest: Manifest) -> str:
+    model = manifest.model
+    name = (model and model.name) or "model"
+    source = f"{model.file.rsplit('/', 1)[-1]}:{name}" if model and model.file else name
+    stages, devices = len(manifest.stages), len(set(manifest.device_map))
+    return (f"{source}: {stages} stages on {devices} devices, schedule {manifest.schedule},"
+            f" {counted(manifest.microbatches, 'micro-batch')}")  # fmt: skip
 
 
 def _checkpointed(program: Program) -> dict[int, int]:
@@ -87,7 +88,7 @@ def _checkpointed(program: Program) -> dict[int, int]:
 
 
 def _stage_cluster(
-    dot: graphviz.Digraph, manifest: dict[str, Any], j: int, stage: dict[str, Any], fc: int
+    dot: graphviz.Digraph, manifest: Manifest, j: int, stage: StageEntry, fc: int
 ) -> None:
     color = STAGE_COLORS[j % len(STAGE_COLORS)]
     style = "rounded,filled" + (",dashed" if fc else "")
@@ -120,26 +121,26 @@ def _down_or_up(graph: graphviz.Digraph, a: str, b: str, *, up: bool) -> None:
         graph.edge(b, a, dir="back")
 
 
-def _stage_label(manifest: dict[str, Any], j: int, stage: dict[str, Any], fc: int) -> str:
-    replicas = (manifest.get("replicas") or [1] * (j + 1))[j]
-    device = f"device {stage.get('device', manifest['device_map'][j])}"
+def _stage_label(manifest: Manifest, j: int, stage: StageEntry, fc: int) -> str:
+    replicas = manifest.replica_counts[j]
+    device = f"device {stage.device if stage.device is not None else manifest.device_map[j]}"
     if replicas > 1:
         device += f" ×{replicas} replicas"
-    head = f"stage {j} · {device} · {format_count(stage['flops'])} FLOPs · "
-    head += f"{format_size(stage['param_bytes'])} params\\l"
+    head = f"stage {j} · {device} · {format_count(stage.flops)} FLOPs · "
+    head += f"{format_size(stage.param_bytes)} params\\l"
     if fc:
-        head += f"checkpointed: {fc} of {manifest['microbatches']} forwards recomputed\\l"
+        head += f"checkpointed: {fc} of {manifest.microbatches} forwards recomputed\\l"
     return head
 
 
 def _layer_ids(
-    cluster: graphviz.Digraph, j: int, stage: dict[str, Any], manifest: dict[str, Any], color: str
+    cluster: graphviz.Digraph, j: int, stage: StageEntry, manifest: Manifest, color: str
 ) -> list[str]:
     """Add one node per layer group of stage ``j``; returns their ids in order."""
-    groups = stage.get("layers")
+    groups: Sequence[tuple[str, int | None]] | None = stage.layers
     if not groups:  # an older manifest: one node for the whole stage
-        ops = ((manifest.get("balance") or {}).get("stage_ops") or [None] * (j + 1))[j]
-        groups = [[stage["class"], ops]]
+        ops = ((manifest.balance or {}).get("stage_ops") or [None] * (j + 1))[j]
+        groups = [(stage.class_name, ops)]
     ids = []
     for k, (path, ops) in enumerate(groups):
         node = f"s{j}_l{k}"
@@ -149,26 +150,26 @@ def _layer_ids(
     return ids
 
 
-def _incoming(manifest: dict[str, Any], j: int) -> list[tuple[str, int]]:
-    return [(e["value"], e["src"]) for e in manifest.get("edges", []) if e["dst"] == j]
+def _incoming(manifest: Manifest, j: int) -> list[tuple[str, int]]:
+    return [(e.value, e.src) for e in manifest.edges if e.dst == j]
 
 
-def _outgoing(manifest: dict[str, Any], j: int) -> list[str]:
+def _outgoing(manifest: Manifest, j: int) -> list[str]:
     """The values stage ``j`` sends, each once however many stages read it."""
-    values = [e["value"] for e in manifest.get("edges", []) if e["src"] == j]
+    values = [e.value for e in manifest.edges if e.src == j]
     return list(dict.fromkeys(values))
 
 
-def _model_inputs(dot: graphviz.Digraph, manifest: dict[str, Any]) -> None:
-    for name in manifest["inputs"]:
+def _model_inputs(dot: graphviz.Digraph, manifest: Manifest) -> None:
+    for name in manifest.inputs:
         dot.node(f"in_{name}", name, shape="oval", style="filled", fillcolor="white")
         dot.edge(f"in_{name}", "s0_l0")
 
 
-def _model_outputs(dot: graphviz.Digraph, manifest: dict[str, Any]) -> None:
-    last = len(manifest["stages"]) - 1
-    groups = manifest["stages"][last].get("layers") or [None]
-    names = manifest["outputs"]
+def _model_outputs(dot: graphviz.Digraph, manifest: Manifest) -> None:
+    last = len(manifest.stages) - 1
+    groups = manifest.stages[last].layers or [None]
+    names = manifest.outputs
     shown = ", ".join(names[:3]) + (f", … ({len(names)} values)" if len(names) > 3 else "")
     dot.node("out", f"output: {shown}", shape="oval", style="filled", fillcolor="white")
     dot.edge(f"s{last}_l{len(groups) - 1}", "out")
@@ -182,7 +183,7 @@ def _recv_id(j: int, value: str) -> str:
     return f"s{j}_recv_{value}"
 
 
-def _shape(shape: list[int]) -> str:
+def _shape(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 

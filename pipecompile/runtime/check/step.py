@@ -224,7 +224,7 @@ def join_outputs(
         MicrobatchError: an output is a scalar, or (compared with the eager ``reference``)
             holds the batch in another dimension than the first, so it cannot be joined.
     """
-    names = pipe.manifest["outputs"]
+    names = pipe.manifest.outputs
     joined = join_microbatches(parts, names=names)
     for k, (have, want) in enumerate(zip(joined, reference or ())):
         micro = tuple(parts[0][k].shape)

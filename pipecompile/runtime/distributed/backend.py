@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipecompile.ir.manifest import Manifest
 from pipecompile.runtime.backend import MessageKey
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.layout import Layout
@@ -50,7 +51,7 @@ class DistBackend:
     def __init__(
         self,
         layout: Layout,
-        manifest: dict[str, Any],
+        manifest: Manifest,
         microbatches: int,
         groups: dict,
         placement: Placement | None = None,
@@ -70,10 +71,9 @@ class DistBackend:
         self.microbatches = microbatches
         self.groups = groups
         self.edges = {
-            (e["src"], e["dst"], e["value"]): (k, tuple(e["shape"]),
-                                               _on_wire(getattr(torch, e["dtype"]), wire_dtype))
-            for k, e in enumerate(manifest["edges"])
-        }  # fmt: skip
+            (e.src, e.dst, e.value): (k, e.shape, _on_wire(getattr(torch, e.dtype), wire_dtype))
+            for k, e in enumerate(manifest.edges)
+        }
         self._sends: list[tuple[Any, torch.Tensor]] = []
         self._inbox: dict[Hashable, torch.Tensor | None] = {}
         self._posted: dict[Hashable, dict[int, torch.Tensor]] = {}

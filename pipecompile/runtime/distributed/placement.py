@@ -7,7 +7,8 @@ Replica k of a device runs its micro-batches i with i mod r_d == k.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from pipecompile.ir.manifest import Manifest
 
 __all__ = ["Placement"]
 
@@ -18,8 +19,8 @@ class Placement:
     device_replicas: tuple[int, ...]
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], stage_device: tuple[int, ...]) -> Placement:
-        per_stage = manifest.get("replicas") or [1] * len(stage_device)
+    def from_manifest(cls, manifest: Manifest, stage_device: tuple[int, ...]) -> Placement:
+        per_stage = manifest.replicas or (1,) * len(stage_device)
         devices = max(stage_device) + 1
         counts = [1] * devices
         for j, d in enumerate(stage_device):

@@ -151,7 +151,7 @@ def _run(
 
     directory = Path(args.directory)
     manifest = read_manifest(directory)
-    program = read_program(Path(args.program) if args.program else directory / manifest["program"])
+    program = read_program(Path(args.program) if args.program else directory / manifest.program)
     placement = Placement.from_manifest(manifest, program.stage_device)
     if placement.world != world:
         raise PipecompileError(
@@ -169,7 +169,7 @@ def _run(
     watchdog.idle("setup")
     modules: list[Any] = [
         load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
-        for j, entry in enumerate(manifest["stages"])
+        for j, entry in enumerate(manifest.stages)
     ]
     layout = Layout.from_manifest(manifest, program.stage_device)
     groups = tie_groups(layout, placement)

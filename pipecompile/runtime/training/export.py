@@ -184,10 +184,10 @@ def _check_not_source(directory: Path, target: Path) -> None:
 
 def _weights_source(directory: Path) -> Path | None:
     """The checkpoint (file or directory) a compile with ``--weights`` reads, if any."""
-    weights = read_manifest(directory).get("weights", {})
-    if weights.get("source") != "checkpoint":
+    weights = read_manifest(directory).weights
+    if weights is None or weights.source != "checkpoint" or weights.checkpoint is None:
         return None
-    return (Path(directory) / weights["checkpoint"]).resolve()
+    return (Path(directory) / weights.checkpoint).resolve()
 
 
 def _leftover(name: str) -> bool:

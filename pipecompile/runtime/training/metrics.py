@@ -19,6 +19,7 @@ from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files.disk import disk_message
 from pipecompile.files.owned import is_our_metrics
 from pipecompile.files.writable import check_file
+from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import topology_from_manifest
 
@@ -41,17 +42,16 @@ def check_metrics_file(path: Path) -> None:
 
 
 def batch_counts(
-    manifest: dict[str, Any], inputs: dict[str, torch.Tensor] | None
+    manifest: Manifest, inputs: dict[str, torch.Tensor] | None
 ) -> tuple[int, int | None]:
     """(samples, tokens) of one mini-batch: its size along the batch dimension, and the
     element count of the first integer input of two or more dimensions (token ids), if any.
     From ``inputs`` where this rank has them, else from the compiled shapes."""
-    dim = int(manifest.get("batch_dim", 0))
+    dim = manifest.batch_dim
     if inputs:
         shapes = [(tuple(t.shape), t.is_floating_point()) for t in inputs.values()]
     else:
-        shapes = [(tuple(v["shape"]), "float" in v["dtype"] or "bfloat" in v["dtype"])
-                  for v in manifest.get("input_values", [])]  # fmt: skip
+        shapes = [(v.shape, "float" in v.dtype) for v in manifest.input_values or ()]
     samples = next((s[dim] for s, _ in shapes if len(s) > dim), 1)
     tokens = next((math.prod(s) for s, floating in shapes if not floating and len(s) >= 2), None)
     return samples, tokens

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipecompile.files.names import METRICS
 from pipecompile.runtime.option_fields import (
     declared,
     finite_float,
@@ -214,5 +215,5 @@ def train_options(flags: TrainFlags, directory: Path) -> TrainOptions:
     values = {f.name: getattr(flags, f.name) for f in dataclasses.fields(flags) if f.name in known}
     for name in ("save", "resume", "metrics"):
         values[name] = Path(values[name]) if values[name] else None
-    values["metrics"] = values["metrics"] or directory / "metrics.jsonl"
+    values["metrics"] = values["metrics"] or directory / METRICS
     return TrainOptions(**values)

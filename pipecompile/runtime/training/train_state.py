@@ -41,8 +41,16 @@ from safetensors.torch import load_model, save_model
 
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files.disk import disk_message, os_error
+from pipecompile.files.names import (
+    CHECKPOINT_META,
+    LATEST,
+    stage_optimizer,
+    stage_weights,
+    step_name,
+)
 from pipecompile.files.owned import CHECKPOINT_FORMAT, is_our_latest, is_our_step_dir
 from pipecompile.files.writable import check_directory
+from pipecompile.ir.manifest import Manifest
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = [
@@ -85,7 +93,7 @@ def save(
 
 def _save(pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any] | None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".step_{step}.tmp"
+    tmp = root / f".{step_name(step)}.tmp"
     if rank == 0:
         remove_partial(root)  # left by a save that was killed, this step's included
         tmp.mkdir()
@@ -104,24 +112,24 @@ def _write(
     for j, module in enumerate(pipe.modules):
         if module is None:
             continue
-        save_model(module, str(tmp / f"stage_{j}.safetensors"))
+        save_model(module, str(tmp / stage_weights(j)))
         optimizer = pipe.optimizers[j] if pipe.optimizers else None
         if optimizer is not None:
-            with open(tmp / f"stage_{j}.optim.pt", "wb") as f:  # a full disk: an OSError
+            with open(tmp / stage_optimizer(j), "wb") as f:  # a full disk: an OSError
                 torch.save(optimizer.state_dict(), f)
     _barrier()
-    final = root / f"step_{step}"
+    final = root / step_name(step)
     if rank == 0:
         _check_replaceable(root, final)
         meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules),
                 "split": split_fingerprint(pipe.manifest), "train": train or {},
                 "optimizer": _optimizer_kind(pipe)}  # fmt: skip
-        (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
+        (tmp / CHECKPOINT_META).write_text(json.dumps(meta) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        pointer = root / ".latest.tmp"
+        pointer = root / f".{LATEST}.tmp"
         pointer.write_text(final.name + "\n")
-        os.replace(pointer, root / "latest")
+        os.replace(pointer, root / LATEST)
     _barrier()
     return final
 
@@ -129,7 +137,7 @@ def _write(
 def _check_replaceable(root: Path, final: Path) -> None:
     """Never replace a ``step_<n>`` or ``latest`` pipecompile did not write (``check_save_dir``
     refuses them before a run; this guards a user who puts one there meanwhile)."""
-    foreign = [p.name for p in (final, root / "latest") if p.exists()
+    foreign = [p.name for p in (final, root / LATEST) if p.exists()
                and not (is_our_step_dir(p) if p is final else is_our_latest(p))]  # fmt: skip
     if foreign:
         raise EmitError(
@@ -144,8 +152,8 @@ def _failed_save(
 ) -> str:  # fmt: skip
     """What a save the disk refused tells the user; in one process, this step is saved to a
     fresh temporary directory first, so that the training done is not lost."""
-    line = disk_message(f"write checkpoint step_{step} to", root, cause)
-    latest = root / "latest"
+    line = disk_message(f"write checkpoint {step_name(step)} to", root, cause)
+    latest = root / LATEST
     if is_our_latest(latest) and is_our_step_dir(root / latest.read_text().strip()):
         kept = f"the last complete checkpoint there is {root / latest.read_text().strip()}"
     else:
@@ -185,9 +193,9 @@ def check_save_dir(
     steps = sorted((p for p in root.iterdir() if _STEP.fullmatch(p.name)),
                    key=lambda p: int(p.name[5:]))  # fmt: skip
     foreign = [p.name + "/" * p.is_dir() for p in steps if not is_our_step_dir(p)]
-    latest = root / "latest"
+    latest = root / LATEST
     if latest.exists() and not is_our_latest(latest):
-        foreign.append("latest")
+        foreign.append(LATEST)
     if foreign:
         raise EmitError(
             f"--save {root} holds {', '.join(foreign[:4])}, which pipecompile did not write (not "
@@ -237,18 +245,18 @@ def save_due(done: int, steps: int, every: int) -> bool:
 def latest_step_dir(root: Path) -> Path:
     """The newest complete checkpoint under ``root`` (or ``root`` itself, a ``step_<n>``
     directory); EmitError if there is none."""
-    if (root / "meta.json").is_file():  # --resume ck/step_3: that step, not the newest
+    if (root / CHECKPOINT_META).is_file():  # --resume ck/step_3: that step, not the newest
         read_meta(root)
         return root
-    pointer = root / "latest"
+    pointer = root / LATEST
     if not pointer.is_file():
-        raise EmitError(f"{root} holds no checkpoint (no 'latest' file); pass a --save directory")
+        raise EmitError(f"{root} holds no checkpoint (no {LATEST!r} file); pass a --save directory")
     try:
         step_dir = root / pointer.read_text().strip()
     except (OSError, UnicodeDecodeError) as err:
         raise EmitError(f"cannot read {pointer}: {err}; pass a step directory instead, e.g. "
                         f"--resume {root}/step_N") from None  # fmt: skip
-    if not (step_dir / "meta.json").is_file():
+    if not (step_dir / CHECKPOINT_META).is_file():
         raise EmitError(f"{step_dir} is not a complete pipecompile checkpoint")
     read_meta(step_dir)
     return step_dir
@@ -256,7 +264,7 @@ def latest_step_dir(root: Path) -> Path:
 
 def read_meta(step_dir: Path) -> dict[str, Any]:
     """``step_dir/meta.json``, checked; EmitError naming the file if it is damaged."""
-    path = step_dir / "meta.json"
+    path = step_dir / CHECKPOINT_META
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -296,7 +304,7 @@ def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
     for j, module in enumerate(pipe.modules):
         if module is None:
             continue
-        weights = step_dir / f"stage_{j}.safetensors"
+        weights = step_dir / stage_weights(j)
         try:
             load_model(module, str(weights))
         except Exception as err:
@@ -306,7 +314,7 @@ def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
                 "from another pipeline: resume from another checkpoint"
             ) from None
         optimizer = pipe.optimizers[j] if pipe.optimizers else None
-        state = step_dir / f"stage_{j}.optim.pt"
+        state = step_dir / stage_optimizer(j)
         if optimizer is not None and state.is_file():
             _load_optimizer(optimizer, state, meta.get("optimizer"))
     return int(meta["step"])
@@ -339,10 +347,10 @@ def train_state(root: Path) -> dict[str, Any]:
     return dict(read_meta(latest_step_dir(root)).get("train") or {})
 
 
-def split_fingerprint(manifest: dict[str, Any]) -> str:
+def split_fingerprint(manifest: Manifest) -> str:
     """A hash of how ``manifest`` cuts the model: each stage's parameter names and the values
     it takes and gives. A checkpoint fits a pipeline only if the two agree."""
-    stages = [[s["params"], s["inputs"], s["outputs"]] for s in manifest["stages"]]
+    stages = [[s.params, s.inputs, s.outputs] for s in manifest.stages]
     return hashlib.sha256(json.dumps(stages, sort_keys=True).encode()).hexdigest()
 
 
