@@ -73,7 +73,7 @@ def measure(directory: Path, steps: int) -> tuple[list[float], list[float], list
         if step >= 2:
             forward.append([stats.forward_ns[j] / m for j in sorted(stats.forward_ns)])
             backward.append([stats.backward_ns[j] / m for j in sorted(stats.backward_ns)])
-    balance = manifest["balance"]
+    balance = manifest.balance
     return (
         [min(col) for col in zip(*forward)],  # noise only adds time: the fastest step
         [min(col) for col in zip(*backward)],
@@ -88,7 +88,7 @@ def pipelined_step(directory: Path, forward: list[float], backward: list[float])
     from pipecompile.runtime.load import read_manifest, read_program
 
     manifest = read_manifest(directory)
-    program = read_program(directory / manifest["program"])
+    program = read_program(directory / manifest.program)
     costs = Costs(tuple(forward), tuple(backward))
     return simulate(program, topology_from_manifest(manifest), costs).makespan
 

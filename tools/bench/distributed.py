@@ -34,6 +34,8 @@ import torch.distributed as dist
 from common import EXAMPLES, command, log, machine, torchrun_command, use_examples
 from torch import nn
 
+from pipecompile.ir.manifest import Manifest
+
 use_examples()
 
 WAIT_S = 900  # the most one torchrun of the full benchmark may take
@@ -122,16 +124,16 @@ class Passing(nn.Module):
         return tuple(env[n].contiguous() for n in self.after)
 
 
-def live_sets(manifest: dict) -> list[list[str]]:
+def live_sets(manifest: Manifest) -> list[list[str]]:
     """Per boundary k (between stage k and k+1), the values produced at or before k and read
     after k."""
-    stages = manifest["stages"]
-    made = {n: j for j, s in enumerate(stages) for n in s["outputs"]}
-    for name in manifest["inputs"]:
+    stages = manifest.stages
+    made = {n: j for j, s in enumerate(stages) for n in s.outputs}
+    for name in manifest.inputs:
         made[name] = -1
     sets = []
     for k in range(len(stages) - 1):
-        needed = {n for s in stages[k + 1 :] for n in s["inputs"] if made.get(n, 99) <= k}
+        needed = {n for s in stages[k + 1 :] for n in s.inputs if made.get(n, 99) <= k}
         sets.append(sorted(needed))
     return sets
 
@@ -158,7 +160,7 @@ def compare(directory: Path, schedule: str, sizes: Sizes, warmup: int, repeats: 
 
     rank = dist.get_rank()
     manifest = read_manifest(directory)
-    module = load_stage(directory, manifest["stages"][rank])
+    module = load_stage(directory, manifest.stages[rank])
     run_ours, pipe = ours(directory, manifest, module, sizes)
     run_theirs = theirs(manifest, module, schedule, sizes)
     times: dict[str, list[float]] = {"pipecompile": [], "pipelining": []}
@@ -181,7 +183,7 @@ def compare(directory: Path, schedule: str, sizes: Sizes, warmup: int, repeats: 
     }  # fmt: skip
 
 
-def ours(directory: Path, manifest: dict, module: nn.Module, sizes: Sizes) -> tuple:
+def ours(directory: Path, manifest: Manifest, module: nn.Module, sizes: Sizes) -> tuple:
     """pipecompile's training step on its distributed backend, and the pipeline it runs."""
     from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
     from pipecompile.runtime.distributed.placement import Placement
@@ -190,8 +192,8 @@ def ours(directory: Path, manifest: dict, module: nn.Module, sizes: Sizes) -> tu
     from pipecompile.runtime.pipeline import Pipeline
 
     rank = dist.get_rank()
-    program = read_program(directory / manifest["program"])
-    modules = [module if j == rank else None for j in range(len(manifest["stages"]))]
+    program = read_program(directory / manifest.program)
+    modules = [module if j == rank else None for j in range(len(manifest.stages))]
     layout = Layout.from_manifest(manifest, program.stage_device)
     placement = Placement.from_manifest(manifest, program.stage_device)  # as the worker does
     groups = tie_groups(layout, placement)
@@ -210,14 +212,14 @@ def ours(directory: Path, manifest: dict, module: nn.Module, sizes: Sizes) -> tu
     return run, pipe
 
 
-def theirs(manifest: dict, module: nn.Module, schedule: str, sizes: Sizes) -> object:
+def theirs(manifest: Manifest, module: nn.Module, schedule: str, sizes: Sizes) -> object:
     """torch.distributed.pipelining's step over a PipelineStage wrapper of the same module."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    sets = [[*manifest["inputs"]]] + live_sets(manifest) + [[]]
-    entry = manifest["stages"][rank]
-    wrapped = Passing(module, entry["inputs"], entry["outputs"], sets[rank],
+    sets = [[*manifest.inputs]] + live_sets(manifest) + [[]]
+    entry = manifest.stages[rank]
+    wrapped = Passing(module, list(entry.inputs), list(entry.outputs), sets[rank],
                       sets[rank + 1], rank == world - 1)  # fmt: skip
     stage = PipelineStage(wrapped, rank, world, torch.device("cpu"))
     kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B

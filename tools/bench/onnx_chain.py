@@ -83,10 +83,10 @@ def _chain_stages(directory: Path, inputs: dict[str, torch.Tensor]) -> list[torc
     manifest = read_manifest(directory)
     values = dict(inputs)
     with torch.no_grad():
-        for entry, stage in zip(manifest["stages"], load_stages(directory, manifest)):
-            outputs = stage.eval()(*[values[n] for n in entry["inputs"]])
-            values.update(zip(entry["outputs"], outputs))
-    return [values[n] for n in manifest["outputs"]]
+        for entry, stage in zip(manifest.stages, load_stages(directory, manifest)):
+            outputs = stage.eval()(*[values[n] for n in entry.inputs])
+            values.update(zip(entry.outputs, outputs))
+    return [values[n] for n in manifest.outputs]
 
 
 def _max_diff(got: list[np.ndarray], want: list[np.ndarray]) -> float:

@@ -51,7 +51,7 @@ def compile_gpt2(out: Path, layers: int, width: int, heads: int) -> Path:
     return emit(compiled, out, model=ModelRef(None, label, label))
 
 
-def schedule_source(manifest: dict, program: object) -> object:
+def schedule_source(manifest: object, program: object) -> object:
     from pipecompile.reports.pictures.schedule_picture import schedule_dot, simulated_timeline
 
     timeline, unit = simulated_timeline(manifest, program)  # type: ignore[arg-type]
@@ -67,7 +67,7 @@ def measure(directory: Path, scratch: Path, repeats: int, draw: bool) -> dict[st
     from pipecompile.runtime.load import read_manifest, read_program
 
     manifest = read_manifest(directory)
-    program = read_program(directory / manifest["program"])
+    program = read_program(directory / manifest.program)
     runs: dict[str, list[float]] = {}
 
     def add(name: str, fn: Callable[[], object]) -> None:
@@ -120,7 +120,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         directory = compile_gpt2(Path(tmp) / "gpt2", layers, width, heads)
         medians = measure(directory, Path(tmp) / "scratch", args.repeats, draw)
-        manifest = json.loads((directory / "manifest.json").read_text())
+        manifest = json.loads((directory / "manifest.json").read_text())  # as a user reads it
         nodes = sum(len(s["layers"]) for s in manifest["stages"])
         print(f"model: GPT-2 {layers} layers, n_embd {width}, {STAGES} stages, {MICROBATCHES} "
               f"micro-batches, {SCHEDULE}; {nodes} layer nodes")  # fmt: skip
