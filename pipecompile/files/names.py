@@ -4,7 +4,7 @@ An emitted directory holds ``MANIFEST``, ``PROGRAM``, per stage ``stage_source(j
 ``stage_weights(j)`` and, once exported, ``stage_onnx(j)``; with a meta-device model also
 ``INIT`` and ``INIT_CONSTANTS``; and the pictures ``PICTURES``. ``run`` adds ``METRICS`` and
 ``plot`` adds ``TRAINING_PICTURE`` beside them. A checkpoint directory (``run --save DIR``)
-holds ``step_dir(n)`` folders, each with ``CHECKPOINT_META`` and per stage
+holds ``step_name(n)`` folders, each with ``CHECKPOINT_META`` and per stage
 ``stage_weights(j)`` and ``stage_optimizer(j)``, and the pointer ``LATEST``.
 """
 
@@ -27,7 +27,7 @@ __all__ = [
     "stage_weights",
     "stage_onnx",
     "stage_optimizer",
-    "step_dir",
+    "step_name",
 ]
 
 MANIFEST = "manifest.json"
@@ -39,7 +39,7 @@ TRAINING_PICTURE = "training.svg"  # what `pipecompile plot DIR` writes next to 
 # Every picture `pipecompile viz` may draw into an emitted directory.
 PICTURES = tuple(f"{name}.{ext}" for name in ("stages", "schedule")
                  for ext in ("dot", "svg", "png", "pdf"))  # fmt: skip
-LATEST = "latest"  # a checkpoint directory's pointer: one line naming the newest step_dir
+LATEST = "latest"  # a checkpoint directory's pointer: one line naming the newest step
 CHECKPOINT_META = "meta.json"  # a checkpoint step's record (its format marker, the step)
 
 
@@ -63,7 +63,7 @@ def stage_optimizer(j: int) -> str:
     return f"stage_{j}.optim.pt"
 
 
-def step_dir(n: int) -> str:
+def step_name(n: int) -> str:
     """``step_<n>``: the checkpoint of training step ``n``."""
     return f"step_{n}"
 
