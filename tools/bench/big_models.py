@@ -47,6 +47,9 @@ counterpart.
    .state_dict()`` compared bit for bit with the saved model's. The time of each step is
    printed.
 
+With ``--quick`` (figures not judged) the commands of one process, the compiles, the export,
+the eager reference and the peer's split, run in this process, saving a fresh interpreter's
+imports of torch and transformers each; the runs of several ranks still start their processes.
 A summary table per part comes last. The exit status is 0 unless a part failed (a pipecompile
 command exited non-zero, or a part raised); a failing peer is reported, not a failure. All
 temporary directories are removed. Rerun with::
@@ -61,8 +64,11 @@ temporary directories are removed. Rerun with::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import runpy
 import shlex
 import signal
 import subprocess
@@ -73,6 +79,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 from common import (
@@ -82,6 +89,7 @@ from common import (
     log,
     machine,
     pipecompile_command,
+    pipecompile_here,
     timed,
     torchrun_command,
     use_examples,
@@ -152,10 +160,12 @@ class ShardSizes:
     shard_size: str = "300KB"
     shards: int = 3  # what save_pretrained is expected to make of build_gpt2() at that size
     stages: int = 4
+    quick: bool = False
 
 
 QUICK_COMPILE = CompileSizes(model="llama_meta.py", stages=2, microbatches=8, every=1, quick=True)
 QUICK_TRAIN = TrainSizes(layers=2, width=64, heads=4, vocab=128, stages=2, steps=1, quick=True)
+QUICK_SHARDS = ShardSizes(quick=True)
 NOT_JUDGED = "not judged (--quick)"
 
 
@@ -220,6 +230,43 @@ def measured(command: list[str], cwd: Path, timeout: float = WAIT_S) -> Measured
     stdout = "\n".join(ln for ln in lines if not ln.startswith("BENCH_CHILD "))
     info = found[-1]
     return Measured(command, info["rc"], info["wall"], info["peak_kib"], stdout, stderr)
+
+
+def measured_unless_quick(
+    command: list[str], cwd: Path, quick: bool, here: Callable[[], str]
+) -> Measured:
+    """``command`` under the wrapper: its wall time and peak RSS. With --quick, whose figures are
+    not judged, ``here()`` does the same work in this process instead (wall time only): a fresh
+    interpreter would spend most of a quick run importing torch and transformers."""
+    if not quick:
+        return measured(command, cwd)
+    start = time.perf_counter()
+    try:
+        stdout, rc, stderr = here(), 0, ""
+    except Exception as failed:
+        stdout, rc, stderr = "", 1, f"{type(failed).__name__}: {failed}"
+    except SystemExit as failed:
+        stdout, rc, stderr = "", 1, str(failed)
+    return Measured(command, rc, time.perf_counter() - start, None, stdout, stderr)
+
+
+def pipecompile_measured(cwd: Path, quick: bool, *args: str) -> Measured:
+    """``pipecompile ARGS``, measured (see ``measured_unless_quick``)."""
+    return measured_unless_quick(
+        pipecompile_command(*args), cwd, quick, lambda: pipecompile_here(*args)
+    )
+
+
+def script_here(script: Path, *args: str) -> str:
+    """``python SCRIPT ARGS`` in this process, as ``__main__``; its stdout."""
+    out, argv = io.StringIO(), sys.argv
+    sys.argv = [str(script), *args]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return out.getvalue()
 
 
 def shown(command: list[str]) -> str:
@@ -504,9 +551,8 @@ def part_compile7b(tmp: Path, sizes: CompileSizes, part: PartResult) -> None:
     model = EXAMPLES / sizes.model
     out = tmp / "out"
     log(f"compile7b: pipecompile {sizes.model} --stages {sizes.stages} ...")
-    ours = measured(pipecompile_command(str(model), "--stages", str(sizes.stages),
-                                        "--microbatches", str(sizes.microbatches), "-o",
-                                        str(out), "-q"), cwd=ROOT)  # fmt: skip
+    split = ["--stages", str(sizes.stages), "--microbatches", str(sizes.microbatches)]
+    ours = pipecompile_measured(ROOT, sizes.quick, str(model), *split, "-o", str(out), "-q")
     print(f"\n## compile7b: {sizes.model} on the meta device into {sizes.stages} stages\n")
     print(f"pipecompile: {shown(ours.command)}")
     require(ours, "pipecompile compile", part)
@@ -516,8 +562,8 @@ def part_compile7b(tmp: Path, sizes: CompileSizes, part: PartResult) -> None:
     script = tmp / "peer_split.py"
     script.write_text(PEER_SPLIT)
     log("compile7b: pipeline() ...")
-    theirs = measured([sys.executable, str(script), str(model), str(sizes.stages),
-                       str(sizes.every)], cwd=ROOT)  # fmt: skip
+    here = partial(script_here, script, str(model), str(sizes.stages), str(sizes.every))
+    theirs = measured_unless_quick([sys.executable, *map(str, here.args)], ROOT, sizes.quick, here)
     split = [ln.split() for ln in theirs.stdout.splitlines() if ln.startswith("PEER_STAGES ")]
     if theirs.rc == 0 and split:
         peer_note = f"{split[0][1]} stages (pipeline() itself {float(split[0][2]):.1f} s)"
@@ -564,11 +610,10 @@ def part_train_memory(tmp: Path, sizes: TrainSizes, part: PartResult) -> None:
           f"{sizes.stages} stages balanced on {sizes.balance}, {sizes.steps} AdamW step(s) "
           f"(lr {sizes.lr:g})\n")  # fmt: skip
     log("train_memory: compiling ...")
-    compiled = measured(pipecompile_command(str(tmp / "train_model.py"), "--stages",
-                                            str(sizes.stages), "--microbatches",
-                                            str(sizes.microbatches), "--balance", sizes.balance,
-                                            "-q", "-o", str(out)),
-                        cwd=tmp)  # fmt: skip
+    split = ["--stages", str(sizes.stages), "--microbatches", str(sizes.microbatches)]
+    split += ["--balance", sizes.balance]
+    model = str(tmp / "train_model.py")
+    compiled = pipecompile_measured(tmp, sizes.quick, model, *split, "-q", "-o", str(out))
     print(f"compile: {shown(compiled.command)}: {compiled.wall:.1f} s, peak RSS "
           f"{gib(compiled.peak_kib)}")  # fmt: skip
     require(compiled, "pipecompile compile", part)
@@ -581,9 +626,11 @@ def part_train_memory(tmp: Path, sizes: TrainSizes, part: PartResult) -> None:
     print(f"run:     {shown(run.command)}: {run.wall:.1f} s")
     require(run, "pipecompile run --nproc", part)
 
-    (tmp / "eager.py").write_text(EAGER_TRAIN)
+    reference = tmp / "eager.py"
+    reference.write_text(EAGER_TRAIN)
     log("train_memory: eager ...")
-    eager = measured([sys.executable, str(tmp / "eager.py"), str(tmp)], cwd=tmp)
+    here = partial(script_here, reference, str(tmp))
+    eager = measured_unless_quick([sys.executable, *map(str, here.args)], tmp, sizes.quick, here)
     if eager.rc:
         raise RuntimeError(f"the eager reference failed: {eager.first_error()}")
     detail = next((ln[6:] for ln in eager.stdout.splitlines() if ln.startswith("EAGER ")), "")
@@ -622,7 +669,7 @@ def part_train_memory(tmp: Path, sizes: TrainSizes, part: PartResult) -> None:
     part.rows += [
         ("pipecompile run", f"{run.wall:.1f} s; largest rank {gib(max(ours.values(), default=0))}"
                             f" = {worst:.2f} x eager; goal {goal}"),
-        ("eager", f"{eager.wall:.1f} s, peak RSS {gib(base)}"),
+        ("eager", f"{eager.wall:.1f} s, peak RSS {gib(eager.peak_kib)}"),
         ("pipelining", f"{peer.wall:.1f} s; largest rank "
                        f"{gib(max(theirs.values(), default=0))}; "
                        f"{'ok' if peer.rc == 0 else peer_note}"),
@@ -670,9 +717,9 @@ def part_hf_shards(tmp: Path, sizes: ShardSizes, part: PartResult) -> None:
     )
     (tmp / "gpt2_meta.py").write_text(fill(SHARD_MODEL, EXAMPLES=str(EXAMPLES)))
     log("hf_shards: compiling ...")
-    compiled = measured(pipecompile_command(str(tmp / "gpt2_meta.py"), "--stages",
-                                            str(sizes.stages), "--weights", str(ck), "-o",
-                                            str(out), "-q"), cwd=tmp)  # fmt: skip
+    model = str(tmp / "gpt2_meta.py")
+    split = ["--stages", str(sizes.stages), "--weights", str(ck)]
+    compiled = pipecompile_measured(tmp, sizes.quick, model, *split, "-o", str(out), "-q")
     steps["compile --weights"] = compiled.wall
     print(f"compile: {shown(compiled.command)}: {compiled.wall:.1f} s")
     require(compiled, "pipecompile compile --weights", part)
@@ -696,8 +743,9 @@ def part_hf_shards(tmp: Path, sizes: ShardSizes, part: PartResult) -> None:
         part.failures.append(f"logits differ from from_pretrained(ck): max |diff| {diff:.3g}")
 
     log("hf_shards: export ...")
-    export = measured(pipecompile_command("export", str(out), "-o", str(exported),
-                                          "--shard-size", sizes.shard_size), cwd=tmp)  # fmt: skip
+    export = pipecompile_measured(
+        tmp, sizes.quick, "export", str(out), "-o", str(exported), "--shard-size", sizes.shard_size
+    )
     steps["export"] = export.wall
     print(f"export:  {shown(export.command)}: {export.wall:.1f} s")
     try:
@@ -766,10 +814,11 @@ def main() -> int:
         return 2
     compile_sizes = QUICK_COMPILE if args.quick else CompileSizes()
     train_sizes = QUICK_TRAIN if args.quick else TrainSizes()
+    shard_sizes = QUICK_SHARDS if args.quick else ShardSizes()
     bodies = {
         "compile7b": lambda tmp, part: part_compile7b(tmp, compile_sizes, part),
         "train_memory": lambda tmp, part: part_train_memory(tmp, train_sizes, part),
-        "hf_shards": lambda tmp, part: part_hf_shards(tmp, ShardSizes(), part),
+        "hf_shards": lambda tmp, part: part_hf_shards(tmp, shard_sizes, part),
     }
     print(f"machine: {machine()}")
     print(f"command: {command()}")

@@ -7,7 +7,9 @@ A script here runs as ``python tools/bench/X.py``, so this folder is first on ``
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import io
 import os
 import platform
 import shlex
@@ -84,6 +86,20 @@ def torchrun_command(nproc: int, *args: str) -> list[str]:
     """``torchrun --standalone --nproc-per-node=NPROC ARGS`` for this interpreter."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     return [*launcher, f"--nproc-per-node={nproc}", *args]
+
+
+def pipecompile_here(*args: str) -> str:
+    """``pipecompile ARGS`` in this process, for a command whose own start-up is not what is
+    measured (a fresh interpreter spends seconds importing torch); its stdout, or the benchmark
+    stops with its stderr's tail if it fails."""
+    from pipecompile.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(args))
+    if status:
+        raise SystemExit(f"pipecompile {shlex.join(args)} failed:\n{err.getvalue()[-3000:]}")
+    return out.getvalue()
 
 
 def run_checked(
