@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import replace
 
-from pipecompile.errors import MemoryBudgetError, PipecompileError
-from pipecompile.ir.instr import Instr
+from pipecompile.errors import MemoryBudgetError
+from pipecompile.ir.checkpoint_policy import POLICIES, check_policy, policy_counts, with_checkpoints
 from pipecompile.ir.memory_model import device_peak_bytes
 from pipecompile.ir.program import Program
 from pipecompile.ir.saved_bytes import StageMemory
@@ -25,7 +24,6 @@ from pipecompile.ir.sizes import format_size
 
 __all__ = ["POLICIES", "insert_checkpoints"]
 
-POLICIES = ("never", "except_last", "always")
 _MAX_CANDIDATES = 20_000  # beyond this, a device's stages choose among the three policies
 
 
@@ -43,26 +41,13 @@ def insert_checkpoints(
         PipecompileError: unknown policy.
         MemoryBudgetError: some device exceeds ``budget`` even with every forward checkpointed.
     """
-    if policy not in POLICIES:
-        raise PipecompileError(f"--checkpoint {policy!r}: choose one of {', '.join(POLICIES)}")
-    m = program.microbatches
+    check_policy(policy)
     if budget is None:
-        count = {"never": 0, "except_last": m - 1, "always": m}[policy]
-        return _apply(program, {j: count for j in range(program.num_stages)})
+        return with_checkpoints(program, policy_counts(policy, program))
     counts: dict[int, int] = {}
     for d in range(len(program.devices)):
         counts.update(_fit_device(program, d, memory, flops, budget))
-    return _apply(program, counts)
-
-
-def _apply(program: Program, counts: dict[int, int]) -> Program:
-    def convert(x: Instr) -> Instr:
-        if x.op == "F" and x.microbatch is not None and x.microbatch < counts.get(x.stage, 0):
-            return Instr("FC", x.stage, x.microbatch)
-        return x
-
-    devices = tuple(tuple(convert(x) for x in instrs) for instrs in program.devices)
-    return replace(program, devices=devices)
+    return with_checkpoints(program, counts)
 
 
 def _fit_device(
@@ -82,10 +67,11 @@ def _fit_device(
     )
     for ks in candidates:
         counts = dict(zip(stages, ks))
-        instrs = _apply(program, counts).devices[d]
+        instrs = with_checkpoints(program, counts).devices[d]
         if device_peak_bytes(instrs, saved, inputs) <= budget:
             return counts
-    least = device_peak_bytes(_apply(program, dict.fromkeys(stages, m)).devices[d], saved, inputs)
+    every = with_checkpoints(program, dict.fromkeys(stages, m)).devices[d]
+    least = device_peak_bytes(every, saved, inputs)
     raise MemoryBudgetError(
         f"device {d} (stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))}) "
         "stores at least "

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +42,10 @@ from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.option_fields import declared
-from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["compile", "load", "CompiledPipeline", "bind_inputs"]
-
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 # fit() also takes the loop's options that have no flag.
 _LOOP_ONLY = frozenset({"loss_scale", "measure_memory"})

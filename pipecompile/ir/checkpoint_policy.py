@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.instr import Instr
+from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 
 __all__ = ["POLICIES", "check_policy", "policy_counts", "with_checkpoints"]
@@ -34,8 +34,8 @@ def with_checkpoints(program: Program, counts: dict[int, int]) -> Program:
     ``jFC i``."""
 
     def convert(x: Instr) -> Instr:
-        if x.op == "F" and x.microbatch is not None and x.microbatch < counts.get(x.stage, 0):
-            return Instr("FC", x.stage, x.microbatch)
+        if x.op == Op.F and x.microbatch is not None and x.microbatch < counts.get(x.stage, 0):
+            return Instr(Op.FC, x.stage, x.microbatch)
         return x
 
     devices = tuple(tuple(convert(x) for x in instrs) for instrs in program.devices)

@@ -32,6 +32,8 @@ from pipecompile.runtime.stats import RunStats
 
 __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
 
+# What builds a stage's optimizer from its parameters, e.g. ``lambda ps: torch.optim.SGD(ps,
+# lr=0.1)``: the one type the API, the training loop and the pipeline take.
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 

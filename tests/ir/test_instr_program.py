@@ -77,12 +77,12 @@ def test_bad_instr_is_rejected(text, message):
 
 
 def test_every_op_is_described_prints_as_its_name_and_has_a_handler():
-    from pipecompile.runtime.executor import Executor
+    from pipecompile.runtime.executor import StepExecutor
 
     assert set(OPS) == set(Op) and all(op.description for op in Op)
     assert [f"{op}" for op in Op] == [str(op) for op in Op] == [op.value for op in Op]
     assert Instr("F", 0, 1).op is Op.F  # an op given as text is the enum from then on
-    assert set(Executor.handlers(Executor.__new__(Executor))) == set(Op)
+    assert set(StepExecutor.handlers(StepExecutor.__new__(StepExecutor))) == set(Op)
 
 
 def test_gpipe_golden_table():

@@ -299,17 +299,31 @@ def test_progress_bar_on_a_terminal_and_lines_otherwise(tmp_path) -> None:
     import io
 
     from pipecompile.runtime.training.metrics import Reporter
+    from pipecompile.runtime.training.records import StepRecord
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
-    record = {"step": 2, "loss": 1.5, "step_ms": 10.0, "samples_per_s": 80.0,
-              "tokens_per_s": None, "bubble": 0.25, "first": 0}  # fmt: skip
+    record = StepRecord(step=2, epoch=1, loss=1.5, step_ms=10.0, samples_per_s=80.0, bubble=0.25)
     bar, lines = Terminal(), io.StringIO()
-    Reporter(tmp_path / "m.jsonl", 4, stream=bar).step(dict(record))
-    Reporter(None, 4, stream=lines).step(dict(record))
+    Reporter(tmp_path / "m.jsonl", 4, stream=bar).step(record)
+    Reporter(None, 4, stream=lines).step(record)
     assert bar.getvalue().startswith("\r[############............] 2/4  loss 1.5000")
     assert "ETA 0:00:0" in bar.getvalue()
     assert lines.getvalue() == "step 2/4  loss 1.500000  (10.0 ms)  80.0 samples/s  bubble 25%\n"
     assert '"kind": "train"' in (tmp_path / "m.jsonl").read_text()
+
+
+def test_a_step_record_writes_the_keys_in_the_files_order_and_reads_as_a_mapping() -> None:
+    from pipecompile.runtime.training.records import EvalRecord, StepRecord
+
+    record = StepRecord(step=3, epoch=1, loss=0.5, lr=1e-3, peak_memory=[10, 20], first=2)
+    assert list(record.to_json()) == [
+        "kind", "step", "epoch", "loss", "lr", "step_ms", "samples_per_s", "tokens_per_s",
+        "bubble", "peak_memory", "sent_bytes", "grad_norm", "loss_scale", "skipped", "first",
+    ]  # fmt: skip
+    assert record["loss"] == record.loss == 0.5 and record["kind"] == "train"
+    with pytest.raises(KeyError):
+        record["losses"]
+    assert EvalRecord(4, 1, 0.25).to_json() == {"kind": "eval", "step": 4, "epoch": 1, "loss": 0.25}

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import graphviz  # type: ignore[import-untyped]
 
+from pipecompile.ir.instr import Op
 from pipecompile.ir.manifest import Manifest, StageEntry
 from pipecompile.ir.program import Program
 from pipecompile.ir.sizes import counted, format_count, format_size
@@ -82,7 +83,7 @@ def _checkpointed(program: Program) -> dict[int, int]:
     """Per stage, how many of its forwards are checkpointed (``FC``)."""
     counts: dict[int, int] = {}
     for _, _, instr in program.instructions():
-        if instr.op == "FC":
+        if instr.op == Op.FC:
             counts[instr.stage] = counts.get(instr.stage, 0) + 1
     return counts
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -27,7 +27,7 @@ from pipecompile.errors import InputError, MicrobatchError, PipecompileError, Ru
 from pipecompile.ir.program import Program
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime.executor import LossFn, call_loss_fn
-from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
 from pipecompile.runtime.random_state import draw_base, step_base
 from pipecompile.runtime.training.batch_agreement import agree_on_batch
@@ -47,6 +47,7 @@ from pipecompile.runtime.training.metrics import (
     local_bubble,
     peak_memory,
 )
+from pipecompile.runtime.training.records import EvalRecord, StepRecord
 from pipecompile.runtime.training.train_state import (
     check_save_dir,
     resume,
@@ -125,7 +126,7 @@ class TrainOptions:
     eval_every: int = 0  # 0: after each epoch and at the end (when there is an eval hook)
     quiet: bool = False
     measure_memory: bool = False
-    optimizer_factory: Callable[[list[Any]], torch.optim.Optimizer] | None = None  # API: over
+    optimizer_factory: OptimizerFactory | None = None  # API: over
     # a stage's parameters, instead of ``optimizer`` and ``lr``
 
 
@@ -136,7 +137,7 @@ class TrainState:
     done: int | None = None  # optimizer steps finished (None: not begun)
     total: int | None = None
     skipped: list[int] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
     epoch: int = 1
 
 
@@ -265,24 +266,25 @@ def train(
     try:
         step = first
         while total is None or step < total:
-            record = _one_step(pipe, loss_fn, feed, options, group, scaler, seed, step, reads,
-                               one_process)  # fmt: skip
-            if record is None:  # the data ran out (--epochs)
+            done = _one_step(pipe, loss_fn, feed, options, group, scaler, seed, step, reads,
+                             one_process)  # fmt: skip
+            if done is None:  # the data ran out (--epochs)
                 break
+            record, note = done
             for scheduler in schedulers:
                 scheduler.step()
             step += 1
-            state.done, state.epoch = step, record["epoch"]
-            if record["skipped"]:
+            state.done, state.epoch = step, record.epoch
+            if record.skipped:
                 state.skipped.append(step)
-            record["first"] = first
+            record.first = first
             state.records.append(record)
-            reporter.step(record, record.pop("note"))
+            reporter.step(record, note)
             if has_eval and _eval_due(options, step, total, feed):
                 evaluation = _Feed(eval_data, None, group, epochs=1, skip=0, device=device)
                 loss = _evaluate(pipe, loss_fn, evaluation, group, reads,
                                  f"the evaluation after step {step}")  # fmt: skip
-                reporter.eval({"step": step, "epoch": feed.epoch, "loss": loss})
+                reporter.eval(EvalRecord(step, feed.epoch, loss))
             if options.save and save_due(step, total or -1, options.save_every):
                 train = {"epoch": feed.epoch, "batches": feed.read}
                 if scaler is not None:
@@ -302,8 +304,9 @@ def _one_step(
     pipe: Pipeline, loss_fn: LossFn, feed: _Feed, options: TrainOptions, group: Group,
     scaler: LossScaler | None, seed: int, step: int, reads: tuple[bool, bool],
     one_process: bool,
-) -> dict[str, Any] | None:  # fmt: skip
-    """One optimizer step; None if the data ended before it began."""
+) -> tuple[StepRecord, str] | None:  # fmt: skip
+    """One optimizer step and the note its line ends with; None if the data ended before it
+    began."""
     sync = not pipe.asynchronous
     m, parts = pipe.program.microbatches, options.accumulate
     loss_scale = (scaler.scale if scaler else 1.0) / (m * parts) if sync else 1.0
@@ -372,22 +375,22 @@ def _one_step(
         pipe.apply_step()
     seconds = time.perf_counter() - began
     busy = group.gather([busy_ns / 1e9 / seconds, *peak_memory(pipe, one_process=one_process)])
-    return {
-        "step": step + 1,
-        "epoch": feed.epoch,
-        "loss": loss,
-        "lr": _lr(pipe),
-        "step_ms": seconds * 1000,
-        "samples_per_s": samples / seconds,
-        "tokens_per_s": tokens / seconds if tokens else None,
-        "bubble": local_bubble(pipe) if one_process else 1 - sum(b[0] for b in busy) / len(busy),
-        "peak_memory": [int(v) for b in busy for v in b[1:]],
-        "sent_bytes": int(sent_total),
-        "grad_norm": grad_norm,
-        "loss_scale": scaler.scale if scaler is not None else None,
-        "skipped": skipped,
-        "note": note,
-    }
+    record = StepRecord(
+        step=step + 1,
+        epoch=feed.epoch,
+        loss=loss,
+        lr=_lr(pipe),
+        step_ms=seconds * 1000,
+        samples_per_s=samples / seconds,
+        tokens_per_s=tokens / seconds if tokens else None,
+        bubble=local_bubble(pipe) if one_process else 1 - sum(b[0] for b in busy) / len(busy),
+        peak_memory=[int(v) for b in busy for v in b[1:]],
+        sent_bytes=int(sent_total),
+        grad_norm=grad_norm,
+        loss_scale=scaler.scale if scaler is not None else None,
+        skipped=skipped,
+    )
+    return record, note
 
 
 def _lr(pipe: Pipeline) -> float | None:

@@ -22,6 +22,7 @@ from pipecompile.files.writable import check_file
 from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.runtime.training.records import EvalRecord, StepRecord
 
 __all__ = ["Reporter", "batch_counts", "check_metrics_file", "local_bubble", "peak_memory"]
 
@@ -113,7 +114,7 @@ class Reporter:
         self._drawn = False
 
     def record(self, record: dict[str, Any]) -> None:
-        """Append one JSON line to the metrics file."""
+        """Append one JSON line to the metrics file, stamped with the wall clock's time."""
         if self.metrics is None:
             return
         if self._file is None:
@@ -144,23 +145,23 @@ class Reporter:
             self._drawn = False
         print(text, file=self.stream, flush=True)
 
-    def step(self, record: dict[str, Any], note: str = "") -> None:
-        self.record({"kind": "train", **record})
+    def step(self, record: StepRecord, note: str = "") -> None:
+        self.record(record.to_json())
         if self.quiet:
             return
         if self.bar:
             self._draw(record)
             return
         total = self.total if self.total is not None else "?"
-        line = f"step {record['step']}/{total}  loss {record['loss']:.6f}  "
-        line += f"({record['step_ms']:.1f} ms)  {_throughput(record)}"
-        if record.get("bubble") is not None:
-            line += f"  bubble {record['bubble']:.0%}"
+        line = f"step {record.step}/{total}  loss {record.loss:.6f}  "
+        line += f"({record.step_ms:.1f} ms)  {_throughput(record)}"
+        if record.bubble is not None:
+            line += f"  bubble {record.bubble:.0%}"
         print(line + note, file=self.stream, flush=True)
 
-    def eval(self, record: dict[str, Any]) -> None:
-        self.record({"kind": "eval", **record})
-        self.say(f"eval after step {record['step']}: loss {record['loss']:.6f}")
+    def eval(self, record: EvalRecord) -> None:
+        self.record(record.to_json())
+        self.say(f"eval after step {record.step}: loss {record.loss:.6f}")
 
     def close(self) -> None:
         if self._drawn:
@@ -169,26 +170,26 @@ class Reporter:
         if self._file is not None:
             self._file.close()
 
-    def _draw(self, record: dict[str, Any]) -> None:
+    def _draw(self, record: StepRecord) -> None:
         assert self.total is not None
-        done, total = record["step"], self.total
+        done, total = record.step, self.total
         width = 24
         filled = int(width * done / max(total, 1))
         elapsed = time.monotonic() - self.began
-        per = elapsed / max(done - record.get("first", 0), 1)
+        per = elapsed / max(done - record.first, 1)
         eta = _clock(per * (total - done))
         self.stream.write(
             f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  loss "
-            f"{record['loss']:.4f}  {_throughput(record)}  ETA {eta}  "
+            f"{record.loss:.4f}  {_throughput(record)}  ETA {eta}  "
         )
         self.stream.flush()
         self._drawn = True
 
 
-def _throughput(record: dict[str, Any]) -> str:
-    text = f"{record['samples_per_s']:.1f} samples/s"
-    if record.get("tokens_per_s") is not None:
-        text += f"  {record['tokens_per_s']:.0f} tokens/s"
+def _throughput(record: StepRecord) -> str:
+    text = f"{record.samples_per_s:.1f} samples/s"
+    if record.tokens_per_s is not None:
+        text += f"  {record.tokens_per_s:.0f} tokens/s"
     return text
 
 
