@@ -85,12 +85,6 @@ class Facts:
         return self.stage_device[a] != self.stage_device[b]
 
 
-def _neighbours(topology: Topology, j: int, *, upstream: bool) -> tuple[int, ...]:
-    if upstream:
-        return tuple(sorted({s for s, t in topology.edges if t == j}))
-    return tuple(sorted({t for s, t in topology.edges if s == j}))
-
-
 def requirements(instr: Instr, facts: Facts) -> list[Instr]:
     """The instructions that must have finished before ``instr`` may start."""
     j, i = instr.stage, instr.microbatch if instr.microbatch is not None else 0
