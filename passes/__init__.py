@@ -4,8 +4,8 @@ from pipecompile.ir.saved_bytes import StageMemory
 from pipecompile.passes.activation_memory import activation_memory
 from pipecompile.passes.annotate_costs import annotate_costs
 from pipecompile.passes.balance_stages import balance_stages, min_max_partition
-from pipecompile.passes.insert_checkpoints import POLICIES, insert_checkpoints
 from pipecompile.passes.insert_communication import insert_communication
+from pipecompile.passes.insert_recompute import POLICIES, insert_recompute
 from pipecompile.passes.insert_replication import insert_replication, parse_replicas
 from pipecompile.passes.profile_costs import profile_costs
 from pipecompile.passes.split_stages import split_stages
@@ -17,7 +17,7 @@ __all__ = [
     "split_stages",
     "activation_memory",
     "StageMemory",
-    "insert_checkpoints",
+    "insert_recompute",
     "POLICIES",
     "insert_communication",
     "insert_replication",

@@ -4,7 +4,7 @@ Requires: a verified StageGraph whose markers carry fake values (``meta["val"]``
 Guarantees: per stage, ``saved``: the bytes autograd keeps between forward and backward for
 one micro-batch (parameters and buffers excluded, shared storage counted once), measured by
 running the stage on fake tensors under ``saved_tensors_hooks``; and ``inputs``: the bytes of
-the stage's tensor inputs, all a checkpointed forward keeps. The runtime measures the same
+the stage's tensor inputs, all a recomputed forward keeps. The runtime measures the same
 two figures on real tensors with the same rule (``ir.saved_bytes``).
 """
 
@@ -24,7 +24,7 @@ __all__ = ["StageMemory", "activation_memory"]
 
 
 def activation_memory(graph: StageGraph) -> tuple[StageMemory, ...]:
-    """Per stage, what a plain and a checkpointed forward store (see the module docstring)."""
+    """Per stage, what a plain and a recomputed forward store (see the module docstring)."""
     return tuple(_stage_memory(stage) for stage in graph.stages)
 
 

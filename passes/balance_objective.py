@@ -119,7 +119,7 @@ def _no_fit(facts: AtomFacts, model: CostModel, program: Program) -> str:
         f"has {format_size(params)} of parameters (each stage keeps "
         f"{2 + model.optimizer_states} copies: weights, gradients, optimizer state, plus any "
         "stashed versions) and the schedule keeps activations of several micro-batches; "
-        "raise the limit, use more stages or --checkpoint always"
+        "raise the limit, use more stages or --recompute always"
         + (", or 1f1b, which keeps fewer micro-batches in flight" if program.schedule == "gpipe"
            else "")
     )  # fmt: skip

@@ -18,12 +18,12 @@ import torch.fx as fx
 
 from pipecompile.errors import BalanceError
 from pipecompile.ir.balance_report import BalanceReport
-from pipecompile.ir.checkpoint_policy import policy_counts, with_checkpoints
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.graph_copy import copy_graph_module
 from pipecompile.ir.mutation import mutated_inputs, storage_of
 from pipecompile.ir.node_info import info, with_info
 from pipecompile.ir.program import Program
+from pipecompile.ir.recompute_policy import policy_counts, with_recompute
 from pipecompile.ir.split_point import is_split_point
 from pipecompile.ir.values import is_transferable
 from pipecompile.passes.balance_objective import modelled_split, plain_split
@@ -53,7 +53,7 @@ def balance_stages(
     pinned: Mapping[str, int] | None = None,
     model: CostModel | None = None,
     program: Program | None = None,
-    checkpoint: str = "never",
+    recompute: str = "never",
 ) -> tuple[fx.GraphModule, BalanceReport]:
     """Return a copy of ``module`` with each op assigned to one of ``stages`` stages, and the
     report of the split (see ``BalanceReport``).
@@ -70,8 +70,8 @@ def balance_stages(
             communication, replicated over ``model.workers``) under the memory limits.
         program: the compute program of the chosen schedule (placement, micro-batches in
             flight, weight copies); required with ``model``.
-        checkpoint: the ``--checkpoint`` policy whose stored activations the memory limits
-            count (the forwards it checkpoints store only their inputs).
+        recompute: the ``--recompute`` policy whose stored activations the memory limits
+            count (the forwards it recomputes store only their inputs).
 
     Raises:
         BalanceError: fewer legal cut points than stages - 1, an unknown cost, or a requested
@@ -102,7 +102,7 @@ def balance_stages(
     else:
         assert program is not None and program.num_stages == stages
         model.validate(len(program.devices), stages)
-        program = with_checkpoints(program, policy_counts(checkpoint, program))
+        program = with_recompute(program, policy_counts(recompute, program))
         manual = bool(cuts) or len(ops) != len(compute_nodes(module.graph))
         orders = candidate_orders(out.graph)[: 1 if manual else None]
         solved = (

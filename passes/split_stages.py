@@ -7,7 +7,7 @@ consumer stages) and received by each consumer; constants (shapes, dtypes) cross
 boundary are written into the consumer instead. Parameters live in each stage that uses them;
 a parameter used by several stages appears in each, listing the same original names. A
 parameter or persistent buffer forward never reads is held by stage 0, so the pipeline's state
-dict (checkpoints, export, ``--check``) has every tensor of the model's.
+dict (saved train state, export, ``--check``) has every tensor of the model's.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     stages: int,
     schedule: str = "gpipe",
     microbatches: int = 1,
-    checkpoint: str = "never",
+    recompute: str = "never",
     balance: str = "flops",
     directory: str | Path | None = None,
     progress: bool = False,
@@ -67,6 +67,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     init_seed: int = 0,
     force: bool = False,
     onnx: bool = False,
+    checkpoint: str | None = None,
     **options: Any,
 ) -> CompiledPipeline:
     """Compile ``model`` into ``stages`` pipeline stages and load them for running.
@@ -75,7 +76,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         model: the model; it is not modified.
         example_inputs: a mini-batch: a tensor, a tuple of positional tensors, or a dict of
             forward()'s keyword tensors; its batch splits into ``microbatches``.
-        stages, schedule, microbatches, checkpoint, balance: as the command line's options.
+        stages, schedule, microbatches, recompute, balance: as the command line's options
+            (``recompute``: which forwards are recomputed in backward, ``--recompute``).
         directory: where to write the stage modules (default: a temporary directory that
             lives as long as the returned object; ``save`` copies it elsewhere).
         progress: print one line per compiler pass to stderr.
@@ -88,6 +90,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
             built under ``torch.device("meta")``), replayed per stage.
         force: write into a ``directory`` holding files pipecompile did not write (kept).
         onnx: also export every stage to ``stage_<j>.onnx`` (as ``pipe.onnx()``).
+        checkpoint: the old name of ``recompute`` (still accepted).
         **options: the other options of ``pipecompile.compiler.compile_model`` (split_at,
             pinned, virtual_stages, vertical_sync, memory_budget, replicas, machine,
             print_after). The keywords are those ``CompileOptions``' fields declare.
@@ -105,7 +108,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     plan = weight_plan(model, weights, init_seed, allow_missing=allow_missing)
     compiled = compile_model(
         model, inputs, stages=stages, microbatches=microbatches, schedule=schedule,
-        checkpoint=checkpoint, balance=balance, progress=progress, **options,
+        recompute=recompute, checkpoint=checkpoint, balance=balance, progress=progress,
+        **options,
     )  # fmt: skip
     temporary = directory is None
     out = (

@@ -4,7 +4,7 @@
 differentiate. Their backward runs the whole training program once more with, per
 micro-batch, the loss ``sum(output * grad_output)``: its gradients are exactly the
 vector-Jacobian product autograd asks for (the forward is recomputed, as with
-``--checkpoint always``, with the forward's own random numbers; buffers such as BatchNorm's
+``--recompute always``, with the forward's own random numbers; buffers such as BatchNorm's
 running statistics are restored so they are updated once). The stages' gradients are then
 added to the original model's parameters, a tied parameter once.
 """

@@ -225,7 +225,7 @@ def _compile(args: argparse.Namespace) -> int:
         schedule=args.schedule, balance=args.balance, split_at=tuple(args.split_at),
         pinned=parse_pins(args.pin_cost),
         virtual_stages=args.virtual_stages,
-        vertical_sync=args.vertical_sync, checkpoint=args.checkpoint,
+        vertical_sync=args.vertical_sync, recompute=args.recompute,
         memory_budget=args.memory_budget,
         replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
         machine=machine,

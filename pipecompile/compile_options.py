@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pipecompile.compiler import PASSES
 from pipecompile.passes.balance_stages import COSTS
-from pipecompile.passes.insert_checkpoints import POLICIES
+from pipecompile.passes.insert_recompute import POLICIES
 from pipecompile.runtime.option_fields import nonnegative_int, option, positive_int, size
 from pipecompile.schedules import SCHEDULES
 
@@ -65,11 +65,14 @@ class CompileOptions:
     vertical_sync: bool = option(
         "--vertical-sync", switch=True, help="pipedream: all stages use stage 0's weight version"
     )
-    checkpoint: str = option(
+    recompute: str = option(
+        "--recompute",
         "--checkpoint",
         default="never",
         choices=POLICIES,
-        help="which micro-batches' forwards are recomputed in backward",
+        metavar="POLICY",
+        help="which micro-batches' forwards are recomputed in backward: "
+        f"{', '.join(POLICIES)} (--checkpoint: its old name)",
     )
     replicate: str | None = option(
         "--replicate",

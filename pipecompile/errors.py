@@ -46,7 +46,7 @@ class ProgramError(PipecompileError):
 
 
 class MemoryBudgetError(PipecompileError):
-    """No checkpointing choice keeps a device's stored activations within --memory-budget."""
+    """No recomputation choice keeps a device's stored activations within --memory-budget."""
 
 
 class MicrobatchError(PipecompileError):

@@ -29,7 +29,7 @@ def compile_mlp(out: Path, *options: str, microbatches: int = 4) -> str:
     [
         ["--schedule", "gpipe"],
         ["--schedule", "1f1b"],
-        ["--schedule", "zb1p", "--checkpoint", "always"],
+        ["--schedule", "zb1p", "--recompute", "always"],
         ["--schedule", "interleaved", "--virtual-stages", "2"],
         ["--schedule", "interleaved", "--virtual-stages", "4"],
         ["--schedule", "pipedream"],
@@ -95,7 +95,7 @@ def test_show_json_uniform_matches_closed_form(tmp_path, capsys):
 
 
 def test_run_stats_prints_measured_next_to_predicted(tmp_path, capsys):
-    out = compile_mlp(tmp_path / "o", "--schedule", "1f1b", "--checkpoint", "except_last")
+    out = compile_mlp(tmp_path / "o", "--schedule", "1f1b", "--recompute", "except_last")
     assert main(["run", out, "--stats", "-q"]) == 0
     lines = capsys.readouterr().out.splitlines()
     split = next(k for k, ln in enumerate(lines) if ln.startswith("stage"))
@@ -120,7 +120,7 @@ def test_run_stats_prints_measured_next_to_predicted(tmp_path, capsys):
          "--microbatches 4 is not a multiple of the 3 devices"),
         ([MLP, "--stages", "4", "--vertical-sync"], "--vertical-sync applies to the pipedream"),
         ([MLP, "--stages", "4", "--microbatches", "4", "--memory-budget", "10B"],
-         "even with every forward checkpointed"),
+         "even with every forward recomputed"),
     ],
 )  # fmt: skip
 def test_bad_schedule_requests_exit_2_with_a_message(tmp_path, capsys, args, message):
@@ -143,10 +143,10 @@ def test_stages_sharing_a_device_exchange_values_directly(tmp_path):
 
 def test_compile_summary_predicts_the_schedule(tmp_path, capsys):
     args = [MLP, "--stages", "4", "--microbatches", "4", "--schedule", "1f1b"]
-    assert main([*args, "--checkpoint", "always", "-o", str(tmp_path / "o")]) == 0
+    assert main([*args, "--recompute", "always", "-o", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "peak in-flight micro-batches per device [4, 3, 2, 1]" in out
-    assert "16 checkpointed forwards" in out
+    assert "16 recomputed forwards" in out
 
 
 def test_tied_stages_on_one_device_do_not_wait_for_each_other(tmp_path, capsys):

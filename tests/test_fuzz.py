@@ -137,7 +137,7 @@ def test_the_seeds_cover_every_feature_schedule_and_policy():
     features = {f for c in cases for f in c.features}
     everything = {f for s in range(2000, 2400) for f in fuzz.generate(s).features}
     assert everything <= features, sorted(everything - features)
-    pairs = {(c.config.schedule, c.config.checkpoint) for c in cases}
+    pairs = {(c.config.schedule, c.config.recompute) for c in cases}
     assert len(pairs) == len(fuzz.SCHEDULES) * len(fuzz.POLICIES)
     assert {c.config.stages for c in cases} == {1, 2, 3, 4}
     assert {c.config.microbatches for c in cases} == {1, 2, 4}

@@ -16,11 +16,11 @@ from pipecompile.compiler import checks
 from pipecompile.errors import InternalError, PipecompileError
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.balance_report import BalanceReport
-from pipecompile.ir.checkpoint_policy import check_policy
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.microbatch import split_microbatches
 from pipecompile.ir.program import Program
+from pipecompile.ir.recompute_policy import check_policy, chosen_policy
 from pipecompile.ir.stage_graph import StageGraph
 from pipecompile.ir.topology import topology
 from pipecompile.ir.traced import Traced
@@ -30,15 +30,15 @@ from pipecompile.passes import (
     activation_memory,
     annotate_costs,
     balance_stages,
-    insert_checkpoints,
     insert_communication,
+    insert_recompute,
     insert_replication,
     profile_costs,
     split_stages,
 )
 from pipecompile.schedules import generate
 
-__all__ = ["PASSES", "TABLE", "Pass", "Compiled", "compile_model"]
+__all__ = ["PASSES", "PASS_ALIASES", "TABLE", "Pass", "Compiled", "compile_model"]
 
 IR = dict[str, Any]  # the IR values by name: what the passes take and give
 
@@ -58,7 +58,7 @@ class Request:
     pinned: dict[str, int] | None
     virtual_stages: int | None
     vertical_sync: bool
-    checkpoint: str
+    recompute: str
     memory_budget: int | None
     replicas: tuple[int, ...] | None
     machine: CostModel
@@ -106,7 +106,7 @@ def _profile(r: Request, ir: IR) -> Any:
 def _balance(r: Request, ir: IR) -> Any:
     return balance_stages(
         ir["annotated"], stages=r.stages, cost=r.balance, split_at=r.split_at, pinned=r.pinned,
-        model=r.machine, program=ir["compute"], checkpoint=r.checkpoint,
+        model=r.machine, program=ir["compute"], recompute=r.recompute,
     )  # fmt: skip
 
 
@@ -118,14 +118,14 @@ def _memory(r: Request, ir: IR) -> Any:
     return activation_memory(ir["graph"])
 
 
-def _checkpoint(r: Request, ir: IR) -> Program:
+def _recompute(r: Request, ir: IR) -> Program:
     flops = [s.flops for s in ir["graph"].stages]
-    return insert_checkpoints(ir["compute"], memory=ir["memory"], flops=flops,
-                              policy=r.checkpoint, budget=r.memory_budget)  # fmt: skip
+    return insert_recompute(ir["compute"], memory=ir["memory"], flops=flops,
+                            policy=r.recompute, budget=r.memory_budget)  # fmt: skip
 
 
 def _communicate(r: Request, ir: IR) -> Program:
-    return insert_communication(ir["checkpointed"], topology=topology(ir["graph"]))
+    return insert_communication(ir["recomputed"], topology=topology(ir["graph"]))
 
 
 def _replicate(r: Request, ir: IR) -> Program:
@@ -141,8 +141,8 @@ def _program_check(key: str) -> Callable[[IR], None]:
 
 
 # The passes, in the order they run, each once; `--print-after NAME` prints what a pass gives.
-# `insert_checkpoints` runs after `activation_memory`, whose bytes a --memory-budget needs; the
-# balancer models the --checkpoint policy's stored activations itself (ir/checkpoint_policy).
+# `insert_recompute` runs after `activation_memory`, whose bytes a --memory-budget needs; the
+# balancer models the --recompute policy's stored activations itself (ir/recompute_policy).
 TABLE: tuple[Pass, ...] = (
     Pass("schedule", _schedule, (), ("compute",), _program_check("compute"),
          lambda ir: checks.verify_compute(ir["compute"])),
@@ -156,15 +156,16 @@ TABLE: tuple[Pass, ...] = (
     Pass("split_stages", _split, ("balanced", "traced"), ("graph",), checks.check_stage_graph,
          lambda ir: checks.lint_stages(ir["graph"])),
     Pass("activation_memory", _memory, ("graph",), ("memory",), checks.check_memory),
-    Pass("insert_checkpoints", _checkpoint, ("compute", "memory", "graph"), ("checkpointed",),
-         _program_check("checkpointed"), lambda ir: checks.verify_compute(ir["checkpointed"])),
-    Pass("insert_communication", _communicate, ("checkpointed", "graph"), ("communicating",),
+    Pass("insert_recompute", _recompute, ("compute", "memory", "graph"), ("recomputed",),
+         _program_check("recomputed"), lambda ir: checks.verify_compute(ir["recomputed"])),
+    Pass("insert_communication", _communicate, ("recomputed", "graph"), ("communicating",),
          _program_check("communicating"),
          lambda ir: checks.verify_linked(ir["communicating"], ir["graph"])),
     Pass("insert_replication", _replicate, ("communicating", "balance"), ("program",),
          _program_check("program"), lambda ir: checks.verify_linked(ir["program"], ir["graph"])),
 )  # fmt: skip
 PASSES = tuple(p.name for p in TABLE)
+PASS_ALIASES = {"insert_checkpoints": "insert_recompute"}  # --print-after's old pass names
 
 
 def compile_model(
@@ -179,13 +180,14 @@ def compile_model(
     pinned: dict[str, int] | None = None,
     virtual_stages: int | None = None,
     vertical_sync: bool = False,
-    checkpoint: str = "never",
+    recompute: str = "never",
     memory_budget: int | None = None,
     replicas: tuple[int, ...] | None = None,
     machine: CostModel | None = None,
     print_after: frozenset[str] = frozenset(),
     progress: bool = False,
     verify_each: bool = False,
+    checkpoint: str | None = None,
 ) -> Compiled:
     """Trace ``model`` on one micro-batch of ``inputs`` and compile it into stages and a program.
 
@@ -202,10 +204,10 @@ def compile_model(
         pinned: MODULE_PATH -> cost that replaces the module's measured cost.
         virtual_stages: stages per device for the ``interleaved`` schedule.
         vertical_sync: ``pipedream`` only: one weight version per micro-batch on all stages.
-        checkpoint: ``never``, ``except_last`` or ``always``: which micro-batches' forwards
-            keep only their inputs and are recomputed in backward.
+        recompute: ``never``, ``except_last`` or ``always``: which micro-batches' forwards
+            keep only their inputs and are recomputed in backward (activation checkpointing).
         memory_budget: bytes of stored activations a device may hold; the least
-            recomputation that fits is chosen (overrides ``checkpoint``).
+            recomputation that fits is chosen (overrides ``recompute``).
         replicas: ranks per stage (PipeDream's "2-1-1"); default one each.
         machine: what the balancer assumes about the devices (bandwidth, speeds, memory
             limits, workers to replicate over); default ``CostModel()``. With
@@ -215,11 +217,13 @@ def compile_model(
         verify_each: run the expensive checks (fake-tensor re-propagation of each graph,
             ``verify_program`` with its simulation of each program) after every pass, not
             only after the last; each is timed as ``verify NAME``.
+        checkpoint: the old name of ``recompute`` (still accepted).
 
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
         InternalError: a pass failed, or the IR it produced failed its check (a bug).
     """
+    print_after = frozenset(PASS_ALIASES.get(name, name) for name in print_after)
     unknown = sorted(print_after - set(PASSES))
     if unknown:
         raise PipecompileError(
@@ -228,7 +232,8 @@ def compile_model(
     request = Request(
         model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
         microbatches, schedule, balance, split_at, pinned, virtual_stages, vertical_sync,
-        checkpoint, memory_budget, replicas, machine or CostModel(), progress,
+        chosen_policy(recompute, checkpoint), memory_budget, replicas, machine or CostModel(),
+        progress,
     )  # fmt: skip
     ir, timings = run_passes(request, print_after=print_after, verify_each=verify_each)
     micro = request.micro
@@ -304,7 +309,7 @@ def _replica_counts(r: Request, report: BalanceReport) -> tuple[int, ...]:
 def _check_options(r: Request, compute: Program) -> None:
     """The options that contradict each other or the schedule, before any tracing."""
     _check_machine(r.machine, compute, replicas=r.replicas, memory_budget=r.memory_budget)
-    check_policy(r.checkpoint)
+    check_policy(r.recompute)
     if r.meta and r.balance == "time":
         raise PipecompileError(
             f"--balance time measures each op on real weights, and {type(r.model).__name__} is "
@@ -334,8 +339,8 @@ def _check_machine(
     if machine.memory_limit and memory_budget is not None:
         raise PipecompileError(
             "--memory-limit (parameters, optimizer state and activations, used to choose the "
-            "split) and --memory-budget (activations only, used to choose checkpointing for "
-            "the split) cannot be combined; give one"
+            "split) and --memory-budget (activations only, used to choose recomputation "
+            "for the split) cannot be combined; give one"
         )
 
 

@@ -45,7 +45,7 @@ class Op(str, Enum):
 # op -> what it does (docs/FORMAT.md lists the same).
 OPS: dict[Op, str] = {
     Op.F: "forward of the stage on one micro-batch; stores what backward needs",
-    Op.FC: "forward, checkpointed: stores only the stage inputs; backward recomputes the rest",
+    Op.FC: "forward, recomputed: stores only the stage inputs; backward recomputes the rest",
     Op.B: "backward of the stage on one micro-batch; accumulates parameter gradients",
     Op.I: "backward, input half: gradients of the stage inputs only (zero-bubble split)",
     Op.W: "backward, weight half: parameter gradients of a micro-batch whose I has run",
@@ -60,7 +60,7 @@ OPS: dict[Op, str] = {
     Op.UPDATE: "optimizer step with one micro-batch's gradients (asynchronous schedules)",
 }
 # The groups every layer asks about, named once:
-FORWARD_OPS = frozenset({Op.F, Op.FC})  # a micro-batch's forward (checkpointed or not)
+FORWARD_OPS = frozenset({Op.F, Op.FC})  # a micro-batch's forward (recomputed or not)
 BACKWARD_OPS = frozenset({Op.B, Op.I, Op.W})  # a micro-batch's backward, whole or split
 GRADIENT_OPS = frozenset({Op.B, Op.W})  # the one that computes its parameter gradients
 INPUT_GRADIENT_OPS = frozenset({Op.B, Op.I})  # the one that sends gradients to its inputs

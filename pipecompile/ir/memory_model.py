@@ -1,7 +1,7 @@
 """How many micro-batches each device holds, and how many activation bytes, in program order.
 
 A micro-batch is held on a stage from its forward until its last backward instruction (B,
-or W when the backward is split). A plain forward stores ``saved[j]`` bytes; a checkpointed
+or W when the backward is split). A plain forward stores ``saved[j]`` bytes; a recomputed
 forward (FC) stores only the stage inputs, ``inputs[j]``, and its backward briefly holds
 ``saved[j]`` again while it recomputes. Both counts depend only on each device's order.
 """
@@ -24,7 +24,7 @@ __all__ = [
 
 def peak_inflight(program: Program) -> tuple[int, ...]:
     """Per device, the largest number of micro-batches held at once: the byte count when every
-    micro-batch weighs one unit, checkpointed or not."""
+    micro-batch weighs one unit, recomputed or not."""
     ones = [1] * program.num_stages
     return peak_stored_bytes(program, ones, ones)
 

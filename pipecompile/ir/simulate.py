@@ -24,7 +24,7 @@ __all__ = ["Costs", "Span", "Timeline", "simulate"]
 @dataclass(frozen=True)
 class Costs:
     """Per-stage forward and (whole) backward durations; a split backward costs half each
-    for I and W; a checkpointed forward's backward first recomputes the forward."""
+    for I and W; a recomputed forward's backward first recomputes the forward."""
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]

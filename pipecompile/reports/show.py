@@ -46,6 +46,7 @@ def schedule_report(
         costs, unit = stage_costs(manifest)
         what = _COSTS_IN[unit]
     timeline = simulate(program, topology, costs)
+    recomputed = sum(1 for _, _, x in program.instructions() if x.op == Op.FC)
     report: dict[str, Any] = {
         "schedule": program.schedule,
         "stages": program.num_stages,
@@ -54,7 +55,8 @@ def schedule_report(
         "costs": what,
         **timeline.as_dict(),
         "closed_form_bubble": closed_form(program),
-        "checkpointed_forwards": sum(1 for _, _, x in program.instructions() if x.op == Op.FC),
+        "recomputed_forwards": recomputed,
+        "checkpointed_forwards": recomputed,  # the old key, kept for tools that read it
     }
     held = [s.activation_bytes for s in stages]
     if all(held):
@@ -91,8 +93,8 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
             else ""
         ),
     ]
-    if report["checkpointed_forwards"]:
-        lines.append(f"checkpointed forwards (FC): {report['checkpointed_forwards']}")
+    if report["recomputed_forwards"]:
+        lines.append(f"recomputed forwards (FC): {report['recomputed_forwards']}")
     peaks = report.get("peak_activation_bytes")
     lines.append("device   busy        peak in-flight   peak activations")
     for d in range(report["devices"]):

@@ -62,7 +62,7 @@ def _schedule_line(manifest: Manifest, program: Program, costs: Costs, unit: str
             program, [a.saved for a in held if a], [a.inputs for a in held if a]
         )
         line += f", peak activations {format_size(max(peaks))}"
-    checkpointed = sum(1 for _, _, x in program.instructions() if x.op == Op.FC)
-    if checkpointed:
-        line += f"; {checkpointed} checkpointed forwards"
+    recomputed = sum(1 for _, _, x in program.instructions() if x.op == Op.FC)
+    if recomputed:
+        line += f"; {recomputed} recomputed forwards"
     return line

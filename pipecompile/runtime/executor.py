@@ -74,7 +74,7 @@ class Held:
     """One micro-batch on one stage between its forward and its last backward."""
 
     args: list[Any]
-    outs: tuple[Any, ...] | None  # None: checkpointed, recomputed in backward
+    outs: tuple[Any, ...] | None  # None: recomputed in backward (FC)
     weights: dict[str, torch.Tensor] | None  # stashed leaves the forward used
     nbytes: int = 0
     roots: list[torch.Tensor] = field(default_factory=list)  # kept from I for W
@@ -259,7 +259,7 @@ class StepExecutor:
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def _recompute(self, j: int, i: int, held: Held) -> tuple[Any, ...]:
-        """Re-run a checkpointed forward with autograd on. Buffers the recomputation updates
+        """Re-run a recomputed forward (FC) with autograd on. Buffers the recomputation updates
         (BatchNorm statistics) are put back by swapping the saved copies in, not by copying
         in place, since autograd may have saved the updated tensors."""
         owners = [(sub, dict(sub._buffers)) for sub in self.modules[j].modules() if sub._buffers]

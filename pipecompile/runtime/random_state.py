@@ -7,7 +7,7 @@ j and i. Within it, every random op the compiler found (``ir/random_ops``; the s
 name in the traced graph) by ``seed_op``, which the runtime puts into the stage's forward
 (``op_seeds``). So an op draws the same numbers whichever stage holds it: for one base seed,
 losses and weights do not depend on the stage count, schedule, recompute policy or rank count.
-A recomputation (``--checkpoint``, ``--memory-budget``, the decorator's backward) runs with
+A recomputation (``--recompute``, ``--memory-budget``, the decorator's backward) runs with
 the same seeds, so dropout draws the mask of the forward it recomputes. The base seed is
 drawn from torch's global generator once per step unless given (``run --seed S`` derives it
 from S and the step: ``step_base``).

@@ -31,7 +31,7 @@ def _with_entry(name: str, **changes) -> tuple[driver.Pass, ...]:
 def test_the_table_names_every_pass_once_in_order():
     assert PASSES == tuple(p.name for p in TABLE)
     assert len(set(PASSES)) == len(PASSES)
-    assert PASSES.count("insert_checkpoints") == 1
+    assert PASSES.count("insert_recompute") == 1
 
 
 @pytest.mark.parametrize("budget", [None, 10**6])
@@ -46,7 +46,7 @@ def test_each_pass_runs_once(monkeypatch, budget):
         return dataclasses.replace(entry, run=run)
 
     monkeypatch.setattr(driver, "TABLE", tuple(counted(p) for p in TABLE))
-    _compile(memory_budget=budget, checkpoint="except_last")
+    _compile(memory_budget=budget, recompute="except_last")
     assert calls == [p for p in PASSES if p != "profile_costs"]  # profile: --balance time only
 
 

@@ -17,7 +17,7 @@ from pipecompile.ir.memory_model import peak_weight_copies, stored_counts
 from pipecompile.passes import activation_memory, annotate_costs, balance_stages, split_stages
 from pipecompile.passes.balance_stages import _atoms, compute_nodes
 from pipecompile.passes.cut_bytes import cut_bytes
-from pipecompile.passes.insert_checkpoints import insert_checkpoints
+from pipecompile.passes.insert_recompute import insert_recompute
 from pipecompile.passes.node_memory import node_memory
 from pipecompile.schedules import generate
 from tests.conftest import EXAMPLES, example_spec
@@ -71,7 +71,7 @@ def test_stored_counts_follow_the_schedule_and_checkpointing():
 
     assert counts("gpipe") == [[(8, 0)]] * 4
     assert counts("1f1b") == [[(4, 0)], [(3, 0)], [(2, 0)], [(1, 0)]]
-    always = insert_checkpoints(generate("1f1b", 4, 8), memory=(), flops=(), policy="always")
+    always = insert_recompute(generate("1f1b", 4, 8), memory=(), flops=(), policy="always")
     assert [sorted(stored_counts(d)) for d in always.devices] == [
         [(1, 4)],
         [(1, 3)],

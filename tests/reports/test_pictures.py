@@ -88,10 +88,10 @@ def test_stage_dot_has_a_cluster_per_stage_and_labelled_edges(gpt3):
     sends = re.findall(r'send_\S+ \[label="send [^"]*" color="([^"]+)" fillcolor="([^"]+)"', source)
     recvs = re.findall(r'recv_\S+ \[label="recv [^"]*" color="([^"]+)" fillcolor="([^"]+)"', source)
     assert sends and recvs and set(sends).isdisjoint(recvs)
-    assert "dashed" not in source and "checkpointed" not in source
+    assert "dashed" not in source and "recomputed" not in source
 
 
-def test_checkpointed_stage_is_dashed_and_labelled(gpt3):
+def test_recomputed_stage_is_dashed_and_labelled(gpt3):
     manifest, program = _read(gpt3)
     devices = tuple(
         tuple(Instr("FC", x.stage, x.microbatch) if x.op == "F" and x.stage == 1 else x for x in d)
@@ -101,7 +101,7 @@ def test_checkpointed_stage_is_dashed_and_labelled(gpt3):
     clusters = re.findall(r"subgraph (cluster_\d+) \{\n\t\t([^\n]*)", source)
     dashed = [name for name, attrs in clusters if "dashed" in attrs]
     assert dashed == ["cluster_1"]
-    assert "checkpointed: 4 of 4 forwards recomputed" in dict(clusters)["cluster_1"]
+    assert "recomputed: 4 of 4 forwards" in dict(clusters)["cluster_1"]
 
 
 def test_older_manifest_without_layers_draws_one_node_per_stage(gpt3):

@@ -1,6 +1,6 @@
 """Dropout under recomputation: a recomputed forward draws the random numbers of the forward
 it recomputes, so the gradients belong to the activations the forward produced, for every
-checkpoint policy, memory budget, the zero-bubble I/W split and the decorator's backward."""
+recompute policy, memory budget, the zero-bubble I/W split and the decorator's backward."""
 
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ def _grads(model: nn.Module, tmp_path, **options) -> tuple[float, dict[str, torc
 
 
 RECOMPUTING = [
-    {"checkpoint": "always"},
-    {"checkpoint": "except_last"},
-    {"checkpoint": "always", "schedule": "1f1b"},
-    {"checkpoint": "always", "schedule": "zb1p"},
+    {"recompute": "always"},
+    {"recompute": "except_last"},
+    {"recompute": "always", "schedule": "1f1b"},
+    {"recompute": "always", "schedule": "zb1p"},
     {"schedule": "zb1p"},
     {"memory_budget": 2048},  # recomputes one forward (2 KiB fits no more)
 ]
@@ -58,7 +58,7 @@ RECOMPUTING = [
 def test_recomputed_forward_draws_the_same_dropout_mask(options, tmp_path):
     torch.manual_seed(0)
     model = Dropped().train()
-    loss, want = _grads(model, tmp_path, checkpoint="never")  # backward on the stored forward
+    loss, want = _grads(model, tmp_path, recompute="never")  # backward on the stored forward
     got_loss, got = _grads(model, tmp_path, **options)
     assert got_loss == pytest.approx(loss, abs=1e-6)
     assert want.keys() == got.keys()
@@ -81,7 +81,7 @@ def test_the_mask_changes_between_steps_and_follows_torch_manual_seed(tmp_path):
 
 
 def test_decorator_backward_recomputes_the_forward_it_differentiates():
-    @pipecompile.pipeline(stages=2, microbatches=2, checkpoint="never")
+    @pipecompile.pipeline(stages=2, microbatches=2, recompute="never")
     class Decorated(Dropped):
         pass
 

@@ -22,9 +22,9 @@ CONFIGS = {
     "1f1b": {"schedule": "1f1b"},
     "zb1p": {"schedule": "zb1p"},
     "interleaved": {"schedule": "interleaved", "virtual_stages": 2},
-    "gpipe-always": {"schedule": "gpipe", "checkpoint": "always"},
-    "1f1b-except_last": {"schedule": "1f1b", "checkpoint": "except_last"},
-    "zb1p-always": {"schedule": "zb1p", "checkpoint": "always"},
+    "gpipe-always": {"schedule": "gpipe", "recompute": "always"},
+    "1f1b-except_last": {"schedule": "1f1b", "recompute": "except_last"},
+    "zb1p-always": {"schedule": "zb1p", "recompute": "always"},
 }
 
 
@@ -65,12 +65,12 @@ def test_1f1b_device_j_holds_min_p_minus_j_m(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["gpt", "resnet"])
-def test_checkpointing_changes_memory_not_gradients(tmp_path, name):
+def test_recompute_changes_memory_not_gradients(tmp_path, name):
     spec = example_spec(name)
     grads = {}
     measured = {}
     for policy in ("never", "always"):
-        compiled, pipe = build(tmp_path / policy, name, schedule="gpipe", checkpoint=policy)
+        compiled, pipe = build(tmp_path / policy, name, schedule="gpipe", recompute=policy)
         got: dict[str, torch.Tensor] = {}
         pipe.train_step(
             spec.inputs, spec.targets, spec.loss_fn,
@@ -95,15 +95,15 @@ def test_checkpointing_changes_memory_not_gradients(tmp_path, name):
 
 def test_memory_budget_picks_the_least_recomputation_that_fits(tmp_path):
     never, _ = build(tmp_path / "never", "gpt", schedule="gpipe")
-    always, _ = build(tmp_path / "always", "gpt", schedule="gpipe", checkpoint="always")
+    always, _ = build(tmp_path / "always", "gpt", schedule="gpipe", recompute="always")
     low, high = predicted_bytes(always), predicted_bytes(never)
     budget = (max(low) + max(high)) // 2
     fitted, pipe = build(tmp_path / "fit", "gpt", schedule="gpipe", memory_budget=budget)
     peaks = predicted_bytes(fitted)
     assert max(peaks) <= budget
-    checkpointed = {str(x) for _, _, x in fitted.program.instructions() if x.op == "FC"}
-    assert 0 < len(checkpointed) < 16  # some, not all, of the 4 x 4 forwards
-    # one fewer checkpointed forward on the most loaded device would not fit
+    recomputed = {str(x) for _, _, x in fitted.program.instructions() if x.op == "FC"}
+    assert 0 < len(recomputed) < 16  # some, not all, of the 4 x 4 forwards
+    # one fewer recomputed forward on the most loaded device would not fit
     spec = example_spec("gpt")
     pipe.train_step(spec.inputs, spec.targets, spec.loss_fn, measure_memory=True)
     assert pipe.last_stats is not None and pipe.last_stats.peak_stored == peaks

@@ -3,10 +3,10 @@ recomputes?
 
 A ``Linear → ReLU → Dropout(p) → Linear → ReLU → Linear`` model (width ``--width``) is
 compiled into 2 stages (cut before the second Linear) and 4 micro-batches with each
-recomputing configuration: ``--checkpoint always`` and ``except_last`` (gpipe and 1f1b),
+recomputing configuration: ``--recompute always`` and ``except_last`` (gpipe and 1f1b),
 ``--memory-budget`` small enough to recompute, zb1p (its I/W split), and the
 ``@pipecompile.pipeline`` decorator (whose backward always recomputes). Each runs one step
-with the same base seed; the reference is ``--checkpoint never``, whose backward runs on the
+with the same base seed; the reference is ``--recompute never``, whose backward runs on the
 stored activations of the forward itself. Printed: the largest difference of loss and of any
 gradient from the reference (goal ≤ 1e-5). For the decorator, the outputs its backward
 recomputed are compared with those its forward returned.
@@ -92,11 +92,11 @@ def main() -> int:
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(8, width, generator=g), torch.randn(8, 4, generator=g)
     configs = {
-        "checkpoint always (gpipe)": {"checkpoint": "always"},
-        "checkpoint except_last (gpipe)": {"checkpoint": "except_last"},
-        "checkpoint always (1f1b)": {"checkpoint": "always", "schedule": "1f1b"},
+        "recompute always (gpipe)": {"recompute": "always"},
+        "recompute except_last (gpipe)": {"recompute": "except_last"},
+        "recompute always (1f1b)": {"recompute": "always", "schedule": "1f1b"},
         "zb1p (I/W split)": {"schedule": "zb1p"},
-        "zb1p, checkpoint always": {"schedule": "zb1p", "checkpoint": "always"},
+        "zb1p, recompute always": {"schedule": "zb1p", "recompute": "always"},
         "--memory-budget (some forwards recomputed)": {"memory_budget": 8 * width * 4 * 2},
     }
     print(f"# dropout p={args.p}, width {width}, 2 stages, 4 micro-batches\n")
@@ -105,7 +105,7 @@ def main() -> int:
     print("|---|---:|---:|---:|---|")
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
-        loss0, ref, _ = step(model, x, y, Path(tmp), checkpoint="never")
+        loss0, ref, _ = step(model, x, y, Path(tmp), recompute="never")
         for label, options in configs.items():
             loss, grads, fc = step(model, x, y, Path(tmp), **options)
             dl, dg = abs(loss - loss0), worst(grads, ref)

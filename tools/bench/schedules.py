@@ -1,4 +1,4 @@
-"""Benchmark the schedules: simulated bubbles, measured in-flight peaks, checkpointed memory,
+"""Benchmark the schedules: simulated bubbles, measured in-flight peaks, recomputed memory,
 and the interpreter's overhead per instruction. Prints Markdown tables.
 
 1. Simulated bubble fraction with uniform costs (F=1, B=2, I=W=1) for p=4, m=8 and p=8,
@@ -6,7 +6,7 @@ and the interpreter's overhead per instruction. Prints Markdown tables.
 2. Peak in-flight micro-batches per device measured by the interpreter next to the
    simulator's prediction (a 16-layer MLP, every schedule, both shapes).
 3. Peak stored activation bytes per device for a GPT (8 layers, n_embd 256, 128 tokens,
-   batch 32, 4 stages, 8 micro-batches, gpipe) with --checkpoint never vs always:
+   batch 32, 4 stages, 8 micro-batches, gpipe) with --recompute never vs always:
    measured next to predicted.
 4. Interpreter overhead per instruction: the dispatch loop alone (no-op handlers), and a
    whole training step of a model whose arithmetic is negligible.
@@ -119,7 +119,7 @@ def inflight(tmp: Path, sizes: Sizes) -> None:
             )
 
 
-def checkpoint_memory(tmp: Path, sizes: Sizes) -> None:
+def recompute_memory(tmp: Path, sizes: Sizes) -> None:
     use_examples()
     from gpt import build_gpt
 
@@ -137,7 +137,7 @@ def checkpoint_memory(tmp: Path, sizes: Sizes) -> None:
 
     rows = {}
     for policy in ("never", "always"):
-        compiled = compile_model(model, inputs, stages=4, microbatches=8, checkpoint=policy)
+        compiled = compile_model(model, inputs, stages=4, microbatches=8, recompute=policy)
         out = emit(compiled, tmp / f"gpt-{policy}", model=ModelRef(None, "gpt", "gpt"))
         pipe = Pipeline.load(out)
         pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=1e-3))
@@ -222,7 +222,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bubbles(sizes)
         inflight(Path(tmp), sizes)
-        checkpoint_memory(Path(tmp), sizes)
+        recompute_memory(Path(tmp), sizes)
         overhead(Path(tmp), sizes, args.repeats)
 
 

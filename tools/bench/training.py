@@ -2,7 +2,7 @@
 torch.distributed.pipelining.
 
 1. Seeds: examples/gpt.py:build_dropout_model (dropout 0.1), 3 steps with --seed 7, for 1, 2
-   and 4 stages, gpipe / 1f1b / zb1p, --checkpoint always, and --nproc 2: every loss
+   and 4 stages, gpipe / 1f1b / zb1p, --recompute always, and --nproc 2: every loss
    against the 2-stage gpipe run's.
 2. bf16: examples/gpt.py (no dropout), 20 AdamW steps on its example batch with --precision
    bf16, against the same 20 steps of the eager model under torch.autocast(bf16), and the
@@ -60,7 +60,7 @@ def seeds(root: Path, quick: bool) -> None:
         "4 stages gpipe": (["--stages", "4"], []),
         "2 stages 1f1b": (["--stages", "2", "--schedule", "1f1b"], []),
         "2 stages zb1p": (["--stages", "2", "--schedule", "zb1p"], []),
-        "4 stages --checkpoint always": (["--stages", "4", "--checkpoint", "always"], []),
+        "4 stages --recompute always": (["--stages", "4", "--recompute", "always"], []),
         "2 stages --nproc 2": (["--stages", "2"], ["--nproc", "2"]),
     }
     if quick:

@@ -6,7 +6,7 @@ the batch dimension); every op picks values that fit, so the model always runs e
 written as a model file (``build_model``, ``example_inputs``, ``example_targets``,
 ``loss_fn``), which ``--show`` prints and ``pipecompile run`` reads. The configuration picks
 the stages (1-4, at most the ops), the schedule (``interleaved`` with an even stage count),
-the micro-batches (1, 2 or 4 of a batch of 8) and the checkpoint policy.
+the micro-batches (1, 2 or 4 of a batch of 8) and the recompute policy.
 
 The ops (``fuzzing.ops.OPS``, each a function that returns False when no live value fits):
 Linear (shared or with a frozen weight), activations (functional, methods, modules), in-place writes

@@ -1,7 +1,7 @@
 """The schedule picture: the simulated timeline, one row per device, one box per instruction.
 
 Boxes sit at their simulated start and end on a common time axis (``neato -n2`` keeps the
-positions given), coloured by kind - forward, checkpointed forward, backward, its input and
+positions given), coloured by kind - forward, recomputed forward, backward, its input and
 weight halves - with the micro-batch inside; idle time is a grey box::
 
     device 0 │ 0 │ 1 │ 2 │ 3 │░░░░░░░░░░░│ 3 │ 2 │ 1 │ 0 │
@@ -31,7 +31,7 @@ __all__ = ["simulated_timeline", "schedule_dot", "OP_COLORS", "IDLE_COLOR"]
 OP_COLORS = {Op.F: "#7eb0e0", Op.FC: "#7fd1c1", Op.B: "#f4a259", Op.I: "#f6d365", Op.W: "#c39bd3"}
 OP_NAMES = {
     Op.F: "forward",
-    Op.FC: "checkpointed forward",
+    Op.FC: "recomputed forward",
     Op.B: "backward",
     Op.I: "backward (input gradients)",
     Op.W: "weight gradients",

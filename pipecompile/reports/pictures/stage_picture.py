@@ -2,7 +2,7 @@
 edges, and every cross-stage value an arrow labelled with its shape and bytes.
 
 Read from an emitted manifest (``stages[j].layers``, ``edges``) and the program (which stages
-run checkpointed forwards). Stages are columns from left to right; a column's layers run down,
+run recomputed forwards). Stages are columns from left to right; a column's layers run down,
 the next column's up, so each boundary's arrow is short (a snake). Arrows between a stage's
 layers follow program order, not data flow::
 
@@ -42,7 +42,7 @@ def stage_dot(manifest: Manifest, program: Program) -> graphviz.Digraph:
         manifest: the directory's ``manifest.json``; stages without ``layers`` (written by an
             older pipecompile) are drawn as one node with their op count.
         program: the directory's program; a stage with ``FC`` instructions is drawn with a
-            dashed border and labelled checkpointed.
+            dashed border and labelled recomputed.
 
     Returns:
         The graph; ``.source`` is its DOT text.
@@ -55,9 +55,9 @@ def stage_dot(manifest: Manifest, program: Program) -> graphviz.Digraph:
     dot.attr("node", shape="box", style="rounded,filled", fontname=_FONT, fontsize="10",
              margin="0.08,0.03", height="0.3")  # fmt: skip
     dot.attr("edge", fontname=_FONT, fontsize="9", color="#555555")
-    checkpointed = _checkpointed(program)
+    recomputed = _recomputed(program)
     for j, stage in enumerate(manifest.stages):
-        _stage_cluster(dot, manifest, j, stage, checkpointed.get(j, 0))
+        _stage_cluster(dot, manifest, j, stage, recomputed.get(j, 0))
     _model_inputs(dot, manifest)
     _model_outputs(dot, manifest)
     for e in manifest.edges:
@@ -79,8 +79,8 @@ def _title(manifest: Manifest) -> str:
             f" {counted(manifest.microbatches, 'micro-batch')}")  # fmt: skip
 
 
-def _checkpointed(program: Program) -> dict[int, int]:
-    """Per stage, how many of its forwards are checkpointed (``FC``)."""
+def _recomputed(program: Program) -> dict[int, int]:
+    """Per stage, how many of its forwards are recomputed (``FC``)."""
     counts: dict[int, int] = {}
     for _, _, instr in program.instructions():
         if instr.op == Op.FC:
@@ -130,7 +130,7 @@ def _stage_label(manifest: Manifest, j: int, stage: StageEntry, fc: int) -> str:
     head = f"stage {j} · {device} · {format_count(stage.flops)} FLOPs · "
     head += f"{format_size(stage.param_bytes)} params\\l"
     if fc:
-        head += f"checkpointed: {fc} of {manifest.microbatches} forwards recomputed\\l"
+        head += f"recomputed: {fc} of {manifest.microbatches} forwards\\l"
     return head
 
 

@@ -20,7 +20,7 @@ class Config:
     stages: int
     schedule: str
     microbatches: int
-    checkpoint: str
+    recompute: str
 
     @property
     def devices(self) -> int:
@@ -32,14 +32,14 @@ class Config:
             "stages": self.stages,
             "schedule": self.schedule,
             "microbatches": self.microbatches,
-            "checkpoint": self.checkpoint,
+            "recompute": self.recompute,
             **extra,
         }
 
     def __str__(self) -> str:
         return (
             f"stages {self.stages}, {self.schedule}, {self.microbatches} micro-batches, "
-            f"checkpoint {self.checkpoint}"
+            f"recompute {self.recompute}"
         )
 
 

@@ -1,0 +1,64 @@
+"""The old spellings of renamed options still work and give what the new ones give:
+``--checkpoint`` for ``--recompute`` (compile) and ``--train-state`` (export), the
+``checkpoint=`` keyword for ``recompute=``, and ``--print-after insert_checkpoints``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import pipecompile
+from pipecompile.cli import main
+from pipecompile.compiler import compile_model
+from pipecompile.errors import PipecompileError
+from tests.conftest import EXAMPLES
+
+MLP = str(EXAMPLES / "mlp.py")
+
+
+def _compile(out: Path, *options: str) -> Path:
+    args = [MLP, "--stages", "2", "--microbatches", "2", "-q", "-o", str(out), *options]
+    assert main(args) == 0
+    return out
+
+
+def test_compile_checkpoint_flag_is_recompute(tmp_path):
+    new = _compile(tmp_path / "new", "--recompute", "except_last")
+    old = _compile(tmp_path / "old", "--checkpoint", "except_last")
+    program = (new / "program.txt").read_text()
+    assert "FC" in program
+    assert (old / "program.txt").read_text() == program
+
+
+def _small_model() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    return model, torch.randn(4, 4)
+
+
+def test_checkpoint_keyword_is_recompute(tmp_path):
+    model, x = _small_model()
+    options = {"stages": 2, "microbatches": 2}
+    new = pipecompile.compile(model, x, recompute="always", directory=tmp_path / "n", **options)
+    old = pipecompile.compile(model, x, checkpoint="always", directory=tmp_path / "o", **options)
+    assert str(old.program) == str(new.program)
+    assert any(x.op == "FC" for _, _, x in new.program.instructions())
+    inputs = {"input": x}
+    same = compile_model(model, inputs, stages=2, microbatches=2, checkpoint="always")
+    assert str(same.program) == str(new.program)
+
+
+def test_both_keywords_must_agree():
+    model, x = _small_model()
+    with pytest.raises(PipecompileError, match="checkpoint is the old name of recompute"):
+        compile_model(
+            model, {"input": x}, stages=2, microbatches=2, recompute="always",
+            checkpoint="except_last",
+        )  # fmt: skip
+
+
+def test_print_after_old_pass_name(tmp_path, capsys):
+    _compile(tmp_path / "o", "--print-after", "insert_checkpoints")
+    assert "--- IR after insert_recompute ---" in capsys.readouterr().out
