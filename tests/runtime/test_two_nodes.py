@@ -1,6 +1,7 @@
 """Two nodes on one machine: two torch launchers (``--nnodes 2``, c10d rendezvous on
-127.0.0.1), each starting half the ranks, give the same ``--check`` result as one node.
-The commands are the ones docs/DISTRIBUTED.md shows."""
+127.0.0.1), each starting half the ranks, give the same ``--check`` result as one node: equal
+to the local backend bit for bit, as one node's run is in test_distributed.py (which asserts
+the same ``max |diff| 0.000e+00``). The commands are the ones docs/DISTRIBUTED.md shows."""
 
 from __future__ import annotations
 
@@ -38,14 +39,11 @@ def _comparison(text: str) -> str:
     return found.group(0)
 
 
-def test_two_launchers_of_two_ranks_equal_one_node(tmp_path, capfd):
+def test_two_launchers_of_two_ranks_equal_one_node(tmp_path):
     model = tmp_path / "mlp.py"
     shutil.copy(EXAMPLES / "mlp.py", model)
     out = tmp_path / "out"
     assert main([str(model), "--stages", "4", "--microbatches", "4", "-q", "-o", str(out)]) == 0
-    assert main(["run", str(out), "--nproc", "4", "--check"]) == 0
-    one_node = _comparison(capfd.readouterr().out)
-
     port = _free_port()
     nodes = [_node(out, port), _node(out, port)]
     try:
@@ -57,4 +55,5 @@ def test_two_launchers_of_two_ranks_equal_one_node(tmp_path, capfd):
     assert [node.returncode for node in nodes] == [0, 0], results
     text = "".join(stdout for stdout, _ in results)
     assert text.count("check passed") == 1, text  # rank 0 reports, on whichever node it is
-    assert _comparison(text) == one_node
+    differences = re.findall(r"\d\.\d+e[+-]\d+", _comparison(text))  # gradient, loss, outputs
+    assert differences and set(differences) == {"0.000e+00"}, text
