@@ -4,14 +4,14 @@ refused with a clear error, never an internal error or a mismatch.
 A fixed set of seeds, chosen so that together they use every feature of the generator and
 every schedule with every checkpoint policy, runs in this process; two of them also run with
 ``pipecompile run --nproc N --check``. Replay a failing seed with ``python tools/qa/fuzz.py
---seed SEED --show``.
+--seed SEED --show``. The tool's own ``--quick`` run, as a user runs it, is
+tests/tools/test_quick.py's (it exits 1 on any internal, mismatch or invalid model).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
 import sys
 
 import pytest
@@ -32,71 +32,13 @@ def _load_tool():  # type: ignore[no-untyped-def]
 
 fuzz = _load_tool()
 
-SEEDS = [
-    2003,
-    2024,
-    2065,
-    2083,
-    2088,
-    2111,
-    2133,
-    2138,
-    2153,
-    2175,
-    2199,
-    2222,
-    2234,
-    2259,
-    2311,
-    2335,
-    2338,
-    2357,
-    2359,
-    2378,
-    2397,
-    2433,
-    2437,
-    2441,
-    2445,
-    2485,
-    2504,
-    2517,
-    2524,
-    2531,
-    2537,
-    2560,
-    2565,
-    2588,
-    2620,
-    2622,
-    2648,
-    2666,
-    2673,
-    2676,
-    2699,
-    2705,
-    2706,
-    2715,
-    2738,
-    2746,
-    2757,
-    2779,
-    2785,
-    2787,
-    2839,
-    2850,
-    2897,
-    2900,
-    2909,
-    2911,
-    2921,
-    2922,
-    2928,
-    2967,
-    2981,
-    2984,
-    2990,
-]
+# 18 seeds: a smallest cover (greedy) of the generator's features over seeds 2000-2399, the
+# 15 schedule x checkpoint-policy pairs, 1-4 stages and 1, 2 and 4 micro-batches, which
+# test_the_seeds_cover_every_feature_schedule_and_policy checks (it was 63 seeds; the other 45
+# added nothing to cover). The whole range runs in `python tools/qa/fuzz.py --count 1000
+# --seed 2000 --jobs 2`.
+SEEDS = [2024, 2065, 2083, 2088, 2111, 2133, 2153, 2222, 2234, 2335, 2357, 2359, 2517, 2622,
+         2673, 2676, 2746, 2981]  # fmt: skip
 DISTRIBUTED = [2183, 2250]  # interleaved on 2 ranks; zb1p with BatchNorm, a counter, in-place
 # Seeds failing for a known cause being fixed elsewhere: {seed: reason} (xfail, not strict).
 # None today: in-place ops at stage boundaries and weights forward never reads are fixed.
@@ -189,16 +131,6 @@ def fuzz_error(message: str) -> Exception:
     from pipecompile.errors import BalanceError
 
     return BalanceError(message)
-
-
-def test_quick_runs_as_a_user_runs_it():
-    result = subprocess.run(
-        [sys.executable, str(TOOL), "--quick"], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "6 models" in result.stdout, result.stdout
-    for verdict in ("internal", "mismatch", "invalid"):
-        assert re.search(rf"^  {verdict} +0$", result.stdout, re.M), result.stdout
 
 
 # The peer, torch.distributed.pipelining (tools/qa/fuzzing/peer.py): seed 4 (inputs as a tuple,
