@@ -243,7 +243,7 @@ class CompiledPipeline:
             epochs, steps: run ``epochs`` passes, or ``steps`` optimizer steps if given.
             eval_batches: like ``batches``; its mean loss is recorded after each epoch.
             metrics: append JSON lines to this file. ``progress``: print a line per step.
-            force: let ``save`` replace another run's checkpoints there (as ``run
+            force: let ``save`` replace another run's train state there (as ``run
                 --force``); ``save`` and ``metrics`` are checked before training, and may not
                 lie in the temporary ``directory`` of a pipeline compiled without one.
             options: the other training options (the fields of ``TrainFlags``, the flags of
@@ -280,7 +280,7 @@ class CompiledPipeline:
 
     def _check_places(self, options: Any, force: bool) -> None:
         """Where ``fit`` writes, checked before it trains: not in this pipeline's temporary
-        directory (it goes with the object), writable, and not another run's checkpoints."""
+        directory (it goes with the object), writable, and not another run's train state."""
         from pipecompile.runtime.training.loop import check_places
 
         for name in ("save", "metrics"):

@@ -106,11 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write the weights with the model's names")
     export.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
     export.add_argument("-o", "--output", required=True,
-                        help="a .safetensors file (one state dict), or a directory: a Hugging "
-                        "Face checkpoint (shards and model.safetensors.index.json)")  # fmt: skip
+                        help="a .safetensors file (one state dict), or a directory in the "
+                        "Hugging Face layout (shards, model.safetensors.index.json)")  # fmt: skip
     export.add_argument("--shard-size", type=_positive_size,
                         help="largest shard of a directory export (default 5GB)")  # fmt: skip
-    export.add_argument("--checkpoint", help="take the weights of this checkpoint's newest step")
+    export.add_argument("--train-state", "--checkpoint", dest="train_state", metavar="DIR",
+                        help="take the weights of the newest step `run --save DIR` saved "
+                        "(--checkpoint: its old name)")  # fmt: skip
     export.add_argument("--force", action="store_true",
                         help="write into a directory holding other files (they are kept; a "
                         "file an export did not write is never replaced)")  # fmt: skip
@@ -154,7 +156,7 @@ def _export(args: argparse.Namespace) -> int:
     )
 
     target = Path(args.output)
-    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    saved = Path(args.train_state) if args.train_state else None
     if is_file_target(target) and args.shard_size is not None:
         raise PipecompileError(
             f"--shard-size applies to a directory export; -o {target} is one .safetensors file "
@@ -163,14 +165,14 @@ def _export(args: argparse.Namespace) -> int:
     if not is_file_target(target):
         notes: list[str] = []
         shard_size = args.shard_size or SHARD_SIZE
-        count, shards = export_sharded(Path(args.directory), target, checkpoint,
+        count, shards = export_sharded(Path(args.directory), target, saved,
                                        shard_size=shard_size, force=args.force,
                                        notes=notes)  # fmt: skip
         for note in notes:
             print(f"pipecompile: note: {note}", file=sys.stderr)
         print(f"wrote {count} tensors in {counted(shards, 'shard')} to {target}")
         return 0
-    count = export_weights(Path(args.directory), target, checkpoint)
+    count = export_weights(Path(args.directory), target, saved)
     print(f"wrote {count} tensors to {args.output}")
     return 0
 
@@ -372,7 +374,7 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
     from pipecompile.runtime.training.train_state import latest_step_dir, read_meta
 
     if args.save_every and not args.save:
-        raise PipecompileError("--save-every needs --save DIR (where to write the checkpoints)")
+        raise PipecompileError("--save-every needs --save DIR (where to write the train state)")
     if args.precision == "fp16" and not _uses_cuda(args):
         raise PipecompileError(
             "--precision fp16 needs a GPU (run --nproc N --device cuda): on the CPU, use "
@@ -382,13 +384,13 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
     if args.save and inside(Path(args.save), directory):
         raise PipecompileError(
             f"--save {args.save} lies inside {directory}, which a recompile replaces; "
-            f"save beside it instead, e.g. --save {directory.resolve()}-checkpoints"
+            f"save beside it instead, e.g. --save {directory.resolve()}-train-state"
         )
     if args.resume:
         step = read_meta(latest_step_dir(Path(args.resume)))["step"]
         if args.steps is None and args.epochs is None:
             raise PipecompileError(
-                f"--resume {args.resume}: the checkpoint is at step {step}, and without --steps "
+                f"--resume {args.resume}: the saved step is {step}, and without --steps "
                 f"the run has nothing more to do; pass --steps greater than {step}"
             )
         if args.steps is not None and step >= args.steps:
@@ -405,7 +407,7 @@ def _check_run_places(args: argparse.Namespace, directory: Path) -> None:
     from pipecompile.runtime.training.loop import check_places
 
     if args.force and not args.save:
-        raise PipecompileError("--force lets --save replace another run's checkpoints; drop it")
+        raise PipecompileError("--force lets --save replace another run's train state; drop it")
     note = check_places(_train_options(args, directory), force=args.force)
     if note:
         print(f"pipecompile: note: {note}", file=sys.stderr)
@@ -452,7 +454,7 @@ _CHECK_CANNOT = {
     "skip_nonfinite": "a non-finite value fails the check",
     "save": "it trains nothing to save",
     "save_every": "it trains nothing to save",
-    "resume": "it checks the compiled weights, not a checkpoint's",
+    "resume": "it checks the compiled weights, not a saved train state's",
     "metrics": "it records no steps",
     "eval_every": "it evaluates nothing",
     "force": "it writes nothing",

@@ -183,6 +183,6 @@ def test_fit_refuses_to_save_into_the_pipelines_own_temporary_directory(tmp_path
     assert not (pipe.directory / "ck").exists()
     pipe.fit([((x,), y)], loss, "sgd", steps=1, save=tmp_path / "ck")
     assert (tmp_path / "ck" / "latest").read_text() == "step_1\n"
-    with pytest.raises(PipecompileError, match="another run's checkpoints.*pass force=True"):
+    with pytest.raises(PipecompileError, match="another run's train state.*pass force=True"):
         pipe.fit([((x,), y)], loss, "sgd", steps=1, save=tmp_path / "ck")
     pipe.fit([((x,), y)], loss, "sgd", steps=1, save=tmp_path / "ck", force=True)

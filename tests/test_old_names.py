@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import pipecompile
 from pipecompile.cli import main
@@ -62,3 +63,19 @@ def test_both_keywords_must_agree():
 def test_print_after_old_pass_name(tmp_path, capsys):
     _compile(tmp_path / "o", "--print-after", "insert_checkpoints")
     assert "--- IR after insert_recompute ---" in capsys.readouterr().out
+
+
+def test_export_checkpoint_flag_is_train_state(tmp_path):
+    out = _compile(tmp_path / "out")
+    saved = tmp_path / "saved"
+    assert main(["run", str(out), "-q", "--steps", "1", "--save", str(saved)]) == 0
+    weights = {}
+    for flag in ("--train-state", "--checkpoint"):
+        target = tmp_path / f"{flag.strip('-')}.safetensors"
+        assert main(["export", str(out), flag, str(saved), "-o", str(target)]) == 0
+        weights[flag] = load_file(str(target))
+    emitted = tmp_path / "emitted.safetensors"
+    assert main(["export", str(out), "-o", str(emitted)]) == 0
+    new, old = weights["--train-state"], weights["--checkpoint"]
+    assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)
+    assert any(not torch.equal(new[k], t) for k, t in load_file(str(emitted)).items())

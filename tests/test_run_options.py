@@ -116,7 +116,7 @@ def test_resume_beyond_steps_is_refused(model_and_out, tmp_path, capsys):
     assert main(["run", str(out), "-q", "--steps", "3", "--resume", str(saved)]) == 2
     assert "continues after step 3" in capsys.readouterr().err
     assert main(["run", str(out), "-q", "--resume", str(saved)]) == 2  # would do nothing
-    assert "the checkpoint is at step 3" in capsys.readouterr().err
+    assert "the saved step is 3" in capsys.readouterr().err
     assert main(["run", str(out), "-q", "--steps", "4", "--resume", str(saved)]) == 0
 
 
@@ -158,7 +158,7 @@ def test_nan_never_passes_a_check(model_and_out, tmp_path, capsys):
     assert "outputs  max |diff| nan" in captured.out
 
 
-def test_a_checkpoint_from_another_split_is_refused(tmp_path, capsys):
+def test_train_state_from_another_split_is_refused(tmp_path, capsys):
     mlp = str(EXAMPLES / "mlp.py")
     for name, extra in (("a", ["--split-at", "fc2"]), ("b", ["--split-at", "fc4"]), ("c", [])):
         stages = "3" if name == "c" else "2"
@@ -172,7 +172,7 @@ def test_a_checkpoint_from_another_split_is_refused(tmp_path, capsys):
         assert detail in err and "compiled directory it was trained with" in err, err
         target = str(tmp_path / f"{other}.safetensors")
         assert (
-            main(["export", str(tmp_path / other), "--checkpoint", str(saved), "-o", target]) == 2
+            main(["export", str(tmp_path / other), "--train-state", str(saved), "-o", target]) == 2
         )
         assert "split differently" in capsys.readouterr().err
         assert not (tmp_path / f"{other}.safetensors").exists()

@@ -32,8 +32,8 @@ def disk_message(doing: str, path: Path | str, err: OSError) -> str:
     when it is another one than ``path``.
 
     >>> import errno
-    >>> disk_message("write checkpoint", "ck", OSError(errno.ENOSPC, "No space left"))
-    'cannot write checkpoint ck: the disk is full; free space there or choose another place'
+    >>> disk_message("write train state", "ck", OSError(errno.ENOSPC, "No space left"))
+    'cannot write train state ck: the disk is full; free space there or choose another place'
     """
     reason = _ADVICE.get(err.errno or 0) or (err.strerror or str(err) or type(err).__name__)
     named = f" ({err.filename})" if err.filename and str(err.filename) != str(path) else ""

@@ -3,8 +3,8 @@
 An emitted directory holds ``MANIFEST``, ``PROGRAM``, per stage ``stage_source(j)``,
 ``stage_weights(j)`` and, once exported, ``stage_onnx(j)``; with a meta-device model also
 ``INIT`` and ``INIT_CONSTANTS``; and the pictures ``PICTURES``. ``run`` adds ``METRICS`` and
-``plot`` adds ``TRAINING_PICTURE`` beside them. A checkpoint directory (``run --save DIR``)
-holds ``step_name(n)`` folders, each with ``CHECKPOINT_META`` and per stage
+``plot`` adds ``TRAINING_PICTURE`` beside them. A train state directory (``run --save DIR``)
+holds ``step_name(n)`` folders, each with ``STEP_META`` and per stage
 ``stage_weights(j)`` and ``stage_optimizer(j)``, and the pointer ``LATEST``.
 """
 
@@ -22,7 +22,7 @@ __all__ = [
     "PICTURES",
     "EMITTED",
     "LATEST",
-    "CHECKPOINT_META",
+    "STEP_META",
     "stage_source",
     "stage_weights",
     "stage_onnx",
@@ -39,8 +39,8 @@ TRAINING_PICTURE = "training.svg"  # what `pipecompile plot DIR` writes next to 
 # Every picture `pipecompile viz` may draw into an emitted directory.
 PICTURES = tuple(f"{name}.{ext}" for name in ("stages", "schedule")
                  for ext in ("dot", "svg", "png", "pdf"))  # fmt: skip
-LATEST = "latest"  # a checkpoint directory's pointer: one line naming the newest step
-CHECKPOINT_META = "meta.json"  # a checkpoint step's record (its format marker, the step)
+LATEST = "latest"  # a train state directory's pointer: one line naming the newest step
+STEP_META = "meta.json"  # a saved step's record (its format marker, the step)
 
 
 def stage_source(j: int) -> str:
@@ -49,7 +49,7 @@ def stage_source(j: int) -> str:
 
 
 def stage_weights(j: int) -> str:
-    """``stage_<j>.safetensors``: stage ``j``'s tensors (emitted, and in a checkpoint step)."""
+    """``stage_<j>.safetensors``: stage ``j``'s tensors (emitted, and in a saved step)."""
     return f"stage_{j}.safetensors"
 
 
@@ -59,12 +59,12 @@ def stage_onnx(j: int) -> str:
 
 
 def stage_optimizer(j: int) -> str:
-    """``stage_<j>.optim.pt``: stage ``j``'s optimizer state in a checkpoint step."""
+    """``stage_<j>.optim.pt``: stage ``j``'s optimizer state in a saved step."""
     return f"stage_{j}.optim.pt"
 
 
 def step_name(n: int) -> str:
-    """``step_<n>``: the checkpoint of training step ``n``."""
+    """``step_<n>``: the train state saved after training step ``n``."""
     return f"step_{n}"
 
 

@@ -7,8 +7,8 @@ directory; only a file carrying its marker is ever replaced or deleted.
 * a ``pipecompile plot`` SVG: the XML comment ``SVG_MARK`` near its start (or, drawn before
   the marker existed, plot's exact opening lines);
 * a metrics file: every complete line a JSON object with ``kind`` and ``time``;
-* a checkpoint step directory: ``meta.json`` with ``CHECKPOINT_FORMAT``; ``latest``: a line
-  naming ``step_<n>``;
+* a saved step of a train state directory: ``meta.json`` with ``TRAIN_STATE_FORMAT``;
+  ``latest``: a line naming ``step_<n>``;
 * a file of a kind that carries no marker (``viz``'s pictures written outside an emitted
   directory: DOT, SVG, PNG, PDF): its sha256 in the ledger ``LEDGER`` beside it, so a file
   changed since pipecompile wrote it is no longer pipecompile's.
@@ -24,13 +24,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipecompile.files.names import CHECKPOINT_META
+from pipecompile.files.names import STEP_META
 
 __all__ = [
     "EXPORT_MARK",
     "EXPORT_METADATA",
     "SVG_MARK",
-    "CHECKPOINT_FORMAT",
+    "TRAIN_STATE_FORMAT",
     "SHARD",
     "is_our_safetensors",
     "is_our_index",
@@ -52,7 +52,7 @@ SVG_MARK = "<!-- written by pipecompile plot -->"
 _OLD_SVG = (b'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
             b'width="900" height="600" viewBox="0 0 900 600" font-family="sans-serif" '
             b'font-size="12">\n<title>training: ')  # fmt: skip
-CHECKPOINT_FORMAT = "pipecompile-checkpoint/1"
+TRAIN_STATE_FORMAT = "pipecompile-checkpoint/1"  # the on-disk marker keeps its old word
 LEDGER = ".pipecompile-written.json"  # name -> sha256 of files written without a marker
 SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")  # a Hugging Face shard's name
 
@@ -128,16 +128,16 @@ def is_our_metrics(path: Path) -> bool:
 
 
 def is_our_step_dir(path: Path) -> bool:
-    """Whether ``path`` is a checkpoint step directory pipecompile wrote."""
+    """Whether ``path`` is a saved step (train state) directory pipecompile wrote."""
     try:
-        meta = json.loads((Path(path) / CHECKPOINT_META).read_text())
+        meta = json.loads((Path(path) / STEP_META).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and meta.get("format") == CHECKPOINT_FORMAT
+    return isinstance(meta, dict) and meta.get("format") == TRAIN_STATE_FORMAT
 
 
 def is_our_latest(path: Path) -> bool:
-    """Whether ``path`` is a checkpoint directory's ``latest`` pointer."""
+    """Whether ``path`` is a train state directory's ``latest`` pointer."""
     try:
         text = Path(path).read_text()
     except (OSError, ValueError):

@@ -18,7 +18,7 @@ __all__ = ["check_directory", "check_file"]
 def check_directory(path: Path, what: str) -> None:
     """Refuse a directory ``path`` that cannot be created or written into.
 
-    ``what`` completes "cannot write ... to": e.g. "checkpoints".
+    ``what`` completes "cannot write ... to": e.g. "train state".
 
     Raises:
         EmitError: naming ``path`` and why.

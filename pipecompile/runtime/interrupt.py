@@ -1,7 +1,7 @@
 """Ctrl-C and SIGTERM stop a `pipecompile` command alike: one line, exit status 130.
 
 A local and a distributed run stop the same way (docs/DISTRIBUTED.md, "Stopping a run"); their
-line names the step that was running and the checkpoint `--resume` would continue from.
+line names the step that was running and the saved step `--resume` would continue from.
 """
 
 from __future__ import annotations
@@ -65,4 +65,4 @@ def _kept(save: Path | None) -> str:
         name = pointer.read_text().strip()
     except OSError:
         name = ""
-    return f"; {pointer} is {name}" if name else f"; {save} holds no checkpoint yet"
+    return f"; {pointer} is {name}" if name else f"; {save} holds no saved step yet"

@@ -16,9 +16,9 @@ from pipecompile.files.writable import check_directory, check_file
 
 def test_disk_message_names_the_path_and_the_fix():
     full = OSError(errno.ENOSPC, "No space left on device", "ck/step_3/x")
-    text = disk_message("write checkpoint step_3 to", "ck", full)
+    text = disk_message("write train state step_3 to", "ck", full)
     assert text == (
-        "cannot write checkpoint step_3 to ck (ck/step_3/x): the disk is full; free space "
+        "cannot write train state step_3 to ck (ck/step_3/x): the disk is full; free space "
         "there or choose another place"
     )
     assert "permission denied" in disk_message("write", "p", OSError(errno.EACCES, "x"))
@@ -48,13 +48,13 @@ def test_writing_turns_only_disk_errors_into_one_line():
 def test_a_file_where_a_directory_is_needed_and_the_reverse(tmp_path):
     blocker = tmp_path / "notes.txt"
     blocker.write_text("mine")
-    with pytest.raises(EmitError, match="cannot write checkpoints to .*notes.txt: it is a file"):
-        check_directory(blocker, "checkpoints")
+    with pytest.raises(EmitError, match="cannot write train state to .*notes.txt: it is a file"):
+        check_directory(blocker, "train state")
     with pytest.raises(EmitError, match="notes.txt is a file, not a directory"):
-        check_directory(blocker / "ck", "checkpoints")
+        check_directory(blocker / "ck", "train state")
     with pytest.raises(EmitError, match="it is a directory; name a file"):
         check_file(tmp_path, "metrics")
-    check_directory(tmp_path / "new" / "deeper", "checkpoints")
+    check_directory(tmp_path / "new" / "deeper", "train state")
     check_file(tmp_path / "new" / "m.jsonl", "metrics", append=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # probes leave nothing
     assert blocker.read_text() == "mine"
@@ -71,7 +71,7 @@ def test_a_place_that_cannot_be_written_is_named(tmp_path):
     else:  # root ignores permission bits; /proc refuses everyone
         probe.unlink()
         locked = Path("/proc/pipecompile-test")
-    with pytest.raises(EmitError, match=f"cannot write checkpoints to {locked}/ck: ") as caught:
-        check_directory(locked / "ck", "checkpoints")
+    with pytest.raises(EmitError, match=f"cannot write train state to {locked}/ck: ") as caught:
+        check_directory(locked / "ck", "train state")
     assert ".pipecompile-probe" not in str(caught.value)
     os.chmod(tmp_path / "locked", 0o755)

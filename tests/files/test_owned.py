@@ -72,7 +72,7 @@ def test_a_metrics_file_is_ours_when_every_complete_line_is_a_record(tmp_path):
         assert is_our_metrics(path) is ours, text
 
 
-def test_checkpoint_steps_and_latest(tmp_path):
+def test_saved_steps_and_latest(tmp_path):
     step = tmp_path / "step_3"
     step.mkdir()
     assert not is_our_step_dir(step)

@@ -87,7 +87,7 @@ SCHEDULES = [
     {"schedule": "gpipe"},
     {"schedule": "1f1b"},
     {"schedule": "zb1p"},
-    {"schedule": "gpipe", "checkpoint": "always"},
+    {"schedule": "gpipe", "recompute": "always"},
 ]
 
 

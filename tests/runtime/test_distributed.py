@@ -201,11 +201,11 @@ def test_a_full_disk_stops_every_rank_naming_the_path(tmp_path, capfd):
                 "1", "--timeout", "120", "-q"]  # fmt: skip
         assert main(argv) == 2
         err = capfd.readouterr().err
-        assert "cannot write checkpoint step_" in err and f"to {ck}: the disk is full" in err
+        assert "cannot write train state step_" in err and f"to {ck}: the disk is full" in err
         assert "Traceback" not in err
         assert all(line.startswith("pipecompile: rank") for line in err.strip().splitlines())
         assert (
-            f"the last complete checkpoint there is {ck / (ck / 'latest').read_text().strip()}"
+            f"the last complete saved step there is {ck / (ck / 'latest').read_text().strip()}"
             in err
         )
         assert not list(ck.glob(".step_*"))

@@ -52,7 +52,7 @@ def test_a_users_pretrained_directory_is_refused_with_or_without_force(out, tmp_
     before = _snapshot(hf)
     assert main(["export", str(out), "-o", str(hf), *force]) == 2
     err = capsys.readouterr().err
-    assert "a checkpoint pipecompile did not write" in err and "choose another -o" in err
+    assert "weights pipecompile did not write" in err and "choose another -o" in err
     assert "model-00001-of-00002.safetensors" in err and len(err.strip().splitlines()) == 1
     assert _snapshot(hf) == before
 

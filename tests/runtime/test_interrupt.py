@@ -158,7 +158,7 @@ def test_an_interrupted_save_keeps_latest_and_removes_its_files(tmp_path, mlp, m
 def test_the_interrupted_line(tmp_path):
     assert interrupted_line(None, 10, None) == "pipecompile: interrupted"
     assert interrupted_line(4, 10, tmp_path) == (
-        f"pipecompile: interrupted at step 5/10; {tmp_path} holds no checkpoint yet"
+        f"pipecompile: interrupted at step 5/10; {tmp_path} holds no saved step yet"
     )
     (tmp_path / "latest").write_text("step_4\n")
     assert interrupted_line(10, 10, tmp_path) == (

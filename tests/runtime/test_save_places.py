@@ -1,5 +1,5 @@
 """Where a run writes (--save, --metrics) is checked before it trains; another run's
-checkpoints are never replaced unasked; a save the disk refuses loses no training."""
+saved train state is never replaced unasked; a save the disk refuses loses no training."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from safetensors import SafetensorError
 
 from pipecompile.cli import main
-from pipecompile.runtime.training import train_state as checkpoint
+from pipecompile.runtime.training import train_state
 from pipecompile.runtime.training.metrics import Reporter
 from tests.conftest import EXAMPLES
 
@@ -28,13 +28,13 @@ def _run(out: Path, *argv: str) -> int:
     return main(["run", str(out), "-q", "--steps", "2", *argv])
 
 
-def test_another_runs_checkpoints_are_refused_unless_resumed_or_forced(out, tmp_path, capsys):
+def test_another_runs_train_state_is_refused_unless_resumed_or_forced(out, tmp_path, capsys):
     ck = tmp_path / "ck"
     assert _run(out, "--save", str(ck)) == 0
     first = (ck / "step_2" / "stage_0.safetensors").read_bytes()
     assert _run(out, "--save", str(ck)) == 2
     err = capsys.readouterr().err
-    assert f"--save {ck} holds another run's checkpoints (step_2)" in err
+    assert f"--save {ck} holds another run's train state (step_2)" in err
     assert f"--resume {ck}" in err and "--force" in err and len(err.splitlines()) == 1
     assert (ck / "step_2" / "stage_0.safetensors").read_bytes() == first
     assert (
@@ -43,11 +43,11 @@ def test_another_runs_checkpoints_are_refused_unless_resumed_or_forced(out, tmp_
     assert (ck / "latest").read_text() == "step_3\n"
     capsys.readouterr()
     assert _run(out, "--save", str(ck), "--force") == 0
-    assert "pipecompile: note: --force: the checkpoints in" in capsys.readouterr().err
+    assert "pipecompile: note: --force: the saved steps in" in capsys.readouterr().err
     assert (ck / "latest").read_text() == "step_2\n"
 
 
-def test_what_is_not_a_checkpoint_is_never_replaced(out, tmp_path, capsys):
+def test_what_is_not_a_saved_step_is_never_replaced(out, tmp_path, capsys):
     ck = tmp_path / "ck"
     (ck / "step_2").mkdir(parents=True)
     (ck / "step_2" / "notes.txt").write_text("mine")
@@ -60,7 +60,7 @@ def test_what_is_not_a_checkpoint_is_never_replaced(out, tmp_path, capsys):
     assert _run(out, "--save", str(other), "--force") == 2
     assert "holds latest, which" in capsys.readouterr().err
     (other / "latest").unlink()
-    (other / "notes.txt").write_text("mine")  # beside checkpoints: kept, no name collides
+    (other / "notes.txt").write_text("mine")  # beside the saved steps: kept, no name collides
     assert _run(out, "--save", str(other)) == 0
     assert (other / "notes.txt").read_text() == "mine" and (other / "step_2").is_dir()
 
@@ -73,7 +73,7 @@ def test_a_save_place_that_is_no_directory_is_refused_before_training(out, tmp_p
     target = blocker if where == "file" else blocker / "ck"
     assert _run(out, "--save", str(target), "--metrics", str(metrics)) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"pipecompile: error: cannot write checkpoints to {target}")
+    assert err.startswith(f"pipecompile: error: cannot write train state to {target}")
     assert len(err.splitlines()) == 1 and not metrics.exists()  # before any step
     assert blocker.read_text() == "mine"
 
@@ -89,27 +89,27 @@ def test_a_users_file_as_metrics_is_refused_and_a_runs_is_appended_to(out, tmp_p
     assert sum(json.loads(line)["kind"] == "start" for line in ours.read_text().splitlines()) == 2
 
 
-def test_a_full_disk_mid_run_names_the_last_checkpoint_and_keeps_the_step(
+def test_a_full_disk_mid_run_names_the_last_saved_step_and_keeps_the_step(
     out, tmp_path, capsys, monkeypatch
 ):
     ck = tmp_path / "ck"
-    real = checkpoint.save_model
+    real = train_state.save_model
 
     def fills_up(module, path):  # type: ignore[no-untyped-def]
         if Path(path).is_relative_to(ck) and ".step_2.tmp" in path:
             raise SafetensorError("Error while serializing: I/O error: No space (os error 28)")
         return real(module, path)
 
-    monkeypatch.setattr(checkpoint, "save_model", fills_up)
+    monkeypatch.setattr(train_state, "save_model", fills_up)
     assert (
         main(["run", str(out), "-q", "--steps", "3", "--save", str(ck), "--save-every", "1"]) == 2
     )
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[0] == (
-        f"pipecompile: error: cannot write checkpoint step_2 to {ck}: the disk is full; free "
+        f"pipecompile: error: cannot write train state step_2 to {ck}: the disk is full; free "
         "space there or choose another place"
     )
-    assert len(lines) == 2 and f"the last complete checkpoint there is {ck / 'step_1'}" in lines[1]
+    assert len(lines) == 2 and f"the last complete saved step there is {ck / 'step_1'}" in lines[1]
     rescue = Path(lines[1].split("--resume ")[1].split()[0])
     assert (ck / "latest").read_text() == "step_1\n" and not list(ck.glob(".step_*"))
     assert (rescue / "latest").read_text() == "step_2\n"

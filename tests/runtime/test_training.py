@@ -158,7 +158,7 @@ def test_loss_scaler_grows_after_clean_steps() -> None:
 
 @pytest.mark.parametrize("kw", [
     {"stages": 1}, {"stages": 3}, {"stages": 2, "schedule": "1f1b"},
-    {"stages": 2, "schedule": "zb1p"}, {"stages": 3, "checkpoint": "always"},
+    {"stages": 2, "schedule": "zb1p"}, {"stages": 3, "recompute": "always"},
 ], ids=["1stage", "3stages", "1f1b", "zb1p", "recompute"])  # fmt: skip
 def test_a_seed_gives_the_same_dropout_whatever_the_split(kw) -> None:
     data = _batches(2)

@@ -243,7 +243,7 @@ def markdown(outcomes: Sequence[Outcome]) -> str:
         "```",
         "",
         f"Last run: {counts(outcomes)}. Stopping a run with Ctrl-C or SIGTERM (no process",
-        "left, the last complete checkpoint kept) is covered by tests/runtime/test_interrupt.py.",
+        "left, the last complete saved step kept) is covered by tests/runtime/test_interrupt.py.",
         "",
         "| What the user did | Command | Message | Exit | Test |",
         "| --- | --- | --- | --- | --- |",

@@ -9,7 +9,7 @@ reason is shown, each on a line of its own.
 Ctrl-C or SIGTERM stops the whole run. The launcher runs in a session of its own (torch starts
 each rank in one too), so a terminal's Ctrl-C reaches only this process, which sends SIGTERM to
 the launcher and to every rank, SIGKILLs whatever is left after ``GRACE_S`` seconds, removes
-the checkpoint's temporary files and prints one line. The run's processes are found by the
+the train state's temporary files and prints one line. The run's processes are found by the
 status directory in their environment, which they keep even once the launcher is gone. On
 Linux the launcher is also SIGKILLed when this process dies, however it dies; the ranks then
 stop by themselves (their watchdogs lose the store the launcher held).

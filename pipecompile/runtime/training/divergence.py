@@ -29,7 +29,7 @@ def check_losses(losses: Mapping[int, torch.Tensor], step: int, total: float | N
         if not torch.isfinite(torch.tensor(value)):
             raise RuntimeFailure(
                 f"step {step}, micro-batch {i}: the loss is {value}; training stops here and "
-                "keeps only checkpoints saved before this step (lower --lr, or check the "
+                "keeps only the train state saved before this step (lower --lr, or check the "
                 "inputs, targets and loss_fn; --skip-nonfinite drops such steps instead)"
             )
     if total is not None and not torch.isfinite(torch.tensor(total)):

@@ -1,4 +1,5 @@
-"""`pipecompile export OUT -o TARGET`: the pipeline's weights under the original model's names.
+"""`pipecompile export OUT -o TARGET`: the pipeline's weights (the emitted ones, or those of the
+train state ``run --save`` wrote, ``--train-state DIR``) under the original model's names.
 
 ``TARGET.safetensors`` is one state dict that ``model.load_state_dict`` accepts; any other
 ``TARGET`` is a directory in the Hugging Face layout (``model-0000k-of-0000n.safetensors``
@@ -7,7 +8,7 @@ shards of at most ``shard_size`` bytes and ``model.safetensors.index.json``), wh
 names and renamed into place, so an interrupted export leaves no half-written file.
 
 Every file written carries pipecompile's marker (``files.owned``), and only a marked file is
-ever replaced or deleted: a user's checkpoint in ``TARGET`` is refused, ``--force`` or not.
+ever replaced or deleted: a user's pretrained weights in ``TARGET`` are refused, ``--force`` or not.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ __all__ = [
 
 SHARD_SIZE = 5_000_000_000  # Hugging Face's default max_shard_size, "5GB"
 CONFIGS = ("config.json", "generation_config.json")  # copied from a --weights directory
-SINGLE = "model.safetensors"  # a Hugging Face checkpoint of one file
+SINGLE = "model.safetensors"  # Hugging Face pretrained weights in one file
 
 
 def is_file_target(target: Path) -> bool:
@@ -56,8 +57,9 @@ def is_file_target(target: Path) -> bool:
     return target.suffix == ".safetensors"
 
 
-def export_weights(directory: Path, target: Path, checkpoint: Path | None = None) -> int:
-    """Write the emitted (or the checkpoint's newest) weights to ``target`` atomically;
+def export_weights(directory: Path, target: Path, train_state: Path | None = None) -> int:
+    """Write the emitted weights (or those of the newest step saved in the train state
+    directory ``train_state``) to ``target`` atomically;
     returns the number of tensors. Tied parameters appear under each of their names.
 
     Raises:
@@ -66,7 +68,7 @@ def export_weights(directory: Path, target: Path, checkpoint: Path | None = None
     """
     check_file_target(target)
     _check_not_source(directory, target)
-    state = _state(directory, checkpoint)
+    state = _state(directory, train_state)
     with writing("write the export to", target):
         target.parent.mkdir(parents=True, exist_ok=True)
         _atomic(target, lambda tmp: save_file(state, str(tmp), metadata=EXPORT_METADATA))
@@ -74,10 +76,10 @@ def export_weights(directory: Path, target: Path, checkpoint: Path | None = None
 
 
 def export_sharded(
-    directory: Path, target: Path, checkpoint: Path | None = None, *,
+    directory: Path, target: Path, train_state: Path | None = None, *,
     shard_size: int = SHARD_SIZE, force: bool = False, notes: list[str] | None = None,
 ) -> tuple[int, int]:  # fmt: skip
-    """Write the weights as a Hugging Face checkpoint directory ``target``; returns (tensors,
+    """Write the weights as a Hugging Face weights directory ``target``; returns (tensors,
     shards). Tensors are packed in name order; one larger than ``shard_size`` gets a shard of
     its own. The compile's ``--weights`` directory's ``config.json`` (and
     ``generation_config.json``) are copied beside them when ``target`` has none. A previous
@@ -90,7 +92,7 @@ def export_sharded(
     _check_not_source(directory, target)
     if kept and notes is not None:
         notes.append(f"kept {_names(kept)} in {target}: an export did not write them")
-    state = _state(directory, checkpoint)
+    state = _state(directory, train_state)
     shards = _pack(state, shard_size)
     names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
     with writing("write the export to", target):
@@ -129,13 +131,13 @@ def check_dir_target(target: Path, force: bool) -> list[str]:
     export did not write (which ``force`` writes beside, keeping them).
 
     Raises:
-        EmitError: ``target`` is a file or cannot be written; it holds a checkpoint (shards,
+        EmitError: ``target`` is a file or cannot be written; it holds pretrained weights (shards,
             an index, ``model.safetensors``) pipecompile did not write, whatever ``force``;
             or other files an export did not write, without ``force``.
     """
     if target.exists() and not target.is_dir():
         raise EmitError(
-            f"export -o {target}: is a file; name a directory for a sharded checkpoint, or a "
+            f"export -o {target}: is a file; name a directory for sharded weights, or a "
             ".safetensors file for one state dict"
         )
     check_directory(target, "the export")
@@ -158,22 +160,22 @@ def check_dir_target(target: Path, force: bool) -> list[str]:
             weights.append(name)
     if weights:
         raise EmitError(
-            f"export -o {target}: it holds a checkpoint pipecompile did not write "
+            f"export -o {target}: it holds weights pipecompile did not write "
             f"({_names(weights)}), which an export never replaces (--force or not); choose "
             "another -o"
         )
     if other and not force:
         raise EmitError(
             f"export -o {target}: the directory holds {_names(other)}, which an export did not "
-            "write; pass --force to write the checkpoint beside them (they are kept), or "
+            "write; pass --force to write the weights beside them (they are kept), or "
             "choose another -o"
         )
     return other
 
 
 def _check_not_source(directory: Path, target: Path) -> None:
-    """Refuse to export into the checkpoint the compiled directory reads its weights from
-    (its manifest names that checkpoint's shards: replacing them would change or break it)."""
+    """Refuse to export into the pretrained weights the compiled directory reads from (its
+    manifest names their shards: replacing them would change or break it)."""
     source = _weights_source(directory)
     if source is not None and target.resolve() == source:
         raise EmitError(
@@ -183,7 +185,7 @@ def _check_not_source(directory: Path, target: Path) -> None:
 
 
 def _weights_source(directory: Path) -> Path | None:
-    """The checkpoint (file or directory) a compile with ``--weights`` reads, if any."""
+    """The pretrained weights (file or directory) a compile with ``--weights`` reads, if any."""
     weights = read_manifest(directory).weights
     if weights is None or weights.source != "checkpoint" or weights.checkpoint is None:
         return None
@@ -202,10 +204,10 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:4]) + more
 
 
-def _state(directory: Path, checkpoint: Path | None) -> dict[str, torch.Tensor]:
+def _state(directory: Path, train_state: Path | None) -> dict[str, torch.Tensor]:
     pipe = Pipeline.load(directory)
-    if checkpoint is not None:
-        resume(pipe, checkpoint)
+    if train_state is not None:
+        resume(pipe, train_state)
     return {name: t.detach().clone().contiguous() for name, t in pipe.state_dict().items()}
 
 

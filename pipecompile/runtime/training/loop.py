@@ -236,7 +236,7 @@ def train(
         resume_at(schedulers, first)
     if total is not None and first >= total:
         raise PipecompileError(
-            f"--resume {options.resume}: the checkpoint is at step {first} and the run ends at "
+            f"--resume {options.resume}: the saved step is {first} and the run ends at "
             f"step {total}, so there is nothing to train; pass --steps greater than {first}"
         )
     seed = options.seed if options.seed is not None else int(group.max([draw_base()])[0])
@@ -546,7 +546,7 @@ class _Feed:
         self.gave = 0  # batches the first epoch gave (for the message of an empty one)
         self._it: Iterator[Batch] | None = None
         self.at_epoch_end = False
-        for _ in range(skip):  # resuming: the batches the checkpointed steps used
+        for _ in range(skip):  # resuming: the batches the saved steps used
             if self.next() is None:
                 break
 

@@ -56,7 +56,7 @@ def make_schedulers(
 
 
 def resume_at(schedulers: Sequence[LambdaLR], step: int) -> None:
-    """Continue the schedules at optimizer step ``step`` (after loading a checkpoint, whose
+    """Continue the schedules at optimizer step ``step`` (after loading a saved train state, whose
     optimizer state holds the rate of the step before)."""
     for scheduler in schedulers:
         scheduler.last_epoch = step

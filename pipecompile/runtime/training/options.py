@@ -162,7 +162,8 @@ class TrainFlags:
     save: str | None = option(
         "--save",
         path=True,
-        help="checkpoint directory (outside DIRECTORY), written after the last step",
+        help="train state directory (outside DIRECTORY): weights, optimizer state and step, "
+        "saved after the last step",
     )
     save_every: int = option(
         "--save-every",
@@ -171,12 +172,14 @@ class TrainFlags:
         help="with --save: also save every N steps",
     )
     resume: str | None = option(
-        "--resume", path=True, help="continue from the newest checkpoint in this directory"
+        "--resume",
+        path=True,
+        help="continue from the newest step saved in this train state directory",
     )
     force: bool = option(
         "--force",
         switch=True,
-        help="--save into a directory holding another run's checkpoints: "
+        help="--save into a directory holding another run's train state: "
         "replace those of the steps this run saves (what pipecompile did not "
         "write is never replaced)",
     )

@@ -1,6 +1,7 @@
-"""Training checkpoints: stage weights, optimizer state and step count, written atomically.
+"""Train state (what ``run --save DIR`` writes and ``--resume`` reads): stage weights,
+optimizer state and step count, written atomically.
 
-Layout of a checkpoint directory::
+Layout of a train state directory::
 
     latest                  the name of the newest complete step directory
     step_<n>/meta.json      {"step": n, "stages": count, "format": "pipecompile-checkpoint/1",
@@ -11,7 +12,7 @@ Layout of a checkpoint directory::
 
 Each rank writes its own stages into ``.step_<n>.tmp``; after a barrier, rank 0 writes
 ``meta.json``, renames the directory into place and replaces ``latest`` (a temporary file,
-then ``os.replace``), so a crash at any point leaves the previous checkpoint intact. An
+then ``os.replace``), so a crash at any point leaves the previous saved step intact. An
 interrupted save removes its temporary files; a rank killed mid-save leaves them to the next
 save or to the launcher (``remove_partial``). PipeDream
 programs drain at the end of every step, so no stashed weight version outlives a step and
@@ -19,8 +20,8 @@ none needs saving.
 
 Only what pipecompile wrote is replaced: a ``step_<n>`` whose ``meta.json`` carries the
 format marker, and a ``latest`` naming a step. A run refuses (``check_save_dir``) a directory
-holding another run's checkpoints unless it resumes from there or is forced. A save the disk
-refuses (full, read-only) names the path and the last complete checkpoint, and a local run
+holding another run's train state unless it resumes from there or is forced. A save the disk
+refuses (full, read-only) names the path and the last complete saved step, and a local run
 saves that step to a fresh directory under the system's temporary directory instead.
 """
 
@@ -42,13 +43,13 @@ from safetensors.torch import load_model, save_model
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files.disk import disk_message, os_error
 from pipecompile.files.names import (
-    CHECKPOINT_META,
     LATEST,
+    STEP_META,
     stage_optimizer,
     stage_weights,
     step_name,
 )
-from pipecompile.files.owned import CHECKPOINT_FORMAT, is_our_latest, is_our_step_dir
+from pipecompile.files.owned import TRAIN_STATE_FORMAT, is_our_latest, is_our_step_dir
 from pipecompile.files.writable import check_directory
 from pipecompile.ir.manifest import Manifest
 from pipecompile.runtime.pipeline import Pipeline
@@ -65,7 +66,7 @@ __all__ = [
     "split_fingerprint",
 ]
 
-FORMAT = CHECKPOINT_FORMAT
+FORMAT = TRAIN_STATE_FORMAT
 _STEP = re.compile(r"step_\d+")
 
 
@@ -78,7 +79,7 @@ def save(
     Raises:
         EmitError: ``root`` holds a ``step_<step>`` or ``latest`` pipecompile did not write;
             or the disk refused the save: the message names ``root``, the last complete
-            checkpoint in it and (in one process) where this step was saved instead.
+            saved step in it and (in one process) where this step was saved instead.
     """
     try:
         return _save(pipe, root, step, rank, train)
@@ -124,7 +125,7 @@ def _write(
         meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules),
                 "split": split_fingerprint(pipe.manifest), "train": train or {},
                 "optimizer": _optimizer_kind(pipe)}  # fmt: skip
-        (tmp / CHECKPOINT_META).write_text(json.dumps(meta) + "\n")
+        (tmp / STEP_META).write_text(json.dumps(meta) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         pointer = root / f".{LATEST}.tmp"
@@ -141,7 +142,7 @@ def _check_replaceable(root: Path, final: Path) -> None:
                and not (is_our_step_dir(p) if p is final else is_our_latest(p))]  # fmt: skip
     if foreign:
         raise EmitError(
-            f"cannot save checkpoint {final}: {root} holds {', '.join(foreign)}, which "
+            f"cannot save train state {final}: {root} holds {', '.join(foreign)}, which "
             "pipecompile did not write and never replaces; move it away or --save elsewhere"
         )
 
@@ -152,12 +153,12 @@ def _failed_save(
 ) -> str:  # fmt: skip
     """What a save the disk refused tells the user; in one process, this step is saved to a
     fresh temporary directory first, so that the training done is not lost."""
-    line = disk_message(f"write checkpoint {step_name(step)} to", root, cause)
+    line = disk_message(f"write train state {step_name(step)} to", root, cause)
     latest = root / LATEST
     if is_our_latest(latest) and is_our_step_dir(root / latest.read_text().strip()):
-        kept = f"the last complete checkpoint there is {root / latest.read_text().strip()}"
+        kept = f"the last complete saved step there is {root / latest.read_text().strip()}"
     else:
-        kept = f"no complete checkpoint is in {root}"
+        kept = f"no complete saved step is in {root}"
     if dist.is_available() and dist.is_initialized():
         return f"{line}; {kept}"
     rescue = Path(tempfile.mkdtemp(prefix=f"pipecompile-rescue-step{step}-"))
@@ -177,9 +178,9 @@ def check_save_dir(
     root: Path, *, resume: Path | None, force: bool, force_flag: str = "--force"
 ) -> str | None:
     """Refuse, before a run starts, a ``--save`` directory that cannot be written or where the
-    run could lose checkpoints; returns a note of what ``force`` will replace (else None).
+    run could lose saved steps; returns a note of what ``force`` will replace (else None).
 
-    A directory holding another run's checkpoints is refused unless ``resume`` continues
+    A directory holding another run's train state is refused unless ``resume`` continues
     from it (the same directory, or one of its steps) or ``force`` is set: then the run's
     saves replace those steps of the earlier run it saves again. A ``step_<n>`` or ``latest``
     pipecompile did not write is refused, ``force`` or not.
@@ -187,7 +188,7 @@ def check_save_dir(
     Raises:
         EmitError: naming ``root`` and the way out.
     """
-    check_directory(root, "checkpoints")
+    check_directory(root, "train state")
     if not root.is_dir():
         return None
     steps = sorted((p for p in root.iterdir() if _STEP.fullmatch(p.name)),
@@ -199,7 +200,7 @@ def check_save_dir(
     if foreign:
         raise EmitError(
             f"--save {root} holds {', '.join(foreign[:4])}, which pipecompile did not write (not "
-            f"a checkpoint with meta.json's format {FORMAT!r}) and never replaces, --force or "
+            f"a saved step with meta.json's format {FORMAT!r}) and never replaces, --force or "
             "not; choose another --save, or move them away"
         )
     ours = [p.name for p in steps]
@@ -208,12 +209,12 @@ def check_save_dir(
     shown = ", ".join(ours[:3]) + (f" ... {ours[-1]}" if len(ours) > 3 else "")
     if not force:
         raise EmitError(
-            f"--save {root} holds another run's checkpoints ({shown}), which this run would "
+            f"--save {root} holds another run's train state ({shown}), which this run would "
             f"replace; continue that run with --resume {root}, choose another --save, or pass "
             f"{force_flag} to replace them"
         )
     return (
-        f"--force: the checkpoints in {root} ({shown}) are replaced as this run saves their steps"
+        f"--force: the saved steps in {root} ({shown}) are replaced as this run saves their steps"
     )
 
 
@@ -243,53 +244,55 @@ def save_due(done: int, steps: int, every: int) -> bool:
 
 
 def latest_step_dir(root: Path) -> Path:
-    """The newest complete checkpoint under ``root`` (or ``root`` itself, a ``step_<n>``
+    """The newest complete saved step under ``root`` (or ``root`` itself, a ``step_<n>``
     directory); EmitError if there is none."""
-    if (root / CHECKPOINT_META).is_file():  # --resume ck/step_3: that step, not the newest
+    if (root / STEP_META).is_file():  # --resume ck/step_3: that step, not the newest
         read_meta(root)
         return root
     pointer = root / LATEST
     if not pointer.is_file():
-        raise EmitError(f"{root} holds no checkpoint (no {LATEST!r} file); pass a --save directory")
+        raise EmitError(
+            f"{root} holds no train state (no {LATEST!r} file); pass a --save directory"
+        )
     try:
         step_dir = root / pointer.read_text().strip()
     except (OSError, UnicodeDecodeError) as err:
         raise EmitError(f"cannot read {pointer}: {err}; pass a step directory instead, e.g. "
                         f"--resume {root}/step_N") from None  # fmt: skip
-    if not (step_dir / CHECKPOINT_META).is_file():
-        raise EmitError(f"{step_dir} is not a complete pipecompile checkpoint")
+    if not (step_dir / STEP_META).is_file():
+        raise EmitError(f"{step_dir} is not a complete step saved by pipecompile")
     read_meta(step_dir)
     return step_dir
 
 
 def read_meta(step_dir: Path) -> dict[str, Any]:
     """``step_dir/meta.json``, checked; EmitError naming the file if it is damaged."""
-    path = step_dir / CHECKPOINT_META
+    path = step_dir / STEP_META
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EmitError(f"checkpoint {path} is damaged ({type(err).__name__}: {err}); "
+        raise EmitError(f"train state {path} is damaged ({type(err).__name__}: {err}); "
                         f"{_earlier(step_dir)}") from None  # fmt: skip
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise EmitError(f"{step_dir} is not a complete pipecompile checkpoint ({path} lacks "
+        raise EmitError(f"{step_dir} is not a complete step saved by pipecompile ({path} lacks "
                         f"the format {FORMAT!r}); {_earlier(step_dir)}")  # fmt: skip
     if not isinstance(meta.get("step"), int) or not isinstance(meta.get("stages"), int):
-        raise EmitError(f"checkpoint {path} is damaged (no whole 'step' and 'stages'); "
+        raise EmitError(f"train state {path} is damaged (no whole 'step' and 'stages'); "
                         f"{_earlier(step_dir)}")  # fmt: skip
     return meta
 
 
 def _earlier(step_dir: Path) -> str:
-    """Advice to resume from another step of the same checkpoint directory."""
+    """Advice to resume from another step of the same train state directory."""
     others = sorted((p for p in step_dir.parent.glob("step_*") if p != step_dir and
                      p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))  # fmt: skip
     if others:
         return f"resume from another step, e.g. --resume {others[-1]}"
-    return "resume from another checkpoint, or start again without --resume"
+    return "resume from another saved step, or start again without --resume"
 
 
 def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
-    """Load this rank's stages and optimizer states from the newest checkpoint; returns the
+    """Load this rank's stages and optimizer states from the newest saved step; returns the
     step count to continue from."""
     step_dir = latest_step_dir(root)
     meta = read_meta(step_dir)
@@ -297,7 +300,7 @@ def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
     if meta["stages"] != len(pipe.modules) or (split and split != split_fingerprint(pipe.manifest)):
         counts = f" ({meta['stages']} stages, this one {len(pipe.modules)})"
         raise EmitError(
-            f"checkpoint {step_dir} was written by a pipeline split differently"
+            f"train state {step_dir} was written by a pipeline split differently"
             f"{counts if meta['stages'] != len(pipe.modules) else ''}; resume or export it with "
             "the compiled directory it was trained with"
         )
@@ -309,9 +312,9 @@ def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
             load_model(module, str(weights))
         except Exception as err:
             raise EmitError(
-                f"checkpoint file {weights} (stage {j}) cannot be loaded: "
+                f"train state file {weights} (stage {j}) cannot be loaded: "
                 f"{(str(err).splitlines() or [type(err).__name__])[0][:200]}; it is damaged or "
-                "from another pipeline: resume from another checkpoint"
+                "from another pipeline: resume from another saved step"
             ) from None
         optimizer = pipe.optimizers[j] if pipe.optimizers else None
         state = step_dir / stage_optimizer(j)
@@ -328,28 +331,28 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, path: Path, kind: str | No
         saved = set(state["param_groups"][0]) - {"params"}
     except Exception as err:
         raise EmitError(
-            f"checkpoint file {path} cannot be loaded ({type(err).__name__}: {err}); it is "
-            "damaged: resume from another checkpoint"
+            f"train state file {path} cannot be loaded ({type(err).__name__}: {err}); it is "
+            "damaged: resume from another saved step"
         ) from None
     mine = set(optimizer.param_groups[0]) - {"params"}
     if saved != mine:
         trained = kind or f"an optimizer with {', '.join(sorted(saved - mine)[:3])}"
         flag = f" (--optimizer {kind.lower()})" if kind in ("SGD", "Adam", "AdamW") else ""
         raise EmitError(
-            f"checkpoint {path.parent} was trained with {trained}, this run uses "
+            f"train state {path.parent} was trained with {trained}, this run uses "
             f"{type(optimizer).__name__}; resume with the optimizer it was trained with{flag}"
         )
     optimizer.load_state_dict(state)
 
 
 def train_state(root: Path) -> dict[str, Any]:
-    """The training loop's state saved with the newest checkpoint under ``root``."""
+    """The training loop's state saved with the newest step under ``root``."""
     return dict(read_meta(latest_step_dir(root)).get("train") or {})
 
 
 def split_fingerprint(manifest: Manifest) -> str:
     """A hash of how ``manifest`` cuts the model: each stage's parameter names and the values
-    it takes and gives. A checkpoint fits a pipeline only if the two agree."""
+    it takes and gives. A saved train state fits a pipeline only if the two agree."""
     stages = [[s.params, s.inputs, s.outputs] for s in manifest.stages]
     return hashlib.sha256(json.dumps(stages, sort_keys=True).encode()).hexdigest()
 

@@ -168,10 +168,10 @@ LOSS_CASES = [
 NOTHING_TO_DO_CASES = [
     Case("resume-without-steps", "run --resume ck (at step 3) without --steps: nothing to do",
          SAVED, (*RUN, "--resume", "ck"),
-         r"--resume ck: the checkpoint is at step 3.*pass --steps greater than 3"),
+         r"--resume ck: the saved step is 3.*pass --steps greater than 3"),
     Case("resume-epochs-done", "run --resume ck (at step 3) --epochs 1 (one batch an epoch)",
          SAVED, (*RUN, "--resume", "ck", "--epochs", "1"),
-         r"checkpoint is at step 3 and the run ends at step 1.*--steps greater than 3"),
+         r"the saved step is 3 and the run ends at step 1.*--steps greater than 3"),
     Case("lr-zero", "run --lr 0: no weight would change", nothing, (*RUN, "--lr", "0"),
          r"--lr: '0' is not a finite number above 0"),
     Case("warmup-beyond-run", "run --steps 3 --warmup-steps 10: --lr never reached", nothing,

@@ -67,16 +67,16 @@ def user_safetensors(path: str) -> Setup:
 EXPORT_CASES = [
     Case("export-into-hf-dir", "export -o hf/, a user's pretrained checkpoint (shards, index)",
          hf_dir, ("export", "out", "-o", "hf"),
-         r"export -o hf: it holds a checkpoint pipecompile did not write \(model-00001-of-00002"
+         r"export -o hf: it holds weights pipecompile did not write \(model-00001-of-00002"
          r".*never replaces \(--force or not\); choose another -o", intact=HF_FILES),
     Case("export-into-hf-dir-force", "export -o hf/ --force, a user's pretrained checkpoint",
          hf_dir, ("export", "out", "-o", "hf", "--force"),
-         r"export -o hf: it holds a checkpoint pipecompile did not write.*choose another -o",
+         r"export -o hf: it holds weights pipecompile did not write.*choose another -o",
          intact=HF_FILES),
     Case("export-into-weights-dir", "export -o the very directory the compile read --weights from",
          steps(hf_dir, ran("mlp.py", "--stages", "2", "-q", "-o", "tuned", "--weights", "hf")),
          ("export", "tuned", "-o", "hf", "--force"),
-         r"export -o hf: it holds a checkpoint pipecompile did not write.*choose another -o",
+         r"export -o hf: it holds weights pipecompile did not write.*choose another -o",
          intact=HF_FILES),
     Case("export-into-own-weights", "export -o the earlier export a compile reads --weights from",
          steps(ran("export", "out", "-o", "hf"),
@@ -156,9 +156,9 @@ COMPILE_CASES = [
 ]  # fmt: skip
 
 SAVE_CASES = [
-    Case("save-other-run", "run --save ck where an earlier run saved its checkpoints",
+    Case("save-other-run", "run --save ck where an earlier run saved its train state",
          SAVED, (*RUN, "--save", "ck"),
-         r"--save ck holds another run's checkpoints \(step_1\).*--resume ck.*--force",
+         r"--save ck holds another run's train state \(step_1\).*--resume ck.*--force",
          intact=("ck/step_1/stage_0.safetensors", "ck/latest")),
     Case("save-resume-same", "run --resume ck --save ck continues the run saved there",
          SAVED, (*RUN, "--steps", "2", "--resume", "ck", "--save", "ck"), r"^$", status=0,
@@ -171,29 +171,29 @@ SAVE_CASES = [
          write("ck/latest", "my newest notes\n"), (*RUN, "--save", "ck", "--force"),
          r"--save ck holds latest, which pipecompile did not write", intact=("ck/latest",)),
     Case("save-a-file", "run --save naming an existing file", write("notes.txt", "mine"),
-         (*RUN, "--save", "notes.txt"), r"cannot write checkpoints to notes\.txt: it is a file",
+         (*RUN, "--save", "notes.txt"), r"cannot write train state to notes\.txt: it is a file",
          intact=("notes.txt",)),
     Case("save-under-a-file", "run --save under an existing file", write("notes.txt", "mine"),
          (*RUN, "--save", "notes.txt/ck"),
-         r"cannot write checkpoints to notes\.txt/ck: notes\.txt is a file",
+         r"cannot write train state to notes\.txt/ck: notes\.txt is a file",
          intact=("notes.txt",)),
     Case("save-read-only", "run --save inside a read-only directory", read_only("ro"),
-         (*RUN, "--save", "ro/ck"), r"cannot write checkpoints to ro/ck: ",
+         (*RUN, "--save", "ro/ck"), r"cannot write train state to ro/ck: ",
          cleanup=writable("ro")),
     Case("save-full-disk", "run --save-every 1 onto a disk that fills up after a few steps",
          small_disk("full", "320k"),
          (*RUN, "--steps", "20", "--save", "full/ck", "--save-every", "1"),
-         r"cannot write checkpoint step_\d+ to full/ck: the disk is full.*the last complete "
-         r"checkpoint there is full/ck/step_\d+; step \d+ was saved to \S+ instead: continue "
+         r"cannot write train state step_\d+ to full/ck: the disk is full.*the last complete "
+         r"saved step there is full/ck/step_\d+; step \d+ was saved to \S+ instead: continue "
          r"with --resume", cleanup=unmount("full")),
     Case("save-full-disk-nproc", "run --nproc 2 --save-every 1 onto a disk that fills up",
          small_disk("full", "320k"),
          (*RUN, "--nproc", "2", "--steps", "20", "--save", "full/ck", "--save-every", "1"),
-         r"rank \d: error: cannot write checkpoint step_\d+ to full/ck: the disk is full.*the "
-         r"last complete checkpoint there is full/ck/step_\d+", max_lines=4,
+         r"rank \d: error: cannot write train state step_\d+ to full/ck: the disk is full.*"
+         r"the last complete saved step there is full/ck/step_\d+", max_lines=4,
          cleanup=unmount("full")),
     Case("run-force-alone", "run --force without --save", steps(), (*RUN, "--force"),
-         r"--force lets --save replace another run's checkpoints; drop it"),
+         r"--force lets --save replace another run's train state; drop it"),
 ]  # fmt: skip
 
 METRICS_CASES = [

@@ -1,4 +1,4 @@
-"""What pipecompile saved and reads back: a damaged manifest or checkpoint, resuming with
+"""What pipecompile saved and reads back: a damaged manifest or train state, resuming with
 another optimizer or from one step, a model file where a directory belongs, a model file whose
 init_weights() raises."""
 
@@ -40,7 +40,7 @@ SAVED: list[Case] = [
     Case("resume-meta-other", "--resume where meta.json is another program's JSON",
          steps(SAVED_RUN, write("ck/step_2/meta.json", '{"name": "app"}\n')),
          (*RUN, "--steps", "3", "--resume", "ck"),
-         r"ck/step_2 is not a complete pipecompile checkpoint.*--resume ck/step_1"),
+         r"ck/step_2 is not a complete step saved by pipecompile.*--resume ck/step_1"),
     Case("resume-one-step", "--resume naming an earlier step directory (ck/step_1), not ck",
          SAVED_RUN, (*RUN, "--steps", "2", "--resume", "ck/step_1"), r"^$", status=0),
     Case("run-a-model-file", "run mlp.py (the model file, not the compiled directory)",
