@@ -1,14 +1,15 @@
 """Every mistake in tools/qa/bad_inputs.py's catalogue gets a short, clear message, no traceback.
 
 Each case runs in this process through ``pipecompile.cli.main`` (a `--nproc` case still
-starts its ranks); the tool's own subprocess mode, as a user runs it, is checked on its
-``--quick`` subset. docs/ERRORS.md is generated from the same catalogue.
+starts its ranks); the tool's own subprocess mode, as a user runs it, is checked on two of its
+``--quick`` cases. docs/ERRORS.md is generated from the same catalogue.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -38,7 +39,39 @@ def workspace(tmp_path_factory):  # type: ignore[no-untyped-def]
     return bad_inputs.Workspace(tmp_path_factory.mktemp("bad_inputs"))
 
 
-@pytest.mark.parametrize("case", bad_inputs.CASES, ids=lambda case: case.id)
+# A case that starts ranks (`--nproc`) or a process of its own costs 8-14 s; 24 of them would
+# be a third of the suite. This fixed sample runs on every test run: one or two per area that
+# has such cases, in this process and in a process of its own. The rest are skipped here (set
+# PIPECOMPILE_ALL_CASES=1 to run them); `python tools/qa/bad_inputs.py` runs the full catalogue.
+# save-full-disk-nproc is tests/runtime/test_distributed.py's full-disk test; hook-one-shot-nproc,
+# nproc-unseeded-shuffle and nproc-hook-blocks are tests/runtime/test_run_data.py's and
+# test_distributed_data.py's own launches; every kind of setup runs in a cheaper case too.
+SAMPLED = (
+    "nproc-zero",  # basics: refused before any rank starts
+    "nproc-stage-syntax-error",  # basics: a damaged stage file, in this process
+    "nproc-weights-truncated",  # basics: damaged weights
+    "check-nproc-precision",  # asked: --check under --nproc
+    "hook-empty-nproc",  # asked: a data hook, in a process of its own
+    "nproc-hook-raises-one-rank",  # ranks: a line from each rank
+    "nproc-data-sharded-by-rank",  # ranks: the batch fingerprint across ranks
+)
+ALL_CASES = os.environ.get("PIPECOMPILE_ALL_CASES") == "1"
+
+
+def _costly(case) -> bool:  # type: ignore[no-untyped-def]
+    return case.own_process or "--nproc" in case.argv
+
+
+def _params(cases):  # type: ignore[no-untyped-def]
+    skip = pytest.mark.skip(reason="not in SAMPLED: python tools/qa/bad_inputs.py runs it")
+    return [
+        pytest.param(c, id=c.id, marks=() if ALL_CASES or not _costly(c) or c.id in SAMPLED
+                     else skip)
+        for c in cases
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", _params(bad_inputs.CASES))
 def test_case(case, workspace):
     outcome = bad_inputs.run_case(case, workspace, in_process=True)
     if outcome.verdict == "skipped":
@@ -51,12 +84,30 @@ def test_case_ids_are_unique():
     assert len(ids) == len(set(ids))
 
 
+def test_the_sample_runs_ranks_of_every_area_that_has_them():
+    costly = {case.id: area for area, cases in bad_inputs.AREAS.items() for case in cases
+              if _costly(case)}  # fmt: skip
+    assert set(SAMPLED) <= set(costly), set(SAMPLED) - set(costly)
+    covered = {costly[i] for i in SAMPLED} | {"files"}  # files: the full-disk test in runtime/
+    assert covered == set(costly.values())
+
+
+QUICK_TWO = ("stage-syntax-error", "steps-zero")  # a run's error and a usage error
+
+
 def test_quick_subset_as_a_user_runs_it():
+    """The tool's command line, each case in a `pipecompile` process of its own, two at once:
+    two of the --quick cases (each --quick case also runs above, in this process)."""
+    quick = [case.id for case in bad_inputs.select(bad_inputs.CASES, [], quick=True)]
+    assert set(QUICK_TWO) <= set(quick) and len(quick) < len(bad_inputs.CASES) / 4, quick
+    only = [arg for case in QUICK_TWO for arg in ("--only", case)]
     result = subprocess.run(
-        [sys.executable, str(TOOL), "--quick"], capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, str(TOOL), *only, "--jobs", "2"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("2 cases tried: 2 clear"), result.stdout
     assert "0 traceback, 0 wrong exit, 0 unclear" in last, result.stdout
     assert "0 silently wrong, 0 data lost, 0 hang" in last, result.stdout
 
