@@ -1,7 +1,7 @@
 """The small Hugging Face Llama of hf_llama.py, built on the meta device: shapes, no weights.
 
-It compiles without allocating a weight; each stage gets its weights where it runs, from a
-checkpoint (``--weights``) or by the model's own initialisation (docs/USAGE.md)::
+It compiles without allocating a weight; each stage gets its weights where it runs, from
+pretrained weights (``--weights``) or by the model's own initialisation (docs/USAGE.md)::
 
     pipecompile examples/llama_meta.py --stages 2 -o out/llama_meta
     pipecompile run out/llama_meta --check

@@ -81,10 +81,10 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         directory: where to write the stage modules (default: a temporary directory that
             lives as long as the returned object; ``save`` copies it elsewhere).
         progress: print one line per compiler pass to stderr.
-        weights: a pretrained checkpoint (a ``.safetensors`` file, or a Hugging Face
+        weights: the pretrained weights (a ``.safetensors`` file, or a Hugging Face
             directory, sharded or not) each stage loads its tensors from, by original name
             (a prefix such as ``transformer.`` added or removed as ``from_pretrained`` does).
-        allow_missing: initialise the model's tensors the checkpoint lacks (listed in a
+        allow_missing: initialise the model's tensors the pretrained weights lack (listed in a
             warning) instead of raising ``WeightsError``.
         init_seed: the seed of the initialisation of tensors on the meta device (a model
             built under ``torch.device("meta")``), replayed per stage.
@@ -104,7 +104,9 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     _check_keywords(compile, options, _keywords(CompileOptions))
     inputs = bind_inputs(model, example_inputs)
     if allow_missing and weights is None:
-        raise WeightsError("allow_missing applies to weights=; pass a checkpoint or drop it")
+        raise WeightsError(
+            "allow_missing applies to weights=; pass the pretrained weights or drop it"
+        )
     plan = weight_plan(model, weights, init_seed, allow_missing=allow_missing)
     compiled = compile_model(
         model, inputs, stages=stages, microbatches=microbatches, schedule=schedule,
@@ -319,7 +321,7 @@ class CompiledPipeline:
         tmp = new_temp_dir(out)
         stages = tuple(
             dataclasses.replace(entry, weights=entry.weights or stage_weights(j),
-                                from_checkpoint=None, from_init=None)
+                                from_pretrained=None, from_init=None)
             for j, entry in enumerate(self.manifest.stages)
         )  # fmt: skip
         # every stage file now holds the current values, all of them

@@ -205,8 +205,8 @@ def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.output_dir import check_replaceable
     from pipecompile.codegen.weight_sources import weight_plan
     from pipecompile.errors import WeightsError
-    from pipecompile.model.checkpoint_files import open_checkpoint
     from pipecompile.model.model_file import load_model_file, split_ref
+    from pipecompile.model.pretrained_files import open_pretrained
     from pipecompile.reports.summary import summary
 
     path, name = split_ref(args.model)
@@ -215,11 +215,11 @@ def _compile(args: argparse.Namespace) -> int:
     check_replaceable(out, force=args.force)  # and a refused -o before the work
     if args.allow_missing and not args.weights:
         raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
-    checkpoint = open_checkpoint(Path(args.weights)) if args.weights else None  # and --weights
+    pretrained = open_pretrained(Path(args.weights)) if args.weights else None  # and --weights
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
     _check_init_seed(args.init_seed, spec.model)
-    plan = weight_plan(spec.model, checkpoint, args.init_seed or 0, spec.module,
+    plan = weight_plan(spec.model, pretrained, args.init_seed or 0, spec.module,
                        allow_missing=args.allow_missing)  # fmt: skip
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
     compiled = compile_model(

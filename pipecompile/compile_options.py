@@ -153,14 +153,14 @@ class CompileOptions:
     weights: str | None = option(
         "--weights",
         metavar="PATH",
-        help="pretrained checkpoint the stages load by original name: a "
+        help="pretrained weights the stages load by original name: a "
         ".safetensors file or a Hugging Face directory (sharded, with "
         "model.safetensors.index.json)",
     )
     allow_missing: bool = option(
         "--allow-missing",
         switch=True,
-        help="--weights: initialise the model's tensors the checkpoint "
+        help="--weights: initialise the model's tensors the --weights files "
         "lacks (listed) instead of refusing it",
     )
     init_seed: int | None = option(

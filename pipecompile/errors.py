@@ -58,7 +58,7 @@ class InputError(PipecompileError):
 
 
 class WeightsError(PipecompileError):
-    """A pretrained checkpoint (--weights) is missing, damaged, or not this model's."""
+    """The pretrained weights (--weights) are missing, damaged, or not this model's."""
 
 
 class EmitError(PipecompileError):

@@ -29,7 +29,7 @@ from pipecompile.codegen.weight_sources import (
     StageSources,
     WeightPlan,
     stage_sources,
-    unused_in_checkpoint,
+    unused_in_pretrained,
 )
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files import names as files
@@ -72,14 +72,14 @@ def emit(
     """Write ``compiled`` to directory ``out``, replacing a previous pipecompile output there
     (only the files it wrote; see ``output_dir``). ``weights`` says where tensors come from
     when not every value is written (``weight_sources``); what a user should know about it
-    (converted dtypes, checkpoint tensors the model does not use) is appended to ``notes``.
+    (converted dtypes, pretrained tensors the model does not use) is appended to ``notes``.
 
     Raises:
         EmitError: ``out`` is a file, cannot be created or written (a full disk: named),
             or holds files pipecompile did not write (unless ``force``: then they are kept,
             pipecompile's files are written beside them, and ``notes`` says so; a user's
             file named as one of pipecompile's is refused regardless).
-        WeightsError: a tensor has no source, or the checkpoint does not fit the model.
+        WeightsError: a tensor has no source, or the pretrained weights do not fit the model.
     """
     out = Path(out)
     keep = check_replaceable(out, force=force)
@@ -161,14 +161,14 @@ def _weights_entry(plan: WeightPlan, sources: list[StageSources], init: str | No
     if init is not None:
         constants = INIT_CONSTANTS if init == "constants" else None
         entry = WeightsRecord("init", init=INIT, seed=plan.seed, init_constants=constants)
-    if plan.checkpoint is not None and any(s.checkpoint for s in sources):
-        root = plan.checkpoint.path.resolve()
+    if plan.pretrained is not None and any(s.pretrained for s in sources):
+        root = plan.pretrained.path.resolve()
         base = root.parent if root.is_file() else root
-        names = {n for s in sources for n in s.checkpoint.values()}
-        shards = sorted({os.path.relpath(plan.checkpoint.files[n].resolve(), base) for n in names})
+        names = {n for s in sources for n in s.pretrained.values()}
+        shards = sorted({os.path.relpath(plan.pretrained.files[n].resolve(), base) for n in names})
         where = os.path.relpath(root, Path(out).resolve())
         entry = dataclasses.replace(
-            entry, source="checkpoint", shards=tuple(shards), checkpoint=where
+            entry, source="checkpoint", shards=tuple(shards), pretrained=where
         )
     if plan.held is not None:
         entry = _with_held(entry, plan)
@@ -176,7 +176,7 @@ def _weights_entry(plan: WeightPlan, sources: list[StageSources], init: str | No
 
 
 def _with_held(entry: WeightsRecord, plan: WeightPlan) -> WeightsRecord:
-    """How many of the model's tensors the checkpoint gave, under which names, and which it
+    """How many of the model's tensors the pretrained weights gave, under which names, and which it
     lacked (initialised instead: --allow-missing)."""
     held = plan.held
     assert held is not None
@@ -197,9 +197,9 @@ def _notes(plan: WeightPlan, sources: list[StageSources]) -> list[str]:
     if held is not None and (held.names.added or held.names.removed):
         lacks = "lack the model's" if held.names.added else "carry the extra"
         notes.append(
-            f"the names in {plan.checkpoint.path} {lacks} prefix "  # type: ignore[union-attr]
+            f"the names in {plan.pretrained.path} {lacks} prefix "  # type: ignore[union-attr]
             f"{(held.names.added or held.names.removed)!r}"
-            f"{' (a checkpoint of the base model)' if held.names.added else ''}: read with the "
+            f"{' (weights of the base model)' if held.names.added else ''}: read with the "
             f"{held.names}, as from_pretrained does"
         )
     if held is not None and held.missing:
@@ -207,18 +207,18 @@ def _notes(plan: WeightPlan, sources: list[StageSources]) -> list[str]:
         more = f" and {len(held.missing) - 10} more" if len(held.missing) > 10 else ""
         notes.append(
             f"--allow-missing: {len(held.missing)} of the model's {held.total} tensors are not "
-            f"in {plan.checkpoint.path} and are initialised instead: {shown}{more}"  # type: ignore[union-attr]
+            f"in {plan.pretrained.path} and are initialised instead: {shown}{more}"  # type: ignore[union-attr]
         )
     converted = [c for s in sources for c in s.converted]
     if converted:
         notes.append(
-            f"{len(converted)} checkpoint tensors are converted to the model's dtype when "
+            f"{len(converted)} pretrained tensors are converted to the model's dtype when "
             f"loaded (e.g. {converted[0]})"
         )
-    unused = unused_in_checkpoint(plan, sources)
+    unused = unused_in_pretrained(plan, sources)
     if unused:
         notes.append(
-            f"{len(unused)} tensors of {plan.checkpoint.path} are not in the model and are "  # type: ignore[union-attr]
+            f"{len(unused)} tensors of {plan.pretrained.path} are not in the model and are "  # type: ignore[union-attr]
             f"not loaded (e.g. {unused[0]})"
         )
     return notes
@@ -282,7 +282,7 @@ def _stage_entry(
         activation_bytes=_activation_bytes(compiled, j),
         layers=tuple((path, ops) for path, ops in layer_groups(stage.module.graph)),
         random_ops=tuple(random_ops),
-        from_checkpoint=found.checkpoint or None,
+        from_pretrained=found.pretrained or None,
         from_init=found.init or None,
     )
 

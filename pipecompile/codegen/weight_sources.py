@@ -1,9 +1,9 @@
 """Where each stage's tensors come from: values written into ``stage_<j>.safetensors`` (a real
-model), a pretrained checkpoint read by original name (``--weights``), or an initialisation
+model), the pretrained weights read by original name (``--weights``), or an initialisation
 recipe replayed where the stage runs (a model on the ``meta`` device).
 
-A tensor found in the checkpoint under one of its original names (with a prefix added or
-removed, ``checkpoint_names``) is read from there; every saved tensor of the model must be,
+A tensor found in the pretrained weights under one of its original names (with a prefix added or
+removed, ``pretrained_names``) is read from there; every saved tensor of the model must be,
 unless ``allow_missing``. Otherwise a real tensor's value is written into the stage file; else a
 meta tensor needs a recipe. A meta tensor with neither is an error naming it, its stage and
 what to do.
@@ -19,19 +19,19 @@ from torch import nn
 
 from pipecompile.errors import WeightsError
 from pipecompile.ir.stage_graph import Stage
-from pipecompile.model.checkpoint_files import Checkpoint, open_checkpoint
-from pipecompile.model.checkpoint_names import Coverage, NameMap, coverage, match_names
 from pipecompile.model.init_recipe import Recipe, is_meta_model, record_init
+from pipecompile.model.pretrained_files import PretrainedFiles, open_pretrained
+from pipecompile.model.pretrained_names import Coverage, NameMap, coverage, match_names
 
-__all__ = ["StageSources", "WeightPlan", "stage_sources", "unused_in_checkpoint", "weight_plan"]
+__all__ = ["StageSources", "WeightPlan", "stage_sources", "unused_in_pretrained", "weight_plan"]
 
 
 @dataclass(frozen=True)
 class WeightPlan:
-    """The weights a compile was given: a checkpoint, the meta tensors' recipe, the seed, and
-    which of the model's tensors the checkpoint holds under which names."""
+    """The weights a compile was given: the pretrained weights, the meta tensors' recipe, the
+    seed, and which of the model's tensors the pretrained weights hold under which names."""
 
-    checkpoint: Checkpoint | None = None
+    pretrained: PretrainedFiles | None = None
     recipe: Recipe | None = None
     seed: int = 0
     held: Coverage | None = None
@@ -46,56 +46,56 @@ class StageSources:
     """One stage's tensors (by stage state-dict name) split by where their values come from."""
 
     values: dict[str, torch.Tensor] = field(default_factory=dict)
-    checkpoint: dict[str, str] = field(default_factory=dict)  # stage name -> checkpoint name
+    pretrained: dict[str, str] = field(default_factory=dict)  # stage name -> its name there
     init: dict[str, str] = field(default_factory=dict)  # stage name -> original name
     converted: list[str] = field(default_factory=list)  # "name: bfloat16 -> float32"
     names: set[str] = field(default_factory=set)  # every original name of every tensor
 
     @property
     def all_values(self) -> bool:
-        return not self.checkpoint and not self.init
+        return not self.pretrained and not self.init
 
 
 def weight_plan(
-    model: nn.Module, weights: str | Path | Checkpoint | None, seed: int = 0,
+    model: nn.Module, weights: str | Path | PretrainedFiles | None, seed: int = 0,
     model_file: object = None, *, allow_missing: bool = False,
 ) -> WeightPlan | None:  # fmt: skip
-    """What ``emit`` needs beyond the model's values: the checkpoint at ``weights`` (indexed,
-    nothing read yet; or one already opened), the names its tensors are read by, and, for a
+    """What ``emit`` needs beyond the model's values: the pretrained weights at ``weights``
+    (indexed, nothing read yet; or already opened), the names its tensors are read by, and, for a
     model with meta tensors, their initialisation recipe (the model file's
     ``init_weights(module)`` included when ``model_file`` defines one); None for a real model
-    without a checkpoint.
+    without pretrained weights.
 
     Raises:
-        WeightsError: the checkpoint lacks some of the model's tensors (unless
-            ``allow_missing``: they are then initialised as without a checkpoint).
+        WeightsError: the pretrained weights lack some of the model's tensors (unless
+            ``allow_missing``: they are then initialised as without pretrained weights).
     """
     meta = is_meta_model(model)
     if weights is None and not meta:
         return None
-    checkpoint = (
-        weights if isinstance(weights, Checkpoint) or weights is None
-        else open_checkpoint(Path(weights))
+    pretrained = (
+        weights if isinstance(weights, PretrainedFiles) or weights is None
+        else open_pretrained(Path(weights))
     )  # fmt: skip
     held = None
-    if checkpoint is not None:
-        held = coverage(model, checkpoint.files, match_names(model, checkpoint.files))
+    if pretrained is not None:
+        held = coverage(model, pretrained.files, match_names(model, pretrained.files))
         for name, tensor in model.state_dict(keep_vars=True).items():
-            if held.names(name) in checkpoint.files:
-                _check_shape(checkpoint, held.names(name), tensor, None)
+            if held.names(name) in pretrained.files:
+                _check_shape(pretrained, held.names(name), tensor, None)
         if held.missing and not allow_missing:
-            raise WeightsError(_missing(checkpoint, held))
+            raise WeightsError(_missing(pretrained, held))
     hook = getattr(model_file, "init_weights", None)
     recipe = record_init(model, hook if callable(hook) else None) if meta else None
-    return WeightPlan(checkpoint, recipe, seed, held)
+    return WeightPlan(pretrained, recipe, seed, held)
 
 
 def stage_sources(stage: Stage, module: nn.Module, plan: WeightPlan) -> StageSources:
     """Split ``module``'s (the lowered stage's) tensors by source.
 
     Raises:
-        WeightsError: a tensor in the checkpoint has another shape, or a meta tensor is in
-            neither the checkpoint nor the recipe.
+        WeightsError: a tensor in the pretrained weights has another shape, or a meta tensor is in
+            neither the pretrained weights nor the recipe.
     """
     sources = StageSources()
     seen: dict[int, str] = {}
@@ -105,11 +105,11 @@ def stage_sources(stage: Stage, module: nn.Module, plan: WeightPlan) -> StageSou
             continue
         seen[id(tensor)] = name
         originals = stage.params.get(name, (name,))
-        found = _in_checkpoint(plan, originals)
+        found = _in_pretrained(plan, originals)
         if found is not None:
-            _check_shape(plan.checkpoint, found, tensor, stage.index)  # type: ignore[arg-type]
-            sources.checkpoint[name] = found
-            have = plan.checkpoint.dtype(found)  # type: ignore[union-attr]
+            _check_shape(plan.pretrained, found, tensor, stage.index)  # type: ignore[arg-type]
+            sources.pretrained[name] = found
+            have = plan.pretrained.dtype(found)  # type: ignore[union-attr]
             if have != tensor.dtype:
                 sources.converted.append(f"{found}: {_dt(have)} -> {_dt(tensor.dtype)}")
         elif not tensor.is_meta:
@@ -121,56 +121,56 @@ def stage_sources(stage: Stage, module: nn.Module, plan: WeightPlan) -> StageSou
     return sources
 
 
-def unused_in_checkpoint(plan: WeightPlan, stages: list[StageSources]) -> list[str]:
-    """Checkpoint tensors no stage reads (another model's, or ones the model does not use)."""
-    if plan.checkpoint is None:
+def unused_in_pretrained(plan: WeightPlan, stages: list[StageSources]) -> list[str]:
+    """Pretrained tensors no stage reads (another model's, or ones the model does not use)."""
+    if plan.pretrained is None:
         return []
     known = {plan.names(name) for s in stages for name in s.names}
-    return sorted(set(plan.checkpoint.files) - known)
+    return sorted(set(plan.pretrained.files) - known)
 
 
-def _in_checkpoint(plan: WeightPlan, originals: tuple[str, ...]) -> str | None:
-    if plan.checkpoint is None:
+def _in_pretrained(plan: WeightPlan, originals: tuple[str, ...]) -> str | None:
+    if plan.pretrained is None:
         return None
-    return next((plan.names(n) for n in originals if plan.names(n) in plan.checkpoint.files), None)
+    return next((plan.names(n) for n in originals if plan.names(n) in plan.pretrained.files), None)
 
 
-def _missing(checkpoint: Checkpoint, held: Coverage) -> str:
-    """One line: how many of the model's tensors ``checkpoint`` lacks, the first few, the fix."""
+def _missing(pretrained: PretrainedFiles, held: Coverage) -> str:
+    """One line: how many of the model's tensors ``pretrained`` lacks, the first few, the fix."""
     first = ", ".join(held.missing[:3]) + (", ..." if len(held.missing) > 3 else "")
     renamed = f" (read with {held.names})" if held.names != NameMap() else ""
     other = ""
     if not held.loaded:
-        sample = next(iter(sorted(checkpoint.files)), None)
+        sample = next(iter(sorted(pretrained.files)), None)
         other = f" (it holds none of them{f', e.g. {sample}' if sample else ''})"
     return (
-        f"{checkpoint.path} lacks {len(held.missing)} of the model's {held.total} tensors"
-        f"{renamed}: {first}{other}; pass the checkpoint of this model, or --allow-missing to "
-        "initialise the ones it lacks"
+        f"{pretrained.path} lacks {len(held.missing)} of the model's {held.total} tensors"
+        f"{renamed}: {first}{other}; pass the pretrained weights of this model, or "
+        "--allow-missing to initialise the ones it lacks"
     )
 
 
 def _check_shape(
-    checkpoint: Checkpoint, name: str, tensor: torch.Tensor, stage: int | None
+    pretrained: PretrainedFiles, name: str, tensor: torch.Tensor, stage: int | None
 ) -> None:
-    have = checkpoint.shape(name)
+    have = pretrained.shape(name)
     if have != tuple(tensor.shape):
         where = f" (stage {stage})" if stage is not None else ""
         raise WeightsError(
-            f"{name} is {list(have)} in {checkpoint.files[name]} but {list(tensor.shape)} in "
-            f"the model{where}; the checkpoint is of another model or configuration: "
-            "build the model with the checkpoint's config"
+            f"{name} is {list(have)} in {pretrained.files[name]} but {list(tensor.shape)} in "
+            f"the model{where}; the pretrained weights are of another model or configuration: "
+            "build the model with their config"
         )
 
 
 def _no_values(plan: WeightPlan, name: str, stage: int) -> str:
     why = plan.recipe.unrecorded.get(name, "") if plan.recipe is not None else ""
-    where = f"not in {plan.checkpoint.path}" if plan.checkpoint is not None else "no --weights"
+    where = f"not in {plan.pretrained.path}" if plan.pretrained is not None else "no --weights"
     because = f" ({why})" if why else ""
     return (
         f"{name} (stage {stage}) is on the meta device with no values: {where}, and the "
-        f"model's initialisation does not set it{because}; pass --weights with a checkpoint "
-        "holding it, or define init_weights(module) in the model file to set it"
+        f"model's initialisation does not set it{because}; pass --weights with pretrained "
+        "weights holding it, or define init_weights(module) in the model file to set it"
     )
 
 

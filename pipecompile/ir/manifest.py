@@ -117,7 +117,8 @@ class StageEntry:
     """One entry of ``stages``: the stage's files, values, parameter names and sizes.
 
     ``weights`` is None when no stage file holds its tensors (they come from
-    ``from_checkpoint`` and ``from_init``); the fields after ``device`` are None in a manifest
+    ``from_pretrained``, the JSON key ``from_checkpoint``: stage name -> name in the pretrained
+    weights, and ``from_init``); the fields after ``device`` are None in a manifest
     written before they existed (``onnx``: until the stages are exported).
     """
 
@@ -133,7 +134,7 @@ class StageEntry:
     activation_bytes: ActivationBytes | None = None
     layers: tuple[tuple[str, int], ...] | None = None
     random_ops: tuple[str, ...] | None = None
-    from_checkpoint: dict[str, str] | None = None
+    from_pretrained: dict[str, str] | None = None
     from_init: dict[str, str] | None = None
     onnx: str | None = None
 
@@ -153,7 +154,7 @@ class StageEntry:
             activation_bytes=ActivationBytes(act["saved"], act["inputs"]) if act else None,
             layers=tuple((path, ops) for path, ops in layers) if layers is not None else None,
             random_ops=tuple(randoms) if randoms is not None else None,
-            from_checkpoint=raw.get("from_checkpoint"),
+            from_pretrained=raw.get("from_checkpoint"),
             from_init=raw.get("from_init"),
             onnx=raw.get("onnx"),
         )
@@ -174,7 +175,7 @@ class StageEntry:
             "activation_bytes": self.activation_bytes and self.activation_bytes.to_json(),
             "layers": None if self.layers is None else [[p, n] for p, n in self.layers],
             "random_ops": None if self.random_ops is None else list(self.random_ops),
-            "from_checkpoint": self.from_checkpoint or None,
+            "from_checkpoint": self.from_pretrained or None,
             "from_init": self.from_init or None,
             "onnx": self.onnx,
         }
@@ -183,15 +184,16 @@ class StageEntry:
 
 @dataclass(frozen=True)
 class WeightsRecord:
-    """Where the stages' tensors come from (``source``: ``stage_files``, ``checkpoint`` or
-    ``init``) and what a compile with ``--weights`` found in the checkpoint."""
+    """Where the stages' tensors come from (``source``: ``stage_files``, ``checkpoint``: the
+    pretrained weights, or ``init``) and what a compile with ``--weights`` found in the
+    pretrained weights (``pretrained``, the JSON key ``checkpoint``: their path)."""
 
     source: str
     init: str | None = None
     seed: int | None = None
     init_constants: str | None = None
     shards: tuple[str, ...] | None = None
-    checkpoint: str | None = None
+    pretrained: str | None = None
     loaded: int | None = None
     model_tensors: int | None = None
     prefix: dict[str, str] | None = None
@@ -206,7 +208,7 @@ class WeightsRecord:
             seed=raw.get("seed"),
             init_constants=raw.get("init_constants"),
             shards=tuple(shards) if shards is not None else None,
-            checkpoint=raw.get("checkpoint"),
+            pretrained=raw.get("checkpoint"),
             loaded=raw.get("loaded"),
             model_tensors=raw.get("model_tensors"),
             prefix=raw.get("prefix"),
@@ -220,7 +222,7 @@ class WeightsRecord:
         fields = {
             "init_constants": self.init_constants,
             "shards": None if self.shards is None else list(self.shards),
-            "checkpoint": self.checkpoint,
+            "checkpoint": self.pretrained,
             "loaded": self.loaded,
             "model_tensors": self.model_tensors,
             "prefix": self.prefix,

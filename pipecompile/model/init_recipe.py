@@ -17,7 +17,8 @@ weights. The initialisation that runs, in this order (later ones override):
 3. the model file's ``init_weights(module)`` for every submodule, if the file defines one.
 
 A tensor no step wrote (a ``torch.ones`` parameter or an ``arange`` buffer made on meta), or
-one written from another meta tensor, has no recipe: it must come from a checkpoint.
+one written from another meta tensor, has no recipe: it must come from the pretrained weights
+(``--weights``).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def _initialise(what: str, call: Callable[[], object], module: nn.Module,
         raise ModelFileError(
             f"{what} failed on {paths.get(id(module), '?')} ({type(module).__name__}) at "
             f"{where}: {type(err).__name__}: {err}; fix it, or pass --weights with a "
-            "checkpoint holding every tensor"
+            "pretrained weights holding every tensor"
         ) from None
 
 

@@ -42,7 +42,7 @@ def _weights_line(weights: WeightsRecord | None) -> str | None:
     if weights is None or weights.loaded is None:
         return None
     line = f"weights: {weights.loaded} of {weights.model_tensors} tensors from "
-    line += Path(weights.checkpoint or "the checkpoint").name
+    line += Path(weights.pretrained or "the pretrained weights").name
     for how, prefix in (weights.prefix or {}).items():
         line += f" (prefix {prefix!r} {how})"
     if weights.missing:

@@ -1,6 +1,6 @@
 """Bring one stage's tensors into being where it runs, from the sources its manifest entry
-names: values in ``stage_<j>.safetensors``, tensors of a pretrained checkpoint read by
-original name (only this stage's, lazily), and initialisation recipes replayed with the
+names: values in ``stage_<j>.safetensors``, tensors of the pretrained weights (``--weights``)
+read by original name (only this stage's, lazily), and initialisation recipes replayed with the
 run's seed (``init.json``). The stage is built on the meta device first, so no memory is
 spent on values that are overwritten."""
 
@@ -19,15 +19,15 @@ from torch import nn
 from pipecompile.errors import EmitError, WeightsError
 from pipecompile.files.names import MANIFEST
 from pipecompile.ir.manifest import Manifest, StageEntry
-from pipecompile.model.checkpoint_files import Checkpoint, open_checkpoint
 from pipecompile.model.init_recipe import Step, replay, tensor_seed
+from pipecompile.model.pretrained_files import PretrainedFiles, open_pretrained
 
 __all__ = ["allocate", "fill_stage", "needs_materialising"]
 
 
 def needs_materialising(entry: StageEntry) -> bool:
     """Whether a stage's tensors come from more than its own weights file."""
-    return entry.weights is None or entry.from_checkpoint is not None or entry.from_init is not None
+    return entry.weights is None or entry.from_pretrained is not None or entry.from_init is not None
 
 
 def allocate(module: nn.Module, device: torch.device | str) -> None:
@@ -53,7 +53,7 @@ def fill_stage(
     """Write every tensor of ``stage`` from the sources ``entry`` names.
 
     Raises:
-        WeightsError: the checkpoint is missing, damaged or lacks a tensor.
+        WeightsError: the pretrained weights are missing, damaged or lack a tensor.
         EmitError: the stage's weights file is damaged, or a tensor has no source (an
             edited manifest or stage file).
     """
@@ -63,16 +63,16 @@ def fill_stage(
         if entry.weights:
             for name, value in _stage_file(directory / entry.weights, label).items():
                 _write(state, name, value, label, filled)
-        checkpoint_names = entry.from_checkpoint or {}
-        if checkpoint_names:
-            checkpoint = _checkpoint(directory, manifest)
-            for name, key in checkpoint_names.items():
-                if key not in checkpoint.files:
+        pretrained_names = entry.from_pretrained or {}
+        if pretrained_names:
+            pretrained = _pretrained(directory, manifest)
+            for name, key in pretrained_names.items():
+                if key not in pretrained.files:
                     raise WeightsError(
-                        f"{label} needs {key}, which {checkpoint.path} no longer holds; point "
-                        "the compile at the checkpoint again (--weights) and recompile"
+                        f"{label} needs {key}, which {pretrained.path} no longer holds; point "
+                        "the compile at the pretrained weights again (--weights) and recompile"
                     )
-                _write(state, name, checkpoint.tensor(key), label, filled)
+                _write(state, name, pretrained.tensor(key), label, filled)
         init_names = entry.from_init or {}
         if init_names:
             recipe = _recipe(directory, manifest)
@@ -97,7 +97,7 @@ def _write(state: dict[str, torch.Tensor], name: str, value: torch.Tensor, label
     if tuple(value.shape) != tuple(target.shape):
         raise WeightsError(
             f"{label}: {name} is {list(value.shape)} in its source but {list(target.shape)} in "
-            "the stage; recompile against this checkpoint"
+            "the stage; recompile against these pretrained weights"
         )
     target.copy_(value.to(target.dtype))
     filled.add(id(target))
@@ -110,10 +110,10 @@ def _stage_file(path: Path, label: str) -> dict[str, torch.Tensor]:
         raise EmitError(f"{label}: weights {path} cannot be read ({err}); recompile") from None
 
 
-def _checkpoint(directory: Path, manifest: Manifest) -> Checkpoint:
-    raw = manifest.weights and manifest.weights.checkpoint
+def _pretrained(directory: Path, manifest: Manifest) -> PretrainedFiles:
+    raw = manifest.weights and manifest.weights.pretrained
     if not raw:
-        raise EmitError(f"{directory}/{MANIFEST} names no checkpoint; recompile")
+        raise EmitError(f"{directory}/{MANIFEST} names no pretrained weights; recompile")
     try:
         return _open_cached(str((Path(directory) / raw).resolve()))
     except WeightsError as err:
@@ -124,8 +124,8 @@ def _checkpoint(directory: Path, manifest: Manifest) -> Checkpoint:
 
 
 @cache
-def _open_cached(path: str) -> Checkpoint:
-    return open_checkpoint(Path(path))
+def _open_cached(path: str) -> PretrainedFiles:
+    return open_pretrained(Path(path))
 
 
 def _recipe(directory: Path, manifest: Manifest) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pipecompile.runtime.load import load_stages
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import example_spec, named_inputs
 
-# The optional keys an emitted mlp lacks: a checkpoint's weights, exported ONNX files.
+# The optional keys an emitted mlp lacks: the pretrained weights (--weights), exported ONNX files.
 CHECKPOINT_WEIGHTS = {
     "source": "checkpoint", "init": "init.json", "seed": 0,
     "shards": ["model.safetensors"], "checkpoint": "../ck", "loaded": 9, "model_tensors": 10,

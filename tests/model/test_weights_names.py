@@ -1,6 +1,6 @@
-"""--weights by name: a checkpoint whose names differ from the model's by one prefix is read as
-``from_pretrained`` reads it, and every model tensor is either loaded or named in an error
-(``--allow-missing`` initialises the ones the checkpoint lacks, listed)."""
+"""--weights by name: pretrained weights whose names differ from the model's by one prefix are
+read as ``from_pretrained`` reads them, and every model tensor is either loaded or named in an
+error (``--allow-missing`` initialises the ones they lack, listed)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 import pipecompile
 from pipecompile.cli import main
 from pipecompile.errors import WeightsError
-from pipecompile.model.checkpoint_names import NameMap, coverage, match_names
+from pipecompile.model.pretrained_names import NameMap, coverage, match_names
 
 CONFIG = GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2,
                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)  # fmt: skip

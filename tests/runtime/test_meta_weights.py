@@ -1,5 +1,5 @@
-"""Models without weights (built on the meta device) and pretrained checkpoints: each stage's
-tensors come into being where the stage runs, from a checkpoint read by original name or by
+"""Models without weights (built on the meta device) and pretrained weights: each stage's
+tensors come into being where the stage runs, from pretrained weights read by original name or by
 the model's own initialisation, and no rank builds the whole model."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _hf_checkpoint(tmp: Path) -> tuple[Path, torch.nn.Module]:
 
 @pytest.fixture(scope="module")
 def ck(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
-    """A 3-shard Hugging Face checkpoint (tests that damage it take a copy)."""
+    """3-shard Hugging Face pretrained weights (tests that damage them take a copy)."""
     return _hf_checkpoint(tmp_path_factory.mktemp("ck"))
 
 
@@ -141,7 +141,7 @@ def test_sharded_checkpoint_gives_the_pretrained_logits(device, ck, weights_dir,
     checkpoint, saved = ck
     assert len(list(checkpoint.glob("model-*.safetensors"))) == 3
     out = weights_dir
-    if device == "cpu":  # a real model: its own values are replaced by the checkpoint's
+    if device == "cpu":  # a real model: its own values are replaced by the pretrained ones
         out = tmp_path / "out"
         _compile(_model_file(tmp_path, device), out, "--weights", str(checkpoint), stages=4)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -226,7 +226,7 @@ def test_missing_tensors_and_dtype_notes(ck, tmp_path, capfd):
     assert "1 tensors of" in err and "not loaded (e.g. extra.unused)" in err
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     inits = {n for s in manifest["stages"] for n in s.get("from_init", {}).values()}
-    assert inits == {"transformer.h.1.mlp.c_fc.bias"}  # the one the checkpoint lacks
+    assert inits == {"transformer.h.1.mlp.c_fc.bias"}  # the one the pretrained weights lack
 
 
 def test_meta_tensor_without_initialisation_is_refused(tmp_path, capfd):
@@ -272,7 +272,7 @@ def test_export_to_a_sharded_directory_round_trips(ck, weights_dir, tmp_path, ca
     back = GPT2LMHeadModel.from_pretrained(target)
     for name, tensor in saved.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name
-    # and back into pipecompile: the export is a checkpoint like any other
+    # and back into pipecompile: the export is pretrained weights like any other
     _compile(_model_file(tmp_path), tmp_path / "again", "--weights", str(target))
     again = Pipeline.load(tmp_path / "again").state_dict()
     assert all(torch.equal(again[n], t) for n, t in saved.state_dict().items())

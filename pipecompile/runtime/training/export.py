@@ -33,7 +33,7 @@ from pipecompile.files.owned import (
     sha256,
 )
 from pipecompile.files.writable import check_directory, check_file
-from pipecompile.model.checkpoint_files import INDEX
+from pipecompile.model.pretrained_files import INDEX
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.train_state import resume
@@ -187,9 +187,9 @@ def _check_not_source(directory: Path, target: Path) -> None:
 def _weights_source(directory: Path) -> Path | None:
     """The pretrained weights (file or directory) a compile with ``--weights`` reads, if any."""
     weights = read_manifest(directory).weights
-    if weights is None or weights.source != "checkpoint" or weights.checkpoint is None:
+    if weights is None or weights.source != "checkpoint" or weights.pretrained is None:
         return None
-    return (Path(directory) / weights.checkpoint).resolve()
+    return (Path(directory) / weights.pretrained).resolve()
 
 
 def _leftover(name: str) -> bool:

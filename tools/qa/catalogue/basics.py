@@ -264,7 +264,7 @@ WEIGHTS_CASES = [
     Case(
         "weights-damaged",
         "--weights naming a file that is not safetensors",
-        write("broken.safetensors", "not a checkpoint"),
+        write("broken.safetensors", "not a safetensors file"),
         (*COMPILE, "-o", "w", "--weights", "broken.safetensors"),
         r"broken\.safetensors is not a readable safetensors file.*truncated",
         intact=("broken.safetensors",),
@@ -278,7 +278,7 @@ WEIGHTS_CASES = [
     ),
     Case(
         "weights-empty-dir",
-        "--weights naming a directory without a checkpoint",
+        "--weights naming a directory without pretrained weights",
         write("empty/NOTES.md", "x"),
         (*COMPILE, "-o", "w", "--weights", "empty"),
         r"--weights empty holds neither model\.safetensors\.index\.json nor",

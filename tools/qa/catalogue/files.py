@@ -48,7 +48,7 @@ def as_users(path: str) -> Setup:
 
 
 def hf_dir(d: Path) -> None:
-    """A user's pretrained checkpoint in hf/: two shards, their index and config.json."""
+    """A user's pretrained weights in hf/: two shards, their index and config.json."""
     steps(ran("export", "out", "-o", "hf", "--shard-size", "40KB"), as_users("hf"))(d)
     assert sorted(p.name for p in (d / "hf").glob("model-*")) == [Path(s).name for s in SHARDS]
 
@@ -65,11 +65,11 @@ def user_safetensors(path: str) -> Setup:
 
 
 EXPORT_CASES = [
-    Case("export-into-hf-dir", "export -o hf/, a user's pretrained checkpoint (shards, index)",
+    Case("export-into-hf-dir", "export -o hf/, a user's pretrained weights (shards, index)",
          hf_dir, ("export", "out", "-o", "hf"),
          r"export -o hf: it holds weights pipecompile did not write \(model-00001-of-00002"
          r".*never replaces \(--force or not\); choose another -o", intact=HF_FILES),
-    Case("export-into-hf-dir-force", "export -o hf/ --force, a user's pretrained checkpoint",
+    Case("export-into-hf-dir-force", "export -o hf/ --force, a user's pretrained weights",
          hf_dir, ("export", "out", "-o", "hf", "--force"),
          r"export -o hf: it holds weights pipecompile did not write.*choose another -o",
          intact=HF_FILES),

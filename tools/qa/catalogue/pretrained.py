@@ -9,7 +9,7 @@ from pathlib import Path
 from catalogue.case import COMPILE, MLP, Case, Setup, mlp_variant, nothing, steps, write
 
 
-def mlp_checkpoint(
+def mlp_pretrained(
     path: str, rename: Callable[[str], str] = lambda n: n, drop: tuple[str, ...] = ()
 ) -> Setup:
     """examples/mlp.py's weights saved to ``path`` with each name renamed, some dropped."""
@@ -50,7 +50,7 @@ def gpt2_file(cls: str = "GPT2LMHeadModel", tied: bool = True) -> Setup:
     return write("model.py", GPT2.replace("CLASS", cls).replace("TIED", str(tied)))
 
 
-def gpt2_checkpoint(
+def gpt2_pretrained(
     path: str, cls: str = "GPT2Model", shard: str | None = None, n_embd: int | None = None
 ) -> Setup:
     """model.py's configuration (with ``n_embd`` when given) as a ``cls`` saved by Hugging
@@ -70,9 +70,9 @@ def gpt2_checkpoint(
     return run
 
 
-MISSING = mlp_checkpoint("ck.safetensors", drop=("fc3.bias",))
-EXTRA_PREFIX = mlp_checkpoint("ck.safetensors", rename=lambda n: f"model.{n}")
-OTHER_NAMES = mlp_checkpoint("ck.safetensors", rename=lambda n: n.replace("fc", "layer"))
+MISSING = mlp_pretrained("ck.safetensors", drop=("fc3.bias",))
+EXTRA_PREFIX = mlp_pretrained("ck.safetensors", rename=lambda n: f"model.{n}")
+OTHER_NAMES = mlp_pretrained("ck.safetensors", rename=lambda n: n.replace("fc", "layer"))
 WRAPPED = mlp_variant(
     ("def build_model() -> nn.Module:", "class Wrapped(nn.Module):\n    def __init__(self):\n"
      "        super().__init__()\n        self.net = MLP()\n\n    def forward(self, x):\n"
@@ -86,8 +86,8 @@ NOTE = "pipecompile: note: "
 PRETRAINED = [
     Case("weights-missing-tensor", "--weights lacking one of the model's tensors (fc3.bias)",
          MISSING, (*COMPILE, "-o", "o", "--weights", "ck.safetensors"),
-         r"ck\.safetensors lacks 1 of the model's 10 tensors: fc3\.bias; pass the checkpoint "
-         r"of this model, or --allow-missing"),
+         r"ck\.safetensors lacks 1 of the model's 10 tensors: fc3\.bias; pass the pretrained "
+         r"weights of this model, or --allow-missing"),
     Case("weights-allow-missing", "the same with --allow-missing (works, listed)",
          MISSING, (*COMPILE, "-o", "o", "--weights", "ck.safetensors", "--allow-missing"),
          NOTE + r"--allow-missing: 1 of the model's 10 tensors are not in ck\.safetensors and "
@@ -108,34 +108,35 @@ PRETRAINED = [
          NOTE + r"the names in ck\.safetensors carry the extra prefix 'model\.': read with the "
          r"prefix 'model\.' removed", status=0),
     Case("weights-lacking-prefix", "a model wrapping the MLP as .net, --weights of the MLP",
-         steps(WRAPPED, mlp_checkpoint("ck.safetensors")),
+         steps(WRAPPED, mlp_pretrained("ck.safetensors")),
          (*MODEL, "--weights", "ck.safetensors"),
-         NOTE + r"the names in ck\.safetensors lack the model's prefix 'net\.' \(a checkpoint of "
+         NOTE + r"the names in ck\.safetensors lack the model's prefix 'net\.' \(weights of "
          r"the base model\): read with the prefix 'net\.' added", status=0),
     Case("weights-hf-base-for-head", "GPT2LMHeadModel, --weights of a GPT2Model (save_pretrained)",
-         steps(gpt2_file(), gpt2_checkpoint("ck")), WEIGHTS,
-         NOTE + r"the names in ck lack the model's prefix 'transformer\.' \(a checkpoint of the "
+         steps(gpt2_file(), gpt2_pretrained("ck")), WEIGHTS,
+         NOTE + r"the names in ck lack the model's prefix 'transformer\.' \(weights of the "
          r"base model\): read with the prefix 'transformer\.' added, as from_pretrained does",
          status=0, base=None),
     Case("weights-hf-base-sharded", "the same, the GPT2Model saved in shards of 20KB",
-         steps(gpt2_file(), gpt2_checkpoint("ck", shard="20KB")), WEIGHTS,
+         steps(gpt2_file(), gpt2_pretrained("ck", shard="20KB")), WEIGHTS,
          NOTE + r"the names in ck lack the model's prefix 'transformer\.'", status=0, base=None),
     Case("weights-hf-head-for-base", "GPT2Model, --weights of a GPT2LMHeadModel (save_pretrained)",
-         steps(gpt2_file("GPT2Model"), gpt2_checkpoint("ck", "GPT2LMHeadModel")), WEIGHTS,
+         steps(gpt2_file("GPT2Model"), gpt2_pretrained("ck", "GPT2LMHeadModel")), WEIGHTS,
          NOTE + r"the names in ck carry the extra prefix 'transformer\.': read with the prefix "
          r"'transformer\.' removed", status=0, base=None),
     Case("weights-hf-untied-head-missing",
          "GPT2LMHeadModel with an untied lm_head, --weights of a GPT2Model",
-         steps(gpt2_file(tied=False), gpt2_checkpoint("ck")), WEIGHTS,
+         steps(gpt2_file(tied=False), gpt2_pretrained("ck")), WEIGHTS,
          r"ck lacks 1 of the model's 29 tensors \(read with prefix 'transformer\.' added\): "
-         r"lm_head\.weight; pass the checkpoint of this model, or --allow-missing", base=None),
+         r"lm_head\.weight; pass the pretrained weights of this model, or --allow-missing",
+         base=None),
     Case("weights-hf-untied-head-allowed", "the same with --allow-missing (works: head listed)",
-         steps(gpt2_file(tied=False), gpt2_checkpoint("ck")), (*WEIGHTS, "--allow-missing"),
+         steps(gpt2_file(tied=False), gpt2_pretrained("ck")), (*WEIGHTS, "--allow-missing"),
          NOTE + r"the names in ck lack the model's prefix 'transformer\.'.*" + NOTE
          + r"--allow-missing: 1 of the model's 29 tensors are not in ck and are initialised "
          r"instead: lm_head\.weight", status=0, base=None),
     Case("weights-hf-wrong-size", "GPT2LMHeadModel, --weights of a GPT2Model with n_embd 32",
-         steps(gpt2_file(), gpt2_checkpoint("ck", n_embd=32)), WEIGHTS,
-         r"wte\.weight is \[32, 32\] in .* but \[32, 16\] in the model; the checkpoint "
-         r"is of another model or configuration", base=None),
+         steps(gpt2_file(), gpt2_pretrained("ck", n_embd=32)), WEIGHTS,
+         r"wte\.weight is \[32, 32\] in .* but \[32, 16\] in the model; the pretrained "
+         r"weights are of another model or configuration", base=None),
 ]  # fmt: skip

@@ -1,9 +1,10 @@
-"""Which checkpoint name each model tensor is read from, and which tensors the checkpoint lacks.
+"""Which name in the pretrained weights (``--weights``) each model tensor is read from, and
+which tensors they lack.
 
-A checkpoint saved from the base model (``GPT2Model``: ``h.0.attn...``) for a model with a head
-(``GPT2LMHeadModel``: ``transformer.h.0.attn...``), or the other way round, differs by one
+Pretrained weights saved from the base model (``GPT2Model``: ``h.0.attn...``) for a model with a
+head (``GPT2LMHeadModel``: ``transformer.h.0.attn...``), or the other way round, differs by one
 leading prefix. As Hugging Face's ``from_pretrained`` does with the model's
-``base_model_prefix``, the prefix is added to or removed from the checkpoint's names when that
+``base_model_prefix``, the prefix is added to or removed from the weights' names when that
 makes them match; a model without one is tried with each single leading name component.
 """
 
@@ -22,15 +23,15 @@ MAX_CANDIDATES = 64  # leading components tried on a model without a base_model_
 
 @dataclass(frozen=True)
 class NameMap:
-    """The checkpoint's names are the model's with ``added`` removed (the checkpoint lacks the
-    prefix: it is added to its names to match) or with ``removed`` put in front (the
-    checkpoint carries an extra prefix). Both empty: the names are the same."""
+    """The pretrained weights' names are the model's with ``added`` removed (they lack the
+    prefix: it is added to their names to match) or with ``removed`` put in front (they carry
+    an extra prefix). Both empty: the names are the same."""
 
     added: str = ""
     removed: str = ""
 
     def __call__(self, name: str) -> str:
-        """The checkpoint's name of the model's tensor ``name``."""
+        """The pretrained weights' name of the model's tensor ``name``."""
         if self.added:
             return name.removeprefix(self.added)
         return self.removed + name
@@ -45,7 +46,8 @@ class NameMap:
 
 @dataclass(frozen=True)
 class Coverage:
-    """How many of the model's tensors (a tied group once) the checkpoint holds, under a
+    """How many of the model's tensors (a tied group once) the pretrained weights
+    hold, under a
     ``NameMap``, and the first name of each one it lacks."""
 
     names: NameMap
@@ -57,11 +59,11 @@ class Coverage:
         return self.total - len(self.missing)
 
 
-def match_names(model: nn.Module, checkpoint: Iterable[str]) -> NameMap:
-    """The ``NameMap`` under which ``checkpoint`` holds the most of ``model``'s tensors: the
+def match_names(model: nn.Module, pretrained: Iterable[str]) -> NameMap:
+    """The ``NameMap`` under which ``pretrained`` holds the most of ``model``'s tensors: the
     names as they are, unless adding or removing one prefix (the model's
     ``base_model_prefix``, else one leading component) finds more, and at least half."""
-    held = set(checkpoint)
+    held = set(pretrained)
     groups = tensor_groups(model)
     best, best_count = NameMap(), _count(groups, held, NameMap())
     for candidate in _candidates(model, groups, held):
@@ -71,10 +73,10 @@ def match_names(model: nn.Module, checkpoint: Iterable[str]) -> NameMap:
     return best
 
 
-def coverage(model: nn.Module, checkpoint: Iterable[str], names: NameMap) -> Coverage:
-    """The model's tensors ``checkpoint`` holds under ``names``; tensors Hugging Face models
+def coverage(model: nn.Module, pretrained: Iterable[str], names: NameMap) -> Coverage:
+    """The model's tensors ``pretrained`` holds under ``names``; tensors Hugging Face models
     declare optional (``_keys_to_ignore_on_load_missing``) are not counted."""
-    held = set(checkpoint)
+    held = set(pretrained)
     optional = [
         re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or ()
     ]

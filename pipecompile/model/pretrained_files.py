@@ -1,7 +1,7 @@
-"""A pretrained checkpoint in the Hugging Face layout, read lazily: one ``*.safetensors`` file,
-or a directory with ``model.safetensors.index.json`` naming the shard of every tensor (or a
-single ``model.safetensors``). Only headers are read until a tensor is asked for, and then
-only that tensor (safetensors' ``safe_open``)."""
+"""Pretrained weights (``--weights``) in the Hugging Face layout, read lazily: one
+``*.safetensors`` file, or a directory with ``model.safetensors.index.json`` naming the shard of
+every tensor (or a single ``model.safetensors``). Only headers are read until a tensor is asked
+for, and then only that tensor (safetensors' ``safe_open``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 
 from pipecompile.errors import WeightsError
 
-__all__ = ["Checkpoint", "open_checkpoint", "INDEX", "SINGLE"]
+__all__ = ["PretrainedFiles", "open_pretrained", "INDEX", "SINGLE"]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -25,8 +25,9 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
 
 
 @dataclass
-class Checkpoint:
-    """Tensor name -> the file holding it; headers and open files are cached."""
+class PretrainedFiles:
+    """The pretrained weights at ``path``: tensor name -> the file holding it; headers and open
+    files are cached."""
 
     path: Path
     files: dict[str, Path]
@@ -46,7 +47,7 @@ class Checkpoint:
         except SafetensorError as err:
             raise WeightsError(
                 f"{self.files[name]} is damaged: reading {name} failed ({err}); download or "
-                "save the checkpoint again"
+                "save the pretrained weights again"
             ) from None
 
     def close(self) -> None:
@@ -59,11 +60,11 @@ class Checkpoint:
         return self._open[path]
 
 
-def open_checkpoint(path: Path) -> Checkpoint:
-    """Index the checkpoint at ``path`` (a file, or a directory as described above).
+def open_pretrained(path: Path) -> PretrainedFiles:
+    """Index the pretrained weights at ``path`` (a file, or a directory as described above).
 
     Raises:
-        WeightsError: the path does not exist, holds no checkpoint, its index is not JSON or
+        WeightsError: the path does not exist, holds no weights, its index is not JSON or
             names a shard that is missing, or a file is not a readable safetensors file.
     """
     path = Path(path)
@@ -73,12 +74,12 @@ def open_checkpoint(path: Path) -> Checkpoint:
             f"holding {INDEX} or {SINGLE}"
         )
     if path.is_file():
-        return Checkpoint(path, dict.fromkeys(_keys(path), path))
+        return PretrainedFiles(path, dict.fromkeys(_keys(path), path))
     index = path / INDEX
     if index.is_file():
-        return Checkpoint(path, _indexed(index))
+        return PretrainedFiles(path, _indexed(index))
     if (path / SINGLE).is_file():
-        return Checkpoint(path, dict.fromkeys(_keys(path / SINGLE), path / SINGLE))
+        return PretrainedFiles(path, dict.fromkeys(_keys(path / SINGLE), path / SINGLE))
     found = sorted(p.name for p in path.glob("*.safetensors"))[:3]
     hint = f" (it holds {', '.join(found)}: pass one of them)" if found else ""
     raise WeightsError(f"--weights {path} holds neither {INDEX} nor {SINGLE}{hint}")
@@ -88,20 +89,20 @@ def _indexed(index: Path) -> dict[str, Path]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise WeightsError(f"{index} is not a checkpoint index ({err}); save it again") from None
+        raise WeightsError(f"{index} is not a safetensors index ({err}); save it again") from None
     files = {name: index.parent / str(shard) for name, shard in weight_map.items()}
     for shard in sorted(set(files.values())):
         if not shard.is_file():
             raise WeightsError(
                 f"{index} names {shard.name}, which is missing from {index.parent}; copy the "
-                "whole checkpoint directory"
+                "whole directory of the pretrained weights"
             )
         keys = set(_keys(shard))
         listed = [n for n, f in files.items() if f == shard and n not in keys]
         if listed:
             raise WeightsError(
                 f"{index} says {shard.name} holds {listed[0]}, but it does not; the index "
-                "and the shards are from different checkpoints"
+                "and the shards are from different saves of the weights"
             )
     return files
 
