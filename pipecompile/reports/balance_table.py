@@ -64,9 +64,9 @@ def stage_costs(manifest: Manifest) -> tuple[Costs, str]:
     return Costs(tuple(t / 3 for t in times), tuple(2 * t / 3 for t in times)), "ns"
 
 
-def balance_lines(manifest: Manifest, rows: list[dict[str, Any]]) -> list[str]:
-    """The report as text."""
-    balance = manifest.balance or {}
+def balance_lines(balance: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
+    """The report as text: ``balance`` is the manifest's (``Manifest.balance``)."""
+    balance = balance or {}
     header = ("stage", "device", "ops", "params", "FLOPs", "time us", "comm us", "act/mb",
               "sent", "received", "memory")  # fmt: skip
     table = [header]

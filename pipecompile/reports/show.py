@@ -102,7 +102,7 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
         lines.append(
             f"{d:>6}   {report['busy'][d]:<10.6g}  {report['peak_inflight'][d]:>14}   {mem:>16}"
         )
-    lines += ["", *balance_lines({"balance": report["balance"]}, report["stage_table"])]
+    lines += ["", *balance_lines(report["balance"], report["stage_table"])]
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:
         lines += ["", timeline_text(timeline)]
     return "\n".join(lines)

@@ -23,7 +23,7 @@ def summary(out: Path) -> str:
     emitted directory ``out``."""
     manifest = read_manifest(Path(out))
     program = read_program(Path(out) / manifest.program)
-    rows = balance_lines(manifest, stage_rows(manifest, program))
+    rows = balance_lines(manifest.balance, stage_rows(manifest, program))
     rows.append(
         f"tracer {manifest.model.tracer if manifest.model else '?'}; schedule "
         f"{program.schedule}, {counted(program.microbatches, 'micro-batch')} of "
