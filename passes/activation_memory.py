@@ -34,9 +34,10 @@ def _stage_memory(stage: Stage) -> StageMemory:
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         args = [
             _fake_input(values[name], grad=name in received)
-            if isinstance(values[name], torch.Tensor) else values[name]
+            if isinstance(values[name], torch.Tensor)
+            else values[name]
             for name in stage.inputs
-        ]  # fmt: skip
+        ]
         # The stage runs on fake copies of its parameters and buffers, kept alive here, so
         # the saved-tensor hook can tell them (and views of them) from activations.
         state: dict[str, torch.Tensor] = {

@@ -37,9 +37,10 @@ def plain_split(
 ) -> tuple[list[int], dict[str, Any]]:
     """Stage starts minimising the largest summed weight, and the report's figures."""
     starts = (
-        min_max_partition_with_cuts(weights, stages, cuts) if cuts
+        min_max_partition_with_cuts(weights, stages, cuts)
+        if cuts
         else min_max_partition(weights, stages)
-    )  # fmt: skip
+    )
     bounds = [*starts[1:], len(weights)]
     per_stage = [sum(weights[a:b]) for a, b in zip(starts, bounds)]
     optimum = bottleneck(weights, min_max_partition(weights, stages)) if cuts else max(per_stage)
@@ -120,6 +121,9 @@ def _no_fit(facts: AtomFacts, model: CostModel, program: Program) -> str:
         f"{2 + model.optimizer_states} copies: weights, gradients, optimizer state, plus any "
         "stashed versions) and the schedule keeps activations of several micro-batches; "
         "raise the limit, use more stages or --recompute always"
-        + (", or 1f1b, which keeps fewer micro-batches in flight" if program.schedule == "gpipe"
-           else "")
-    )  # fmt: skip
+        + (
+            ", or 1f1b, which keeps fewer micro-batches in flight"
+            if program.schedule == "gpipe"
+            else ""
+        )
+    )

@@ -106,10 +106,18 @@ def balance_stages(
         manual = bool(cuts) or len(ops) != len(compute_nodes(module.graph))
         orders = candidate_orders(out.graph)[: 1 if manual else None]
         solved = (
-            _modelled(out if name == "graph" else reordered(out, order), name, stages, cost,
-                      cuts, pinned, model, program)
+            _modelled(
+                out if name == "graph" else reordered(out, order),
+                name,
+                stages,
+                cost,
+                cuts,
+                pinned,
+                model,
+                program,
+            )
             for name, order in orders
-        )  # fmt: skip
+        )
         tried = [t for t in solved if t is not None]
         if not tried:
             _too_few_places(module, stages, len(ops), len(atoms))
@@ -123,15 +131,25 @@ def balance_stages(
     firsts = [sum(stage_ops[:j]) for j in range(len(stage_ops))]
     frozen = {k: tuple(v) if isinstance(v, list) else v for k, v in report.items()}
     return out, BalanceReport(
-        starts=tuple(firsts), method="min_max" if model is None else "modelled", cost=cost,
-        stage_ops=tuple(stage_ops), requested_boundaries=len(cuts), **frozen,
-    )  # fmt: skip
+        starts=tuple(firsts),
+        method="min_max" if model is None else "modelled",
+        cost=cost,
+        stage_ops=tuple(stage_ops),
+        requested_boundaries=len(cuts),
+        **frozen,
+    )
 
 
 def _modelled(
-    module: fx.GraphModule, order: str, stages: int, cost: str, cuts: list[int],
-    pinned: Mapping[str, int] | None, model: CostModel, program: Program,
-) -> tuple[fx.GraphModule, list[list[fx.Node]], list[int], dict[str, Any]] | None:  # fmt: skip
+    module: fx.GraphModule,
+    order: str,
+    stages: int,
+    cost: str,
+    cuts: list[int],
+    pinned: Mapping[str, int] | None,
+    model: CostModel,
+    program: Program,
+) -> tuple[fx.GraphModule, list[list[fx.Node]], list[int], dict[str, Any]] | None:
     """The exact modelled split of ``module`` in its own op order; None if that order has
     fewer places to cut than stages."""
     ops = compute_nodes(module.graph)

@@ -121,8 +121,10 @@ def _limits(facts: AtomFacts, model: CostModel, program: Program) -> tuple[tuple
         copies = 2 + model.optimizer_states + peak_weight_copies(instrs)
         limit = model.limit(d)
         assert limit is not None
-        out.append(tuple(
-            Limit(copies * params + full * saved, (full + only) * inputs, limit)
-            for full, only in sorted(stored_counts(instrs))
-        ))  # fmt: skip
+        out.append(
+            tuple(
+                Limit(copies * params + full * saved, (full + only) * inputs, limit)
+                for full, only in sorted(stored_counts(instrs))
+            )
+        )
     return tuple(out)

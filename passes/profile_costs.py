@@ -92,8 +92,10 @@ def _measure(
             times[node.name] = max(1, measured - overhead)
             done += 1
             if progress and (done % 200 == 0 or done == len(ops)):
-                print(f"    profile: {done}/{len(ops)} ops "
-                      f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)  # fmt: skip
+                print(
+                    f"    profile: {done}/{len(ops)} ops ({time.perf_counter() - start:.1f} s)",
+                    file=sys.stderr,
+                )
     return _scaled_to_whole(times, _whole_graph_ns(module, inputs, warmup, repeats))
 
 
@@ -147,8 +149,15 @@ def _runner(interpreter: fx.Interpreter, node: fx.Node, args: tuple, kwargs: dic
     return lambda: method(node.target, args, kwargs)
 
 
-def _time(run: Callable, args: tuple, kwargs: dict, warmup: int, repeats: int,
-          interpreter: fx.Interpreter, node: fx.Node) -> int:  # fmt: skip
+def _time(
+    run: Callable,
+    args: tuple,
+    kwargs: dict,
+    warmup: int,
+    repeats: int,
+    interpreter: fx.Interpreter,
+    node: fx.Node,
+) -> int:
     """Median forward + backward nanoseconds of one op on its real inputs."""
     grad_args = pytree.tree_map(_leaf, args)
     grad_kwargs = pytree.tree_map(_leaf, kwargs)
@@ -171,8 +180,7 @@ def _samples(forward: Callable, wanted: list, warmup: int, repeats: int) -> int:
         out = forward()
         outs = [t for t in pytree.tree_leaves(out) if _wants_grad(t)]
         if outs and wanted:
-            torch.autograd.grad(outs, wanted, [torch.ones_like(t) for t in outs],
-                                allow_unused=True)  # fmt: skip
+            torch.autograd.grad(outs, wanted, [torch.ones_like(t) for t in outs], allow_unused=True)
         if k >= warmup:
             samples.append(time.perf_counter_ns() - begin)
     return min(samples)  # noise only adds time: the fastest run is the steadiest figure

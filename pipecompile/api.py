@@ -109,10 +109,17 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         )
     plan = weight_plan(model, weights, init_seed, allow_missing=allow_missing)
     compiled = compile_model(
-        model, inputs, stages=stages, microbatches=microbatches, schedule=schedule,
-        recompute=recompute, checkpoint=checkpoint, balance=balance, progress=progress,
+        model,
+        inputs,
+        stages=stages,
+        microbatches=microbatches,
+        schedule=schedule,
+        recompute=recompute,
+        checkpoint=checkpoint,
+        balance=balance,
+        progress=progress,
         **options,
-    )  # fmt: skip
+    )
     temporary = directory is None
     out = (
         Path(tempfile.mkdtemp(prefix="pipecompile-")) / "out"
@@ -120,8 +127,14 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         else Path(directory)
     )
     notes: list[str] = []
-    emit(compiled, out, model=ModelRef(None, type(model).__name__, type(model).__name__),
-         force=force, weights=plan, notes=notes)  # fmt: skip
+    emit(
+        compiled,
+        out,
+        model=ModelRef(None, type(model).__name__, type(model).__name__),
+        force=force,
+        weights=plan,
+        notes=notes,
+    )
     for note in notes:
         warnings.warn(f"pipecompile: {note}", stacklevel=2)
     pipe = CompiledPipeline(out, model_type=type(model))
@@ -257,8 +270,9 @@ class CompiledPipeline:
         from pipecompile.runtime.training.loop import TrainOptions, train
 
         _check_keywords(CompiledPipeline.fit, options, _keywords(TrainFlags) | _LOOP_ONLY)
-        chosen = TrainOptions(epochs=None if steps is not None else epochs, steps=steps,
-                              quiet=not progress, **options)  # fmt: skip
+        chosen = TrainOptions(
+            epochs=None if steps is not None else epochs, steps=steps, quiet=not progress, **options
+        )
         if isinstance(optimizer, str):
             chosen.optimizer = optimizer
         elif "lr" in options:
@@ -320,10 +334,14 @@ class CompiledPipeline:
         keep = check_replaceable(out, force=force)
         tmp = new_temp_dir(out)
         stages = tuple(
-            dataclasses.replace(entry, weights=entry.weights or stage_weights(j),
-                                from_pretrained=None, from_init=None)
+            dataclasses.replace(
+                entry,
+                weights=entry.weights or stage_weights(j),
+                from_pretrained=None,
+                from_init=None,
+            )
             for j, entry in enumerate(self.manifest.stages)
-        )  # fmt: skip
+        )
         # every stage file now holds the current values, all of them
         manifest = dataclasses.replace(
             self.manifest, stages=stages, weights=WeightsRecord("stage_files")

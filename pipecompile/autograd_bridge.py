@@ -40,8 +40,14 @@ def pipelined_forward(pipe: Pipeline, model: nn.Module, inputs: dict[str, torch.
 
 
 class _Context:
-    def __init__(self, pipe: Pipeline, model: nn.Module, inputs: dict[str, torch.Tensor],
-                 leaves: list[Any], rng_base: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pipe: Pipeline,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        leaves: list[Any],
+        rng_base: int,
+    ) -> None:
         self.pipe, self.model, self.inputs, self.leaves = pipe, model, inputs, leaves
         self.rng_base = rng_base  # the backward recomputes with the forward's random numbers
 
@@ -79,8 +85,14 @@ def _backward(context: _Context, grads: tuple[Any, ...]) -> None:
     buffers = [
         {k: b.clone() for k, b in m.named_buffers()} if m is not None else {} for m in pipe.modules
     ]
-    pipe.train_step(context.inputs, targets, vjp_loss, loss_scale=1.0, keep_grads=True,
-                    rng_base=context.rng_base)  # fmt: skip
+    pipe.train_step(
+        context.inputs,
+        targets,
+        vjp_loss,
+        loss_scale=1.0,
+        keep_grads=True,
+        rng_base=context.rng_base,
+    )
     with torch.no_grad():
         for module, saved in zip(pipe.modules, buffers):
             if module is not None:

@@ -99,23 +99,39 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
     show.add_argument("--program", help="show this program file instead (verified first)")
     show.add_argument("--json", action="store_true", help="print the figures as JSON")
-    show.add_argument("--uniform", action="store_true",
-                      help="costs F=1, B=2 (I=W=1) instead of the stages' FLOPs")  # fmt: skip
+    show.add_argument(
+        "--uniform", action="store_true", help="costs F=1, B=2 (I=W=1) instead of the stages' FLOPs"
+    )
     show.set_defaults(handler=_show)
 
     export = commands.add_parser("export", help="write the weights with the model's names")
     export.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
-    export.add_argument("-o", "--output", required=True,
-                        help="a .safetensors file (one state dict), or a directory in the "
-                        "Hugging Face layout (shards, model.safetensors.index.json)")  # fmt: skip
-    export.add_argument("--shard-size", type=_positive_size,
-                        help="largest shard of a directory export (default 5GB)")  # fmt: skip
-    export.add_argument("--train-state", "--checkpoint", dest="train_state", metavar="DIR",
-                        help="take the weights of the newest step `run --save DIR` saved "
-                        "(--checkpoint: its old name)")  # fmt: skip
-    export.add_argument("--force", action="store_true",
-                        help="write into a directory holding other files (they are kept; a "
-                        "file an export did not write is never replaced)")  # fmt: skip
+    export.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="a .safetensors file (one state dict), or a directory in the "
+        "Hugging Face layout (shards, model.safetensors.index.json)",
+    )
+    export.add_argument(
+        "--shard-size",
+        type=_positive_size,
+        help="largest shard of a directory export (default 5GB)",
+    )
+    export.add_argument(
+        "--train-state",
+        "--checkpoint",
+        dest="train_state",
+        metavar="DIR",
+        help="take the weights of the newest step `run --save DIR` saved "
+        "(--checkpoint: its old name)",
+    )
+    export.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a directory holding other files (they are kept; a "
+        "file an export did not write is never replaced)",
+    )
     export.set_defaults(handler=_export)
 
     onnx = commands.add_parser("onnx", help="export every stage of a directory to ONNX")
@@ -131,8 +147,11 @@ def _parser() -> argparse.ArgumentParser:
     viz.set_defaults(handler=_viz)
 
     plot = commands.add_parser("plot", help="draw a run's loss and throughput curves (SVG)")
-    plot.add_argument("source", help="a directory `pipecompile run` trained (its metrics.jsonl), "
-                      "or a metrics file written by run --metrics")  # fmt: skip
+    plot.add_argument(
+        "source",
+        help="a directory `pipecompile run` trained (its metrics.jsonl), "
+        "or a metrics file written by run --metrics",
+    )
     plot.add_argument("-o", "--output", help="the .svg to write (default: DIRECTORY/training.svg)")
     plot.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     plot.set_defaults(handler=_plot)
@@ -165,9 +184,14 @@ def _export(args: argparse.Namespace) -> int:
     if not is_file_target(target):
         notes: list[str] = []
         shard_size = args.shard_size or SHARD_SIZE
-        count, shards = export_sharded(Path(args.directory), target, saved,
-                                       shard_size=shard_size, force=args.force,
-                                       notes=notes)  # fmt: skip
+        count, shards = export_sharded(
+            Path(args.directory),
+            target,
+            saved,
+            shard_size=shard_size,
+            force=args.force,
+            notes=notes,
+        )
         for note in notes:
             print(f"pipecompile: note: {note}", file=sys.stderr)
         print(f"wrote {count} tensors in {counted(shards, 'shard')} to {target}")
@@ -219,25 +243,39 @@ def _compile(args: argparse.Namespace) -> int:
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
     _check_init_seed(args.init_seed, spec.model)
-    plan = weight_plan(spec.model, pretrained, args.init_seed or 0, spec.module,
-                       allow_missing=args.allow_missing)  # fmt: skip
+    plan = weight_plan(
+        spec.model, pretrained, args.init_seed or 0, spec.module, allow_missing=args.allow_missing
+    )
     _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
     compiled = compile_model(
-        spec.model, spec.inputs, stages=args.stages, microbatches=args.microbatches,
-        schedule=args.schedule, balance=args.balance, split_at=tuple(args.split_at),
+        spec.model,
+        spec.inputs,
+        stages=args.stages,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        balance=args.balance,
+        split_at=tuple(args.split_at),
         pinned=parse_pins(args.pin_cost),
         virtual_stages=args.virtual_stages,
-        vertical_sync=args.vertical_sync, recompute=args.recompute,
+        vertical_sync=args.vertical_sync,
+        recompute=args.recompute,
         memory_budget=args.memory_budget,
         replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
         machine=machine,
         print_after=frozenset(args.print_after),
-        progress=not args.quiet, verify_each=args.verify_each,
-    )  # fmt: skip
+        progress=not args.quiet,
+        verify_each=args.verify_each,
+    )
     start = time.perf_counter()
     notes: list[str] = []
-    emit(compiled, out, model=ModelRef(path, name, f"{path.name}:{name}"), force=args.force,
-         weights=plan, notes=notes)  # fmt: skip
+    emit(
+        compiled,
+        out,
+        model=ModelRef(path, name, f"{path.name}:{name}"),
+        force=args.force,
+        weights=plan,
+        notes=notes,
+    )
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
     for note in notes:
         print(f"pipecompile: note: {note}", file=sys.stderr)
@@ -277,8 +315,11 @@ def _compile_pictures(args: argparse.Namespace, out: Path) -> None:
         return
     _say(args, f"  {'pictures':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
     if not pictures.drawn:
-        _say(args, f"wrote stages.dot and schedule.dot only. {INSTALL_HINT}, then run "
-                   f"`pipecompile viz {out}`")  # fmt: skip
+        _say(
+            args,
+            f"wrote stages.dot and schedule.dot only. {INSTALL_HINT}, then run "
+            f"`pipecompile viz {out}`",
+        )
 
 
 def _viz(args: argparse.Namespace) -> int:
@@ -287,8 +328,9 @@ def _viz(args: argparse.Namespace) -> int:
 
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
         raise PipecompileError(f"viz -o {args.output}: is a file; name a directory")
-    pictures = write_pictures(Path(args.directory), fmt=args.format,
-                              out=Path(args.output) if args.output else None)  # fmt: skip
+    pictures = write_pictures(
+        Path(args.directory), fmt=args.format, out=Path(args.output) if args.output else None
+    )
     if not pictures.drawn:
         written = " and ".join(str(p) for p in pictures.sources)
         raise PipecompileError(f"wrote {written} but cannot draw them. {INSTALL_HINT}")
@@ -322,8 +364,9 @@ def _run(args: argparse.Namespace) -> int:
             raise PipecompileError("--stats measures the local backend; drop it with --nproc")
         return _run_distributed(args)
     # Only --check builds the model (its eager reference); a run builds just the stages.
-    spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale,
-                          build=args.check)  # fmt: skip
+    spec = recorded_model(
+        args.model, directory, manifest, allow_stale=args.allow_stale, build=args.check
+    )
     if spec.loss_fn is None:
         raise ModelFileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")
     pipe = Pipeline.load(directory, args.program)
@@ -338,8 +381,7 @@ def _run(args: argparse.Namespace) -> int:
     options.measure_memory = True
     state = TrainState()
     try:
-        train(pipe, spec.loss_fn, data, options, eval_data=batch_source(spec, EVAL),
-              state=state)  # fmt: skip
+        train(pipe, spec.loss_fn, data, options, eval_data=batch_source(spec, EVAL), state=state)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main turns it into one)
         print(interrupted_line(state.done, state.total, options.save), file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -357,11 +399,26 @@ def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-unty
         raise ModelFileError(f"{spec.path} needs example_targets() for `run --check`")
     assert spec.model is not None  # built for --check
     if pipe.asynchronous:
-        report = check_async_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
-                                  lr=args.lr, atol=args.atol, rtol=args.rtol)  # fmt: skip
+        report = check_async_step(
+            pipe,
+            spec.model,
+            spec.inputs,
+            spec.targets,
+            spec.loss_fn,
+            lr=args.lr,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
     else:
-        report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn,
-                            atol=args.atol, rtol=args.rtol)  # fmt: skip
+        report = check_step(
+            pipe,
+            spec.model,
+            spec.inputs,
+            spec.targets,
+            spec.loss_fn,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
     print(report)
     if not report.ok:
         raise CheckError("pipelined results differ from the eager model (see above)")
@@ -539,7 +596,8 @@ def _show(args: argparse.Namespace) -> int:
 
     from pipecompile.reports.show import format_report, schedule_report
 
-    report, timeline = schedule_report(args.directory, program_path=args.program,
-                                       uniform=args.uniform)  # fmt: skip
+    report, timeline = schedule_report(
+        args.directory, program_path=args.program, uniform=args.uniform
+    )
     print(json.dumps(report, indent=2) if args.json else format_report(report, timeline))
     return 0

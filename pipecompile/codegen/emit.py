@@ -66,9 +66,14 @@ class ModelRef:
 
 
 def emit(
-    compiled: Compiled, out: Path, *, model: ModelRef, force: bool = False,
-    weights: WeightPlan | None = None, notes: list[str] | None = None,
-) -> Path:  # fmt: skip
+    compiled: Compiled,
+    out: Path,
+    *,
+    model: ModelRef,
+    force: bool = False,
+    weights: WeightPlan | None = None,
+    notes: list[str] | None = None,
+) -> Path:
     """Write ``compiled`` to directory ``out``, replacing a previous pipecompile output there
     (only the files it wrote; see ``output_dir``). ``weights`` says where tensors come from
     when not every value is written (``weight_sources``); what a user should know about it
@@ -101,9 +106,13 @@ def emit(
 
 
 def _write_all(
-    compiled: Compiled, tmp: Path, model: ModelRef, out: Path, plan: WeightPlan,
+    compiled: Compiled,
+    tmp: Path,
+    model: ModelRef,
+    out: Path,
+    plan: WeightPlan,
     notes: list[str] | None,
-) -> None:  # fmt: skip
+) -> None:
     graph = compiled.graph
     count = len(graph.stages)
     sources, randoms = [], []
@@ -154,8 +163,9 @@ def _constants(raw: object) -> list[str]:
     return []
 
 
-def _weights_entry(plan: WeightPlan, sources: list[StageSources], init: str | None,
-                   out: Path) -> WeightsRecord:  # fmt: skip
+def _weights_entry(
+    plan: WeightPlan, sources: list[StageSources], init: str | None, out: Path
+) -> WeightsRecord:
     """The manifest's ``weights``: where the tensors come from (docs/FORMAT.md)."""
     entry = WeightsRecord("stage_files")
     if init is not None:
@@ -225,9 +235,13 @@ def _notes(plan: WeightPlan, sources: list[StageSources]) -> list[str]:
 
 
 def build_manifest(
-    compiled: Compiled, model: ModelRef, out: Path, sources: list[StageSources],
-    randoms: list[list[str]], weights: WeightsRecord,
-) -> Manifest:  # fmt: skip
+    compiled: Compiled,
+    model: ModelRef,
+    out: Path,
+    sources: list[StageSources],
+    randoms: list[list[str]],
+    weights: WeightsRecord,
+) -> Manifest:
     """The manifest (docs/FORMAT.md) of ``compiled`` written to ``out``: ``sources`` and
     ``randoms`` are each stage's tensor sources and random ops, ``weights`` where they come
     from."""

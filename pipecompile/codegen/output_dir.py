@@ -168,8 +168,10 @@ def _merge_into(tmp: Path, out: Path, keep: list[str]) -> None:
     new = {p.name for p in tmp.iterdir()}
     taken = sorted(new & set(keep))
     if taken:  # check_replaceable refuses these; never replace a user's file regardless
-        raise EmitError(f"output directory {str(out)!r} holds {', '.join(taken)}, which "
-                        "pipecompile did not write; choose another -o")  # fmt: skip
+        raise EmitError(
+            f"output directory {str(out)!r} holds {', '.join(taken)}, which "
+            "pipecompile did not write; choose another -o"
+        )
     for name in sorted(stale - new - set(keep)):
         path = out / name
         if path.is_file():

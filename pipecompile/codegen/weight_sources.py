@@ -57,9 +57,13 @@ class StageSources:
 
 
 def weight_plan(
-    model: nn.Module, weights: str | Path | PretrainedFiles | None, seed: int = 0,
-    model_file: object = None, *, allow_missing: bool = False,
-) -> WeightPlan | None:  # fmt: skip
+    model: nn.Module,
+    weights: str | Path | PretrainedFiles | None,
+    seed: int = 0,
+    model_file: object = None,
+    *,
+    allow_missing: bool = False,
+) -> WeightPlan | None:
     """What ``emit`` needs beyond the model's values: the pretrained weights at ``weights``
     (indexed, nothing read yet; or already opened), the names its tensors are read by, and, for a
     model with meta tensors, their initialisation recipe (the model file's
@@ -74,9 +78,10 @@ def weight_plan(
     if weights is None and not meta:
         return None
     pretrained = (
-        weights if isinstance(weights, PretrainedFiles) or weights is None
+        weights
+        if isinstance(weights, PretrainedFiles) or weights is None
         else open_pretrained(Path(weights))
-    )  # fmt: skip
+    )
     held = None
     if pretrained is not None:
         held = coverage(model, pretrained.files, match_names(model, pretrained.files))

@@ -22,9 +22,17 @@ from pipecompile.ir.verify_program import verify_program
 from pipecompile.passes.balance_stages import compute_nodes
 
 __all__ = [
-    "lint_traced", "lint_annotated", "check_balanced", "check_stage_graph", "check_memory",
-    "check_program", "repropagate", "lint_stages", "verify_compute", "verify_linked",
-]  # fmt: skip
+    "lint_traced",
+    "lint_annotated",
+    "check_balanced",
+    "check_stage_graph",
+    "check_memory",
+    "check_program",
+    "repropagate",
+    "lint_stages",
+    "verify_compute",
+    "verify_linked",
+]
 
 IR = dict[str, Any]
 

@@ -37,8 +37,9 @@ INIT_CONSTANTS = "init_constants.safetensors"  # the real tensors those recipes 
 METRICS = "metrics.jsonl"  # what `pipecompile run` writes in the emitted directory
 TRAINING_PICTURE = "training.svg"  # what `pipecompile plot DIR` writes next to it
 # Every picture `pipecompile viz` may draw into an emitted directory.
-PICTURES = tuple(f"{name}.{ext}" for name in ("stages", "schedule")
-                 for ext in ("dot", "svg", "png", "pdf"))  # fmt: skip
+PICTURES = tuple(
+    f"{name}.{ext}" for name in ("stages", "schedule") for ext in ("dot", "svg", "png", "pdf")
+)
 LATEST = "latest"  # a train state directory's pointer: one line naming the newest step
 STEP_META = "meta.json"  # a saved step's record (its format marker, the step)
 

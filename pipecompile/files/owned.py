@@ -49,9 +49,11 @@ EXPORT_MARK = "pipecompile export"
 EXPORT_METADATA = {"format": "pt", "written_by": EXPORT_MARK}  # safetensors header metadata
 SVG_MARK = "<!-- written by pipecompile plot -->"
 # What plot's pictures began with before they carried SVG_MARK (byte for byte).
-_OLD_SVG = (b'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
-            b'width="900" height="600" viewBox="0 0 900 600" font-family="sans-serif" '
-            b'font-size="12">\n<title>training: ')  # fmt: skip
+_OLD_SVG = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
+    b'width="900" height="600" viewBox="0 0 900 600" font-family="sans-serif" '
+    b'font-size="12">\n<title>training: '
+)
 TRAIN_STATE_FORMAT = "pipecompile-checkpoint/1"  # the on-disk marker keeps its old word
 LEDGER = ".pipecompile-written.json"  # name -> sha256 of files written without a marker
 SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")  # a Hugging Face shard's name

@@ -152,10 +152,15 @@ def _export_stage(
     try:
         with _quiet_exporter():
             torch.onnx.export(
-                module, args, str(target), input_names=list(names)[: len(inputs)],
-                output_names=list(names)[len(inputs) :], dynamo=True, external_data=False,
+                module,
+                args,
+                str(target),
+                input_names=list(names)[: len(inputs)],
+                output_names=list(names)[len(inputs) :],
+                dynamo=True,
+                external_data=False,
                 verbose=False,
-            )  # fmt: skip
+            )
     except Exception as err:
         raise OnnxExportError(_failure_message(directory, j, entry, err)) from err
     model = onnx.load(str(target))

@@ -9,9 +9,17 @@ from enum import Enum
 from pipecompile.errors import ProgramError
 
 __all__ = [
-    "Instr", "Op", "OPS", "MICROBATCH_OPS", "FORWARD_OPS", "BACKWARD_OPS", "GRADIENT_OPS",
-    "INPUT_GRADIENT_OPS", "INFERENCE_OPS", "STEP_OPS",
-]  # fmt: skip
+    "Instr",
+    "Op",
+    "OPS",
+    "MICROBATCH_OPS",
+    "FORWARD_OPS",
+    "BACKWARD_OPS",
+    "GRADIENT_OPS",
+    "INPUT_GRADIENT_OPS",
+    "INFERENCE_OPS",
+    "STEP_OPS",
+]
 
 
 class Op(str, Enum):

@@ -55,12 +55,22 @@ class ModelRecord:
 
     @classmethod
     def from_json(cls, raw: Json) -> ModelRecord:
-        return cls(raw.get("file"), raw.get("name", ""), raw.get("tracer", ""),
-                   raw.get("file_sha256"), raw.get("graph_sha256"))  # fmt: skip
+        return cls(
+            raw.get("file"),
+            raw.get("name", ""),
+            raw.get("tracer", ""),
+            raw.get("file_sha256"),
+            raw.get("graph_sha256"),
+        )
 
     def to_json(self) -> Json:
-        return {"file": self.file, "name": self.name, "tracer": self.tracer,
-                "file_sha256": self.file_sha256, "graph_sha256": self.graph_sha256}  # fmt: skip
+        return {
+            "file": self.file,
+            "name": self.name,
+            "tracer": self.tracer,
+            "file_sha256": self.file_sha256,
+            "graph_sha256": self.graph_sha256,
+        }
 
 
 @dataclass(frozen=True)
@@ -92,12 +102,19 @@ class Edge:
 
     @classmethod
     def from_json(cls, raw: Json) -> Edge:
-        return cls(raw["value"], raw["src"], raw["dst"], tuple(raw["shape"]), raw["dtype"],
-                   raw["bytes"])  # fmt: skip
+        return cls(
+            raw["value"], raw["src"], raw["dst"], tuple(raw["shape"]), raw["dtype"], raw["bytes"]
+        )
 
     def to_json(self) -> Json:
-        return {"value": self.value, "src": self.src, "dst": self.dst, "shape": list(self.shape),
-                "dtype": self.dtype, "bytes": self.nbytes}  # fmt: skip
+        return {
+            "value": self.value,
+            "src": self.src,
+            "dst": self.dst,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "bytes": self.nbytes,
+        }
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,14 @@ def join_microbatches(
 
 
 def input_mismatch(
-    inputs: Mapping[str, torch.Tensor], compiled: Compiled, count: int, *,
-    dim: int = 0, exact: bool = False, where: str = "the pipeline",
-) -> str | None:  # fmt: skip
+    inputs: Mapping[str, torch.Tensor],
+    compiled: Compiled,
+    count: int,
+    *,
+    dim: int = 0,
+    exact: bool = False,
+    where: str = "the pipeline",
+) -> str | None:
     """Why ``inputs`` do not fit the micro-batch shapes and dtypes ``compiled`` for, or None.
 
     The size along the batch dimension ``dim`` may differ unless ``exact`` (a distributed
@@ -113,9 +118,15 @@ def input_mismatch(
 
 
 def check_target_rows(
-    output: Any, targets: Sequence[Any], inputs: Mapping[str, torch.Tensor], *,
-    split: bool, scale: int = 1, dim: int = 0, source: str = "the batch's targets",
-) -> None:  # fmt: skip
+    output: Any,
+    targets: Sequence[Any],
+    inputs: Mapping[str, torch.Tensor],
+    *,
+    split: bool,
+    scale: int = 1,
+    dim: int = 0,
+    source: str = "the batch's targets",
+) -> None:
     """When targets are split into micro-batches (``split``), each one's size along ``dim``
     must be the inputs' batch size or an output's (flattened (batch * seq) targets, output
     gradients), or its slices do not line up with theirs. ``output``, ``targets`` and

@@ -11,9 +11,18 @@ import torch.fx as fx
 __all__ = ["mutated_inputs", "mutates", "storage_of"]
 
 _WRITES_FIRST = {
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.setitem,
-}  # fmt: skip
+    operator.iadd,
+    operator.isub,
+    operator.imul,
+    operator.itruediv,
+    operator.ifloordiv,
+    operator.imod,
+    operator.ipow,
+    operator.iand,
+    operator.ior,
+    operator.ixor,
+    operator.setitem,
+}
 
 
 def mutated_inputs(node: fx.Node) -> list[fx.Node]:
@@ -30,11 +39,15 @@ def mutated_inputs(node: fx.Node) -> list[fx.Node]:
     schema = getattr(node.target, "_schema", None)
     if schema is not None:  # an aten overload: its schema says which arguments it writes
         written = [
-            k for k, arg in enumerate(schema.arguments)
+            k
+            for k, arg in enumerate(schema.arguments)
             if arg.alias_info is not None and arg.alias_info.is_write
-        ]  # fmt: skip
-        return [node.args[k] for k in written if k < len(node.args)
-                and isinstance(node.args[k], fx.Node)]  # fmt: skip
+        ]
+        return [
+            node.args[k]
+            for k in written
+            if k < len(node.args) and isinstance(node.args[k], fx.Node)
+        ]
     if node.target in _WRITES_FIRST or node.kwargs.get("inplace") is True:
         return _first_arg(node)
     name = getattr(node.target, "__name__", "")

@@ -112,8 +112,9 @@ def iterable_source(batches: Any, input_names: list[str], label: str) -> BatchSo
             "function returning a fresh iterable per epoch"
         )
     fresh = "pass a list, or a function returning a fresh iterable per epoch"
-    return BatchSource(lambda: _checked(make(), input_names, Path(label), ""), _length(first),
-                       label, fresh)  # fmt: skip
+    return BatchSource(
+        lambda: _checked(make(), input_names, Path(label), ""), _length(first), label, fresh
+    )
 
 
 def _call(fn: Callable[[], Any], path: Path, hook: str) -> Any:

@@ -52,8 +52,12 @@ class Step:
     views: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "args": list(self.args), "kwargs": self.kwargs,
-                "views": [[op, list(args)] for op, args in self.views]}  # fmt: skip
+        return {
+            "op": self.op,
+            "args": list(self.args),
+            "kwargs": self.kwargs,
+            "views": [[op, list(args)] for op, args in self.views],
+        }
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Step:
@@ -85,8 +89,10 @@ def record_init(model: nn.Module, hook: InitHook | None = None) -> Recipe:
     record the steps per tensor name. Real tensors are left alone."""
     names: dict[int, str] = {}
     real: set[int] = set()
-    for name, tensor in [*model.named_parameters(remove_duplicate=False),
-                         *model.named_buffers(remove_duplicate=False)]:  # fmt: skip
+    for name, tensor in [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]:
         if tensor.is_meta:
             names.setdefault(id(tensor), name)
         else:
@@ -99,26 +105,36 @@ def record_init(model: nn.Module, hook: InitHook | None = None) -> Recipe:
             recipe.methods.append("reset_parameters")
         paths = {id(m): path or "the model" for path, m in model.named_modules()}
         for module in resettable:
-            _initialise(f"{type(module).__name__}.reset_parameters()", module.reset_parameters,
-                        module, paths)  # fmt: skip
+            _initialise(
+                f"{type(module).__name__}.reset_parameters()",
+                module.reset_parameters,
+                module,
+                paths,
+            )
         own = getattr(model, "_init_weights", None)
         if callable(own):
             recipe.methods.append(f"{type(model).__name__}._init_weights")
             for module in model.modules():
-                _initialise(f"{type(model).__name__}._init_weights(module)",
-                            lambda m=module: own(m), module, paths)  # fmt: skip
+                _initialise(
+                    f"{type(model).__name__}._init_weights(module)",
+                    lambda m=module: own(m),
+                    module,
+                    paths,
+                )
         if hook is not None:
             recipe.methods.append("init_weights (model file)")
             for module in model.modules():
-                _initialise("the model file's init_weights(module)", lambda m=module: hook(m),
-                            module, paths)  # fmt: skip
+                _initialise(
+                    "the model file's init_weights(module)", lambda m=module: hook(m), module, paths
+                )
     for name in set(names.values()) - set(recipe.steps) - set(recipe.unrecorded):
         recipe.unrecorded[name] = "no initialisation step wrote it"
     return recipe
 
 
-def _initialise(what: str, call: Callable[[], object], module: nn.Module,
-                paths: dict[int, str]) -> None:  # fmt: skip
+def _initialise(
+    what: str, call: Callable[[], object], module: nn.Module, paths: dict[int, str]
+) -> None:
     """``call()``; a failure in the user's code becomes one error naming it, the module and
     the line."""
     try:
@@ -142,8 +158,9 @@ def tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def replay(tensor: torch.Tensor, steps: list[Step], constants: dict[str, torch.Tensor],
-           seed: int) -> None:  # fmt: skip
+def replay(
+    tensor: torch.Tensor, steps: list[Step], constants: dict[str, torch.Tensor], seed: int
+) -> None:
     """Write ``steps`` into ``tensor`` (on the CPU: the same values on every device)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -193,8 +210,14 @@ class _Recorder(TorchDispatchMode):
             return self.names[id(value)], ()
         return self.views.get(id(value))
 
-    def _record(self, name: str, views: tuple[tuple[str, tuple[Any, ...]], ...], func: Any,
-                args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # fmt: skip
+    def _record(
+        self,
+        name: str,
+        views: tuple[tuple[str, tuple[Any, ...]], ...],
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         kept = {k: v for k, v in kwargs.items() if k != "generator"}
         try:
             step = Step(str(func), self._plain(name, args), self._plain(name, kept), views)

@@ -158,9 +158,12 @@ def _forward_params(model: nn.Module) -> list[str]:
 
 
 def named_inputs(
-    params: list[str], raw: Any, path: Path, taker: str = "forward()",
+    params: list[str],
+    raw: Any,
+    path: Path,
+    taker: str = "forward()",
     hook: str = "example_inputs()",
-) -> dict[str, torch.Tensor]:  # fmt: skip
+) -> dict[str, torch.Tensor]:
     """``raw`` (a tensor, tuple or dict, as ``hook`` gave it) named by forward's ``params``."""
     if isinstance(raw, torch.Tensor):
         raw = (raw,)
@@ -196,9 +199,13 @@ def _user_frame(err: BaseException, path: Path) -> str:
 
 
 def recorded_model(
-    model: str | None, directory: Path, manifest: Manifest, *, allow_stale: bool = False,
+    model: str | None,
+    directory: Path,
+    manifest: Manifest,
+    *,
+    allow_stale: bool = False,
     build: bool = True,
-) -> ModelSpec:  # fmt: skip
+) -> ModelSpec:
     """The model file ``model`` if given, else the one the emitted ``manifest`` records;
     ``build=False`` reads its hooks without building the model (see ``load_model_file``).
 

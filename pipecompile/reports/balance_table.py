@@ -35,21 +35,23 @@ def stage_rows(manifest: Manifest, program: Program) -> list[dict[str, Any]]:
         own_inputs = [x if k == j else 0 for k, x in enumerate(inputs)]
         activations = peak_stored_bytes(program, own, own_inputs)[d]
         copies = peak_weight_copies([x for x in program.devices[d] if x.stage == j])
-        rows.append({
-            "stage": j,
-            "device": d,
-            "replicas": replicas[j],
-            "ops": _at(balance, "stage_ops", j),
-            "param_bytes": s.param_bytes,
-            "flops": s.flops,
-            "time_ns": _at(balance, "stage_costs", j) if timed else None,
-            "compute_ns": _at(balance, "stage_compute", j) if timed else None,
-            "comm_ns": _at(balance, "stage_comm", j) if timed else None,
-            "activation_bytes": saved[j],
-            "sent_bytes": sum(e.nbytes for e in edges if e.src == j),
-            "received_bytes": sum(e.nbytes for e in edges if e.dst == j),
-            "memory_bytes": (states + copies) * s.param_bytes + activations,
-        })  # fmt: skip
+        rows.append(
+            {
+                "stage": j,
+                "device": d,
+                "replicas": replicas[j],
+                "ops": _at(balance, "stage_ops", j),
+                "param_bytes": s.param_bytes,
+                "flops": s.flops,
+                "time_ns": _at(balance, "stage_costs", j) if timed else None,
+                "compute_ns": _at(balance, "stage_compute", j) if timed else None,
+                "comm_ns": _at(balance, "stage_comm", j) if timed else None,
+                "activation_bytes": saved[j],
+                "sent_bytes": sum(e.nbytes for e in edges if e.src == j),
+                "received_bytes": sum(e.nbytes for e in edges if e.dst == j),
+                "memory_bytes": (states + copies) * s.param_bytes + activations,
+            }
+        )
     return rows
 
 
@@ -67,17 +69,37 @@ def stage_costs(manifest: Manifest) -> tuple[Costs, str]:
 def balance_lines(balance: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
     """The report as text: ``balance`` is the manifest's (``Manifest.balance``)."""
     balance = balance or {}
-    header = ("stage", "device", "ops", "params", "FLOPs", "time us", "comm us", "act/mb",
-              "sent", "received", "memory")  # fmt: skip
+    header = (
+        "stage",
+        "device",
+        "ops",
+        "params",
+        "FLOPs",
+        "time us",
+        "comm us",
+        "act/mb",
+        "sent",
+        "received",
+        "memory",
+    )
     table = [header]
     for r in rows:
         device = f"{r['device']}" + (f" x{r['replicas']}" if r["replicas"] > 1 else "")
-        table.append((
-            str(r["stage"]), device, str(r["ops"] or "-"), format_size(r["param_bytes"]),
-            format_count(r["flops"]), _us(r["time_ns"]), _us(r["comm_ns"]),
-            format_size(r["activation_bytes"]), format_size(r["sent_bytes"]),
-            format_size(r["received_bytes"]), format_size(r["memory_bytes"]),
-        ))  # fmt: skip
+        table.append(
+            (
+                str(r["stage"]),
+                device,
+                str(r["ops"] or "-"),
+                format_size(r["param_bytes"]),
+                format_count(r["flops"]),
+                _us(r["time_ns"]),
+                _us(r["comm_ns"]),
+                format_size(r["activation_bytes"]),
+                format_size(r["sent_bytes"]),
+                format_size(r["received_bytes"]),
+                format_size(r["memory_bytes"]),
+            )
+        )
     widths = [max(len(row[k]) for row in table) for k in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
     if balance:

@@ -21,8 +21,10 @@ def timeline_text(timeline: Timeline, *, width: int = 4) -> str:
     if any(s.start != int(s.start) or s.end != int(s.end) for s in spans):
         raise ValueError("timeline_text needs whole-number costs (use uniform costs)")
     clocks = int(timeline.makespan)
-    first = {d: min((s.instr.stage for s in spans if s.device == d), default=0)
-             for d in range(timeline.devices)}  # fmt: skip
+    first = {
+        d: min((s.instr.stage for s in spans if s.device == d), default=0)
+        for d in range(timeline.devices)
+    }
     rows = ["clock     " + "".join(f"{k:<{width}}" for k in range(clocks)).rstrip()]
     for d in range(timeline.devices):
         cells = ["."] * clocks

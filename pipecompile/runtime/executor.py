@@ -221,8 +221,9 @@ class StepExecutor:
             wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
             found = (
                 torch.autograd.grad(roots, wanted, grads, retain_graph=True, allow_unused=True)
-                if roots and wanted else ()
-            )  # fmt: skip
+                if roots and wanted
+                else ()
+            )
             by_id = {id(a): g for a, g in zip(wanted, found)}
             grads_in = {n: by_id.get(id(a)) for n, a in zip(self.layout.inputs[j], args)}
             held.roots, held.root_grads = roots, grads
@@ -263,8 +264,10 @@ class StepExecutor:
         (BatchNorm statistics) are put back by swapping the saved copies in, not by copying
         in place, since autograd may have saved the updated tensors."""
         owners = [(sub, dict(sub._buffers)) for sub in self.modules[j].modules() if sub._buffers]
-        copies = [(sub, {n: b.clone() if b is not None else None for n, b in bufs.items()})
-                  for sub, bufs in owners]  # fmt: skip
+        copies = [
+            (sub, {n: b.clone() if b is not None else None for n, b in bufs.items()})
+            for sub, bufs in owners
+        ]
         with torch.enable_grad(), self._counting(j, i, True) as saved:
             with seeded(self.rng_base, j, i):  # the forward's own random numbers
                 outs = self._call(j, held.args, held.weights)
@@ -420,8 +423,9 @@ class StepExecutor:
         assert self.loss_fn is not None and self.targets is not None
         output = pytree.tree_unflatten(list(outs), self.layout.output_spec)
         count = len(self.microbatches)
-        check_target_rows(output, self.targets[i], self.microbatches[i], split=count > 1,
-                          scale=count)  # fmt: skip
+        check_target_rows(
+            output, self.targets[i], self.microbatches[i], split=count > 1, scale=count
+        )
         with autocast(self.precision, device_of(self.modules[self.layout.last])):
             loss = call_loss_fn(self.loss_fn, output, self.targets[i])
         if not loss.requires_grad and any(

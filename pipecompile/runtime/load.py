@@ -44,9 +44,12 @@ def read_program(path: Path) -> Program:
 
 
 def load_stage(
-    directory: Path, entry: StageEntry, manifest: Manifest | None = None,
-    *, seed_ops: bool = True,
-) -> nn.Module:  # fmt: skip
+    directory: Path,
+    entry: StageEntry,
+    manifest: Manifest | None = None,
+    *,
+    seed_ops: bool = True,
+) -> nn.Module:
     """Import ``entry.file``, build ``entry.class_name()``, load ``entry.weights`` into it;
     with ``seed_ops`` (for running it) seed each of its random ops by name (``op_seeds``).
 
@@ -61,8 +64,11 @@ def load_stage(
     module = _import_stage(source, entry.class_name, where, directory)
     cls = getattr(module, entry.class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        found = [k for k, v in vars(module).items() if isinstance(v, type) and
-                 issubclass(v, nn.Module) and v.__module__ == module.__name__]  # fmt: skip
+        found = [
+            k
+            for k, v in vars(module).items()
+            if isinstance(v, type) and issubclass(v, nn.Module) and v.__module__ == module.__name__
+        ]
         defines = f" (it defines {', '.join(found)})" if found else ""
         raise EmitError(
             f"{where} has no class {entry.class_name!r}{defines}; undo the edit, or "
@@ -79,8 +85,9 @@ def load_stage(
         ) from err
     if materialise:
         allocate(stage, "cpu")
-        fill_stage(stage, entry, directory, manifest or read_manifest(directory),
-                   _stage_label(entry))  # fmt: skip
+        fill_stage(
+            stage, entry, directory, manifest or read_manifest(directory), _stage_label(entry)
+        )
     else:
         assert entry.weights is not None  # else needs_materialising
         load_weights(stage, directory / entry.weights, _stage_label(entry), directory)

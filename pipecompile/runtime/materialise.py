@@ -48,8 +48,12 @@ def allocate(module: nn.Module, device: torch.device | str) -> None:
 
 
 def fill_stage(
-    stage: nn.Module, entry: StageEntry, directory: Path, manifest: Manifest, label: str,
-) -> None:  # fmt: skip
+    stage: nn.Module,
+    entry: StageEntry,
+    directory: Path,
+    manifest: Manifest,
+    label: str,
+) -> None:
     """Write every tensor of ``stage`` from the sources ``entry`` names.
 
     Raises:
@@ -89,8 +93,9 @@ def fill_stage(
         )
 
 
-def _write(state: dict[str, torch.Tensor], name: str, value: torch.Tensor, label: str,
-           filled: set[int]) -> None:  # fmt: skip
+def _write(
+    state: dict[str, torch.Tensor], name: str, value: torch.Tensor, label: str, filled: set[int]
+) -> None:
     target = state.get(name)
     if target is None:
         return

@@ -109,10 +109,11 @@ class Pipeline:
                 one over none of the parameters it was given (it would train nothing).
         """
         self.optimizers = [
-            _optimizer(factory, params) if m is not None and (params := list(m.parameters()))
+            _optimizer(factory, params)
+            if m is not None and (params := list(m.parameters()))
             else None
             for m in self.modules
-        ]  # fmt: skip
+        ]
 
     def train_step(
         self,
@@ -147,10 +148,20 @@ class Pipeline:
         scale = loss_scale if loss_scale is not None else 1.0 if self.asynchronous else 1 / count
         backend = self.backend()
         executor = StepExecutor(
-            self.layout, self.modules, backend, micro, micro_targets, loss_fn,  # type: ignore[arg-type]
-            self.optimizers, on_step, loss_scale=scale, measure_memory=measure_memory,
-            keep_grads=keep_grads, rng_base=rng_base, precision=self.precision,
-        )  # fmt: skip
+            self.layout,
+            self.modules,
+            backend,
+            micro,
+            micro_targets,
+            loss_fn,  # type: ignore[arg-type]
+            self.optimizers,
+            on_step,
+            loss_scale=scale,
+            measure_memory=measure_memory,
+            keep_grads=keep_grads,
+            rng_base=rng_base,
+            precision=self.precision,
+        )
         self.last_rng_base = executor.rng_base
         self._run(self._own_program(self.program), executor, inputs or {})
         backend.finish()
@@ -221,9 +232,13 @@ class Pipeline:
         exact = exact or (model is not None and model.tracer == "torch.export")
         tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         return input_mismatch(
-            tensors, compiled, self.program.microbatches,
-            dim=self._batch_dim, exact=exact, where=self.name,
-        )  # fmt: skip
+            tensors,
+            compiled,
+            self.program.microbatches,
+            dim=self._batch_dim,
+            exact=exact,
+            where=self.name,
+        )
 
     @property
     def _batch_dim(self) -> int:
@@ -261,8 +276,14 @@ class Pipeline:
         count = self.program.microbatches
         micro = self._split(inputs)
         backend = self.backend()
-        executor = StepExecutor(self.layout, self.modules, backend, micro,  # type: ignore[arg-type]
-                                rng_base=rng_base, precision=self.precision)  # fmt: skip
+        executor = StepExecutor(
+            self.layout,
+            self.modules,
+            backend,
+            micro,  # type: ignore[arg-type]
+            rng_base=rng_base,
+            precision=self.precision,
+        )
         self.last_rng_base = executor.rng_base
         self._run(self._own_program(forward_only(self.program)), executor, inputs or {})
         backend.finish()

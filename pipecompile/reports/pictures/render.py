@@ -41,8 +41,13 @@ def render(graph: graphviz.Digraph, target: Path, *, engine: str = "dot") -> Pat
     if not dot_available():
         raise RenderError(INSTALL_HINT)
     try:
-        data = graphviz.pipe(engine, fmt, graph.source.encode(),
-                             neato_no_op=2 if engine == "neato" else None, quiet=True)  # fmt: skip
+        data = graphviz.pipe(
+            engine,
+            fmt,
+            graph.source.encode(),
+            neato_no_op=2 if engine == "neato" else None,
+            quiet=True,
+        )
     except graphviz.ExecutableNotFound:
         raise RenderError(INSTALL_HINT) from None
     except graphviz.CalledProcessError as err:

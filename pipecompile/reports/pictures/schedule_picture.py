@@ -69,11 +69,21 @@ def schedule_dot(timeline: Timeline, program: Program, *, unit: str) -> graphviz
     shortest = min((s.end - s.start for s in spans), default=makespan)
     width = min(max(_BOX_MIN * makespan / shortest, 640.0), 2000.0)
     scale = width / makespan  # points per time unit
-    dot = graphviz.Digraph("schedule", comment="pipecompile schedule picture: "
-                           "neato -n2 -Tsvg schedule.dot (plain dot works too)")  # fmt: skip
+    dot = graphviz.Digraph(
+        "schedule",
+        comment="pipecompile schedule picture: neato -n2 -Tsvg schedule.dot (plain dot works too)",
+    )
     dot.attr(layout="neato", inputscale="72", notranslate="true", pad="0.2")
-    dot.attr("node", shape="box", style="filled", fixedsize="true", fontname=_FONT,
-             fontsize="10", penwidth="0.6", color="#444444")  # fmt: skip
+    dot.attr(
+        "node",
+        shape="box",
+        style="filled",
+        fixedsize="true",
+        fontname=_FONT,
+        fontsize="10",
+        penwidth="0.6",
+        color="#444444",
+    )
     for d in range(timeline.devices):
         _device_row(dot, timeline, spans, d, scale)
     bottom = _row_y(timeline.devices - 1) - _ROW / 2
@@ -81,18 +91,26 @@ def schedule_dot(timeline: Timeline, program: Program, *, unit: str) -> graphviz
     ops = sorted({s.instr.op for s in spans}, key=list(OP_COLORS).index)
     shared = len(program.devices) < program.num_stages
     _legend(dot, ops, bottom - 40, primes=shared)
-    _text(dot, "title", _title(timeline, program, unit), _GUTTER + width / 2,
-          _row_y(0) + _ROW + 4, size=13)  # fmt: skip
+    _text(
+        dot,
+        "title",
+        _title(timeline, program, unit),
+        _GUTTER + width / 2,
+        _row_y(0) + _ROW + 4,
+        size=13,
+    )
     return dot
 
 
 def _title(timeline: Timeline, program: Program, unit: str) -> str:
     cost = "predicted stage times" if unit == "ns" else "forward FLOPs, backward 2x"
-    return (f"schedule {program.schedule}: {program.num_stages} stages on "
-            f"{counted(timeline.devices, 'device')}, "
-            f"{counted(program.microbatches, 'micro-batch')} - bubble "
-            f"{timeline.bubble_fraction:.1%}, makespan {_time(timeline.makespan, unit)} "
-            f"({cost})")  # fmt: skip
+    return (
+        f"schedule {program.schedule}: {program.num_stages} stages on "
+        f"{counted(timeline.devices, 'device')}, "
+        f"{counted(program.microbatches, 'micro-batch')} - bubble "
+        f"{timeline.bubble_fraction:.1%}, makespan {_time(timeline.makespan, unit)} "
+        f"({cost})"
+    )
 
 
 def _row_y(d: int) -> float:
@@ -116,42 +134,85 @@ def _device_row(
         if s.start > clock:
             _idle(dot, f"d{d}_idle{k}", clock, s.start, d, scale)
         primes = "'" * stages.index(s.instr.stage)
-        tip = (f"device {d}: {s.instr} - {OP_NAMES[s.instr.op]} of stage {s.instr.stage}, "
-               f"micro-batch {s.instr.microbatch}")  # fmt: skip
-        _box(dot, f"d{d}_{k}", s.start, s.end, d, scale, label=f"{s.instr.microbatch}{primes}",
-             fillcolor=OP_COLORS[s.instr.op], tooltip=tip)  # fmt: skip
+        tip = (
+            f"device {d}: {s.instr} - {OP_NAMES[s.instr.op]} of stage {s.instr.stage}, "
+            f"micro-batch {s.instr.microbatch}"
+        )
+        _box(
+            dot,
+            f"d{d}_{k}",
+            s.start,
+            s.end,
+            d,
+            scale,
+            label=f"{s.instr.microbatch}{primes}",
+            fillcolor=OP_COLORS[s.instr.op],
+            tooltip=tip,
+        )
         clock = s.end
     if clock < timeline.makespan:
         _idle(dot, f"d{d}_idle_end", clock, timeline.makespan, d, scale)
 
 
 def _idle(dot: graphviz.Digraph, name: str, start: float, end: float, d: int, scale: float) -> None:
-    _box(dot, name, start, end, d, scale, label="", fillcolor=IDLE_COLOR, color=IDLE_COLOR,
-         tooltip=f"device {d}: idle")  # fmt: skip
+    _box(
+        dot,
+        name,
+        start,
+        end,
+        d,
+        scale,
+        label="",
+        fillcolor=IDLE_COLOR,
+        color=IDLE_COLOR,
+        tooltip=f"device {d}: idle",
+    )
 
 
 def _box(
-    dot: graphviz.Digraph, name: str, start: float, end: float, d: int, scale: float,
+    dot: graphviz.Digraph,
+    name: str,
+    start: float,
+    end: float,
+    d: int,
+    scale: float,
     **attrs: str,
-) -> None:  # fmt: skip
+) -> None:
     width = (end - start) * scale
     if width < 10:  # too narrow for a digit; the tooltip still says which it is
         attrs["label"] = ""
     x = _GUTTER + (start + end) / 2 * scale
-    dot.node(name, pos=f"{x:.2f},{_row_y(d):.2f}!", width=f"{width / 72:.4f}",
-             height=f"{_ROW / 72:.4f}", **attrs)  # fmt: skip
+    dot.node(
+        name,
+        pos=f"{x:.2f},{_row_y(d):.2f}!",
+        width=f"{width / 72:.4f}",
+        height=f"{_ROW / 72:.4f}",
+        **attrs,
+    )
 
 
 def _time_axis(dot: graphviz.Digraph, makespan: float, scale: float, y: float, unit: str) -> None:
     line = {"shape": "box", "style": "filled", "fillcolor": "#444444", "penwidth": "0"}
     width = makespan * scale
-    dot.node("axis", label="", pos=f"{_GUTTER + width / 2:.2f},{y:.2f}!",
-             width=f"{width / 72:.4f}", height=f"{0.8 / 72:.4f}", **line)  # fmt: skip
+    dot.node(
+        "axis",
+        label="",
+        pos=f"{_GUTTER + width / 2:.2f},{y:.2f}!",
+        width=f"{width / 72:.4f}",
+        height=f"{0.8 / 72:.4f}",
+        **line,
+    )
     step = _tick_step(makespan)
     for k in range(int(makespan / step + 1e-9) + 1):
         x = _GUTTER + k * step * scale
-        dot.node(f"tick{k}", label="", pos=f"{x:.2f},{y - 3:.2f}!", width=f"{0.8 / 72:.4f}",
-                 height=f"{6 / 72:.4f}", **line)  # fmt: skip
+        dot.node(
+            f"tick{k}",
+            label="",
+            pos=f"{x:.2f},{y - 3:.2f}!",
+            width=f"{0.8 / 72:.4f}",
+            height=f"{6 / 72:.4f}",
+            **line,
+        )
         _text(dot, f"tick{k}_label", _time(k * step, unit, bare=True), x, y - 14, size=9)
     what = "time (us)" if unit == "ns" else "time (forward FLOPs)"
     _text(dot, "axis_label", what, _GUTTER / 2, y - 14, size=9)
@@ -175,8 +236,14 @@ def _legend(dot: graphviz.Digraph, ops: list[str], y: float, *, primes: bool) ->
     x = _GUTTER
     entries = [(OP_COLORS[op], f"{op} {OP_NAMES[op]}") for op in ops] + [(IDLE_COLOR, "idle")]
     for k, (color, text) in enumerate(entries):
-        dot.node(f"key{k}", label="", pos=f"{x + 7:.2f},{y:.2f}!", width=f"{14 / 72:.4f}",
-                 height=f"{12 / 72:.4f}", fillcolor=color)  # fmt: skip
+        dot.node(
+            f"key{k}",
+            label="",
+            pos=f"{x + 7:.2f},{y:.2f}!",
+            width=f"{14 / 72:.4f}",
+            height=f"{12 / 72:.4f}",
+            fillcolor=color,
+        )
         width = 5.0 * len(text)
         _text(dot, f"key{k}_label", text, x + 18 + width / 2, y, size=9, width=width)
         x += 30 + width
@@ -186,9 +253,22 @@ def _legend(dot: graphviz.Digraph, ops: list[str], y: float, *, primes: bool) ->
 
 
 def _text(
-    dot: graphviz.Digraph, name: str, label: str, x: float, y: float, *, size: int,
+    dot: graphviz.Digraph,
+    name: str,
+    label: str,
+    x: float,
+    y: float,
+    *,
+    size: int,
     width: float | None = None,
-) -> None:  # fmt: skip
-    dot.node(name, label=label, pos=f"{x:.2f},{y:.2f}!", shape="plaintext", style="",
-             fixedsize="false", fontsize=str(size),
-             **({"width": f"{width / 72:.4f}"} if width else {}))  # fmt: skip
+) -> None:
+    dot.node(
+        name,
+        label=label,
+        pos=f"{x:.2f},{y:.2f}!",
+        shape="plaintext",
+        style="",
+        fixedsize="false",
+        fontsize=str(size),
+        **({"width": f"{width / 72:.4f}"} if width else {}),
+    )

@@ -28,8 +28,18 @@ from pipecompile.ir.sizes import counted, format_count, format_size
 __all__ = ["stage_dot", "STAGE_COLORS"]
 
 # Pastel fills, one per stage (cycled); the cluster background is a lighter tint of each.
-STAGE_COLORS = ("#a6cee3", "#b2df8a", "#fdbf6f", "#cab2d6", "#fb9a99", "#ffff99", "#8dd3c7",
-                "#bebada", "#80b1d3", "#fccde5")  # fmt: skip
+STAGE_COLORS = (
+    "#a6cee3",
+    "#b2df8a",
+    "#fdbf6f",
+    "#cab2d6",
+    "#fb9a99",
+    "#ffff99",
+    "#8dd3c7",
+    "#bebada",
+    "#80b1d3",
+    "#fccde5",
+)
 SEND_STYLE = {"shape": "cds", "fillcolor": "#fddbc7", "color": "#b2182b", "style": "filled"}
 RECV_STYLE = {"shape": "cds", "fillcolor": "#d1e5f0", "color": "#2166ac", "style": "filled"}
 _FONT = "Helvetica"
@@ -50,10 +60,25 @@ def stage_dot(manifest: Manifest, program: Program) -> graphviz.Digraph:
     dot = graphviz.Digraph("stages", comment="pipecompile stage picture: dot -Tsvg stages.dot")
     # Left to right, a stage's layers share one rank (a column): ranks keep the columns in
     # stage order, and the flat edges between layers keep each column in program order.
-    dot.attr(rankdir="LR", newrank="true", fontname=_FONT, labelloc="t", fontsize="16",
-             nodesep="0.18", ranksep="0.3", label=_title(manifest))  # fmt: skip
-    dot.attr("node", shape="box", style="rounded,filled", fontname=_FONT, fontsize="10",
-             margin="0.08,0.03", height="0.3")  # fmt: skip
+    dot.attr(
+        rankdir="LR",
+        newrank="true",
+        fontname=_FONT,
+        labelloc="t",
+        fontsize="16",
+        nodesep="0.18",
+        ranksep="0.3",
+        label=_title(manifest),
+    )
+    dot.attr(
+        "node",
+        shape="box",
+        style="rounded,filled",
+        fontname=_FONT,
+        fontsize="10",
+        margin="0.08,0.03",
+        height="0.3",
+    )
     dot.attr("edge", fontname=_FONT, fontsize="9", color="#555555")
     recomputed = _recomputed(program)
     for j, stage in enumerate(manifest.stages):
@@ -65,8 +90,9 @@ def stage_dot(manifest: Manifest, program: Program) -> graphviz.Digraph:
         # A value skipping stages is drawn lighter and left out of the ranking, so it cannot
         # stretch the columns it passes.
         skip = {} if e.dst == e.src + 1 else {"constraint": "false", "color": "#9a9a9a"}
-        dot.edge(_send_id(e.src, e.value), _recv_id(e.dst, e.value), label=label,
-                 penwidth="1.5", **skip)  # fmt: skip
+        dot.edge(
+            _send_id(e.src, e.value), _recv_id(e.dst, e.value), label=label, penwidth="1.5", **skip
+        )
     return dot
 
 
@@ -75,8 +101,10 @@ def _title(manifest: Manifest) -> str:
     name = (model and model.name) or "model"
     source = f"{model.file.rsplit('/', 1)[-1]}:{name}" if model and model.file else name
     stages, devices = len(manifest.stages), len(set(manifest.device_map))
-    return (f"{source}: {stages} stages on {devices} devices, schedule {manifest.schedule},"
-            f" {counted(manifest.microbatches, 'micro-batch')}")  # fmt: skip
+    return (
+        f"{source}: {stages} stages on {devices} devices, schedule {manifest.schedule},"
+        f" {counted(manifest.microbatches, 'micro-batch')}"
+    )
 
 
 def _recomputed(program: Program) -> dict[int, int]:
@@ -94,9 +122,15 @@ def _stage_cluster(
     color = STAGE_COLORS[j % len(STAGE_COLORS)]
     style = "rounded,filled" + (",dashed" if fc else "")
     with dot.subgraph(name=f"cluster_{j}") as cluster:
-        cluster.attr(label=_stage_label(manifest, j, stage, fc), style=style, color=_shade(color),
-                     fillcolor=_tint(color), penwidth="2" if fc else "1", fontsize="11",
-                     labeljust="l")  # fmt: skip
+        cluster.attr(
+            label=_stage_label(manifest, j, stage, fc),
+            style=style,
+            color=_shade(color),
+            fillcolor=_tint(color),
+            penwidth="2" if fc else "1",
+            fontsize="11",
+            labeljust="l",
+        )
         layers = _layer_ids(cluster, j, stage, manifest, color)
         with cluster.subgraph() as column:
             column.attr(rank="same")

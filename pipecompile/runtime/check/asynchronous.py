@@ -95,10 +95,16 @@ def check_async_step(
 
 
 def _reference(
-    pipe: Pipeline, model: nn.Module, start: dict[str, torch.Tensor], owner: dict[str, int],
-    trainable: set[str], inputs: dict[str, torch.Tensor], targets: tuple[torch.Tensor, ...],
-    loss_fn: LossFn, lr: float,
-) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:  # fmt: skip
+    pipe: Pipeline,
+    model: nn.Module,
+    start: dict[str, torch.Tensor],
+    owner: dict[str, int],
+    trainable: set[str],
+    inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...],
+    loss_fn: LossFn,
+    lr: float,
+) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:
     m = pipe.program.microbatches
     versions = weight_versions(pipe.program)
     names = [n for n in start if n in trainable]

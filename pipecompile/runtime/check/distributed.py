@@ -39,9 +39,11 @@ def check_distributed(
         pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=args.lr))
     grads: dict[str, torch.Tensor] = {}
     pipe.train_step(
-        inputs, targets, spec.loss_fn,
+        inputs,
+        targets,
+        spec.loss_fn,
         on_step=lambda j: grads.update(pipe.named_grads(j)),
-    )  # fmt: skip
+    )
     values = pipe.state_dict() if pipe.asynchronous else grads
     mine: dict[str, Any] = {
         "values": {k: v.cpu() for k, v in values.items()},
@@ -56,24 +58,44 @@ def check_distributed(
 
 
 def _compare_on_rank0(
-    gathered: list[dict[str, Any]], spec: ModelSpec, directory: Path,
-    args: argparse.Namespace, asynchronous: bool,
-) -> CheckReport:  # fmt: skip
+    gathered: list[dict[str, Any]],
+    spec: ModelSpec,
+    directory: Path,
+    args: argparse.Namespace,
+    asynchronous: bool,
+) -> CheckReport:
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
     local = Pipeline.load(directory, args.program)
     if asynchronous:
-        report = check_async_step(local, spec.model, spec.inputs, spec.targets, spec.loss_fn,
-                                  lr=args.lr, atol=args.atol, rtol=args.rtol)  # fmt: skip
+        report = check_async_step(
+            local,
+            spec.model,
+            spec.inputs,
+            spec.targets,
+            spec.loss_fn,
+            lr=args.lr,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
         local_values = local.state_dict()
         local_loss, local_outs = None, None
     else:
-        report = check_step(local, spec.model, spec.inputs, spec.targets, spec.loss_fn,
-                            atol=args.atol, rtol=args.rtol)  # fmt: skip
+        report = check_step(
+            local,
+            spec.model,
+            spec.inputs,
+            spec.targets,
+            spec.loss_fn,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
         local_values = {}
         local_loss, outs = local.train_step(
-            spec.inputs, spec.targets, spec.loss_fn,
+            spec.inputs,
+            spec.targets,
+            spec.loss_fn,
             on_step=lambda j: local_values.update(local.named_grads(j)),
-        )  # fmt: skip
+        )
         local_outs = join_microbatches(outs)
     values: dict[str, torch.Tensor] = {}
     for part in gathered:
@@ -84,14 +106,24 @@ def _compare_on_rank0(
         if name not in values:
             report.failures.append(f"distributed run has no {what} for {name}")
             continue
-        worst = max(worst, compare(report, f"distributed {what} of {name}", values[name], want,
-                                   args.atol, args.rtol))  # fmt: skip
+        worst = max(
+            worst,
+            compare(
+                report, f"distributed {what} of {name}", values[name], want, args.atol, args.rtol
+            ),
+        )
     line = f"  distributed ({len(gathered)} ranks) vs local backend: {what} max |diff| {worst:.3e}"
     losses = {i: v for part in gathered for i, v in part["losses"].items()}
     results = {i: v for part in gathered for i, v in part["outputs"].items()}
     if local_loss is not None:
-        diff = compare(report, "distributed loss", torch.tensor(sum(losses.values())),
-                       local_loss.detach(), args.atol, args.rtol)  # fmt: skip
+        diff = compare(
+            report,
+            "distributed loss",
+            torch.tensor(sum(losses.values())),
+            local_loss.detach(),
+            args.atol,
+            args.rtol,
+        )
         line += f", loss {diff:.3e}"
     if local_outs is not None:
         joined = join_microbatches([results[i] for i in sorted(results)])

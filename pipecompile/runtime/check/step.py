@@ -112,9 +112,12 @@ def check_step(
     ref_outs = join_outputs(pipe, ref_parts)
     grads: dict[str, torch.Tensor] = {}
     loss, outs = pipe.train_step(
-        inputs, targets, loss_fn, on_step=lambda j: grads.update(pipe.named_grads(j)),
+        inputs,
+        targets,
+        loss_fn,
+        on_step=lambda j: grads.update(pipe.named_grads(j)),
         measure_memory=measure_memory,
-    )  # fmt: skip
+    )
     report = CheckReport(reference)
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
     joined = join_outputs(pipe, outs, ref_outs)
@@ -176,9 +179,13 @@ def _materialise_meta(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 def _eager(
-    pipe: Pipeline, model: nn.Module, inputs: dict[str, torch.Tensor],
-    targets: tuple[torch.Tensor, ...], loss_fn: LossFn, parts: int,
-) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:  # fmt: skip
+    pipe: Pipeline,
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...],
+    loss_fn: LossFn,
+    parts: int,
+) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:
     """Mean loss, flat outputs per part and gradients of the eager model over ``parts``
     equal slices of the mini-batch."""
     model.zero_grad(set_to_none=True)
@@ -202,14 +209,25 @@ def _eager(
 
 
 def check_targets(
-    pipe: Pipeline, output: Any, targets: tuple[torch.Tensor, ...],
-    batch: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor], *, scale: int,
-) -> None:  # fmt: skip
+    pipe: Pipeline,
+    output: Any,
+    targets: tuple[torch.Tensor, ...],
+    batch: dict[str, torch.Tensor],
+    inputs: dict[str, torch.Tensor],
+    *,
+    scale: int,
+) -> None:
     """``check_target_rows`` for one slice ``batch`` of ``inputs`` (``scale`` slices); inputs
     that do not fit what was compiled are named first, as they explain the failure."""
     try:
-        check_target_rows(output, targets, batch, split=pipe.program.microbatches > 1,
-                          scale=scale, source="example_targets()")  # fmt: skip
+        check_target_rows(
+            output,
+            targets,
+            batch,
+            split=pipe.program.microbatches > 1,
+            scale=scale,
+            source="example_targets()",
+        )
     except InputError as err:
         pipe.blame_inputs(inputs, err)
         raise
@@ -253,9 +271,11 @@ def _batch_dim(micro: tuple[int, ...], whole: tuple[int, ...], count: int) -> in
 
 
 def eager_forward(
-    pipe: Pipeline, forward: Callable[[dict[str, torch.Tensor]], Any],
-    batch: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],
-) -> Any:  # fmt: skip
+    pipe: Pipeline,
+    forward: Callable[[dict[str, torch.Tensor]], Any],
+    batch: dict[str, torch.Tensor],
+    inputs: dict[str, torch.Tensor],
+) -> Any:
     """``forward(batch)`` on the eager model. A failure is the user's model's, reported with
     the line of the user's file it happened on, or the mini-batch ``inputs``' if they do not
     fit what ``pipe`` was compiled for."""

@@ -56,10 +56,16 @@ def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> i
     with _StopSignals() as stop:
         with tempfile.TemporaryDirectory(prefix="pipecompile-run-") as status_dir:
             command = [
-                sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={nproc}", "--monitor-interval=0.1",
-                "-m", "pipecompile.runtime.distributed.worker", *worker_args,
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                "--monitor-interval=0.1",
+                "-m",
+                "pipecompile.runtime.distributed.worker",
+                *worker_args,
+            ]
             env = {**os.environ, _STATUS_ENV: status_dir, "OMP_NUM_THREADS": "1"}
             returncode, stderr = _supervise(command, env, status_dir, stop)
             entries = [json.loads(p.read_text()) for p in Path(status_dir).glob("rank*.json")]
@@ -89,8 +95,10 @@ def _outcome(nproc: int, returncode: int, stderr: str, entries: list[dict]) -> i
         return 0
     missing = sorted(set(range(nproc)) - set(statuses))
     if missing:
-        print(f"pipecompile: rank(s) {', '.join(map(str, missing))} ended without a status "
-              "(killed?)", file=sys.stderr)  # fmt: skip
+        print(
+            f"pipecompile: rank(s) {', '.join(map(str, missing))} ended without a status (killed?)",
+            file=sys.stderr,
+        )
     if not ours and returncode:
         print(stderr[-4000:], file=sys.stderr)
     worst = max(statuses.values(), default=2)
@@ -134,9 +142,13 @@ def _supervise(
     ends, no process of the run is left afterwards."""
     marker = f"{_STATUS_ENV}={status_dir}".encode()
     proc = subprocess.Popen(
-        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        command,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
         preexec_fn=_tied_to_us(),
-    )  # fmt: skip
+    )
     relay = _Relay(proc.stderr)
     relay.start()
     try:

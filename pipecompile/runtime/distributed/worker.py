@@ -79,9 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     progress = TrainState()
     watchdog = Watchdog(
-        dist.distributed_c10d._get_default_store(), rank, world, timeout=args.timeout,
+        dist.distributed_c10d._get_default_store(),
+        rank,
+        world,
+        timeout=args.timeout,
         on_stop=lambda status: _write_status(rank, status, step=progress.done),
-    )  # fmt: skip
+    )
     watchdog.start()
     threading.Thread(target=_stop_on_sigint, args=(watchdog,), daemon=True).start()
     status = 0
@@ -164,8 +167,9 @@ def _run(
     # First: it registers output types.
     watchdog.reading("the model file's import")  # bounded by --timeout, its prints shown
     with user_output(rank):
-        spec = recorded_model(args.model, directory, manifest, allow_stale=args.allow_stale,
-                              build=args.check)  # a rank builds only its stages  # fmt: skip
+        spec = recorded_model(
+            args.model, directory, manifest, allow_stale=args.allow_stale, build=args.check
+        )  # a rank builds only its stages
     watchdog.idle("setup")
     modules: list[Any] = [
         load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
@@ -174,15 +178,23 @@ def _run(
     layout = Layout.from_manifest(manifest, program.stage_device)
     groups = tie_groups(layout, placement)
     pipe = Pipeline(
-        manifest, modules, program, device=device,
+        manifest,
+        modules,
+        program,
+        device=device,
         replica=(replica, placement.device_replicas[device]),
         backend=lambda: DistBackend(
-            layout, manifest, program.microbatches, groups, placement, device=where,
+            layout,
+            manifest,
+            program.microbatches,
+            groups,
+            placement,
+            device=where,
             wire_dtype=pipe.precision,
         ),
         wrap=lambda handlers: _tracked(handlers, watchdog),
         after_step=lambda: watchdog.idle("between steps"),
-    )  # fmt: skip
+    )
     if spec.loss_fn is None:
         raise PipecompileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")
     if args.check:
@@ -201,8 +213,18 @@ def _run(
     data = (_hook(spec, TRAIN, watchdog) or example_source(spec)) if any(reads) else None
     eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
     options = train_options(from_args(TrainFlags, args), directory)
-    train(pipe, spec.loss_fn, data, options, group=_DistGroup(where), eval_data=eval_data,
-          state=progress, reads=reads, one_process=False, device=where)  # fmt: skip
+    train(
+        pipe,
+        spec.loss_fn,
+        data,
+        options,
+        group=_DistGroup(where),
+        eval_data=eval_data,
+        state=progress,
+        reads=reads,
+        one_process=False,
+        device=where,
+    )
     return 0
 
 

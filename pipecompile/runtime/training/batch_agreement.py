@@ -28,8 +28,10 @@ def fingerprint(batch: Batch) -> float:
     """A hash of ``batch``'s inputs and targets: their names, shapes, dtypes and a strided
     sample of their values; an integer below 2**48, exact as a float64."""
     digest = hashlib.sha256()
-    named = [*sorted(batch.inputs.items()), *((f"target {k}", t) for k, t in
-                                              enumerate(batch.targets))]  # fmt: skip
+    named = [
+        *sorted(batch.inputs.items()),
+        *((f"target {k}", t) for k, t in enumerate(batch.targets)),
+    ]
     for name, tensor in named:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
         flat = tensor.detach().reshape(-1)

@@ -76,9 +76,14 @@ def export_weights(directory: Path, target: Path, train_state: Path | None = Non
 
 
 def export_sharded(
-    directory: Path, target: Path, train_state: Path | None = None, *,
-    shard_size: int = SHARD_SIZE, force: bool = False, notes: list[str] | None = None,
-) -> tuple[int, int]:  # fmt: skip
+    directory: Path,
+    target: Path,
+    train_state: Path | None = None,
+    *,
+    shard_size: int = SHARD_SIZE,
+    force: bool = False,
+    notes: list[str] | None = None,
+) -> tuple[int, int]:
     """Write the weights as a Hugging Face weights directory ``target``; returns (tensors,
     shards). Tensors are packed in name order; one larger than ``shard_size`` gets a shard of
     its own. The compile's ``--weights`` directory's ``config.json`` (and
@@ -99,8 +104,10 @@ def export_sharded(
         target.mkdir(parents=True, exist_ok=True)
         weight_map = {}
         for name, shard in zip(names, shards):
-            _atomic(target / name, lambda tmp, shard=shard: save_file(
-                shard, str(tmp), metadata=EXPORT_METADATA))  # fmt: skip
+            _atomic(
+                target / name,
+                lambda tmp, shard=shard: save_file(shard, str(tmp), metadata=EXPORT_METADATA),
+            )
             weight_map.update(dict.fromkeys(shard, name))
         copied = _copy_configs(directory, target)
         total = sum(t.numel() * t.element_size() for t in state.values())
@@ -195,8 +202,11 @@ def _weights_source(directory: Path) -> Path | None:
 def _leftover(name: str) -> bool:
     """A temporary file an export killed mid-write left (it is written over)."""
     inner = name[1:].removesuffix(".tmp")
-    return name.startswith(".") and name.endswith(".tmp") and (
-        SHARD.fullmatch(inner) is not None or inner == INDEX)  # fmt: skip
+    return (
+        name.startswith(".")
+        and name.endswith(".tmp")
+        and (SHARD.fullmatch(inner) is not None or inner == INDEX)
+    )
 
 
 def _names(names: list[str]) -> str:
@@ -228,8 +238,7 @@ def _copy_configs(directory: Path, target: Path) -> dict[str, str]:
     """Copy the ``--weights`` directory's configs where ``target`` has none; returns the
     sha256 of each config in ``target`` an export wrote (this one or an earlier one)."""
     earlier = copied_digests(target / INDEX)
-    ours = {n: d for n, d in earlier.items()
-            if (target / n).is_file() and sha256(target / n) == d}  # fmt: skip
+    ours = {n: d for n, d in earlier.items() if (target / n).is_file() and sha256(target / n) == d}
     source = _weights_source(directory)
     if source is None:
         return ours

@@ -50,8 +50,12 @@ def squared_norm(pipe) -> float:  # type: ignore[no-untyped-def]
     """This rank's share of the squared global gradient norm (float64 sum)."""
     if pipe.replica is not None and pipe.replica[0] != 0:
         return 0.0
-    skip = {(j, name) for held in pipe.layout.ties.values() for j, name in held.items()
-            if j != min(held)}  # fmt: skip
+    skip = {
+        (j, name)
+        for held in pipe.layout.ties.values()
+        for j, name in held.items()
+        if j != min(held)
+    }
     total = torch.zeros((), dtype=torch.float64)
     for j, module in _held(pipe):
         for name, p in module.named_parameters():

@@ -166,12 +166,16 @@ def check_options(options: TrainOptions, program: Program) -> None:
             f"run is {options.precision}, which scales no loss: drop it, or use fp16"
         )
     if program.asynchronous:
-        asked = [flag for flag, on in (
-            ("--skip-nonfinite", options.skip_nonfinite),
-            ("--accumulate", options.accumulate > 1),
-            ("--clip-grad-norm", options.clip_grad_norm is not None),
-            ("--precision fp16", options.precision == "fp16"),
-        ) if on]  # fmt: skip
+        asked = [
+            flag
+            for flag, on in (
+                ("--skip-nonfinite", options.skip_nonfinite),
+                ("--accumulate", options.accumulate > 1),
+                ("--clip-grad-norm", options.clip_grad_norm is not None),
+                ("--precision fp16", options.precision == "fp16"),
+            )
+            if on
+        ]
         if asked:
             raise PipecompileError(
                 NEEDS_SYNC.format(flags=" and ".join(asked), schedule=program.schedule)
@@ -224,8 +228,9 @@ def train(
             f"--warmup-steps {options.warmup_steps} is longer than the run ({total} steps): the "
             f"rate would never reach --lr; warm up over at most {total} steps, or run longer"
         )
-    schedulers = make_schedulers(pipe.optimizers or [], options.lr_schedule,
-                                 options.warmup_steps, total)  # fmt: skip
+    schedulers = make_schedulers(
+        pipe.optimizers or [], options.lr_schedule, options.warmup_steps, total
+    )
     scaler = LossScaler(options.loss_scale) if options.precision == "fp16" else None
     first = 0
     if options.resume is not None:
@@ -240,8 +245,9 @@ def train(
             f"step {total}, so there is nothing to train; pass --steps greater than {first}"
         )
     seed = options.seed if options.seed is not None else int(group.max([draw_base()])[0])
-    feed = _Feed(data, length, group, epochs=options.epochs,
-                 skip=first * options.accumulate, device=device)  # fmt: skip
+    feed = _Feed(
+        data, length, group, epochs=options.epochs, skip=first * options.accumulate, device=device
+    )
     has_eval = group.max([1.0 if eval_data is not None else 0.0])[0] > 0
     if options.eval_every and not has_eval:
         raise PipecompileError(
@@ -252,22 +258,35 @@ def train(
         probe = _Feed(_first_only(eval_data), None, group, epochs=1, skip=0, device=device)
         _evaluate(pipe, loss_fn, probe, group, reads, "checked before training")
     state.done, state.epoch = first, feed.epoch
-    reporter = Reporter(options.metrics if group.rank == 0 else None, total,
-                        quiet=options.quiet or group.rank != 0)  # fmt: skip
-    reporter.record({"kind": "start", "directory": pipe.name, "steps": total,
-                     "first": first, "precision": options.precision, "seed": seed,
-                     "microbatches": pipe.program.microbatches,
-                     "accumulate": options.accumulate})  # fmt: skip
+    reporter = Reporter(
+        options.metrics if group.rank == 0 else None, total, quiet=options.quiet or group.rank != 0
+    )
+    reporter.record(
+        {
+            "kind": "start",
+            "directory": pipe.name,
+            "steps": total,
+            "first": first,
+            "precision": options.precision,
+            "seed": seed,
+            "microbatches": pipe.program.microbatches,
+            "accumulate": options.accumulate,
+        }
+    )
     per_epoch = f", {length} batches an epoch" if length and length > 1 else ""
     if group.rank == 0 and not options.quiet:
-        print(f"training on {data.label if data else 'data read by other ranks'}{per_epoch}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"training on {data.label if data else 'data read by other ranks'}{per_epoch}",
+            file=sys.stderr,
+            flush=True,
+        )
     saved_at = first
     try:
         step = first
         while total is None or step < total:
-            done = _one_step(pipe, loss_fn, feed, options, group, scaler, seed, step, reads,
-                             one_process)  # fmt: skip
+            done = _one_step(
+                pipe, loss_fn, feed, options, group, scaler, seed, step, reads, one_process
+            )
             if done is None:  # the data ran out (--epochs)
                 break
             record, note = done
@@ -282,8 +301,9 @@ def train(
             reporter.step(record, note)
             if has_eval and _eval_due(options, step, total, feed):
                 evaluation = _Feed(eval_data, None, group, epochs=1, skip=0, device=device)
-                loss = _evaluate(pipe, loss_fn, evaluation, group, reads,
-                                 f"the evaluation after step {step}")  # fmt: skip
+                loss = _evaluate(
+                    pipe, loss_fn, evaluation, group, reads, f"the evaluation after step {step}"
+                )
                 reporter.eval(EvalRecord(step, feed.epoch, loss))
             if options.save and save_due(step, total or -1, options.save_every):
                 train = {"epoch": feed.epoch, "batches": feed.read}
@@ -301,10 +321,17 @@ def train(
 
 
 def _one_step(
-    pipe: Pipeline, loss_fn: LossFn, feed: _Feed, options: TrainOptions, group: Group,
-    scaler: LossScaler | None, seed: int, step: int, reads: tuple[bool, bool],
+    pipe: Pipeline,
+    loss_fn: LossFn,
+    feed: _Feed,
+    options: TrainOptions,
+    group: Group,
+    scaler: LossScaler | None,
+    seed: int,
+    step: int,
+    reads: tuple[bool, bool],
     one_process: bool,
-) -> tuple[StepRecord, str] | None:  # fmt: skip
+) -> tuple[StepRecord, str] | None:
     """One optimizer step and the note its line ends with; None if the data ended before it
     began."""
     sync = not pipe.asynchronous
@@ -326,9 +353,15 @@ def _one_step(
         inputs = batch.inputs if reads[0] else None
         targets = batch.targets if reads[1] else None
         try:
-            pipe.train_step(inputs, targets, loss_fn, keep_grads=sync, loss_scale=loss_scale,
-                            rng_base=step_base(seed, step, part),
-                            measure_memory=options.measure_memory)  # fmt: skip
+            pipe.train_step(
+                inputs,
+                targets,
+                loss_fn,
+                keep_grads=sync,
+                loss_scale=loss_scale,
+                rng_base=step_base(seed, step, part),
+                measure_memory=options.measure_memory,
+            )
         except PipecompileError as err:
             raise _in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
         if taken is not None:
@@ -424,9 +457,13 @@ def _eval_due(options: TrainOptions, step: int, total: int | None, feed: _Feed) 
 
 
 def _evaluate(
-    pipe: Pipeline, loss_fn: LossFn, data: _Feed, group: Group, reads: tuple[bool, bool],
+    pipe: Pipeline,
+    loss_fn: LossFn,
+    data: _Feed,
+    group: Group,
+    reads: tuple[bool, bool],
     when: str,
-) -> float:  # fmt: skip
+) -> float:
     """Mean loss over ``data`` (one epoch of eval_batches()) with the stages in eval mode (no
     dropout), forward only. A failure names the batch and ``when`` it was evaluated."""
     modes = [(m, m.training) for m in pipe.modules if m is not None]
@@ -470,8 +507,9 @@ def _first_only(source: BatchSource | None) -> BatchSource | None:
     return BatchSource(lambda: iter([first]), 1, source.label, source.again)
 
 
-def _in_batch(err: PipecompileError, pipe: Pipeline, feed: _Feed, batch: Batch,
-              when: str) -> PipecompileError:  # fmt: skip
+def _in_batch(
+    err: PipecompileError, pipe: Pipeline, feed: _Feed, batch: Batch, when: str
+) -> PipecompileError:
     """``err``, raised by the pipeline on ``feed``'s last batch, with that batch named first
     (an id outside an embedding's range said as such); ``when``: the step, or the check."""
     source = feed.source
@@ -495,8 +533,11 @@ def out_of_range(err: BaseException, batch: Batch, pipe: Pipeline) -> str | None
         cause = cause.__cause__
     if cause is None or "out of range" not in str(cause):
         return None
-    ids = {n: t for n, t in batch.inputs.items()
-           if t.numel() and not t.is_floating_point() and t.dtype != torch.bool}  # fmt: skip
+    ids = {
+        n: t
+        for n, t in batch.inputs.items()
+        if t.numel() and not t.is_floating_point() and t.dtype != torch.bool
+    }
     rows = _embeddings(pipe)
     if not ids or not rows:
         return None
@@ -537,9 +578,16 @@ class _Feed:
     returned again), or a number of batches other than its ``len()`` (either way), stops the
     run with an error instead of training on less than asked."""
 
-    def __init__(self, source: BatchSource | None, length: int | None, group: Group,
-                 *, epochs: int | None, skip: int,
-                 device: torch.device | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source: BatchSource | None,
+        length: int | None,
+        group: Group,
+        *,
+        epochs: int | None,
+        skip: int,
+        device: torch.device | None = None,
+    ) -> None:
         self.source, self.length, self.group, self.epochs = source, length, group, epochs
         self.device = device
         self.epoch, self.read, self.in_epoch = 1, 0, 0

@@ -47,9 +47,11 @@ def lr_factor(name: str, warmup: int, total: int | None) -> Callable[[int], floa
 
 
 def make_schedulers(
-    optimizers: Sequence[torch.optim.Optimizer | None], name: str, warmup: int,
+    optimizers: Sequence[torch.optim.Optimizer | None],
+    name: str,
+    warmup: int,
     total: int | None,
-) -> list[LambdaLR]:  # fmt: skip
+) -> list[LambdaLR]:
     """One scheduler per optimizer (None where a stage has no parameters here)."""
     factor = lr_factor(name, warmup, total)
     return [LambdaLR(opt, factor) for opt in optimizers if opt is not None]

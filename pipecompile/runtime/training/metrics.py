@@ -92,8 +92,12 @@ def peak_memory(pipe: Any, *, one_process: bool) -> list[int]:
         held = [*module.parameters(), *module.buffers()]
         held += [p.grad for p in module.parameters() if p.grad is not None]
         if optimizer is not None:
-            held += [v for s in optimizer.state.values() for v in s.values()
-                     if isinstance(v, torch.Tensor)]  # fmt: skip
+            held += [
+                v
+                for s in optimizer.state.values()
+                for v in s.values()
+                if isinstance(v, torch.Tensor)
+            ]
         peaks[pipe.program.stage_device[j]] += sum(t.numel() * t.element_size() for t in held)
     if stats is not None:
         for d, dev in enumerate(stats.devices):
@@ -104,8 +108,14 @@ def peak_memory(pipe: Any, *, one_process: bool) -> list[int]:
 class Reporter:
     """Prints a run's progress and appends its records to the metrics file (rank 0 only)."""
 
-    def __init__(self, metrics: Path | None, total: int | None, *, quiet: bool = False,
-                 stream: TextIO | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        metrics: Path | None,
+        total: int | None,
+        *,
+        quiet: bool = False,
+        stream: TextIO | None = None,
+    ) -> None:
         self.metrics, self.total, self.quiet = metrics, total, quiet
         self.stream = stream or sys.stdout
         self.bar = not quiet and self.stream.isatty() and total is not None

@@ -122,9 +122,14 @@ def _write(
     final = root / step_name(step)
     if rank == 0:
         _check_replaceable(root, final)
-        meta = {"format": FORMAT, "step": step, "stages": len(pipe.modules),
-                "split": split_fingerprint(pipe.manifest), "train": train or {},
-                "optimizer": _optimizer_kind(pipe)}  # fmt: skip
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "stages": len(pipe.modules),
+            "split": split_fingerprint(pipe.manifest),
+            "train": train or {},
+            "optimizer": _optimizer_kind(pipe),
+        }
         (tmp / STEP_META).write_text(json.dumps(meta) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -138,8 +143,11 @@ def _write(
 def _check_replaceable(root: Path, final: Path) -> None:
     """Never replace a ``step_<n>`` or ``latest`` pipecompile did not write (``check_save_dir``
     refuses them before a run; this guards a user who puts one there meanwhile)."""
-    foreign = [p.name for p in (final, root / LATEST) if p.exists()
-               and not (is_our_step_dir(p) if p is final else is_our_latest(p))]  # fmt: skip
+    foreign = [
+        p.name
+        for p in (final, root / LATEST)
+        if p.exists() and not (is_our_step_dir(p) if p is final else is_our_latest(p))
+    ]
     if foreign:
         raise EmitError(
             f"cannot save train state {final}: {root} holds {', '.join(foreign)}, which "
@@ -148,9 +156,13 @@ def _check_replaceable(root: Path, final: Path) -> None:
 
 
 def _failed_save(
-    pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any] | None,
+    pipe: Pipeline,
+    root: Path,
+    step: int,
+    rank: int,
+    train: dict[str, Any] | None,
     cause: OSError,
-) -> str:  # fmt: skip
+) -> str:
     """What a save the disk refused tells the user; in one process, this step is saved to a
     fresh temporary directory first, so that the training done is not lost."""
     line = disk_message(f"write train state {step_name(step)} to", root, cause)
@@ -191,8 +203,9 @@ def check_save_dir(
     check_directory(root, "train state")
     if not root.is_dir():
         return None
-    steps = sorted((p for p in root.iterdir() if _STEP.fullmatch(p.name)),
-                   key=lambda p: int(p.name[5:]))  # fmt: skip
+    steps = sorted(
+        (p for p in root.iterdir() if _STEP.fullmatch(p.name)), key=lambda p: int(p.name[5:])
+    )
     foreign = [p.name + "/" * p.is_dir() for p in steps if not is_our_step_dir(p)]
     latest = root / LATEST
     if latest.exists() and not is_our_latest(latest):
@@ -257,8 +270,10 @@ def latest_step_dir(root: Path) -> Path:
     try:
         step_dir = root / pointer.read_text().strip()
     except (OSError, UnicodeDecodeError) as err:
-        raise EmitError(f"cannot read {pointer}: {err}; pass a step directory instead, e.g. "
-                        f"--resume {root}/step_N") from None  # fmt: skip
+        raise EmitError(
+            f"cannot read {pointer}: {err}; pass a step directory instead, e.g. "
+            f"--resume {root}/step_N"
+        ) from None
     if not (step_dir / STEP_META).is_file():
         raise EmitError(f"{step_dir} is not a complete step saved by pipecompile")
     read_meta(step_dir)
@@ -271,21 +286,27 @@ def read_meta(step_dir: Path) -> dict[str, Any]:
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EmitError(f"train state {path} is damaged ({type(err).__name__}: {err}); "
-                        f"{_earlier(step_dir)}") from None  # fmt: skip
+        raise EmitError(
+            f"train state {path} is damaged ({type(err).__name__}: {err}); {_earlier(step_dir)}"
+        ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise EmitError(f"{step_dir} is not a complete step saved by pipecompile ({path} lacks "
-                        f"the format {FORMAT!r}); {_earlier(step_dir)}")  # fmt: skip
+        raise EmitError(
+            f"{step_dir} is not a complete step saved by pipecompile ({path} lacks "
+            f"the format {FORMAT!r}); {_earlier(step_dir)}"
+        )
     if not isinstance(meta.get("step"), int) or not isinstance(meta.get("stages"), int):
-        raise EmitError(f"train state {path} is damaged (no whole 'step' and 'stages'); "
-                        f"{_earlier(step_dir)}")  # fmt: skip
+        raise EmitError(
+            f"train state {path} is damaged (no whole 'step' and 'stages'); {_earlier(step_dir)}"
+        )
     return meta
 
 
 def _earlier(step_dir: Path) -> str:
     """Advice to resume from another step of the same train state directory."""
-    others = sorted((p for p in step_dir.parent.glob("step_*") if p != step_dir and
-                     p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))  # fmt: skip
+    others = sorted(
+        (p for p in step_dir.parent.glob("step_*") if p != step_dir and p.name[5:].isdigit()),
+        key=lambda p: int(p.name[5:]),
+    )
     if others:
         return f"resume from another step, e.g. --resume {others[-1]}"
     return "resume from another saved step, or start again without --resume"
