@@ -392,33 +392,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-untyped-def]
     """`run --check`: one step against the eager model."""
-    from pipecompile.runtime.check.asynchronous import check_async_step
-    from pipecompile.runtime.check.step import check_step
+    from pipecompile.runtime.check.eager import check_against_eager
 
     if spec.targets is None:
         raise ModelFileError(f"{spec.path} needs example_targets() for `run --check`")
     assert spec.model is not None  # built for --check
-    if pipe.asynchronous:
-        report = check_async_step(
-            pipe,
-            spec.model,
-            spec.inputs,
-            spec.targets,
-            spec.loss_fn,
-            lr=args.lr,
-            atol=args.atol,
-            rtol=args.rtol,
-        )
-    else:
-        report = check_step(
-            pipe,
-            spec.model,
-            spec.inputs,
-            spec.targets,
-            spec.loss_fn,
-            atol=args.atol,
-            rtol=args.rtol,
-        )
+    report = check_against_eager(pipe, spec, lr=args.lr, atol=args.atol, rtol=args.rtol)
     print(report)
     if not report.ok:
         raise CheckError("pipelined results differ from the eager model (see above)")

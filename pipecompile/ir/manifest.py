@@ -21,6 +21,7 @@ from typing import Any
 
 from pipecompile.errors import EmitError, ManifestVersionError
 from pipecompile.files.names import MANIFEST
+from pipecompile.ir.stage_graph import Edge  # the stage graph's, as the manifest lists it
 
 __all__ = [
     "FORMAT",
@@ -89,32 +90,20 @@ class ValueSpec:
         return {"value": self.value, "shape": list(self.shape), "dtype": self.dtype}
 
 
-@dataclass(frozen=True)
-class Edge:
-    """A value crossing from stage ``src`` to stage ``dst``: its micro-batch shape and bytes."""
+def _edge_from_json(raw: Json) -> Edge:
+    shape = tuple(raw["shape"])
+    return Edge(raw["value"], raw["src"], raw["dst"], shape, raw["dtype"], raw["bytes"])
 
-    value: str
-    src: int
-    dst: int
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
 
-    @classmethod
-    def from_json(cls, raw: Json) -> Edge:
-        return cls(
-            raw["value"], raw["src"], raw["dst"], tuple(raw["shape"]), raw["dtype"], raw["bytes"]
-        )
-
-    def to_json(self) -> Json:
-        return {
-            "value": self.value,
-            "src": self.src,
-            "dst": self.dst,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "bytes": self.nbytes,
-        }
+def _edge_to_json(edge: Edge) -> Json:
+    return {
+        "value": edge.value,
+        "src": edge.src,
+        "dst": edge.dst,
+        "shape": list(edge.shape),
+        "dtype": edge.dtype,
+        "bytes": edge.nbytes,
+    }
 
 
 @dataclass(frozen=True)
@@ -327,7 +316,7 @@ class Manifest:
             balance=raw.get("balance"),
             program=raw["program"],
             stages=tuple(map(StageEntry.from_json, raw["stages"])),
-            edges=tuple(map(Edge.from_json, raw.get("edges", []))),
+            edges=tuple(map(_edge_from_json, raw.get("edges", []))),
             weights=WeightsRecord.from_json(weights) if weights is not None else None,
         )
 
@@ -356,7 +345,7 @@ class Manifest:
             "balance": self.balance,
             "program": self.program,
             "stages": [s.to_json() for s in self.stages],
-            "edges": [e.to_json() for e in self.edges],
+            "edges": [_edge_to_json(e) for e in self.edges],
             "weights": self.weights.to_json() if self.weights is not None else None,
         }
         return {k: v for k, v in raw.items() if k not in optional or optional[k] is not None}

@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from pipecompile.ir.microbatch import join_microbatches
 from pipecompile.model.model_file import ModelSpec
-from pipecompile.runtime.check.asynchronous import check_async_step
-from pipecompile.runtime.check.step import CheckReport, check_step, compare
+from pipecompile.runtime.check.eager import check_against_eager
+from pipecompile.runtime.check.step import CheckReport, compare
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["check_distributed"]
@@ -66,29 +66,11 @@ def _compare_on_rank0(
 ) -> CheckReport:
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
     local = Pipeline.load(directory, args.program)
+    report = check_against_eager(local, spec, lr=args.lr, atol=args.atol, rtol=args.rtol)
     if asynchronous:
-        report = check_async_step(
-            local,
-            spec.model,
-            spec.inputs,
-            spec.targets,
-            spec.loss_fn,
-            lr=args.lr,
-            atol=args.atol,
-            rtol=args.rtol,
-        )
         local_values = local.state_dict()
         local_loss, local_outs = None, None
     else:
-        report = check_step(
-            local,
-            spec.model,
-            spec.inputs,
-            spec.targets,
-            spec.loss_fn,
-            atol=args.atol,
-            rtol=args.rtol,
-        )
         local_values = {}
         local_loss, outs = local.train_step(
             spec.inputs,
