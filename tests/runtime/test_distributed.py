@@ -24,6 +24,24 @@ def compile_to(tmp_path: Path, model: str, *options: str) -> str:
     return out
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """compiled(model, *options): the emitted directory, compiled once for every test here that
+    only runs it (a run adds its metrics.jsonl there; checkpoints go elsewhere)."""
+    made: dict[tuple[str, ...], str] = {}
+
+    def get(model: str, *options: str) -> str:
+        if (model, *options) not in made:
+            made[(model, *options)] = compile_to(tmp_path_factory.mktemp("out"), model, *options)
+        return made[(model, *options)]
+
+    return get
+
+
+MLP_2 = ("--stages", "2", "--microbatches", "4", "--schedule", "gpipe")
+GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
+
+
 @pytest.mark.parametrize(
     "model, nproc, options",
     [
@@ -39,8 +57,8 @@ def compile_to(tmp_path: Path, model: str, *options: str) -> str:
     ids=["mlp-gpipe-2", "mlp-zb1p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4", "gpt-interleaved-2",
          "gpt-workers-3"],
 )  # fmt: skip
-def test_distributed_check_equals_local_and_eager(tmp_path, capfd, model, nproc, options):
-    out = compile_to(tmp_path, model, *options)
+def test_distributed_check_equals_local_and_eager(compiled, capfd, model, nproc, options):
+    out = compiled(model, *options)
     assert main(["run", out, "--nproc", str(nproc), "--check", "--lr", "0.1"]) == 0
     text = capfd.readouterr().out
     assert "check passed" in text
@@ -49,15 +67,15 @@ def test_distributed_check_equals_local_and_eager(tmp_path, capfd, model, nproc,
         assert "max |diff| 0.000e+00" in text.split("vs local backend")[1]
 
 
-def test_wrong_process_count_is_a_clear_error(tmp_path, capfd):
-    out = compile_to(tmp_path, MLP, "--stages", "2")
+def test_wrong_process_count_is_a_clear_error(compiled, capfd):
+    out = compiled(MLP, *MLP_2)
     assert main(["run", out, "--nproc", "3", "-q"]) == 2
     assert "but 3 were started; start 2" in (capfd.readouterr().err)
 
 
 @pytest.mark.parametrize("kind", ["kill", "raise"])
-def test_a_failed_rank_stops_every_rank_naming_it(tmp_path, capfd, monkeypatch, kind):
-    out = compile_to(tmp_path, GPT, "--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
+def test_a_failed_rank_stops_every_rank_naming_it(compiled, capfd, monkeypatch, kind):
+    out = compiled(GPT, *GPT_4)
     monkeypatch.setenv("PIPECOMPILE_FAULT", f"2:2B1:{kind}")
     records: list[dict] = []
     start = time.time()
@@ -75,11 +93,10 @@ def test_a_failed_rank_stops_every_rank_naming_it(tmp_path, capfd, monkeypatch, 
     assert time.time() - start < 240  # generous: a hang guard, not a speed test
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path, capfd):
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, compiled):
     straight, split = tmp_path / "straight", tmp_path / "split"
     args = ["--nproc", "2", "--optimizer", "adamw", "--lr", "0.01", "-q"]
-    interleave = compile_to(tmp_path / "i", GPT, "--stages", "4", "--microbatches", "4",
-                            "--schedule", "interleaved")  # fmt: skip
+    interleave = compiled(GPT, "--stages", "4", "--microbatches", "4", "--schedule", "interleaved")
     assert main(["run", interleave, "--steps", "4", "--save", str(straight), "--save-every", "2",
                  *args]) == 0  # fmt: skip
     # the run as if stopped after step 2's save: its checkpoints up to step 2, `latest` naming it
@@ -116,8 +133,8 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, capfd):
     assert not torch.equal(model.wte.weight, fresh.wte.weight)  # the trained weights
 
 
-def test_a_hung_rank_is_stopped_after_the_timeout(tmp_path, capfd, monkeypatch):
-    out = compile_to(tmp_path, MLP, "--stages", "2", "--microbatches", "4")
+def test_a_hung_rank_is_stopped_after_the_timeout(compiled, capfd, monkeypatch):
+    out = compiled(MLP, *MLP_2)
     monkeypatch.setenv("PIPECOMPILE_FAULT", "1:1B2:hang")
     start = time.time()
     assert launch(2, [out, "--steps", "2", "--timeout", "3", "-q"]) == 2
@@ -138,7 +155,7 @@ def test_a_distributed_mismatch_exits_1(tmp_path, capfd):
     ids=["mlp-2-1-1", "gpt-tied-2-1", "gpt-last-1-2"],
 )
 def test_replicated_stages_equal_the_unreplicated_run(
-    tmp_path, capfd, model, stages, replicate, nproc
+    tmp_path, compiled, capfd, model, stages, replicate, nproc
 ):
     common = ["--stages", str(stages), "--microbatches", "4", "--schedule", "1f1b"]
     out = compile_to(tmp_path, model, *common, "--replicate", replicate)
@@ -152,7 +169,7 @@ def test_replicated_stages_equal_the_unreplicated_run(
     replicated = [float(ln.split()[3]) for ln in capfd.readouterr().out.splitlines()]
     # the unreplicated reference runs locally: an unreplicated run under --nproc equals the
     # local one bit for bit (test_distributed_check_equals_local_and_eager)
-    plain = compile_to(tmp_path / "plain", model, *common)
+    plain = compiled(model, *common)  # gpt-tied-2-1 and gpt-last-1-2 share it
     assert main(["run", plain, *train]) == 0
     unreplicated = [float(ln.split()[3]) for ln in capfd.readouterr().out.splitlines()]
     assert len(replicated) == len(unreplicated) == 3
