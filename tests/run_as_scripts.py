@@ -1,12 +1,12 @@
 """Run Python files as scripts, each as ``python FILE ARGS...`` would, paying torch's import once.
 
 Usage: ``python tests/run_as_scripts.py JOBS.json RESULTS.json``, where JOBS.json lists
-``[path, [args...]]`` pairs. This process imports torch, then forks one child per file; the
-child sets ``sys.argv`` and ``sys.path[0]`` as the interpreter does for a script, sends its
-stdout and stderr to files and runs the file as ``__main__``. RESULTS.json maps each path to
-its exit status, stdout and stderr. A child still running after ``TIMEOUT_S`` is killed
-(status -9). Nothing here runs a torch operation before forking: OpenMP's thread pool is not
-safe to fork once it has started.
+``[path, [args...]]`` pairs. This process imports torch, then forks one child per file (two
+running at a time); the child sets ``sys.argv`` and ``sys.path[0]`` as the interpreter does for
+a script, sends its stdout and stderr to files and runs the file as ``__main__``. RESULTS.json
+maps each path to its exit status, stdout and stderr. A child still running after ``TIMEOUT_S``
+is killed (status -9). Nothing here runs a torch operation before forking: OpenMP's thread pool
+is not safe to fork once it has started.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from pathlib import Path
 import torch  # noqa: F401  (the import every child shares)
 
 TIMEOUT_S = 300.0  # per file: a hang guard, not a speed limit
+# Two at once: much of a script is importing and tracing in one Python thread, which leaves
+# one of CI's two cores idle (as tests/tools/test_quick.py runs the tools' quick modes).
+AT_ONCE = 2
 
 
 def _child(path: str, args: list[str], out: Path, err: Path) -> None:
@@ -46,35 +49,48 @@ def _child(path: str, args: list[str], out: Path, err: Path) -> None:
     os._exit(status)
 
 
-def _wait(pid: int) -> int:
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return -9
-
-
-def run(path: str, args: list[str], scratch: Path) -> dict[str, object]:
-    out, err = scratch / "stdout", scratch / "stderr"
+def _start(path: str, args: list[str], scratch: Path) -> int:
+    """Fork a child running ``path``; its stdout and stderr go to files in ``scratch``."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(path, args, out, err)
-    status = _wait(pid)
-    return {"status": status, "stdout": out.read_text(), "stderr": err.read_text()}
+        _child(path, args, scratch / "stdout", scratch / "stderr")
+    return pid
+
+
+def _reap(running: dict[int, tuple[str, Path, float]], found: dict[str, dict]) -> None:
+    """Wait for one child to end (or kill the first past its deadline) and record it."""
+    while True:
+        for pid, (path, scratch, deadline) in running.items():
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if not done and time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                done, status = os.waitpid(pid, 0)
+            if done:
+                del running[pid]
+                found[path] = {
+                    "status": os.waitstatus_to_exitcode(status),
+                    "stdout": (scratch / "stdout").read_text(),
+                    "stderr": (scratch / "stderr").read_text(),
+                }
+                return
+        time.sleep(0.05)
 
 
 def main() -> None:
     jobs, results = sys.argv[1], sys.argv[2]
-    found = {}
+    found: dict[str, dict] = {}
+    running: dict[int, tuple[str, Path, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for path, args in json.loads(Path(jobs).read_text()):
-            found[path] = run(path, args, Path(tmp))
+        for k, (path, args) in enumerate(json.loads(Path(jobs).read_text())):
+            if len(running) == AT_ONCE:
+                _reap(running, found)
+            scratch = Path(tmp) / str(k)
+            scratch.mkdir()
+            running[_start(path, args, scratch)] = (path, scratch, time.monotonic() + TIMEOUT_S)
+        while running:
+            _reap(running, found)
     Path(results).write_text(json.dumps(found))
 
 
