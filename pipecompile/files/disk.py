@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,9 +59,12 @@ def os_error(err: BaseException) -> OSError | None:
 
 
 @contextmanager
-def writing(doing: str, path: Path | str) -> Iterator[None]:
+def writing(
+    doing: str, path: Path | str, *, message: Callable[[OSError], str] | None = None
+) -> Iterator[None]:
     """Turn a disk or permission error raised inside into an ``EmitError`` reading
-    ``disk_message(doing, path, ...)``; other errors pass through.
+    ``disk_message(doing, path, ...)`` (or ``message(the OSError)``); other errors pass
+    through.
 
     Example:
         >>> with writing("write the plot to", "out.svg"):  # doctest: +SKIP
@@ -75,4 +78,5 @@ def writing(doing: str, path: Path | str) -> Iterator[None]:
         cause = os_error(err)
         if cause is None:
             raise
-        raise EmitError(disk_message(doing, path, cause)) from None
+        line = message(cause) if message is not None else disk_message(doing, path, cause)
+        raise EmitError(line) from None

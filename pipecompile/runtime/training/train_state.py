@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
-from pipecompile.errors import EmitError, PipecompileError
-from pipecompile.files.disk import disk_message, os_error
+from pipecompile.errors import EmitError
+from pipecompile.files.disk import disk_message, os_error, writing
 from pipecompile.files.names import (
     LATEST,
     STEP_META,
@@ -81,15 +82,9 @@ def save(
             or the disk refused the save: the message names ``root``, the last complete
             saved step in it and (in one process) where this step was saved instead.
     """
-    try:
+    failed = partial(_failed_save, pipe, root, step, rank, train)
+    with writing("save the train state to", root, message=failed):
         return _save(pipe, root, step, rank, train)
-    except PipecompileError:
-        raise
-    except Exception as err:
-        cause = os_error(err)
-        if cause is None:
-            raise
-        raise EmitError(_failed_save(pipe, root, step, rank, train, cause)) from None
 
 
 def _save(pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any] | None) -> Path:
