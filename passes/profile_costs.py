@@ -116,7 +116,8 @@ def _scaled_to_whole(times: dict[str, int], whole: int) -> dict[str, int]:
     total = sum(times.values())
     if total <= 0 or whole <= 0:
         return times
-    return {name: round(t * whole / total) for name, t in times.items()}
+    # at least 1 ns again: a 1-ns op scaled down must not round to 0 ("not measured")
+    return {name: max(1, round(t * whole / total)) for name, t in times.items()}
 
 
 def _harness_overhead(warmup: int, repeats: int) -> int:

@@ -25,6 +25,15 @@ def test_every_op_gets_a_time_and_the_cache_answers_the_second_time(tmp_path):
     assert [info(n).time_ns for n in compute_nodes(again.graph)] == [info(n).time_ns for n in ops]
 
 
+def test_a_tiny_op_scaled_to_the_whole_graph_keeps_a_measured_time():
+    """On a busy machine an op can measure below the harness overhead (1 ns); scaling every
+    op to the whole graph's time must not round it to 0, which reads as "not measured"."""
+    from pipecompile.passes.profile_costs import _scaled_to_whole
+
+    scaled = _scaled_to_whole({"tiny": 1, "big": 10_000}, whole=4_000)
+    assert scaled == {"tiny": 1, "big": 4_000}
+
+
 def test_balance_time_cuts_exactly_on_the_measured_times():
     spec = example_spec("mlp")
     traced = trace(spec.model, spec.inputs)
