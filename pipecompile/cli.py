@@ -563,7 +563,19 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
 def _run_distributed(args: argparse.Namespace) -> int:
     from pipecompile.files.names import METRICS
     from pipecompile.runtime.distributed.launch import launch
+    from pipecompile.runtime.distributed.placement import Placement
+    from pipecompile.runtime.load import read_manifest, read_program
 
+    directory = Path(args.directory)
+    manifest = read_manifest(directory)
+    program = read_program(Path(args.program) if args.program else directory / manifest.program)
+    placement = Placement.from_manifest(manifest, program.stage_device)
+    if args.nproc != placement.world:  # refused before any rank starts
+        raise PipecompileError(
+            f"--nproc {args.nproc}: the program runs on {len(program.devices)} devices with "
+            f"replicas {list(placement.device_replicas)}, {placement.world} ranks; "
+            f"run --nproc {placement.world}"
+        )
     if args.metrics is None:
         args.metrics = str(Path(args.directory) / METRICS)
     ranks = to_argv(from_args(RunFlags, args)) + to_argv(from_args(TrainFlags, args))
