@@ -1,0 +1,29 @@
+"""The wheel holds every package: pyproject's package list equals the folders with an __init__.py.
+
+An editable install finds any folder, so a subpackage missing from the list only breaks a
+regular ``pip install .``, where its imports fail at run time.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _on_disk() -> set[str]:
+    found = set()
+    for top, prefix in (("pipecompile", "pipecompile"), ("passes", "pipecompile.passes")):
+        for init in (ROOT / top).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / top).parts
+            found.add(".".join((prefix, *parts)))
+    return found
+
+
+def test_every_package_folder_is_declared_for_the_wheel() -> None:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(setuptools["packages"])
+    assert _on_disk() - declared == set(), "add these to [tool.setuptools] packages"
+    assert declared - _on_disk() == set(), "these are declared but have no __init__.py"
+    assert setuptools["package-dir"] == {"pipecompile.passes": "passes"}
