@@ -6,8 +6,9 @@ regular ``pip install .``, where its imports fail at run time.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
