@@ -1,18 +1,23 @@
-"""`pipecompile run OUT --nproc N`: start N ranks on this machine with torch's own launcher.
+"""`pipecompile run OUT --nproc N`: start N ranks on this machine and see them to their end.
 
-The ranks are `python -m torch.distributed.run --standalone --nproc-per-node N
--m pipecompile.runtime.distributed.worker OUT ...`. Rank 0's output is passed through, and what
-the model file's hooks print on any rank is shown as it comes, each line prefixed ``rank k:``; the
-launcher's own chatter is dropped unless the run fails, in which case each rank's one-line
-reason is shown, each on a line of its own.
+This process hosts the run's c10d store and starts each rank as ``python -m
+pipecompile.runtime.distributed.worker OUT ...`` with the environment torch's own launcher would
+give it (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` of the store,
+``TORCHELASTIC_USE_AGENT_STORE``), so a rank cannot tell the two apart and the worker still runs
+under ``torchrun`` for several machines. Starting the ranks here saves the second Python
+process that imports torch before any rank can start (about 1.5 s of a 5 s run on 2 cores).
 
-Ctrl-C or SIGTERM stops the whole run. The launcher runs in a session of its own (torch starts
-each rank in one too), so a terminal's Ctrl-C reaches only this process, which sends SIGTERM to
-the launcher and to every rank, SIGKILLs whatever is left after ``GRACE_S`` seconds, removes
-the train state's temporary files and prints one line. The run's processes are found by the
-status directory in their environment, which they keep even once the launcher is gone. On
-Linux the launcher is also SIGKILLed when this process dies, however it dies; the ranks then
-stop by themselves (their watchdogs lose the store the launcher held).
+Rank 0's output is passed through, and what the model file's hooks print on any rank is shown
+as it comes, each line prefixed ``rank k:``; the ranks' other stderr is kept and shown only
+if the run fails without a line of its own saying why. When a rank fails, the others get
+SIGTERM at once (their watchdogs name the failed rank), and SIGKILL ``GRACE_S`` later.
+
+Ctrl-C or SIGTERM stops the whole run. Each rank runs in a session of its own, so a terminal's
+Ctrl-C reaches only this process, which sends SIGTERM to every rank, SIGKILLs whatever is left
+after ``GRACE_S`` seconds, removes the train state's temporary files and prints one line. The
+run's processes are found by the status directory in their environment, which they keep even
+once they outlive their parent. On Linux each rank is also SIGKILLed when this process dies,
+however it dies.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pipecompile.runtime.distributed.local_ranks import LocalRanks
 from pipecompile.runtime.distributed.rank_output import USER_LINE, say
 from pipecompile.runtime.distributed.worker import worker_parser
 from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
@@ -55,19 +60,8 @@ def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> i
     save = Path(options.save) if options.save else None
     with _StopSignals() as stop:
         with tempfile.TemporaryDirectory(prefix="pipecompile-run-") as status_dir:
-            command = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={nproc}",
-                "--monitor-interval=0.1",
-                "-m",
-                "pipecompile.runtime.distributed.worker",
-                *worker_args,
-            ]
             env = {**os.environ, _STATUS_ENV: status_dir, "OMP_NUM_THREADS": "1"}
-            returncode, stderr = _supervise(command, env, status_dir, stop)
+            returncode, stderr = _supervise(nproc, worker_args, env, status_dir, stop)
             entries = [json.loads(p.read_text()) for p in Path(status_dir).glob("rank*.json")]
         if keep is not None:
             keep.extend(entries)
@@ -80,7 +74,7 @@ def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> i
 
 
 def _outcome(nproc: int, returncode: int, stderr: str, entries: list[dict]) -> int:
-    """Print the ranks' own lines (and the launcher's output if none says why it failed);
+    """Print the ranks' own lines (and their other stderr if none says why it failed);
     return the run's exit status."""
     statuses = {entry["rank"]: entry["status"] for entry in entries}
     ours = [
@@ -136,32 +130,25 @@ class _StopSignals:
 
 
 def _supervise(
-    command: list[str], env: dict[str, str], status_dir: str, stop: _StopSignals
+    nproc: int, worker_args: list[str], env: dict[str, str], status_dir: str, stop: _StopSignals
 ) -> tuple[int, str]:
-    """Run the launcher to its end; returns its exit status and stderr. Whatever way this
-    ends, no process of the run is left afterwards."""
+    """Start the ranks and see them to their end; returns the run's exit status and the
+    ranks' stderr. Whatever way this ends, no process of the run is left afterwards."""
     marker = f"{_STATUS_ENV}={status_dir}".encode()
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=_tied_to_us(),
-    )
-    relay = _Relay(proc.stderr)
-    relay.start()
-    try:
-        _wait(proc, relay, marker, stop)
-    finally:
-        _end_run(proc, marker)  # normally nothing is left; after an exception, everything
-    relay.join(GRACE_S)
-    return proc.returncode, relay.text
+    with LocalRanks(nproc, worker_args, env, preexec=_tied_to_us()) as ranks:
+        relay = _Relay(ranks.stderr)
+        relay.start()
+        try:
+            _wait(ranks, relay, marker, stop)
+        finally:
+            _end_run(ranks, marker)  # normally nothing is left; after an exception, everything
+        relay.join(GRACE_S)
+        return ranks.returncode() or 0, relay.text
 
 
 class _Relay(threading.Thread):
-    """Reads the launcher's stderr, which the ranks share, to its end: the model file's own
-    lines (``rank k: ...``) are shown as they come, and everything is kept for the end."""
+    """Reads the stderr the ranks share to its end: the model file's own lines
+    (``rank k: ...``) are shown as they come, and everything is kept for the end."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(daemon=True, name="pipecompile-relay")
@@ -183,9 +170,9 @@ class _Relay(threading.Thread):
 
 
 def _tied_to_us() -> Any:
-    """On Linux, what the launcher runs before it starts so that our death, even by SIGKILL,
-    kills it too; elsewhere None. Not SIGTERM: with nobody reading its stderr, torch's
-    launcher was seen to carry on after one."""
+    """On Linux, what each rank runs before it starts so that our death, even by SIGKILL,
+    kills it too (it would otherwise lose the store we host and stop, at its next heartbeat,
+    without a line anyone reads); elsewhere None."""
     if not sys.platform.startswith("linux"):
         return None
     return partial(_killed_when_parent_dies, ctypes.CDLL(None).prctl, os.getpid())
@@ -197,56 +184,54 @@ def _killed_when_parent_dies(prctl: Any, parent: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _wait(proc: subprocess.Popen, relay: _Relay, marker: bytes, stop: _StopSignals) -> None:
-    """Until the launcher has ended and the ranks (who share its stderr) have closed it.
-    A stop signal sends them SIGTERM; GRACE_S later, or at a second signal, SIGKILL."""
+def _wait(ranks: LocalRanks, relay: _Relay, marker: bytes, stop: _StopSignals) -> None:
+    """Until every rank has ended and closed the stderr they share. A failed rank, like a
+    stop signal, sends the others SIGTERM; GRACE_S later (or at a second signal) SIGKILL."""
     deadline = None
     while True:
         relay.join(_POLL_S)
-        if not relay.is_alive() and proc.poll() is not None:
+        if not relay.is_alive() and not ranks.running():
             return
-        if stop.caught and deadline is None:
-            _signal_run(proc, marker, signal.SIGTERM)
+        if (stop.caught or ranks.failed()) and deadline is None:
+            _signal_run(ranks, marker, signal.SIGTERM)
             deadline = time.monotonic() + GRACE_S
         if deadline is not None and (time.monotonic() > deadline or len(stop.caught) > 1):
-            _signal_run(proc, marker, signal.SIGKILL)
+            _signal_run(ranks, marker, signal.SIGKILL)
             relay.join(GRACE_S)  # else something outside the run holds the pipe
             return  # _end_run finishes
 
 
-def _end_run(proc: subprocess.Popen, marker: bytes) -> None:
+def _end_run(ranks: LocalRanks, marker: bytes) -> None:
     """SIGTERM what is left of the run, SIGKILL it GRACE_S later; returns once it is gone."""
-    if proc.poll() is None or _run_pids(marker):
-        _signal_run(proc, marker, signal.SIGTERM)
-        if not _gone(proc, marker, GRACE_S):
-            _signal_run(proc, marker, signal.SIGKILL)
-            _gone(proc, marker, GRACE_S)
-    if proc.stderr is not None:
-        proc.stderr.close()
+    if ranks.running() or _run_pids(marker):
+        _signal_run(ranks, marker, signal.SIGTERM)
+        if not _gone(ranks, marker, GRACE_S):
+            _signal_run(ranks, marker, signal.SIGKILL)
+            _gone(ranks, marker, GRACE_S)
+    ranks.stderr.close()
 
 
-def _gone(proc: subprocess.Popen, marker: bytes, seconds: float) -> bool:
+def _gone(ranks: LocalRanks, marker: bytes, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while proc.poll() is None or _run_pids(marker):
+    while ranks.running() or _run_pids(marker):
         if time.monotonic() > deadline:
             return False
         time.sleep(_POLL_S)
     return True
 
 
-def _signal_run(proc: subprocess.Popen, marker: bytes, sig: int) -> None:
-    """Send ``sig`` to the launcher's process group and to every process of the run."""
-    targets = [(os.killpg, proc.pid)] if proc.returncode is None else []
-    targets += [(os.kill, pid) for pid in _run_pids(marker)]
-    for send, pid in targets:
+def _signal_run(ranks: LocalRanks, marker: bytes, sig: int) -> None:
+    """Send ``sig`` to each rank's process group and to every process of the run."""
+    ranks.signal(sig)
+    for pid in _run_pids(marker):
         try:
-            send(pid, sig)
+            os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass  # it ended meanwhile
 
 
 def _run_pids(marker: bytes) -> list[int]:
-    """The live processes whose environment holds ``marker`` (the launcher and the ranks);
+    """The live processes whose environment holds ``marker`` (the ranks and anything they started);
     an exited process's environment reads empty. Without /proc: none."""
     try:
         names = os.listdir("/proc")

@@ -1,7 +1,7 @@
 """One rank of a distributed run: `python -m pipecompile.runtime.distributed.worker OUT [options]`.
 
-Started by torch's launcher, one process per device of the program (`pipecompile run OUT
---nproc N` does it for one machine; see docs/DISTRIBUTED.md for several). Each rank loads only
+Started one process per device of the program, by `pipecompile run OUT --nproc N` on one
+machine or by torch's launcher on several (docs/DISTRIBUTED.md). Each rank loads only
 its own stages, runs its own device's instructions over the distributed backend (gloo on CPU,
 NCCL on CUDA) and rank 0 prints the losses and the check.
 """
