@@ -47,3 +47,24 @@ def write_model_file(tmp_path: Path, source: str, name: str = "model.py") -> Pat
     path = tmp_path / name
     path.write_text(source)
     return path
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the selected tools' quick runs in the background (tests/tools/background.py)."""
+    if session.config.option.collectonly:
+        return
+    from tests.tools.background import RUNS
+
+    quick = [
+        item.callspec.params["script"]
+        for item in session.items
+        if getattr(item, "originalname", None) == "test_quick_mode_runs"
+    ]
+    alone = all(item.nodeid.startswith("tests/tools/") for item in session.items)
+    RUNS.start(quick, at_once=2 if alone else 1)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.tools.background import RUNS
+
+    RUNS.stop()

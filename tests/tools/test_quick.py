@@ -7,50 +7,23 @@ it must exit 0 and print something. A missing optional peer (torchgpipe, DeepSpe
 is skipped by the script itself with a note. tools/qa/bad_inputs.py has its own test
 (tests/test_bad_inputs.py); tools/bench/common.py is the benchmarks' shared helpers, no script.
 
-The selected scripts run two at a time: most of a quick run is starting Python processes and
-importing torch, which leaves one of CI's two cores idle, so this halves the file's time.
+The selected scripts run in the background from the moment collection ends
+(tests/tools/background.py), overlapping the rest of the suite; the tests here read the results.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.tools.background import RUNS
 
-TIMEOUT_S = 300  # per script: a quick mode takes seconds; this only bounds a hang
-AT_ONCE = 2
 ROOMS = ("bench", "qa")
 NOT_RUN = {"bad_inputs.py", "common.py"}  # tests/test_bad_inputs.py; the benchmarks' helpers
 FOUND = sorted(p for room in ROOMS for p in (ROOT / "tools" / room).glob("*.py"))
 SCRIPTS = [p for p in FOUND if p.name not in NOT_RUN]
-
-
-def run_quick(script: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(script), "--quick"],
-        capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def quick_runs(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future]]:
-    """The quick run of every script selected in this session, started at once in a pool."""
-    selected = [
-        item.callspec.params["script"]
-        for item in request.session.items
-        if item.module is sys.modules[__name__] and hasattr(item, "callspec")
-    ]
-    pool = ThreadPoolExecutor(max_workers=AT_ONCE)
-    try:
-        yield {script: pool.submit(run_quick, script) for script in selected}
-    finally:
-        pool.shutdown(cancel_futures=True)
 
 
 def test_every_script_is_found() -> None:
@@ -65,8 +38,8 @@ def test_every_script_is_found() -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
-def test_quick_mode_runs(script: Path, quick_runs: dict[Path, Future]) -> None:
-    result = quick_runs[script].result()
+def test_quick_mode_runs(script: Path) -> None:
+    result = RUNS.result(script)
     shown = f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
     assert result.returncode == 0, shown
     assert result.stdout.strip(), shown

@@ -1,0 +1,86 @@
+"""The tools' quick runs, started in the background as soon as the session's tests are known.
+
+A quick run is mostly Python processes starting and importing torch: work on one core, while
+the in-process tests before it leave CI's second core half idle. Started when collection
+ends (tests/conftest.py), one at a time, the runs fill that core and are done by the time
+tests/tools/test_quick.py, collected last, reads their results. When nothing else is selected
+they run two at a time, as there is nothing to overlap with.
+
+Each run gets the environment as it was when the session started: tests change this process's
+environment for their own commands (``PIPECOMPILE_FAULT``, ``PATH``), and a run started
+meanwhile must not inherit that.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TIMEOUT_S = 300  # per script: a quick mode takes seconds; this only bounds a hang
+
+
+class QuickRuns:
+    """``python SCRIPT --quick`` for each selected script, in a pool; ``stop`` kills what is
+    still running when the session ends early (``-x``, Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: dict[Path, Future] = {}
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._env = dict(os.environ)
+
+    def start(self, scripts: list[Path], *, at_once: int) -> None:
+        if not scripts:
+            return
+        self._env = dict(os.environ)  # before any test has changed it
+        self._pool = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="quick-run")
+        for script in scripts:
+            self._futures[script] = self._pool.submit(self._run, script)
+
+    def result(self, script: Path) -> subprocess.CompletedProcess[str]:
+        """The finished run of ``script`` (run now if it was not started in the background)."""
+        future = self._futures.get(script)
+        return future.result() if future is not None else self._run(script)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for proc in self._running:
+                proc.kill()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, script: Path) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, str(script), "--quick"]
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("the test session ended before this quick run started")
+            proc = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+                env=self._env,
+            )
+            self._running.add(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            stderr += f"\n(killed after {TIMEOUT_S} s: a quick run takes seconds)"
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+RUNS = QuickRuns()

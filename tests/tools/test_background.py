@@ -1,0 +1,46 @@
+"""The background quick runs see the session's starting environment, not a test's changes."""
+
+from __future__ import annotations
+
+import signal
+import time
+from concurrent.futures import CancelledError
+from pathlib import Path
+
+import pytest
+
+from tests.tools.background import QuickRuns
+
+
+def test_a_run_started_later_does_not_inherit_a_tests_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = tmp_path / "first.py"
+    first.write_text("import time\ntime.sleep(0.5)\nprint('first')\n")  # holds the one worker
+    second = tmp_path / "second.py"
+    second.write_text("import os\nprint(os.environ.get('PIPECOMPILE_FAULT', 'unset'))\n")
+    runs = QuickRuns()
+    monkeypatch.delenv("PIPECOMPILE_FAULT", raising=False)
+    runs.start([first, second], at_once=1)
+    monkeypatch.setenv("PIPECOMPILE_FAULT", "1:1B2:hang")  # as a test does meanwhile
+    try:
+        assert runs.result(first).stdout.strip() == "first"
+        assert runs.result(second).stdout.strip() == "unset"
+    finally:
+        runs.stop()
+
+
+def test_stop_kills_what_runs_and_cancels_what_waits(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    slow = tmp_path / "slow.py"
+    touch = f"pathlib.Path({str(started)!r}).touch()"
+    slow.write_text(f"import pathlib, time\n{touch}\ntime.sleep(60)\n")
+    runs = QuickRuns()
+    runs.start([slow, tmp_path / "never.py"], at_once=1)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runs.stop()  # returns once the sleeping run is killed
+    assert runs.result(slow).returncode == -signal.SIGKILL
+    with pytest.raises(CancelledError):
+        runs.result(tmp_path / "never.py")
