@@ -102,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--uniform", action="store_true", help="costs F=1, B=2 (I=W=1) instead of the stages' FLOPs"
     )
+    show.add_argument(
+        "--measured",
+        metavar="TRACE",
+        help="where each rank's step went in a `run --trace TRACE`, next to the prediction",
+    )
     show.set_defaults(handler=_show)
 
     export = commands.add_parser("export", help="write the weights with the model's names")
@@ -587,6 +592,17 @@ def _show(args: argparse.Namespace) -> int:
 
     from pipecompile.reports.show import format_report, schedule_report
 
+    if args.measured is not None:
+        from pipecompile.reports.measured import format_measured, measured_report
+
+        if args.program is not None or args.uniform:
+            raise PipecompileError(
+                "--measured reads the traced run's own program and costs; drop --program "
+                "and --uniform"
+            )
+        figures = measured_report(args.directory, args.measured)
+        print(json.dumps(figures, indent=2) if args.json else format_measured(figures))
+        return 0
     report, timeline = schedule_report(
         args.directory, program_path=args.program, uniform=args.uniform
     )

@@ -7,6 +7,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,8 +105,12 @@ class StepExecutor:
         keep_grads: bool = False,
         rng_base: int | None = None,
         precision: torch.dtype | None = None,
+        span: Callable[..., AbstractContextManager] | None = None,
     ) -> None:
+        """``span(device, track, name, category, **args)``: a traced step's recorder of what
+        happens inside an instruction (the loss; see runtime/trace.py)."""
         self.layout, self.modules, self.backend = layout, modules, backend
+        self.span = span
         self.precision = precision  # autocast dtype of stage forwards and traffic (precision)
         self.rng_base = draw_base() if rng_base is None else rng_base  # see random_state
         self.microbatches, self.targets, self.loss_fn = microbatches, targets, loss_fn
@@ -426,7 +431,13 @@ class StepExecutor:
         check_target_rows(
             output, self.targets[i], self.microbatches[i], split=count > 1, scale=count
         )
-        with autocast(self.precision, device_of(self.modules[self.layout.last])):
+        last = self.layout.last
+        traced = (
+            self.span(self.layout.stage_device[last], "compute", "loss", "loss", microbatch=i)
+            if self.span is not None
+            else nullcontext()
+        )
+        with traced, autocast(self.precision, device_of(self.modules[last])):
             loss = call_loss_fn(self.loss_fn, output, self.targets[i])
         if not loss.requires_grad and any(
             t.requires_grad for t in outs if isinstance(t, torch.Tensor)

@@ -29,6 +29,7 @@ from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stages, read_manifest, read_program
 from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.stats import RunStats
+from pipecompile.runtime.trace import Tracer
 
 __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
 
@@ -88,6 +89,7 @@ class Pipeline:
         self.precision: torch.dtype | None = None  # autocast and traffic dtype (precision.py)
         self.last_sent_bytes = 0  # bytes the last step sent between devices
         self.name = "the pipeline"  # how messages call it; Pipeline.load: its directory
+        self.tracer: Tracer | None = None  # records the traced steps (runtime/trace.py)
 
     @classmethod
     def load(cls, directory: str | Path, program: str | Path | None = None) -> Pipeline:
@@ -146,7 +148,10 @@ class Pipeline:
         micro = self._split(inputs)
         micro_targets = split_targets(targets, count) if targets is not None else None
         scale = loss_scale if loss_scale is not None else 1.0 if self.asynchronous else 1 / count
+        tracer = self.tracer if self.tracer is not None and self.tracer.active else None
         backend = self.backend()
+        if tracer is not None:
+            backend = tracer.backend(backend, self.device)
         executor = StepExecutor(
             self.layout,
             self.modules,
@@ -161,6 +166,7 @@ class Pipeline:
             keep_grads=keep_grads,
             rng_base=rng_base,
             precision=self.precision,
+            span=tracer.span if tracer is not None else None,
         )
         self.last_rng_base = executor.rng_base
         self._run(self._own_program(self.program), executor, inputs or {})
@@ -184,7 +190,14 @@ class Pipeline:
                 continue
             optimizer = self.optimizers[j] if self.optimizers is not None else None
             if optimizer is not None:
-                optimizer.step()
+                if self.tracer is not None:
+                    device = self.layout.stage_device[j]
+                    with self.tracer.maybe(
+                        device, "compute", f"{j}optimizer", "optimizer", stage=j
+                    ):
+                        optimizer.step()
+                else:
+                    optimizer.step()
             module.zero_grad(set_to_none=True)
 
     def drop_step(self) -> None:
@@ -265,6 +278,8 @@ class Pipeline:
 
     def _handlers(self, executor: StepExecutor) -> dict[str, Handler]:
         handlers = executor.handlers()
+        if self.tracer is not None:
+            handlers = self.tracer.handlers(handlers)  # unchanged outside a traced step
         return self.wrap(handlers) if self.wrap is not None else handlers
 
     @torch.no_grad()

@@ -4,11 +4,14 @@ metrics.jsonl and `plot`, resuming mid-schedule, which ranks read data, and bad 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from pipecompile.cli import main
+from pipecompile.runtime.load import read_manifest, read_program
+from pipecompile.runtime.trace_file import SIMULATED_PID
 from tests.conftest import write_model_file
 
 MODEL = """
@@ -190,9 +193,11 @@ def test_nproc_agrees_with_local_under_every_training_option(tmp_path, capsys, m
     marks = tmp_path / "marks"
     marks.mkdir()
     monkeypatch.setenv("DATA_MARKS", str(marks))
+    trace = tmp_path / "trace.json"
     assert main(["run", str(out), *flags, "--metrics", str(tmp_path / "nproc.jsonl"),
-                 "--nproc", "3"]) == 0  # fmt: skip
+                 "--nproc", "3", "--trace", str(trace), "--trace-steps", "2"]) == 0  # fmt: skip
     assert sorted(p.name for p in marks.iterdir()) == ["rank0", "rank2"]
+    _check_distributed_trace(trace, out, accumulate=2)
     local, dist = (_records(tmp_path / f"{n}.jsonl")[1:] for n in ("local", "nproc"))
     assert [r["kind"] for r in dist] == [r["kind"] for r in local] == [*["train"] * 3, "eval"]
     assert [r["loss"] for r in dist] == pytest.approx([r["loss"] for r in local], rel=1e-6)
@@ -200,3 +205,25 @@ def test_nproc_agrees_with_local_under_every_training_option(tmp_path, capsys, m
         got, want = ([r[key] for r in rs[:3]] for rs in (dist, local))
         assert got == pytest.approx(want, rel=1e-6), key
     assert all(r["grad_norm"] > 0.05 for r in local[:3])  # clipping acted
+
+
+def _check_distributed_trace(trace: Path, out: Path, accumulate: int) -> None:
+    """One row per rank holding its own device's instructions (once per mini-batch of each
+    traced step); the ranks that receive waited in their receives."""
+    program = read_program(out / read_manifest(out).program)
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    measured = [e for e in events if e["pid"] < SIMULATED_PID]
+    assert {e["pid"] for e in measured} == {0, 1, 2}
+    for step in (1, 2):
+        for d, instrs in enumerate(program.devices):
+            got = Counter(
+                e["name"] for e in measured
+                if e["pid"] == d and e["args"]["step"] == step and e["name"][0].isdigit()
+                and not e["name"].endswith("optimizer")
+            )  # fmt: skip
+            assert got == Counter({str(x): accumulate for x in instrs}), (step, d)
+    waits = {e["pid"] for e in measured if e["name"] == "wait"}
+    assert waits == {0, 1, 2}  # forwards arrive at 1 and 2, gradients at 0 and 1
+    assert {e["pid"] for e in events if e["pid"] >= SIMULATED_PID} == {
+        SIMULATED_PID + d for d in range(3)
+    }

@@ -272,6 +272,11 @@ class _DistGroup:
     def max(self, values: list[float]) -> list[float]:
         return self._reduce(values, dist.ReduceOp.MAX)
 
+    def gather_objects(self, value: Any) -> list[Any] | None:
+        every: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(value, every, dst=0)
+        return every
+
     def gather(self, values: list[float]) -> list[list[float]]:
         mine = torch.tensor(values, dtype=torch.float64, device=self.device)
         every = [torch.empty_like(mine) for _ in range(self.world)]

@@ -17,19 +17,23 @@ import math
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
 from pipecompile.ir.program import Program
+from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
 from pipecompile.runtime.random_state import draw_base, step_base
+from pipecompile.runtime.trace import Tracer
+from pipecompile.runtime.trace_file import check_trace_file, trace_document, write_trace
 from pipecompile.runtime.training.batch_agreement import agree_on_batch
 from pipecompile.runtime.training.divergence import check_losses, skipped_line
 from pipecompile.runtime.training.grad_ops import (
@@ -87,6 +91,9 @@ class Group(Protocol):
 
     def gather(self, values: list[float]) -> list[list[float]]: ...
 
+    def gather_objects(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` on rank 0 (None on the others)."""
+
 
 class LocalGroup:
     """One process holding every device."""
@@ -101,6 +108,9 @@ class LocalGroup:
 
     def gather(self, values: list[float]) -> list[list[float]]:
         return [list(values)]
+
+    def gather_objects(self, value: Any) -> list[Any] | None:
+        return [value]
 
 
 @dataclass
@@ -126,6 +136,8 @@ class TrainOptions:
     eval_every: int = 0  # 0: after each epoch and at the end (when there is an eval hook)
     quiet: bool = False
     measure_memory: bool = False
+    trace: Path | None = None  # write the traced steps here (runtime/trace_file.py)
+    trace_steps: int = 3  # trace steps 1..trace_steps
     optimizer_factory: OptimizerFactory | None = None  # API: over
     # a stage's parameters, instead of ``optimizer`` and ``lr``
 
@@ -187,6 +199,8 @@ def check_places(options: TrainOptions, *, force: bool, force_flag: str = "--for
     returns the note of what ``force`` lets the save replace, if anything."""
     if options.metrics is not None:
         check_metrics_file(options.metrics)
+    if options.trace is not None:
+        check_trace_file(options.trace)
     if options.save is None:
         return None
     return check_save_dir(options.save, resume=options.resume, force=force, force_flag=force_flag)
@@ -281,12 +295,14 @@ def train(
             flush=True,
         )
     saved_at = first
+    tracer = pipe.tracer = _tracer(pipe, options, first)
     try:
         step = first
         while total is None or step < total:
-            done = _one_step(
-                pipe, loss_fn, feed, options, group, scaler, seed, step, reads, one_process
-            )
+            with tracer.step_span(step + 1, _devices(pipe)) if tracer else nullcontext():
+                done = _one_step(
+                    pipe, loss_fn, feed, options, group, scaler, seed, step, reads, one_process
+                )
             if done is None:  # the data ran out (--epochs)
                 break
             record, note = done
@@ -313,7 +329,10 @@ def train(
                 saved_at = step
         if options.save and state.done is not None and state.done != saved_at:
             save(pipe, options.save, state.done, group.rank, {"epoch": feed.epoch})
+        if tracer is not None:
+            _write_trace(pipe, tracer, group, options.trace, one_process)  # type: ignore[arg-type]
     finally:
+        pipe.tracer = None
         reporter.close()
     if state.skipped and group.rank == 0 and not options.quiet:
         print(skipped_line(state.skipped, (state.done or 0) - first), file=sys.stderr)
@@ -342,13 +361,16 @@ def _one_step(
     total_loss = 0.0
     bad: dict[int, torch.Tensor] | None = None  # the first non-finite part's losses
     samples = tokens = 0
+    home = pipe.device if pipe.device is not None else pipe.program.stage_device[0]
     for part in range(parts):
-        batch = feed.next()
+        with _span(pipe, home, "compute", "data", "data"):
+            batch = feed.next()
         if batch is None:
             if part == 0:
                 return None
             break  # a last, shorter accumulation at the end of the data
-        _agree(batch, feed, group)
+        with _span(pipe, home, "communication", "batch agreement", "all-reduce"):
+            _agree(batch, feed, group)
         taken = take_grads(pipe) if sync and part > 0 else None
         inputs = batch.inputs if reads[0] else None
         targets = batch.targets if reads[1] else None
@@ -378,7 +400,8 @@ def _one_step(
         samples, tokens = samples + counts[0], tokens + (counts[1] or 0)
     overflow = 1.0 if sync and scaler is not None and not all_finite(pipe) else 0.0
     sq = squared_norm(pipe) if sync and options.clip_grad_norm is not None else 0.0
-    summed_loss, overflows, sq_norm, sent_total = group.sum([total_loss, overflow, sq, sent])
+    with _span(pipe, home, "communication", "loss sum", "all-reduce"):
+        summed_loss, overflows, sq_norm, sent_total = group.sum([total_loss, overflow, sq, sent])
     used = part + 1 if batch is not None else part
     loss = summed_loss / (m * used)
     note, skipped, grad_norm = "", False, None
@@ -407,7 +430,8 @@ def _one_step(
             scaler.update(False)
         pipe.apply_step()
     seconds = time.perf_counter() - began
-    busy = group.gather([busy_ns / 1e9 / seconds, *peak_memory(pipe, one_process=one_process)])
+    with _span(pipe, home, "communication", "metrics gather", "all-reduce"):
+        busy = group.gather([busy_ns / 1e9 / seconds, *peak_memory(pipe, one_process=one_process)])
     record = StepRecord(
         step=step + 1,
         epoch=feed.epoch,
@@ -424,6 +448,41 @@ def _one_step(
         skipped=skipped,
     )
     return record, note
+
+
+def _tracer(pipe: Pipeline, options: TrainOptions, first: int) -> Tracer | None:
+    if options.trace is None:
+        return None
+    return Tracer(pipe.program.stage_device, options.trace_steps, first)
+
+
+def _devices(pipe: Pipeline) -> list[int]:
+    """The devices whose instructions run in this process."""
+    return [pipe.device] if pipe.device is not None else list(range(len(pipe.program.devices)))
+
+
+def _span(pipe: Pipeline, device: int, track: str, name: str, category: str) -> Any:
+    """A span of the traced step running now, if one does."""
+    if pipe.tracer is None:
+        return nullcontext()
+    return pipe.tracer.maybe(device, track, name, category)
+
+
+def _write_trace(
+    pipe: Pipeline, tracer: Tracer, group: Group, path: Path, one_process: bool
+) -> None:
+    """Gather every rank's spans on rank 0, which writes the trace."""
+    mine = [{**s.as_dict(), "rank": group.rank} for s in tracer.spans]
+    every = group.gather_objects(mine)
+    if every is None:
+        return
+    spans = [s for rank in every for s in rank]
+    traced = sorted({s["step"] for s in spans if s["category"] == "step"})
+    topology = topology_from_manifest(pipe.manifest)
+    document = trace_document(
+        spans, pipe.program, topology, one_process=one_process, traced_steps=traced
+    )
+    write_trace(path, document)
 
 
 def _lr(pipe: Pipeline) -> float | None:

@@ -197,6 +197,20 @@ class TrainFlags:
         help="with eval_batches(): evaluate every N steps (default: after "
         "each epoch and at the end)",
     )
+    trace: str | None = option(
+        "--trace",
+        metavar="FILE",
+        path=True,
+        help="write a Chrome/Perfetto trace (JSON) of what every device did in the first "
+        "--trace-steps steps, with the simulated step beside it",
+    )
+    trace_steps: int = option(
+        "--trace-steps",
+        check=positive_int,
+        default=3,
+        metavar="N",
+        help="with --trace: the steps traced (default 3)",
+    )
     quiet: bool = option(
         "-q", "--quiet", switch=True, api="progress", help="print nothing but errors"
     )
@@ -216,7 +230,7 @@ def train_options(flags: TrainFlags, directory: Path) -> TrainOptions:
     """The loop's options for ``flags`` (--metrics defaults to DIRECTORY/metrics.jsonl)."""
     known = {f.name for f in dataclasses.fields(TrainOptions)}
     values = {f.name: getattr(flags, f.name) for f in dataclasses.fields(flags) if f.name in known}
-    for name in ("save", "resume", "metrics"):
+    for name in ("save", "resume", "metrics", "trace"):
         values[name] = Path(values[name]) if values[name] else None
     values["metrics"] = values["metrics"] or directory / METRICS
     return TrainOptions(**values)

@@ -1,0 +1,199 @@
+"""`pipecompile show OUT --measured TRACE`: where each rank's step went, next to the prediction.
+
+Per rank (per device when one process ran them all), in ms per step over the traced steps
+after the first (the first warms up; with one traced step, that one):
+
+* compute: forwards, recomputed forwards, backwards, weight gradients (the loss inside them);
+* waiting: blocked in a receive for a message not yet there, or at the end of the step for
+  this rank's sends: the measured bubble;
+* communication: sends, receives and all-reduces, less the waiting inside them;
+* optimizer: the optimizer steps (and the instruction that ends each stage's step);
+* data: reading the mini-batch;
+* other: the rest of the step (the interpreter, gradient scaling, metrics).
+
+Next to it: the bubble the simulator predicts for the device from the compile-time costs, and
+the step simulated with the stage times this trace measured, against the measured step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pipecompile.errors import PipecompileError
+from pipecompile.ir.program import Program
+from pipecompile.ir.simulate import simulate
+from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.reports.balance_table import stage_costs
+from pipecompile.runtime.load import read_manifest, read_program
+from pipecompile.runtime.trace_file import FORMAT, SIMULATED_PID, measured_costs
+
+__all__ = ["measured_report", "format_measured", "COLUMNS"]
+
+COLUMNS = ("compute", "waiting", "communication", "optimizer", "data", "other")
+_COMPUTE = {"forward", "recompute", "backward", "weight-gradient"}
+_COMMUNICATION = {"send", "receive", "all-reduce"}
+
+
+def read_trace(path: Path) -> dict[str, Any]:
+    """The trace ``run --trace`` wrote.
+
+    Raises:
+        PipecompileError: the file is missing, not JSON, or not such a trace.
+    """
+    try:
+        document = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise PipecompileError(f"cannot read the trace {path}: {err.strerror}") from None
+    except ValueError as err:
+        raise PipecompileError(
+            f"{path} is not JSON ({err}); pass a file `run --trace` wrote"
+        ) from None
+    if not isinstance(document, dict) or document.get("otherData", {}).get("format") != FORMAT:
+        raise PipecompileError(f"{path} is not a trace `pipecompile run --trace` wrote")
+    return document
+
+
+def spans_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The measured spans of a trace, back in the shape ``trace_document`` took (ns)."""
+    spans = []
+    for e in document["traceEvents"]:
+        if e.get("ph") != "X" or e["pid"] >= SIMULATED_PID:
+            continue
+        start = round(e["ts"] * 1e3)
+        args = dict(e["args"])
+        spans.append(
+            {
+                "row": e["pid"],
+                "name": e["name"],
+                "category": e["cat"],
+                "start": start,
+                "end": start + round(e["dur"] * 1e3),
+                "step": args.pop("step"),
+                "args": args,
+            }
+        )
+    return spans
+
+
+def measured_report(directory: str | Path, trace: str | Path) -> dict[str, Any]:
+    """The figures of ``trace`` (a run of ``directory``'s program), JSON-ready.
+
+    Raises:
+        PipecompileError: the trace is unreadable or of another program.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    program = read_program(directory / manifest.program)
+    document = read_trace(Path(trace))
+    info = document["otherData"]
+    _check_same_program(info, program, Path(trace), directory)
+    spans = spans_of(document)
+    steps = sorted({s["step"] for s in spans if s["category"] == "step"})
+    if not steps:
+        raise PipecompileError(f"{trace} holds no complete step; trace a run of at least one")
+    used = steps[1:] or steps
+    rows: dict[int, dict[str, float]] = {}
+    for row in sorted({s["row"] for s in spans}):
+        mine = [s for s in spans if s["row"] == row and s["step"] in used]
+        figures = {k: v / len(used) / 1e6 for k, v in _breakdown(mine).items()}
+        if info.get("one_process"):  # the device was not running: another one was
+            figures["waiting"] += figures["other"]
+            figures["other"] = 0.0
+        rows[row] = figures
+    topology = topology_from_manifest(manifest)
+    costs, unit = stage_costs(manifest)
+    predicted = simulate(program, topology, costs)
+    measured = measured_costs(spans, program.num_stages, steps[-1])
+    simulated_ms = simulate(program, topology, measured).makespan / 1e6 if measured else None
+    step_ms = max(r["step"] for r in rows.values())
+    return {
+        "trace": str(trace),
+        "schedule": program.schedule,
+        "one_process": info.get("one_process", False),
+        "steps": used,
+        "rows": rows,
+        "predicted_bubble": [
+            1 - predicted.busy(d) / predicted.makespan if predicted.makespan else 0.0
+            for d in range(len(program.devices))
+        ],
+        "predicted_costs": unit,
+        "simulated_step_ms": simulated_ms,
+        "measured_step_ms": step_ms,
+        "measured_over_simulated": step_ms / simulated_ms if simulated_ms else None,
+    }
+
+
+def _check_same_program(
+    info: dict[str, Any], program: Program, trace: Path, directory: Path
+) -> None:
+    ours = (program.schedule, len(program.devices), program.num_stages, program.microbatches)
+    theirs = (
+        info.get("schedule"),
+        info.get("devices"),
+        info.get("stages"),
+        info.get("microbatches"),
+    )
+    if ours != theirs:
+        raise PipecompileError(
+            f"{trace} traced a {theirs[0]} program of {theirs[1]} devices, {theirs[2]} stages and "
+            f"{theirs[3]} micro-batches, but {directory} holds a {ours[0]} program of {ours[1]}, "
+            f"{ours[2]} and {ours[3]}; pass the directory the traced run ran"
+        )
+
+
+def _breakdown(spans: list[dict[str, Any]]) -> dict[str, float]:
+    """Summed ns per column, and the step's own length, over ``spans`` of one row."""
+    total: dict[str, float] = defaultdict(float)
+    for s in spans:
+        took = s["end"] - s["start"]
+        category = s["category"]
+        if category == "step":
+            total["step"] += took
+        elif category in _COMPUTE:
+            total["compute"] += took
+        elif category == "wait":
+            total["waiting"] += took
+            if s["name"] == "wait":  # inside a receive, which counted it too
+                total["communication"] -= took
+        elif category in _COMMUNICATION:
+            total["communication"] += took
+        elif category == "optimizer":
+            total["optimizer"] += took
+        elif category == "data":
+            total["data"] += took
+    total["other"] = total["step"] - sum(total[c] for c in COLUMNS if c != "other")
+    return {c: total[c] for c in ("step", *COLUMNS)}
+
+
+def format_measured(report: dict[str, Any]) -> str:
+    steps = report["steps"]
+    which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    who = "device" if report["one_process"] else "rank"
+    lines = [
+        f"measured: {report['trace']}, {report['schedule']}, ms per step over {which}",
+        "",
+        f"{who:>6} {'step':>9} " + " ".join(f"{c:>13}" for c in COLUMNS) + "   bubble  predicted",
+    ]
+    for row, figures in report["rows"].items():
+        step = figures["step"]
+        cells = " ".join(f"{figures[c]:>13.3f}" for c in COLUMNS)
+        bubble = figures["waiting"] / step if step else 0.0
+        predicted = report["predicted_bubble"]
+        guess = f"{predicted[row]:>9.1%}" if row < len(predicted) else f"{'-':>9}"
+        lines.append(f"{row:>6} {step:>9.3f} {cells}   {bubble:>6.1%}  {guess}")
+    if report["one_process"]:
+        lines.append(
+            "one process ran every device in turn: a device's waiting is the time the others "
+            "ran, not a bubble (trace with --nproc for that)"
+        )
+    simulated = report["simulated_step_ms"]
+    if simulated:
+        lines.append(
+            f"simulated step from the measured stage times: {simulated:.3f} ms; measured step "
+            f"{report['measured_step_ms']:.3f} ms ({report['measured_over_simulated']:.2f}x)"
+        )
+    lines.append(f"predicted bubble: the simulator with the {report['predicted_costs']} costs")
+    return "\n".join(lines)

@@ -1,0 +1,181 @@
+"""Measured timelines: what each device did in the traced steps, as wall-clock spans.
+
+A ``Tracer`` wraps the instruction handlers and the backend's blocking receive while a traced
+step runs; otherwise nothing is wrapped, so a run without ``--trace`` pays nothing. Spans are
+kept per device on two tracks, ``compute`` (forwards, recomputed forwards, backwards, the
+loss, the optimizer, the data) and ``communication`` (sends, receives with the ``wait``
+inside them, all-reduces), plus one ``step`` span per step. Times are ``time.time_ns()``
+based, so the spans of ranks on one machine share a clock. ``trace_file`` turns them into a
+Chrome/Perfetto trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pipecompile.ir.instr import Instr, Op
+from pipecompile.runtime.backend import MessageKey
+from pipecompile.runtime.interpreter import Handler
+
+__all__ = ["Span", "Tracer", "CATEGORY", "TRACKS"]
+
+TRACKS = ("compute", "communication", "step")
+CATEGORY: dict[Op, str] = {
+    Op.F: "forward",
+    Op.FC: "recompute",
+    Op.B: "backward",
+    Op.I: "backward",
+    Op.W: "weight-gradient",
+    Op.SEND_F: "send",
+    Op.SEND_B: "send",
+    Op.RECV_F: "receive",
+    Op.RECV_B: "receive",
+    Op.ALLREDUCE_TIED: "all-reduce",
+    Op.ALLREDUCE_REPLICAS: "all-reduce",
+    Op.STEP: "optimizer",
+    Op.UPDATE: "optimizer",
+    Op.STASH: "optimizer",
+}
+_COMMUNICATION = {"send", "receive", "all-reduce"}
+
+
+@dataclass
+class Span:
+    """One thing a device did: ``category`` (see ``CATEGORY``; also ``loss``, ``wait``,
+    ``data`` and ``step``) on ``track`` from ``start`` to ``end`` (ns since the epoch)."""
+
+    device: int
+    track: str
+    name: str
+    category: str
+    start: int
+    end: int
+    step: int
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Tracer:
+    """Records the ``steps`` steps after step ``first`` (a resumed run's saved step; ``steps``
+    None: every step). Steps are numbered as the run numbers them, from 1."""
+
+    def __init__(
+        self, stage_device: Sequence[int], steps: int | None = None, first: int = 0
+    ) -> None:
+        self.stage_device = tuple(stage_device)
+        self.steps, self.first = steps, first
+        self.step = 0
+        self.spans: list[Span] = []
+        self._offset = time.time_ns() - time.perf_counter_ns()
+
+    @property
+    def active(self) -> bool:
+        after = self.step - self.first
+        return after >= 1 and (self.steps is None or after <= self.steps)
+
+    def now(self) -> int:
+        return time.perf_counter_ns() + self._offset
+
+    def record(
+        self, device: int, track: str, name: str, category: str, start: int, **args: Any
+    ) -> None:
+        self.spans.append(Span(device, track, name, category, start, self.now(), self.step, args))
+
+    @contextmanager
+    def span(
+        self, device: int, track: str, name: str, category: str, **args: Any
+    ) -> Iterator[None]:
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.record(device, track, name, category, start, **args)
+
+    def maybe(
+        self, device: int, track: str, name: str, category: str, **args: Any
+    ) -> AbstractContextManager:
+        """``span`` while a traced step runs, else nothing."""
+        if not self.active:
+            return nullcontext()
+        return self.span(device, track, name, category, **args)
+
+    def step_span(self, step: int, devices: Sequence[int]) -> AbstractContextManager:
+        """Step ``step`` of the run, on each of ``devices``: the spans inside it count for it."""
+        self.step = step
+        if not self.active:
+            return nullcontext()
+        return self._step(devices)
+
+    @contextmanager
+    def _step(self, devices: Sequence[int]) -> Iterator[None]:
+        start = self.now()
+        try:
+            yield
+        finally:
+            for d in devices:
+                self.record(d, "step", f"step {self.step}", "step", start)
+
+    # -- wrapping the step's handlers and backend ------------------------------------------
+
+    def handlers(self, handlers: Mapping[str, Handler]) -> dict[str, Handler]:
+        """``handlers``, each recording a span for the instruction it completes."""
+        if not self.active:
+            return dict(handlers)
+        return {op: self._traced(op, handler) for op, handler in handlers.items()}
+
+    def _traced(self, op: str, handler: Handler) -> Handler:
+        category = CATEGORY.get(Op(op), "other")
+        track = "communication" if category in _COMMUNICATION else "compute"
+
+        def run(instr: Instr) -> bool:
+            start = self.now()
+            done = handler(instr)
+            if done:
+                args = {"stage": instr.stage}
+                if instr.microbatch is not None:
+                    args["microbatch"] = instr.microbatch
+                device = self.stage_device[instr.stage]
+                self.record(device, track, str(instr), category, start, **args)
+            return done
+
+        return run
+
+    def backend(self, backend: Any, device: int | None) -> Any:
+        """``backend`` with its receives' waiting recorded (the time ``ready`` blocks), and on
+        a rank (``device`` given) the wait for its sends at the end of the step."""
+        if not self.active:
+            return backend
+        return _WaitRecorder(backend, self, device)
+
+
+class _WaitRecorder:
+    """A backend whose ``ready`` records a ``wait`` span on the receiving device."""
+
+    def __init__(self, inner: Any, tracer: Tracer, device: int | None) -> None:
+        self._inner, self._tracer, self._device = inner, tracer, device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def ready(self, keys: Sequence[MessageKey]) -> bool:
+        start = self._tracer.now()
+        done = self._inner.ready(keys)
+        if done and keys:
+            key = keys[0]
+            stage = key.dst if key.kind == "F" else key.src
+            device = self._tracer.stage_device[stage]
+            args = {"stage": stage, "microbatch": key.microbatch}
+            self._tracer.record(device, "communication", "wait", "wait", start, **args)
+        return done
+
+    def finish(self) -> Any:
+        if self._device is None:
+            return self._inner.finish()
+        with self._tracer.span(self._device, "communication", "sends complete", "wait"):
+            return self._inner.finish()

@@ -1,0 +1,194 @@
+"""`run --trace FILE`: the traced steps as a Chrome/Perfetto trace, the simulated step beside.
+
+The file is trace-event JSON (``{"traceEvents": [...]}``): one process row per rank (or, in one
+process, per device) with a ``compute``, a ``communication`` and a ``step`` track, and one
+complete event (``ph: X``, microseconds) per span with its category, step, stage and
+micro-batch in ``args``. The last traced step is also simulated with the stage times this
+trace measured (each stage's mean forward and backward over that step's micro-batches) and
+drawn as its own process rows, starting where that step started. ``otherData`` says what was
+traced; ``pipecompile show OUT --measured FILE`` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pipecompile.errors import EmitError
+from pipecompile.files.disk import writing
+from pipecompile.files.writable import check_file
+from pipecompile.ir.instr import Op
+from pipecompile.ir.program import Program
+from pipecompile.ir.simulate import Costs, simulate
+from pipecompile.ir.topology import Topology
+from pipecompile.runtime.trace import CATEGORY, TRACKS
+
+__all__ = ["FORMAT", "SIMULATED_PID", "check_trace_file", "trace_document", "write_trace"]
+
+FORMAT = "pipecompile-trace-1"
+SIMULATED_PID = 1000  # simulated device d is process SIMULATED_PID + d
+
+
+def check_trace_file(path: Path) -> None:
+    """Refuse, before a run starts, a trace file that cannot be written or that is not one a
+    run wrote (a user's file named by mistake).
+
+    Raises:
+        EmitError: naming ``path`` and the way out.
+    """
+    check_file(path, "the trace")
+    if path.exists() and not is_our_trace(path):
+        raise EmitError(
+            f"cannot write the trace to {path}: the file is not a trace pipecompile wrote; "
+            "name a new file with --trace FILE"
+        )
+
+
+def is_our_trace(path: Path) -> bool:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and document.get("otherData", {}).get("format") == FORMAT
+
+
+def write_trace(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` whole or not at all (a temporary file renamed)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with writing("write the trace to", path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps(document))
+        os.replace(temporary, path)
+
+
+def trace_document(
+    spans: Sequence[dict[str, Any]],
+    program: Program,
+    topology: Topology,
+    *,
+    one_process: bool,
+    traced_steps: Sequence[int],
+) -> dict[str, Any]:
+    """The trace of ``spans`` (``Span.as_dict()`` plus ``rank``) and the simulated step."""
+    origin = min((s["start"] for s in spans), default=0)
+    events: list[dict[str, Any]] = []
+    rows: dict[int, str] = {}
+    for s in spans:
+        pid = s["device"] if one_process else s["rank"]
+        rows[pid] = (
+            f"device {s['device']}" if one_process else f"rank {s['rank']}, device {s['device']}"
+        )
+        events.append(
+            {
+                "ph": "X",
+                "name": s["name"],
+                "cat": s["category"],
+                "pid": pid,
+                "tid": TRACKS.index(s["track"]),
+                "ts": (s["start"] - origin) / 1e3,
+                "dur": (s["end"] - s["start"]) / 1e3,
+                "args": {"step": s["step"], **s["args"]},
+            }
+        )
+    events += _names(rows, "measured")
+    simulated, note = _simulated(spans, program, topology, origin)
+    events += simulated
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "format": FORMAT,
+            "schedule": program.schedule,
+            "devices": len(program.devices),
+            "stages": program.num_stages,
+            "microbatches": program.microbatches,
+            "traced_steps": list(traced_steps),
+            "one_process": one_process,
+            "simulated": note,
+        },
+    }
+
+
+def _names(rows: dict[int, str], kind: str) -> list[dict[str, Any]]:
+    events = []
+    for pid, name in sorted(rows.items()):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+        events.append(
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}}
+        )
+        for tid, track in enumerate(TRACKS if kind == "measured" else ("compute",)):
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}}
+            )
+    return events
+
+
+def measured_costs(spans: Sequence[dict[str, Any]], stages: int, step: int) -> Costs | None:
+    """Each stage's mean forward and backward (B, or I plus W) over ``step``'s micro-batches,
+    in ns; None when a stage has no forward in it."""
+    forward: dict[int, list[int]] = defaultdict(list)
+    recomputed: set[tuple[int, int]] = set()
+    backward: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for s in spans:
+        if s["step"] != step or "stage" not in s["args"] or "microbatch" not in s["args"]:
+            continue
+        op = _op(s["name"])
+        j, i, took = s["args"]["stage"], s["args"]["microbatch"], s["end"] - s["start"]
+        if op in (Op.F, Op.FC):
+            forward[j].append(took)
+            if op == Op.FC:
+                recomputed.add((j, i))
+        elif op in (Op.B, Op.I, Op.W):
+            backward[j][i] += took
+    if any(not forward[j] for j in range(stages)):
+        return None
+    mean_forward = [sum(forward[j]) / len(forward[j]) for j in range(stages)]
+    mean_backward = []
+    for j in range(stages):
+        # the simulator adds the recomputation to a recomputed micro-batch's backward itself
+        own = [t - mean_forward[j] * ((j, i) in recomputed) for i, t in backward[j].items()]
+        mean_backward.append(max(sum(own) / len(own), 0.0) if own else 0.0)
+    return Costs(tuple(mean_forward), tuple(mean_backward))
+
+
+def _op(name: str) -> Op | None:
+    """The op of an instruction's span name (``1F0`` -> F); None for other spans."""
+    body = name.lstrip("0123456789").rstrip("0123456789")
+    return Op(body) if body in CATEGORY else None
+
+
+def _simulated(
+    spans: Sequence[dict[str, Any]], program: Program, topology: Topology, origin: int
+) -> tuple[list[dict[str, Any]], str]:
+    steps = sorted({s["step"] for s in spans if s["category"] == "step"})
+    if not steps:
+        return [], "no step was traced"
+    last = steps[-1]
+    costs = measured_costs(spans, program.num_stages, last)
+    if costs is None:
+        return [], f"step {last} has no forward of every stage (an inference-only trace?)"
+    timeline = simulate(program, topology, costs)
+    begin = min(s["start"] for s in spans if s["category"] == "step" and s["step"] == last)
+    events = [
+        {
+            "ph": "X",
+            "name": str(span.instr),
+            "cat": CATEGORY.get(span.instr.op, "other"),
+            "pid": SIMULATED_PID + span.device,
+            "tid": 0,
+            "ts": (begin - origin + span.start) / 1e3,
+            "dur": (span.end - span.start) / 1e3,
+            "args": {"step": last, "stage": span.instr.stage, "simulated": True},
+        }
+        for span in timeline.spans
+        if span.end > span.start
+    ]
+    rows = {SIMULATED_PID + d: f"simulated device {d}" for d in range(len(program.devices))}
+    note = (
+        f"step {last} with the stage times it measured: makespan {timeline.makespan / 1e6:.3f} ms"
+    )
+    return events + _names(rows, "simulated"), note
