@@ -139,8 +139,9 @@ def _check_same_program(
     if ours != theirs:
         raise PipecompileError(
             f"{trace} traced a {theirs[0]} program of {theirs[1]} devices, {theirs[2]} stages and "
-            f"{theirs[3]} micro-batches, but {directory} holds a {ours[0]} program of {ours[1]}, "
-            f"{ours[2]} and {ours[3]}; pass the directory the traced run ran"
+            f"{theirs[3]} micro-batches, but {directory} holds a {ours[0]} program of {ours[1]} "
+            f"devices, {ours[2]} stages and {ours[3]} micro-batches; pass the directory whose "
+            "run was traced"
         )
 
 

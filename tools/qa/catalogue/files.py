@@ -1,5 +1,5 @@
-"""Files that must never be lost: export, plot, --save, --force, --metrics; disk and permission
-errors that name the path."""
+"""Files that must never be lost: export, plot, --save, --force, --metrics, --trace; disk and
+permission errors that name the path."""
 
 from __future__ import annotations
 
@@ -209,6 +209,20 @@ METRICS_CASES = [
     Case("metrics-again", "run --metrics naming an earlier run's metrics file",
          ran("run", "out", "-q", "--metrics", "m.jsonl"), (*RUN, "--metrics", "m.jsonl"),
          r"^$", status=0),
+    Case("trace-users-file", "run --trace naming the user's own JSON",
+         write("notes.json", '{"mine": 1}\n'), (*RUN, "--trace", "notes.json"),
+         r"cannot write the trace to notes\.json: the file is not a trace pipecompile wrote",
+         intact=("notes.json",)),
+    Case("trace-a-directory", "run --trace naming a directory", mkdir("logs"),
+         (*RUN, "--trace", "logs"), r"cannot write the trace to logs: it is a directory"),
+    Case("measured-not-a-trace", "show --measured naming a JSON file that is no trace",
+         write("x.json", "[1]\n"), ("show", "out", "--measured", "x.json"),
+         r"x\.json is not a trace `pipecompile run --trace` wrote"),
+    Case("measured-other-program", "show --measured with a trace of another directory's run",
+         steps(ran("run", "out", "-q", "--trace", "t.json"),
+               ran("mlp.py", "--stages", "3", "-q", "-o", "three")),
+         ("show", "three", "--measured", "t.json"),
+         r"t\.json traced a \w+ program of 2 devices.*but three holds .* of 3"),
 ]  # fmt: skip
 
 PICTURE_CASES = [
