@@ -3,7 +3,7 @@
 Per rank (per device when one process ran them all), in ms per step over the traced steps
 after the first (the first warms up; with one traced step, that one):
 
-* compute: forwards, recomputed forwards, backwards, weight gradients (the loss inside them);
+* compute: forwards, backwards, weight gradients (with the loss and the recomputation inside);
 * waiting: blocked in a receive for a message not yet there, or at the end of the step for
   this rank's sends: the measured bubble;
 * communication: sends, receives and all-reduces, less the waiting inside them;
@@ -33,7 +33,7 @@ from pipecompile.runtime.trace_file import FORMAT, SIMULATED_PID, measured_costs
 __all__ = ["measured_report", "format_measured", "COLUMNS"]
 
 COLUMNS = ("compute", "waiting", "communication", "optimizer", "data", "other")
-_COMPUTE = {"forward", "recompute", "backward", "weight-gradient"}
+_COMPUTE = {"forward", "backward", "weight-gradient"}  # the loss and recompute are inside
 _COMMUNICATION = {"send", "receive", "all-reduce"}
 
 

@@ -273,7 +273,14 @@ class StepExecutor:
             (sub, {n: b.clone() if b is not None else None for n, b in bufs.items()})
             for sub, bufs in owners
         ]
-        with torch.enable_grad(), self._counting(j, i, True) as saved:
+        traced = (
+            self.span(
+                self.layout.stage_device[j], "compute", "recompute", "recompute", microbatch=i
+            )
+            if self.span is not None
+            else nullcontext()
+        )
+        with traced, torch.enable_grad(), self._counting(j, i, True) as saved:
             with seeded(self.rng_base, j, i):  # the forward's own random numbers
                 outs = self._call(j, held.args, held.weights)
         for sub, bufs in copies:

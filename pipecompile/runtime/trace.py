@@ -2,12 +2,12 @@
 
 A ``Tracer`` wraps the instruction handlers and the backend's blocking receive while a traced
 step runs; otherwise nothing is wrapped, so a run without ``--trace`` pays nothing. Spans are
-kept per device on two tracks, ``compute`` (forwards, recomputed forwards, backwards, the
-loss, the optimizer, the data) and ``communication`` (sends, receives with the ``wait``
-inside them, all-reduces), plus one ``step`` span per step. Times are ``time.time_ns()``
-based, so the spans of ranks on one machine share a clock. ``trace_file`` turns them into a
-Chrome/Perfetto trace.
-"""
+kept per device on two tracks, ``compute`` (forwards, backwards, the loss, the optimizer, the
+data) and ``communication`` (sends, receives, all-reduces), plus one ``step`` span per step.
+Spans inside an instruction's are kept too: the ``loss`` inside the last stage's forward, the
+``recompute`` of a dropped forward (FC) inside its backward, the ``wait`` inside a receive.
+Times are ``time.time_ns()`` based, so the spans of ranks on one machine share a clock.
+``trace_file`` turns them into a Chrome/Perfetto trace."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ __all__ = ["Span", "Tracer", "CATEGORY", "TRACKS"]
 TRACKS = ("compute", "communication", "step")
 CATEGORY: dict[Op, str] = {
     Op.F: "forward",
-    Op.FC: "recompute",
+    Op.FC: "forward",  # its activations dropped; the backward recomputes them
     Op.B: "backward",
     Op.I: "backward",
     Op.W: "weight-gradient",

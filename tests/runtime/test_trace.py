@@ -191,3 +191,20 @@ def test_show_measured_refuses_what_is_not_its_trace(compiled, tmp_path, capsys)
     assert "is not a trace" in capsys.readouterr().err
     assert main(["show", str(compiled), "--measured", str(tmp_path / "none.json")]) == 2
     assert "cannot read the trace" in capsys.readouterr().err
+
+
+def test_a_recomputed_forward_shows_its_recomputation_inside_its_backward(tmp_path):
+    out, trace = tmp_path / "out", tmp_path / "t.json"
+    argv = [MLP, "--stages", "2", "--microbatches", "2", "--recompute", "always", "-q", "-o"]
+    assert main([*argv, str(out)]) == 0
+    assert main(["run", str(out), "--steps", "1", "-q", "--trace", str(trace)]) == 0
+    events = [e for e in _events(trace) if e["pid"] < SIMULATED_PID]
+    backwards = {(e["pid"], e["args"]["stage"], e["args"]["microbatch"]): e
+                 for e in events if e["cat"] == "backward"}  # fmt: skip
+    recomputed = [e for e in events if e["cat"] == "recompute"]
+    dropped = [e for e in events if e["name"][1:3] == "FC"]
+    assert len(recomputed) == len(dropped) > 0
+    for e in recomputed:
+        b = next(b for (pid, _, i), b in backwards.items() if pid == e["pid"]
+                 and i == e["args"]["microbatch"] and b["ts"] <= e["ts"])  # fmt: skip
+        assert e["ts"] + e["dur"] <= b["ts"] + b["dur"] + 1e-3
