@@ -368,6 +368,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.stats:
             raise PipecompileError("--stats measures the local backend; drop it with --nproc")
         return _run_distributed(args)
+    from pipecompile.runtime.threads import use_threads
+
+    use_threads(args.threads)
     # Only --check builds the model (its eager reference); a run builds just the stages.
     spec = recorded_model(
         args.model, directory, manifest, allow_stale=args.allow_stale, build=args.check

@@ -72,16 +72,22 @@ def trace_document(
     *,
     one_process: bool,
     traced_steps: Sequence[int],
+    threads: dict[int, int] | None = None,
 ) -> dict[str, Any]:
-    """The trace of ``spans`` (``Span.as_dict()`` plus ``rank``) and the simulated step."""
+    """The trace of ``spans`` (``Span.as_dict()`` plus ``rank``) and the simulated step;
+    ``threads``: each rank's intra-op threads, shown in its row's name."""
+    threads = threads or {}
     origin = min((s["start"] for s in spans), default=0)
     events: list[dict[str, Any]] = []
     rows: dict[int, str] = {}
     for s in spans:
         pid = s["device"] if one_process else s["rank"]
-        rows[pid] = (
+        count = threads.get(s["rank"])
+        using = f" ({count} thread{'s' * (count != 1)})" if count else ""
+        where = (
             f"device {s['device']}" if one_process else f"rank {s['rank']}, device {s['device']}"
         )
+        rows[pid] = where + using
         events.append(
             {
                 "ph": "X",

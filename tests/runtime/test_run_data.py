@@ -195,7 +195,8 @@ def test_nproc_agrees_with_local_under_every_training_option(tmp_path, capsys, m
     monkeypatch.setenv("DATA_MARKS", str(marks))
     trace = tmp_path / "trace.json"
     assert main(["run", str(out), *flags, "--metrics", str(tmp_path / "nproc.jsonl"),
-                 "--nproc", "3", "--trace", str(trace), "--trace-steps", "2"]) == 0  # fmt: skip
+                 "--nproc", "3", "--trace", str(trace), "--trace-steps", "2",
+                 "--threads", "2"]) == 0  # fmt: skip
     assert sorted(p.name for p in marks.iterdir()) == ["rank0", "rank2"]
     _check_distributed_trace(trace, out, accumulate=2)
     local, dist = (_records(tmp_path / f"{n}.jsonl")[1:] for n in ("local", "nproc"))
@@ -214,6 +215,10 @@ def _check_distributed_trace(trace: Path, out: Path, accumulate: int) -> None:
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     measured = [e for e in events if e["pid"] < SIMULATED_PID]
     assert {e["pid"] for e in measured} == {0, 1, 2}
+    every = json.loads(trace.read_text())["traceEvents"]
+    rows = [e for e in every if e["ph"] == "M" and e["name"] == "process_name"]
+    names = [e["args"]["name"] for e in rows if e["pid"] < SIMULATED_PID]
+    assert sorted(names) == [f"rank {r}, device {r} (2 threads)" for r in range(3)]
     for step in (1, 2):
         for d, instrs in enumerate(program.devices):
             got = Counter(

@@ -42,6 +42,7 @@ from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, read_manifest, read_program
 from pipecompile.runtime.option_fields import add_options, from_args, settled
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.threads import use_threads
 from pipecompile.runtime.training.loop import TrainState, train
 from pipecompile.runtime.training.options import RunFlags, TrainFlags, train_options
 
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     # and SIGINT only by _stop_on_sigint's (a KeyboardInterrupt inside a collective would
     # print tracebacks and could leave the rank running).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    use_threads(args.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     where = _device(args.device)
     backend = "nccl" if where.type == "cuda" else "gloo"
     if where.type == "cuda":  # stage code leaves factory ops' device to the default

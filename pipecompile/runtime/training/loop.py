@@ -472,15 +472,20 @@ def _write_trace(
     pipe: Pipeline, tracer: Tracer, group: Group, path: Path, one_process: bool
 ) -> None:
     """Gather every rank's spans on rank 0, which writes the trace."""
-    mine = [{**s.as_dict(), "rank": group.rank} for s in tracer.spans]
+    mine = {
+        "rank": group.rank,
+        "threads": torch.get_num_threads(),
+        "spans": [{**s.as_dict(), "rank": group.rank} for s in tracer.spans],
+    }
     every = group.gather_objects(mine)
     if every is None:
         return
-    spans = [s for rank in every for s in rank]
+    spans = [s for rank in every for s in rank["spans"]]
+    threads = {rank["rank"]: rank["threads"] for rank in every}
     traced = sorted({s["step"] for s in spans if s["category"] == "step"})
     topology = topology_from_manifest(pipe.manifest)
     document = trace_document(
-        spans, pipe.program, topology, one_process=one_process, traced_steps=traced
+        spans, pipe.program, topology, one_process=one_process, traced_steps=traced, threads=threads
     )
     write_trace(path, document)
 

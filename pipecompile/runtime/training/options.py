@@ -80,6 +80,14 @@ class RunFlags:
         api=None,
         help="run even though the model file changed since compiling",
     )
+    threads: int | None = option(
+        "--threads",
+        check=positive_int,
+        api=None,
+        metavar="N",
+        help="intra-op threads of each process (default: with --nproc, the cores over the "
+        "ranks on this machine; else torch's default)",
+    )
     stats: bool = option(
         "--stats",
         switch=True,
