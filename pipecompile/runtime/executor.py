@@ -310,13 +310,24 @@ class StepExecutor:
                 self.backend.send(MessageKey("F", j, dst, i, name), value)
         return True
 
+    def receive_keys(self, instr: Instr) -> list[MessageKey]:
+        """The messages a RECV_F or RECV_B instruction takes."""
+        j, i = instr.stage, _mb(instr)
+        if instr.op == Op.RECV_F:
+            return [
+                MessageKey("F", s, j, i, n)
+                for n, s in self.layout.in_edges[j]
+                if self.layout.remote(s, j)
+            ]
+        return [
+            MessageKey("B", j, d, i, n)
+            for n, d in self.layout.out_edges[j]
+            if self.layout.remote(j, d)
+        ]
+
     def recv_activations(self, instr: Instr) -> bool:
         j, i = instr.stage, _mb(instr)
-        keys = [
-            MessageKey("F", s, j, i, n)
-            for n, s in self.layout.in_edges[j]
-            if self.layout.remote(s, j)
-        ]
+        keys = self.receive_keys(instr)
         if not self.backend.ready(keys):
             return False
         box = self.received.setdefault((j, i), {})
@@ -334,11 +345,7 @@ class StepExecutor:
 
     def recv_gradients(self, instr: Instr) -> bool:
         j, i = instr.stage, _mb(instr)
-        keys = [
-            MessageKey("B", j, d, i, n)
-            for n, d in self.layout.out_edges[j]
-            if self.layout.remote(j, d)
-        ]
+        keys = self.receive_keys(instr)
         if not self.backend.ready(keys):
             return False
         for key in keys:

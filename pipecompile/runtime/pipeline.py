@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
-from pipecompile.ir.instr import INFERENCE_OPS
+from pipecompile.ir.instr import INFERENCE_OPS, Instr, Op
 from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.microbatch import (
     input_mismatch,
@@ -223,8 +223,11 @@ class Pipeline:
     def _run(self, program: Program, executor: StepExecutor, inputs: dict[str, Any]) -> None:
         """Run ``program``; a failure that inputs of another shape or dtype than compiled
         explain is reported as that."""
+        handlers = self._handlers(executor)
+        if self.device is not None and hasattr(executor.backend, "post"):
+            handlers = _receiving_ahead(handlers, executor, program.devices[self.device])
         try:
-            run_program(program, self._handlers(executor))
+            run_program(program, handlers)
         except (RuntimeFailure, InputError) as err:  # InputError: targets that do not fit
             self.blame_inputs(inputs, err)
             raise
@@ -342,6 +345,31 @@ class Pipeline:
                 f"inputs {', '.join(map(repr, self.layout.model_inputs))}"
             )
         return {n: inputs[n] for n in self.layout.model_inputs}
+
+
+RECEIVE_AHEAD = 2  # receives a rank keeps posted before the instructions that take them
+
+
+def _receiving_ahead(
+    handlers: dict[str, Handler], executor: StepExecutor, instrs: Sequence[Instr]
+) -> dict[str, Handler]:
+    """``handlers`` on a backend that can post receives early: the first ``RECEIVE_AHEAD``
+    receives of the rank's program are posted now, and each one taken posts the next."""
+    receives = [x for x in instrs if x.op in (Op.RECV_F, Op.RECV_B)]
+    for instr in receives[:RECEIVE_AHEAD]:
+        executor.backend.post(executor.receive_keys(instr))
+    after = {x: receives[k + RECEIVE_AHEAD] for k, x in enumerate(receives[:-RECEIVE_AHEAD])}
+
+    def ahead(handler: Handler) -> Handler:
+        def run(instr: Instr) -> bool:
+            done = handler(instr)
+            if done and instr in after:
+                executor.backend.post(executor.receive_keys(after[instr]))
+            return done
+
+        return run
+
+    return {op: ahead(h) if op in (Op.RECV_F, Op.RECV_B) else h for op, h in handlers.items()}
 
 
 def _optimizer(factory: OptimizerFactory, params: list[torch.nn.Parameter]) -> Any:

@@ -76,6 +76,7 @@ class DistBackend:
         }
         self._sends: list[tuple[Any, torch.Tensor]] = []
         self._inbox: dict[Hashable, torch.Tensor | None] = {}
+        self._early: dict[Hashable, tuple[Any, torch.Tensor]] = {}  # posted ahead: (work, buffer)
         self._posted: dict[Hashable, dict[int, torch.Tensor]] = {}
         self._sums: dict[Hashable, tuple[Any, torch.Tensor, set[int]]] = {}
 
@@ -94,8 +95,32 @@ class DistBackend:
         peer = self.placement.rank_of(dst if kind == "F" else src, i)
         self._sends.append((dist.isend(tensor, peer, tag=self._tag(kind, index, i)), tensor))
 
+    def post(self, keys: Sequence[MessageKey]) -> None:
+        """Start receiving ``keys`` now, ahead of the instruction that takes them: the message
+        lands in its buffer while this rank computes, and ``ready`` only waits for what is
+        still missing."""
+        ops, buffers = self._receives([k for k in keys if k not in self._early])
+        works = dist.batch_isend_irecv(ops) if ops else []
+        self._early.update((key, (work, buffer)) for (key, buffer), work in zip(buffers, works))
+
     def ready(self, keys: Sequence[MessageKey]) -> bool:
-        """Receive every message in ``keys`` (one batched call), blocking until they arrive."""
+        """Receive every message in ``keys`` (one batched call for those not posted ahead),
+        blocking until they arrive."""
+        ops, buffers = self._receives([k for k in keys if k not in self._early])
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        for key in keys:
+            if key in self._early:
+                work, buffer = self._early.pop(key)
+                work.wait()
+                buffers.append((key, buffer))
+        self._inbox.update(buffers)
+        return True
+
+    def _receives(self, keys: Sequence[MessageKey]) -> tuple[list, list]:
+        """The receive ops of ``keys`` and their (key, buffer) pairs; an integer value's
+        gradient is no message (it goes straight to the inbox as None)."""
         ops, buffers = [], []
         for key in keys:
             kind, src, dst, i, name = key
@@ -107,17 +132,15 @@ class DistBackend:
             peer = self.placement.rank_of(src if kind == "F" else dst, i)
             ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=self._tag(kind, index, i)))
             buffers.append((key, buffer))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        self._inbox.update(buffers)
-        return True
+        return ops, buffers
 
     def recv(self, key: MessageKey) -> torch.Tensor | None:
         return self._inbox.pop(key)
 
     def finish(self) -> None:
-        """Wait for every send of the step (their buffers must live until then)."""
+        """Wait for every send of the step (their buffers must live until then); a receive
+        posted ahead is always taken within its step (the program receives what it posts)."""
+        assert not self._early, f"receives posted but never taken: {sorted(self._early)}"
         for work, _ in self._sends:
             work.wait()
         self._sends.clear()
