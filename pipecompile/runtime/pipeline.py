@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -347,7 +348,9 @@ class Pipeline:
         return {n: inputs[n] for n in self.layout.model_inputs}
 
 
-RECEIVE_AHEAD = 2  # receives a rank keeps posted before the instructions that take them
+# Receives a rank keeps posted before the instructions that take them; the environment's
+# PIPECOMPILE_RECEIVE_AHEAD=0 receives each message only when needed (for measuring the gain).
+RECEIVE_AHEAD = int(os.environ.get("PIPECOMPILE_RECEIVE_AHEAD", "2"))
 
 
 def _receiving_ahead(

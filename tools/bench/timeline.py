@@ -2,12 +2,12 @@
 
 HF GPT-2 (24 layers, n_embd 256, 8 heads, vocabulary 1024, 64 tokens), mini-batch 16 in 8
 micro-batches, CPU, gloo, ``run --nproc 2`` with AdamW. For each schedule (gpipe, 1f1b,
-zb1p): one run with ``--trace`` (every step traced) and one without, alternated ``--rounds``
-times; then ``show --measured`` of the last trace. Printed per schedule and rank: the step
+zb1p): one run with ``--trace`` (every step traced), one without, and one without receives
+posted ahead (``PIPECOMPILE_RECEIVE_AHEAD=0``), alternated ``--rounds`` times; then ``show --measured`` of the last trace. Printed per schedule and rank: the step
 and its compute, waiting (the measured bubble), communication, optimizer, data and other in
 ms, the measured bubble next to the predicted one, the step simulated with the measured stage
-times against the measured step, and the median step (over the steps after the first) with
-and without ``--trace``.
+times against the measured step, and the median step (over the steps after the first) of
+each of the three kinds of run.
 
 Rerun with::
 
@@ -99,17 +99,22 @@ def one_schedule(root: Path, model: Path, sizes: Sizes, schedule: str, rounds: i
         "--optimizer",
         "adamw",
     ]
-    with_trace, without = [], []
-    for _ in range(rounds):  # alternate, so both see the same machine
+    with_trace, without, late = [], [], []
+    for _ in range(rounds):  # alternate, so all three see the same machine
         run_checked(pipecompile_command(*base, "--trace", str(trace), "--trace-steps",
                                         str(sizes.steps), "--metrics", str(traced)))  # fmt: skip
         with_trace.append(step_ms(traced))
         run_checked(pipecompile_command(*base, "--metrics", str(plain)))
         without.append(step_ms(plain))
+        run_checked(
+            pipecompile_command(*base, "--metrics", str(plain)), PIPECOMPILE_RECEIVE_AHEAD="0"
+        )
+        late.append(step_ms(plain))
     shown = run_checked(pipecompile_command("show", str(out), "--measured", str(trace), "--json"))
     report = json.loads(shown.stdout)
     report["step_ms_traced"] = statistics.median(with_trace)
     report["step_ms_untraced"] = statistics.median(without)
+    report["step_ms_receive_when_needed"] = statistics.median(late)
     return report
 
 
@@ -129,15 +134,18 @@ def table(reports: dict[str, dict]) -> str:
     lines += [
         "",
         "| schedule | measured step / simulated from measured stage times "
-        "| median step untraced (ms) | traced (ms) | tracing costs |",
-        "|---|---:|---:|---:|---:|",
+        "| median step untraced (ms) | traced (ms) | tracing costs "
+        "| receives not posted ahead (ms) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for schedule, r in reports.items():
         cost = r["step_ms_traced"] / r["step_ms_untraced"] - 1
         ratio = f"{r['measured_step_ms']:.1f} / {r['simulated_step_ms']:.1f} ms"
         steps = f"{r['step_ms_untraced']:.1f} | {r['step_ms_traced']:.1f}"
+        late = r["step_ms_receive_when_needed"]
         lines.append(
-            f"| {schedule} | {r['measured_over_simulated']:.2f} ({ratio}) | {steps} | {cost:+.1%} |"
+            f"| {schedule} | {r['measured_over_simulated']:.2f} ({ratio}) | {steps} | {cost:+.1%} "
+            f"| {late:.1f} |"
         )
     return "\n".join(lines)
 
