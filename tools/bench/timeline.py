@@ -3,11 +3,12 @@
 HF GPT-2 (24 layers, n_embd 256, 8 heads, vocabulary 1024, 64 tokens), mini-batch 16 in 8
 micro-batches, CPU, gloo, ``run --nproc 2`` with AdamW. For each schedule (gpipe, 1f1b,
 zb1p): one run with ``--trace`` (every step traced), one without, and one without receives
-posted ahead (``PIPECOMPILE_RECEIVE_AHEAD=0``), alternated ``--rounds`` times; then ``show --measured`` of the last trace. Printed per schedule and rank: the step
-and its compute, waiting (the measured bubble), communication, optimizer, data and other in
-ms, the measured bubble next to the predicted one, the step simulated with the measured stage
-times against the measured step, and the median step (over the steps after the first) of
-each of the three kinds of run.
+posted ahead (``PIPECOMPILE_RECEIVE_AHEAD=0``), alternated ``--rounds`` times; then ``show
+--measured`` of the last trace. Printed per schedule and rank: the step and its compute,
+waiting (the measured bubble), communication, optimizer, data and other in ms, the measured
+bubble next to the predicted one, the step simulated with the measured stage times against
+the measured step, and the median step (over the steps after the first) of each of the
+three kinds of run.
 
 Rerun with::
 
