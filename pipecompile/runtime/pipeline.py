@@ -30,7 +30,7 @@ from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stages, read_manifest, read_program
 from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.stats import RunStats
-from pipecompile.runtime.trace import Tracer
+from pipecompile.runtime.trace import Tracer, traced
 
 __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
 
@@ -191,13 +191,8 @@ class Pipeline:
                 continue
             optimizer = self.optimizers[j] if self.optimizers is not None else None
             if optimizer is not None:
-                if self.tracer is not None:
-                    device = self.layout.stage_device[j]
-                    with self.tracer.maybe(
-                        device, "compute", f"{j}optimizer", "optimizer", stage=j
-                    ):
-                        optimizer.step()
-                else:
+                device = self.layout.stage_device[j]
+                with traced(self.tracer, device, "compute", f"{j}optimizer", "optimizer", stage=j):
                     optimizer.step()
             module.zero_grad(set_to_none=True)
 

@@ -21,7 +21,7 @@ from pipecompile.ir.instr import Instr, Op
 from pipecompile.runtime.backend import MessageKey
 from pipecompile.runtime.interpreter import Handler
 
-__all__ = ["Span", "Tracer", "CATEGORY", "TRACKS"]
+__all__ = ["Span", "Tracer", "CATEGORY", "TRACKS", "traced"]
 
 TRACKS = ("compute", "communication", "step")
 CATEGORY: dict[Op, str] = {
@@ -152,6 +152,15 @@ class Tracer:
         if not self.active:
             return backend
         return _WaitRecorder(backend, self, device)
+
+
+def traced(
+    tracer: Tracer | None, device: int, track: str, name: str, category: str, **args: Any
+) -> AbstractContextManager:
+    """A span of the traced step running now, if ``tracer`` has one; else nothing."""
+    if tracer is None:
+        return nullcontext()
+    return tracer.maybe(device, track, name, category, **args)
 
 
 class _WaitRecorder:

@@ -32,7 +32,7 @@ from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
 from pipecompile.runtime.random_state import draw_base, step_base
-from pipecompile.runtime.trace import Tracer
+from pipecompile.runtime.trace import Tracer, traced
 from pipecompile.runtime.trace_file import check_trace_file, trace_document, write_trace
 from pipecompile.runtime.training.batch_agreement import agree_on_batch
 from pipecompile.runtime.training.divergence import check_losses, skipped_line
@@ -363,13 +363,13 @@ def _one_step(
     samples = tokens = 0
     home = pipe.device if pipe.device is not None else pipe.program.stage_device[0]
     for part in range(parts):
-        with _span(pipe, home, "compute", "data", "data"):
+        with traced(pipe.tracer, home, "compute", "data", "data"):
             batch = feed.next()
         if batch is None:
             if part == 0:
                 return None
             break  # a last, shorter accumulation at the end of the data
-        with _span(pipe, home, "communication", "batch agreement", "all-reduce"):
+        with traced(pipe.tracer, home, "communication", "batch agreement", "all-reduce"):
             _agree(batch, feed, group)
         taken = take_grads(pipe) if sync and part > 0 else None
         inputs = batch.inputs if reads[0] else None
@@ -400,7 +400,7 @@ def _one_step(
         samples, tokens = samples + counts[0], tokens + (counts[1] or 0)
     overflow = 1.0 if sync and scaler is not None and not all_finite(pipe) else 0.0
     sq = squared_norm(pipe) if sync and options.clip_grad_norm is not None else 0.0
-    with _span(pipe, home, "communication", "loss sum", "all-reduce"):
+    with traced(pipe.tracer, home, "communication", "loss sum", "all-reduce"):
         summed_loss, overflows, sq_norm, sent_total = group.sum([total_loss, overflow, sq, sent])
     used = part + 1 if batch is not None else part
     loss = summed_loss / (m * used)
@@ -430,7 +430,7 @@ def _one_step(
             scaler.update(False)
         pipe.apply_step()
     seconds = time.perf_counter() - began
-    with _span(pipe, home, "communication", "metrics gather", "all-reduce"):
+    with traced(pipe.tracer, home, "communication", "metrics gather", "all-reduce"):
         busy = group.gather([busy_ns / 1e9 / seconds, *peak_memory(pipe, one_process=one_process)])
     record = StepRecord(
         step=step + 1,
@@ -459,13 +459,6 @@ def _tracer(pipe: Pipeline, options: TrainOptions, first: int) -> Tracer | None:
 def _devices(pipe: Pipeline) -> list[int]:
     """The devices whose instructions run in this process."""
     return [pipe.device] if pipe.device is not None else list(range(len(pipe.program.devices)))
-
-
-def _span(pipe: Pipeline, device: int, track: str, name: str, category: str) -> Any:
-    """A span of the traced step running now, if one does."""
-    if pipe.tracer is None:
-        return nullcontext()
-    return pipe.tracer.maybe(device, track, name, category)
 
 
 def _write_trace(
