@@ -1,18 +1,19 @@
 """Benchmark measured timelines: where each rank's step goes, and what tracing costs.
 
-HF GPT-2 (24 layers, n_embd 256, 8 heads, vocabulary 1024, 64 tokens), mini-batch 16 in 8
-micro-batches, CPU, gloo, ``run --nproc 2`` with AdamW. For each schedule (gpipe, 1f1b,
-zb1p): one run with ``--trace`` (every step traced), one without, and one without receives
+HF GPT-2 (24 layers, n_embd 256, 8 heads, vocabulary 1024, 64 tokens; ``--model llama``: an HF
+Llama of the same depth and width, 4 key-value heads, SwiGLU of 1024), mini-batch 16 in 8
+micro-batches, CPU, gloo, ``run --nproc 2`` (``--procs``) with AdamW. For each schedule (gpipe,
+1f1b, zb1p): one run with ``--trace`` (every step traced), one without, and one without receives
 posted ahead (``PIPECOMPILE_RECEIVE_AHEAD=0``), alternated ``--rounds`` times; then ``show
---measured`` of the last trace. Printed per schedule and rank: the step and its compute,
-waiting (the measured bubble), communication, optimizer, data and other in ms, the measured
-bubble next to the predicted one, the step simulated with the measured stage times against
-the measured step, and the median step (over the steps after the first) of each of the
-three kinds of run.
+--measured`` of the last trace. Printed per schedule and rank: the step and its compute, waiting
+(the measured bubble), communication, optimizer, data and other in ms, the measured bubble next
+to the predicted one, the step simulated with the measured stage times against the measured
+step, and the median step (over the steps after the first) of each of the three kinds of run.
 
 Rerun with::
 
     python tools/bench/timeline.py            # the figures in docs/BENCHMARKS.md
+    python tools/bench/timeline.py --model llama --procs 4 --schedules 1f1b --rounds 1
     python tools/bench/timeline.py --quick    # a 2-layer GPT-2 of width 32, gpipe: seconds
 """
 
@@ -22,7 +23,7 @@ import argparse
 import json
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common import EXAMPLES, command, log, machine, pipecompile_command, run_checked
@@ -32,11 +33,17 @@ import sys
 sys.path.insert(0, {examples!r})
 import torch
 from hf_gpt2 import build_gpt2, loss_fn  # noqa: F401
+from hf_llama import build_llama
 
 SIZES = {sizes!r}
 
 
 def build_model():
+    if SIZES["model"] == "llama":
+        heads = SIZES["heads"]
+        return build_llama(num_hidden_layers=SIZES["layers"], hidden_size=SIZES["width"],
+                           num_attention_heads=heads, num_key_value_heads=heads // 2,
+                           intermediate_size=4 * SIZES["width"], vocab_size=SIZES["vocab"])
     return build_gpt2(n_layer=SIZES["layers"], n_embd=SIZES["width"], n_head=SIZES["heads"],
                       vocab_size=SIZES["vocab"], n_positions=128)
 
@@ -57,6 +64,8 @@ def example_targets():
 
 @dataclass(frozen=True)
 class Sizes:
+    model: str = "gpt2"  # or "llama" (HF Llama: grouped-query attention, SwiGLU)
+    procs: int = 2
     layers: int = 24
     width: int = 256
     heads: int = 8
@@ -82,7 +91,8 @@ def step_ms(metrics: Path) -> float:
 
 def one_schedule(root: Path, model: Path, sizes: Sizes, schedule: str, rounds: int) -> dict:
     out = root / schedule
-    split = ["--stages", "2", "--microbatches", str(sizes.micro), "--schedule", schedule]
+    stages = str(sizes.procs)
+    split = ["--stages", stages, "--microbatches", str(sizes.micro), "--schedule", schedule]
     run_checked(pipecompile_command(str(model), *split, "-q", "-o", str(out)))
     trace, traced, plain = (
         root / f"{schedule}.json",
@@ -93,7 +103,7 @@ def one_schedule(root: Path, model: Path, sizes: Sizes, schedule: str, rounds: i
         "run",
         str(out),
         "--nproc",
-        "2",
+        str(sizes.procs),
         "--steps",
         str(sizes.steps),
         "-q",
@@ -155,8 +165,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny GPT-2, gpipe, 2 steps")
     parser.add_argument("--rounds", type=int, default=3, help="traced/untraced pairs per schedule")
+    parser.add_argument("--model", choices=("gpt2", "llama"), default="gpt2")
+    parser.add_argument("--procs", type=int, default=2, help="processes (and stages)")
+    parser.add_argument("--schedules", nargs="+", choices=("gpipe", "1f1b", "zb1p"))
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
+    sizes = replace(sizes, model=args.model, procs=args.procs)
+    if args.schedules:
+        sizes = replace(sizes, schedules=tuple(args.schedules))
     rounds = 1 if args.quick else args.rounds
     print(f"machine: {machine()}")
     print(f"command: {command()}")
