@@ -28,7 +28,7 @@ from pipecompile.ir.simulate import simulate
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.reports.balance_table import stage_costs
 from pipecompile.runtime.load import read_manifest, read_program
-from pipecompile.runtime.trace_file import FORMAT, SIMULATED_PID, measured_costs
+from pipecompile.runtime.trace_file import SIMULATED_PID, is_trace_document, measured_costs
 
 __all__ = ["measured_report", "format_measured", "COLUMNS"]
 
@@ -51,7 +51,7 @@ def read_trace(path: Path) -> dict[str, Any]:
         raise PipecompileError(
             f"{path} is not JSON ({err}); pass a file `run --trace` wrote"
         ) from None
-    if not isinstance(document, dict) or document.get("otherData", {}).get("format") != FORMAT:
+    if not is_trace_document(document):
         raise PipecompileError(f"{path} is not a trace `pipecompile run --trace` wrote")
     return document
 

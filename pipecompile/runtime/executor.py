@@ -273,14 +273,11 @@ class StepExecutor:
             (sub, {n: b.clone() if b is not None else None for n, b in bufs.items()})
             for sub, bufs in owners
         ]
-        traced = (
-            self.span(
-                self.layout.stage_device[j], "compute", "recompute", "recompute", microbatch=i
-            )
-            if self.span is not None
-            else nullcontext()
-        )
-        with traced, torch.enable_grad(), self._counting(j, i, True) as saved:
+        with (
+            self._inside(j, "recompute", i),
+            torch.enable_grad(),
+            self._counting(j, i, True) as saved,
+        ):
             with seeded(self.rng_base, j, i):  # the forward's own random numbers
                 outs = self._call(j, held.args, held.weights)
         for sub, bufs in copies:
@@ -446,12 +443,7 @@ class StepExecutor:
             output, self.targets[i], self.microbatches[i], split=count > 1, scale=count
         )
         last = self.layout.last
-        traced = (
-            self.span(self.layout.stage_device[last], "compute", "loss", "loss", microbatch=i)
-            if self.span is not None
-            else nullcontext()
-        )
-        with traced, autocast(self.precision, device_of(self.modules[last])):
+        with self._inside(last, "loss", i), autocast(self.precision, device_of(self.modules[last])):
             loss = call_loss_fn(self.loss_fn, output, self.targets[i])
         if not loss.requires_grad and any(
             t.requires_grad for t in outs if isinstance(t, torch.Tensor)
@@ -468,6 +460,13 @@ class StepExecutor:
             return
         box = self.out_grads.setdefault((j, i), {})
         box[name] = grad if name not in box else box[name] + grad
+
+    def _inside(self, j: int, what: str, i: int) -> AbstractContextManager:
+        """A traced step's span of ``what`` (loss, recompute) inside stage j's instruction for
+        micro-batch i, on the compute track of its device; nothing when not traced."""
+        if self.span is None:
+            return nullcontext()
+        return self.span(self.layout.stage_device[j], "compute", what, what, microbatch=i)
 
     def _counting(self, j: int, i: int, active: bool):  # type: ignore[no-untyped-def]
         """Count the bytes autograd saves (parameters, buffers and stashed weights aside)."""

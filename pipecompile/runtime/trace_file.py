@@ -27,7 +27,14 @@ from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.runtime.trace import CATEGORY, TRACKS
 
-__all__ = ["FORMAT", "SIMULATED_PID", "check_trace_file", "trace_document", "write_trace"]
+__all__ = [
+    "FORMAT",
+    "SIMULATED_PID",
+    "check_trace_file",
+    "is_trace_document",
+    "trace_document",
+    "write_trace",
+]
 
 FORMAT = "pipecompile-trace-1"
 SIMULATED_PID = 1000  # simulated device d is process SIMULATED_PID + d
@@ -53,6 +60,11 @@ def is_our_trace(path: Path) -> bool:
         document = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
+    return is_trace_document(document)
+
+
+def is_trace_document(document: Any) -> bool:
+    """Whether parsed JSON is a trace `run --trace` wrote (its ``otherData`` marker)."""
     return isinstance(document, dict) and document.get("otherData", {}).get("format") == FORMAT
 
 
