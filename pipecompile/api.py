@@ -68,6 +68,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     force: bool = False,
     onnx: bool = False,
     checkpoint: str | None = None,
+    compile_stages: str | None = None,
     **options: Any,
 ) -> CompiledPipeline:
     """Compile ``model`` into ``stages`` pipeline stages and load them for running.
@@ -91,6 +92,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         force: write into a ``directory`` holding files pipecompile did not write (kept).
         onnx: also export every stage to ``stage_<j>.onnx`` (as ``pipe.onnx()``).
         checkpoint: the old name of ``recompute`` (still accepted).
+        compile_stages: the torch.compile backend (``inductor``, ``aot_eager``, ``eager``)
+            that runs of the directory put each stage's forward through by default.
         **options: the other options of ``pipecompile.compiler.compile_model`` (split_at,
             pinned, virtual_stages, vertical_sync, memory_budget, replicas, machine,
             print_after). The keywords are those ``CompileOptions``' fields declare.
@@ -134,6 +137,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         force=force,
         weights=plan,
         notes=notes,
+        compile_stages=compile_stages,
     )
     for note in notes:
         warnings.warn(f"pipecompile: {note}", stacklevel=2)

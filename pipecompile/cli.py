@@ -280,6 +280,7 @@ def _compile(args: argparse.Namespace) -> int:
         force=args.force,
         weights=plan,
         notes=notes,
+        compile_stages=args.compile_stages,
     )
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
     for note in notes:
@@ -405,6 +406,7 @@ def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-unty
     if spec.targets is None:
         raise ModelFileError(f"{spec.path} needs example_targets() for `run --check`")
     assert spec.model is not None  # built for --check
+    pipe.compile_stages(args.compile)
     report = check_against_eager(pipe, spec, lr=args.lr, atol=args.atol, rtol=args.rtol)
     print(report)
     if not report.ok:
@@ -521,7 +523,7 @@ def _refuse_ignored(args: argparse.Namespace) -> None:
                 )
         return
     asked = given(from_args(TrainFlags, args))
-    cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in asked if name != "lr"]
+    cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in asked if name not in ("lr", "compile")]
     if args.stats:
         cannot.append(("--stats", "it measures a training run"))
     if cannot:

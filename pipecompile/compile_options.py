@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pipecompile.compiler import PASSES
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_recompute import POLICIES
+from pipecompile.runtime.compiled import BACKENDS
 from pipecompile.runtime.option_fields import nonnegative_int, option, positive_int, size
 from pipecompile.schedules import SCHEDULES
 
@@ -142,6 +143,14 @@ class CompileOptions:
         switch=True,
         help="run the expensive IR checks (graph re-propagation, program verification and "
         "simulation) after every compiler pass, not only after the last",
+    )
+    compile_stages: str | None = option(
+        "--compile",
+        const="inductor",
+        choices=BACKENDS,
+        metavar="BACKEND",
+        help="runs of this directory put each stage's forward through torch.compile with "
+        "BACKEND (default inductor; also aot_eager, eager) unless `run --compile off`",
     )
     onnx: bool = option("--onnx", switch=True, help="also export every stage to stage_<j>.onnx")
     force: bool = option(

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -73,11 +73,14 @@ def emit(
     force: bool = False,
     weights: WeightPlan | None = None,
     notes: list[str] | None = None,
+    compile_stages: str | None = None,
 ) -> Path:
     """Write ``compiled`` to directory ``out``, replacing a previous pipecompile output there
     (only the files it wrote; see ``output_dir``). ``weights`` says where tensors come from
-    when not every value is written (``weight_sources``); what a user should know about it
-    (converted dtypes, pretrained tensors the model does not use) is appended to ``notes``.
+    when not every value is written (``weight_sources``); ``compile_stages`` is the
+    torch.compile backend runs use by default (the manifest's ``compile``); what a user
+    should know about it (converted dtypes, pretrained tensors the model does not use) is
+    appended to ``notes``.
 
     Raises:
         EmitError: ``out`` is a file, cannot be created or written (a full disk: named),
@@ -90,7 +93,7 @@ def emit(
     keep = check_replaceable(out, force=force)
     tmp = new_temp_dir(out)
     try:
-        _write_all(compiled, tmp, model, out, weights or WeightPlan(), notes)
+        _write_all(compiled, tmp, model, out, weights or WeightPlan(), notes, compile_stages)
         replace_output(tmp, out, keep=keep)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -112,6 +115,7 @@ def _write_all(
     out: Path,
     plan: WeightPlan,
     notes: list[str] | None,
+    compile_stages: str | None,
 ) -> None:
     graph = compiled.graph
     count = len(graph.stages)
@@ -132,7 +136,8 @@ def _write_all(
     (tmp / PROGRAM).write_text(str(compiled.program))
     init = _write_init(tmp, plan, sources)
     weights = _weights_entry(plan, sources, init, out)
-    write_manifest(tmp, build_manifest(compiled, model, out, sources, randoms, weights))
+    manifest = build_manifest(compiled, model, out, sources, randoms, weights)
+    write_manifest(tmp, replace(manifest, compile=compile_stages))
     if notes is not None:
         notes.extend(_notes(plan, sources))
 

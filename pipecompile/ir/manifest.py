@@ -260,6 +260,7 @@ class Manifest:
     stages: tuple[StageEntry, ...]
     edges: tuple[Edge, ...]
     weights: WeightsRecord | None
+    compile: str | None = None  # `--compile`: the torch.compile backend runs use by default
 
     @property
     def replica_counts(self) -> tuple[int, ...]:
@@ -318,6 +319,7 @@ class Manifest:
             stages=tuple(map(StageEntry.from_json, raw["stages"])),
             edges=tuple(map(_edge_from_json, raw.get("edges", []))),
             weights=WeightsRecord.from_json(weights) if weights is not None else None,
+            compile=raw.get("compile"),
         )
 
     def to_json(self) -> Json:
@@ -327,6 +329,7 @@ class Manifest:
             "replicas": self.replicas,
             "balance": self.balance,
             "weights": self.weights,
+            "compile": self.compile,
         }
         raw: Json = {
             "format": self.format,
@@ -347,6 +350,7 @@ class Manifest:
             "stages": [s.to_json() for s in self.stages],
             "edges": [_edge_to_json(e) for e in self.edges],
             "weights": self.weights.to_json() if self.weights is not None else None,
+            "compile": self.compile,
         }
         return {k: v for k, v in raw.items() if k not in optional or optional[k] is not None}
 

@@ -20,6 +20,7 @@ from pipecompile.ir.instr import FORWARD_OPS, Instr, Op
 from pipecompile.ir.microbatch import check_target_rows
 from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
 from pipecompile.runtime.backend import Backend, MessageKey
+from pipecompile.runtime.compiled import CompiledStages
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.precision import autocast, device_of, for_wire
@@ -80,6 +81,7 @@ class Held:
     nbytes: int = 0
     roots: list[torch.Tensor] = field(default_factory=list)  # kept from I for W
     root_grads: list[torch.Tensor | None] = field(default_factory=list)
+    fused: bool = False  # compiled: I computes the weight gradients too (runtime/compiled)
 
 
 class StepExecutor:
@@ -106,10 +108,13 @@ class StepExecutor:
         rng_base: int | None = None,
         precision: torch.dtype | None = None,
         span: Callable[..., AbstractContextManager] | None = None,
+        compiled: CompiledStages | None = None,
     ) -> None:
         """``span(device, track, name, category, **args)``: a traced step's recorder of what
-        happens inside an instruction (the loss; see runtime/trace.py)."""
+        happens inside an instruction (the loss; see runtime/trace.py); ``compiled``: the
+        stages' compiled forwards (``--compile``)."""
         self.layout, self.modules, self.backend = layout, modules, backend
+        self.compiled = compiled
         self.span = span
         self.precision = precision  # autocast dtype of stage forwards and traffic (precision)
         self.rng_base = draw_base() if rng_base is None else rng_base  # see random_state
@@ -177,7 +182,8 @@ class StepExecutor:
                 outs = self._call(j, args, weights)
         if self.training:
             nbytes = sum(saved.values()) if keep else self._bytes(kept)
-            self.held[(j, i)] = Held(kept, outs if keep else None, weights, nbytes)
+            fused = self.compiled is not None and self.compiled.active(j)
+            self.held[(j, i)] = Held(kept, outs if keep else None, weights, nbytes, fused=fused)
             self.stats.devices[self.layout.stage_device[j]].hold(nbytes)
         self._deliver(j, i, outs)
         if j == self.layout.last:
@@ -191,6 +197,10 @@ class StepExecutor:
         module = self.modules[j]
         try:
             with autocast(self.precision, device_of(module)):
+                if self.compiled is not None and self.compiled.active(j):
+                    outs = self.compiled.call(j, module, args, weights)
+                    if outs is not None:
+                        return outs
                 if weights is None:
                     return tuple(module(*args))
                 return tuple(torch.func.functional_call(module, weights, tuple(args)))
@@ -217,11 +227,12 @@ class StepExecutor:
         outs = held.outs if held.outs is not None else self._recompute(j, i, held)
         roots, grads = self._roots(j, i, outs)
         args = held.args
-        if instr.op == Op.B:
+        if instr.op == Op.B or held.fused:
             if roots:
                 torch.autograd.backward(roots, grads)
             grads_in = {n: _grad(a) for n, a in zip(self.layout.inputs[j], args)}
-            self._finish(j, i)
+            if instr.op == Op.B:
+                self._finish(j, i)
         else:
             wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
             found = (

@@ -58,6 +58,7 @@ class Option:
     forwarded: bool = True  # `run --nproc` hands it to every rank (run's options only)
     path: bool = False  # forwarded made absolute (a rank may start elsewhere)
     api: str | None = ""  # the Python API's keyword ("": the field's name; None: none)
+    const: Any = None  # the value of the flag given without one (its value is then optional)
 
     @property
     def flag(self) -> str:
@@ -104,6 +105,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, forwarded: bool =
         else:
             kw.update(type=o.check, metavar=o.metavar, choices=o.choices)
             kw["action"] = "append" if o.repeat else "store"
+            if o.const is not None:
+                kw.update(nargs="?", const=o.const)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             kw["required"] = True
         else:

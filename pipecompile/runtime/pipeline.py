@@ -24,6 +24,7 @@ from pipecompile.ir.microbatch import (
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.ir.verify_program import verify_program
+from pipecompile.runtime.compiled import CompiledStages, resolve_backend
 from pipecompile.runtime.executor import LossFn, StepExecutor
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
@@ -91,6 +92,17 @@ class Pipeline:
         self.last_sent_bytes = 0  # bytes the last step sent between devices
         self.name = "the pipeline"  # how messages call it; Pipeline.load: its directory
         self.tracer: Tracer | None = None  # records the traced steps (runtime/trace.py)
+        self.compiled: CompiledStages | None = None  # --compile (runtime/compiled.py)
+
+    def compile_stages(self, backend: str | None) -> None:
+        """Run each held stage's forward through ``torch.compile`` with ``backend`` (None or
+        ``off``: eagerly; not given to ``run``: what the compile recorded, see
+        ``resolve_backend``)."""
+        chosen = resolve_backend(backend, self.manifest.compile)
+        if chosen is None:
+            self.compiled = None
+        elif self.compiled is None or self.compiled.backend != chosen:
+            self.compiled = CompiledStages(self.modules, chosen, announce=self.device in (None, 0))
 
     @classmethod
     def load(cls, directory: str | Path, program: str | Path | None = None) -> Pipeline:
@@ -168,6 +180,7 @@ class Pipeline:
             rng_base=rng_base,
             precision=self.precision,
             span=tracer.span if tracer is not None else None,
+            compiled=self.compiled,
         )
         self.last_rng_base = executor.rng_base
         self._run(self._own_program(self.program), executor, inputs or {})
@@ -297,6 +310,7 @@ class Pipeline:
             micro,  # type: ignore[arg-type]
             rng_base=rng_base,
             precision=self.precision,
+            compiled=self.compiled,
         )
         self.last_rng_base = executor.rng_base
         self._run(self._own_program(forward_only(self.program)), executor, inputs or {})

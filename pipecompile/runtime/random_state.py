@@ -67,6 +67,7 @@ def seeded(base: int, stage: int, microbatch: int) -> Iterator[None]:
             _current.value = outer
 
 
+@torch.compiler.disable  # a compiled stage (--compile) breaks its graph here, runs this eagerly
 def seed_op(name: str) -> None:
     """Seed torch's generators for the random op ``name`` of the stage forward now running
     (a no-op outside one, e.g. when a stage module is called directly)."""

@@ -168,10 +168,17 @@ def max_diff(a: Weights, b: Weights) -> float:
 
 
 @pytest.mark.parametrize(
-    ("p", "m", "vertical_sync"),
-    [(2, 4, False), (3, 6, False), (4, 8, False), (3, 6, True), (4, 4, True)],
+    ("p", "m", "vertical_sync", "backend"),
+    [
+        (2, 4, False, None),
+        (3, 6, False, None),
+        (4, 8, False, None),
+        (3, 6, True, None),
+        (4, 4, True, None),
+        (3, 6, False, "aot_eager"),  # --compile: stashed leaves through the compiled stages
+    ],
 )
-def test_pipedream_matches_weight_stashing_reference(tmp_path: Path, p, m, vertical_sync):
+def test_pipedream_matches_weight_stashing_reference(tmp_path: Path, p, m, vertical_sync, backend):
     model = build_model()
     batches = mini_batches()
     compiled = compile_model(
@@ -192,6 +199,7 @@ def test_pipedream_matches_weight_stashing_reference(tmp_path: Path, p, m, verti
     expected = run_reference(model, owner, p, m, rule)
 
     pipe = Pipeline.load(out)
+    pipe.compile_stages(backend)
     pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=LR))
     for step, ((x, y), (ref_weights, ref_loss)) in enumerate(zip(batches, expected)):
         loss, _ = pipe.train_step({"x": x}, (y,), loss_fn)

@@ -204,6 +204,7 @@ def _run(
             raise PipecompileError(f"{spec.path} needs example_targets() for `run --check`")
         inputs = {k: v.to(where) for k, v in spec.inputs.items()}
         targets = tuple(t.to(where) for t in spec.targets)
+        pipe.compile_stages(args.compile)
         report = check_distributed(pipe, spec, directory, args, inputs, targets)
         if rank == 0:
             print(report)

@@ -126,6 +126,7 @@ class TrainOptions:
     warmup_steps: int = 0
     clip_grad_norm: float | None = None
     precision: str = "fp32"
+    compile: str | None = None  # torch.compile backend of the stage forwards (runtime/compiled)
     loss_scale: float = 2.0**16  # fp16: the initial dynamic loss scale
     seed: int | None = None
     skip_nonfinite: bool = False
@@ -232,6 +233,7 @@ def train(
     if data is not None and data.peek() is None:  # before anything is built or trained
         raise PipecompileError(empty_data(data, 1, 0))
     pipe.precision = PRECISIONS[options.precision]
+    pipe.compile_stages(options.compile)
     kind = OPTIMIZERS[options.optimizer]
     pipe.set_optimizer(options.optimizer_factory or (lambda ps: kind(ps, lr=options.lr)))
     length = _epoch_length(data, group)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipecompile.files.names import METRICS
+from pipecompile.runtime.compiled import BACKENDS
 from pipecompile.runtime.option_fields import (
     declared,
     finite_float,
@@ -153,6 +154,14 @@ class TrainFlags:
         choices=tuple(PRECISIONS),
         help="autocast dtype of the stages and their traffic; fp32 master "
         "weights (fp16: a GPU, with dynamic loss scaling)",
+    )
+    compile: str | None = option(
+        "--compile",
+        const="inductor",
+        choices=(*BACKENDS, "off"),
+        metavar="BACKEND",
+        help="run each stage's forward through torch.compile with BACKEND (default inductor; "
+        "also aot_eager, eager; off: eagerly; not given: as the compile's --compile said)",
     )
     seed: int | None = option(
         "--seed",
