@@ -1,17 +1,27 @@
 """How many intra-op threads each process of a run uses, so that ranks do not fight for cores.
 
 A rank on a machine shared with ``k`` ranks takes its share of the cores this process may run
-on (at least one); ``--threads N`` sets it for every process (one process: torch's default
-otherwise, every core).
+on (at least one); ``--threads N`` sets it for every process. A run in one process (the local
+backend, ``fit()``) without ``--threads`` follows the idle cores instead (``IdleCores``):
+torch's threads wait for each other at every op, so one thread that shares its core with
+another program's work holds all of them back; on a 2-core machine with one core busy, a
+step with 2 threads took 2.5x the step with 1.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-__all__ = ["cores", "fair_share", "use_threads"]
+__all__ = ["cores", "fair_share", "use_threads", "IdleCores"]
+
+_STAT = Path("/proc/stat")
+_given = False  # the last use_threads set a count (--threads, a rank's share): IdleCores is off
 
 
 def cores() -> int:
@@ -30,7 +40,68 @@ def fair_share(ranks_here: int) -> int:
 def use_threads(threads: int | None, ranks_here: int | None = None) -> int:
     """Set this process's intra-op threads to ``threads``, else to the fair share of one of
     ``ranks_here`` ranks (None: leave torch's default); returns the count in use."""
+    global _given
     count = threads or (fair_share(ranks_here) if ranks_here else None)
+    _given = count is not None
     if count is not None and count != torch.get_num_threads():
         torch.set_num_threads(count)
     return torch.get_num_threads()
+
+
+class IdleCores:
+    """Between the steps of a run in one process: the cores others keep busy, measured over
+    the last step (the machine's busy time from /proc/stat less this process's own CPU time),
+    and this process's threads set to the cores left (at least one, at most ``cores()``).
+
+    Does nothing where a count was given (``use_threads``), ``OMP_NUM_THREADS`` is set, or
+    the system has no /proc/stat.
+    """
+
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
+        fixed = _given or bool(os.environ.get("OMP_NUM_THREADS"))
+        self.on = not fixed and _STAT.exists()
+        self.say = say
+        self.most = cores()
+        self._last = _sample() if self.on else None
+
+    def between_steps(self) -> int:
+        """Measure the step just ended and set the threads for the next; returns the count."""
+        now = _sample() if self.on else None
+        if now is None or self._last is None:
+            return torch.get_num_threads()
+        others = _others(self._last, now)
+        if others is None:  # a short step: measure over the next ones too
+            return torch.get_num_threads()
+        self._last = now
+        # a thread less for each core others use, counting from 0.3 (a step's own noise)
+        want = max(1, min(self.most, self.most - math.ceil(others - 0.3)))
+        if want != torch.get_num_threads():
+            torch.set_num_threads(want)
+            if self.say is not None:
+                self.say(
+                    f"other programs keep {others:.1f} of {self.most} cores busy: "
+                    f"{want} thread{'s' * (want != 1)} from the next step"
+                )
+        return want
+
+
+def _sample() -> tuple[float, float, float] | None:
+    """(wall seconds, machine busy core-seconds, this process's CPU seconds)."""
+    try:
+        fields = _STAT.read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    ticks = [int(f) for f in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    busy = (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return time.monotonic(), busy, own.user + own.system
+
+
+def _others(before: tuple[float, float, float], after: tuple[float, float, float]) -> float | None:
+    """Cores kept busy by other programs between two samples (None: too short to tell)."""
+    wall = after[0] - before[0]
+    if wall < 0.05:
+        return None
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, others / wall)

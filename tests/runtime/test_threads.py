@@ -39,3 +39,47 @@ def test_run_threads_sets_the_local_runs_threads(tmp_path: Path, restored):
     torch.set_num_threads(2)
     assert main(["run", str(out), "--steps", "1", "-q", "--threads", "1"]) == 0
     assert torch.get_num_threads() == 1
+
+
+def _samples(monkeypatch, others_per_step: list[float]) -> None:
+    """Fake /proc/stat samples: each step lasts 1 s, this process uses 1 core-second and the
+    others ``others_per_step[k]`` core-seconds."""
+    clock = {"k": 0, "wall": 0.0, "busy": 0.0, "own": 0.0}
+
+    def sample():  # type: ignore[no-untyped-def]
+        k = clock["k"]
+        if k > 0:
+            clock["wall"] += 1.0
+            clock["own"] += 1.0
+            clock["busy"] += 1.0 + others_per_step[k - 1]
+        clock["k"] += 1
+        return clock["wall"], clock["busy"], clock["own"]
+
+    monkeypatch.setattr(threads, "_sample", sample)
+
+
+def test_a_local_run_gives_up_the_cores_others_keep_busy_and_takes_them_back(monkeypatch, restored):
+    monkeypatch.setattr(threads, "cores", lambda: 4)
+    monkeypatch.setattr(threads, "_given", False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_STAT", Path(__file__))  # exists
+    _samples(monkeypatch, [0.1, 1.0, 2.6, 0.0])
+    said: list[str] = []
+    idle = threads.IdleCores(said.append)
+    torch.set_num_threads(4)
+    assert [idle.between_steps() for _ in range(4)] == [4, 3, 1, 4]
+    assert torch.get_num_threads() == 4
+    assert said[0] == "other programs keep 1.0 of 4 cores busy: 3 threads from the next step"
+    assert len(said) == 3
+
+
+def test_a_given_thread_count_is_kept_however_busy_the_machine(monkeypatch, restored):
+    monkeypatch.setattr(threads, "cores", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    _samples(monkeypatch, [3.0, 3.0])
+    threads.use_threads(2)
+    idle = threads.IdleCores()
+    assert [idle.between_steps() for _ in range(2)] == [2, 2]
+    threads.use_threads(None)  # a later run without --threads follows the cores again
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # ... unless the user fixed them
+    assert not threads.IdleCores().on

@@ -32,6 +32,7 @@ from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
 from pipecompile.runtime.random_state import draw_base, step_base
+from pipecompile.runtime.threads import IdleCores
 from pipecompile.runtime.trace import Tracer, traced
 from pipecompile.runtime.trace_file import check_trace_file, trace_document, write_trace
 from pipecompile.runtime.training.batch_agreement import agree_on_batch
@@ -298,9 +299,12 @@ def train(
         )
     saved_at = first
     tracer = pipe.tracer = _tracer(pipe, options, first)
+    idle = IdleCores(None if options.quiet else _note) if one_process else None
     try:
         step = first
         while total is None or step < total:
+            if idle is not None:
+                idle.between_steps()
             with tracer.step_span(step + 1, _devices(pipe)) if tracer else nullcontext():
                 done = _one_step(
                     pipe, loss_fn, feed, options, group, scaler, seed, step, reads, one_process
@@ -742,3 +746,7 @@ def _length_mismatch(source: BatchSource, epoch: int, yielded: int, more: str = 
         f"{source.length}; make __len__ return the number of batches __iter__ yields (or drop "
         "__len__)"
     )
+
+
+def _note(text: str) -> None:
+    print(f"pipecompile: note: {text}", file=sys.stderr, flush=True)

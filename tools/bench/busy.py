@@ -1,0 +1,114 @@
+"""Benchmark the local backend on a busy machine: its threads follow the idle cores.
+
+HF GPT-2 (8 layers, n_embd 256, 8 heads, vocabulary 1024, 16 x 64 tokens in 8 micro-batches),
+2 stages, gpipe, AdamW, `pipecompile run` in one process. Each case runs ``--steps`` steps and
+reports the median step of steps 2 onward (the metrics file's ``step_ms``): the machine idle;
+then with half its cores kept busy by spinning processes: the default (threads follow the idle
+cores), ``--threads`` set to every core (what a run without the option did before), and
+``--threads 1``. The cases alternate ``--rounds`` times; each figure is the median over rounds.
+
+Rerun with::
+
+    python tools/bench/busy.py            # the figures in docs/BENCHMARKS.md
+    python tools/bench/busy.py --quick    # a 2-layer GPT-2 of width 32, 3 steps, one round
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import EXAMPLES, command, log, machine, pipecompile_command, run_checked
+
+MODEL_FILE = """
+import sys
+sys.path.insert(0, {examples!r})
+import torch
+from hf_gpt2 import build_gpt2, loss_fn  # noqa: F401
+
+LAYERS, WIDTH = {layers}, {width}
+
+
+def build_model():
+    return build_gpt2(n_layer=LAYERS, n_embd=WIDTH, n_head=max(WIDTH // 32, 1), vocab_size=1024,
+                      n_positions=128)
+
+
+def _ids():
+    return torch.randint(0, 1024, (16, 65), generator=torch.Generator().manual_seed(0))
+
+
+def example_inputs():
+    return {{"input_ids": _ids()[:, :-1].contiguous()}}
+
+
+def example_targets():
+    return (_ids()[:, 1:].contiguous(),)
+"""
+
+
+def step_ms(directory: Path, steps: int, *flags: str) -> float:
+    metrics = directory.parent / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    run_checked(pipecompile_command("run", str(directory), "--steps", str(steps), "-q",
+                                    "--metrics", str(metrics), *flags))  # fmt: skip
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    times = [r["step_ms"] for r in rows if r.get("kind") == "train"]
+    return statistics.median(times[1:] or times)
+
+
+def spinning(count: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny GPT-2, one round")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.pop("OMP_NUM_THREADS", None)  # it would fix the runs' threads
+    sizes = (2, 32, 3, 1) if args.quick else (8, 256, args.steps, args.rounds)
+    layers, width, steps, rounds = sizes
+    cores = len(os.sched_getaffinity(0))
+    busy = max(1, cores // 2)
+    print(f"machine: {machine()}")
+    print(f"command: {command()}")
+    cases = {
+        "idle, default": ((), False),
+        f"{busy} of {cores} cores busy, default (follows idle cores)": ((), True),
+        f"{busy} of {cores} cores busy, --threads {cores} (the old default)": (
+            ("--threads", str(cores)), True),
+        f"{busy} of {cores} cores busy, --threads 1": (("--threads", "1"), True),
+    }  # fmt: skip
+    results: dict[str, list[float]] = {name: [] for name in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "model.py"
+        model.write_text(MODEL_FILE.format(examples=str(EXAMPLES), layers=layers, width=width))
+        out = Path(tmp) / "out"
+        log(f"compiling GPT-2 ({layers} layers, n_embd {width}) into 2 stages ...")
+        run_checked(pipecompile_command(str(model), "--stages", "2", "--microbatches", "8",
+                                        "-q", "-o", str(out)))  # fmt: skip
+        for k in range(rounds):
+            for name, (flags, loaded) in cases.items():
+                spinners = spinning(busy) if loaded else []
+                try:
+                    results[name].append(step_ms(out, steps, *flags))
+                finally:
+                    for p in spinners:
+                        p.kill()
+                        p.wait()
+                log(f"round {k + 1}: {name}: {results[name][-1]:.1f} ms")
+    print("\n| case | median step (ms) |\n|---|---:|")
+    for name, times in results.items():
+        print(f"| {name} | {statistics.median(times):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
