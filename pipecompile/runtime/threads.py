@@ -62,6 +62,7 @@ class IdleCores:
         self.on = not fixed and _STAT.exists()
         self.say = say
         self.most = cores()
+        self.start = torch.get_num_threads()
         self._last = _sample() if self.on else None
 
     def between_steps(self) -> int:
@@ -83,6 +84,11 @@ class IdleCores:
                     f"{want} thread{'s' * (want != 1)} from the next step"
                 )
         return want
+
+    def restore(self) -> None:
+        """Put back the thread count the run started with (``fit()`` returns to its caller)."""
+        if self.on and torch.get_num_threads() != self.start:
+            torch.set_num_threads(self.start)
 
 
 def _sample() -> tuple[float, float, float] | None:

@@ -22,11 +22,11 @@ from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import example_spec
 from tests.runtime.test_dropout_recompute import Dropped, _loss
 
-SCHEDULES = {
-    "gpipe": {"schedule": "gpipe"},
-    "1f1b-recompute": {"schedule": "1f1b", "recompute": "always"},
-    "zb1p": {"schedule": "zb1p"},
-    "interleaved": {"schedule": "interleaved", "virtual_stages": 2},
+SCHEDULES = {  # (example, options): the GPT where the split backward is fused
+    "gpipe": ("mlp", {"schedule": "gpipe"}),
+    "1f1b-recompute": ("mlp", {"schedule": "1f1b", "recompute": "always"}),
+    "zb1p": ("gpt", {"schedule": "zb1p"}),
+    "interleaved": ("mlp", {"schedule": "interleaved", "virtual_stages": 2}),
 }
 
 
@@ -39,9 +39,10 @@ def _fresh_dynamo():
 
 @pytest.mark.parametrize("config", list(SCHEDULES))
 def test_compiled_stages_equal_eager(tmp_path, config):
-    spec = example_spec("gpt")
-    compiled = compile_model(spec.model, spec.inputs, stages=2, microbatches=4, **SCHEDULES[config])  # type: ignore[arg-type]
-    out = emit(compiled, tmp_path / "gpt", model=ModelRef(spec.path, spec.name, "gpt"))
+    name, options = SCHEDULES[config]
+    spec = example_spec(name)
+    compiled = compile_model(spec.model, spec.inputs, stages=2, microbatches=4, **options)  # type: ignore[arg-type]
+    out = emit(compiled, tmp_path / name, model=ModelRef(spec.path, spec.name, name))
     pipe = Pipeline.load(out)
     pipe.compile_stages("aot_eager")
     torch._dynamo.utils.counters.clear()

@@ -71,6 +71,9 @@ def test_a_local_run_gives_up_the_cores_others_keep_busy_and_takes_them_back(mon
     assert torch.get_num_threads() == 4
     assert said[0] == "other programs keep 1.0 of 4 cores busy: 3 threads from the next step"
     assert len(said) == 3
+    torch.set_num_threads(1)
+    idle.restore()  # the end of the run: fit()'s caller gets its own count back
+    assert torch.get_num_threads() == 4
 
 
 def test_a_given_thread_count_is_kept_however_busy_the_machine(monkeypatch, restored):

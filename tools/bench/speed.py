@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import tempfile
@@ -67,10 +68,11 @@ class Sizes:
     backend: str = "inductor"  # torch.compile's, on both sides
     warmup: int = 2
     repeats: int = 5
+    schedules: tuple[str, ...] = SCHEDULES
 
 
 QUICK = Sizes(layers=2, width=32, heads=2, vocab=64, tokens=8, batch=4, micro=2, procs=(2,),
-              backend="aot_eager", warmup=1, repeats=1)  # fmt: skip
+              backend="aot_eager", warmup=1, repeats=1, schedules=("1f1b", "zb1p"))  # fmt: skip
 
 
 def build(sizes: Sizes) -> nn.Module:
@@ -104,11 +106,11 @@ def compile_all(root: Path, sizes: Sizes) -> None:
     model = build(sizes)
     inputs, _ = data(sizes)
     for p in sizes.procs:
-        for schedule in SCHEDULES:
+        for schedule in sizes.schedules:
             compiled = compile_model(model, {"input_ids": inputs}, stages=p,
                                      microbatches=sizes.micro, schedule=schedule)  # fmt: skip
             emit(compiled, root / f"{schedule}-{p}", model=ModelRef(None, sizes.model, "m"))
-        splits = {s: (root / f"{s}-{p}" / "stage_0.py").read_text() for s in SCHEDULES}
+        splits = {s: (root / f"{s}-{p}" / "stage_0.py").read_text() for s in sizes.schedules}
         if len(set(splits.values())) != 1:
             raise SystemExit(f"{p} processes: the schedules split the model differently")
 
@@ -117,7 +119,8 @@ def compile_all(root: Path, sizes: Sizes) -> None:
 
 
 def worker(args: argparse.Namespace) -> None:
-    sizes = Sizes(**{**json.loads(args.sizes), "procs": ()})
+    raw = json.loads(args.sizes)
+    sizes = Sizes(**{**raw, "procs": (), "schedules": tuple(raw["schedules"])})
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     import hf_gpt2  # noqa: F401  (registers the output types for the output spec)
@@ -127,11 +130,12 @@ def worker(args: argparse.Namespace) -> None:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     root = Path(args.directory)
-    manifest = read_manifest(root / f"gpipe-{world}")
-    module = load_stage(root / f"gpipe-{world}", manifest.stages[rank])
+    first = root / f"{sizes.schedules[0]}-{world}"
+    manifest = read_manifest(first)
+    module = load_stage(first, manifest.stages[rank])
     alone = eager_alone(sizes) if rank == 0 else 0.0
     dist.barrier()
-    for schedule in SCHEDULES:
+    for schedule in sizes.schedules:
         result = one_schedule(root / f"{schedule}-{world}", module, schedule, sizes)
         if rank == 0:
             print("RESULT " + json.dumps({"schedule": schedule, "alone": alone, **result}),
@@ -187,10 +191,10 @@ def ours(directory: Path, module: nn.Module, sizes: Sizes, backend: str | None) 
     placement = Placement.from_manifest(manifest, program.stage_device)
     groups = tie_groups(layout, placement)
 
-    def backend() -> DistBackend:
+    def transport() -> DistBackend:
         return DistBackend(layout, manifest, sizes.micro, groups, placement)
 
-    pipe = Pipeline(manifest, modules, program, device=rank, backend=backend)
+    pipe = Pipeline(manifest, modules, program, device=rank, backend=transport)
     pipe.compile_stages(backend or "off")
     inputs, target = data(sizes)
 
@@ -310,10 +314,10 @@ def limits(directory: Path, result: dict) -> tuple[float, float]:
 def torchrun(nproc: int, root: Path, sizes: Sizes) -> list[dict]:
     cmd = torchrun_command(nproc, __file__, "--worker", "--directory", str(root),
                            "--sizes", json.dumps(asdict(sizes)))  # fmt: skip
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT_S, env=env)
     found = [json.loads(ln[7:]) for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    if done.returncode or len(found) != len(SCHEDULES):
+    if done.returncode or len(found) != len(sizes.schedules):
         raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
     return found
 
@@ -346,7 +350,7 @@ def main() -> None:
         log(f"compiling {sizes.model} ({sizes.layers} layers, width {sizes.width}) ...")
         compile_all(Path(tmp), sizes)
         for p in sizes.procs:
-            log(f"{p} processes: {', '.join(SCHEDULES)} ({sizes.backend} compiles first)")
+            log(f"{p} processes: {', '.join(sizes.schedules)} ({sizes.backend} compiles first)")
             for r in torchrun(p, Path(tmp), sizes):
                 limit, alone = limits(Path(tmp) / f"{r['schedule']}-{p}", r)
                 print(row(sizes.model, p, r, limit, alone), flush=True)

@@ -340,6 +340,8 @@ def train(
     finally:
         pipe.tracer = None
         reporter.close()
+        if idle is not None:
+            idle.restore()
     if state.skipped and group.rank == 0 and not options.quiet:
         print(skipped_line(state.skipped, (state.done or 0) - first), file=sys.stderr)
     return state
