@@ -65,8 +65,8 @@ def test_a_local_run_gives_up_the_cores_others_keep_busy_and_takes_them_back(mon
     monkeypatch.setattr(threads, "_STAT", Path(__file__))  # exists
     _samples(monkeypatch, [0.1, 1.0, 2.6, 0.0])
     said: list[str] = []
-    idle = threads.IdleCores(said.append)
     torch.set_num_threads(4)
+    idle = threads.IdleCores(said.append)
     assert [idle.between_steps() for _ in range(4)] == [4, 3, 1, 4]
     assert torch.get_num_threads() == 4
     assert said[0] == "other programs keep 1.0 of 4 cores busy: 3 threads from the next step"
