@@ -330,7 +330,7 @@ def _check_machine(
     if (
         machine.workers is not None
         and machine.workers > compute.num_stages
-        and (compute.schedule.startswith(("interleaved", "pipedream")))
+        and (compute.schedule.startswith("pipedream") or len(compute.devices) < compute.num_stages)
     ):
         raise PipecompileError(
             f"--workers {machine.workers}: the {compute.schedule} schedule cannot replicate "

@@ -74,8 +74,10 @@ def closed_form(program: Program) -> float | None:
     v = program.num_stages // p
     if program.schedule in ("gpipe", "1f1b", "pipedream", "pipedream-vsync"):
         return (p - 1) / (m + p - 1)
-    if program.schedule == "interleaved":
+    if program.schedule == "interleaved" or (program.schedule == "looped_bfs" and m >= p):
         return (p - 1) / (v * m + p - 1)
+    if program.schedule == "zbv" and m >= p:  # stages of half a device's work each
+        return (p - 1) / (6 * m + p - 1)
     if program.schedule == "zb1p" and m >= p:  # the zero-bubble closed form needs m >= p
         return (p - 1) / (3 * m + p - 1)
     return None

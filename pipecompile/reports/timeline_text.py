@@ -21,9 +21,8 @@ def timeline_text(timeline: Timeline, *, width: int = 4) -> str:
     if any(s.start != int(s.start) or s.end != int(s.end) for s in spans):
         raise ValueError("timeline_text needs whole-number costs (use uniform costs)")
     clocks = int(timeline.makespan)
-    first = {
-        d: min((s.instr.stage for s in spans if s.device == d), default=0)
-        for d in range(timeline.devices)
+    held = {
+        d: sorted({s.instr.stage for s in spans if s.device == d}) for d in range(timeline.devices)
     }
     rows = ["clock     " + "".join(f"{k:<{width}}" for k in range(clocks)).rstrip()]
     for d in range(timeline.devices):
@@ -32,13 +31,8 @@ def timeline_text(timeline: Timeline, *, width: int = 4) -> str:
             if s.device != d:
                 continue
             op = Op.F if s.instr.op == Op.FC else s.instr.op
-            prime = "'" * _rank(s.instr.stage, first[d], timeline)
+            prime = "'" * held[d].index(s.instr.stage)  # the device's first stage unprimed
             for k in range(int(s.start), int(s.end)):
                 cells[k] = f"{op}{s.instr.microbatch}{prime}"
         rows.append(f"device {d:<2}" + "".join(f"{c:<{width}}" for c in cells).rstrip())
     return "\n".join(rows)
-
-
-def _rank(stage: int, first: int, timeline: Timeline) -> int:
-    """How many of the device's stages come before ``stage`` (0 for its first)."""
-    return (stage - first) // timeline.devices if timeline.devices else 0

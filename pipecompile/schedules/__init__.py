@@ -12,9 +12,11 @@ from pipecompile.errors import ProgramError
 from pipecompile.ir.program import Program
 from pipecompile.schedules.gpipe import gpipe
 from pipecompile.schedules.interleaved import interleaved
+from pipecompile.schedules.looped_bfs import looped_bfs
 from pipecompile.schedules.one_f_one_b import one_f_one_b
 from pipecompile.schedules.pipedream import pipedream
 from pipecompile.schedules.zb1p import zb1p
+from pipecompile.schedules.zbv import zbv
 
 __all__ = ["SCHEDULES", "SYNCHRONOUS", "generate", "devices_for"]
 
@@ -24,9 +26,12 @@ SCHEDULES: dict[str, Callable[..., Program]] = {
     "pipedream": pipedream,
     "interleaved": interleaved,
     "zb1p": zb1p,
+    "looped_bfs": looped_bfs,
+    "zbv": zbv,
 }
 # Schedules whose step equals single-device training on the mini-batch.
-SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved", "zb1p"})
+SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved", "zb1p", "looped_bfs", "zbv"})
+LOOPED = ("interleaved", "looped_bfs")  # v stages per device, stage j on device j mod p
 
 
 def generate(
@@ -43,7 +48,7 @@ def generate(
         name: one of ``SCHEDULES``.
         stages: pipeline stages (for ``interleaved``: devices times ``virtual_stages``).
         microbatches: micro-batches per mini-batch.
-        virtual_stages: stages per device, ``interleaved`` only (default 2).
+        virtual_stages: stages per device, ``interleaved`` and ``looped_bfs`` only (default 2).
         vertical_sync: ``pipedream`` only: every stage uses the weight version stage 0 used.
 
     Raises:
@@ -55,12 +60,15 @@ def generate(
         raise ProgramError(f"--microbatches must be at least 1, got {microbatches}")
     if stages < 1:
         raise ProgramError(f"--stages must be at least 1, got {stages}")
-    if virtual_stages is not None and name != "interleaved":
-        raise ProgramError(f"--virtual-stages applies to the interleaved schedule, not {name}")
+    if virtual_stages is not None and name not in LOOPED:
+        raise ProgramError(
+            f"--virtual-stages applies to the {' and '.join(LOOPED)} schedules, not {name}"
+        )
     if vertical_sync and name != "pipedream":
         raise ProgramError(f"--vertical-sync applies to the pipedream schedule, not {name}")
-    if name == "interleaved":
-        return interleaved(stages, microbatches, 2 if virtual_stages is None else virtual_stages)
+    if name in LOOPED:
+        v = 2 if virtual_stages is None else virtual_stages
+        return SCHEDULES[name](stages, microbatches, v)
     if name == "pipedream":
         return pipedream(stages, microbatches, vertical_sync)
     return SCHEDULES[name](stages, microbatches)
@@ -69,4 +77,6 @@ def generate(
 def devices_for(name: str, stages: int, virtual_stages: int | None = None) -> int:
     """How many devices schedule ``name`` places ``stages`` stages on."""
     v = 2 if virtual_stages is None else max(virtual_stages, 1)
-    return stages // v if name == "interleaved" else stages
+    if name == "zbv":
+        return stages // 2
+    return stages // v if name in LOOPED else stages

@@ -52,12 +52,30 @@ def test_zero_bubble_idles_a_third_of_1f1b(p, m):
     assert exact(zb.bubble_fraction) == Fraction(p - 1, 3 * m + p - 1)
 
 
+@pytest.mark.parametrize("v", [2, 3])
+@pytest.mark.parametrize("p, m", [(p, m) for p, m in SHAPES if m >= p])
+def test_looped_bfs_bubble_is_interleaveds(p, m, v):
+    timeline = run("looped_bfs", p * v, m, virtual_stages=v)
+    assert timeline.makespan == 3 * (v * m + p - 1)
+    assert exact(timeline.bubble_fraction) == Fraction(p - 1, v * m + p - 1)
+    assert timeline.peak_inflight == (v * m,) * p  # every stage-micro-batch at the turn
+
+
+@pytest.mark.parametrize("p, m", [(p, m) for p, m in SHAPES if m >= p])
+def test_zbv_idles_only_the_fill(p, m):
+    timeline = run("zbv", 2 * p, m)
+    assert timeline.makespan == 6 * m + p - 1  # 2 stages x m x (F + I + W) per device
+    assert exact(timeline.bubble_fraction) == Fraction(p - 1, 6 * m + p - 1)
+
+
 @pytest.mark.parametrize("p, m", SHAPES)
 def test_peak_inflight(p, m):
     assert run("gpipe", p, m).peak_inflight == (m,) * p
     assert run("1f1b", p, m).peak_inflight == tuple(min(p - j, m) for j in range(p))
     assert run("pipedream", p, m).peak_inflight == tuple(min(p - j, m) for j in range(p))
     assert run("zb1p", p, m).peak_inflight == (min(p, m),) * p
+    # 2p half stages: p micro-batches of activations, 1F1B's first device
+    assert run("zbv", 2 * p, m).peak_inflight == (min(2 * p, 2 * m),) * p
 
 
 def test_communication_costs_nothing_and_changes_nothing():

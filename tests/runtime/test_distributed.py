@@ -57,11 +57,12 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
         (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "pipedream"]),
         (GPT, 4, ["--stages", "4", "--microbatches", "4", "--schedule", "1f1b"]),
         (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "interleaved"]),
+        (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "zbv"]),
         # the balancer chooses the replicas: [1, 2] (the lm_head stage is the heavier one)
         (GPT, 3, ["--stages", "2", "--microbatches", "4", "--workers", "3"]),
     ],
     ids=["mlp-gpipe-2", "mlp-zb1p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4", "gpt-interleaved-2",
-         "gpt-workers-3"],
+         "gpt-zbv-2", "gpt-workers-3"],
 )  # fmt: skip
 def test_distributed_check_equals_local_and_eager(compiled, capfd, model, nproc, options):
     out = compiled(model, *options)

@@ -25,6 +25,8 @@ CONFIGS = {
     "gpipe-always": {"schedule": "gpipe", "recompute": "always"},
     "1f1b-except_last": {"schedule": "1f1b", "recompute": "except_last"},
     "zb1p-always": {"schedule": "zb1p", "recompute": "always"},
+    "zbv": {"schedule": "zbv"},  # 4 stages on 2 devices in a V
+    "looped_bfs": {"schedule": "looped_bfs", "virtual_stages": 2},
 }
 
 

@@ -40,6 +40,14 @@ GOLDEN = {
         "1F0 1F1 1I0 1F2 1I1 1W0 1F3 1I2 1W1 1I3 1W2 1W3 1STEP",
         "2F0 2I0 2F1 2I1 2F2 2I2 2W0 2F3 2I3 2W1 2W2 2W3 2STEP",
     ),
+    ("zbv", 4, 3, ()): (  # stages 0 and 3 on device 0, 1 and 2 on device 1
+        "0F0 0F1 0F2 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1 3F2 3I2 3W2 0I2 0W2 0STEP 3STEP",
+        "1F0 2F0 1F1 2F1 2I0 1I0 2W0 1F2 2I1 1I1 1W0 2F2 2W1 1W1 2I2 1I2 2W2 1W2 1STEP 2STEP",
+    ),
+    ("looped_bfs", 4, 2, (("virtual_stages", 2),)): (
+        "0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1 0STEP 2STEP",
+        "1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1 1STEP 3STEP",
+    ),
     ("interleaved", 4, 4, (("virtual_stages", 2),)): (
         "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3 0STEP 2STEP",
         "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3 1STEP 3STEP",
@@ -53,6 +61,11 @@ def test_golden_table(key):
     assert table(generate(name, stages, microbatches, **dict(options))) == GOLDEN[key]
 
 
+def test_zbv_places_the_stages_in_a_v_and_looped_bfs_as_interleaved():
+    assert generate("zbv", 8, 4).stage_device == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert generate("looped_bfs", 6, 3, virtual_stages=3).stage_device == (0, 1, 0, 1, 0, 1)
+
+
 def test_interleaved_places_stage_j_on_device_j_mod_p():
     program = generate("interleaved", 6, 3, virtual_stages=2)
     assert program.stage_device == (0, 1, 2, 0, 1, 2)
@@ -61,7 +74,7 @@ def test_interleaved_places_stage_j_on_device_j_mod_p():
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_every_schedule_round_trips_as_text(name):
-    options = {"virtual_stages": 2} if name == "interleaved" else {}
+    options = {"virtual_stages": 2} if name in ("interleaved", "looped_bfs") else {}
     program = generate(name, 4, 4, **options)
     assert Program.parse(str(program)) == program
 
@@ -73,6 +86,10 @@ def test_every_schedule_round_trips_as_text(name):
         (lambda: generate("interleaved", 5, 4), "--stages 5 is not a multiple of --virtual-st"),
         (lambda: generate("interleaved", 4, 4, virtual_stages=1), "at least 2, got 1"),
         (lambda: generate("1f1b", 4, 4, virtual_stages=2), "--virtual-stages applies to the"),
+        (lambda: generate("zbv", 4, 4, virtual_stages=2), "--virtual-stages applies to the"),
+        (lambda: generate("zbv", 3, 4), "--stages 3 must be even"),
+        (lambda: generate("looped_bfs", 6, 4, virtual_stages=4), "--stages 6 is not a multiple"),
+        (lambda: generate("looped_bfs", 4, 4, virtual_stages=1), "at least 2, got 1"),
         (lambda: generate("gpipe", 4, 4, vertical_sync=True), "--vertical-sync applies to the"),
         (lambda: generate("zb1p", 4, 0), "--microbatches must be at least 1"),
         (lambda: generate("1f1b", 0, 2), "--stages must be at least 1"),

@@ -1,0 +1,135 @@
+"""Schedules written by playing them: a list scheduler over uniform costs.
+
+Some schedules are easiest to state as rules rather than as loops: "whenever a device is free,
+run its most urgent ready instruction, and start a new forward only while it holds fewer than
+its cap of micro-batches". ``list_schedule`` plays those rules with F = I = W = 1 clock (B = 2
+when the backward is not split), no communication time, and records the order each device ran
+its instructions in: that order is the program. The rules, for every device at every clock:
+
+1. a backward (I, or B) is most urgent: the earliest micro-batch first, then the later stage
+   (the one nearer the loss) first;
+2. then a forward, if the device holds fewer stage-micro-batches than its cap: the earliest
+   micro-batch first, then the later stage (depth first: a micro-batch goes on down the
+   pipeline before a new one enters);
+3. then a W (weight gradients) of the earliest micro-batch, later stage first.
+
+An instruction is ready when what it consumes is done: F(j, i) after F(j-1, i); I or B(j, i)
+after F(j, i) and the backward of (j+1, i); W(j, i) after I(j, i). A stage runs its forwards,
+its backwards and its W's each in micro-batch order. A stage-micro-batch is held from its F
+to its last backward (B, or W when split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipecompile.errors import ProgramError
+from pipecompile.ir.instr import Instr, Op
+from pipecompile.ir.program import Program
+
+__all__ = ["list_schedule"]
+
+
+def list_schedule(
+    name: str,
+    stage_device: Sequence[int],
+    microbatches: int,
+    caps: Sequence[int],
+    *,
+    split: bool,
+) -> Program:
+    """The program the rules above give for stages placed by ``stage_device`` and at most
+    ``caps[d]`` stage-micro-batches held on device d (each at least 1)."""
+    stages, m = len(stage_device), microbatches
+    devices = max(stage_device) + 1
+    back = Op.I if split else Op.B
+    cost = {Op.F: 1, Op.I: 1, Op.W: 1, Op.B: 2}
+    done: dict[tuple[Op, int, int], int] = {}  # finished at clock
+    issued = {(op, j): 0 for op in (Op.F, back, Op.W) for j in range(stages)}  # next micro-batch
+    held = [0] * devices
+    free_at = [0] * devices
+    running: list[tuple[int, Op, int, int] | None] = [None] * devices  # (end, op, stage, mb)
+    orders: list[list[Instr]] = [[] for _ in range(devices)]
+    total = stages * m * (3 if split else 2)
+    clock = 0
+    while sum(len(o) for o in orders) < total or any(running):
+        for d in range(devices):  # finish what ends now
+            work = running[d]
+            if work is not None and work[0] <= clock:
+                _, op, j, i = work
+                done[(op, j, i)] = work[0]
+                if op == (Op.W if split else Op.B):
+                    held[d] -= 1
+                running[d] = None
+        for d in range(devices):
+            if running[d] is not None or free_at[d] > clock:
+                continue
+            pick = _most_urgent(d, stage_device, m, stages, back, split, issued, done, clock)
+            if pick is None or (pick[0] == Op.F and held[d] >= caps[d]):
+                pick = _most_urgent(
+                    d, stage_device, m, stages, back, split, issued, done, clock, forward=False
+                )
+            if pick is None:
+                continue
+            op, j, i = pick
+            issued[(op, j)] += 1
+            if op == Op.F:
+                held[d] += 1
+            end = clock + cost[op]
+            running[d], free_at[d] = (end, op, j, i), end
+            orders[d].append(Instr(op, j, i))
+        clock += 1
+        if clock > 4 * total + 4 * stages:
+            raise ProgramError(f"{name}: the list scheduler made no progress (caps {list(caps)})")
+    steps = [
+        [Instr(Op.STEP, j) for j in range(stages) if stage_device[j] == d] for d in range(devices)
+    ]
+    return Program(
+        name,
+        m,
+        tuple(stage_device),
+        tuple(tuple(orders[d] + steps[d]) for d in range(devices)),
+    )
+
+
+def _most_urgent(
+    d: int,
+    stage_device: Sequence[int],
+    m: int,
+    stages: int,
+    back: Op,
+    split: bool,
+    issued: dict[tuple[Op, int], int],
+    done: dict[tuple[Op, int, int], int],
+    clock: int,
+    *,
+    forward: bool = True,
+) -> tuple[Op, int, int] | None:
+    """Device d's most urgent ready instruction (``forward`` False: no F)."""
+    mine = [j for j in range(stages) if stage_device[j] == d]
+    kinds = [back, Op.F, Op.W] if forward else [back, Op.W]
+    if not split:
+        kinds = [k for k in kinds if k != Op.W]
+    for op in kinds:
+        ready = []
+        for j in mine:
+            i = issued[(op, j)]
+            if i < m and _ready(op, j, i, stages, back, done, clock):
+                ready.append((i, -j, op, j))
+        if ready:
+            _, _, op, j = min(ready)
+            return op, j, issued[(op, j)]
+    return None
+
+
+def _ready(
+    op: Op, j: int, i: int, stages: int, back: Op, done: dict[tuple[Op, int, int], int], clock: int
+) -> bool:
+    def finished(key: tuple[Op, int, int]) -> bool:
+        return key in done and done[key] <= clock
+
+    if op == Op.F:
+        return j == 0 or finished((Op.F, j - 1, i))
+    if op == back:
+        return finished((Op.F, j, i)) and (j == stages - 1 or finished((back, j + 1, i)))
+    return finished((back, j, i))  # W

@@ -1,0 +1,42 @@
+"""ZB-V: the V-shaped zero-bubble schedule. Two stages per device in a V (device d holds
+stage d and stage 2p-1-d, so the first device also computes the loss), the backward split
+into I and W, and 1F1B's peak memory."""
+
+from __future__ import annotations
+
+from pipecompile.errors import ProgramError
+from pipecompile.ir.program import Program
+from pipecompile.schedules.list_scheduler import list_schedule
+
+__all__ = ["zbv", "v_placement"]
+
+
+def v_placement(stages: int) -> tuple[int, ...]:
+    """Stage j on device j for the first half, on device stages-1-j for the second."""
+    p = stages // 2
+    return tuple(j if j < p else stages - 1 - j for j in range(stages))
+
+
+def zbv(stages: int, microbatches: int) -> Program:
+    """Compute-only ZB-V program: 2p stages on p devices in a V, played by the list scheduler
+    (``list_scheduler``: backwards first, then forwards while a device holds fewer than 2p
+    stage-micro-batches, then W's). For 4 stages on 2 devices and 3 micro-batches
+    (F = I = W = 1 clock; unprimed: the device's first stage, primed: its second)::
+
+        clock     0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17  18
+        device 0 F0  F1  F2  F0' I0' W0' F1' I0  I1' W0  W1' I1  W1  F2' I2' W2' .   I2  W2
+        device 1 .   F0  F0' F1  F1' I0' I0  W0' F2  I1' I1  W0  F2' W1' W1  I2' I2  W2' W2
+
+    A stage here is half of a 1F1B stage, so with uniform costs every device works 6m clocks
+    and only the fill of p-1 clocks is idle: bubble (p-1)/(6m+p-1) when m >= p, a sixth of
+    1F1B's (p-1)/(m+p-1) per unit of work, half of ZB-H1's; every device holds at most 2p
+    stage-micro-batches of half size, the activations of p micro-batches: the peak of 1F1B's
+    first device.
+    """
+    if stages % 2 or stages < 2:
+        raise ProgramError(
+            f"zbv places two stages on each device in a V; --stages {stages} must be even "
+            f"(2 x the devices)"
+        )
+    p = stages // 2
+    return list_schedule("zbv", v_placement(stages), microbatches, [2 * p] * p, split=True)
