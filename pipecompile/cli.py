@@ -21,6 +21,7 @@ from pipecompile.passes.split_requests import parse_pins
 from pipecompile.runtime.option_fields import add_options, from_args, settled, size, to_argv
 from pipecompile.runtime.training.loop import TrainOptions
 from pipecompile.runtime.training.options import RunFlags, TrainFlags, given, train_options
+from pipecompile.schedules import generate
 
 __all__ = ["main"]
 
@@ -241,6 +242,8 @@ def _compile(args: argparse.Namespace) -> int:
     path, name = split_ref(args.model)
     out = Path(args.output or Path("pipecompile-out") / path.stem)
     machine = _machine(args)  # bad machine options fail before the model loads
+    schedule = {"virtual_stages": args.virtual_stages, "vertical_sync": args.vertical_sync}
+    generate(args.schedule, args.stages, args.microbatches, **schedule)  # and bad schedules
     check_replaceable(out, force=args.force)  # and a refused -o before the work
     if args.allow_missing and not args.weights:
         raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")

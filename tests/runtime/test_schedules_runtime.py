@@ -25,9 +25,14 @@ CONFIGS = {
     "gpipe-always": {"schedule": "gpipe", "recompute": "always"},
     "1f1b-except_last": {"schedule": "1f1b", "recompute": "except_last"},
     "zb1p-always": {"schedule": "zb1p", "recompute": "always"},
+}
+# Schedules with two stages per device, on a model with a tied weight (gpt), a branching one
+# (two_towers) and a Hugging Face one: the placement is what they add
+PLACED = {
     "zbv": {"schedule": "zbv"},  # 4 stages on 2 devices in a V
     "looped_bfs": {"schedule": "looped_bfs", "virtual_stages": 2},
 }
+PLACED_ON = ["gpt", "two_towers", "hf_llama"]
 
 
 def build(tmp: Path, name: str, **options: object) -> tuple[Compiled, Pipeline]:
@@ -43,11 +48,16 @@ def predicted_bytes(compiled: Compiled) -> tuple[int, ...]:
     return peak_stored_bytes(compiled.program, saved, inputs)
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("name", EXAMPLE_NAMES)
-def test_schedule_equals_eager_and_measures_as_predicted(tmp_path, name, config):
+CASES = [(n, c, o) for c, o in CONFIGS.items() for n in EXAMPLE_NAMES]
+CASES += [(n, c, o) for c, o in PLACED.items() for n in PLACED_ON]
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "options"), CASES, ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_schedule_equals_eager_and_measures_as_predicted(tmp_path, name, config, options):
     spec = example_spec(name)
-    compiled, pipe = build(tmp_path, name, **CONFIGS[config])
+    compiled, pipe = build(tmp_path, name, **options)
     report = check_step(
         pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6, measure_memory=True
     )
