@@ -13,6 +13,9 @@ its instructions in: that order is the program. The rules, for every device at e
    pipeline before a new one enters);
 3. then a W (weight gradients) of the earliest micro-batch, later stage first.
 
+With ``forward_first`` rules 1 and 2 swap: a ready forward (within the cap) goes before a
+ready backward.
+
 An instruction is ready when what it consumes is done: F(j, i) after F(j-1, i); I or B(j, i)
 after F(j, i) and the backward of (j+1, i); W(j, i) after I(j, i). A stage runs its forwards,
 its backwards and its W's each in micro-batch order. A stage-micro-batch is held from its F
@@ -37,6 +40,7 @@ def list_schedule(
     caps: Sequence[int],
     *,
     split: bool,
+    forward_first: bool = False,
 ) -> Program:
     """The program the rules above give for stages placed by ``stage_device`` and at most
     ``caps[d]`` stage-micro-batches held on device d (each at least 1)."""
@@ -64,11 +68,10 @@ def list_schedule(
         for d in range(devices):
             if running[d] is not None or free_at[d] > clock:
                 continue
-            pick = _most_urgent(d, stage_device, m, stages, back, split, issued, done, clock)
+            state = (d, stage_device, m, stages, back, split, issued, done, clock)
+            pick = _most_urgent(*state, forward_first=forward_first)
             if pick is None or (pick[0] == Op.F and held[d] >= caps[d]):
-                pick = _most_urgent(
-                    d, stage_device, m, stages, back, split, issued, done, clock, forward=False
-                )
+                pick = _most_urgent(*state, forward=False)
             if pick is None:
                 continue
             op, j, i = pick
@@ -104,10 +107,13 @@ def _most_urgent(
     clock: int,
     *,
     forward: bool = True,
+    forward_first: bool = False,
 ) -> tuple[Op, int, int] | None:
     """Device d's most urgent ready instruction (``forward`` False: no F)."""
     mine = [j for j in range(stages) if stage_device[j] == d]
-    kinds = [back, Op.F, Op.W] if forward else [back, Op.W]
+    kinds = ([Op.F, back] if forward_first else [back, Op.F]) + [Op.W]
+    if not forward:
+        kinds.remove(Op.F)
     if not split:
         kinds = [k for k in kinds if k != Op.W]
     for op in kinds:
