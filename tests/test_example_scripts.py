@@ -17,7 +17,7 @@ from pipecompile.cli import main
 from tests.conftest import EXAMPLES, ROOT
 
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py"))
-ARGS = {"char_lm.py": ["20"]}  # 20 training steps, not the demo's 120: the same code path
+ARGS = {"char_lm.py": ["6"]}  # 6 training steps, not the demo's 120: the same code path
 
 
 @pytest.fixture(scope="module")

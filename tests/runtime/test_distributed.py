@@ -56,7 +56,9 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
                   "--checkpoint", "always"]),
         (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "pipedream"]),
         (GPT, 4, ["--stages", "4", "--microbatches", "4", "--schedule", "1f1b"]),
-        (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "interleaved"]),
+        # two stages per rank: zbv's V also passes a value between them without a message
+        pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule",
+                              "interleaved"], marks=SAMPLED_OUT),
         (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "zbv"]),
         # the balancer chooses the replicas: [1, 2] (the lm_head stage is the heavier one)
         (GPT, 3, ["--stages", "2", "--microbatches", "4", "--workers", "3"]),
