@@ -7,7 +7,7 @@ from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 
-__all__ = ["interleaved"]
+__all__ = ["interleaved", "looped_devices"]
 
 
 def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Program:
@@ -24,14 +24,7 @@ def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Prog
     Bubble (p-1)/(v*m+p-1). Needs m to be a multiple of p.
     """
     v = virtual_stages
-    if v < 2:
-        raise ProgramError(f"interleaved needs --virtual-stages of at least 2, got {v}")
-    if stages % v:
-        raise ProgramError(
-            f"interleaved: --stages {stages} is not a multiple of --virtual-stages {v}; "
-            f"each of the p = stages / v devices holds v stages"
-        )
-    p = stages // v
+    p = looped_devices("interleaved", stages, v)
     if microbatches % p:
         raise ProgramError(
             f"interleaved: --microbatches {microbatches} is not a multiple of the {p} devices; "
@@ -50,6 +43,23 @@ def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Prog
         steps = [Instr(Op.STEP, j) for j in range(d, stages, p)]
         devices.append(tuple(order + steps))
     return Program("interleaved", microbatches, tuple(j % p for j in range(stages)), tuple(devices))
+
+
+def looped_devices(name: str, stages: int, virtual_stages: int) -> int:
+    """The p = stages / v devices of a looped schedule ``name`` (stage j on device j mod p).
+
+    Raises:
+        ProgramError: v is below 2, or does not divide the stages.
+    """
+    v = virtual_stages
+    if v < 2:
+        raise ProgramError(f"{name} needs --virtual-stages of at least 2, got {v}")
+    if stages % v:
+        raise ProgramError(
+            f"{name}: --stages {stages} is not a multiple of --virtual-stages {v}; "
+            f"each of the p = stages / v devices holds v stages"
+        )
+    return stages // v
 
 
 def _slot(k: int, d: int, p: int, v: int, *, backward: bool) -> Instr:

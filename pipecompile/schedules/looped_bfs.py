@@ -3,9 +3,9 @@ every micro-batch through one of its stages before the next ("breadth first"), G
 
 from __future__ import annotations
 
-from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
+from pipecompile.schedules.interleaved import looped_devices
 
 __all__ = ["looped_bfs"]
 
@@ -26,15 +26,7 @@ def looped_bfs(stages: int, microbatches: int, virtual_stages: int = 2) -> Progr
     stage-micro-batches at the turn (GPipe's memory). Fewer messages in flight than
     interleaved, and no constraint on m.
     """
-    v = virtual_stages
-    if v < 2:
-        raise ProgramError(f"looped_bfs needs --virtual-stages of at least 2, got {v}")
-    if stages % v:
-        raise ProgramError(
-            f"looped_bfs: --stages {stages} is not a multiple of --virtual-stages {v}; "
-            f"each of the p = stages / v devices holds v stages"
-        )
-    p = stages // v
+    p = looped_devices("looped_bfs", stages, virtual_stages)
     devices = []
     for d in range(p):
         mine = list(range(d, stages, p))

@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -183,8 +184,11 @@ def compare(directory: Path, schedule: str, sizes: Sizes, warmup: int, repeats: 
     }  # fmt: skip
 
 
-def ours(directory: Path, manifest: Manifest, module: nn.Module, sizes: Sizes) -> tuple:
-    """pipecompile's training step on its distributed backend, and the pipeline it runs."""
+def ours(
+    directory: Path, manifest: Manifest, module: nn.Module, sizes: Sizes, compiled: str = "off"
+) -> tuple:
+    """pipecompile's training step on its distributed backend, and the pipeline it runs
+    (``compiled``: its stages through ``--compile`` with that backend)."""
     from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
     from pipecompile.runtime.distributed.placement import Placement
     from pipecompile.runtime.layout import Layout
@@ -201,6 +205,7 @@ def ours(directory: Path, manifest: Manifest, module: nn.Module, sizes: Sizes) -
         manifest, modules, program, device=rank,
         backend=lambda: DistBackend(layout, manifest, sizes.micro, groups, placement),
     )  # fmt: skip
+    pipe.compile_stages(compiled)
     inputs, target = data(sizes)
 
     def loss(output: object, t: torch.Tensor) -> torch.Tensor:
@@ -212,8 +217,11 @@ def ours(directory: Path, manifest: Manifest, module: nn.Module, sizes: Sizes) -
     return run, pipe
 
 
-def theirs(manifest: Manifest, module: nn.Module, schedule: str, sizes: Sizes) -> object:
-    """torch.distributed.pipelining's step over a PipelineStage wrapper of the same module."""
+def theirs(
+    manifest: Manifest, module: nn.Module, schedule: str, sizes: Sizes, compiled: str | None = None
+) -> Callable[[], None]:
+    """torch.distributed.pipelining's step over a PipelineStage wrapper of the same module
+    (``compiled``: the wrapper through ``torch.compile`` with that backend)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -221,7 +229,8 @@ def theirs(manifest: Manifest, module: nn.Module, schedule: str, sizes: Sizes) -
     entry = manifest.stages[rank]
     wrapped = Passing(module, list(entry.inputs), list(entry.outputs), sets[rank],
                       sets[rank + 1], rank == world - 1)  # fmt: skip
-    stage = PipelineStage(wrapped, rank, world, torch.device("cpu"))
+    runs = torch.compile(wrapped, backend=compiled) if compiled else wrapped
+    stage = PipelineStage(runs, rank, world, torch.device("cpu"))
     kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     steps = kind(stage, n_microbatches=sizes.micro, loss_fn=loss_of)
     inputs, target = data(sizes)

@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from common import command, log, machine, torchrun_command, use_examples
-from distributed import Passing, live_sets
+from distributed import Sizes as GPT2Sizes
+from distributed import data, loss_of, ours, theirs
 from torch import nn
 
 use_examples()
@@ -56,16 +57,10 @@ WAIT_S = 3000  # the most one torchrun of the full benchmark may take (Inductor 
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(GPT2Sizes):
+    """distributed.py's model and batch (the same GPT-2, 2 and 4 processes), and this run's."""
+
     model: str = "gpt2"  # or "llama"
-    layers: int = 24
-    width: int = 256
-    heads: int = 8
-    vocab: int = 1024
-    tokens: int = 64
-    batch: int = 16
-    micro: int = 8
-    procs: tuple[int, ...] = (2, 4)
     backend: str = "inductor"  # torch.compile's, on both sides
     warmup: int = 2
     repeats: int = 5
@@ -87,16 +82,6 @@ def build(sizes: Sizes) -> nn.Module:
 
     return build_gpt2(n_layer=sizes.layers, n_embd=sizes.width, n_head=sizes.heads,
                       vocab_size=sizes.vocab, n_positions=128)  # fmt: skip
-
-
-def data(sizes: Sizes) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (sizes.batch, sizes.tokens + 1)
-    ids = torch.randint(0, sizes.vocab, shape, generator=torch.Generator().manual_seed(0))
-    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
-
-
-def loss_of(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
 
 
 def compile_all(root: Path, sizes: Sizes) -> None:
@@ -150,12 +135,13 @@ def one_schedule(directory: Path, module: nn.Module, schedule: str, sizes: Sizes
 
     manifest = read_manifest(directory)
     runs: dict[str, Callable[[], None]] = {}
-    pipe, runs["ours"] = ours(directory, module, sizes, None)
+    same = (directory, manifest, module, sizes)  # distributed.py's helpers take these sizes too
+    runs["ours"], _ = ours(*same)
     recorded = record_inputs(module, runs["ours"])
-    _, runs["ours_compiled"] = ours(directory, module, sizes, sizes.backend)
-    if schedule != "zb1p":
-        runs["pipelining"] = theirs(manifest, module, schedule, sizes, compiled=False)
-        runs["pipelining_compiled"] = theirs(manifest, module, schedule, sizes, compiled=True)
+    runs["ours_compiled"], _ = ours(*same, sizes.backend)
+    if schedule != "zb1p":  # pipelining has no one-stage-per-rank zero-bubble schedule
+        runs["pipelining"] = theirs(manifest, module, schedule, sizes)
+        runs["pipelining_compiled"] = theirs(manifest, module, schedule, sizes, sizes.backend)
     times = alternate(runs, sizes)
     alone: list[tuple[float, float]] = [(0.0, 0.0)] * dist.get_world_size()
     dist.all_gather_object(alone, stage_alone(module, recorded))  # every stage's, in order
@@ -175,65 +161,6 @@ def alternate(runs: dict[str, Callable[[], None]], sizes: Sizes) -> dict[str, fl
             if k >= sizes.warmup:
                 times[name].append(slowest.item())
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def ours(directory: Path, module: nn.Module, sizes: Sizes, backend: str | None) -> tuple:
-    from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
-    from pipecompile.runtime.distributed.placement import Placement
-    from pipecompile.runtime.layout import Layout
-    from pipecompile.runtime.load import read_manifest, read_program
-    from pipecompile.runtime.pipeline import Pipeline
-
-    rank = dist.get_rank()
-    manifest = read_manifest(directory)
-    program = read_program(directory / manifest.program)
-    modules = [module if j == rank else None for j in range(len(manifest.stages))]
-    layout = Layout.from_manifest(manifest, program.stage_device)
-    placement = Placement.from_manifest(manifest, program.stage_device)
-    groups = tie_groups(layout, placement)
-
-    def transport() -> DistBackend:
-        return DistBackend(layout, manifest, sizes.micro, groups, placement)
-
-    pipe = Pipeline(manifest, modules, program, device=rank, backend=transport)
-    pipe.compile_stages(backend or "off")
-    inputs, target = data(sizes)
-
-    def loss(output: object, t: torch.Tensor) -> torch.Tensor:
-        return loss_of(output.logits, t)  # type: ignore[attr-defined]
-
-    def run() -> None:  # no optimizer: the step zeroes the gradients
-        pipe.train_step({"input_ids": inputs}, (target,), loss)
-
-    return pipe, run
-
-
-def theirs(manifest: object, module: nn.Module, schedule: str, sizes: Sizes, *,
-           compiled: bool) -> Callable[[], None]:  # fmt: skip
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    sets = [[*manifest.inputs]] + live_sets(manifest) + [[]]  # type: ignore[attr-defined]
-    entry = manifest.stages[rank]  # type: ignore[attr-defined]
-    wrapped: nn.Module = Passing(module, list(entry.inputs), list(entry.outputs), sets[rank],
-                                 sets[rank + 1], rank == world - 1)  # fmt: skip
-    if compiled:
-        wrapped = torch.compile(wrapped, backend=sizes.backend)
-    stage = PipelineStage(wrapped, rank, world, torch.device("cpu"))
-    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-    steps = kind(stage, n_microbatches=sizes.micro, loss_fn=loss_of)
-    inputs, target = data(sizes)
-
-    def run() -> None:
-        if rank == 0:
-            steps.step(inputs)
-        elif rank == world - 1:
-            steps.step(target=target, losses=[])
-        else:
-            steps.step()
-        module.zero_grad(set_to_none=True)
-
-    return run
 
 
 def record_inputs(module: nn.Module, run: Callable[[], None]) -> list[tuple]:
