@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.microbatch import split_microbatches
 from pipecompile.ir.program import Program
 from pipecompile.ir.recompute_policy import check_policy, chosen_policy
+from pipecompile.ir.split_point import split_requests
 from pipecompile.ir.stage_graph import StageGraph
 from pipecompile.ir.topology import topology
 from pipecompile.ir.traced import Traced
@@ -176,7 +177,7 @@ def compile_model(
     microbatches: int = 1,
     schedule: str = "gpipe",
     balance: str = "flops",
-    split_at: tuple[str, ...] = (),
+    split_at: Sequence[str] | Mapping[str, Any] = (),
     pinned: dict[str, int] | None = None,
     virtual_stages: int | None = None,
     vertical_sync: bool = False,
@@ -200,7 +201,9 @@ def compile_model(
         balance: the cost the stages are balanced on: ``flops``, ``params``, or ``time``
             (each op's forward + backward time measured on this machine, cached).
         split_at: ``[before:|after:]MODULE_PATH`` boundaries where a stage must start (as do
-            ``pipecompile.split_point()`` calls in forward); the rest is still balanced.
+            ``pipecompile.split_point()`` and torch.distributed.pipelining's ``pipe_split()``
+            calls in forward); the rest is still balanced. A mapping is the peer's
+            ``split_spec``: module path -> ``SplitPoint.BEGINNING`` or ``SplitPoint.END``.
         pinned: MODULE_PATH -> cost that replaces the module's measured cost.
         virtual_stages: stages per device for the ``interleaved`` schedule.
         vertical_sync: ``pipedream`` only: one weight version per micro-batch on all stages.
@@ -229,9 +232,10 @@ def compile_model(
         raise PipecompileError(
             f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}"
         )
+    cuts = split_requests(split_at)
     request = Request(
         model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
-        microbatches, schedule, balance, split_at, pinned, virtual_stages, vertical_sync,
+        microbatches, schedule, balance, cuts, pinned, virtual_stages, vertical_sync,
         chosen_policy(recompute, checkpoint), memory_budget, replicas, machine or CostModel(),
         progress,
     )  # fmt: skip
