@@ -82,3 +82,41 @@ def test_the_peers_split_spec_is_taken_as_split_at():
 def test_a_split_spec_value_that_is_no_split_point_is_refused():
     with pytest.raises(SplitError, match=r"split_spec\['c'\] is 'start'; give SplitPoint"):
         compile_model(Marked(False), {"x": X}, stages=2, split_at={"c": "start"})
+
+
+class Aliased(nn.Module):
+    """The peer's own example shape: a matmul on a parameter, then the marker, then the same
+    parameter again under a second name (an alias) and a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mm_param = nn.Parameter(torch.randn(16, 16))
+        self.mm_param2 = self.mm_param
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(torch.mm(x, self.mm_param))
+        pipe_split()
+        return self.lin(torch.mm(x, self.mm_param2))
+
+
+def test_the_cut_falls_exactly_at_the_marker_with_an_aliased_parameter(tmp_path):
+    torch.manual_seed(0)
+    model = Aliased()
+    compiled = compile_model(model, {"x": X}, stages=2, microbatches=2)
+    ops = [
+        [
+            getattr(n.target, "__name__", str(n.target))
+            for n in s.module.graph.nodes
+            if n.op in ("call_function", "call_module")
+        ]
+        for s in compiled.graph.stages
+    ]
+    assert ops == [["mm", "relu", "send"], ["recv", "mm", "lin"]]
+    pipe = Pipeline.load(emit(compiled, tmp_path / "m", model=ModelRef(None, "m", "m")))
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return ((out - y) ** 2).mean()
+
+    report = check_step(pipe, model, {"x": X}, (torch.randn(8, 16),), loss, atol=1e-5)
+    assert report.ok, str(report)
