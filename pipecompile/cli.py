@@ -18,6 +18,7 @@ from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse
 from pipecompile.ir.sizes import counted
 from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.passes.split_requests import parse_pins
+from pipecompile.runtime.notes import note
 from pipecompile.runtime.option_fields import add_options, from_args, settled, size, to_argv
 from pipecompile.runtime.training.loop import TrainOptions
 from pipecompile.runtime.training.options import RunFlags, TrainFlags, given, train_options
@@ -198,8 +199,8 @@ def _export(args: argparse.Namespace) -> int:
             force=args.force,
             notes=notes,
         )
-        for note in notes:
-            print(f"pipecompile: note: {note}", file=sys.stderr)
+        for line in notes:
+            note(line)
         print(f"wrote {count} tensors in {counted(shards, 'shard')} to {target}")
         return 0
     count = export_weights(Path(args.directory), target, saved)
@@ -286,8 +287,8 @@ def _compile(args: argparse.Namespace) -> int:
         compile_stages=args.compile_stages,
     )
     _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
-    for note in notes:
-        print(f"pipecompile: note: {note}", file=sys.stderr)
+    for line in notes:
+        note(line)
     _compile_pictures(args, out)
     if args.onnx:
         _write_onnx(args, out)
@@ -457,9 +458,9 @@ def _check_run_places(args: argparse.Namespace, directory: Path) -> None:
 
     if args.force and not args.save:
         raise PipecompileError("--force lets --save replace another run's train state; drop it")
-    note = check_places(_train_options(args, directory), force=args.force)
-    if note:
-        print(f"pipecompile: note: {note}", file=sys.stderr)
+    replaced = check_places(_train_options(args, directory), force=args.force)
+    if replaced:
+        note(replaced)
 
 
 def _uses_cuda(args: argparse.Namespace) -> bool:

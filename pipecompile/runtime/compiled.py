@@ -20,12 +20,13 @@ they were, a note names the stage and the reason, and the stage runs eagerly fro
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+
+from pipecompile.runtime import notes
 
 __all__ = ["BACKENDS", "CompiledStages", "resolve_backend"]
 
@@ -60,7 +61,7 @@ class CompiledStages:
 
             inductor.fallback_random = True  # draw from torch's (seeded) generators
         self.backend = backend
-        self.note = note or _note
+        self.note = note or notes.note
         self._wrapped = {
             j: torch.compile(m, backend=backend) for j, m in enumerate(modules) if m is not None
         }
@@ -129,7 +130,3 @@ def _reason(err: BaseException) -> str:
     inner = getattr(err, "inner_exception", None) or err.__cause__ or err
     first = (str(inner).strip().splitlines() or [""])[0]
     return f"{type(inner).__name__}: {first}"[:200]
-
-
-def _note(text: str) -> None:
-    print(f"pipecompile: note: {text}", file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ from pipecompile.errors import InputError, MicrobatchError, PipecompileError, Ru
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.model.data_hooks import Batch, BatchSource
+from pipecompile.runtime import notes
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
@@ -299,7 +300,7 @@ def train(
         )
     saved_at = first
     tracer = pipe.tracer = _tracer(pipe, options, first)
-    idle = IdleCores(None if options.quiet else _note) if one_process else None
+    idle = IdleCores(None if options.quiet else notes.note) if one_process else None
     try:
         step = first
         while total is None or step < total:
@@ -748,7 +749,3 @@ def _length_mismatch(source: BatchSource, epoch: int, yielded: int, more: str = 
         f"{source.length}; make __len__ return the number of batches __iter__ yields (or drop "
         "__len__)"
     )
-
-
-def _note(text: str) -> None:
-    print(f"pipecompile: note: {text}", file=sys.stderr, flush=True)
