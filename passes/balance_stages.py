@@ -33,7 +33,7 @@ from pipecompile.passes.node_memory import node_memory
 from pipecompile.passes.partition_problem import atom_facts
 from pipecompile.passes.split_requests import pinned_costs, requested_starts
 
-__all__ = ["balance_stages", "COSTS", "compute_nodes", "min_max_partition"]
+__all__ = ["balance_stages", "COSTS", "atoms_of", "compute_nodes", "min_max_partition", "node_cost"]
 
 COSTS = ("flops", "params", "time")
 _OPS = ("call_function", "call_method", "call_module")
@@ -83,7 +83,7 @@ def balance_stages(
         raise BalanceError(f"--stages must be at least 1, got {stages}")
     out = copy_graph_module(module)
     ops = [n for n in compute_nodes(out.graph) if not is_split_point(n)]
-    atoms = _atoms(ops)
+    atoms = atoms_of(ops)
     cuts = requested_starts(out.graph, atoms, split_at)
     if len(cuts) + 1 > stages:
         raise BalanceError(
@@ -96,7 +96,7 @@ def balance_stages(
     if stages > len(atoms) and (model is None or cuts):
         _too_few_places(module, stages, len(ops), len(atoms))
     if model is None:
-        costs = pinned_costs(ops, {n: _cost(n, out, cost) for n in ops}, pinned or {})
+        costs = pinned_costs(ops, {n: node_cost(n, out, cost) for n in ops}, pinned or {})
         weights = [sum(costs[n] for n in atom) for atom in atoms]
         starts, report = plain_split(weights, stages, cuts)
     else:
@@ -153,11 +153,11 @@ def _modelled(
     """The exact modelled split of ``module`` in its own op order; None if that order has
     fewer places to cut than stages."""
     ops = compute_nodes(module.graph)
-    atoms = _atoms(ops)
+    atoms = atoms_of(ops)
     if stages > len(atoms):
         return None
-    costs = pinned_costs(ops, {n: _cost(n, module, cost) for n in ops}, pinned or {})
-    params = {n: _cost(n, module, "params") for n in ops}
+    costs = pinned_costs(ops, {n: node_cost(n, module, cost) for n in ops}, pinned or {})
+    params = {n: node_cost(n, module, "params") for n in ops}
     saved = node_memory(module) if model.memory_limit else {}
     facts = atom_facts(module.graph, atoms, costs, params, saved, kind=cost, model=model)
     starts, report = modelled_split(facts, kind=cost, model=model, program=program, cuts=cuts)
@@ -194,7 +194,7 @@ def _spans(starts: list[int], count: int) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], count]))
 
 
-def _cost(node: fx.Node, module: fx.GraphModule, cost: str) -> int:
+def node_cost(node: fx.Node, module: fx.GraphModule, cost: str) -> int:
     if cost == "time":
         return info(node).time_ns
     if cost == "params":
@@ -203,7 +203,7 @@ def _cost(node: fx.Node, module: fx.GraphModule, cost: str) -> int:
     return info(node).flops
 
 
-def _atoms(ops: list[fx.Node]) -> list[list[fx.Node]]:
+def atoms_of(ops: list[fx.Node]) -> list[list[fx.Node]]:
     """Group ``ops`` into runs that no stage boundary may split: the span of a value that
     cannot cross a boundary, and a value's producer through every op writing it in place."""
     position = {node: k for k, node in enumerate(ops)}

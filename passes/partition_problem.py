@@ -28,7 +28,7 @@ from pipecompile.ir.program import Program
 from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.partition_search import Limit, Problem
 
-__all__ = ["AtomFacts", "build_problem", "atom_facts"]
+__all__ = ["AtomFacts", "atom_cost", "build_problem", "atom_facts"]
 
 _PS = 1e12  # picoseconds per second
 _FS = 1e15  # femtoseconds per second: the time unit (a speed multiplier of 1000 times ps)
@@ -57,15 +57,21 @@ def atom_facts(
     model: CostModel,
 ) -> AtomFacts:
     """Gather the per-atom figures; ``costs`` are in the balance unit (ns, FLOPs, bytes)."""
-    scale = {"time": 1000.0, "flops": 3 * _PS / model.flops_rate, "params": 1.0}[kind]  # to ps
     forward, backward = cut_bytes(graph, atoms)
     return AtomFacts(
-        cost=[round(sum(costs[n] for n in atom) * scale) for atom in atoms],
+        cost=[atom_cost([costs[n] for n in atom], kind, model) for atom in atoms],
         params=[sum(params.get(n, 0) for n in atom) for atom in atoms],
         saved=[sum(saved.get(n, 0) for n in atom) for atom in atoms],
         forward=forward,
         backward=backward,
     )
+
+
+def atom_cost(costs: Sequence[float], kind: str, model: CostModel) -> int:
+    """An atom's cost in ps (bytes for params): measured ns, or its FLOPs under the model."""
+    if kind == "flops":
+        return round(model.op_seconds(sum(costs), len(costs), sum(c > 0 for c in costs)) * _PS)
+    return round(sum(costs) * (1000.0 if kind == "time" else 1.0))
 
 
 def build_problem(
@@ -75,10 +81,11 @@ def build_problem(
     model: CostModel,
     program: Program,
     forced: Sequence[int] = (),
+    resolution: int = 1,
 ) -> tuple[Problem, int]:
     """The Problem for ``program``'s stages (see the module docstring) and how many
-    femtoseconds one of its time units is (1 unless the figures are too large for int64;
-    for ``--balance params`` its unit is a byte)."""
+    femtoseconds one of its time units is (``resolution``, unless the figures are too large
+    for int64; for ``--balance params`` its unit is a byte)."""
     stages = program.num_stages
     timed = kind != "params"
     speeds = scaled_speeds(model, program.stage_device) if timed else [1] * stages
@@ -86,7 +93,7 @@ def build_problem(
     comm = (facts.forward + facts.backward).astype(np.float64)
     grads = np.array([0, *itertools.accumulate(facts.params)], dtype=np.float64)
     per_byte = _FS / model.bandwidth if timed else 0.0
-    unit = 1
+    unit = resolution
     largest = int(base[-1]) * max(speeds) + per_byte * (2 * comm.max() + 2 * grads[-1])
     while largest / unit * program.microbatches * (model.workers or 1) * 4 > 2**62:
         unit *= 10

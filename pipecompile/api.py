@@ -55,9 +55,10 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     model: nn.Module,
     example_inputs: Any,
     *,
-    stages: int,
-    schedule: str = "gpipe",
-    microbatches: int = 1,
+    stages: int | None = None,
+    schedule: str | None = None,
+    microbatches: int | str | None = None,
+    devices: int | None = None,
     recompute: str = "never",
     balance: str = "flops",
     directory: str | Path | None = None,
@@ -78,7 +79,11 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         example_inputs: a mini-batch: a tensor, a tuple of positional tensors, or a dict of
             forward()'s keyword tensors; its batch splits into ``microbatches``.
         stages, schedule, microbatches, recompute, balance: as the command line's options
-            (``recompute``: which forwards are recomputed in backward, ``--recompute``).
+            (``recompute``: which forwards are recomputed in backward, ``--recompute``;
+            ``schedule`` and ``microbatches`` default to gpipe and 1, or are searched).
+        devices: search the plan for this many devices (``--devices``): stages and replicas,
+            micro-batches, schedule and recomputation the other keywords leave open; the
+            chosen plan is ``pipe.manifest.plan``.
         directory: where to write the stage modules (default: a temporary directory that
             lives as long as the returned object; ``save`` copies it elsewhere).
         progress: print one line per compiler pass to stderr.
@@ -117,6 +122,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         stages=stages,
         microbatches=microbatches,
         schedule=schedule,
+        devices=devices,
         recompute=recompute,
         checkpoint=checkpoint,
         balance=balance,

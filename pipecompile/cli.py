@@ -238,13 +238,22 @@ def _compile(args: argparse.Namespace) -> int:
     from pipecompile.errors import WeightsError
     from pipecompile.model.model_file import load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
+    from pipecompile.planner.choose import check_search
     from pipecompile.reports.summary import summary
 
     path, name = split_ref(args.model)
     out = Path(args.output or Path("pipecompile-out") / path.stem)
     machine = _machine(args)  # bad machine options fail before the model loads
-    schedule = {"virtual_stages": args.virtual_stages, "vertical_sync": args.vertical_sync}
-    generate(args.schedule, args.stages, args.microbatches, **schedule)  # and bad schedules
+    searched = "auto" if args.devices is not None else None
+    args.schedule = args.schedule or searched or "gpipe"
+    args.microbatches = args.microbatches or searched or 1
+    searching = args.devices is not None or "auto" in (args.schedule, args.microbatches)
+    if searching or args.stages is None:
+        replicas = () if args.replicate else None
+        check_search(args.devices, args.stages, replicas, args.balance, args.memory_budget, machine)
+    else:
+        schedule = {"virtual_stages": args.virtual_stages, "vertical_sync": args.vertical_sync}
+        generate(args.schedule, args.stages, args.microbatches, **schedule)  # and bad schedules
     check_replaceable(out, force=args.force)  # and a refused -o before the work
     if args.allow_missing and not args.weights:
         raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
@@ -255,13 +264,16 @@ def _compile(args: argparse.Namespace) -> int:
     plan = weight_plan(
         spec.model, pretrained, args.init_seed or 0, spec.module, allow_missing=args.allow_missing
     )
-    _say(args, f"compiling {type(spec.model).__name__} into {args.stages} stages")
+    _say(args, f"compiling {type(spec.model).__name__} into " + (
+        f"{args.stages} stages" if not searching else
+        f"the best plan for {args.devices or args.stages} devices"))  # fmt: skip
     compiled = compile_model(
         spec.model,
         spec.inputs,
         stages=args.stages,
         microbatches=args.microbatches,
         schedule=args.schedule,
+        devices=args.devices,
         balance=args.balance,
         split_at=tuple(args.split_at),
         pinned=parse_pins(args.pin_cost),

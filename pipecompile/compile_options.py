@@ -10,7 +10,13 @@ from pipecompile.compiler import PASSES
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_recompute import POLICIES
 from pipecompile.runtime.compiled import BACKENDS
-from pipecompile.runtime.option_fields import nonnegative_int, option, positive_int, size
+from pipecompile.runtime.option_fields import (
+    count_or_auto,
+    nonnegative_int,
+    option,
+    positive_int,
+    size,
+)
 from pipecompile.schedules import SCHEDULES
 
 __all__ = ["CompileOptions"]
@@ -20,8 +26,17 @@ __all__ = ["CompileOptions"]
 class CompileOptions:
     """What `pipecompile compile` was asked for; None: not given (refusals tell it apart)."""
 
-    stages: int = option(
-        "--stages", check=positive_int, required=True, help="number of pipeline stages"
+    stages: int | None = option(
+        "--stages",
+        check=positive_int,
+        help="number of pipeline stages (or --devices: the plan search chooses)",
+    )
+    devices: int | None = option(
+        "--devices",
+        check=positive_int,
+        metavar="N",
+        help="search the plans that use N devices (stages, replicas, micro-batches, schedule, "
+        "recomputation) and compile the fastest predicted; the options given fix their part",
     )
     output: str | None = option(
         "-o",
@@ -29,17 +44,18 @@ class CompileOptions:
         api="directory",
         help="output directory (default: pipecompile-out/<model>)",
     )
-    microbatches: int = option(
+    microbatches: int | str | None = option(
         "--microbatches",
-        check=positive_int,
-        default=1,
-        help="micro-batches per mini-batch (default 1: no pipelining, one stage works at a time)",
+        check=count_or_auto,
+        metavar="M|auto",
+        help="micro-batches per mini-batch (default 1: no pipelining, one stage works at a "
+        "time; with --devices: searched); auto: the plan search chooses",
     )
-    schedule: str = option(
+    schedule: str | None = option(
         "--schedule",
-        default="gpipe",
-        choices=sorted(SCHEDULES),
-        help="the order of the micro-batches' forwards and backwards (docs/schedules/)",
+        choices=[*sorted(SCHEDULES), "auto"],
+        help="the order of the micro-batches' forwards and backwards (docs/schedules/; default "
+        "gpipe, with --devices: searched); auto: the plan search chooses",
     )
     balance: str = option(
         "--balance", default="flops", choices=COSTS, help="the cost the stages are balanced on"

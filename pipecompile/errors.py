@@ -18,6 +18,7 @@ __all__ = [
     "RuntimeFailure",
     "CheckError",
     "InternalError",
+    "PlanError",
 ]
 
 
@@ -43,6 +44,10 @@ class SplitError(PipecompileError):
 
 class ProgramError(PipecompileError):
     """A schedule program is malformed, inconsistent or would deadlock."""
+
+
+class PlanError(PipecompileError):
+    """No plan the search may choose fits the devices, the memory limit or the batch."""
 
 
 class MemoryBudgetError(PipecompileError):

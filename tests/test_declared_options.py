@@ -120,7 +120,9 @@ def test_a_compile_option_parses_to_its_field():
     assert actions["memory_budget"].type is size
     args = _parser().parse_args(["compile", "m.py", "--stages", "2", "--split-at", "a"])
     options = from_args(CompileOptions, args)
-    assert (options.stages, options.split_at, options.schedule) == (2, ["a"], "gpipe")
+    # --schedule and --microbatches not given: gpipe and 1, or searched under --devices
+    assert (options.stages, options.split_at, options.schedule) == (2, ["a"], None)
+    assert options.microbatches is None and options.devices is None
 
 
 def test_compile_refuses_an_unknown_keyword():

@@ -280,6 +280,7 @@ def build_manifest(
             Edge(e.value, e.src, e.dst, tuple(e.shape), e.dtype, e.nbytes) for e in graph.edges
         ),
         weights=weights,
+        plan=compiled.plan,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,7 +37,8 @@ from pipecompile.passes import (
     profile_costs,
     split_stages,
 )
-from pipecompile.schedules import generate
+from pipecompile.planner.choose import choose_plan
+from pipecompile.schedules import devices_for, generate
 
 __all__ = ["PASSES", "PASS_ALIASES", "TABLE", "Pass", "Compiled", "compile_model"]
 
@@ -173,9 +174,10 @@ def compile_model(
     model: nn.Module,
     inputs: dict[str, torch.Tensor],
     *,
-    stages: int,
-    microbatches: int = 1,
-    schedule: str = "gpipe",
+    stages: int | None = None,
+    microbatches: int | str | None = None,
+    schedule: str | None = None,
+    devices: int | None = None,
     balance: str = "flops",
     split_at: Sequence[str] | Mapping[str, Any] = (),
     pinned: dict[str, int] | None = None,
@@ -195,9 +197,17 @@ def compile_model(
     Args:
         model: the model; it is not modified.
         inputs: the model's example mini-batch, by forward() parameter name.
-        stages: how many pipeline stages to cut.
-        microbatches: how many micro-batches a mini-batch splits into (along dim 0).
-        schedule: the schedule generator's name (see ``pipecompile.schedules``).
+        stages: how many pipeline stages to cut (None: the plan search chooses).
+        microbatches: how many micro-batches a mini-batch splits into (along dim 0), or
+            ``"auto"``: the plan search chooses among the batch's divisors (default 1, or
+            ``"auto"`` with ``devices``).
+        schedule: the schedule generator's name (see ``pipecompile.schedules``), or
+            ``"auto"``: the plan search chooses among the synchronous ones (default gpipe, or
+            ``"auto"`` with ``devices``).
+        devices: search the plans that use all these devices (stages and their replicas,
+            micro-batches, schedule, virtual stages, recomputation; see
+            ``pipecompile.planner``) for the least predicted step, and compile the best;
+            the options given fix their part of the plan. The result's ``plan`` records it.
         balance: the cost the stages are balanced on: ``flops``, ``params``, or ``time``
             (each op's forward + backward time measured on this machine, cached).
         split_at: ``[before:|after:]MODULE_PATH`` boundaries where a stage must start (as do
@@ -233,18 +243,34 @@ def compile_model(
             f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}"
         )
     cuts = split_requests(split_at)
+    machine = machine or CostModel()
+    plan = None
+    searched = "auto" if devices is not None else None  # what --devices leaves open
+    schedule, microbatches = schedule or searched or "gpipe", microbatches or searched or 1
+    if devices is not None or schedule == "auto" or microbatches == "auto" or stages is None:
+        chosen, plan = choose_plan(
+            model, inputs, devices=devices, stages=stages, microbatches=microbatches,
+            schedule=schedule, virtual_stages=virtual_stages,
+            recompute=chosen_policy(recompute, checkpoint), split_at=cuts, machine=machine,
+            progress=progress, replicas=replicas, balance=balance, memory_budget=memory_budget,
+        )  # fmt: skip
+        stages, microbatches, schedule = chosen.stages, chosen.microbatches, chosen.schedule
+        virtual_stages, recompute, checkpoint = chosen.virtual_stages, chosen.recompute, None
+        replicas = chosen.replicas or None
+        if devices_for(schedule, stages, virtual_stages) != stages:  # the search checked it
+            machine = replace(machine, memory_limit=())
+    assert isinstance(stages, int) and isinstance(microbatches, int)
     request = Request(
         model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
         microbatches, schedule, balance, cuts, pinned, virtual_stages, vertical_sync,
-        chosen_policy(recompute, checkpoint), memory_budget, replicas, machine or CostModel(),
-        progress,
+        chosen_policy(recompute, checkpoint), memory_budget, replicas, machine, progress,
     )  # fmt: skip
     ir, timings = run_passes(request, print_after=print_after, verify_each=verify_each)
     micro = request.micro
     return Compiled(
         ir["graph"], ir["program"], next(iter(micro.values())).shape[0] if micro else 0,
         ir["memory"], _replica_counts(request, ir["balance"]), ir["balance"], timings,
-        fingerprint=graph_fingerprint(ir["traced"].module),
+        fingerprint=graph_fingerprint(ir["traced"].module), plan=plan,
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ way (stored bytes per stage, replica counts, the balance report, pass timings)."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.program import Program
@@ -30,3 +31,4 @@ class Compiled:
     balance: BalanceReport | None = None
     timings: tuple[tuple[str, float], ...] = ()
     fingerprint: str = ""  # of the traced graph, see ``graph_fingerprint``
+    plan: dict[str, Any] | None = None  # the plan search's choice (manifest key ``plan``)

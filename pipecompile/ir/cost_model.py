@@ -32,6 +32,12 @@ class CostModel:
         optimizer_states: parameter-sized tensors the optimizer keeps (AdamW 2, SGD with
             momentum 1, plain SGD 0).
         workers: ranks to spread over the stages with replication; None: one per stage.
+        op_overhead: seconds every op costs beyond its FLOPs (dispatch, launch), forward;
+            its backward counts twice that. Calibrated per machine (``pipecompile.planner``).
+        half_work: FLOPs at which one op runs at half the sustained rate: an op of f FLOPs
+            takes (f + half_work) / flops_rate, so small micro-batches run less efficiently.
+        instr_overhead: seconds the runtime spends on one compute instruction besides the
+            ops it runs (the plan search's simulated step counts it).
     """
 
     bandwidth: float = DEFAULT_BANDWIDTH
@@ -40,6 +46,14 @@ class CostModel:
     memory_limit: tuple[int, ...] = ()
     optimizer_states: int = 2
     workers: int | None = None
+    op_overhead: float = 0.0
+    half_work: float = 0.0
+    instr_overhead: float = 0.0
+
+    def op_seconds(self, flops: float, ops: int, working: int) -> float:
+        """Forward plus backward seconds of ``ops`` ops doing ``flops`` forward FLOPs in all,
+        ``working`` of them with FLOPs (the others are views): three forwards' worth."""
+        return 3 * ((flops + self.half_work * working) / self.flops_rate + self.op_overhead * ops)
 
     def validate(self, devices: int, stages: int) -> None:
         """Raise BalanceError for values that cannot describe ``devices`` devices."""

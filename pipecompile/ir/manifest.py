@@ -261,6 +261,7 @@ class Manifest:
     edges: tuple[Edge, ...]
     weights: WeightsRecord | None
     compile: str | None = None  # `--compile`: the torch.compile backend runs use by default
+    plan: Json | None = None  # `--devices`: the plan the search chose and the runners-up
 
     @property
     def replica_counts(self) -> tuple[int, ...]:
@@ -320,6 +321,7 @@ class Manifest:
             edges=tuple(map(_edge_from_json, raw.get("edges", []))),
             weights=WeightsRecord.from_json(weights) if weights is not None else None,
             compile=raw.get("compile"),
+            plan=raw.get("plan"),
         )
 
     def to_json(self) -> Json:
@@ -330,6 +332,7 @@ class Manifest:
             "balance": self.balance,
             "weights": self.weights,
             "compile": self.compile,
+            "plan": self.plan,
         }
         raw: Json = {
             "format": self.format,
@@ -351,6 +354,7 @@ class Manifest:
             "edges": [_edge_to_json(e) for e in self.edges],
             "weights": self.weights.to_json() if self.weights is not None else None,
             "compile": self.compile,
+            "plan": self.plan,
         }
         return {k: v for k, v in raw.items() if k not in optional or optional[k] is not None}
 

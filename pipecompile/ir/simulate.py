@@ -24,10 +24,12 @@ __all__ = ["Costs", "Span", "Timeline", "simulate"]
 @dataclass(frozen=True)
 class Costs:
     """Per-stage forward and (whole) backward durations; a split backward costs half each
-    for I and W; a recomputed forward's backward first recomputes the forward."""
+    for I and W; a recomputed forward's backward first recomputes the forward; every compute
+    instruction costs ``overhead`` more."""
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]
+    overhead: float = 0.0  # every compute instruction's own cost (the runtime's)
 
     @classmethod
     def uniform(cls, stages: int) -> Costs:
@@ -43,13 +45,13 @@ class Costs:
         j = instr.stage
         recompute = self.forward[j] if facts.forward.get((j, instr.microbatch or 0)) == Op.FC else 0
         if instr.op in FORWARD_OPS:
-            return self.forward[j]
+            return self.forward[j] + self.overhead
         if instr.op == Op.B:
-            return self.backward[j] + recompute
+            return self.backward[j] + recompute + self.overhead
         if instr.op == Op.I:
-            return self.backward[j] / 2 + recompute
+            return self.backward[j] / 2 + recompute + self.overhead
         if instr.op == Op.W:
-            return self.backward[j] / 2
+            return self.backward[j] / 2 + self.overhead
         return 0.0
 
 

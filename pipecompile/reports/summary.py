@@ -13,6 +13,7 @@ from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.sizes import counted, format_size
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
+from pipecompile.reports.plan_table import plan_table
 from pipecompile.runtime.load import read_manifest, read_program
 
 __all__ = ["summary"]
@@ -23,7 +24,8 @@ def summary(out: Path) -> str:
     emitted directory ``out``."""
     manifest = read_manifest(Path(out))
     program = read_program(Path(out) / manifest.program)
-    rows = balance_lines(manifest.balance, stage_rows(manifest, program))
+    rows = [plan_table(manifest.plan)] if manifest.plan else []
+    rows += balance_lines(manifest.balance, stage_rows(manifest, program))
     rows.append(
         f"tracer {manifest.model.tracer if manifest.model else '?'}; schedule "
         f"{program.schedule}, {counted(program.microbatches, 'micro-batch')} of "

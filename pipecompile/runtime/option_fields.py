@@ -32,6 +32,7 @@ __all__ = [
     "to_argv",
     "settled",
     "positive_int",
+    "count_or_auto",
     "nonnegative_int",
     "positive_float",
     "nonnegative_float",
@@ -149,6 +150,15 @@ def settled(options: T) -> T:
 
 def positive_int(text: str) -> int:
     return _number(text, int, lambda v: v >= 1, "a whole number of at least 1")
+
+
+def count_or_auto(text: str) -> int | str:
+    """A whole number of at least 1, or ``auto``."""
+    return (
+        "auto"
+        if text == "auto"
+        else _number(text, int, lambda v: v >= 1, "a whole number of at least 1 or auto")
+    )
 
 
 def nonnegative_int(text: str) -> int:

@@ -15,7 +15,7 @@ from pipecompile.cli import main
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.memory_model import peak_weight_copies, stored_counts
 from pipecompile.passes import activation_memory, annotate_costs, balance_stages, split_stages
-from pipecompile.passes.balance_stages import _atoms, compute_nodes
+from pipecompile.passes.balance_stages import atoms_of, compute_nodes
 from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.insert_recompute import insert_recompute
 from pipecompile.passes.node_memory import node_memory
@@ -37,7 +37,7 @@ def test_cut_bytes_count_every_value_alive_across_a_boundary():
     module = fx.symbolic_trace(_Skip())
     traced = trace(module, {"x": torch.randn(4, 8)})
     ops = compute_nodes(traced.module.graph)
-    forward, backward = cut_bytes(traced.module.graph, _atoms(ops))
+    forward, backward = cut_bytes(traced.module.graph, atoms_of(ops))
     # boundaries before: mul, add (a), sum (a, b), sum of a (a, c), add (c, a's sum)
     assert list(forward) == [0, 128, 256, 144, 32, 0]
     assert list(backward) == list(forward)
@@ -51,7 +51,7 @@ def test_integer_values_carry_no_gradient():
 
     traced = trace(Ints(), {"x": torch.randn(4, 8)})
     ops = compute_nodes(traced.module.graph)
-    forward, backward = cut_bytes(traced.module.graph, _atoms(ops))
+    forward, backward = cut_bytes(traced.module.graph, atoms_of(ops))
     assert forward[2] == 4 * 8 * 8 and backward[2] == 0  # the int64 ids cross boundary 2
 
 

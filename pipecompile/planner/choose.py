@@ -1,0 +1,138 @@
+"""From a model and its example batch to the searched plans: trace once on the whole batch,
+gather the model's facts, search the space the options leave open, and write the record the
+manifest keeps under ``plan``."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipecompile.errors import PlanError
+from pipecompile.frontend.tracer import trace
+from pipecompile.ir.cost_model import CostModel
+from pipecompile.model.init_recipe import is_meta_model
+from pipecompile.passes import annotate_costs
+from pipecompile.planner.model_facts import model_facts
+from pipecompile.planner.plan import Plan
+from pipecompile.planner.search import ORDER, SearchResult, Space, search
+from pipecompile.schedules import SYNCHRONOUS
+
+__all__ = ["check_search", "choose_plan", "search_model", "plan_record", "RUNNERS_UP"]
+
+RUNNERS_UP = 4  # the table shows the best plan and this many more
+
+
+def choose_plan(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    *,
+    devices: int | None,
+    stages: int | None,
+    microbatches: int | str,
+    schedule: str,
+    virtual_stages: int | None,
+    recompute: str,
+    split_at: tuple[str, ...],
+    machine: CostModel,
+    progress: bool,
+    replicas: tuple[int, ...] | None = None,
+    balance: str = "flops",
+    memory_budget: int | None = None,
+) -> tuple[Plan, dict[str, Any]]:
+    """The best plan for ``devices`` (default: ``stages``, one stage each) with the given
+    choices fixed (``"auto"``: searched), and the manifest's record of the search.
+
+    Raises:
+        PlanError: options the search cannot take, or no plan that fits (see ``search``).
+    """
+    check_search(devices, stages, replicas, balance, memory_budget, machine)
+    auto = tuple(s for s in ORDER if s in SYNCHRONOUS)
+    space = Space(
+        devices=devices if devices is not None else stages or 0,
+        stages=(stages,) if stages is not None else (),
+        schedules=auto if schedule == "auto" else (schedule,),
+        microbatches=() if microbatches == "auto" else (int(microbatches),),
+        virtual_stages=(virtual_stages,) if virtual_stages is not None else (2, 4),
+        recompute=(recompute,) if recompute != "never" else (),
+    )
+    result = search_model(
+        model, inputs, space=space, machine=machine, split_at=split_at,
+        meta=is_meta_model(model), progress=progress,
+    )  # fmt: skip
+    return result.best.plan, plan_record(result, space, machine)
+
+
+def check_search(
+    devices: int | None,
+    stages: int | None,
+    replicas: tuple[int, ...] | None,
+    balance: str,
+    memory_budget: int | None,
+    machine: CostModel,
+) -> None:
+    """Raise PlanError for options the plan search cannot take (before any tracing)."""
+    if devices is None and stages is None:
+        raise PlanError(
+            "give --stages N (the pipeline you want) or --devices N (pipecompile searches "
+            "the plan for N devices)"
+        )
+    if replicas is not None or machine.workers is not None:
+        flag = "--replicate" if replicas is not None else "--workers"
+        raise PlanError(
+            f"{flag} fixes how stages are replicated, which the plan search (--devices, "
+            f"--schedule auto, --microbatches auto) chooses itself: drop {flag} or the search"
+        )
+    if memory_budget is not None:
+        raise PlanError(
+            "--memory-budget chooses recomputation for a fixed plan; the plan search takes "
+            "--memory-limit (everything a device holds) instead"
+        )
+    if balance != "flops":
+        raise PlanError(
+            f"--balance {balance}: the plan search prices every plan by FLOPs under its cost "
+            "model; drop --balance, or fix the plan with --stages, --microbatches and "
+            "--schedule"
+        )
+
+
+def search_model(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    *,
+    space: Space,
+    machine: CostModel,
+    split_at: tuple[str, ...] = (),
+    meta: bool = False,
+    progress: bool = False,
+) -> SearchResult:
+    """Trace ``model`` on its whole example batch and search ``space`` for it."""
+    batch = next(iter(inputs.values())).shape[0] if inputs else 0
+    shown = {k: v.to("meta") for k, v in inputs.items()} if meta else inputs
+    traced = trace(model, shown)
+    annotated = annotate_costs(traced.module, root=traced.root)
+    facts = model_facts(annotated, max(batch, 1), split_at)
+    return search(
+        facts, batch=batch, space=space, model=machine, progress=_say if progress else None
+    )
+
+
+def _say(line: str) -> None:
+    print(f"  {line}", file=sys.stderr)
+
+
+def plan_record(result: SearchResult, space: Space, machine: CostModel) -> dict[str, Any]:
+    """The manifest's ``plan``: the chosen plan, its predicted step, the runners-up, how
+    many plans were searched, and the cost model they were priced with."""
+    model = {k: v for k, v in asdict(machine).items() if k != "workers"}
+    return {
+        "devices": space.devices,
+        **result.best.as_json(),
+        "plans_searched": result.tried,
+        "search_seconds": round(result.seconds, 3),
+        "runners_up": [p.as_json() for p in result.ranked[1 : 1 + RUNNERS_UP]],
+        "cost_model": {k: list(v) if isinstance(v, tuple) else v for k, v in model.items()},
+    }

@@ -1,0 +1,144 @@
+"""Predict one plan: its exact split under the cost model, its simulated step and its peak
+memory per device.
+
+The split is the partitioner's own (``partition_search.solve`` on ``build_problem``): the
+least slowest-stage time, compute plus communication at the plan's micro-batch size, over
+the replicas the plan may use, under the memory limits when every device runs one stage.
+With several stages per device the limits are checked on the unconstrained optimum. The
+step is the simulated makespan of the plan's program with each stage's forward at a third of
+its time (the backward two thirds, as the partitioner counts them), a replicated stage's
+micro-batches shared among its replicas (r replicas of a stage with m micro-batches each run
+ceil(m / r) of them, so a replica with none to run saves nothing; the partitioner itself
+assumes an even share), the runtime's overhead per instruction, and the replicas' gradient
+all-reduce after the last backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.memory_model import device_peak_bytes, peak_weight_copies
+from pipecompile.ir.program import Program
+from pipecompile.ir.recompute_policy import policy_counts, with_recompute
+from pipecompile.ir.simulate import Costs, simulate
+from pipecompile.ir.topology import Topology
+from pipecompile.passes.partition_problem import AtomFacts, build_problem
+from pipecompile.passes.partition_search import Solution, solve
+from pipecompile.planner.model_facts import ModelFacts
+from pipecompile.planner.plan import Plan, Predicted
+from pipecompile.schedules import generate
+
+__all__ = ["Predictor"]
+
+_FS = 1e15  # the partition problem's time unit is femtoseconds (times its ``unit``)
+_US = 10**9  # the search's splits are exact to the microsecond
+
+
+@dataclass
+class Predictor:
+    """Predicts plans for one model, batch and machine; remembers the splits it solved."""
+
+    facts: ModelFacts
+    batch: int
+    model: CostModel
+
+    def __post_init__(self) -> None:
+        self._splits: dict[tuple[object, ...], Solution | None] = {}
+        self._facts: dict[int, AtomFacts] = {}
+
+    def program(self, plan: Plan) -> Program:
+        """The plan's compute program with its recomputed forwards marked."""
+        compute = generate(
+            plan.schedule, plan.stages, plan.microbatches, virtual_stages=plan.virtual_stages
+        )
+        return with_recompute(compute, policy_counts(plan.recompute, compute))
+
+    def predict(self, plan: Plan, program: Program, workers: int | None) -> Predicted | None:
+        """``plan`` predicted; None if no split of it fits the memory limits. ``workers``:
+        devices the partitioner spreads the stages over (choosing replicas), or None."""
+        size = self.batch // plan.microbatches
+        if size not in self._facts:
+            self._facts[size] = self.facts.at(size, self.model)
+        facts = self._facts[size]
+        free = replace(self.model, memory_limit=(), workers=workers)
+        found = self._split(size, free, program)
+        if found is None:
+            return None
+        memory = _memory(facts, self.model, program, found.starts)
+        over = any(
+            (limit := self.model.limit(d)) is not None and memory[d] > limit
+            for d in range(len(memory))
+        )
+        if over and len(program.devices) == program.num_stages:
+            found = self._split(size, replace(self.model, workers=workers), program)
+            if found is None:
+                return None
+            memory = _memory(facts, self.model, program, found.starts)
+        elif over:
+            return None
+        replicas = found.replicas if workers is not None else ()
+        plan = replace(plan, replicas=tuple(replicas) if any(r > 1 for r in replicas) else ())
+        step, bubble = self._step(facts, free, program, found)
+        return Predicted(plan, step, bubble, memory, found.starts)
+
+    def _split(self, size: int, model: CostModel, program: Program) -> Solution | None:
+        """The exact split of ``program``'s stages at micro-batches of ``size`` samples (the
+        memory limits, when ``model`` has some, depend on the whole program)."""
+        speeds = tuple(model.speed(d) for d in program.stage_device)
+        limited = program if model.memory_limit else None
+        key = (size, speeds, program.microbatches, model.workers, limited)
+        if key not in self._splits:
+            facts = self._facts[size]
+            found = None
+            if program.num_stages <= len(facts.cost):
+                problem, _ = build_problem(
+                    facts, kind="flops", model=model, program=program,
+                    forced=self.facts.forced, resolution=_US,
+                )  # fmt: skip
+                found = solve(problem)
+            self._splits[key] = found
+        return self._splits[key]
+
+    def _step(
+        self, facts: AtomFacts, model: CostModel, program: Program, found: Solution
+    ) -> tuple[float, float]:
+        problem, unit = build_problem(
+            facts, kind="flops", model=model, program=program, resolution=_US
+        )
+        ends = [*found.starts[1:], len(facts.cost)]
+        seconds = unit / _FS
+        forward, backward = [], []
+        for j, (a, b) in enumerate(zip(found.starts, ends)):
+            r = found.replicas[j] if model.workers is not None else 1
+            share = -(-program.microbatches // r) / program.microbatches  # per replica
+            work = problem.work[j][b] - problem.work[j][a] + problem.cut[a] + problem.cut[b]
+            forward.append(work * seconds / 3 * share)
+            backward.append(2 * work * seconds / 3 * share)
+        costs = Costs(tuple(forward), tuple(backward), self.model.instr_overhead)
+        timeline = simulate(program, Topology.chain(program.num_stages), costs)
+        sync = max(
+            (
+                2 * (r - 1) / r * sum(facts.params[a:b]) / model.bandwidth
+                for r, a, b in zip(found.replicas, found.starts, ends)
+                if model.workers is not None
+            ),
+            default=0.0,
+        )
+        return float(timeline.makespan + sync), float(timeline.bubble_fraction)
+
+
+def _memory(
+    facts: AtomFacts, model: CostModel, program: Program, starts: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Per device, its stages' parameter copies plus its peak of stored activations."""
+    ends = [*starts[1:], len(facts.cost)]
+    params = [sum(facts.params[a:b]) for a, b in zip(starts, ends)]
+    inputs = [int(facts.forward[a]) for a in starts]
+    saved = [sum(facts.saved[a:b]) + inputs[j] for j, (a, b) in enumerate(zip(starts, ends))]
+    out = []
+    for d, instrs in enumerate(program.devices):
+        copies = 2 + model.optimizer_states + peak_weight_copies(instrs)
+        mine = [j for j, dev in enumerate(program.stage_device) if dev == d]
+        out.append(copies * sum(params[j] for j in mine) + device_peak_bytes(instrs, saved, inputs))
+    return tuple(out)

@@ -1,0 +1,211 @@
+"""The plan search: every plan for N devices the options leave open, each predicted exactly
+(``Predictor``), ranked by predicted step.
+
+A plan uses all N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p) take
+1 to N stages and the partitioner spreads the N devices over them as replicas; the looped
+schedules put ``v`` stages on each of the N devices (v = 2 and 4 unless `--virtual-stages`),
+zbv two. Micro-batch counts are the divisors of the batch (or the one given). Without a
+memory limit only ``--recompute never`` is tried: recomputation only adds time, so a plan
+that recomputes is never faster than the same plan without.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from pipecompile.errors import PlanError, ProgramError
+from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.recompute_policy import POLICIES
+from pipecompile.ir.sizes import format_size
+from pipecompile.planner.model_facts import ModelFacts
+from pipecompile.planner.plan import Plan, Predicted
+from pipecompile.planner.predict import Predictor
+from pipecompile.schedules import LOOPED, SYNCHRONOUS
+
+__all__ = ["Space", "SearchResult", "search", "divisors"]
+
+_REPLICABLE = ("gpipe", "1f1b", "zb1p")
+ORDER = ("gpipe", "1f1b", "zb1p", "interleaved", "looped_bfs", "zbv")  # table tie-break
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search may choose; a fixed option is a one-element tuple."""
+
+    devices: int
+    stages: tuple[int, ...] = ()  # () = any count the schedule can place on the devices
+    schedules: tuple[str, ...] = tuple(s for s in ORDER if s in SYNCHRONOUS)
+    microbatches: tuple[int, ...] = ()  # () = the divisors of the batch
+    virtual_stages: tuple[int, ...] = (2, 4)
+    recompute: tuple[str, ...] = ()  # () = never, or all three under a memory limit
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The plans that fit, best first, and how many were predicted in all."""
+
+    ranked: tuple[Predicted, ...]
+    tried: int
+    seconds: float = 0.0
+
+    @property
+    def best(self) -> Predicted:
+        return self.ranked[0]
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    return tuple(k for k in range(1, n + 1) if n % k == 0)
+
+
+def search(
+    facts: ModelFacts,
+    *,
+    batch: int,
+    space: Space,
+    model: CostModel,
+    progress: Callable[[str], None] | None = None,
+) -> SearchResult:
+    """Predict every plan of ``space`` for ``batch`` samples and rank those that fit.
+
+    Raises:
+        PlanError: no plan of the space exists (too few devices for the requested
+            boundaries, no micro-batch count that divides the batch and suits a schedule)
+            or none fits the memory limit (naming the smallest peak found).
+    """
+    start = time.perf_counter()
+    _check_space(facts, batch, space)
+    predictor = Predictor(facts, batch, model)
+    fits: list[Predicted] = []
+    misfits: list[tuple[int, Plan]] = []
+    tried = 0
+    for plan in _plans(facts, batch, space, model):
+        try:
+            program = predictor.program(plan)
+        except ProgramError:
+            continue
+        workers = space.devices if plan.schedule in _REPLICABLE else None
+        if workers == plan.stages:
+            workers = None
+        tried += 1
+        got = predictor.predict(plan, program, workers)
+        if got is None:
+            misfits.append((_smallest_peak(predictor, plan, program, workers), plan))
+        else:
+            fits.append(got)
+    if not fits:
+        _none_fits(tried, misfits, model, space)
+    ranked = sorted(fits, key=_rank)
+    if progress is not None:
+        progress(f"searched {tried} plans in {time.perf_counter() - start:.1f} s")
+    return SearchResult(tuple(ranked), tried, time.perf_counter() - start)
+
+
+def _rank(p: Predicted) -> tuple[float, int, int, int]:
+    plan = p.plan
+    return (
+        round(p.step, 9),
+        POLICIES.index(plan.recompute),
+        plan.microbatches,
+        ORDER.index(plan.schedule),
+    )
+
+
+def _plans(facts: ModelFacts, batch: int, space: Space, model: CostModel) -> Iterator[Plan]:
+    counts = space.microbatches or divisors(batch)
+    policies = space.recompute or (POLICIES if model.memory_limit else ("never",))
+    n = space.devices
+    for schedule in space.schedules:
+        for stages, v in _shapes(schedule, n, space.virtual_stages):
+            if space.stages and stages not in space.stages:
+                continue
+            if stages > facts.atoms or stages < len(facts.forced) + 1:
+                continue
+            if stages == 1 and schedule != space.schedules[0]:
+                continue  # one stage: every schedule runs the same steps
+            for m in counts:
+                for policy in policies:
+                    yield Plan(schedule, stages, m, policy, v)
+
+
+def _shapes(
+    schedule: str, devices: int, virtual: Sequence[int]
+) -> Iterator[tuple[int, int | None]]:
+    if schedule in LOOPED:
+        for v in virtual:
+            yield devices * v, v
+    elif schedule == "zbv":
+        yield 2 * devices, None
+    elif schedule in _REPLICABLE:
+        for stages in range(1, devices + 1):
+            yield stages, None
+    else:
+        yield devices, None
+
+
+def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
+    if space.devices < 1:
+        raise PlanError(f"--devices must be at least 1, got {space.devices}")
+    if not space.microbatches and batch < 1:
+        raise PlanError("the example batch is empty: give the model's inputs at least one sample")
+    bad = [m for m in space.microbatches if batch % m]
+    if bad:
+        raise PlanError(
+            f"--microbatches {bad[0]} does not divide the batch of {batch} samples; choose one "
+            f"of {', '.join(map(str, divisors(batch)))} or auto"
+        )
+    most = max(
+        (
+            s
+            for sched in space.schedules
+            for s, _ in _shapes(sched, space.devices, space.virtual_stages)
+        ),
+        default=0,
+    )
+    if space.stages and not any(
+        s in space.stages
+        for sched in space.schedules
+        for s, _ in _shapes(sched, space.devices, space.virtual_stages)
+    ):
+        raise PlanError(
+            f"--stages {space.stages[0]} cannot run on --devices {space.devices} with "
+            f"{', '.join(space.schedules)}: a stage needs a device of its own (looped "
+            f"schedules: --virtual-stages per device, zbv two); give --devices "
+            f"{space.stages[0]} or drop --stages"
+        )
+    needed = len(facts.forced) + 1
+    if needed > most:
+        raise PlanError(
+            f"--devices {space.devices}: the {needed - 1} requested boundaries (split_point(), "
+            f"pipe_split() or --split-at) make {needed} stages, more than "
+            f"{', '.join(space.schedules)} can place on {space.devices} devices; give "
+            f"--devices {needed} or more, or drop some boundaries"
+        )
+
+
+def _smallest_peak(predictor: Predictor, plan: Plan, program: object, workers: int | None) -> int:
+    unlimited = Predictor(predictor.facts, predictor.batch, _no_limit(predictor.model))
+    got = unlimited.predict(plan, program, workers)  # type: ignore[arg-type]
+    return max(got.memory) if got is not None else 0
+
+
+def _no_limit(model: CostModel) -> CostModel:
+    return replace(model, memory_limit=())
+
+
+def _none_fits(tried: int, misfits: list[tuple[int, Plan]], model: CostModel, space: Space) -> None:
+    if not tried:
+        raise PlanError(
+            f"no plan of {', '.join(space.schedules)} on {space.devices} devices suits the "
+            f"micro-batch counts {', '.join(map(str, space.microbatches)) or 'tried'}: "
+            "interleaved needs a multiple of the devices; try --microbatches auto or another "
+            "--schedule"
+        )
+    peak, plan = min(misfits, key=lambda t: t[0])
+    limit = ", ".join(format_size(b) for b in model.memory_limit)
+    raise PlanError(
+        f"no plan on {space.devices} devices fits --memory-limit {limit}: the smallest peak "
+        f"found is {format_size(peak)} ({plan.flags}); raise --memory-limit to "
+        f"{format_size(peak)} or more, or use more --devices"
+    )

@@ -1,0 +1,52 @@
+"""The plan search's table: the chosen plan and the runners-up, as the manifest's ``plan``
+records them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipecompile.ir.sizes import format_size
+
+__all__ = ["plan_table"]
+
+_HEAD = ("", "stages", "micro-batches", "schedule", "recompute", "step", "bubble", "peak memory")
+
+
+def plan_table(plan: dict[str, Any]) -> str:
+    """``plan``'s best plans, one row each, the chosen one first and marked."""
+    rows = [_HEAD]
+    for k, p in enumerate([plan, *plan.get("runners_up", [])]):
+        rows.append(
+            (
+                "*" if k == 0 else str(k + 1),
+                _shape(p),
+                str(p["microbatches"]),
+                p["schedule"],
+                p["recompute"],
+                _seconds(p["predicted_step_s"]),
+                f"{p['bubble']:.1%}",
+                format_size(max(p["peak_memory"])),
+            )
+        )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(_HEAD))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    head = (
+        f"plan: searched {plan['plans_searched']} plans for {plan['devices']} devices in "
+        f"{plan['search_seconds']:.1f} s; chose *"
+    )
+    return "\n".join([head, *lines])
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.1f} ms" if value >= 1e-3 else f"{value * 1e6:.1f} us"
+
+
+def _shape(p: dict[str, Any]) -> str:
+    replicas = p.get("replicas") or []
+    v = p.get("virtual_stages")
+    shape = str(p["stages"])
+    if any(r > 1 for r in replicas):
+        shape += f" x ({','.join(map(str, replicas))})"
+    if v:
+        shape += f" ({v} per device)"
+    return shape

@@ -1,0 +1,151 @@
+"""The plan search: every plan it ranks is predicted from the exact split, memory limits drop
+plans exactly, the chosen plan compiles into what it predicted, and bad requests are refused."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pipecompile.compiler import compile_model
+from pipecompile.errors import PlanError
+from pipecompile.frontend.tracer import trace
+from pipecompile.ir.cost_model import CostModel
+from pipecompile.passes import annotate_costs
+from pipecompile.planner.model_facts import model_facts
+from pipecompile.planner.predict import Predictor
+from pipecompile.planner.search import Space, divisors, search
+from tests.conftest import example_spec
+
+# A machine where a small micro-batch costs: every op and instruction has a fixed price.
+MACHINE = CostModel(flops_rate=2e10, op_overhead=4e-6, half_work=2e4, instr_overhead=30e-6)
+
+
+@pytest.fixture(scope="module")
+def gpt() -> tuple[object, dict[str, torch.Tensor]]:
+    spec = example_spec("gpt")
+    return spec.model, spec.inputs
+
+
+@pytest.fixture(scope="module")
+def facts(gpt):  # type: ignore[no-untyped-def]
+    model, inputs = gpt
+    traced = trace(model, inputs)
+    return model_facts(annotate_costs(traced.module, root=traced.root), 8)
+
+
+def test_every_plan_is_predicted_and_the_best_ranks_first(facts) -> None:  # type: ignore[no-untyped-def]
+    result = search(facts, batch=8, space=Space(devices=4), model=MACHINE)
+    steps = [round(p.step, 9) for p in result.ranked]  # ties (to the ns) broken by simplicity
+    assert steps == sorted(steps) and result.tried >= len(result.ranked) > 20
+    # Each shape the search may use appears: pure data parallel, replicated pipelines, and
+    # every synchronous schedule; every plan uses all 4 devices.
+    seen = {p.plan.schedule for p in result.ranked}
+    assert seen == {"gpipe", "1f1b", "zb1p", "interleaved", "looped_bfs", "zbv"}
+    for p in result.ranked:
+        used = sum(p.plan.replicas) if p.plan.replicas else p.plan.stages
+        per_device = {"interleaved": p.plan.virtual_stages, "looped_bfs": p.plan.virtual_stages}
+        assert used == 4 * per_device.get(p.plan.schedule, 1) * (
+            2 if p.plan.schedule == "zbv" else 1
+        ) or (p.plan.replicas and sum(p.plan.replicas) == 4)
+    # Micro-batch counts: the divisors of the batch, no more.
+    assert {p.plan.microbatches for p in result.ranked} <= set(divisors(8))
+
+
+def test_the_fixed_options_fix_their_part(facts) -> None:  # type: ignore[no-untyped-def]
+    space = Space(devices=4, stages=(4,), schedules=("1f1b",), microbatches=(4,))
+    result = search(facts, batch=8, space=space, model=MACHINE)
+    assert [(p.plan.stages, p.plan.schedule, p.plan.microbatches) for p in result.ranked] == [
+        (4, "1f1b", 4)
+    ]
+
+
+def test_a_memory_limit_drops_exactly_the_plans_over_it(facts) -> None:  # type: ignore[no-untyped-def]
+    free = search(facts, batch=8, space=Space(devices=2), model=MACHINE)
+    peaks = sorted({max(p.memory) for p in free.ranked})
+    limit = peaks[len(peaks) // 2]
+    capped = search(
+        facts, batch=8, space=Space(devices=2), model=replace(MACHINE, memory_limit=(limit,))
+    )
+    assert all(max(p.memory) <= limit for p in capped.ranked)
+    # Recomputation is searched under a limit; a plan that fit without it still fits.
+    assert {p.plan.recompute for p in capped.ranked} >= {"never", "always"}
+    kept = {(p.plan, p.step) for p in capped.ranked if p.plan.recompute == "never"}
+    assert {(p.plan, p.step) for p in free.ranked if max(p.memory) <= limit} <= kept
+    # Below the smallest peak of any plan: refused, naming that peak.
+    smallest = min(max(p.memory) for p in capped.ranked)
+    with pytest.raises(PlanError, match=r"smallest peak found is .*raise --memory-limit"):
+        search(
+            facts,
+            batch=8,
+            space=Space(devices=2),
+            model=replace(MACHINE, memory_limit=(smallest // 4,)),
+        )
+
+
+def test_the_prediction_is_the_simulated_step_of_the_exact_split(facts) -> None:  # type: ignore[no-untyped-def]
+    """Brute force over every 2-stage split: none has a smaller bottleneck than the one the
+    predictor solved, so its prediction starts from the exact optimum."""
+    predictor = Predictor(facts, 8, MACHINE)
+    from pipecompile.planner.plan import Plan
+
+    plan = Plan("1f1b", 2, 4)
+    got = predictor.predict(plan, predictor.program(plan), None)
+    assert got is not None
+    at = facts.at(2, MACHINE)
+    total = list(itertools.accumulate(at.cost, initial=0))
+    cut = at.forward + at.backward
+
+    def bottleneck(k: int) -> float:
+        per_byte = 1e3 / MACHINE.bandwidth * 1e12  # ps per byte, as the cost unit
+        return max(total[k] + cut[k] * per_byte, total[-1] - total[k] + cut[k] * per_byte)
+
+    best = min(bottleneck(k) for k in range(1, facts.atoms))
+    assert bottleneck(got.starts[1]) <= best * (1 + 1e-6) + 1e6  # one microsecond
+
+
+def test_refusals(facts) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(PlanError, match=r"--microbatches 3 does not divide the batch of 8"):
+        search(facts, batch=8, space=Space(devices=2, microbatches=(3,)), model=MACHINE)
+    with pytest.raises(PlanError, match=r"--stages 8 cannot run on --devices 2 with gpipe"):
+        search(
+            facts, batch=8, space=Space(devices=2, stages=(8,), schedules=("gpipe",)), model=MACHINE
+        )
+    forced = replace(facts, forced=(10, 20, 30))
+    with pytest.raises(PlanError, match=r"3 requested boundaries .* 4 stages.*--devices 4 or more"):
+        search(forced, batch=8, space=Space(devices=2, schedules=("1f1b",)), model=MACHINE)
+    with pytest.raises(PlanError, match=r"interleaved needs a multiple of the devices"):
+        search(
+            facts,
+            batch=8,
+            space=Space(devices=4, schedules=("interleaved",), microbatches=(2,)),
+            model=MACHINE,
+        )
+
+
+def test_the_chosen_plan_compiles_and_the_manifest_keeps_it(gpt) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = gpt
+    compiled = compile_model(model, inputs, devices=4, machine=MACHINE)
+    plan = compiled.plan
+    assert plan is not None and plan["devices"] == 4
+    assert compiled.program.schedule == plan["schedule"]
+    assert compiled.program.microbatches == plan["microbatches"]
+    assert len(compiled.graph.stages) == plan["stages"]
+    assert plan["predicted_step_s"] > 0 and len(plan["runners_up"]) == 4
+    assert all(r["predicted_step_s"] >= plan["predicted_step_s"] for r in plan["runners_up"])
+    # --schedule auto with the stages fixed searches the schedules only
+    fixed = compile_model(model, inputs, stages=2, microbatches=4, schedule="auto", machine=MACHINE)
+    assert fixed.plan is not None and len(fixed.graph.stages) == 2
+    assert fixed.program.microbatches == 4 and fixed.plan["devices"] == 2
+
+
+def test_options_the_search_cannot_take_are_refused(gpt) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = gpt
+    with pytest.raises(PlanError, match="give --stages N .* or --devices N"):
+        compile_model(model, inputs)
+    with pytest.raises(PlanError, match="--replicate fixes how stages are replicated"):
+        compile_model(model, inputs, devices=2, replicas=(1, 1))
+    with pytest.raises(PlanError, match="--balance time: the plan search prices"):
+        compile_model(model, inputs, devices=2, balance="time")
