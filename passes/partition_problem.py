@@ -24,6 +24,7 @@ import torch.fx as fx
 from pipecompile.errors import BalanceError
 from pipecompile.ir.cost_model import CostModel, scaled_speeds
 from pipecompile.ir.memory_model import peak_weight_copies, stored_counts
+from pipecompile.ir.node_info import info
 from pipecompile.ir.program import Program
 from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.partition_search import Limit, Problem
@@ -59,7 +60,10 @@ def atom_facts(
     """Gather the per-atom figures; ``costs`` are in the balance unit (ns, FLOPs, bytes)."""
     forward, backward = cut_bytes(graph, atoms)
     return AtomFacts(
-        cost=[atom_cost([costs[n] for n in atom], kind, model) for atom in atoms],
+        cost=[
+            atom_cost([(costs[n], info(n).contraction) for n in atom], kind, model)
+            for atom in atoms
+        ],
         params=[sum(params.get(n, 0) for n in atom) for atom in atoms],
         saved=[sum(saved.get(n, 0) for n in atom) for atom in atoms],
         forward=forward,
@@ -67,11 +71,15 @@ def atom_facts(
     )
 
 
-def atom_cost(costs: Sequence[float], kind: str, model: CostModel) -> int:
-    """An atom's cost in ps (bytes for params): measured ns, or its FLOPs under the model."""
+def atom_cost(costs: Sequence[tuple[float, bool]], kind: str, model: CostModel) -> int:
+    """An atom's cost in ps (bytes for params) from its ops' (cost, contraction?) pairs:
+    measured ns, or their FLOPs under the model."""
     if kind == "flops":
-        return round(model.op_seconds(sum(costs), len(costs), sum(c > 0 for c in costs)) * _PS)
-    return round(sum(costs) * (1000.0 if kind == "time" else 1.0))
+        matmul = sum(c for c, contraction in costs if contraction)
+        other = sum(c for c, contraction in costs if not contraction)
+        matmuls = sum(1 for c, contraction in costs if contraction and c > 0)
+        return round(model.op_seconds(matmul, other, len(costs), matmuls) * _PS)
+    return round(sum(c for c, _ in costs) * (1000.0 if kind == "time" else 1.0))
 
 
 def build_problem(

@@ -13,7 +13,7 @@ from typing import NoReturn
 from pipecompile import __version__
 from pipecompile.compile_options import CompileOptions
 from pipecompile.compiler import compile_model
-from pipecompile.errors import CheckError, ModelFileError, PipecompileError
+from pipecompile.errors import CheckError, ModelFileError, PipecompileError, PlanError
 from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
 from pipecompile.ir.sizes import counted
 from pipecompile.passes.insert_replication import parse_replicas
@@ -236,6 +236,7 @@ def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.output_dir import check_replaceable
     from pipecompile.codegen.weight_sources import weight_plan
     from pipecompile.errors import WeightsError
+    from pipecompile.ir.compiled import Compiled
     from pipecompile.model.model_file import load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
     from pipecompile.planner.choose import check_search
@@ -248,6 +249,11 @@ def _compile(args: argparse.Namespace) -> int:
     args.schedule = args.schedule or searched or "gpipe"
     args.microbatches = args.microbatches or searched or 1
     searching = args.devices is not None or "auto" in (args.schedule, args.microbatches)
+    if args.tune and not searching:
+        raise PlanError(
+            f"--tune {args.tune} measures the best plans a search found: give --devices N "
+            "(or --schedule auto / --microbatches auto)"
+        )
     if searching or args.stages is None:
         replicas = () if args.replicate else None
         check_search(args.devices, args.stages, replicas, args.balance, args.memory_budget, machine)
@@ -267,13 +273,7 @@ def _compile(args: argparse.Namespace) -> int:
     _say(args, f"compiling {type(spec.model).__name__} into " + (
         f"{args.stages} stages" if not searching else
         f"the best plan for {args.devices or args.stages} devices"))  # fmt: skip
-    compiled = compile_model(
-        spec.model,
-        spec.inputs,
-        stages=args.stages,
-        microbatches=args.microbatches,
-        schedule=args.schedule,
-        devices=args.devices,
+    options = dict(
         balance=args.balance,
         split_at=tuple(args.split_at),
         pinned=parse_pins(args.pin_cost),
@@ -283,16 +283,41 @@ def _compile(args: argparse.Namespace) -> int:
         memory_budget=args.memory_budget,
         replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
         machine=machine,
-        print_after=frozenset(args.print_after),
         progress=not args.quiet,
-        verify_each=args.verify_each,
     )
+    compiled = compile_model(
+        spec.model,
+        spec.inputs,
+        stages=args.stages,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        devices=args.devices,
+        print_after=frozenset(args.print_after),
+        verify_each=args.verify_each,
+        **options,
+    )
+    model_ref = ModelRef(path, name, f"{path.name}:{name}")
+    if args.tune:
+        from pipecompile.planner.tune import tune
+
+        def rebuild(p: dict) -> Compiled:  # the same search, every choice fixed to p's
+            fixed = {"stages": p["stages"], "microbatches": p["microbatches"],
+                     "schedule": p["schedule"], "virtual_stages": p["virtual_stages"],
+                     "recompute": p["recompute"], "progress": False}  # fmt: skip
+            return compile_model(spec.model, spec.inputs, devices=args.devices or args.stages,
+                                 **(options | fixed))  # fmt: skip
+
+        def write(c: Compiled, directory: Path) -> None:
+            emit(c, directory, model=model_ref, weights=plan, compile_stages=args.compile_stages)
+
+        say = None if args.quiet else lambda line: _say(args, f"  {line}")
+        compiled = tune(compiled, args.tune, rebuild=rebuild, write=write, say=say)
     start = time.perf_counter()
     notes: list[str] = []
     emit(
         compiled,
         out,
-        model=ModelRef(path, name, f"{path.name}:{name}"),
+        model=model_ref,
         force=args.force,
         weights=plan,
         notes=notes,

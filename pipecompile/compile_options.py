@@ -44,6 +44,14 @@ class CompileOptions:
         api="directory",
         help="output directory (default: pipecompile-out/<model>)",
     )
+    tune: int | None = option(
+        "--tune",
+        check=positive_int,
+        metavar="K",
+        api=None,
+        help="with --devices: train the K best plans for a few steps here (on their ranks), "
+        "print predicted against measured, and emit the measured best",
+    )
     microbatches: int | str | None = option(
         "--microbatches",
         check=count_or_auto,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import inspect
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,12 @@ import torch
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.model.model_file import ModelSpec, load_model_file
+
+# The plan search's calibration of this machine: measured once per test session, kept
+# outside the user's ~/.cache (rank and CLI subprocesses inherit it).
+if "PIPECOMPILE_CACHE" not in os.environ:
+    os.environ["PIPECOMPILE_CACHE"] = tempfile.mkdtemp(prefix="pipecompile-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["PIPECOMPILE_CACHE"], True)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -248,7 +248,7 @@ def compile_model(
     searched = "auto" if devices is not None else None  # what --devices leaves open
     schedule, microbatches = schedule or searched or "gpipe", microbatches or searched or 1
     if devices is not None or schedule == "auto" or microbatches == "auto" or stages is None:
-        chosen, plan = choose_plan(
+        chosen, machine, plan = choose_plan(
             model, inputs, devices=devices, stages=stages, microbatches=microbatches,
             schedule=schedule, virtual_stages=virtual_stages,
             recompute=chosen_policy(recompute, checkpoint), split_at=cuts, machine=machine,

@@ -34,10 +34,13 @@ class CostModel:
         workers: ranks to spread over the stages with replication; None: one per stage.
         op_overhead: seconds every op costs beyond its FLOPs (dispatch, launch), forward;
             its backward counts twice that. Calibrated per machine (``pipecompile.planner``).
-        half_work: FLOPs at which one op runs at half the sustained rate: an op of f FLOPs
-            takes (f + half_work) / flops_rate, so small micro-batches run less efficiently.
+        half_work: FLOPs at which a contraction runs at half the sustained rate: one of f
+            FLOPs takes (f + half_work) / flops_rate, so small micro-batches run less
+            efficiently.
         instr_overhead: seconds the runtime spends on one compute instruction besides the
             ops it runs (the plan search's simulated step counts it).
+        elementwise_rate: elements per second an elementwise op writes (0: ``flops_rate``,
+            counting one FLOP per element).
     """
 
     bandwidth: float = DEFAULT_BANDWIDTH
@@ -49,11 +52,15 @@ class CostModel:
     op_overhead: float = 0.0
     half_work: float = 0.0
     instr_overhead: float = 0.0
+    elementwise_rate: float = 0.0
 
-    def op_seconds(self, flops: float, ops: int, working: int) -> float:
-        """Forward plus backward seconds of ``ops`` ops doing ``flops`` forward FLOPs in all,
-        ``working`` of them with FLOPs (the others are views): three forwards' worth."""
-        return 3 * ((flops + self.half_work * working) / self.flops_rate + self.op_overhead * ops)
+    def op_seconds(self, matmul: float, other: float, ops: int, matmuls: int) -> float:
+        """Forward plus backward seconds (three forwards' worth) of ``ops`` ops, ``matmuls``
+        of them contractions doing ``matmul`` forward FLOPs in all, the others writing
+        ``other`` elements."""
+        rate = self.elementwise_rate or self.flops_rate
+        own = (matmul + self.half_work * matmuls) / self.flops_rate + other / rate
+        return 3 * (own + self.op_overhead * ops)
 
     def validate(self, devices: int, stages: int) -> None:
         """Raise BalanceError for values that cannot describe ``devices`` devices."""

@@ -20,6 +20,7 @@ class NodeInfo:
     param_bytes: int = 0
     activation_bytes: int = 0
     time_ns: int = 0  # measured forward + backward time (``--balance time``), else 0
+    contraction: bool = False  # a matmul-like op (its FLOPs exact), not an elementwise one
     stage: int | None = None
 
 

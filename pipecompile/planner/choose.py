@@ -4,6 +4,7 @@ manifest keeps under ``plan``."""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -16,6 +17,7 @@ from pipecompile.frontend.tracer import trace
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import annotate_costs
+from pipecompile.planner.calibrate import calibrated
 from pipecompile.planner.model_facts import model_facts
 from pipecompile.planner.plan import Plan
 from pipecompile.planner.search import ORDER, SearchResult, Space, search
@@ -42,9 +44,10 @@ def choose_plan(
     replicas: tuple[int, ...] | None = None,
     balance: str = "flops",
     memory_budget: int | None = None,
-) -> tuple[Plan, dict[str, Any]]:
+) -> tuple[Plan, CostModel, dict[str, Any]]:
     """The best plan for ``devices`` (default: ``stages``, one stage each) with the given
-    choices fixed (``"auto"``: searched), and the manifest's record of the search.
+    choices fixed (``"auto"``: searched), the cost model it was priced with (calibrated on
+    this machine unless ``PIPECOMPILE_CALIBRATION=off``), and the manifest's record.
 
     Raises:
         PlanError: options the search cannot take, or no plan that fits (see ``search``).
@@ -59,11 +62,14 @@ def choose_plan(
         virtual_stages=(virtual_stages,) if virtual_stages is not None else (2, 4),
         recompute=(recompute,) if recompute != "never" else (),
     )
+    source = None
+    if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
+        machine, source = calibrated(machine, space.devices, _say if progress else None)
     result = search_model(
         model, inputs, space=space, machine=machine, split_at=split_at,
         meta=is_meta_model(model), progress=progress,
     )  # fmt: skip
-    return result.best.plan, plan_record(result, space, machine)
+    return result.best.plan, machine, plan_record(result, space, machine, source)
 
 
 def check_search(
@@ -124,7 +130,9 @@ def _say(line: str) -> None:
     print(f"  {line}", file=sys.stderr)
 
 
-def plan_record(result: SearchResult, space: Space, machine: CostModel) -> dict[str, Any]:
+def plan_record(
+    result: SearchResult, space: Space, machine: CostModel, calibration: str | None = None
+) -> dict[str, Any]:
     """The manifest's ``plan``: the chosen plan, its predicted step, the runners-up, how
     many plans were searched, and the cost model they were priced with."""
     model = {k: v for k, v in asdict(machine).items() if k != "workers"}
@@ -134,5 +142,6 @@ def plan_record(result: SearchResult, space: Space, machine: CostModel) -> dict[
         "plans_searched": result.tried,
         "search_seconds": round(result.seconds, 3),
         "runners_up": [p.as_json() for p in result.ranked[1 : 1 + RUNNERS_UP]],
-        "cost_model": {k: list(v) if isinstance(v, tuple) else v for k, v in model.items()},
+        "cost_model": {k: list(v) if isinstance(v, tuple) else v for k, v in model.items()}
+        | {"calibration": calibration},
     }

@@ -33,7 +33,7 @@ class ModelFacts:
 
     size: int
     flops: tuple[int, ...]
-    op_costs: tuple[tuple[int, ...], ...]  # per atom, each op's FLOPs (their count matters)
+    op_costs: tuple[tuple[tuple[int, bool], ...], ...]  # per atom: (FLOPs, contraction?) per op
     params: tuple[int, ...]
     saved: tuple[int, ...]
     forward: np.ndarray
@@ -48,7 +48,7 @@ class ModelFacts:
         """The balancer's facts for micro-batches of ``size`` samples under ``model``."""
         s = size / self.size
         return AtomFacts(
-            cost=[atom_cost([c * s for c in costs], "flops", model) for costs in self.op_costs],
+            cost=[atom_cost([(c * s, k) for c, k in ops], "flops", model) for ops in self.op_costs],
             params=list(self.params),
             saved=[round(b * s) for b in self.saved],
             forward=np.rint(self.forward * s).astype(np.int64),
@@ -68,10 +68,10 @@ def model_facts(module: fx.GraphModule, size: int, split_at: Sequence[str] = ())
     out.recompile()
     saved = node_memory(out)
     forward, backward = cut_bytes(out.graph, atoms)
-    op_costs = tuple(tuple(info(n).flops for n in atom) for atom in atoms)
+    op_costs = tuple(tuple((info(n).flops, info(n).contraction) for n in atom) for atom in atoms)
     return ModelFacts(
         size=size,
-        flops=tuple(sum(c) for c in op_costs),
+        flops=tuple(sum(c for c, _ in ops) for ops in op_costs),
         op_costs=op_costs,
         params=tuple(sum(node_cost(n, out, "params") for n in atom) for atom in atoms),
         saved=tuple(sum(saved.get(n, 0) for n in atom) for atom in atoms),

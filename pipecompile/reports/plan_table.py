@@ -1,5 +1,5 @@
 """The plan search's table: the chosen plan and the runners-up, as the manifest's ``plan``
-records them."""
+records them (with the measured step of each plan ``--tune`` ran)."""
 
 from __future__ import annotations
 
@@ -10,31 +10,41 @@ from pipecompile.ir.sizes import format_size
 __all__ = ["plan_table"]
 
 _HEAD = ("", "stages", "micro-batches", "schedule", "recompute", "step", "bubble", "peak memory")
+_KEYS = ("stages", "replicas", "microbatches", "schedule", "virtual_stages", "recompute")
 
 
 def plan_table(plan: dict[str, Any]) -> str:
     """``plan``'s best plans, one row each, the chosen one first and marked."""
-    rows = [_HEAD]
+    measured = {_key(t): t["measured_step_s"] for t in plan.get("tuned", [])}
+    rows = [_HEAD + (("measured",) if measured else ())]
     for k, p in enumerate([plan, *plan.get("runners_up", [])]):
-        rows.append(
-            (
-                "*" if k == 0 else str(k + 1),
-                _shape(p),
-                str(p["microbatches"]),
-                p["schedule"],
-                p["recompute"],
-                _seconds(p["predicted_step_s"]),
-                f"{p['bubble']:.1%}",
-                format_size(max(p["peak_memory"])),
-            )
+        row = (
+            "*" if k == 0 else str(k + 1),
+            _shape(p),
+            str(p["microbatches"]),
+            p["schedule"],
+            p["recompute"],
+            _seconds(p["predicted_step_s"]),
+            f"{p['bubble']:.1%}",
+            format_size(max(p["peak_memory"])),
         )
-    widths = [max(len(r[c]) for r in rows) for c in range(len(_HEAD))]
+        if measured:
+            got = measured.get(_key(p))
+            row += (_seconds(got) if got is not None else "-",)
+        rows.append(row)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     head = (
         f"plan: searched {plan['plans_searched']} plans for {plan['devices']} devices in "
         f"{plan['search_seconds']:.1f} s; chose *"
     )
+    if measured:
+        head += f", the measured best of the {len(measured)} tuned"
     return "\n".join([head, *lines])
+
+
+def _key(p: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(str(p.get(k)) for k in _KEYS)
 
 
 def _seconds(value: float) -> str:

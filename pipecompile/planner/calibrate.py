@@ -1,0 +1,227 @@
+"""Calibrate the plan search's cost model on this machine: a few seconds of timing, once,
+remembered per machine (host, torch version, device kind, threads per process).
+
+What is measured, each forward plus backward, the best of several repeats:
+
+- contractions: ``F.linear`` at several sizes; a least-squares line through time against
+  FLOPs gives ``flops_rate`` (its slope) and ``half_work`` (the part of its intercept that
+  is not the per-op overhead): small micro-batches run matmuls less efficiently;
+- ``op_overhead``: a chain of views, which do no work;
+- ``elementwise_rate``: a chain of ``tanh`` over a million elements;
+- ``instr_overhead``: a tiny model compiled into 4 stages, trained for a step with 32
+  micro-batches on the local backend, less the same model's eager time: what the runtime
+  adds per compute instruction.
+
+Ranks share the machine's cores: for N ranks each measures with its fair share of threads,
+and when N ranks need more cores than there are, every rate is slowed by cores / demand.
+``--tune`` adds ``step_scale``: the median of measured over predicted steps of the plans it
+ran, by which later predictions for that many devices are multiplied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipecompile.ir.cost_model import DEFAULT_FLOPS_RATE, CostModel
+from pipecompile.runtime.threads import cores, fair_share
+
+__all__ = ["Calibration", "calibrated", "measure", "record_path", "remember_scale"]
+
+_FIELDS = ("flops_rate", "half_work", "op_overhead", "elementwise_rate", "instr_overhead")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The cost model's measured constants for one machine at ``threads`` threads a rank."""
+
+    threads: int
+    flops_rate: float
+    half_work: float
+    op_overhead: float
+    elementwise_rate: float
+    instr_overhead: float
+    step_scale: dict[str, float] | None = None  # devices -> measured / predicted (--tune)
+
+    def applied(self, model: CostModel, devices: int) -> CostModel:
+        """``model`` with these constants, slowed where ``devices`` ranks oversubscribe the
+        cores; a ``--flops-rate`` the user gave (not the default) is kept."""
+        slow = min(1.0, cores() / max(1, devices * self.threads))
+        rate = model.flops_rate if model.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
+        scale = (self.step_scale or {}).get(str(devices), 1.0)
+        return replace(
+            model,
+            flops_rate=rate * slow / scale,
+            half_work=self.half_work,
+            op_overhead=self.op_overhead / slow * scale,
+            elementwise_rate=self.elementwise_rate * slow / scale,
+            instr_overhead=self.instr_overhead / slow * scale,
+        )
+
+
+def record_path() -> Path:
+    """Where calibrations are kept: ``$PIPECOMPILE_CACHE/calibration.json`` (default
+    ``~/.cache/pipecompile``)."""
+    root = os.environ.get("PIPECOMPILE_CACHE") or Path.home() / ".cache" / "pipecompile"
+    return Path(root) / "calibration.json"
+
+
+def _key(threads: int) -> str:
+    kind = "cuda" if torch.cuda.is_available() else "cpu"
+    return f"{platform.node()}/torch-{torch.__version__}/{kind}/{cores()}cores/{threads}threads"
+
+
+def _records() -> dict[str, Any]:
+    try:
+        raw = json.loads(record_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _write(records: dict[str, Any]) -> None:
+    path = record_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
+    except OSError as err:  # a read-only home: the calibration is used, not kept
+        print(f"pipecompile: note: calibration not saved to {path}: {err}", file=sys.stderr)
+
+
+def calibrated(
+    model: CostModel, devices: int, say: Callable[[str], None] | None = None
+) -> tuple[CostModel, str]:
+    """``model`` calibrated for ``devices`` ranks on this machine (measured now, and kept,
+    when no calibration is recorded) and a line saying which calibration it is."""
+    threads = fair_share(devices)
+    records = _records()
+    key = _key(threads)
+    if key not in records:
+        if say is not None:
+            say(f"calibrating the cost model at {threads} threads (once; kept in {record_path()})")
+        found = measure(threads)
+        records = _records()  # another process may have written meanwhile
+        records[key] = {f: getattr(found, f) for f in _FIELDS} | {"threads": threads}
+        _write(records)
+    entry = records[key]
+    calibration = Calibration(
+        threads=threads,
+        **{f: float(entry[f]) for f in _FIELDS},
+        step_scale=entry.get("step_scale"),
+    )
+    return calibration.applied(model, devices), key
+
+
+def remember_scale(devices: int, scale: float) -> None:
+    """Fold ``--tune``'s measured / predicted ratio for ``devices`` ranks on this machine
+    into the one kept."""
+    records = _records()
+    key = _key(fair_share(devices))
+    if key in records:  # the tuned predictions were already scaled by the kept ratio
+        kept = records[key].setdefault("step_scale", {})
+        kept[str(devices)] = round(kept.get(str(devices), 1.0) * scale, 4)
+        _write(records)
+
+
+def measure(threads: int) -> Calibration:
+    """Time the machine at ``threads`` intra-op threads (see the module docstring)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            op = _per_op()
+            rate, half = _contractions(op)
+            elementwise = _elementwise(op)
+            instr = _per_instruction(op, rate, half, elementwise)
+    finally:
+        torch.set_num_threads(before)
+    return Calibration(threads, rate, half, op, elementwise, instr)
+
+
+def _best(run: Callable[[], object], repeats: int = 5) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _per_op() -> float:
+    """Seconds per op beyond its work: a chain of views, forward and backward, per view and
+    per pass (a third of the three passes' worth the cost model counts)."""
+    x = torch.randn(4, 4, requires_grad=True)
+    chain = 64
+
+    def run() -> None:
+        y = x
+        for _ in range(chain):
+            y = y.transpose(0, 1)
+        y.backward(torch.ones(4, 4))
+
+    return _best(run, 9) / chain / 3
+
+
+def _contractions(op: float) -> tuple[float, float]:
+    """``flops_rate`` and ``half_work`` from F.linear at several sizes."""
+    flops, seconds = [], []
+    for width in (128, 384):
+        weight = torch.randn(width, width, requires_grad=True)
+        for rows in (4, 32, 256, 1024):
+            x = torch.randn(rows, width, requires_grad=True)
+            grad = torch.ones(rows, width)
+            flops.append(2.0 * rows * width * width)
+            seconds.append(_best(lambda x=x, w=weight, g=grad: F.linear(x, w).backward(g)))
+    slope, intercept = np.polyfit(np.array(flops), np.array(seconds), 1)
+    rate = 3 / max(slope, 1e-15)
+    half = max(0.0, (intercept / 3 - op) * rate)
+    return float(rate), float(half)
+
+
+def _elementwise(op: float) -> float:
+    x = torch.randn(1 << 20, requires_grad=True)
+    grad = torch.ones(1 << 20)
+
+    def run() -> None:
+        torch.tanh(torch.tanh(x)).backward(grad)
+
+    per_op = _best(run) / 2
+    return float(3 * x.numel() / max(per_op - 3 * op, 1e-9))
+
+
+def _per_instruction(op: float, rate: float, half: float, elementwise: float) -> float:
+    """The runtime's own seconds per compute instruction: a 4-stage pipeline of a tiny
+    model with 32 micro-batches, one step, less the model's eager forward and backward."""
+    from pipecompile.api import compile as compile_pipeline
+
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(8)])
+    x, target = torch.randn(32, 8), torch.zeros(32, 8)
+    pipe = compile_pipeline(model, x, stages=4, microbatches=32, schedule="1f1b")
+    sgd = lambda params: torch.optim.SGD(params, lr=0.0)  # noqa: E731 - a factory
+
+    def step() -> None:
+        pipe.train_step(x, target, F.mse_loss, sgd)
+
+    def eager() -> None:
+        for chunk, t in zip(x.split(1), target.split(1)):
+            F.mse_loss(model(chunk), t).backward()
+
+    spent = _best(step, 3) - _best(eager, 3)
+    instructions = 2 * 4 * 32
+    return max(0.0, spent / instructions)

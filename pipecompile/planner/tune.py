@@ -1,0 +1,117 @@
+"""``--tune K``: run the K best plans of the search for a few steps on this machine, print
+predicted against measured, and keep the measured best.
+
+Each plan is compiled with the search's own cost model (so its split is the one predicted),
+written to a temporary directory and trained by ``pipecompile run DIR --steps S`` in a
+subprocess: on its ranks with ``--nproc D`` when it needs D > 1 devices, else locally. Its
+step is the median ``step_ms`` of the steps after the first (which warms up). The ratio of
+measured to predicted steps (their median) is kept with this machine's calibration, so the
+next search for as many devices predicts in measured terms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pipecompile.errors import PlanError
+from pipecompile.ir.compiled import Compiled
+from pipecompile.planner.calibrate import remember_scale
+
+__all__ = ["tune", "measure_step"]
+
+Rebuild = Callable[[dict[str, Any]], Compiled]  # a plan's record -> its compiled form
+Write = Callable[[Compiled, Path], None]  # write a compiled plan into a directory
+
+
+def tune(
+    compiled: Compiled,
+    count: int,
+    *,
+    rebuild: Rebuild,
+    write: Write,
+    steps: int = 4,
+    say: Callable[[str], None] | None = None,
+) -> Compiled:
+    """The measured best of the ``count`` best plans of ``compiled.plan``, its record
+    extended with each tuned plan's predicted and measured step (``tuned``)."""
+    record = compiled.plan
+    if record is None:
+        raise PlanError("--tune K measures the plans a search found: give --devices N too")
+    ranked = [_chosen(record), *record.get("runners_up", [])]
+    plans = ranked[:count]
+    rows: list[dict[str, Any]] = []
+    best: tuple[float, Compiled, int] | None = None
+    with tempfile.TemporaryDirectory(prefix="pipecompile-tune-") as tmp:
+        for k, plan in enumerate(plans):
+            candidate = compiled if k == 0 else rebuild(plan)
+            directory = Path(tmp) / f"plan{k}"
+            write(candidate, directory)
+            replicated = any(r > 1 for r in candidate.replicas)
+            ranks = sum(candidate.replicas) if replicated else len(candidate.program.devices)
+            measured = measure_step(directory, ranks, steps)
+            rows.append({**_flags(plan), "predicted_step_s": plan["predicted_step_s"],
+                         "measured_step_s": round(measured, 6)})  # fmt: skip
+            if say is not None:
+                say(
+                    f"tune {k + 1}/{len(plans)}: {_label(plan)}: predicted "
+                    f"{plan['predicted_step_s'] * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms"
+                )
+            if best is None or measured < best[0]:
+                best = (measured, candidate, k)
+    assert best is not None
+    ratios = [r["measured_step_s"] / r["predicted_step_s"] for r in rows if r["predicted_step_s"]]
+    if ratios:
+        remember_scale(int(record["devices"]), statistics.median(ratios))
+    measured, chosen, k = best
+    others = ranked[:k] + ranked[k + 1 :]
+    tuned = {**record, **ranked[k], "runners_up": others[: len(ranked) - 1]}
+    tuned["tuned"] = rows
+    tuned["measured_step_s"] = round(measured, 6)
+    return replace(chosen, plan=tuned)
+
+
+def measure_step(directory: Path, ranks: int, steps: int) -> float:
+    """The median seconds of a training step of ``directory`` after the first, run by
+    ``pipecompile run`` in a subprocess (on ``ranks`` processes when more than one)."""
+    metrics = directory / "tune-metrics.jsonl"
+    argv = [sys.executable, "-m", "pipecompile", "run", str(directory), "--steps", str(steps),
+            "--metrics", str(metrics), "-q"]  # fmt: skip
+    if ranks > 1:
+        argv += ["--nproc", str(ranks)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=os.environ.copy())
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise PlanError(f"--tune: running {directory.name} failed: {last}")
+    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    times = [r["step_ms"] / 1e3 for r in lines if r.get("kind") == "train"]
+    if not times:
+        raise PlanError(f"--tune: running {directory.name} recorded no step")
+    return statistics.median(times[1:] or times)
+
+
+def _chosen(record: dict[str, Any]) -> dict[str, Any]:
+    keys = ("stages", "replicas", "microbatches", "schedule", "virtual_stages", "recompute",
+            "predicted_step_s", "bubble", "peak_memory")  # fmt: skip
+    return {k: record[k] for k in keys}
+
+
+def _flags(plan: dict[str, Any]) -> dict[str, Any]:
+    keys = ("stages", "replicas", "microbatches", "schedule", "virtual_stages", "recompute")
+    return {k: plan[k] for k in keys}
+
+
+def _label(plan: dict[str, Any]) -> str:
+    replicas = plan.get("replicas") or []
+    shape = f"{plan['stages']}" + (
+        f"x({','.join(map(str, replicas))})" if any(r > 1 for r in replicas) else ""
+    )
+    return f"{shape} stages, {plan['microbatches']} micro-batches, {plan['schedule']}"

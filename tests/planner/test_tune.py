@@ -1,0 +1,43 @@
+"""`--devices N --tune K` end to end: the calibration is measured once and kept, the K best
+plans are trained on their ranks, the table shows predicted against measured, and the
+emitted plan is the measured best."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pipecompile.cli import main
+from pipecompile.ir.manifest import read_manifest
+from pipecompile.planner.calibrate import record_path
+from tests.conftest import EXAMPLES
+
+
+def test_tune_emits_the_measured_best_and_learns_the_scale(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    status = main([str(EXAMPLES / "mlp.py"), "--devices", "2", "--tune", "2", "-o", str(out)])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err
+    plan = read_manifest(out).plan
+    assert plan is not None and len(plan["tuned"]) == 2
+    measured = [t["measured_step_s"] for t in plan["tuned"]]
+    assert all(m > 0 for m in measured)
+    assert plan["measured_step_s"] == min(measured)
+    chosen = next(t for t in plan["tuned"] if t["measured_step_s"] == min(measured))
+    assert (chosen["stages"], chosen["schedule"], chosen["microbatches"]) == (
+        plan["stages"], plan["schedule"], plan["microbatches"],
+    )  # fmt: skip
+    assert "measured" in printed.out and "the measured best of the 2 tuned" in printed.out
+    assert printed.err.count("tune ") == 2
+    # The calibration is kept where PIPECOMPILE_CACHE says, with the learned ratio.
+    assert record_path().parent == Path(os.environ["PIPECOMPILE_CACHE"])
+    records = json.loads(record_path().read_text())
+    scales = [r.get("step_scale", {}).get("2") for r in records.values()]
+    assert any(s is not None and s > 0 for s in scales)
+
+
+def test_tune_without_a_search_is_refused(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    status = main([str(EXAMPLES / "mlp.py"), "--stages", "2", "--tune", "2", "-o", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("pipecompile: error: --tune 2 measures the best plans")
