@@ -41,6 +41,8 @@ class CostModel:
             ops it runs (the plan search's simulated step counts it).
         elementwise_rate: elements per second an elementwise op writes (0: ``flops_rate``,
             counting one FLOP per element).
+        concurrency: how many devices can compute at full speed at once (0: all): ranks
+            sharing one machine's cores, whose step is at least their summed work over it.
     """
 
     bandwidth: float = DEFAULT_BANDWIDTH
@@ -53,6 +55,7 @@ class CostModel:
     half_work: float = 0.0
     instr_overhead: float = 0.0
     elementwise_rate: float = 0.0
+    concurrency: float = 0.0
 
     def op_seconds(self, matmul: float, other: float, ops: int, matmuls: int) -> float:
         """Forward plus backward seconds (three forwards' worth) of ``ops`` ops, ``matmuls``

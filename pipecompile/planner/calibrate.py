@@ -13,7 +13,9 @@ What is measured, each forward plus backward, the best of several repeats:
   adds per compute instruction.
 
 Ranks share the machine's cores: for N ranks each measures with its fair share of threads,
-and when N ranks need more cores than there are, every rate is slowed by cores / demand.
+and when N ranks need more cores than there are, the model's ``concurrency`` says how many
+compute at full speed at once (a step then lasts at least the ranks' summed work over it:
+a pipeline's idle ranks leave their cores to the busy ones).
 ``--tune`` adds ``step_scale``: the median of measured over predicted steps of the plans it
 ran, by which later predictions for that many devices are multiplied.
 """
@@ -56,18 +58,19 @@ class Calibration:
     step_scale: dict[str, float] | None = None  # devices -> measured / predicted (--tune)
 
     def applied(self, model: CostModel, devices: int) -> CostModel:
-        """``model`` with these constants, slowed where ``devices`` ranks oversubscribe the
-        cores; a ``--flops-rate`` the user gave (not the default) is kept."""
-        slow = min(1.0, cores() / max(1, devices * self.threads))
+        """``model`` with these constants (and, where ``devices`` ranks oversubscribe the
+        cores, how many compute at once); a ``--flops-rate`` the user gave is kept."""
+        shared = devices * self.threads > cores()
         rate = model.flops_rate if model.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
         scale = (self.step_scale or {}).get(str(devices), 1.0)
         return replace(
             model,
-            flops_rate=rate * slow / scale,
+            flops_rate=rate / scale,
             half_work=self.half_work,
-            op_overhead=self.op_overhead / slow * scale,
-            elementwise_rate=self.elementwise_rate * slow / scale,
-            instr_overhead=self.instr_overhead / slow * scale,
+            op_overhead=self.op_overhead * scale,
+            elementwise_rate=self.elementwise_rate / scale,
+            instr_overhead=self.instr_overhead * scale,
+            concurrency=cores() / self.threads if shared else 0.0,
         )
 
 

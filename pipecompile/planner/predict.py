@@ -10,7 +10,8 @@ its time (the backward two thirds, as the partitioner counts them), a replicated
 micro-batches shared among its replicas (r replicas of a stage with m micro-batches each run
 ceil(m / r) of them, so a replica with none to run saves nothing; the partitioner itself
 assumes an even share), the runtime's overhead per instruction, and the replicas' gradient
-all-reduce after the last backward.
+all-reduce after the last backward. Ranks that share a machine's cores (the model's
+``concurrency``) take at least their summed work (every replica's) over that concurrency.
 """
 
 from __future__ import annotations
@@ -125,7 +126,13 @@ class Predictor:
             ),
             default=0.0,
         )
-        return float(timeline.makespan + sync), float(timeline.bubble_fraction)
+        step = timeline.makespan
+        if self.model.concurrency:  # ranks share cores: no faster than their work over them
+            replicas = found.replicas if model.workers is not None else ()
+            work = sum(timeline.busy(d) * (replicas[d] if replicas else 1)
+                       for d in range(timeline.devices))  # fmt: skip
+            step = max(step, work / self.model.concurrency)
+        return float(step + sync), float(timeline.bubble_fraction)
 
 
 def _memory(

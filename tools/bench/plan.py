@@ -1,0 +1,334 @@
+"""Benchmark the plan search: its speed, its predictions against measured steps, the plan
+`--tune` picks against an exhaustive measured grid, and torch.distributed.pipelining's default
+user setup on the same model, data and processes. Prints Markdown tables.
+
+1. Search time: a 32-layer GPT (width 128, 64 tokens, batch 32) over 8 devices.
+2. For a GPT, a Hugging Face Llama and a ResNet on 4 processes (CPU, gloo):
+   - `pipecompile MODEL --devices 4 --tune 3`: the plan chosen, re-measured;
+   - a grid over stages (1, 2, 4; replicas fill the 4 devices) x micro-batches (2, 4, 8) x
+     schedule (gpipe, 1f1b, zb1p), each compiled with `--devices 4` and the rest fixed,
+     its predicted step next to its measured one (`pipecompile run DIR --nproc 4`, median
+     of the steps after the first);
+   - torch.distributed.pipelining: ScheduleGPipe over 4 stages of equal layers, 4
+     micro-batches, AdamW, the same data (its own step timer, slowest rank).
+   Prediction error (median, worst) and Spearman's rank correlation over the grid.
+
+The calibration is measured fresh into a temporary cache (as a new machine would), and the
+grid's runs feed nothing back. Rerun with::
+
+    python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
+    python tools/bench/plan.py --quick    # search time on 8 layers, one model, a 2-point grid
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from common import EXAMPLES, machine, pipecompile_here, torchrun_command, use_examples
+
+use_examples()
+
+STEPS = 4  # per measured run: the first warms up, the median of the rest counts
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One model: its file's body (sizes, data, loss), the peer's equal-layer boundaries."""
+
+    name: str
+    body: str
+    peer_split: tuple[str, ...]
+
+
+GPT = Bench(
+    "gpt",
+    """
+    import gpt
+    BATCH, SEQ, VOCAB = 16, 64, 256
+    def build_model():
+        return gpt.build_gpt(n_layer=8, n_embd=128, n_head=4, block_size=64, vocab_size=VOCAB)
+    def _ids():
+        g = torch.Generator().manual_seed(0)
+        return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    def example_inputs():
+        return (_ids()[:, :-1].contiguous(),)
+    def example_targets():
+        return (_ids()[:, 1:].contiguous(),)
+    loss_fn = gpt.loss_fn
+""",
+    ("h.2", "h.4", "h.6"),
+)
+LLAMA = Bench(
+    "hf_llama",
+    """
+    import hf_llama
+    BATCH, SEQ, VOCAB = 16, 32, 256
+    def build_model():
+        return hf_llama.build_llama(num_hidden_layers=8, hidden_size=128, num_attention_heads=4,
+                                    num_key_value_heads=2, intermediate_size=256, vocab_size=VOCAB)
+    def _ids():
+        g = torch.Generator().manual_seed(0)
+        return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    def example_inputs():
+        return {"input_ids": _ids()[:, :-1].contiguous()}
+    def example_targets():
+        return (_ids()[:, 1:].contiguous(),)
+    loss_fn = hf_llama.loss_fn
+""",
+    ("model.layers.2", "model.layers.4", "model.layers.6"),
+)
+RESNET = Bench(
+    "resnet",
+    """
+    import resnet
+    BATCH = 16
+    def build_model():
+        return resnet.build_resnet(depth_per_group=2, width=32)
+    def example_inputs():
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(BATCH, 3, 32, 32, generator=g),)
+    def example_targets():
+        g = torch.Generator().manual_seed(1)
+        return (torch.randint(0, 10, (BATCH,), generator=g),)
+    loss_fn = resnet.loss_fn
+""",
+    ("layer1", "layer2", "layer3"),
+)
+BENCHES = (GPT, LLAMA, RESNET)
+
+
+def model_file(root: Path, bench: Bench) -> Path:
+    head = f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nimport torch\n"
+    path = root / f"{bench.name}_bench.py"
+    path.write_text(head + textwrap.dedent(bench.body))
+    return path
+
+
+def search_time(layers: int, devices: int) -> None:
+    from gpt import build_gpt
+
+    from pipecompile.frontend.tracer import trace
+    from pipecompile.ir.cost_model import CostModel
+    from pipecompile.passes import annotate_costs
+    from pipecompile.planner.calibrate import calibrated
+    from pipecompile.planner.model_facts import model_facts
+    from pipecompile.planner.search import Space, search
+
+    model = build_gpt(n_layer=layers, n_embd=128, n_head=4, block_size=64)
+    ids = torch.randint(0, 128, (32, 64))
+    start = time.perf_counter()
+    traced = trace(model, {"idx": ids})
+    facts = model_facts(annotate_costs(traced.module, root=traced.root), 32)
+    traced_s = time.perf_counter() - start
+    cost, _ = calibrated(CostModel(), devices)
+    result = search(facts, batch=32, space=Space(devices=devices), model=cost)
+    best = result.best.plan
+    print("\n### Search time\n")
+    print("| model | devices | atoms | plans predicted | trace + facts | search | chosen |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    print(f"| GPT {layers} layers | {devices} | {facts.atoms} | {result.tried} | {traced_s:.2f} s "
+          f"| {result.seconds:.2f} s | `{best.flags}` |")  # fmt: skip
+
+
+def plan_of(directory: Path) -> dict:
+    from pipecompile.ir.manifest import read_manifest
+
+    plan = read_manifest(directory).plan
+    assert plan is not None
+    return plan
+
+
+def ranks_of(plan: dict) -> int:
+    replicas = plan.get("replicas") or []
+    if any(r > 1 for r in replicas):
+        return sum(replicas)
+    return int(plan["devices"])
+
+
+def measured(directory: Path, ranks: int) -> float:
+    from pipecompile.planner.tune import measure_step
+
+    return measure_step(directory, ranks, STEPS)
+
+
+def grid_points(quick: bool) -> list[tuple[int, int, str]]:
+    if quick:
+        return [(2, 2, "1f1b"), (4, 4, "gpipe")]
+    points = [(1, m, "gpipe") for m in (2, 4, 8)]
+    points += [(s, m, k) for s in (2, 4) for m in (2, 4, 8) for k in ("gpipe", "1f1b", "zb1p")]
+    return points
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        out = [0.0] * len(v)
+        for r, i in enumerate(order):
+            out[i] = float(r)
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    d2 = sum((a - b) ** 2 for a, b in zip(rx, ry))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def one_model(root: Path, bench: Bench, quick: bool) -> dict:
+    path = model_file(root, bench)
+    tuned = root / f"{bench.name}-tuned"
+    pipecompile_here(str(path), "--devices", "4", "--tune", "1" if quick else "3", "-o",
+                     str(tuned), "-q")  # fmt: skip
+    chosen = plan_of(tuned)
+    chosen_s = measured(tuned, ranks_of(chosen))
+    rows = []
+    for stages, m, schedule in grid_points(quick):
+        out = root / f"{bench.name}-{stages}-{m}-{schedule}"
+        pipecompile_here(str(path), "--devices", "4", "--stages", str(stages), "--microbatches",
+                         str(m), "--schedule", schedule, "-o", str(out), "-q")  # fmt: skip
+        plan = plan_of(out)
+        rows.append((plan, measured(out, ranks_of(plan))))
+    peer = peer_step(root, bench, path)
+    return {"chosen": chosen, "chosen_s": chosen_s, "grid": rows, "peer_s": peer}
+
+
+def peer_step(root: Path, bench: Bench, path: Path) -> float:
+    """torch.distributed.pipelining's ScheduleGPipe on 4 equal-layer stages, 4 micro-batches."""
+    out = root / f"{bench.name}-peer"
+    splits = [a for s in bench.peer_split for a in ("--split-at", s)]
+    pipecompile_here(str(path), "--stages", "4", "--microbatches", "4", *splits, "-o", str(out),
+                     "-q")  # fmt: skip
+    argv = torchrun_command(4, __file__, "--peer-worker", "--directory", str(out),
+                            "--model-file", str(path))  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode or not found:
+        raise SystemExit(done.stdout[-2000:] + done.stderr[-3000:])
+    return float(json.loads(found[0][7:]))
+
+
+def peer_worker(directory: Path, model_path: Path) -> None:
+    """One rank of the peer's run over the emitted equal-layer stages."""
+    import importlib.util
+
+    import torch.distributed as dist
+    from distributed import Passing, live_sets
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from pipecompile.runtime.load import load_stage, read_manifest
+
+    spec = importlib.util.spec_from_file_location("bench_model", model_path)
+    assert spec is not None and spec.loader is not None
+    user = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(user)
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    manifest = read_manifest(directory)
+    module = load_stage(directory, manifest.stages[rank])
+    sets = [[*manifest.inputs]] + live_sets(manifest) + [[]]
+    entry = manifest.stages[rank]
+    wrapped = Passing(module, list(entry.inputs), list(entry.outputs), sets[rank],
+                      sets[rank + 1], rank == world - 1)  # fmt: skip
+    stage = PipelineStage(wrapped, rank, world, torch.device("cpu"))
+
+    def loss(output: object, target: torch.Tensor) -> torch.Tensor:
+        logits = getattr(output, "logits", output)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                 target.reshape(-1))  # fmt: skip
+
+    schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss)
+    raw = user.example_inputs()
+    inputs = [raw[n] for n in manifest.inputs] if isinstance(raw, dict) else list(raw)
+    (target,) = user.example_targets()
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    times = []
+    for _ in range(STEPS):
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            schedule.step(*inputs)
+        elif rank == world - 1:
+            schedule.step(target=target, losses=[])
+        else:
+            schedule.step()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        slowest = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        times.append(slowest.item())
+    if rank == 0:
+        print("RESULT " + json.dumps(statistics.median(times[1:])), flush=True)
+    dist.destroy_process_group()
+
+
+def report(bench: Bench, got: dict) -> tuple[list[float], float]:
+    grid = got["grid"]
+    print(f"\n### {bench.name} on 4 processes\n")
+    print("| stages x replicas | micro-batches | schedule | predicted | measured | error |")
+    print("|---|---:|---|---:|---:|---:|")
+    errors = []
+    for plan, seconds in grid:
+        error = plan["predicted_step_s"] / seconds - 1
+        errors.append(error)
+        replicas = ",".join(map(str, plan["replicas"]))
+        print(f"| {plan['stages']} x ({replicas}) | {plan['microbatches']} | {plan['schedule']} "
+              f"| {plan['predicted_step_s'] * 1e3:.1f} ms | {seconds * 1e3:.1f} ms "
+              f"| {error:+.1%} |")  # fmt: skip
+    best = min(seconds for _, seconds in grid)
+    chosen = got["chosen"]
+    rho = spearman([p["predicted_step_s"] for p, _ in grid], [s for _, s in grid])
+    print(
+        f"\nchosen by `--devices 4 --tune 3`: {chosen['stages']} stages x "
+        f"({','.join(map(str, chosen['replicas']))}), {chosen['microbatches']} micro-batches, "
+        f"{chosen['schedule']}: measured {got['chosen_s'] * 1e3:.1f} ms; best of the grid "
+        f"{best * 1e3:.1f} ms ({got['chosen_s'] / best - 1:+.1%}); torch.distributed.pipelining "
+        f"default (ScheduleGPipe, 4 equal stages, 4 micro-batches) {got['peer_s'] * 1e3:.1f} ms: "
+        f"**{got['peer_s'] / got['chosen_s']:.2f}x**. Prediction error median "
+        f"{statistics.median(abs(e) for e in errors):.1%}, worst "
+        f"{max(abs(e) for e in errors):.1%}; rank correlation {rho:.2f}."
+    )  # fmt: skip
+    return errors, rho
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="seconds: every path, small")
+    parser.add_argument("--only", choices=[b.name for b in BENCHES], help="one model")
+    parser.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--directory", help=argparse.SUPPRESS)
+    parser.add_argument("--model-file", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.peer_worker:
+        peer_worker(Path(args.directory), Path(args.model_file))
+        return
+    print(f"Machine: {machine()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["PIPECOMPILE_CACHE"] = str(Path(tmp) / "cache")  # a fresh calibration
+        search_time(8 if args.quick else 32, 8)
+        benches = [b for b in BENCHES if args.only in (None, b.name)][: 1 if args.quick else None]
+        everything = []
+        for bench in benches:
+            got = one_model(Path(tmp), bench, args.quick)
+            errors, _ = report(bench, got)
+            everything += errors
+        print(f"\nAll measured plans: prediction error median "
+              f"{statistics.median(abs(e) for e in everything):.1%}, worst "
+              f"{max(abs(e) for e in everything):.1%} over {len(everything)} plans.")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
