@@ -4,7 +4,8 @@ Problem whose part times are in femtoseconds (or parameter bytes for ``--balance
 Stage j on device d, spanning atoms [a, b):
 - compute: the atoms' forward + backward time (measured, or 3 x forward FLOPs / flops_rate)
   divided by d's speed;
-- communication: the forward and backward bytes at both of its boundaries over bandwidth;
+- communication: the forward and backward bytes at both of its boundaries over bandwidth,
+  and a message's latency each way at each boundary between stages;
 - replicated r times: the sum over r, plus a ring all-reduce of its gradients per step;
 - memory: (2 + optimizer states + weight copies) x its parameter bytes, plus, at each of the
   schedule's peaks on d, ``full`` x (its saved activations + its input bytes) + ``inputs_only``
@@ -108,9 +109,12 @@ def build_problem(
     param = None
     if model.workers is not None:
         param = np.rint(grads * (per_byte / unit)).astype(np.int64)
+    cut = comm * (per_byte / unit)
+    if timed and model.message_latency and len(cut) > 2:  # a message each way per boundary
+        cut[1:-1] += 2 * model.message_latency * _FS / unit
     problem = Problem(
         work=tuple(base * s // unit for s in speeds),
-        cut=np.rint(comm * (per_byte / unit)).astype(np.int64),
+        cut=np.rint(cut).astype(np.int64),
         limits=_limits(facts, model, program) if model.memory_limit else (),
         forced=tuple(forced),
         workers=model.workers,

@@ -43,6 +43,10 @@ class CostModel:
             counting one FLOP per element).
         concurrency: how many devices can compute at full speed at once (0: all): ranks
             sharing one machine's cores, whose step is at least their summed work over it.
+        message_latency: seconds one message between stages costs each side beyond its
+            bytes over ``bandwidth`` (the plan search; calibrated with N ranks).
+        optimizer_rate: parameter bytes per second the optimizer steps (0: free); the
+            plan search adds each device's step after the pipeline drains.
     """
 
     bandwidth: float = DEFAULT_BANDWIDTH
@@ -56,6 +60,8 @@ class CostModel:
     instr_overhead: float = 0.0
     elementwise_rate: float = 0.0
     concurrency: float = 0.0
+    message_latency: float = 0.0
+    optimizer_rate: float = 0.0
 
     def op_seconds(self, matmul: float, other: float, ops: int, matmuls: int) -> float:
         """Forward plus backward seconds (three forwards' worth) of ``ops`` ops, ``matmuls``

@@ -24,12 +24,14 @@ __all__ = ["Costs", "Span", "Timeline", "simulate"]
 @dataclass(frozen=True)
 class Costs:
     """Per-stage forward and (whole) backward durations; a split backward costs half each
-    for I and W; a recomputed forward's backward first recomputes the forward; every compute
-    instruction costs ``overhead`` more."""
+    for I and W (plus ``split_extra``: both walk the backward graph, so the work that is not
+    a matmul's is done twice); a recomputed forward's backward first recomputes the forward;
+    every compute instruction costs ``overhead`` more."""
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     overhead: float = 0.0  # every compute instruction's own cost (the runtime's)
+    split_extra: tuple[float, ...] = ()  # per stage: what I and W each cost beyond B / 2
 
     @classmethod
     def uniform(cls, stages: int) -> Costs:
@@ -48,10 +50,11 @@ class Costs:
             return self.forward[j] + self.overhead
         if instr.op == Op.B:
             return self.backward[j] + recompute + self.overhead
+        extra = self.split_extra[j] if self.split_extra else 0.0
         if instr.op == Op.I:
-            return self.backward[j] / 2 + recompute + self.overhead
+            return self.backward[j] / 2 + extra + recompute + self.overhead
         if instr.op == Op.W:
-            return self.backward[j] / 2 + self.overhead
+            return self.backward[j] / 2 + extra + self.overhead
         return 0.0
 
 

@@ -10,7 +10,11 @@ What is measured, each forward plus backward, the best of several repeats:
 - ``elementwise_rate``: a chain of ``tanh`` over a million elements;
 - ``instr_overhead``: a tiny model compiled into 4 stages, trained for a step with 32
   micro-batches on the local backend, less the same model's eager time: what the runtime
-  adds per compute instruction.
+  adds per compute instruction (in a fresh process, ``pipecompile.calibration_probe``);
+- ``optimizer_rate``: parameter bytes per second an AdamW step takes;
+- for N > 1 ranks, once per N: ``message_latency`` (neighbour pairs ping-ponging a small
+  tensor at once) and ``bandwidth`` (a 4 MiB all-reduce over the N), under torchrun with
+  gloo (``calibration_probe --ranks``). A ``--bandwidth`` you give is kept.
 
 Ranks share the machine's cores: for N ranks each measures with its fair share of threads,
 and when N ranks need more cores than there are, the model's ``concurrency`` says how many
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -35,14 +40,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from pipecompile.ir.cost_model import DEFAULT_FLOPS_RATE, CostModel
+from pipecompile.errors import PlanError
+from pipecompile.ir.cost_model import DEFAULT_BANDWIDTH, DEFAULT_FLOPS_RATE, CostModel
 from pipecompile.runtime.threads import cores, fair_share
 
 __all__ = ["Calibration", "calibrated", "measure", "record_path", "remember_scale"]
 
-_FIELDS = ("flops_rate", "half_work", "op_overhead", "elementwise_rate", "instr_overhead")
+_FIELDS = (
+    "flops_rate", "half_work", "op_overhead", "elementwise_rate", "instr_overhead",
+    "optimizer_rate",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,9 @@ class Calibration:
     op_overhead: float
     elementwise_rate: float
     instr_overhead: float
+    optimizer_rate: float
     step_scale: dict[str, float] | None = None  # devices -> measured / predicted (--tune)
+    ranks: dict[str, dict[str, float]] | None = None  # devices -> message figures
 
     def applied(self, model: CostModel, devices: int) -> CostModel:
         """``model`` with these constants (and, where ``devices`` ranks oversubscribe the
@@ -63,8 +73,13 @@ class Calibration:
         shared = devices * self.threads > cores()
         rate = model.flops_rate if model.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
         scale = (self.step_scale or {}).get(str(devices), 1.0)
+        messages = (self.ranks or {}).get(str(devices), {})
+        if messages and model.bandwidth == DEFAULT_BANDWIDTH:
+            model = replace(model, bandwidth=messages["bandwidth"] / scale)
         return replace(
             model,
+            message_latency=messages.get("message_latency", 0.0) * scale,
+            optimizer_rate=self.optimizer_rate / scale,
             flops_rate=rate / scale,
             half_work=self.half_work,
             op_overhead=self.op_overhead * scale,
@@ -113,18 +128,26 @@ def calibrated(
     threads = fair_share(devices)
     records = _records()
     key = _key(threads)
-    if key not in records:
+    if key not in records or any(f not in records[key] for f in _FIELDS):
         if say is not None:
             say(f"calibrating the cost model at {threads} threads (once; kept in {record_path()})")
         found = measure(threads)
         records = _records()  # another process may have written meanwhile
         records[key] = {f: getattr(found, f) for f in _FIELDS} | {"threads": threads}
         _write(records)
+    if devices > 1 and str(devices) not in records[key].get("ranks", {}):
+        if say is not None:
+            say(f"calibrating messages between {devices} ranks (once)")
+        found_ranks = _rank_figures(devices, threads)
+        records = _records()
+        records[key].setdefault("ranks", {})[str(devices)] = found_ranks
+        _write(records)
     entry = records[key]
     calibration = Calibration(
         threads=threads,
         **{f: float(entry[f]) for f in _FIELDS},
         step_scale=entry.get("step_scale"),
+        ranks=entry.get("ranks"),
     )
     return calibration.applied(model, devices), key
 
@@ -150,10 +173,11 @@ def measure(threads: int) -> Calibration:
             op = _per_op()
             rate, half = _contractions(op)
             elementwise = _elementwise(op)
-            instr = _per_instruction(op, rate, half, elementwise)
+            instr = _per_instruction(threads)
+            optimizer = _optimizer()
     finally:
         torch.set_num_threads(before)
-    return Calibration(threads, rate, half, op, elementwise, instr)
+    return Calibration(threads, rate, half, op, elementwise, instr, optimizer)
 
 
 def _best(run: Callable[[], object], repeats: int = 5) -> float:
@@ -208,23 +232,41 @@ def _elementwise(op: float) -> float:
     return float(3 * x.numel() / max(per_op - 3 * op, 1e-9))
 
 
-def _per_instruction(op: float, rate: float, half: float, elementwise: float) -> float:
-    """The runtime's own seconds per compute instruction: a 4-stage pipeline of a tiny
-    model with 32 micro-batches, one step, less the model's eager forward and backward."""
-    from pipecompile.api import compile as compile_pipeline
+def _optimizer() -> float:
+    """Parameter bytes per second AdamW steps (pipecompile run's default optimizer)."""
+    params = [torch.zeros(256, 1024, requires_grad=True) for _ in range(4)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    adamw = torch.optim.AdamW(params, lr=1e-3)
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    return nbytes / _best(adamw.step)
 
-    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(8)])
-    x, target = torch.randn(32, 8), torch.zeros(32, 8)
-    pipe = compile_pipeline(model, x, stages=4, microbatches=32, schedule="1f1b")
-    sgd = lambda params: torch.optim.SGD(params, lr=0.0)  # noqa: E731 - a factory
 
-    def step() -> None:
-        pipe.train_step(x, target, F.mse_loss, sgd)
+def _rank_figures(devices: int, threads: int) -> dict[str, float]:
+    """Message latency and all-reduce bandwidth of ``devices`` ranks on this machine, by
+    ``pipecompile.calibration_probe --ranks`` under torchrun."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={devices}", "-m", "pipecompile.calibration_probe", "--ranks",
+            str(threads)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        return {k: float(found[k]) for k in ("message_latency", "bandwidth")}
+    except (IndexError, ValueError, KeyError, TypeError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PlanError(f"calibrating messages between {devices} ranks failed: {tail}") from None
 
-    def eager() -> None:
-        for chunk, t in zip(x.split(1), target.split(1)):
-            F.mse_loss(model(chunk), t).backward()
 
-    spent = _best(step, 3) - _best(eager, 3)
-    instructions = 2 * 4 * 32
-    return max(0.0, spent / instructions)
+def _per_instruction(threads: int) -> float:
+    """The runtime's own seconds per compute instruction, measured in a fresh process by
+    ``pipecompile.calibration_probe`` (it compiles and trains a tiny pipeline, which this
+    layer may not do itself)."""
+    argv = [sys.executable, "-m", "pipecompile.calibration_probe", str(threads)]
+    env = {**os.environ, "PIPECOMPILE_CALIBRATION": "off"}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    try:
+        return max(0.0, float(done.stdout.strip().splitlines()[-1]))
+    except (IndexError, ValueError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PlanError(f"calibrating the runtime's overhead failed: {tail}") from None

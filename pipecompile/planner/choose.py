@@ -20,7 +20,7 @@ from pipecompile.passes import annotate_costs
 from pipecompile.planner.calibrate import calibrated
 from pipecompile.planner.model_facts import model_facts
 from pipecompile.planner.plan import Plan
-from pipecompile.planner.search import ORDER, SearchResult, Space, search
+from pipecompile.planner.search import ORDER, SearchResult, Space, divisors, search
 from pipecompile.schedules import SYNCHRONOUS
 
 __all__ = ["check_search", "choose_plan", "search_model", "plan_record", "RUNNERS_UP"]
@@ -54,11 +54,12 @@ def choose_plan(
     """
     check_search(devices, stages, replicas, balance, memory_budget, machine)
     auto = tuple(s for s in ORDER if s in SYNCHRONOUS)
+    batch = next(iter(inputs.values())).shape[0] if inputs else 0
     space = Space(
         devices=devices if devices is not None else stages or 0,
         stages=(stages,) if stages is not None else (),
         schedules=auto if schedule == "auto" else (schedule,),
-        microbatches=() if microbatches == "auto" else (int(microbatches),),
+        microbatches=_counts(model, batch) if microbatches == "auto" else (int(microbatches),),
         virtual_stages=(virtual_stages,) if virtual_stages is not None else (2, 4),
         recompute=(recompute,) if recompute != "never" else (),
     )
@@ -70,6 +71,14 @@ def choose_plan(
         meta=is_meta_model(model), progress=progress,
     )  # fmt: skip
     return result.best.plan, machine, plan_record(result, space, machine, source)
+
+
+def _counts(model: nn.Module, batch: int) -> tuple[int, ...]:
+    """The micro-batch counts to search: the batch's divisors, but none that leaves one
+    sample per micro-batch when a BatchNorm trains (its statistics need two)."""
+    norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
+                for m in model.modules())  # fmt: skip
+    return tuple(m for m in divisors(batch) if not (norms and batch // m < 2)) or (1,)
 
 
 def check_search(

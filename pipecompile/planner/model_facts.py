@@ -44,6 +44,17 @@ class ModelFacts:
     def atoms(self) -> int:
         return len(self.flops)
 
+    def walk_seconds(self, size: int, model: CostModel) -> list[float]:
+        """Per atom, the forward seconds of its ops that are not contractions (elementwise
+        work and every op's overhead) at ``size`` samples: what a split backward's W walks
+        again after I."""
+        s = size / self.size
+        rate = model.elementwise_rate or model.flops_rate
+        return [
+            sum(c * s / rate for c, k in ops if not k) + model.op_overhead * len(ops)
+            for ops in self.op_costs
+        ]
+
     def at(self, size: int, model: CostModel) -> AtomFacts:
         """The balancer's facts for micro-batches of ``size`` samples under ``model``."""
         s = size / self.size

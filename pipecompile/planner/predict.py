@@ -10,8 +10,9 @@ its time (the backward two thirds, as the partitioner counts them), a replicated
 micro-batches shared among its replicas (r replicas of a stage with m micro-batches each run
 ceil(m / r) of them, so a replica with none to run saves nothing; the partitioner itself
 assumes an even share), the runtime's overhead per instruction, and the replicas' gradient
-all-reduce after the last backward. Ranks that share a machine's cores (the model's
-``concurrency``) take at least their summed work (every replica's) over that concurrency.
+all-reduce and every device's optimizer step after the last backward. Ranks that share a
+machine's cores (the model's ``concurrency``) take at least their summed work (every
+replica's) over that concurrency.
 """
 
 from __future__ import annotations
@@ -109,14 +110,16 @@ class Predictor:
         )
         ends = [*found.starts[1:], len(facts.cost)]
         seconds = unit / _FS
-        forward, backward = [], []
+        walk = self.facts.walk_seconds(self.batch // program.microbatches, self.model)
+        forward, backward, extra = [], [], []
         for j, (a, b) in enumerate(zip(found.starts, ends)):
             r = found.replicas[j] if model.workers is not None else 1
             share = -(-program.microbatches // r) / program.microbatches  # per replica
             work = problem.work[j][b] - problem.work[j][a] + problem.cut[a] + problem.cut[b]
             forward.append(work * seconds / 3 * share)
             backward.append(2 * work * seconds / 3 * share)
-        costs = Costs(tuple(forward), tuple(backward), self.model.instr_overhead)
+            extra.append(sum(walk[a:b]) * share)  # half of the backward's non-matmul work
+        costs = Costs(tuple(forward), tuple(backward), self.model.instr_overhead, tuple(extra))
         timeline = simulate(program, Topology.chain(program.num_stages), costs)
         sync = max(
             (
@@ -129,10 +132,32 @@ class Predictor:
         step = timeline.makespan
         if self.model.concurrency:  # ranks share cores: no faster than their work over them
             replicas = found.replicas if model.workers is not None else ()
-            work = sum(timeline.busy(d) * (replicas[d] if replicas else 1)
+            busy = [min(r, program.microbatches) for r in replicas]  # a replica may idle
+            work = sum(timeline.busy(d) * (busy[d] if busy else 1)
                        for d in range(timeline.devices))  # fmt: skip
             step = max(step, work / self.model.concurrency)
+        step += self._optimizer(facts, program, found, model)
         return float(step + sync), float(timeline.bubble_fraction)
+
+    def _optimizer(
+        self, facts: AtomFacts, program: Program, found: Solution, model: CostModel
+    ) -> float:
+        """Seconds of the optimizer step after the drain: the largest device's, or every
+        rank's over the cores' concurrency where they share them."""
+        if not self.model.optimizer_rate:
+            return 0.0
+        ends = [*found.starts[1:], len(facts.cost)]
+        replicas = found.replicas if model.workers is not None else (1,) * len(ends)
+        per_device = [0.0] * len(program.devices)
+        for j, (a, b) in enumerate(zip(found.starts, ends)):
+            per_device[program.stage_device[j]] += sum(facts.params[a:b])
+        seconds = [nbytes / self.model.optimizer_rate for nbytes in per_device]
+        if not self.model.concurrency:
+            return max(seconds)
+        ranks = [r for r in replicas] if len(replicas) == len(seconds) else [1] * len(seconds)
+        return max(
+            max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.model.concurrency
+        )
 
 
 def _memory(

@@ -1,7 +1,7 @@
 """The plan search: every plan for N devices the options leave open, each predicted exactly
 (``Predictor``), ranked by predicted step.
 
-A plan uses all N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p) take
+A plan uses all N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p, zb2p) take
 1 to N stages and the partitioner spreads the N devices over them as replicas; the looped
 schedules put ``v`` stages on each of the N devices (v = 2 and 4 unless `--virtual-stages`),
 zbv two. Micro-batch counts are the divisors of the batch (or the one given). Without a
@@ -26,8 +26,8 @@ from pipecompile.schedules import LOOPED, SYNCHRONOUS
 
 __all__ = ["Space", "SearchResult", "search", "divisors"]
 
-_REPLICABLE = ("gpipe", "1f1b", "zb1p")
-ORDER = ("gpipe", "1f1b", "zb1p", "interleaved", "looped_bfs", "zbv")  # table tie-break
+_REPLICABLE = ("gpipe", "1f1b", "zb1p", "zb2p")
+ORDER = ("gpipe", "1f1b", "zb1p", "zb2p", "interleaved", "looped_bfs", "zbv")  # table tie-break
 
 
 @dataclass(frozen=True)

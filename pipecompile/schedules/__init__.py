@@ -16,6 +16,7 @@ from pipecompile.schedules.looped_bfs import looped_bfs
 from pipecompile.schedules.one_f_one_b import one_f_one_b
 from pipecompile.schedules.pipedream import pipedream
 from pipecompile.schedules.zb1p import zb1p
+from pipecompile.schedules.zb2p import zb2p
 from pipecompile.schedules.zbv import zbv
 
 __all__ = ["SCHEDULES", "SYNCHRONOUS", "generate", "devices_for"]
@@ -26,11 +27,12 @@ SCHEDULES: dict[str, Callable[..., Program]] = {
     "pipedream": pipedream,
     "interleaved": interleaved,
     "zb1p": zb1p,
+    "zb2p": zb2p,
     "looped_bfs": looped_bfs,
     "zbv": zbv,
 }
 # Schedules whose step equals single-device training on the mini-batch.
-SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved", "zb1p", "looped_bfs", "zbv"})
+SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved", "zb1p", "zb2p", "looped_bfs", "zbv"})
 LOOPED = ("interleaved", "looped_bfs")  # v stages per device, stage j on device j mod p
 
 

@@ -8,7 +8,7 @@ from pipecompile.errors import ProgramError
 from pipecompile.ir.program import Program
 from pipecompile.schedules.list_scheduler import list_schedule
 
-__all__ = ["zbv", "v_placement"]
+__all__ = ["zbv", "v_placement", "shorter"]
 
 
 def v_placement(stages: int) -> tuple[int, ...]:
@@ -46,7 +46,12 @@ def zbv(stages: int, microbatches: int) -> Program:
         list_schedule("zbv", placement, microbatches, caps, split=True, forward_first=first)
         for first in (False, True)
     ]
-    return min(plays, key=_makespan)  # the first of the shortest
+    return shorter(plays)
+
+
+def shorter(plays: list[Program]) -> Program:
+    """The first of the programs with the shortest step under uniform costs."""
+    return min(plays, key=_makespan)
 
 
 def _makespan(program: Program) -> float:

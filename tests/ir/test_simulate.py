@@ -52,6 +52,17 @@ def test_zero_bubble_idles_a_third_of_1f1b(p, m):
     assert exact(zb.bubble_fraction) == Fraction(p - 1, 3 * m + p - 1)
 
 
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 8])
+def test_zb2p_reaches_the_flushed_step_bound(p):
+    """ZB-H2 idles only the fill, (p-1)/(3m+p-1): no synchronous step does better (the last
+    device starts after p-1 forwards), and it holds min(2p-1-j, m) on stage j."""
+    for m in range(p, 4 * p + 1):
+        timeline = run("zb2p", p, m)
+        assert timeline.makespan == 3 * m + p - 1, m
+        assert exact(timeline.bubble_fraction) == Fraction(p - 1, 3 * m + p - 1)
+        assert timeline.peak_inflight == tuple(min(2 * p - 1 - j, m) for j in range(p)), m
+
+
 @pytest.mark.parametrize("v", [2, 3])
 @pytest.mark.parametrize("p, m", [(p, m) for p, m in SHAPES if m >= p])
 def test_looped_bfs_bubble_is_interleaveds(p, m, v):

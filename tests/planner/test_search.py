@@ -43,7 +43,7 @@ def test_every_plan_is_predicted_and_the_best_ranks_first(facts) -> None:  # typ
     # Each shape the search may use appears: pure data parallel, replicated pipelines, and
     # every synchronous schedule; every plan uses all 4 devices.
     seen = {p.plan.schedule for p in result.ranked}
-    assert seen == {"gpipe", "1f1b", "zb1p", "interleaved", "looped_bfs", "zbv"}
+    assert seen == {"gpipe", "1f1b", "zb1p", "zb2p", "interleaved", "looped_bfs", "zbv"}
     for p in result.ranked:
         used = sum(p.plan.replicas) if p.plan.replicas else p.plan.stages
         per_device = {"interleaved": p.plan.virtual_stages, "looped_bfs": p.plan.virtual_stages}

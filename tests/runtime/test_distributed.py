@@ -52,7 +52,8 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
     "model, nproc, options",
     [
         (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "gpipe"]),
-        (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "zb1p",
+        # zb2p: zb1p's F, I and W (and their messages), more micro-batches in flight
+        (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "zb2p",
                   "--checkpoint", "always"]),
         (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "pipedream"]),
         (GPT, 4, ["--stages", "4", "--microbatches", "4", "--schedule", "1f1b"]),
@@ -63,7 +64,7 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
         # the balancer chooses the replicas: [1, 2] (the lm_head stage is the heavier one)
         (GPT, 3, ["--stages", "2", "--microbatches", "4", "--workers", "3"]),
     ],
-    ids=["mlp-gpipe-2", "mlp-zb1p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4", "gpt-interleaved-2",
+    ids=["mlp-gpipe-2", "mlp-zb2p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4", "gpt-interleaved-2",
          "gpt-zbv-2", "gpt-workers-3"],
 )  # fmt: skip
 def test_distributed_check_equals_local_and_eager(compiled, capfd, model, nproc, options):

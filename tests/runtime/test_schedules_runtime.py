@@ -50,6 +50,7 @@ def predicted_bytes(compiled: Compiled) -> tuple[int, ...]:
 
 CASES = [(n, c, o) for c, o in CONFIGS.items() for n in EXAMPLE_NAMES]
 CASES += [(n, c, o) for c, o in PLACED.items() for n in PLACED_ON]
+CASES += [(n, "zb2p", {"schedule": "zb2p"}) for n in PLACED_ON]  # ZB-H1's ops, more in flight
 
 
 @pytest.mark.parametrize(

@@ -411,6 +411,28 @@ TRAINING_RUN_CASES = [
     Case("inplace-too-many-stages", "ReLU(inplace=True) after every Linear, more stages than cuts",
          write("ip.py", INPLACE), ("ip.py", "--stages", "5", "-o", "o", "-q"),
          r"only 3 places.*writing a value in place.*--stages 3 or fewer"),
+    Case("plan-neither-stages-nor-devices", "compile without --stages or --devices", nothing,
+         ("mlp.py", "-o", "o"), r"give --stages N \(the pipeline you want\) or --devices N"),
+    Case("plan-memory-limit-none-fits", "--devices 2 --memory-limit 1KB (no plan fits)", nothing,
+         ("mlp.py", "--devices", "2", "--memory-limit", "1KB", "-o", "o", "-q"),
+         r"no plan on 2 devices fits --memory-limit 1000 B: the smallest peak found is .*"
+         r"raise --memory-limit to .* or more, or use more --devices"),
+    Case("plan-microbatches-not-divisor", "--devices 2 --microbatches 3 with a batch of 8",
+         nothing, ("mlp.py", "--devices", "2", "--microbatches", "3", "-o", "o", "-q"),
+         r"--microbatches 3 does not divide the batch of 8 samples; choose one of 1, 2, 4, 8"),
+    Case("plan-stages-over-devices", "--devices 2 --stages 4 --schedule 1f1b", nothing,
+         ("mlp.py", "--devices", "2", "--stages", "4", "--schedule", "1f1b", "-o", "o", "-q"),
+         r"--stages 4 cannot run on --devices 2 with 1f1b.*give --devices 4 or drop --stages"),
+    Case("plan-boundaries-over-devices", "--devices 2 with three --split-at boundaries", nothing,
+         ("mlp.py", "--devices", "2", "--split-at", "fc2", "--split-at", "fc3", "--split-at",
+          "fc4", "-o", "o", "-q"),
+         r"--devices 2: the 3 requested boundaries .* make 4 stages.*--devices 4 or more"),
+    Case("plan-tune-without-search", "--stages 2 --tune 2 (nothing searched to tune)", nothing,
+         ("mlp.py", "--stages", "2", "--tune", "2", "-o", "o"),
+         r"--tune 2 measures the best plans a search found: give --devices N"),
+    Case("plan-replicate-with-devices", "--devices 2 --replicate 1,1", nothing,
+         ("mlp.py", "--devices", "2", "--replicate", "1,1", "-o", "o"),
+         r"--replicate fixes how stages are replicated.*drop --replicate or the search"),
 ]  # fmt: skip
 
 

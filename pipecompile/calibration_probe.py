@@ -1,0 +1,107 @@
+"""Two measurements the plan search's calibration (``pipecompile.planner.calibrate``) makes
+in fresh processes, each printing its figures as the last line of stdout:
+
+- ``python -m pipecompile.calibration_probe THREADS``: the runtime's own seconds per compute
+  instruction: a tiny model compiled into 4 stages and trained for a step with 32
+  micro-batches on the local backend, less the same model's eager forwards and backwards,
+  over its 256 compute instructions;
+- ``torchrun --nproc-per-node N -m pipecompile.calibration_probe --ranks THREADS``: what N
+  ranks on this machine pay for messages (gloo): the latency of a small message (neighbour
+  pairs ping-ponging at once) and the bandwidth of a 4 MiB all-reduce over all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["per_instruction", "rank_figures"]
+
+
+def _best(run: Callable[[], object], repeats: int = 3) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def per_instruction() -> float:
+    """Seconds pipecompile's runtime adds per compute instruction (see the module doc)."""
+    from pipecompile.api import compile as compile_pipeline
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(8)])
+    x, target = torch.randn(32, 8), torch.zeros(32, 8)
+    pipe = compile_pipeline(model, x, stages=4, microbatches=32, schedule="1f1b")
+    sgd = lambda params: torch.optim.SGD(params, lr=0.0)  # noqa: E731 - a factory
+
+    def step() -> None:
+        pipe.train_step(x, target, F.mse_loss, sgd)
+
+    def eager() -> None:
+        for chunk, t in zip(x.split(1), target.split(1)):
+            F.mse_loss(model(chunk), t).backward()
+
+    return max(0.0, (_best(step) - _best(eager)) / (2 * 4 * 32))
+
+
+def rank_figures() -> dict[str, float] | None:
+    """On every rank of a torchrun: message latency and all-reduce bandwidth (rank 0 gets
+    them, the slowest pair's latency and the all-reduce as every rank timed it)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    partner = rank ^ 1
+    small, rounds = torch.zeros(256), 100
+
+    def ping() -> None:
+        if partner >= world:
+            return
+        for _ in range(rounds):
+            if rank % 2 == 0:
+                dist.send(small, partner)
+                dist.recv(small, partner)
+            else:
+                dist.recv(small, partner)
+                dist.send(small, partner)
+
+    big = torch.zeros(1 << 20)
+    ping()
+    dist.all_reduce(big)
+    dist.barrier()
+    start = time.perf_counter()
+    ping()
+    latency = torch.tensor([(time.perf_counter() - start) / (2 * rounds)])
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(5):
+        dist.all_reduce(big)
+    seconds = torch.tensor([(time.perf_counter() - start) / 5])
+    dist.all_reduce(latency, op=dist.ReduceOp.MAX)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+    moved = 2 * (world - 1) / world * big.numel() * big.element_size()
+    return {"message_latency": latency.item(), "bandwidth": moved / seconds.item()}
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--ranks"]
+    torch.set_num_threads(int(args[0]) if args else torch.get_num_threads())
+    if "--ranks" in sys.argv:
+        found = rank_figures()
+        if found is not None:
+            print(json.dumps(found))
+    else:
+        print(per_instruction())
