@@ -16,11 +16,13 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.model.model_file import ModelSpec, load_model_file
 
-# The plan search's calibration of this machine: measured once per test session, kept
-# outside the user's ~/.cache (rank and CLI subprocesses inherit it).
+# The plan search's calibration of this machine: measured once per test session by the tests
+# that turn it on, kept outside the user's ~/.cache (rank and CLI subprocesses inherit it).
 if "PIPECOMPILE_CACHE" not in os.environ:
     os.environ["PIPECOMPILE_CACHE"] = tempfile.mkdtemp(prefix="pipecompile-test-cache-")
     atexit.register(shutil.rmtree, os.environ["PIPECOMPILE_CACHE"], True)
+# A search prices plans with the flags' model unless a test calibrates (tests/planner/).
+os.environ.setdefault("PIPECOMPILE_CALIBRATION", "off")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

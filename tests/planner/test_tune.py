@@ -14,7 +14,10 @@ from pipecompile.planner.calibrate import record_path
 from tests.conftest import EXAMPLES
 
 
-def test_tune_emits_the_measured_best_and_learns_the_scale(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_tune_emits_the_measured_best_and_learns_the_scale(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("PIPECOMPILE_CALIBRATION")  # calibrated (once per session), then tuned
     out = tmp_path / "out"
     status = main([str(EXAMPLES / "mlp.py"), "--devices", "2", "--tune", "2", "-o", str(out)])
     printed = capsys.readouterr()
