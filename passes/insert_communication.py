@@ -6,7 +6,8 @@ inputs and followed by a send of its cross-device outputs, each backward (or its
 I) is preceded by a receive of its output gradients and followed by a send of its input
 gradients, and each stage holding a tied parameter has an ALLREDUCE_TIED before the first STEP
 of its device (all of a device's come together, so stages tied on one device never wait for
-each other).
+each other), or, in an asynchronous program, one before each of its UPDATEs (the window's
+sum, ``jALLREDUCE_TIEDi``; the verifier accepts that only for PipeDream-2BW).
 Stages sharing a device exchange values directly and get no send/recv.
 """
 
@@ -39,6 +40,8 @@ def insert_communication(program: Program, *, topology: Topology) -> Program:
             elif instr.op in INPUT_GRADIENT_OPS:
                 out += [Instr(Op.RECV_B, j, i)] * (j in sends) + [instr]
                 out += [Instr(Op.SEND_B, j, i)] * (j in receives)
+            elif instr.op == Op.UPDATE and j in tied:  # PipeDream-2BW: each window's sum
+                out += [Instr(Op.ALLREDUCE_TIED, j, i), instr]
             elif instr.op == Op.STEP and not any(x.op == Op.STEP for x in out):
                 on_device = sorted({x.stage for x in instrs if x.op == Op.STEP} & tied)
                 out += [Instr(Op.ALLREDUCE_TIED, s) for s in on_device] + [instr]

@@ -101,7 +101,8 @@ class Instr:
         wants_mb = self.op in MICROBATCH_OPS
         if wants_mb and self.microbatch is None:
             raise ProgramError(f"instruction {self.op} on stage {self.stage} needs a micro-batch")
-        if not wants_mb and self.microbatch is not None:
+        optional = self.op == Op.ALLREDUCE_TIED  # with one: a window's sum (PipeDream-2BW)
+        if not wants_mb and not optional and self.microbatch is not None:
             raise ProgramError(f"instruction {self.op} takes no micro-batch, got {self.microbatch}")
 
     def __str__(self) -> str:

@@ -116,7 +116,10 @@ def requirements(instr: Instr, facts: Facts) -> list[Instr]:
         return [Instr(Op.SEND_F, s, i) for s in facts.producers[j] if facts.remote(s, j)]
     if op == Op.RECV_B:
         return [Instr(Op.SEND_B, t, i) for t in facts.consumers[j] if facts.remote(j, t)]
-    if op == Op.UPDATE:
+    if op == Op.UPDATE:  # a tied stage (PipeDream-2BW) updates once its peers contributed
+        peers = [Instr(Op.ALLREDUCE_TIED, s, i) for s in facts.tie_peers[j]]
+        return [facts.last_backward_of(j, i), *peers]
+    if op == Op.ALLREDUCE_TIED and instr.microbatch is not None:  # one window's gradients
         return [facts.last_backward_of(j, i)]
     if op in STEP_OPS:
         needs = [facts.last_backward_of(j, k) for k in range(facts.microbatches)]

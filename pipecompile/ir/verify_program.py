@@ -18,7 +18,8 @@ def verify_program(program: Program, topology: Topology) -> None:
 
     Checked: every instruction runs on its stage's device; each micro-batch has one forward
     (F or FC) and one backward (B, or I then W) per stage, the sends and receives its
-    cross-device edges need, and either one STEP per stage or one UPDATE per micro-batch;
+    cross-device edges need, and either one STEP per stage or UPDATEs after the same
+    micro-batches on every stage, the last one included (each one, or each window's last);
     no backward precedes its forward; a backward whose weights an UPDATE changed since its
     forward has a STASH; and the program runs to the end without deadlock (by simulation).
     """
@@ -60,13 +61,16 @@ def _expected(program: Program, topology: Topology, have: Counter[Instr]) -> Cou
     remote = {(s, t) for s, t in topology.edges if device[s] != device[t]}
     tied = {j for group in topology.tie_groups for j in group}
     want: Counter[Instr] = Counter()
+    updated = _updated(program, have)
     for j in range(program.num_stages):
         asynchronous = any(have[Instr(Op.UPDATE, j, i)] for i in range(program.microbatches))
-        if asynchronous and j in tied:
+        windowed = program.schedule == "pipedream_2bw"  # one version per window on all stages
+        if asynchronous and j in tied and not windowed:
             raise ProgramError(
-                f"stage {j} holds a parameter tied to another stage, which asynchronous "
-                "updates (UPDATE) would let drift apart; use a synchronous schedule "
-                "(gpipe, 1f1b, interleaved, zb1p) or untie the parameter"
+                f"stage {j} holds a parameter tied to another stage, which PipeDream's "
+                "updates (UPDATE per micro-batch, a version per stage) would let drift apart; "
+                "use pipedream_2bw, a synchronous schedule (gpipe, 1f1b, interleaved, zb1p) "
+                "or untie the parameter"
             )
         for i in range(program.microbatches):
             forward = Op.FC if have[Instr(Op.FC, j, i)] else Op.F
@@ -79,8 +83,10 @@ def _expected(program: Program, topology: Topology, have: Counter[Instr]) -> Cou
                 want.update([Instr(Op.SEND_F, j, i), Instr(Op.RECV_B, j, i)])
             if any(t == j for _, t in remote):
                 want.update([Instr(Op.RECV_F, j, i), Instr(Op.SEND_B, j, i)])
-            if asynchronous:
+            if asynchronous and i in updated:
                 want[Instr(Op.UPDATE, j, i)] = 1
+                if j in tied:
+                    want[Instr(Op.ALLREDUCE_TIED, j, i)] = 1
             stash = Instr(Op.STASH, j, i)
             want[stash] = min(have[stash], 1)
         replicas = Instr(Op.ALLREDUCE_REPLICAS, j)
@@ -90,6 +96,17 @@ def _expected(program: Program, topology: Topology, have: Counter[Instr]) -> Cou
             if j in tied:
                 want[Instr(Op.ALLREDUCE_TIED, j)] = 1
     return want
+
+
+def _updated(program: Program, have: Counter[Instr]) -> frozenset[int]:
+    """The micro-batches after whose backward an asynchronous program updates: each one
+    (PipeDream), or the last of each window (PipeDream-2BW); stage 0's, which every stage
+    must share and which end with the last micro-batch."""
+    m = program.microbatches
+    mine = frozenset(i for i in range(m) if have[Instr(Op.UPDATE, 0, i)])
+    if not mine:
+        return frozenset(range(m))  # a synchronous stage 0: any UPDATE elsewhere is counted
+    return mine | {m - 1}
 
 
 def _check_counts(program: Program, topology: Topology) -> None:

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-__all__ = ["Backend", "MessageKey"]
+__all__ = ["Backend", "MessageKey", "tie_round", "tie_of"]
 
 
 class MessageKey(NamedTuple):
@@ -23,6 +23,19 @@ class MessageKey(NamedTuple):
     dst: int
     microbatch: int
     value: str
+
+
+def tie_round(key: Hashable, window: int | None) -> Hashable:
+    """The name of one sum of a tied parameter: the parameter's key for a step's (STEP), or
+    with the window's last micro-batch for PipeDream-2BW's per-window sums."""
+    return key if window is None else ("window", window, key)
+
+
+def tie_of(key: Hashable) -> Hashable:
+    """The tied parameter a sum named by ``tie_round`` belongs to."""
+    if isinstance(key, tuple) and len(key) == 3 and key[0] == "window":
+        return key[2]
+    return key
 
 
 class Backend(Protocol):

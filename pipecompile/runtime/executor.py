@@ -19,7 +19,7 @@ from pipecompile.errors import ModelFileError, PipecompileError, RuntimeFailure
 from pipecompile.ir.instr import FORWARD_OPS, Instr, Op
 from pipecompile.ir.microbatch import check_target_rows
 from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
-from pipecompile.runtime.backend import Backend, MessageKey
+from pipecompile.runtime.backend import Backend, MessageKey, tie_round
 from pipecompile.runtime.compiled import CompiledStages
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
@@ -361,15 +361,28 @@ class StepExecutor:
         return True
 
     def all_reduce_tied(self, instr: Instr) -> bool:
-        """Contribute the stage's tied gradients to their sums; the STEP waits for them."""
-        j = instr.stage
+        """Contribute the stage's tied gradients to their sums; the STEP waits for them. With
+        a micro-batch (PipeDream-2BW), the window's gradients awaiting its UPDATE, summed
+        under the window's own key, which that UPDATE waits for."""
+        j, i = instr.stage, instr.microbatch
         params = dict(self.modules[j].named_parameters(remove_duplicate=False))
+        window = self._window_grads(j) if i is not None else {}
         for key, held in self.layout.ties.items():
             if j in held:
                 param = params[held[j]]
-                grad = param.grad if param.grad is not None else torch.zeros_like(param)
-                self.backend.contribute(key, j, sorted(held), grad)
+                grad = param.grad if i is None else window.get(held[j])
+                grad = grad if grad is not None else torch.zeros_like(param)
+                self.backend.contribute(tie_round(key, i), j, sorted(held), grad)
         return True
+
+    def _window_grads(self, j: int) -> dict[str, torch.Tensor]:
+        """Stage j's gradients of every micro-batch since its last UPDATE, summed by name."""
+        summed: dict[str, torch.Tensor] = {}
+        for key in sorted(k for k in self.update_grads if k[0] == j):
+            for name, grad in self.update_grads[key].items():
+                if grad is not None:
+                    summed[name] = summed[name] + grad if name in summed else grad
+        return summed
 
     def all_reduce_replicas(self, instr: Instr) -> bool:
         """Sum the stage's gradients over its replicas (tied parameters excepted: their
@@ -423,10 +436,19 @@ class StepExecutor:
             raise RuntimeFailure(
                 "an asynchronous program (UPDATE) needs an optimizer; call set_optimizer first"
             )
-        grads = self.update_grads.pop((j, i), None)
-        if grads is not None:
-            for name, param in self.modules[j].named_parameters():
-                param.grad = grads.get(name)
+        mine = [(key, held) for key, held in self.layout.ties.items() if j in held]
+        if any(not self.backend.has_reduced(tie_round(key, i), j) for key, _ in mine):
+            return False  # PipeDream-2BW: the tied peers' window sums are not all in yet
+        summed = self._window_grads(j)  # one micro-batch's (PipeDream) or a window's
+        for key in [k for k in self.update_grads if k[0] == j]:
+            del self.update_grads[key]
+        for name, param in self.modules[j].named_parameters():
+            param.grad = summed.get(name)
+        params = dict(self.modules[j].named_parameters(remove_duplicate=False))
+        for key, held in mine:
+            total = self.backend.reduced(tie_round(key, i), j)
+            assert isinstance(total, torch.Tensor)
+            params[held[j]].grad = total.clone()
         if self.on_step is not None:
             self.on_step(j)
         optimizer = self.optimizers[j]

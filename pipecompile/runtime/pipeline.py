@@ -115,6 +115,16 @@ class Pipeline:
         pipe.name = str(directory)
         return pipe
 
+    def _loss_scale(self) -> float:
+        """Each micro-batch's share of the gradient an update applies: 1/m for a synchronous
+        step, 1 for PipeDream's update per micro-batch, 1/w for a window of w (2BW)."""
+        m = self.program.microbatches
+        if not self.asynchronous:
+            return 1 / m
+        first = self.program.stage_device[0]
+        updates = sum(1 for x in self.program.devices[first] if x.op == Op.UPDATE and x.stage == 0)
+        return updates / m
+
     def set_optimizer(self, factory: OptimizerFactory) -> None:
         """One optimizer per stage over that stage's parameters (tied copies step identically);
         a stage without parameters gets none.
@@ -160,7 +170,7 @@ class Pipeline:
         count = self.program.microbatches
         micro = self._split(inputs)
         micro_targets = split_targets(targets, count) if targets is not None else None
-        scale = loss_scale if loss_scale is not None else 1.0 if self.asynchronous else 1 / count
+        scale = loss_scale if loss_scale is not None else self._loss_scale()
         tracer = self.tracer if self.tracer is not None and self.tracer.active else None
         backend = self.backend()
         if tracer is not None:

@@ -15,6 +15,7 @@ from pipecompile.schedules.interleaved import interleaved
 from pipecompile.schedules.looped_bfs import looped_bfs
 from pipecompile.schedules.one_f_one_b import one_f_one_b
 from pipecompile.schedules.pipedream import pipedream
+from pipecompile.schedules.pipedream_2bw import pipedream_2bw
 from pipecompile.schedules.zb1p import zb1p
 from pipecompile.schedules.zb2p import zb2p
 from pipecompile.schedules.zbv import zbv
@@ -25,6 +26,7 @@ SCHEDULES: dict[str, Callable[..., Program]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "pipedream": pipedream,
+    "pipedream_2bw": pipedream_2bw,
     "interleaved": interleaved,
     "zb1p": zb1p,
     "zb2p": zb2p,

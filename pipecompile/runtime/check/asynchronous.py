@@ -1,11 +1,13 @@
-"""Compare one asynchronous (PipeDream) step with weight-stashed SGD on the eager model.
+"""Compare one asynchronous (PipeDream, PipeDream-2BW) step with weight-stashed SGD on the
+eager model.
 
 The reference follows the program's weight versions: stage j's forward and backward of
 micro-batch i use stage j's weights after the UPDATEs that precede its STASH (or its
 forward) on the device. Micro-batches are replayed in order on the eager model with each
 stage's parameters at that version (``torch.func.functional_call``); each UPDATE applies
 plain SGD with that micro-batch's own gradient. The pipeline runs the same step with SGD;
-losses, outputs and the weights after the step must agree.
+losses, outputs and the weights after the step must agree. PipeDream-2BW is checked
+against its own rule instead, written from its definition (``_reference_2bw``).
 """
 
 from __future__ import annotations
@@ -73,13 +75,20 @@ def check_async_step(
         for original in originals
     }
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    ref_loss, ref_parts, ref_weights = _reference(
+    two_versions = pipe.program.schedule == "pipedream_2bw"
+    reference = _reference_2bw if two_versions else _reference
+    ref_loss, ref_parts, ref_weights = reference(
         pipe, model, start, owner, trainable, inputs, targets, loss_fn, lr
     )
     ref_outs = join_outputs(pipe, ref_parts)
     pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=lr))
     loss, outs = pipe.train_step(inputs, targets, loss_fn)
-    report = CheckReport("weight-stashed SGD per micro-batch (PipeDream)", what="weights")
+    what = (
+        "SGD on each window's mean gradient, one version stale (PipeDream-2BW)"
+        if two_versions
+        else "weight-stashed SGD per micro-batch (PipeDream)"
+    )
+    report = CheckReport(what, what="weights")
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
     joined = join_outputs(pipe, outs, ref_outs)
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
@@ -131,3 +140,52 @@ def _reference(
         total = total + loss.detach() / m
         outputs.append([t.detach() for t in pytree.tree_leaves(out)])
     return total, outputs, {n: h[-1] for n, h in history.items()}
+
+
+def _reference_2bw(
+    pipe: Pipeline,
+    model: nn.Module,
+    start: dict[str, torch.Tensor],
+    owner: dict[str, int],
+    trainable: set[str],
+    inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...],
+    loss_fn: LossFn,
+    lr: float,
+) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:
+    """PipeDream-2BW's rule, from its definition and not from the program: windows of w = p
+    micro-batches; window k runs on V(k-1) (V(-1) = V(0), the step's starting weights) and
+    V(k+1) = V(k) - lr * (the mean gradient of window k)."""
+    m, w = pipe.program.microbatches, pipe.program.num_stages
+    names = [n for n in start if n in trainable]
+    versions = [{n: start[n].detach().clone() for n in names}]  # versions[v] = V(v)
+    buffers = {
+        n: t for n, t in start.items() if n not in trainable and n in dict(model.named_buffers())
+    }
+    total, outputs = torch.zeros(()), []
+    micro = list(zip(split_microbatches(inputs, m), split_targets(targets, m)))
+    for k in range(m // w):
+        weights = versions[max(k - 1, 0)]
+        summed: dict[str, torch.Tensor] = {}
+        for batch, target in micro[k * w : (k + 1) * w]:
+            used = {n: weights[n].clone().requires_grad_() for n in names}
+            call = functools.partial(torch.func.functional_call, model, {**buffers, **used}, ())
+            out = eager_forward(pipe, call, batch, inputs)
+            check_targets(pipe, out, target, batch, inputs, scale=m)
+            loss = call_loss_fn(loss_fn, out, target)
+            grads = (
+                torch.autograd.grad(loss / w, [used[n] for n in names], allow_unused=True)
+                if names and loss.requires_grad
+                else (None,) * len(names)
+            )
+            for n, g in zip(names, grads):
+                if g is not None:
+                    summed[n] = summed[n] + g if n in summed else g
+            total = total + loss.detach() / m
+            outputs.append([t.detach() for t in pytree.tree_leaves(out)])
+        latest = versions[-1]
+        versions.append(
+            {n: latest[n] - lr * summed[n] if n in summed else latest[n] for n in names}
+        )
+    del owner  # every stage runs window k on V(k-1): no stage-dependent versions
+    return total, outputs, versions[-1]

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.ir.manifest import Manifest
-from pipecompile.runtime.backend import MessageKey
+from pipecompile.runtime.backend import MessageKey, tie_of
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_backend import MISSING
@@ -164,7 +164,7 @@ class DistBackend:
         for other in local[1:]:
             total += posted[other]
         del self._posted[key]
-        group = self.groups.get(key)
+        group = self.groups.get(tie_of(key))
         work = dist.all_reduce(total, group=group, async_op=True) if group is not None else None
         self._sums[key] = (work, total, set(local))
 
