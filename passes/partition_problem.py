@@ -5,7 +5,8 @@ Stage j on device d, spanning atoms [a, b):
 - compute: the atoms' forward + backward time (measured, or 3 x forward FLOPs / flops_rate)
   divided by d's speed;
 - communication: the forward and backward bytes at both of its boundaries over bandwidth,
-  and a message's latency each way at each boundary between stages;
+  and a message's latency each way at each boundary between stages (waited for once, by
+  the receiver: half to each side);
 - replicated r times: the sum over r, plus a ring all-reduce of its gradients per step;
 - memory: (2 + optimizer states + weight copies) x its parameter bytes, plus, at each of the
   schedule's peaks on d, ``full`` x (its saved activations + its input bytes) + ``inputs_only``
@@ -110,8 +111,10 @@ def build_problem(
     if model.workers is not None:
         param = np.rint(grads * (per_byte / unit)).astype(np.int64)
     cut = comm * (per_byte / unit)
-    if timed and model.message_latency and len(cut) > 2:  # a message each way per boundary
-        cut[1:-1] += 2 * model.message_latency * _FS / unit
+    if timed and model.message_latency and len(cut) > 2:
+        # a message each way per boundary, each waited for once (by its receiver): the cut is
+        # charged to both stages beside it, so half of each message's latency to each side
+        cut[1:-1] += model.message_latency * _FS / unit
     problem = Problem(
         work=tuple(base * s // unit for s in speeds),
         cut=np.rint(cut).astype(np.int64),

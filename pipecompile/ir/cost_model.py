@@ -43,8 +43,9 @@ class CostModel:
             counting one FLOP per element).
         concurrency: how many devices can compute at full speed at once (0: all): ranks
             sharing one machine's cores, whose step is at least their summed work over it.
-        message_latency: seconds one message between stages costs each side beyond its
-            bytes over ``bandwidth`` (the plan search; calibrated with N ranks).
+        message_latency: seconds one message between stages costs beyond its bytes over
+            ``bandwidth``, waited for once by its receiver (the plan search; calibrated with
+            N ranks).
         optimizer_rate: parameter bytes per second the optimizer steps (0: free); the
             plan search adds each device's step after the pipeline drains.
     """

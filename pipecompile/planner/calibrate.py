@@ -21,7 +21,8 @@ and when N ranks need more cores than there are, the model's ``concurrency`` say
 compute at full speed at once (a step then lasts at least the ranks' summed work over it:
 a pipeline's idle ranks leave their cores to the busy ones).
 ``--tune`` adds ``step_scale``: the median of measured over predicted steps of the plans it
-ran, by which later predictions for that many devices are multiplied.
+ran, by which later predictions of the same model (its traced graph's fingerprint) for that
+many devices are multiplied.
 """
 
 from __future__ import annotations
@@ -64,15 +65,15 @@ class Calibration:
     elementwise_rate: float
     instr_overhead: float
     optimizer_rate: float
-    step_scale: dict[str, float] | None = None  # devices -> measured / predicted (--tune)
+    step_scale: dict[str, float] | None = None  # "devices/model" -> measured / predicted
     ranks: dict[str, dict[str, float]] | None = None  # devices -> message figures
 
-    def applied(self, model: CostModel, devices: int) -> CostModel:
+    def applied(self, model: CostModel, devices: int, model_key: str = "") -> CostModel:
         """``model`` with these constants (and, where ``devices`` ranks oversubscribe the
         cores, how many compute at once); a ``--flops-rate`` the user gave is kept."""
         shared = devices * self.threads > cores()
         rate = model.flops_rate if model.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
-        scale = (self.step_scale or {}).get(str(devices), 1.0)
+        scale = (self.step_scale or {}).get(_scale_key(devices, model_key), 1.0)
         messages = (self.ranks or {}).get(str(devices), {})
         if messages and model.bandwidth == DEFAULT_BANDWIDTH:
             model = replace(model, bandwidth=messages["bandwidth"] / scale)
@@ -121,10 +122,14 @@ def _write(records: dict[str, Any]) -> None:
 
 
 def calibrated(
-    model: CostModel, devices: int, say: Callable[[str], None] | None = None
+    model: CostModel,
+    devices: int,
+    say: Callable[[str], None] | None = None,
+    model_key: str = "",
 ) -> tuple[CostModel, str]:
     """``model`` calibrated for ``devices`` ranks on this machine (measured now, and kept,
-    when no calibration is recorded) and a line saying which calibration it is."""
+    when no calibration is recorded; with ``--tune``'s ratio for the model ``model_key``
+    when one was learned) and a line saying which calibration it is."""
     threads = fair_share(devices)
     records = _records()
     key = _key(threads)
@@ -149,18 +154,24 @@ def calibrated(
         step_scale=entry.get("step_scale"),
         ranks=entry.get("ranks"),
     )
-    return calibration.applied(model, devices), key
+    return calibration.applied(model, devices, model_key), key
 
 
-def remember_scale(devices: int, scale: float) -> None:
-    """Fold ``--tune``'s measured / predicted ratio for ``devices`` ranks on this machine
-    into the one kept."""
+def remember_scale(devices: int, scale: float, model_key: str = "") -> None:
+    """Fold ``--tune``'s measured / predicted ratio for the model ``model_key`` on
+    ``devices`` ranks of this machine into the one kept (a model's own: a ratio learned on
+    one model says little about another's)."""
     records = _records()
     key = _key(fair_share(devices))
     if key in records:  # the tuned predictions were already scaled by the kept ratio
         kept = records[key].setdefault("step_scale", {})
-        kept[str(devices)] = round(kept.get(str(devices), 1.0) * scale, 4)
+        name = _scale_key(devices, model_key)
+        kept[name] = round(kept.get(name, 1.0) * scale, 4)
         _write(records)
+
+
+def _scale_key(devices: int, model_key: str) -> str:
+    return f"{devices}/{model_key[:16]}" if model_key else str(devices)
 
 
 def measure(threads: int) -> Calibration:

@@ -15,15 +15,16 @@ from torch import nn
 from pipecompile.errors import PlanError
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.cost_model import CostModel
+from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import annotate_costs
 from pipecompile.planner.calibrate import calibrated
-from pipecompile.planner.model_facts import model_facts
+from pipecompile.planner.model_facts import ModelFacts, model_facts
 from pipecompile.planner.plan import Plan
 from pipecompile.planner.search import ORDER, SearchResult, Space, divisors, search
 from pipecompile.schedules import SYNCHRONOUS
 
-__all__ = ["check_search", "choose_plan", "search_model", "plan_record", "RUNNERS_UP"]
+__all__ = ["check_search", "choose_plan", "traced_facts", "plan_record", "RUNNERS_UP"]
 
 RUNNERS_UP = 4  # the table shows the best plan and this many more
 
@@ -63,14 +64,14 @@ def choose_plan(
         virtual_stages=(virtual_stages,) if virtual_stages is not None else (2, 4),
         recompute=(recompute,) if recompute != "never" else (),
     )
+    facts, key = traced_facts(model, inputs, split_at, meta=is_meta_model(model))
     source = None
     if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
-        machine, source = calibrated(machine, space.devices, _say if progress else None)
-    result = search_model(
-        model, inputs, space=space, machine=machine, split_at=split_at,
-        meta=is_meta_model(model), progress=progress,
-    )  # fmt: skip
-    return result.best.plan, machine, plan_record(result, space, machine, source)
+        machine, source = calibrated(machine, space.devices, _say if progress else None, key)
+    result = search(
+        facts, batch=batch, space=space, model=machine, progress=_say if progress else None
+    )
+    return result.best.plan, machine, plan_record(result, space, machine, source, key)
 
 
 def _counts(model: nn.Module, batch: int) -> tuple[int, ...]:
@@ -114,25 +115,20 @@ def check_search(
         )
 
 
-def search_model(
+def traced_facts(
     model: nn.Module,
     inputs: dict[str, torch.Tensor],
-    *,
-    space: Space,
-    machine: CostModel,
     split_at: tuple[str, ...] = (),
+    *,
     meta: bool = False,
-    progress: bool = False,
-) -> SearchResult:
-    """Trace ``model`` on its whole example batch and search ``space`` for it."""
+) -> tuple[ModelFacts, str]:
+    """``model`` traced on its whole example batch: the search's facts, and the traced
+    graph's fingerprint (the key of what ``--tune`` learned about this model)."""
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
     shown = {k: v.to("meta") for k, v in inputs.items()} if meta else inputs
     traced = trace(model, shown)
     annotated = annotate_costs(traced.module, root=traced.root)
-    facts = model_facts(annotated, max(batch, 1), split_at)
-    return search(
-        facts, batch=batch, space=space, model=machine, progress=_say if progress else None
-    )
+    return model_facts(annotated, max(batch, 1), split_at), graph_fingerprint(traced.module)
 
 
 def _say(line: str) -> None:
@@ -140,7 +136,11 @@ def _say(line: str) -> None:
 
 
 def plan_record(
-    result: SearchResult, space: Space, machine: CostModel, calibration: str | None = None
+    result: SearchResult,
+    space: Space,
+    machine: CostModel,
+    calibration: str | None = None,
+    model_key: str = "",
 ) -> dict[str, Any]:
     """The manifest's ``plan``: the chosen plan, its predicted step, the runners-up, how
     many plans were searched, and the cost model they were priced with."""
@@ -152,5 +152,5 @@ def plan_record(
         "search_seconds": round(result.seconds, 3),
         "runners_up": [p.as_json() for p in result.ranked[1 : 1 + RUNNERS_UP]],
         "cost_model": {k: list(v) if isinstance(v, tuple) else v for k, v in model.items()}
-        | {"calibration": calibration},
+        | {"calibration": calibration, "model_key": model_key},
     }

@@ -6,7 +6,7 @@ written to a temporary directory and trained by ``pipecompile run DIR --steps S`
 subprocess: on its ranks with ``--nproc D`` when it needs D > 1 devices, else locally. Its
 step is the median ``step_ms`` of the steps after the first (which warms up). The ratio of
 measured to predicted steps (their median) is kept with this machine's calibration, so the
-next search for as many devices predicts in measured terms.
+next search of this model for as many devices predicts in measured terms.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def tune(
     assert best is not None
     ratios = [r["measured_step_s"] / r["predicted_step_s"] for r in rows if r["predicted_step_s"]]
     if ratios:
-        remember_scale(int(record["devices"]), statistics.median(ratios))
+        model_key = str(record.get("cost_model", {}).get("model_key") or "")
+        remember_scale(int(record["devices"]), statistics.median(ratios), model_key)
     measured, chosen, k = best
     others = ranked[:k] + ranked[k + 1 :]
     tuned = {**record, **ranked[k], "runners_up": others[: len(ranked) - 1]}

@@ -13,8 +13,10 @@ user setup on the same model, data and processes. Prints Markdown tables.
      micro-batches, AdamW, the same data (its own step timer, slowest rank).
    Prediction error (median, worst) and Spearman's rank correlation over the grid.
 
-The calibration is measured fresh into a temporary cache (as a new machine would), and the
-grid's runs feed nothing back. Rerun with::
+The calibration is measured fresh into a temporary cache (as a new machine would). The grid
+is predicted after `--tune` has kept its measured/predicted ratio for the model (as a second
+search would be), and each prediction is also shown without it (calibration only: every
+predicted time is proportional to the ratio); the grid's own runs feed nothing back. Rerun with::
 
     python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
     python tools/bench/plan.py --quick    # search time on 8 layers, one model, a 2-point grid
@@ -275,19 +277,38 @@ def peer_worker(directory: Path, model_path: Path) -> None:
     dist.destroy_process_group()
 
 
-def report(bench: Bench, got: dict) -> tuple[list[float], float]:
+def tuned_scale(plan: dict) -> float:
+    """The measured / predicted ratio `--tune` kept for this model on 4 devices (1 if none):
+    every predicted time is proportional to it."""
+    from pipecompile.planner.calibrate import record_path
+
+    key = str(plan["cost_model"].get("model_key") or "")[:16]
+    try:
+        records = json.loads(record_path().read_text())
+    except (OSError, ValueError):
+        return 1.0
+    return float(next(
+        (r.get("step_scale", {}).get(f"4/{key}", 1.0) for r in records.values()), 1.0
+    ))  # fmt: skip
+
+
+def report(bench: Bench, got: dict) -> tuple[list[float], list[float], float]:
     grid = got["grid"]
     print(f"\n### {bench.name} on 4 processes\n")
-    print("| stages x replicas | micro-batches | schedule | predicted | measured | error |")
-    print("|---|---:|---|---:|---:|---:|")
-    errors = []
+    print("| stages x replicas | micro-batches | schedule | calibrated | after --tune | measured "
+          "| error (calibrated) | error (after --tune) |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    errors, raw_errors = [], []
     for plan, seconds in grid:
-        error = plan["predicted_step_s"] / seconds - 1
+        scale = tuned_scale(plan)
+        raw = plan["predicted_step_s"] / scale
+        error, raw_error = plan["predicted_step_s"] / seconds - 1, raw / seconds - 1
         errors.append(error)
+        raw_errors.append(raw_error)
         replicas = ",".join(map(str, plan["replicas"]))
         print(f"| {plan['stages']} x ({replicas}) | {plan['microbatches']} | {plan['schedule']} "
-              f"| {plan['predicted_step_s'] * 1e3:.1f} ms | {seconds * 1e3:.1f} ms "
-              f"| {error:+.1%} |")  # fmt: skip
+              f"| {raw * 1e3:.1f} ms | {plan['predicted_step_s'] * 1e3:.1f} ms "
+              f"| {seconds * 1e3:.1f} ms | {raw_error:+.1%} | {error:+.1%} |")  # fmt: skip
     best = min(seconds for _, seconds in grid)
     chosen = got["chosen"]
     rho = spearman([p["predicted_step_s"] for p, _ in grid], [s for _, s in grid])
@@ -297,11 +318,13 @@ def report(bench: Bench, got: dict) -> tuple[list[float], float]:
         f"{chosen['schedule']}: measured {got['chosen_s'] * 1e3:.1f} ms; best of the grid "
         f"{best * 1e3:.1f} ms ({got['chosen_s'] / best - 1:+.1%}); torch.distributed.pipelining "
         f"default (ScheduleGPipe, 4 equal stages, 4 micro-batches) {got['peer_s'] * 1e3:.1f} ms: "
-        f"**{got['peer_s'] / got['chosen_s']:.2f}x**. Prediction error median "
+        f"**{got['peer_s'] / got['chosen_s']:.2f}x**. Prediction error, calibrated only: "
+        f"median {statistics.median(abs(e) for e in raw_errors):.1%}, worst "
+        f"{max(abs(e) for e in raw_errors):.1%}; after --tune's ratio: median "
         f"{statistics.median(abs(e) for e in errors):.1%}, worst "
         f"{max(abs(e) for e in errors):.1%}; rank correlation {rho:.2f}."
     )  # fmt: skip
-    return errors, rho
+    return errors, raw_errors, rho
 
 
 def main() -> None:
@@ -320,14 +343,16 @@ def main() -> None:
         os.environ["PIPECOMPILE_CACHE"] = str(Path(tmp) / "cache")  # a fresh calibration
         search_time(8 if args.quick else 32, 8)
         benches = [b for b in BENCHES if args.only in (None, b.name)][: 1 if args.quick else None]
-        everything = []
+        tuned, calibrated = [], []
         for bench in benches:
             got = one_model(Path(tmp), bench, args.quick)
-            errors, _ = report(bench, got)
-            everything += errors
-        print(f"\nAll measured plans: prediction error median "
-              f"{statistics.median(abs(e) for e in everything):.1%}, worst "
-              f"{max(abs(e) for e in everything):.1%} over {len(everything)} plans.")  # fmt: skip
+            errors, raw_errors, _ = report(bench, got)
+            tuned += errors
+            calibrated += raw_errors
+        for label, found in (("calibrated only", calibrated), ("after --tune", tuned)):
+            print(f"\nAll {len(found)} measured plans, {label}: prediction error median "
+                  f"{statistics.median(abs(e) for e in found):.1%}, worst "
+                  f"{max(abs(e) for e in found):.1%}.")  # fmt: skip
 
 
 if __name__ == "__main__":
