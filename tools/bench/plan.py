@@ -19,7 +19,8 @@ search would be), and each prediction is also shown without it (calibration only
 predicted time is proportional to the ratio); the grid's own runs feed nothing back. Rerun with::
 
     python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
-    python tools/bench/plan.py --quick    # search time on 8 layers, one model, a 2-point grid
+    python tools/bench/plan.py --quick    # 8 layers over 2 devices; one model on 2 processes,
+                                          # --tune 1, a 1-point grid, the peer on 2 stages
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def measured(directory: Path, ranks: int) -> float:
 
 def grid_points(quick: bool) -> list[tuple[int, int, str]]:
     if quick:
-        return [(2, 2, "1f1b"), (4, 4, "gpipe")]
+        return [(2, 2, "1f1b")]
     points = [(1, m, "gpipe") for m in (2, 4, 8)]
     points += [(s, m, k) for s in (2, 4) for m in (2, 4, 8) for k in ("gpipe", "1f1b", "zb1p")]
     return points
@@ -191,28 +192,32 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 def one_model(root: Path, bench: Bench, quick: bool) -> dict:
     path = model_file(root, bench)
     tuned = root / f"{bench.name}-tuned"
-    pipecompile_here(str(path), "--devices", "4", "--tune", "1" if quick else "3", "-o",
+    devices = "2" if quick else "4"
+    pipecompile_here(str(path), "--devices", devices, "--tune", "1" if quick else "3", "-o",
                      str(tuned), "-q")  # fmt: skip
     chosen = plan_of(tuned)
     chosen_s = measured(tuned, ranks_of(chosen))
     rows = []
     for stages, m, schedule in grid_points(quick):
         out = root / f"{bench.name}-{stages}-{m}-{schedule}"
-        pipecompile_here(str(path), "--devices", "4", "--stages", str(stages), "--microbatches",
-                         str(m), "--schedule", schedule, "-o", str(out), "-q")  # fmt: skip
+        pipecompile_here(str(path), "--devices", devices, "--stages", str(stages),
+                         "--microbatches", str(m), "--schedule", schedule, "-o", str(out),
+                         "-q")  # fmt: skip
         plan = plan_of(out)
         rows.append((plan, measured(out, ranks_of(plan))))
-    peer = peer_step(root, bench, path)
+    peer = peer_step(root, bench, path, int(devices))
     return {"chosen": chosen, "chosen_s": chosen_s, "grid": rows, "peer_s": peer}
 
 
-def peer_step(root: Path, bench: Bench, path: Path) -> float:
-    """torch.distributed.pipelining's ScheduleGPipe on 4 equal-layer stages, 4 micro-batches."""
+def peer_step(root: Path, bench: Bench, path: Path, stages: int) -> float:
+    """torch.distributed.pipelining's ScheduleGPipe on equal-layer stages (4, or 2: the middle
+    boundary), as many micro-batches as stages."""
     out = root / f"{bench.name}-peer"
-    splits = [a for s in bench.peer_split for a in ("--split-at", s)]
-    pipecompile_here(str(path), "--stages", "4", "--microbatches", "4", *splits, "-o", str(out),
-                     "-q")  # fmt: skip
-    argv = torchrun_command(4, __file__, "--peer-worker", "--directory", str(out),
+    boundaries = bench.peer_split if stages == 4 else bench.peer_split[1:2]
+    splits = [a for s in boundaries for a in ("--split-at", s)]
+    pipecompile_here(str(path), "--stages", str(stages), "--microbatches", str(stages), *splits,
+                     "-o", str(out), "-q")  # fmt: skip
+    argv = torchrun_command(stages, __file__, "--peer-worker", "--directory", str(out),
                             "--model-file", str(path))  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
@@ -252,7 +257,7 @@ def peer_worker(directory: Path, model_path: Path) -> None:
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
                                                  target.reshape(-1))  # fmt: skip
 
-    schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss)
+    schedule = ScheduleGPipe(stage, n_microbatches=world, loss_fn=loss)
     raw = user.example_inputs()
     inputs = [raw[n] for n in manifest.inputs] if isinstance(raw, dict) else list(raw)
     (target,) = user.example_targets()
@@ -288,13 +293,15 @@ def tuned_scale(plan: dict) -> float:
     except (OSError, ValueError):
         return 1.0
     return float(next(
-        (r.get("step_scale", {}).get(f"4/{key}", 1.0) for r in records.values()), 1.0
+        (r.get("step_scale", {}).get(f"{plan['devices']}/{key}", 1.0) for r in records.values()),
+        1.0,
     ))  # fmt: skip
 
 
 def report(bench: Bench, got: dict) -> tuple[list[float], list[float], float]:
     grid = got["grid"]
-    print(f"\n### {bench.name} on 4 processes\n")
+    n = got["chosen"]["devices"]
+    print(f"\n### {bench.name} on {n} processes\n")
     print("| stages x replicas | micro-batches | schedule | calibrated | after --tune | measured "
           "| error (calibrated) | error (after --tune) |")  # fmt: skip
     print("|---|---:|---|---:|---:|---:|---:|---:|")
@@ -313,11 +320,12 @@ def report(bench: Bench, got: dict) -> tuple[list[float], list[float], float]:
     chosen = got["chosen"]
     rho = spearman([p["predicted_step_s"] for p, _ in grid], [s for _, s in grid])
     print(
-        f"\nchosen by `--devices 4 --tune 3`: {chosen['stages']} stages x "
+        f"\nchosen by `--devices {n} --tune K`: {chosen['stages']} stages x "
         f"({','.join(map(str, chosen['replicas']))}), {chosen['microbatches']} micro-batches, "
         f"{chosen['schedule']}: measured {got['chosen_s'] * 1e3:.1f} ms; best of the grid "
         f"{best * 1e3:.1f} ms ({got['chosen_s'] / best - 1:+.1%}); torch.distributed.pipelining "
-        f"default (ScheduleGPipe, 4 equal stages, 4 micro-batches) {got['peer_s'] * 1e3:.1f} ms: "
+        f"default (ScheduleGPipe, {n} equal stages, {n} micro-batches) "
+        f"{got['peer_s'] * 1e3:.1f} ms: "
         f"**{got['peer_s'] / got['chosen_s']:.2f}x**. Prediction error, calibrated only: "
         f"median {statistics.median(abs(e) for e in raw_errors):.1%}, worst "
         f"{max(abs(e) for e in raw_errors):.1%}; after --tune's ratio: median "
@@ -341,7 +349,7 @@ def main() -> None:
     print(f"Machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PIPECOMPILE_CACHE"] = str(Path(tmp) / "cache")  # a fresh calibration
-        search_time(8 if args.quick else 32, 8)
+        search_time(8 if args.quick else 32, 2 if args.quick else 8)
         benches = [b for b in BENCHES if args.only in (None, b.name)][: 1 if args.quick else None]
         tuned, calibrated = [], []
         for bench in benches:
