@@ -196,7 +196,8 @@ def one_model(root: Path, bench: Bench, quick: bool) -> dict:
     pipecompile_here(str(path), "--devices", devices, "--tune", "1" if quick else "3", "-o",
                      str(tuned), "-q")  # fmt: skip
     chosen = plan_of(tuned)
-    chosen_s = measured(tuned, ranks_of(chosen))
+    # re-measured beside the grid (quick: --tune's own measurement)
+    chosen_s = chosen["measured_step_s"] if quick else measured(tuned, ranks_of(chosen))
     rows = []
     for stages, m, schedule in grid_points(quick):
         out = root / f"{bench.name}-{stages}-{m}-{schedule}"
