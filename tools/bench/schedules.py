@@ -1,8 +1,8 @@
 """Benchmark the schedules: simulated bubbles, measured in-flight peaks, recomputed memory,
 and the interpreter's overhead per instruction. Prints Markdown tables.
 
-1. Simulated bubble fraction with uniform costs (F=1, B=2, I=W=1) for p=4, m=8 and p=8,
-   m=32, every schedule, next to the closed form.
+1. Simulated bubble fraction with uniform costs (F=1, B=2, I=W=1) for p=4, m=8 and 16 and
+   p=8, m=32, every schedule, next to the closed form.
 2. Peak in-flight micro-batches per device measured by the interpreter next to the
    simulator's prediction (a 16-layer MLP, every schedule, both shapes).
 3. Peak stored activation bytes per device for a GPT (8 layers, n_embd 256, 128 tokens,
@@ -45,7 +45,7 @@ from pipecompile.schedules import generate
 class Sizes:
     """Pipeline shapes (p, m) and the GPT of part 3."""
 
-    shapes: tuple[tuple[int, int], ...] = ((4, 8), (8, 32))
+    shapes: tuple[tuple[int, int], ...] = ((4, 8), (4, 16), (8, 32))
     gpt_layers: int = 8
     gpt_width: int = 256
     gpt_tokens: int = 128
@@ -63,11 +63,16 @@ SCHEDULES = [
     ("interleaved v=4", "interleaved", {"virtual_stages": 4},
      lambda p, m: Fraction(p - 1, 4 * m + p - 1)),
     ("zb1p", "zb1p", {}, lambda p, m: Fraction(p - 1, 3 * m + p - 1)),
+    ("zb2p", "zb2p", {}, lambda p, m: Fraction(p - 1, 3 * m + p - 1)),
+    ("looped_bfs v=2", "looped_bfs", {"virtual_stages": 2},
+     lambda p, m: Fraction(p - 1, 2 * m + p - 1)),
+    ("zbv", "zbv", {"v_shape": True}, lambda p, m: Fraction(p - 1, 6 * m + p - 1)),
+    ("pipedream_2bw", "pipedream_2bw", {}, lambda p, m: Fraction(p - 1, m + p - 1)),
 ]  # fmt: skip
 
 
 def stages_of(options: dict, p: int) -> int:
-    return p * options.get("virtual_stages", 1)
+    return p * (2 if options.get("v_shape") else options.get("virtual_stages", 1))
 
 
 def bubbles(sizes: Sizes) -> None:
@@ -77,8 +82,9 @@ def bubbles(sizes: Sizes) -> None:
     for p, m in sizes.shapes:
         for label, name, options, closed in SCHEDULES:
             n = stages_of(options, p)
+            given = {k: v for k, v in options.items() if k != "v_shape"}
             timeline = simulate(
-                generate(name, n, m, **options), Topology.chain(n), Costs.uniform(n)
+                generate(name, n, m, **given), Topology.chain(n), Costs.uniform(n)
             )
             work = 3 * m * n // p
             print(
