@@ -15,23 +15,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipecompile.planner.calibrate import best_of
+
 __all__ = ["per_instruction", "rank_figures"]
-
-
-def _best(run: Callable[[], object], repeats: int = 3) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def per_instruction() -> float:
@@ -51,7 +42,7 @@ def per_instruction() -> float:
         for chunk, t in zip(x.split(1), target.split(1)):
             F.mse_loss(model(chunk), t).backward()
 
-    return max(0.0, (_best(step) - _best(eager)) / (2 * 4 * 32))
+    return max(0.0, (best_of(step, 3) - best_of(eager, 3)) / (2 * 4 * 32))
 
 
 def rank_figures() -> dict[str, float] | None:

@@ -46,7 +46,7 @@ from pipecompile.errors import PlanError
 from pipecompile.ir.cost_model import DEFAULT_BANDWIDTH, DEFAULT_FLOPS_RATE, CostModel
 from pipecompile.runtime.threads import cores, fair_share
 
-__all__ = ["Calibration", "calibrated", "measure", "record_path", "remember_scale"]
+__all__ = ["Calibration", "best_of", "calibrated", "measure", "record_path", "remember_scale"]
 
 _FIELDS = (
     "flops_rate", "half_work", "op_overhead", "elementwise_rate", "instr_overhead",
@@ -191,7 +191,8 @@ def measure(threads: int) -> Calibration:
     return Calibration(threads, rate, half, op, elementwise, instr, optimizer)
 
 
-def _best(run: Callable[[], object], repeats: int = 5) -> float:
+def best_of(run: Callable[[], object], repeats: int = 5) -> float:
+    """The fastest of ``repeats`` timed calls of ``run``, after one untimed call."""
     run()
     times = []
     for _ in range(repeats):
@@ -213,7 +214,7 @@ def _per_op() -> float:
             y = y.transpose(0, 1)
         y.backward(torch.ones(4, 4))
 
-    return _best(run, 9) / chain / 3
+    return best_of(run, 9) / chain / 3
 
 
 def _contractions(op: float) -> tuple[float, float]:
@@ -225,7 +226,7 @@ def _contractions(op: float) -> tuple[float, float]:
             x = torch.randn(rows, width, requires_grad=True)
             grad = torch.ones(rows, width)
             flops.append(2.0 * rows * width * width)
-            seconds.append(_best(lambda x=x, w=weight, g=grad: F.linear(x, w).backward(g)))
+            seconds.append(best_of(lambda x=x, w=weight, g=grad: F.linear(x, w).backward(g)))
     slope, intercept = np.polyfit(np.array(flops), np.array(seconds), 1)
     rate = 3 / max(slope, 1e-15)
     half = max(0.0, (intercept / 3 - op) * rate)
@@ -239,7 +240,7 @@ def _elementwise(op: float) -> float:
     def run() -> None:
         torch.tanh(torch.tanh(x)).backward(grad)
 
-    per_op = _best(run) / 2
+    per_op = best_of(run) / 2
     return float(3 * x.numel() / max(per_op - 3 * op, 1e-9))
 
 
@@ -250,7 +251,7 @@ def _optimizer() -> float:
         p.grad = torch.ones_like(p)
     adamw = torch.optim.AdamW(params, lr=1e-3)
     nbytes = sum(p.numel() * p.element_size() for p in params)
-    return nbytes / _best(adamw.step)
+    return nbytes / best_of(adamw.step)
 
 
 def _rank_figures(devices: int, threads: int) -> dict[str, float]:
