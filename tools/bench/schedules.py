@@ -75,6 +75,11 @@ def stages_of(options: dict, p: int) -> int:
     return p * (2 if options.get("v_shape") else options.get("virtual_stages", 1))
 
 
+def generator_options(options: dict) -> dict:
+    """The options the schedule takes (``v_shape`` only says zbv has two stages a device)."""
+    return {k: v for k, v in options.items() if k != "v_shape"}
+
+
 def bubbles(sizes: Sizes) -> None:
     print("\n### Simulated bubble fraction, uniform costs\n")
     print("| schedule | p | m | makespan | bubble (simulated) | closed form | idle clocks/device |")
@@ -82,9 +87,10 @@ def bubbles(sizes: Sizes) -> None:
     for p, m in sizes.shapes:
         for label, name, options, closed in SCHEDULES:
             n = stages_of(options, p)
-            given = {k: v for k, v in options.items() if k != "v_shape"}
             timeline = simulate(
-                generate(name, n, m, **given), Topology.chain(n), Costs.uniform(n)
+                generate(name, n, m, **generator_options(options)),
+                Topology.chain(n),
+                Costs.uniform(n),
             )
             work = 3 * m * n // p
             print(
@@ -112,7 +118,7 @@ def inflight(tmp: Path, sizes: Sizes) -> None:
         for label, name, options, _ in SCHEDULES:
             n = stages_of(options, p)
             compiled = compile_model(model, {"input": x}, stages=n, microbatches=m,
-                                     schedule=name, **options)  # fmt: skip
+                                     schedule=name, **generator_options(options))  # fmt: skip
             out = emit(compiled, tmp / f"{name}{p}{n}", model=ModelRef(None, "mlp", "mlp"))
             pipe = Pipeline.load(out)
             pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=1e-3))
