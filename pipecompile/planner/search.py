@@ -1,8 +1,9 @@
 """The plan search: every plan for N devices the options leave open, each predicted exactly
 (``Predictor``), ranked by predicted step.
 
-A plan uses all N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p, zb2p) take
-1 to N stages and the partitioner spreads the N devices over them as replicas; the looped
+A plan is offered all N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p,
+zb2p) take 1 to N stages and the partitioner spreads up to N devices over them as replicas
+(it leaves one idle where a replica's gradient all-reduce would cost more than it saves); the looped
 schedules put ``v`` stages on each of the N devices (v = 2 and 4 unless `--virtual-stages`),
 zbv two. Micro-batch counts are the divisors of the batch (or the one given). Without a
 memory limit only ``--recompute never`` is tried: recomputation only adds time, so a plan
