@@ -13,6 +13,7 @@ from pipecompile.ir.sizes import counted, format_size
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.ir.verify_program import verify_program
 from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
+from pipecompile.reports.plan_table import plan_table
 from pipecompile.reports.timeline_text import timeline_text
 from pipecompile.runtime.load import read_manifest, read_program
 
@@ -65,6 +66,8 @@ def schedule_report(
         report["peak_activation_bytes"] = list(peak_stored_bytes(program, saved, inputs))
     report["balance"] = manifest.balance or {}
     report["stage_table"] = stage_rows(manifest, program)
+    if manifest.plan:
+        report["plan"] = manifest.plan
     return report, timeline
 
 
@@ -72,13 +75,13 @@ def closed_form(program: Program) -> float | None:
     """The textbook bubble fraction of the program's schedule with uniform costs, if any."""
     p, m = len(program.devices), program.microbatches
     v = program.num_stages // p
-    if program.schedule in ("gpipe", "1f1b", "pipedream", "pipedream-vsync"):
+    if program.schedule in ("gpipe", "1f1b", "pipedream", "pipedream-vsync", "pipedream_2bw"):
         return (p - 1) / (m + p - 1)
     if program.schedule == "interleaved" or (program.schedule == "looped_bfs" and m >= p):
         return (p - 1) / (v * m + p - 1)
     if program.schedule == "zbv" and m >= p:  # stages of half a device's work each
         return (p - 1) / (6 * m + p - 1)
-    if program.schedule == "zb1p" and m >= p:  # the zero-bubble closed form needs m >= p
+    if program.schedule in ("zb1p", "zb2p") and m >= p:  # zero bubble's form needs m >= p
         return (p - 1) / (3 * m + p - 1)
     return None
 
@@ -105,6 +108,8 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
             f"{d:>6}   {report['busy'][d]:<10.6g}  {report['peak_inflight'][d]:>14}   {mem:>16}"
         )
     lines += ["", *balance_lines(report["balance"], report["stage_table"])]
+    if report.get("plan"):
+        lines += ["", plan_table(report["plan"])]
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:
         lines += ["", timeline_text(timeline)]
     return "\n".join(lines)

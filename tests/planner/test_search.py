@@ -141,6 +141,20 @@ def test_the_chosen_plan_compiles_and_the_manifest_keeps_it(gpt) -> None:  # typ
     assert fixed.program.microbatches == 4 and fixed.plan["devices"] == 2
 
 
+def test_show_and_the_summary_print_the_plan_table(gpt, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pipecompile.codegen.emit import ModelRef, emit
+    from pipecompile.reports.show import format_report, schedule_report
+    from pipecompile.reports.summary import summary
+
+    model, inputs = gpt
+    compiled = compile_model(model, inputs, devices=2, machine=MACHINE)
+    out = emit(compiled, tmp_path / "out", model=ModelRef(None, "gpt", "gpt"))
+    report, timeline = schedule_report(out)
+    assert report["plan"]["devices"] == 2
+    for text in (format_report(report, timeline), summary(out)):
+        assert "plan: searched" in text and "*  " in text, text
+
+
 def test_options_the_search_cannot_take_are_refused(gpt) -> None:  # type: ignore[no-untyped-def]
     model, inputs = gpt
     with pytest.raises(PlanError, match="give --stages N .* or --devices N"):
