@@ -155,6 +155,14 @@ def test_show_and_the_summary_print_the_plan_table(gpt, tmp_path) -> None:  # ty
         assert "plan: searched" in text and "*  " in text, text
 
 
+def test_a_model_on_the_meta_device_is_planned_without_weights() -> None:
+    """Traced on meta inputs as a --stages compile is: the search needs shapes and FLOPs only."""
+    spec = example_spec("llama_meta")
+    compiled = compile_model(spec.model, spec.inputs, devices=2, machine=MACHINE)
+    assert compiled.plan is not None and compiled.plan["predicted_step_s"] > 0
+    assert len(compiled.graph.stages) == compiled.plan["stages"]
+
+
 def test_options_the_search_cannot_take_are_refused(gpt) -> None:  # type: ignore[no-untyped-def]
     model, inputs = gpt
     with pytest.raises(PlanError, match="give --stages N .* or --devices N"):
