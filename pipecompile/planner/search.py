@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from pipecompile.errors import PlanError, ProgramError
 from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.program import Program
 from pipecompile.ir.recompute_policy import POLICIES
 from pipecompile.ir.sizes import format_size
 from pipecompile.planner.model_facts import ModelFacts
@@ -185,9 +186,10 @@ def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
         )
 
 
-def _smallest_peak(predictor: Predictor, plan: Plan, program: object, workers: int | None) -> int:
+def _smallest_peak(predictor: Predictor, plan: Plan, program: Program, workers: int | None) -> int:
+    """The plan's largest device peak with no memory limit (what the error names)."""
     unlimited = Predictor(predictor.facts, predictor.batch, _no_limit(predictor.model))
-    got = unlimited.predict(plan, program, workers)  # type: ignore[arg-type]
+    got = unlimited.predict(plan, program, workers)
     return max(got.memory) if got is not None else 0
 
 
