@@ -80,7 +80,7 @@ def search(
     _check_space(facts, batch, space)
     predictor = Predictor(facts, batch, model)
     fits: list[Predicted] = []
-    misfits: list[tuple[int, Plan]] = []
+    misfits: list[tuple[Plan, Program, int | None]] = []
     tried = 0
     for plan in _plans(facts, batch, space, model):
         try:
@@ -93,11 +93,11 @@ def search(
         tried += 1
         got = predictor.predict(plan, program, workers)
         if got is None:
-            misfits.append((_smallest_peak(predictor, plan, program, workers), plan))
+            misfits.append((plan, program, workers))
         else:
             fits.append(got)
     if not fits:
-        _none_fits(tried, misfits, model, space)
+        _none_fits(tried, _peaks(predictor, misfits), model, space)
     ranked = sorted(fits, key=_rank)
     if progress is not None:
         progress(f"searched {tried} plans in {time.perf_counter() - start:.1f} s")
@@ -186,15 +186,18 @@ def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
         )
 
 
-def _smallest_peak(predictor: Predictor, plan: Plan, program: Program, workers: int | None) -> int:
-    """The plan's largest device peak with no memory limit (what the error names)."""
-    unlimited = Predictor(predictor.facts, predictor.batch, _no_limit(predictor.model))
-    got = unlimited.predict(plan, program, workers)
-    return max(got.memory) if got is not None else 0
-
-
-def _no_limit(model: CostModel) -> CostModel:
-    return replace(model, memory_limit=())
+def _peaks(
+    predictor: Predictor, misfits: list[tuple[Plan, Program, int | None]]
+) -> list[tuple[int, Plan]]:
+    """Each plan over the memory limit with its largest device peak without the limit (what
+    the error names; worked out only when no plan fits)."""
+    unlimited = Predictor(
+        predictor.facts, predictor.batch, replace(predictor.model, memory_limit=())
+    )
+    found = [
+        (unlimited.predict(plan, program, workers), plan) for plan, program, workers in misfits
+    ]
+    return [(max(got.memory) if got is not None else 0, plan) for got, plan in found]
 
 
 def _none_fits(tried: int, misfits: list[tuple[int, Plan]], model: CostModel, space: Space) -> None:

@@ -118,27 +118,18 @@ def _reference(
     versions = weight_versions(pipe.program)
     names = [n for n in start if n in trainable]
     history = {n: [start[n].detach().clone()] for n in names}  # history[n][v]: version v
-    buffers = {
-        n: t for n, t in start.items() if n not in trainable and n in dict(model.named_buffers())
-    }
+    buffers = _buffers(model, start, trainable)
     total, outputs = torch.zeros(()), []
     micro = zip(split_microbatches(inputs, m), split_targets(targets, m))
     for i, (batch, target) in enumerate(micro):
-        used = {n: history[n][versions[(owner[n], i)]].clone().requires_grad_() for n in names}
-        call = functools.partial(torch.func.functional_call, model, {**buffers, **used}, ())
-        out = eager_forward(pipe, call, batch, inputs)
-        check_targets(pipe, out, target, batch, inputs, scale=m)
-        loss = call_loss_fn(loss_fn, out, target)
-        grads = (
-            torch.autograd.grad(loss, [used[n] for n in names], allow_unused=True)
-            if names and loss.requires_grad
-            else (None,) * len(names)
-        )
+        weights = {n: history[n][versions[(owner[n], i)]] for n in names}
+        loss, grads, out = _micro_step(pipe, model, buffers, weights, batch, target, inputs,
+                                       loss_fn)  # fmt: skip
         for n, g in zip(names, grads):
             latest = history[n][-1]
             history[n].append(latest - lr * g if g is not None else latest.clone())
         total = total + loss.detach() / m
-        outputs.append([t.detach() for t in pytree.tree_leaves(out)])
+        outputs.append(out)
     return total, outputs, {n: h[-1] for n, h in history.items()}
 
 
@@ -159,33 +150,62 @@ def _reference_2bw(
     m, w = pipe.program.microbatches, pipe.program.num_stages
     names = [n for n in start if n in trainable]
     versions = [{n: start[n].detach().clone() for n in names}]  # versions[v] = V(v)
-    buffers = {
-        n: t for n, t in start.items() if n not in trainable and n in dict(model.named_buffers())
-    }
+    buffers = _buffers(model, start, trainable)
     total, outputs = torch.zeros(()), []
     micro = list(zip(split_microbatches(inputs, m), split_targets(targets, m)))
     for k in range(m // w):
         weights = versions[max(k - 1, 0)]
         summed: dict[str, torch.Tensor] = {}
         for batch, target in micro[k * w : (k + 1) * w]:
-            used = {n: weights[n].clone().requires_grad_() for n in names}
-            call = functools.partial(torch.func.functional_call, model, {**buffers, **used}, ())
-            out = eager_forward(pipe, call, batch, inputs)
-            check_targets(pipe, out, target, batch, inputs, scale=m)
-            loss = call_loss_fn(loss_fn, out, target)
-            grads = (
-                torch.autograd.grad(loss / w, [used[n] for n in names], allow_unused=True)
-                if names and loss.requires_grad
-                else (None,) * len(names)
-            )
+            loss, grads, out = _micro_step(pipe, model, buffers, weights, batch, target,
+                                           inputs, loss_fn, share=w)  # fmt: skip
             for n, g in zip(names, grads):
                 if g is not None:
                     summed[n] = summed[n] + g if n in summed else g
             total = total + loss.detach() / m
-            outputs.append([t.detach() for t in pytree.tree_leaves(out)])
+            outputs.append(out)
         latest = versions[-1]
         versions.append(
             {n: latest[n] - lr * summed[n] if n in summed else latest[n] for n in names}
         )
     del owner  # every stage runs window k on V(k-1): no stage-dependent versions
     return total, outputs, versions[-1]
+
+
+def _buffers(
+    model: nn.Module, start: dict[str, torch.Tensor], trainable: set[str]
+) -> dict[str, torch.Tensor]:
+    """The model's buffers as the step starts (the reference never updates them)."""
+    own = dict(model.named_buffers())
+    return {n: t for n, t in start.items() if n not in trainable and n in own}
+
+
+def _micro_step(
+    pipe: Pipeline,
+    model: nn.Module,
+    buffers: dict[str, torch.Tensor],
+    weights: dict[str, torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    target: tuple[torch.Tensor, ...],
+    inputs: dict[str, torch.Tensor],
+    loss_fn: LossFn,
+    *,
+    share: int = 1,
+) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...], list[torch.Tensor]]:
+    """One micro-batch on the eager model at ``weights``: its loss, the gradient of the loss
+    over ``share`` for each weight (in ``weights``' order; None where unused) and its
+    outputs' tensors."""
+    m = pipe.program.microbatches
+    names = list(weights)
+    used = {n: weights[n].clone().requires_grad_() for n in names}
+    call = functools.partial(torch.func.functional_call, model, {**buffers, **used}, ())
+    out = eager_forward(pipe, call, batch, inputs)
+    check_targets(pipe, out, target, batch, inputs, scale=m)
+    loss = call_loss_fn(loss_fn, out, target)
+    grads = (
+        torch.autograd.grad(loss / share if share != 1 else loss, list(used.values()),
+                            allow_unused=True)
+        if names and loss.requires_grad
+        else (None,) * len(names)
+    )  # fmt: skip
+    return loss, tuple(grads), [t.detach() for t in pytree.tree_leaves(out)]
