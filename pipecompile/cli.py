@@ -239,16 +239,15 @@ def _compile(args: argparse.Namespace) -> int:
     from pipecompile.ir.compiled import Compiled
     from pipecompile.model.model_file import load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
-    from pipecompile.planner.choose import check_search
+    from pipecompile.planner.choose import check_search, open_choices
     from pipecompile.reports.summary import summary
 
     path, name = split_ref(args.model)
     out = Path(args.output or Path("pipecompile-out") / path.stem)
     machine = _machine(args)  # bad machine options fail before the model loads
-    searched = "auto" if args.devices is not None else None
-    args.schedule = args.schedule or searched or "gpipe"
-    args.microbatches = args.microbatches or searched or 1
-    searching = args.devices is not None or "auto" in (args.schedule, args.microbatches)
+    args.schedule, args.microbatches, searching = open_choices(
+        args.devices, args.schedule, args.microbatches
+    )
     if args.tune and not searching:
         raise PlanError(
             f"--tune {args.tune} measures the best plans a search found: give --devices N "

@@ -37,7 +37,7 @@ from pipecompile.passes import (
     profile_costs,
     split_stages,
 )
-from pipecompile.planner.choose import choose_plan
+from pipecompile.planner.choose import choose_plan, open_choices
 from pipecompile.schedules import devices_for, generate
 
 __all__ = ["PASSES", "PASS_ALIASES", "TABLE", "Pass", "Compiled", "compile_model"]
@@ -245,9 +245,8 @@ def compile_model(
     cuts = split_requests(split_at)
     machine = machine or CostModel()
     plan = None
-    searched = "auto" if devices is not None else None  # what --devices leaves open
-    schedule, microbatches = schedule or searched or "gpipe", microbatches or searched or 1
-    if devices is not None or schedule == "auto" or microbatches == "auto" or stages is None:
+    schedule, microbatches, searching = open_choices(devices, schedule, microbatches)
+    if searching or stages is None:
         chosen, machine, plan = choose_plan(
             model, inputs, devices=devices, stages=stages, microbatches=microbatches,
             schedule=schedule, virtual_stages=virtual_stages,

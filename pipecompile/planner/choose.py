@@ -24,9 +24,26 @@ from pipecompile.planner.plan import Plan
 from pipecompile.planner.search import ORDER, SearchResult, Space, divisors, search
 from pipecompile.schedules import SYNCHRONOUS
 
-__all__ = ["check_search", "choose_plan", "traced_facts", "plan_record", "RUNNERS_UP"]
+__all__ = [
+    "check_search",
+    "choose_plan",
+    "open_choices",
+    "traced_facts",
+    "plan_record",
+    "RUNNERS_UP",
+]
 
 RUNNERS_UP = 4  # the table shows the best plan and this many more
+
+
+def open_choices(
+    devices: int | None, schedule: str | None, microbatches: int | str | None
+) -> tuple[str, int | str, bool]:
+    """The schedule and micro-batch count a compile asks for (not given: ``"auto"`` with
+    ``devices``, else gpipe and 1), and whether that asks for a plan search."""
+    searched = "auto" if devices is not None else None  # what --devices leaves open
+    schedule, microbatches = schedule or searched or "gpipe", microbatches or searched or 1
+    return schedule, microbatches, devices is not None or "auto" in (schedule, microbatches)
 
 
 def choose_plan(
