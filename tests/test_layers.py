@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "compiler": {"planner", "frontend", "passes", "schedules", "model", "ir", "errors"},
     "codegen": {"ir", "model", "files", "errors", "version"},
     "runtime": {"ir", "model", "files", "errors"},
-    "reports": {"runtime", "ir", "files", "errors"},
+    "reports": {"runtime", "schedules", "ir", "files", "errors"},
     "interop": {"runtime", "ir", "files", "errors"},
 }
 FORBIDDEN_FOR_RUNTIME = {"compiler", "passes", "frontend", "codegen", "reports", "interop"}

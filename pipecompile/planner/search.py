@@ -3,11 +3,12 @@
 
 A plan is offered all N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p,
 zb2p) take 1 to N stages and the partitioner spreads up to N devices over them as replicas
-(it leaves one idle where a replica's gradient all-reduce would cost more than it saves); the looped
-schedules put ``v`` stages on each of the N devices (v = 2 and 4 unless `--virtual-stages`),
-zbv two. Micro-batch counts are the divisors of the batch (or the one given). Without a
-memory limit only ``--recompute never`` is tried: recomputation only adds time, so a plan
-that recomputes is never faster than the same plan without.
+(it leaves one idle where a replica's gradient all-reduce would cost more than it saves); the
+looped schedules put ``v`` stages on each of the N devices (v = 2 and 4 unless
+`--virtual-stages`), the V-shaped ones (zbv, v_half, v_min, dualpipev) two. Micro-batch counts
+are the divisors of the batch (or the one given). Without a memory limit only ``--recompute
+never`` is tried: recomputation only adds time, so a plan that recomputes is never faster
+than the same plan without.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from pipecompile.ir.sizes import format_size
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.planner.predict import Predictor
-from pipecompile.schedules import LOOPED, SYNCHRONOUS
+from pipecompile.schedules import LOOPED, SYNCHRONOUS, V_SHAPED
 
 __all__ = ["Space", "SearchResult", "search", "divisors"]
 
 _REPLICABLE = ("gpipe", "1f1b", "zb1p", "zb2p")
-ORDER = ("gpipe", "1f1b", "zb1p", "zb2p", "interleaved", "looped_bfs", "zbv")  # table tie-break
+ORDER = (
+    "gpipe", "1f1b", "zb1p", "zb2p", "interleaved", "looped_bfs", "zbv", "v_half", "v_min",
+    "dualpipev",
+)  # fmt: skip  # table tie-break
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ def _shapes(
     if schedule in LOOPED:
         for v in virtual:
             yield devices * v, v
-    elif schedule == "zbv":
+    elif schedule in V_SHAPED:
         yield 2 * devices, None
     elif schedule in _REPLICABLE:
         for stages in range(1, devices + 1):
@@ -173,7 +177,7 @@ def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
         raise PlanError(
             f"--stages {space.stages[0]} cannot run on --devices {space.devices} with "
             f"{', '.join(space.schedules)}: a stage needs a device of its own (looped "
-            f"schedules: --virtual-stages per device, zbv two); give --devices "
+            f"schedules: --virtual-stages per device, V-shaped ones two); give --devices "
             f"{space.stages[0]} or drop --stages"
         )
     needed = len(facts.forced) + 1

@@ -7,7 +7,6 @@ from typing import Any
 
 from pipecompile.ir.instr import Op
 from pipecompile.ir.memory_model import peak_stored_bytes
-from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.sizes import counted, format_size
 from pipecompile.ir.topology import topology_from_manifest
@@ -16,8 +15,9 @@ from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_
 from pipecompile.reports.plan_table import plan_table
 from pipecompile.reports.timeline_text import timeline_text
 from pipecompile.runtime.load import read_manifest, read_program
+from pipecompile.schedules.closed_forms import uniform_bubble
 
-__all__ = ["schedule_report", "format_report", "closed_form"]
+__all__ = ["schedule_report", "format_report"]
 
 _MAX_DRAWN_CLOCKS = 160
 _COSTS_IN = {
@@ -55,7 +55,7 @@ def schedule_report(
         "microbatches": program.microbatches,
         "costs": what,
         **timeline.as_dict(),
-        "closed_form_bubble": closed_form(program),
+        "closed_form_bubble": uniform_bubble(program),
         "recomputed_forwards": recomputed,
         "checkpointed_forwards": recomputed,  # the old key, kept for tools that read it
     }
@@ -69,21 +69,6 @@ def schedule_report(
     if manifest.plan:
         report["plan"] = manifest.plan
     return report, timeline
-
-
-def closed_form(program: Program) -> float | None:
-    """The textbook bubble fraction of the program's schedule with uniform costs, if any."""
-    p, m = len(program.devices), program.microbatches
-    v = program.num_stages // p
-    if program.schedule in ("gpipe", "1f1b", "pipedream", "pipedream-vsync", "pipedream_2bw"):
-        return (p - 1) / (m + p - 1)
-    if program.schedule == "interleaved" or (program.schedule == "looped_bfs" and m >= p):
-        return (p - 1) / (v * m + p - 1)
-    if program.schedule == "zbv" and m >= p:  # stages of half a device's work each
-        return (p - 1) / (6 * m + p - 1)
-    if program.schedule in ("zb1p", "zb2p") and m >= p:  # zero bubble's form needs m >= p
-        return (p - 1) / (3 * m + p - 1)
-    return None
 
 
 def format_report(report: dict[str, Any], timeline: Timeline) -> str:

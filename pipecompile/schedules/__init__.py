@@ -10,17 +10,20 @@ from collections.abc import Callable
 
 from pipecompile.errors import ProgramError
 from pipecompile.ir.program import Program
+from pipecompile.schedules.dualpipev import dualpipev
 from pipecompile.schedules.gpipe import gpipe
 from pipecompile.schedules.interleaved import interleaved
 from pipecompile.schedules.looped_bfs import looped_bfs
 from pipecompile.schedules.one_f_one_b import one_f_one_b
 from pipecompile.schedules.pipedream import pipedream
 from pipecompile.schedules.pipedream_2bw import pipedream_2bw
+from pipecompile.schedules.v_half import v_half
+from pipecompile.schedules.v_min import v_min
 from pipecompile.schedules.zb1p import zb1p
 from pipecompile.schedules.zb2p import zb2p
 from pipecompile.schedules.zbv import zbv
 
-__all__ = ["SCHEDULES", "SYNCHRONOUS", "generate", "devices_for"]
+__all__ = ["SCHEDULES", "SYNCHRONOUS", "V_SHAPED", "generate", "devices_for"]
 
 SCHEDULES: dict[str, Callable[..., Program]] = {
     "gpipe": gpipe,
@@ -32,9 +35,16 @@ SCHEDULES: dict[str, Callable[..., Program]] = {
     "zb2p": zb2p,
     "looped_bfs": looped_bfs,
     "zbv": zbv,
+    "v_half": v_half,
+    "v_min": v_min,
+    "dualpipev": dualpipev,
 }
 # Schedules whose step equals single-device training on the mini-batch.
-SYNCHRONOUS = frozenset({"gpipe", "1f1b", "interleaved", "zb1p", "zb2p", "looped_bfs", "zbv"})
+SYNCHRONOUS = frozenset(
+    {"gpipe", "1f1b", "interleaved", "zb1p", "zb2p", "looped_bfs", "zbv", "v_half", "v_min",
+     "dualpipev"}
+)  # fmt: skip
+V_SHAPED = ("zbv", "v_half", "v_min", "dualpipev")  # two stages per device, in a V
 LOOPED = ("interleaved", "looped_bfs")  # v stages per device, stage j on device j mod p
 
 
@@ -81,6 +91,6 @@ def generate(
 def devices_for(name: str, stages: int, virtual_stages: int | None = None) -> int:
     """How many devices schedule ``name`` places ``stages`` stages on."""
     v = 2 if virtual_stages is None else max(virtual_stages, 1)
-    if name == "zbv":
+    if name in V_SHAPED:
         return stages // 2
     return stages // v if name in LOOPED else stages

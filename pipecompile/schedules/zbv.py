@@ -8,13 +8,24 @@ from pipecompile.errors import ProgramError
 from pipecompile.ir.program import Program
 from pipecompile.schedules.list_scheduler import list_schedule
 
-__all__ = ["zbv", "v_placement", "shorter"]
+__all__ = ["zbv", "v_placement", "v_stages", "shorter"]
 
 
 def v_placement(stages: int) -> tuple[int, ...]:
     """Stage j on device j for the first half, on device stages-1-j for the second."""
     p = stages // 2
     return tuple(j if j < p else stages - 1 - j for j in range(stages))
+
+
+def v_stages(stages: int, name: str) -> int:
+    """``stages`` when a V can hold them (two per device), else a ProgramError naming
+    schedule ``name``."""
+    if stages % 2 or stages < 2:
+        raise ProgramError(
+            f"{name} places two stages on each device in a V; --stages {stages} must be even "
+            f"(2 x the devices)"
+        )
+    return stages
 
 
 def zbv(stages: int, microbatches: int) -> Program:
@@ -35,12 +46,7 @@ def zbv(stages: int, microbatches: int) -> Program:
     stage-micro-batches of half size, the activations of p micro-batches: the peak of 1F1B's
     first device.
     """
-    if stages % 2 or stages < 2:
-        raise ProgramError(
-            f"zbv places two stages on each device in a V; --stages {stages} must be even "
-            f"(2 x the devices)"
-        )
-    p = stages // 2
+    p = v_stages(stages, "zbv") // 2
     placement, caps = v_placement(stages), [2 * p] * p
     plays = [
         list_schedule("zbv", placement, microbatches, caps, split=True, forward_first=first)
