@@ -15,6 +15,7 @@ from pipecompile.ir.topology import Topology
 from pipecompile.passes import insert_communication
 from pipecompile.reports.timeline_text import timeline_text
 from pipecompile.schedules import generate
+from pipecompile.schedules.closed_forms import uniform_bubble
 
 SHAPES = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 32)]
 
@@ -80,6 +81,31 @@ def test_zbv_idles_only_the_fill(p):
         assert exact(timeline.bubble_fraction) == Fraction(p - 1, 6 * m + p - 1)
     for m in range(p + 1, 2 * p):  # between, a few clocks more from p = 5 on
         assert run("zbv", 2 * p, m).makespan - 6 * m <= (p - 1) + max(0, p - 4), m
+
+
+@pytest.mark.parametrize("name, memory", [("v_half", lambda p: (p + 2) // 2),
+                                          ("v_min", lambda p: (p + 4) // 3)])  # fmt: skip
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 8])
+def test_controllable_memory_schedules_hold_their_papers_fraction(p, name, memory):
+    """V-Half and V-Min hold the activations of (p+2)//2 and (p+4)//3 micro-batches (2 half
+    stages each) where 1F1B holds p, and idle a constant number of clocks from m = p on:
+    the closed form ``uniform_bubble`` states (the papers' "about p/2m" and "2p/3m")."""
+    for m in range(1, 3 * p + 1):
+        timeline = run(name, 2 * p, m)
+        assert max(timeline.peak_inflight) == min(2 * memory(p), 2 * m), m
+        if m >= p:
+            closed = uniform_bubble(generate(name, 2 * p, m))
+            assert timeline.bubble_fraction == pytest.approx(closed, abs=1e-12), m
+    idle = run(name, 2 * p, 2 * p).makespan - 12 * p
+    assert idle <= {"v_half": 3.5 * p, "v_min": 4 * p}[name]  # within the papers' estimates
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 8])
+def test_dualpipev_idles_only_the_fill_and_holds_2p_plus_1(p):
+    for m in range(2 * p, 4 * p + 1):
+        timeline = run("dualpipev", 2 * p, m)
+        assert timeline.makespan == 6 * m + p - 1, m
+        assert timeline.peak_inflight == (2 * p + 1,) * p, m  # DualPipe's PP + 1, PP = 2p
 
 
 @pytest.mark.parametrize("p, m", SHAPES)

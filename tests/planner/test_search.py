@@ -17,6 +17,7 @@ from pipecompile.passes import annotate_costs
 from pipecompile.planner.model_facts import model_facts
 from pipecompile.planner.predict import Predictor
 from pipecompile.planner.search import Space, divisors, search
+from pipecompile.schedules import SYNCHRONOUS, V_SHAPED
 from tests.conftest import example_spec
 
 # A machine where a small micro-batch costs: every op and instruction has a fixed price.
@@ -43,12 +44,12 @@ def test_every_plan_is_predicted_and_the_best_ranks_first(facts) -> None:  # typ
     # Each shape the search may use appears: pure data parallel, replicated pipelines, and
     # every synchronous schedule; every plan uses all 4 devices.
     seen = {p.plan.schedule for p in result.ranked}
-    assert seen == {"gpipe", "1f1b", "zb1p", "zb2p", "interleaved", "looped_bfs", "zbv"}
+    assert seen == SYNCHRONOUS  # zbv, v_half, v_min and dualpipev on 8 stages in a V
     for p in result.ranked:
         used = sum(p.plan.replicas) if p.plan.replicas else p.plan.stages
         per_device = {"interleaved": p.plan.virtual_stages, "looped_bfs": p.plan.virtual_stages}
         assert used == 4 * per_device.get(p.plan.schedule, 1) * (
-            2 if p.plan.schedule == "zbv" else 1
+            2 if p.plan.schedule in V_SHAPED else 1
         ) or (p.plan.replicas and sum(p.plan.replicas) == 4)
     # Micro-batch counts: the divisors of the batch, no more.
     assert {p.plan.microbatches for p in result.ranked} <= set(divisors(8))

@@ -61,6 +61,11 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
         pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule",
                               "interleaved"], marks=SAMPLED_OUT),
         (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "zbv"]),
+        # V-shaped too: blocks of controllable memory; whole backwards paired with forwards
+        (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "v_half"]),
+        pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "v_min"],
+                     marks=SAMPLED_OUT),
+        (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "dualpipev"]),
         # the balancer chooses the replicas: [1, 2] (the lm_head stage is the heavier one);
         # sampled out for time: test_replicated_stages_equal_the_unreplicated_run runs both
         # replica layouts under --nproc
@@ -68,7 +73,7 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
                      marks=SAMPLED_OUT),
     ],
     ids=["mlp-gpipe-2", "mlp-zb2p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4", "gpt-interleaved-2",
-         "gpt-zbv-2", "gpt-workers-3"],
+         "gpt-zbv-2", "gpt-v_half-2", "gpt-v_min-2", "gpt-dualpipev-2", "gpt-workers-3"],
 )  # fmt: skip
 def test_distributed_check_equals_local_and_eager(compiled, capfd, model, nproc, options):
     out = compiled(model, *options)

@@ -31,6 +31,9 @@ CONFIGS = {
 PLACED = {
     "zbv": {"schedule": "zbv"},  # 4 stages on 2 devices in a V
     "looped_bfs": {"schedule": "looped_bfs", "virtual_stages": 2},
+    "v_half": {"schedule": "v_half"},  # V-shaped blocks of controllable memory
+    "v_min": {"schedule": "v_min"},
+    "dualpipev": {"schedule": "dualpipev"},  # whole B's paired with F's, then I and W
 }
 PLACED_ON = ["gpt", "two_towers", "hf_llama"]
 

@@ -55,6 +55,18 @@ GOLDEN = {
         "0F0 0F1 0F2 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0W1 3F2 3I2 3W2 0I2 0W2 0STEP 3STEP",
         "1F0 2F0 1F1 2F1 2I0 1I0 2W0 1F2 2I1 1I1 1W0 2F2 2W1 1W1 2I2 1I2 2W2 1W2 1STEP 2STEP",
     ),
+    ("v_half", 4, 3, ()): (  # device 1 holds at most 4 = 2 x (p+2)//2 half stages
+        "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 0I0 0W0 3W1 3F2 3I2 3W2 0I1 0W1 0I2 0W2 0STEP 3STEP",
+        "1F0 2F0 1F1 2F1 2I0 2W0 1I0 1W0 1F2 2F2 2I1 2W1 1I1 1W1 2I2 2W2 1I2 1W2 1STEP 2STEP",
+    ),
+    ("v_min", 4, 3, ()): (  # device 0 holds at most 2 half stages, device 1 four
+        "0F0 3F0 3I0 3W0 0F1 0I0 0W0 3F1 3I1 3W1 0F2 0I1 0W1 3F2 3I2 3W2 0I2 0W2 0STEP 3STEP",
+        "1F0 2F0 2I0 1I0 1F1 2F1 2W0 1W0 2I1 1I1 1F2 2F2 2W1 1W1 2I2 1I2 2W2 1W2 1STEP 2STEP",
+    ),
+    ("dualpipev", 4, 4, ()): (  # pairs (F, B) of the two stages in the middle; B's, then I/W
+        "0F0 0F1 0F2 3F0 3I0 3W0 3F1 0F3 3B1 3F2 0B0 3B2 3F3 0B1 3B3 0I2 0W2 0I3 0W3 0STEP 3STEP",
+        "1F0 2F0 1F1 2F1 1F2 2B0 2F2 1B0 1F3 2B1 2F3 1B1 2B2 1B2 2I3 1I3 2W3 1W3 1STEP 2STEP",
+    ),
     ("looped_bfs", 4, 2, (("virtual_stages", 2),)): (
         "0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1 0STEP 2STEP",
         "1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1 1STEP 3STEP",
@@ -99,6 +111,9 @@ def test_every_schedule_round_trips_as_text(name):
         (lambda: generate("1f1b", 4, 4, virtual_stages=2), "--virtual-stages applies to the"),
         (lambda: generate("zbv", 4, 4, virtual_stages=2), "--virtual-stages applies to the"),
         (lambda: generate("zbv", 3, 4), "--stages 3 must be even"),
+        (lambda: generate("v_half", 5, 4), "v_half places two stages on each device in a V"),
+        (lambda: generate("v_min", 1, 4), "--stages 1 must be even"),
+        (lambda: generate("dualpipev", 6, 5), "at least 2 x devices = 6 micro-batches"),
         (lambda: generate("looped_bfs", 6, 4, virtual_stages=4), "--stages 6 is not a multiple"),
         (lambda: generate("looped_bfs", 4, 4, virtual_stages=1), "at least 2, got 1"),
         (lambda: generate("gpipe", 4, 4, vertical_sync=True), "--vertical-sync applies to the"),

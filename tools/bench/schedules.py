@@ -39,6 +39,8 @@ from pipecompile.passes import insert_communication
 from pipecompile.runtime.interpreter import run_program
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.schedules import generate
+from pipecompile.schedules.v_half import v_half_idle
+from pipecompile.schedules.v_min import v_min_idle
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,11 @@ SCHEDULES = [
     ("looped_bfs v=2", "looped_bfs", {"virtual_stages": 2},
      lambda p, m: Fraction(p - 1, 2 * m + p - 1)),
     ("zbv", "zbv", {"v_shape": True}, lambda p, m: Fraction(p - 1, 6 * m + p - 1)),
+    ("v_half", "v_half", {"v_shape": True},
+     lambda p, m: Fraction(v_half_idle(p), 6 * m + v_half_idle(p))),
+    ("v_min", "v_min", {"v_shape": True},
+     lambda p, m: Fraction(v_min_idle(p), 6 * m + v_min_idle(p))),
+    ("dualpipev", "dualpipev", {"v_shape": True}, lambda p, m: Fraction(p - 1, 6 * m + p - 1)),
     ("pipedream_2bw", "pipedream_2bw", {}, lambda p, m: Fraction(p - 1, m + p - 1)),
 ]  # fmt: skip
 
@@ -76,7 +83,7 @@ def stages_of(options: dict, p: int) -> int:
 
 
 def generator_options(options: dict) -> dict:
-    """The options the schedule takes (``v_shape`` only says zbv has two stages a device)."""
+    """The options the schedule takes (``v_shape`` only says it has two stages a device)."""
     return {k: v for k, v in options.items() if k != "v_shape"}
 
 

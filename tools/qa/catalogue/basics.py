@@ -300,6 +300,11 @@ OPTION_CASES = [
     Case("zbv-odd-stages", "--schedule zbv --stages 3 (a V needs two stages per device)",
          nothing, ("mlp.py", "--stages", "3", "-o", "o", "--schedule", "zbv"),
          r"zbv places two stages on each device in a V; --stages 3 must be even"),
+    Case("dualpipev-few-microbatches", "--schedule dualpipev with fewer micro-batches than stages",
+         nothing, ("mlp.py", "--stages", "4", "-o", "o", "--schedule", "dualpipev",
+                   "--microbatches", "2", "-q"),
+         r"dualpipev needs at least 2 x devices = 4 micro-batches, one per stage of its V; got "
+         r"--microbatches 2"),
     Case("compile-unknown-backend", "run --compile inductr (a typo)", nothing,
          (*RUN, "--compile", "inductr"), r"--compile: invalid choice: 'inductr'"),
     Case("save-every-without-save", "run --save-every 2 without --save", nothing,
