@@ -3,7 +3,7 @@
 user setup on the same model, data and processes. Prints Markdown tables.
 
 1. Search time: a 32-layer GPT (width 128, 64 tokens, batch 32) over 8 devices.
-2. For a GPT, a Hugging Face Llama and a ResNet on 4 processes (CPU, gloo):
+2. For a GPT, a Hugging Face Llama and a ResNet on 4 processes (CPU, gloo; `--processes 2`: 2):
    - `pipecompile MODEL --devices 4 --tune 3`: the plan chosen, re-measured;
    - a grid over stages (1, 2, 4; replicas fill the 4 devices) x micro-batches (2, 4, 8) x
      schedule (gpipe, 1f1b, zb1p), each compiled with `--devices 4` and the rest fixed,
@@ -19,6 +19,7 @@ search would be), and each prediction is also shown without it (calibration only
 predicted time is proportional to the ratio); the grid's own runs feed nothing back. Rerun with::
 
     python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
+    python tools/bench/plan.py --processes 2   # the same on 2 processes (one core each here)
     python tools/bench/plan.py --quick    # 8 layers over 2 devices; one model on 2 processes,
                                           # --tune 1, a 1-point grid, the peer on 2 stages
 """
@@ -165,11 +166,12 @@ def measured(directory: Path, ranks: int) -> float:
     return measure_step(directory, ranks, STEPS)
 
 
-def grid_points(quick: bool) -> list[tuple[int, int, str]]:
+def grid_points(quick: bool, devices: int) -> list[tuple[int, int, str]]:
     if quick:
         return [(2, 2, "1f1b")]
     points = [(1, m, "gpipe") for m in (2, 4, 8)]
-    points += [(s, m, k) for s in (2, 4) for m in (2, 4, 8) for k in ("gpipe", "1f1b", "zb1p")]
+    stages = [s for s in (2, 4) if s <= devices]
+    points += [(s, m, k) for s in stages for m in (2, 4, 8) for k in ("gpipe", "1f1b", "zb1p")]
     return points
 
 
@@ -189,17 +191,17 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return 1 - 6 * d2 / (n * (n * n - 1))
 
 
-def one_model(root: Path, bench: Bench, quick: bool) -> dict:
+def one_model(root: Path, bench: Bench, quick: bool, processes: int) -> dict:
     path = model_file(root, bench)
     tuned = root / f"{bench.name}-tuned"
-    devices = "2" if quick else "4"
+    devices = "2" if quick else str(processes)
     pipecompile_here(str(path), "--devices", devices, "--tune", "1" if quick else "3", "-o",
                      str(tuned), "-q")  # fmt: skip
     chosen = plan_of(tuned)
     # re-measured beside the grid (quick: --tune's own measurement)
     chosen_s = chosen["measured_step_s"] if quick else measured(tuned, ranks_of(chosen))
     rows = []
-    for stages, m, schedule in grid_points(quick):
+    for stages, m, schedule in grid_points(quick, int(devices)):
         out = root / f"{bench.name}-{stages}-{m}-{schedule}"
         pipecompile_here(str(path), "--devices", devices, "--stages", str(stages),
                          "--microbatches", str(m), "--schedule", schedule, "-o", str(out),
@@ -284,7 +286,7 @@ def peer_worker(directory: Path, model_path: Path) -> None:
 
 
 def tuned_scale(plan: dict) -> float:
-    """The measured / predicted ratio `--tune` kept for this model on 4 devices (1 if none):
+    """The measured / predicted ratio `--tune` kept for this model on its devices (1 if none):
     every predicted time is proportional to it."""
     from pipecompile.planner.calibrate import record_path
 
@@ -340,6 +342,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="seconds: every path, small")
     parser.add_argument("--only", choices=[b.name for b in BENCHES], help="one model")
+    parser.add_argument("--processes", type=int, choices=(2, 4), default=4,
+                        help="devices (processes) of --tune, the grid and the peer")  # fmt: skip
     parser.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
     parser.add_argument("--model-file", help=argparse.SUPPRESS)
@@ -354,7 +358,7 @@ def main() -> None:
         benches = [b for b in BENCHES if args.only in (None, b.name)][: 1 if args.quick else None]
         tuned, calibrated = [], []
         for bench in benches:
-            got = one_model(Path(tmp), bench, args.quick)
+            got = one_model(Path(tmp), bench, args.quick, args.processes)
             errors, raw_errors, _ = report(bench, got)
             tuned += errors
             calibrated += raw_errors
