@@ -14,9 +14,10 @@ user setup on the same model, data and processes. Prints Markdown tables.
    Prediction error (median, worst) and Spearman's rank correlation over the grid.
 
 The calibration is measured fresh into a temporary cache (as a new machine would). The grid
-is predicted after `--tune` has kept its measured/predicted ratio for the model (as a second
-search would be), and each prediction is also shown without it (calibration only: every
-predicted time is proportional to the ratio); the grid's own runs feed nothing back. Rerun with::
+is predicted after `--tune` has kept what it learned for the model (a scale and a cost per
+compute instruction, as a second search would use them), and each prediction is also shown
+without it (compiled against the calibration alone); the grid's own runs feed nothing back.
+Rerun with::
 
     python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
     python tools/bench/plan.py --processes 2   # the same on 2 processes (one core each here)
@@ -201,13 +202,15 @@ def one_model(root: Path, bench: Bench, quick: bool, processes: int) -> dict:
     # re-measured beside the grid (quick: --tune's own measurement)
     chosen_s = chosen["measured_step_s"] if quick else measured(tuned, ranks_of(chosen))
     rows = []
+    cache = untuned_cache(root)
     for stages, m, schedule in grid_points(quick, int(devices)):
         out = root / f"{bench.name}-{stages}-{m}-{schedule}"
-        pipecompile_here(str(path), "--devices", devices, "--stages", str(stages),
-                         "--microbatches", str(m), "--schedule", schedule, "-o", str(out),
-                         "-q")  # fmt: skip
+        args = [str(path), "--devices", devices, "--stages", str(stages), "--microbatches",
+                str(m), "--schedule", schedule]  # fmt: skip
+        raw = predicted_untuned(cache, args, root / f"{out.name}-untuned")
+        pipecompile_here(*args, "-o", str(out), "-q")
         plan = plan_of(out)
-        rows.append((plan, measured(out, ranks_of(plan))))
+        rows.append((plan, raw, measured(out, ranks_of(plan))))
     peer = peer_step(root, bench, path, int(devices))
     return {"chosen": chosen, "chosen_s": chosen_s, "grid": rows, "peer_s": peer}
 
@@ -285,20 +288,31 @@ def peer_worker(directory: Path, model_path: Path) -> None:
     dist.destroy_process_group()
 
 
-def tuned_scale(plan: dict) -> float:
-    """The measured / predicted ratio `--tune` kept for this model on its devices (1 if none):
-    every predicted time is proportional to it."""
+def untuned_cache(root: Path) -> Path:
+    """A cache holding this machine's calibration without what `--tune` learned (its
+    ``step_scale`` and ``instr_extra``): compiled against it, a plan shows the calibrated-only
+    prediction."""
     from pipecompile.planner.calibrate import record_path
 
-    key = str(plan["cost_model"].get("model_key") or "")[:16]
+    records = json.loads(record_path().read_text())
+    for entry in records.values():
+        entry.pop("step_scale", None)
+        entry.pop("instr_extra", None)
+    cache = root / "untuned-cache"
+    cache.mkdir(exist_ok=True)
+    (cache / "calibration.json").write_text(json.dumps(records))
+    return cache
+
+
+def predicted_untuned(cache: Path, args: list[str], out: Path) -> float:
+    """The predicted step of the plan ``args`` compile to, priced by the untuned cache."""
+    kept = os.environ["PIPECOMPILE_CACHE"]
+    os.environ["PIPECOMPILE_CACHE"] = str(cache)
     try:
-        records = json.loads(record_path().read_text())
-    except (OSError, ValueError):
-        return 1.0
-    return float(next(
-        (r.get("step_scale", {}).get(f"{plan['devices']}/{key}", 1.0) for r in records.values()),
-        1.0,
-    ))  # fmt: skip
+        pipecompile_here(*args, "-o", str(out), "-q")
+        return float(plan_of(out)["predicted_step_s"])
+    finally:
+        os.environ["PIPECOMPILE_CACHE"] = kept
 
 
 def report(bench: Bench, got: dict) -> tuple[list[float], list[float], float]:
@@ -309,9 +323,7 @@ def report(bench: Bench, got: dict) -> tuple[list[float], list[float], float]:
           "| error (calibrated) | error (after --tune) |")  # fmt: skip
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     errors, raw_errors = [], []
-    for plan, seconds in grid:
-        scale = tuned_scale(plan)
-        raw = plan["predicted_step_s"] / scale
+    for plan, raw, seconds in grid:
         error, raw_error = plan["predicted_step_s"] / seconds - 1, raw / seconds - 1
         errors.append(error)
         raw_errors.append(raw_error)
@@ -319,9 +331,9 @@ def report(bench: Bench, got: dict) -> tuple[list[float], list[float], float]:
         print(f"| {plan['stages']} x ({replicas}) | {plan['microbatches']} | {plan['schedule']} "
               f"| {raw * 1e3:.1f} ms | {plan['predicted_step_s'] * 1e3:.1f} ms "
               f"| {seconds * 1e3:.1f} ms | {raw_error:+.1%} | {error:+.1%} |")  # fmt: skip
-    best = min(seconds for _, seconds in grid)
+    best = min(seconds for _, _, seconds in grid)
     chosen = got["chosen"]
-    rho = spearman([p["predicted_step_s"] for p, _ in grid], [s for _, s in grid])
+    rho = spearman([p["predicted_step_s"] for p, _, _ in grid], [s for _, _, s in grid])
     print(
         f"\nchosen by `--devices {n} --tune K`: {chosen['stages']} stages x "
         f"({','.join(map(str, chosen['replicas']))}), {chosen['microbatches']} micro-batches, "
