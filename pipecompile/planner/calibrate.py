@@ -20,12 +20,9 @@ Ranks share the machine's cores: for N ranks each measures with its fair share o
 and when N ranks need more cores than there are, the model's ``concurrency`` says how many
 compute at full speed at once (a step then lasts at least the ranks' summed work over it:
 a pipeline's idle ranks leave their cores to the busy ones).
-``--tune`` adds what it learned from the plans it ran (``learn_from_tune``): ``step_scale``,
-by which later predictions of the same model (its traced graph's fingerprint) for that many
-devices are multiplied, and ``instr_extra``, seconds every compute instruction costs beyond
-the calibrated ``instr_overhead`` (what a run spends per micro-batch that the probes do not
-see: receives waking up, the loss, gradient accumulation), fitted together by least squares
-as measured = scale x predicted + extra x instructions on the busiest device.
+``--tune`` adds ``step_scale``: the median of measured over predicted steps of the plans it
+ran, by which later predictions of the same model (its traced graph's fingerprint) for that
+many devices are multiplied.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -70,7 +66,6 @@ class Calibration:
     instr_overhead: float
     optimizer_rate: float
     step_scale: dict[str, float] | None = None  # "devices/model" -> measured / predicted
-    instr_extra: dict[str, float] | None = None  # "devices/model" -> seconds per instruction
     ranks: dict[str, dict[str, float]] | None = None  # devices -> message figures
 
     def applied(self, model: CostModel, devices: int, model_key: str = "") -> CostModel:
@@ -79,7 +74,6 @@ class Calibration:
         shared = devices * self.threads > cores()
         rate = model.flops_rate if model.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
         scale = (self.step_scale or {}).get(_scale_key(devices, model_key), 1.0)
-        extra = (self.instr_extra or {}).get(_scale_key(devices, model_key), 0.0)
         messages = (self.ranks or {}).get(str(devices), {})
         if messages and model.bandwidth == DEFAULT_BANDWIDTH:
             model = replace(model, bandwidth=messages["bandwidth"] / scale)
@@ -91,7 +85,7 @@ class Calibration:
             half_work=self.half_work,
             op_overhead=self.op_overhead * scale,
             elementwise_rate=self.elementwise_rate / scale,
-            instr_overhead=(self.instr_overhead + extra) * scale,
+            instr_overhead=self.instr_overhead * scale,
             concurrency=cores() / self.threads if shared else 0.0,
         )
 
@@ -158,49 +152,22 @@ def calibrated(
         threads=threads,
         **{f: float(entry[f]) for f in _FIELDS},
         step_scale=entry.get("step_scale"),
-        instr_extra=entry.get("instr_extra"),
         ranks=entry.get("ranks"),
     )
     return calibration.applied(model, devices, model_key), key
 
 
-def remember_scale(devices: int, scale: float, model_key: str = "", extra: float = 0.0) -> None:
-    """Fold ``--tune``'s measured / predicted ratio (and ``extra`` seconds per compute
-    instruction, in the already scaled predictions' terms) for the model ``model_key`` on
-    ``devices`` ranks of this machine into what is kept (a model's own: what was learned on
+def remember_scale(devices: int, scale: float, model_key: str = "") -> None:
+    """Fold ``--tune``'s measured / predicted ratio for the model ``model_key`` on
+    ``devices`` ranks of this machine into the one kept (a model's own: a ratio learned on
     one model says little about another's)."""
     records = _records()
     key = _key(fair_share(devices))
     if key in records:  # the tuned predictions were already scaled by the kept ratio
-        name = _scale_key(devices, model_key)
         kept = records[key].setdefault("step_scale", {})
-        before = kept.get(name, 1.0)
-        kept[name] = round(before * scale, 4)
-        if extra:
-            extras = records[key].setdefault("instr_extra", {})
-            extras[name] = extras.get(name, 0.0) + extra / (scale * before)
+        name = _scale_key(devices, model_key)
+        kept[name] = round(kept.get(name, 1.0) * scale, 4)
         _write(records)
-
-
-def learn_from_tune(
-    devices: int, points: list[tuple[float, float, float]], model_key: str = ""
-) -> tuple[float, float]:
-    """From ``--tune``'s (predicted s, measured s, compute instructions on the busiest
-    device) per plan, the scale and the extra seconds per instruction that fit best
-    (least squares, both positive; with one instruction count only, or no positive fit,
-    the median ratio and no extra), kept for the model; returns them."""
-    usable = [(p, m, n) for p, m, n in points if p > 0]
-    if not usable:
-        return 1.0, 0.0
-    scale, extra = statistics.median(m / p for p, m, _ in usable), 0.0
-    if len({n for _, _, n in usable}) > 1:
-        a = np.array([[p, n] for p, _, n in usable])
-        b = np.array([m for _, m, _ in usable])
-        (fit_scale, fit_extra), *_ = np.linalg.lstsq(a, b, rcond=None)
-        if fit_scale > 0 and fit_extra > 0:
-            scale, extra = float(fit_scale), float(fit_extra)
-    remember_scale(devices, scale, model_key, extra)
-    return scale, extra
 
 
 def _scale_key(devices: int, model_key: str) -> str:

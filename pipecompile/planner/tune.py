@@ -4,16 +4,14 @@ predicted against measured, and keep the measured best.
 Each plan is compiled with the search's own cost model (so its split is the one predicted),
 written to a temporary directory and trained by ``pipecompile run DIR --steps S`` in a
 subprocess: on its ranks with ``--nproc D`` when it needs D > 1 devices, else locally. Its
-step is the median ``step_ms`` of the steps after the first (which warms up). A scale on
-the predicted steps and an extra cost per compute instruction, fitted to the measured ones
-(``calibrate.learn_from_tune``), are kept with this machine's calibration, so the next
-search of this model for as many devices predicts in measured terms.
+step is the median ``step_ms`` of the steps after the first (which warms up). The ratio of
+measured to predicted steps (their median) is kept with this machine's calibration, so the
+next search of this model for as many devices predicts in measured terms.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -26,12 +24,9 @@ from typing import Any
 
 from pipecompile.errors import PlanError
 from pipecompile.ir.compiled import Compiled
-from pipecompile.ir.instr import BACKWARD_OPS, FORWARD_OPS
-from pipecompile.planner.calibrate import learn_from_tune
+from pipecompile.planner.calibrate import remember_scale
 
-__all__ = ["tune", "measure_step", "busiest"]
-
-COMPUTE_OPS = FORWARD_OPS | BACKWARD_OPS
+__all__ = ["tune", "measure_step"]
 
 Rebuild = Callable[[dict[str, Any]], Compiled]  # a plan's record -> its compiled form
 Write = Callable[[Compiled, Path], None]  # write a compiled plan into a directory
@@ -64,8 +59,7 @@ def tune(
             ranks = sum(candidate.replicas) if replicated else len(candidate.program.devices)
             measured = measure_step(directory, ranks, steps)
             rows.append({**_flags(plan), "predicted_step_s": plan["predicted_step_s"],
-                         "measured_step_s": round(measured, 6),
-                         "instructions": busiest(candidate)})  # fmt: skip
+                         "measured_step_s": round(measured, 6)})  # fmt: skip
             if say is not None:
                 say(
                     f"tune {k + 1}/{len(plans)}: {_label(plan)}: predicted "
@@ -74,32 +68,16 @@ def tune(
             if best is None or measured < best[0]:
                 best = (measured, candidate, k)
     assert best is not None
-    model_key = str(record.get("cost_model", {}).get("model_key") or "")
-    points = [(r["predicted_step_s"], r["measured_step_s"], r["instructions"]) for r in rows]
-    scale, extra = learn_from_tune(int(record["devices"]), points, model_key)
-    if say is not None:
-        say(
-            f"tune learned: steps x {scale:.3f}, plus {extra * 1e3:.3f} ms per compute "
-            f"instruction (kept for this model on {record['devices']} devices)"
-        )
+    ratios = [r["measured_step_s"] / r["predicted_step_s"] for r in rows if r["predicted_step_s"]]
+    if ratios:
+        model_key = str(record.get("cost_model", {}).get("model_key") or "")
+        remember_scale(int(record["devices"]), statistics.median(ratios), model_key)
     measured, chosen, k = best
     others = ranked[:k] + ranked[k + 1 :]
     tuned = {**record, **ranked[k], "runners_up": others[: len(ranked) - 1]}
     tuned["tuned"] = rows
-    tuned["learned"] = {"step_scale": round(scale, 4), "instr_extra_s": extra}
     tuned["measured_step_s"] = round(measured, 6)
     return replace(chosen, plan=tuned)
-
-
-def busiest(compiled: Compiled) -> float:
-    """Compute instructions (F, FC, B, I, W) one rank runs on the busiest device of the
-    compiled plan: a replicated stage's rank runs its share of the micro-batches."""
-    m = compiled.program.microbatches
-    share = [math.ceil(m / r) / m for r in compiled.replicas] or [1.0] * compiled.program.num_stages
-    return max(
-        sum(share[x.stage] for x in instrs if x.op in COMPUTE_OPS)
-        for instrs in compiled.program.devices
-    )
 
 
 def measure_step(directory: Path, ranks: int, steps: int) -> float:

@@ -54,33 +54,6 @@ def test_tune_ratios_fold_into_the_kept_scale(on) -> None:  # type: ignore[no-un
     remember_scale(2, 1 / 3.0)  # put it back for the other tests of the session
 
 
-def test_tune_learns_a_scale_and_a_cost_per_instruction(on) -> None:  # type: ignore[no-untyped-def]
-    """Measured steps that are 1.5 x the predicted plus 2 ms per compute instruction are
-    learned as such, and the next prediction of the model includes both; with one
-    instruction count only, the median ratio alone is learned."""
-    model, _ = calibrated(CostModel(), 2, model_key="fit-model-0123")
-    points = [(p, 1.5 * p + 0.002 * n, n) for p, n in ((0.10, 8), (0.12, 16), (0.09, 24))]
-    scale, extra = calibrate.learn_from_tune(2, points, "fit-model-0123")
-    assert scale == pytest.approx(1.5) and extra == pytest.approx(0.002)
-    learned, _ = calibrated(CostModel(), 2, model_key="fit-model-0123")
-    assert learned.flops_rate == pytest.approx(model.flops_rate / 1.5, rel=1e-3)
-    # instr_overhead, in the scaled model's terms: 1.5 x the calibrated one, plus the extra
-    assert learned.instr_overhead == pytest.approx(1.5 * model.instr_overhead + 0.002, rel=1e-3)
-    # a second tune of the same model folds into what was kept, in the new terms
-    again = [(p, 2.0 * p + 0.001 * n, n) for p, n in ((0.2, 8), (0.25, 16))]
-    calibrate.learn_from_tune(2, again, "fit-model-0123")
-    twice, _ = calibrated(CostModel(), 2, model_key="fit-model-0123")
-    assert twice.flops_rate == pytest.approx(model.flops_rate / 3.0, rel=1e-3)
-    assert twice.instr_overhead == pytest.approx(
-        2.0 * (1.5 * model.instr_overhead + 0.002) + 0.001, rel=1e-3
-    )
-    # another model is untouched; equal instruction counts: the median ratio, no extra
-    other, _ = calibrated(CostModel(), 2, model_key="other-model-4567")
-    assert other == model
-    flat = [(0.1, 0.2, 8), (0.1, 0.3, 8), (0.1, 0.25, 8)]
-    assert calibrate.learn_from_tune(2, flat, "flat-model-89ab") == (pytest.approx(2.5), 0.0)
-
-
 def _scale(entry: dict, devices: int) -> float:
     return float((entry.get("step_scale") or {}).get(str(devices), 1.0))
 

@@ -14,9 +14,9 @@ user setup on the same model, data and processes. Prints Markdown tables.
    Prediction error (median, worst) and Spearman's rank correlation over the grid.
 
 The calibration is measured fresh into a temporary cache (as a new machine would). The grid
-is predicted after `--tune` has kept what it learned for the model (a scale and a cost per
-compute instruction, as a second search would use them), and each prediction is also shown
-without it (compiled against the calibration alone); the grid's own runs feed nothing back.
+is predicted after `--tune` has kept what it learned for the model (its measured/predicted
+ratio, as a second search would use it), and each prediction is also shown without it
+(compiled against the calibration alone); the grid's own runs feed nothing back.
 Rerun with::
 
     python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
@@ -290,14 +290,12 @@ def peer_worker(directory: Path, model_path: Path) -> None:
 
 def untuned_cache(root: Path) -> Path:
     """A cache holding this machine's calibration without what `--tune` learned (its
-    ``step_scale`` and ``instr_extra``): compiled against it, a plan shows the calibrated-only
-    prediction."""
+    ``step_scale``): compiled against it, a plan shows the calibrated-only prediction."""
     from pipecompile.planner.calibrate import record_path
 
     records = json.loads(record_path().read_text())
     for entry in records.values():
         entry.pop("step_scale", None)
-        entry.pop("instr_extra", None)
     cache = root / "untuned-cache"
     cache.mkdir(exist_ok=True)
     (cache / "calibration.json").write_text(json.dumps(records))
