@@ -28,7 +28,9 @@ from collections.abc import Sequence
 
 from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
+from pipecompile.ir.memory_model import device_peak_bytes
 from pipecompile.ir.program import Program
+from pipecompile.schedules.list_scheduler import stepped
 from pipecompile.schedules.zbv import v_placement
 
 __all__ = ["play_blocks", "Block"]
@@ -58,17 +60,8 @@ def play_blocks(name: str, stages: int, microbatches: int, block: Block) -> Prog
         if free:
             busy[d] ^= {was, free[0]}
             clocks[key] = placed[d][key] = free[0]
-    orders = [sorted(times, key=times.get) for times in placed]
-    return Program(
-        name,
-        m,
-        placement,
-        tuple(
-            tuple(Instr(*key) for key in orders[d])
-            + tuple(Instr(Op.STEP, j) for j in range(stages) if placement[j] == d)
-            for d in range(p)
-        ),
-    )
+    orders = [[Instr(*key) for key in sorted(times, key=times.get)] for times in placed]
+    return stepped(name, m, placement, orders)
 
 
 def _placed(d: int, p: int, m: int, clocks: tuple[int, int, int, int]) -> dict[Key, int]:
@@ -99,11 +92,9 @@ def _placed(d: int, p: int, m: int, clocks: tuple[int, int, int, int]) -> dict[K
 
 def _held_peak(times: dict[Key, int]) -> int:
     """Most stage-micro-batches one device holds at once (F to W) at these clocks."""
-    held = peak = 0
-    for op, _, _ in sorted(times, key=times.get):
-        held += {Op.F: 1, Op.W: -1}.get(op, 0)
-        peak = max(peak, held)
-    return peak
+    order = [Instr(*key) for key in sorted(times, key=times.get)]
+    ones = [1] * (1 + max(j for _, j, _ in times))
+    return device_peak_bytes(order, ones, ones)
 
 
 def _room(times: dict[Key, int], start: int, end: int, cap: int) -> list[bool]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
+from pipecompile.schedules.list_scheduler import stepped
 from pipecompile.schedules.zbv import v_placement, v_stages
 
 __all__ = ["dualpipev"]
@@ -51,9 +52,7 @@ def dualpipev(stages: int, microbatches: int) -> Program:
             f"dualpipev needs at least 2 x devices = {2 * p} micro-batches, one per stage of its "
             f"V; got --microbatches {m}: raise --microbatches or use zbv"
         )
-    placement = v_placement(stages)
-    devices = [tuple(_device(d, p, m)) + _steps(d, placement) for d in range(p)]
-    return Program("dualpipev", m, placement, tuple(devices))
+    return stepped("dualpipev", m, v_placement(stages), [_device(d, p, m) for d in range(p)])
 
 
 def _device(d: int, p: int, m: int) -> list[Instr]:
@@ -108,7 +107,3 @@ def _device(d: int, p: int, m: int) -> list[Instr]:
     for _ in range(d + 1):
         weight()
     return out
-
-
-def _steps(d: int, placement: tuple[int, ...]) -> tuple[Instr, ...]:
-    return tuple(Instr(Op.STEP, j) for j in range(len(placement)) if placement[j] == d)

@@ -30,7 +30,7 @@ from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 
-__all__ = ["list_schedule"]
+__all__ = ["list_schedule", "stepped"]
 
 
 def list_schedule(
@@ -84,14 +84,21 @@ def list_schedule(
         clock += 1
         if clock > 4 * total + 4 * stages:
             raise ProgramError(f"{name}: the list scheduler made no progress (caps {list(caps)})")
-    steps = [
-        [Instr(Op.STEP, j) for j in range(stages) if stage_device[j] == d] for d in range(devices)
-    ]
+    return stepped(name, m, stage_device, orders)
+
+
+def stepped(
+    name: str, microbatches: int, stage_device: Sequence[int], orders: Sequence[Sequence[Instr]]
+) -> Program:
+    """The program running ``orders[d]`` on device d, then a ``STEP`` of each stage it holds."""
     return Program(
         name,
-        m,
+        microbatches,
         tuple(stage_device),
-        tuple(tuple(orders[d] + steps[d]) for d in range(devices)),
+        tuple(
+            tuple(order) + tuple(Instr(Op.STEP, j) for j, on in enumerate(stage_device) if on == d)
+            for d, order in enumerate(orders)
+        ),
     )
 
 
