@@ -4,8 +4,11 @@ remembered per machine (host, torch version, device kind, threads per process).
 What is measured, each forward plus backward, the best of several repeats:
 
 - contractions: ``F.linear`` at several sizes; a least-squares line through time against
-  FLOPs gives ``flops_rate`` (its slope) and ``half_work`` (the part of its intercept that
-  is not the per-op overhead): small micro-batches run matmuls less efficiently;
+  FLOPs, weighted so that each size's relative error counts alike, gives ``flops_rate``
+  (its slope) and ``half_work`` (the part of its intercept that is not the per-op
+  overhead): small micro-batches run matmuls less efficiently (unweighted, the largest
+  sizes decide the line and the intercept came out anywhere from 0 to 5e6 FLOPs between
+  runs);
 - ``op_overhead``: a chain of views, which do no work;
 - ``elementwise_rate``: a chain of ``tanh`` over a million elements;
 - ``instr_overhead``: a tiny model compiled into 4 stages, trained for a step with 32
@@ -48,6 +51,7 @@ from pipecompile.runtime.threads import cores, fair_share
 
 __all__ = ["Calibration", "best_of", "calibrated", "measure", "record_path", "remember_scale"]
 
+METHOD = 2  # a record measured another way is measured again
 _FIELDS = (
     "flops_rate", "half_work", "op_overhead", "elementwise_rate", "instr_overhead",
     "optimizer_rate",
@@ -133,12 +137,19 @@ def calibrated(
     threads = fair_share(devices)
     records = _records()
     key = _key(threads)
-    if key not in records or any(f not in records[key] for f in _FIELDS):
+    if (
+        key not in records
+        or records[key].get("method") != METHOD
+        or any(f not in records[key] for f in _FIELDS)
+    ):
         if say is not None:
             say(f"calibrating the cost model at {threads} threads (once; kept in {record_path()})")
         found = measure(threads)
         records = _records()  # another process may have written meanwhile
-        records[key] = {f: getattr(found, f) for f in _FIELDS} | {"threads": threads}
+        records[key] = {f: getattr(found, f) for f in _FIELDS} | {
+            "threads": threads,
+            "method": METHOD,
+        }
         _write(records)
     if devices > 1 and str(devices) not in records[key].get("ranks", {}):
         if say is not None:
@@ -227,7 +238,8 @@ def _contractions(op: float) -> tuple[float, float]:
             grad = torch.ones(rows, width)
             flops.append(2.0 * rows * width * width)
             seconds.append(best_of(lambda x=x, w=weight, g=grad: F.linear(x, w).backward(g)))
-    slope, intercept = np.polyfit(np.array(flops), np.array(seconds), 1)
+    times = np.array(seconds)
+    slope, intercept = np.polyfit(np.array(flops), times, 1, w=1 / times)
     rate = 3 / max(slope, 1e-15)
     half = max(0.0, (intercept / 3 - op) * rate)
     return float(rate), float(half)
