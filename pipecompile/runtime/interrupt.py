@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipecompile.files.names import LATEST
 
-__all__ = ["EXIT_INTERRUPTED", "interrupted_line", "sigterm_as_ctrl_c"]
+__all__ = ["EXIT_INTERRUPTED", "interrupted_line", "sigterm_as_ctrl_c", "user_stop"]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell shows for Ctrl-C; SIGTERM ends alike
 
@@ -36,6 +36,20 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def user_stop(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM) behind ``err``: ``err`` itself, or one it was raised while
+    handling (torch's file writer, interrupted mid-write, fails again closing the file and
+    raises that instead), else None."""
+    seen: set[int] = set()
+    found: BaseException | None = err
+    while found is not None and id(found) not in seen:
+        if isinstance(found, KeyboardInterrupt):
+            return found
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return None
 
 
 def interrupted_line(done: int | None, steps: int | None, save: Path | None) -> str:

@@ -155,6 +155,32 @@ def test_an_interrupted_save_keeps_latest_and_removes_its_files(tmp_path, mlp, m
     assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_1"]
 
 
+def test_a_stop_the_writer_turns_into_its_own_error_is_still_a_stop(tmp_path, mlp, monkeypatch):
+    """torch.save interrupted mid-write fails again closing its zip file ("unexpected pos"):
+    the save still ends as a stop (exit 130, one line), not as that error's traceback."""
+    ck = tmp_path.resolve() / "ck"
+    pipe = Pipeline.load(Path(mlp))
+    save(pipe, ck, 1)
+
+    def interrupted_writer(*args: object) -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            # as torch's writer does: raised while handling the stop, not from it
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")  # noqa: B904
+
+    monkeypatch.setattr("pipecompile.runtime.training.train_state.save_model", interrupted_writer)
+    with pytest.raises(KeyboardInterrupt):
+        save(pipe, ck, 2)
+    assert (ck / "latest").read_text().strip() == "step_1"
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_1"]
+    # an error that no stop caused stays that error
+    monkeypatch.setattr("pipecompile.runtime.training.train_state.save_model",
+                        lambda *a: (_ for _ in ()).throw(RuntimeError("disk said no")))  # fmt: skip
+    with pytest.raises(RuntimeError, match="disk said no"):
+        save(pipe, ck, 2)
+
+
 def test_the_interrupted_line(tmp_path):
     assert interrupted_line(None, 10, None) == "pipecompile: interrupted"
     assert interrupted_line(4, 10, tmp_path) == (

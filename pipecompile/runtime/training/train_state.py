@@ -53,6 +53,7 @@ from pipecompile.files.names import (
 from pipecompile.files.owned import TRAIN_STATE_FORMAT, is_our_latest, is_our_step_dir
 from pipecompile.files.writable import check_directory
 from pipecompile.ir.manifest import Manifest
+from pipecompile.runtime.interrupt import user_stop
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = [
@@ -95,9 +96,12 @@ def _save(pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any
         tmp.mkdir()
     try:
         return _write(pipe, root, tmp, step, rank, train)
-    except BaseException:  # Ctrl-C or an error mid-save: `latest` still names a complete step
+    except BaseException as err:  # Ctrl-C or an error mid-save: `latest` names a complete step
         if rank == 0:
             remove_partial(root)
+        stop = user_stop(err)
+        if stop is not None and stop is not err:
+            raise stop from None  # a stop mid-write that the writer turned into its own error
         raise
 
 
