@@ -32,7 +32,7 @@ COMMANDS = ("compile", "run", "show", "export", "viz", "onnx", "plot")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `pipecompile` command; returns the exit status (130 after Ctrl-C or
     SIGTERM)."""
-    from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c
+    from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c, user_stop
 
     try:
         parsed = _parser().parse_args(_with_command(list(sys.argv[1:] if argv is None else argv)))
@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipecompile: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # `run` says more itself; elsewhere this line is all there is
+        print("pipecompile: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # a writer that failed again closing its file after the stop
+        if user_stop(err) is None:
+            raise  # an internal error: its traceback is the report
         print("pipecompile: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 

@@ -181,6 +181,25 @@ def test_a_stop_the_writer_turns_into_its_own_error_is_still_a_stop(tmp_path, ml
         save(pipe, ck, 2)
 
 
+def test_any_command_stopped_inside_a_writer_ends_as_a_stop(monkeypatch, capsys):
+    """The same at the top, for every command: an error raised while handling a stop is the
+    stop (one line, 130); an error of its own is still a traceback."""
+    from pipecompile import cli
+
+    def stopped_writer(args: object) -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("unexpected pos 2112 vs 2004")  # noqa: B904 - as torch's writer
+
+    monkeypatch.setattr(cli, "_show", stopped_writer)
+    assert cli.main(["show", "out"]) == 130
+    assert capsys.readouterr().err == "pipecompile: interrupted\n"
+    monkeypatch.setattr(cli, "_show", lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["show", "out"])
+
+
 def test_the_interrupted_line(tmp_path):
     assert interrupted_line(None, 10, None) == "pipecompile: interrupted"
     assert interrupted_line(4, 10, tmp_path) == (
