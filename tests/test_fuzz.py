@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SAMPLED_OUT
 
 TOOL = ROOT / "tools" / "qa" / "fuzz.py"
 
@@ -39,7 +39,8 @@ fuzz = _load_tool()
 # --seed 2000 --jobs 2`.
 SEEDS = [2024, 2065, 2083, 2088, 2111, 2133, 2153, 2222, 2234, 2335, 2357, 2359, 2517, 2622,
          2673, 2676, 2746, 2981]  # fmt: skip
-DISTRIBUTED = [2183, 2250]  # interleaved on 2 ranks; zb1p with BatchNorm, a counter, in-place
+# interleaved on 2 ranks; zb1p with BatchNorm, a counter, in-place (sampled out for time)
+DISTRIBUTED = [2183, pytest.param(2250, marks=SAMPLED_OUT)]
 # Seeds failing for a known cause being fixed elsewhere: {seed: reason} (xfail, not strict).
 # None today: in-place ops at stage boundaries and weights forward never reads are fixed.
 KNOWN_FAILURES: dict[int, str] = {}
@@ -68,7 +69,7 @@ def test_random_model_matches_eager_or_is_refused(seed, tmp_path):
     assert outcome.verdict in ("matched", "refused"), _explain(outcome)
 
 
-@pytest.mark.parametrize("seed", _params(DISTRIBUTED))
+@pytest.mark.parametrize("seed", DISTRIBUTED)
 def test_random_model_distributed_check(seed, tmp_path):
     outcome = fuzz.run_case(seed, distributed=True, workdir=tmp_path)
     assert outcome.verdict == "matched" and outcome.distributed == "matched", _explain(outcome)

@@ -19,7 +19,13 @@ from pipecompile.errors import EmitError, RuntimeFailure
 from pipecompile.interop.onnx_chain import run_onnx_chain
 from pipecompile.interop.onnx_export import OnnxExportError, export_onnx
 from pipecompile.ir.microbatch import split_microbatches
-from tests.conftest import EXAMPLE_NAMES, EXAMPLES, example_spec, write_model_file
+from tests.conftest import (
+    EXAMPLE_NAMES,
+    EXAMPLES,
+    SAMPLED_OUT,
+    example_spec,
+    write_model_file,
+)
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -61,7 +67,14 @@ def _manifest(directory: Path) -> dict:
     return json.loads((directory / "manifest.json").read_text())
 
 
-@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+# Three models cover the chain's paths (a CNN, a tied GPT, an exported Hugging Face model);
+# the other examples are sampled out for time.
+CHAINED = {"resnet", "gpt", "hf_llama"}
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in CHAINED else pytest.param(n, marks=SAMPLED_OUT) for n in EXAMPLE_NAMES]
+)
 def test_onnx_chain_equals_eager(compiled_examples, tmp_path, name):
     directory = _copy(compiled_examples, name, tmp_path)
     paths = export_onnx(directory)

@@ -16,6 +16,7 @@ import pytest
 from pipecompile.runtime.interrupt import interrupted_line
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.train_state import save
+from tests.conftest import SAMPLED_OUT
 from tests.runtime.test_distributed import MLP, compile_to
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds processes in /proc")
@@ -101,7 +102,11 @@ def sigint_everyone(proc: subprocess.Popen, ck: Path) -> None:
 
 @pytest.mark.parametrize(
     "how",
-    ["ctrl-c-to-the-group", "sigterm-to-the-command", "sigint-to-every-process"],
+    [
+        "ctrl-c-to-the-group",
+        "sigterm-to-the-command",
+        pytest.param("sigint-to-every-process", marks=SAMPLED_OUT),
+    ],
 )
 def test_a_stopped_distributed_run_leaves_nothing_running(tmp_path, mlp, how):
     ck = tmp_path.resolve() / "ck"  # as `run --nproc` passes it on
