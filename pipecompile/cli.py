@@ -554,7 +554,7 @@ _CHECK_CANNOT = {
 
 def _refuse_ignored(args: argparse.Namespace) -> None:
     """Options given that this run would accept and ignore, refused with the reason."""
-    for flag in ("timeout", "device"):
+    for flag in ("timeout", "device", "dp", "shard"):
         if getattr(args, flag) is not None and not args.nproc:
             raise PipecompileError(
                 f"--{flag} applies to the ranks of --nproc N, which a run without --nproc "
@@ -625,16 +625,50 @@ def _run_distributed(args: argparse.Namespace) -> int:
     manifest = read_manifest(directory)
     program = read_program(Path(args.program) if args.program else directory / manifest.program)
     placement = Placement.from_manifest(manifest, program.stage_device)
-    if args.nproc != placement.world:  # refused before any rank starts
+    _check_mesh(args, program, placement.world)
+    if args.nproc != placement.world * args.dp:  # refused before any rank starts
         raise PipecompileError(
             f"--nproc {args.nproc}: the program runs on {len(program.devices)} devices with "
             f"replicas {list(placement.device_replicas)}, {placement.world} ranks; "
-            f"run --nproc {placement.world}"
+            f"run --nproc {placement.world * args.dp}"
+            + (f" (--dp {args.dp} copies of {placement.world})" if args.dp > 1 else "")
         )
     if args.metrics is None:
         args.metrics = str(Path(args.directory) / METRICS)
     ranks = to_argv(from_args(RunFlags, args)) + to_argv(from_args(TrainFlags, args))
     return launch(args.nproc, [args.directory, *ranks])
+
+
+def _check_mesh(args: argparse.Namespace, program, width: int) -> None:  # type: ignore[no-untyped-def]
+    """--dp and --shard, refused where they cannot run (before any rank starts)."""
+    if args.dp > 1 and args.nproc % args.dp:
+        raise PipecompileError(
+            f"--dp {args.dp} does not divide --nproc {args.nproc}: each of the {args.dp} copies "
+            f"of the pipeline needs {width} ranks; run --nproc {width * args.dp}"
+        )
+    if args.dp > 1 and program.asynchronous:
+        raise PipecompileError(
+            f"--dp {args.dp} needs a synchronous schedule: {program.schedule} updates the weights "
+            "after each micro-batch, before the copies could average their gradients; compile "
+            "with --schedule gpipe, 1f1b, zb1p or interleaved"
+        )
+    if args.dp > 1 and args.check:
+        raise PipecompileError(
+            "--check compares one pipeline with the eager model; drop --dp (the copies run "
+            "the same program)"
+        )
+    if args.shard is None:
+        return
+    if args.dp == 1:
+        raise PipecompileError(
+            f"--shard {args.shard} shards across the data-parallel copies, and there is one; "
+            "add --dp D (D copies), or drop --shard"
+        )
+    if args.shard != "optimizer":
+        raise PipecompileError(
+            f"--shard {args.shard} needs FSDP2 on the stages, which pipecompile's runtime does "
+            "not run yet; --shard optimizer (ZeRO-1) shards the optimizer state"
+        )
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -24,18 +24,27 @@ from pipecompile.runtime.local_backend import MISSING
 __all__ = ["DistBackend", "tie_groups"]
 
 
-def tie_groups(layout: Layout, placement: Placement) -> dict[Hashable, Any]:
+def tie_groups(layout: Layout, placement: Placement, copies: int = 1) -> dict[Hashable, Any]:
     """One process group per tied parameter held on several ranks (every replica of every
-    holder), and one per replicated device, keyed ("replicas", device). Every rank must call
-    this, in the same order, since creating a group is collective."""
+    holder), and one per replicated device, keyed ("replicas", device): those of this rank's
+    copy of the pipeline (``placement``), of ``copies``. Every rank must call this, in the
+    same order, since creating a group is collective (every copy's groups are created)."""
     groups: dict[Hashable, Any] = {}
-    for key in sorted(layout.ties):
-        ranks = sorted({r for j in layout.ties[key] for r in placement.ranks_of_stage(j)})
-        if len(ranks) > 1:
-            groups[key] = dist.new_group(ranks)
-    for d, count in enumerate(placement.device_replicas):
-        if count > 1:
-            groups[("replicas", d)] = dist.new_group(placement.ranks_of_device(d))
+    me = dist.get_rank()
+    for c in range(copies):
+        each = placement.copy(c)
+        for key in sorted(layout.ties):
+            ranks = sorted({r for j in layout.ties[key] for r in each.ranks_of_stage(j)})
+            if len(ranks) > 1:
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    groups[key] = group
+        for d, count in enumerate(each.device_replicas):
+            if count > 1:
+                ranks = each.ranks_of_device(d)
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    groups[("replicas", d)] = group
     return groups
 
 

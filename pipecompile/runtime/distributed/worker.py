@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
+from pipecompile.ir.instr import Op
 from pipecompile.model.data_hooks import (
     EVAL,
     TRAIN,
@@ -35,6 +36,7 @@ from pipecompile.model.data_hooks import (
     example_source,
 )
 from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
+from pipecompile.runtime.distributed.data_parallel import data_parallel_of, sharded_optimizer
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.distributed.rank_output import say, user_output
 from pipecompile.runtime.distributed.watchdog import Watchdog
@@ -158,13 +160,16 @@ def _run(
     manifest = read_manifest(directory)
     program = read_program(Path(args.program) if args.program else directory / manifest.program)
     placement = Placement.from_manifest(manifest, program.stage_device)
-    if placement.world != world:
+    copies = args.dp
+    if placement.world * copies != world:
         raise PipecompileError(
             f"the program runs on {len(program.devices)} devices with replicas "
-            f"{list(placement.device_replicas)}, {placement.world} ranks, but {world} were "
-            f"started; start {placement.world} (`pipecompile run --nproc {placement.world}`, "
-            "or torchrun with that many ranks in all)"
+            f"{list(placement.device_replicas)}, {placement.world} ranks"
+            f"{f' per copy, {copies} copies (--dp {copies})' if copies > 1 else ''}, but "
+            f"{world} were started; start {placement.world * copies} (`pipecompile run "
+            f"--nproc {placement.world * copies}`, or torchrun with that many ranks in all)"
         )
+    placement = placement.copy(rank // placement.world)
     device, replica = placement.role(rank)
     # First: it registers output types.
     watchdog.reading("the model file's import")  # bounded by --timeout, its prints shown
@@ -178,7 +183,10 @@ def _run(
         for j, entry in enumerate(manifest.stages)
     ]
     layout = Layout.from_manifest(manifest, program.stage_device)
-    groups = tie_groups(layout, placement)
+    groups = tie_groups(layout, placement, copies)
+    order = tuple(x.stage for x in program.devices[device] if x.op == Op.STEP)
+    reads_inputs = program.stage_device[0] == device and replica == 0
+    data_parallel = data_parallel_of(where, copies, placement, order, lead=reads_inputs)
     pipe = Pipeline(
         manifest,
         modules,
@@ -216,17 +224,20 @@ def _run(
     data = (_hook(spec, TRAIN, watchdog) or example_source(spec)) if any(reads) else None
     eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
     options = train_options(from_args(TrainFlags, args), directory)
+    if args.shard is not None:
+        options.optimizer_factory = sharded_optimizer(args.shard, options, data_parallel)
     train(
         pipe,
         spec.loss_fn,
         data,
         options,
-        group=_DistGroup(where),
+        group=_DistGroup(where, placement.world),
         eval_data=eval_data,
         state=progress,
         reads=reads,
         one_process=False,
         device=where,
+        data_parallel=data_parallel,
     )
     return 0
 
@@ -266,8 +277,9 @@ def _watched(source: BatchSource, watchdog: Watchdog) -> Iterator[Batch]:
 class _DistGroup:
     """The training loop's collectives over every rank (float64, on the rank's device)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, copy_width: int) -> None:
         self.rank, self.world, self.device = dist.get_rank(), dist.get_world_size(), device
+        self.copy_width = copy_width  # ranks of one data-parallel copy (batch agreement)
 
     def sum(self, values: list[float]) -> list[float]:
         return self._reduce(values, dist.ReduceOp.SUM)

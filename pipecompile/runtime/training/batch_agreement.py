@@ -21,6 +21,8 @@ SAMPLES = 256  # values of each tensor hashed, evenly strided over it
 
 
 class _Gather(Protocol):
+    rank: int
+
     def gather(self, values: list[float]) -> list[list[float]]: ...
 
 
@@ -45,7 +47,8 @@ def agree_on_batch(
     batch: Batch | None, source: BatchSource | None, index: int, epoch: int, group: _Gather
 ) -> None:
     """Compare batch ``index`` (from 0, in ``epoch``) of every rank that read one (``source``
-    not None); every rank calls this once per batch, in the same order.
+    not None) in this rank's data-parallel copy (the group's ``copy_width`` ranks, if it has
+    one); every rank calls this once per batch, in the same order.
 
     Raises:
         PipecompileError: two reading ranks got different batches (on those ranks; the
@@ -53,7 +56,9 @@ def agree_on_batch(
     """
     mine = fingerprint(batch) if source is not None and batch is not None else math.nan
     every = [values[0] for values in group.gather([mine])]
-    readers = [(r, f) for r, f in enumerate(every) if not math.isnan(f)]
+    width = getattr(group, "copy_width", len(every))  # --dp: each copy reads its own batches
+    ours = range(group.rank // width * width, (group.rank // width + 1) * width)
+    readers = [(r, every[r]) for r in ours if not math.isnan(every[r])]
     other = next(((r, f) for r, f in readers if f != readers[0][1]), None)
     if other is None or source is None:
         return

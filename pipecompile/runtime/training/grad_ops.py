@@ -18,22 +18,26 @@ def _held(pipe) -> list[tuple[int, nn.Module]]:  # type: ignore[no-untyped-def]
     return [(j, m) for j, m in enumerate(pipe.modules) if m is not None]
 
 
-def take_grads(pipe) -> list[torch.Tensor | None]:  # type: ignore[no-untyped-def]
-    """Every held parameter's gradient, removed from the parameter (in a fixed order)."""
-    taken = []
-    for _, module in _held(pipe):
+def take_grads(pipe) -> dict[int, list[torch.Tensor | None]]:  # type: ignore[no-untyped-def]
+    """Every held parameter's gradient, removed from the parameter: per stage, in a fixed
+    order."""
+    taken: dict[int, list[torch.Tensor | None]] = {}
+    for j, module in _held(pipe):
+        taken[j] = []
         for p in module.parameters():
-            taken.append(p.grad)
+            taken[j].append(p.grad)
             p.grad = None
     return taken
 
 
-def add_grads(pipe, taken: list[torch.Tensor | None]) -> None:  # type: ignore[no-untyped-def]
-    """Add gradients ``take_grads`` removed back onto the parameters."""
-    params = [p for _, module in _held(pipe) for p in module.parameters()]
-    for p, g in zip(params, taken, strict=True):
-        if g is not None:
-            p.grad = g if p.grad is None else p.grad + g
+def add_grads(pipe, taken: dict[int, list[torch.Tensor | None]], stage: int | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Add gradients ``take_grads`` removed back onto the parameters (of ``stage`` only, if
+    given), each once: what is added leaves ``taken``."""
+    for j, module in _held(pipe):
+        if (stage is None or j == stage) and j in taken:
+            for p, g in zip(module.parameters(), taken.pop(j), strict=True):
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad + g
 
 
 def all_finite(pipe) -> bool:  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +30,7 @@ from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime import notes
+from pipecompile.runtime.distributed.data_parallel import DataParallel
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
@@ -37,6 +39,7 @@ from pipecompile.runtime.threads import IdleCores
 from pipecompile.runtime.trace import Tracer, traced
 from pipecompile.runtime.trace_file import check_trace_file, trace_document, write_trace
 from pipecompile.runtime.training.batch_agreement import agree_on_batch
+from pipecompile.runtime.training.copy_share import SIT_OUT, CopyShare
 from pipecompile.runtime.training.divergence import check_losses, skipped_line
 from pipecompile.runtime.training.grad_ops import (
     add_grads,
@@ -51,6 +54,7 @@ from pipecompile.runtime.training.metrics import (
     batch_counts,
     check_metrics_file,
     local_bubble,
+    optimizer_state_bytes,
     peak_memory,
 )
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
@@ -221,16 +225,19 @@ def train(
     reads: tuple[bool, bool] = (True, True),
     one_process: bool = True,
     device: torch.device | None = None,
+    data_parallel: DataParallel | None = None,
 ) -> TrainState:
     """Train ``pipe`` on ``data`` (None on a rank that reads no data) per ``options``.
 
     ``reads``: whether this rank reads the inputs (holds the first stage) and the targets
     (holds the last). ``state`` is updated as steps finish (the caller reads it after an
     interrupt). Returns it, with one record per step. ``device``: where the batches go (a
-    rank's GPU); ``one_process``: every device of the program runs in this process.
+    rank's GPU); ``one_process``: every device of the program runs in this process;
+    ``data_parallel``: this rank's copy of the pipeline and its gradient sums (``--dp``).
     """
     group = group or LocalGroup()
     state = state or TrainState()
+    dp = data_parallel or DataParallel()
     check_options(options, pipe.program)
     if data is not None and data.peek() is None:  # before anything is built or trained
         raise PipecompileError(empty_data(data, 1, 0))
@@ -250,7 +257,7 @@ def train(
         pipe.optimizers or [], options.lr_schedule, options.warmup_steps, total
     )
     scaler = LossScaler(options.loss_scale) if options.precision == "fp16" else None
-    first = 0
+    first, saved = 0, {}
     if options.resume is not None:
         first = resume(pipe, options.resume, group.rank)
         saved = train_state(options.resume)
@@ -262,10 +269,13 @@ def train(
             f"--resume {options.resume}: the saved step is {first} and the run ends at "
             f"step {total}, so there is nothing to train; pass --steps greater than {first}"
         )
-    seed = options.seed if options.seed is not None else int(group.max([draw_base()])[0])
-    feed = _Feed(
-        data, length, group, epochs=options.epochs, skip=first * options.accumulate, device=device
-    )
+    seed = options.seed if options.seed is not None else saved.get("seed")
+    if seed is None:
+        seed = int(group.max([draw_base()])[0])
+    skip = saved.get("batches", first * options.accumulate * dp.size)
+    feed: Any = _Feed(data, length, group, epochs=options.epochs, skip=skip, device=device)
+    if dp.size > 1:
+        feed = CopyShare(feed, dp.index, dp.size)
     has_eval = group.max([1.0 if eval_data is not None else 0.0])[0] > 0
     if options.eval_every and not has_eval:
         raise PipecompileError(
@@ -289,6 +299,7 @@ def train(
             "seed": seed,
             "microbatches": pipe.program.microbatches,
             "accumulate": options.accumulate,
+            "data_parallel": dp.size,
         }
     )
     per_epoch = f", {length} batches an epoch" if length and length > 1 else ""
@@ -308,7 +319,7 @@ def train(
                 idle.between_steps()
             with tracer.step_span(step + 1, _devices(pipe)) if tracer else nullcontext():
                 done = _one_step(
-                    pipe, loss_fn, feed, options, group, scaler, seed, step, reads, one_process
+                    pipe, loss_fn, feed, options, group, scaler, seed, step, reads, one_process, dp
                 )
             if done is None:  # the data ran out (--epochs)
                 break
@@ -329,13 +340,19 @@ def train(
                 )
                 reporter.eval(EvalRecord(step, feed.epoch, loss))
             if options.save and save_due(step, total or -1, options.save_every):
-                train = {"epoch": feed.epoch, "batches": feed.read}
+                train = {"epoch": feed.epoch, "batches": feed.read, "seed": seed}
                 if scaler is not None:
                     train["loss_scale"] = scaler.state_dict()
                 save(pipe, options.save, step, group.rank, train)
                 saved_at = step
         if options.save and state.done is not None and state.done != saved_at:
-            save(pipe, options.save, state.done, group.rank, {"epoch": feed.epoch})
+            save(
+                pipe,
+                options.save,
+                state.done,
+                group.rank,
+                {"epoch": feed.epoch, "batches": feed.read, "seed": seed},
+            )
         if tracer is not None:
             _write_trace(pipe, tracer, group, options.trace, one_process)  # type: ignore[arg-type]
     finally:
@@ -359,17 +376,19 @@ def _one_step(
     step: int,
     reads: tuple[bool, bool],
     one_process: bool,
+    dp: DataParallel,
 ) -> tuple[StepRecord, str] | None:
     """One optimizer step and the note its line ends with; None if the data ended before it
-    began."""
+    began. With data-parallel copies, this copy's parts are its share of D x ``accumulate``
+    mini-batches (part a of copy k is mini-batch a*D + k of the step)."""
     sync = not pipe.asynchronous
     m, parts = pipe.program.microbatches, options.accumulate
-    loss_scale = (scaler.scale if scaler else 1.0) / (m * parts) if sync else 1.0
+    loss_scale = (scaler.scale if scaler else 1.0) / (m * parts * dp.size) if sync else 1.0
     began = time.perf_counter()
     busy_ns = sent = 0
     total_loss = 0.0
     bad: dict[int, torch.Tensor] | None = None  # the first non-finite part's losses
-    samples = tokens = 0
+    samples = tokens = used = 0
     home = pipe.device if pipe.device is not None else pipe.program.stage_device[0]
     for part in range(parts):
         with traced(pipe.tracer, home, "compute", "data", "data"):
@@ -379,7 +398,10 @@ def _one_step(
                 return None
             break  # a last, shorter accumulation at the end of the data
         with traced(pipe.tracer, home, "communication", "batch agreement", "all-reduce"):
-            _agree(batch, feed, group)
+            _agree(None if batch is SIT_OUT else batch, feed, group)
+        if batch is SIT_OUT:
+            break  # the data ended in this round before this copy's turn
+        used += 1
         taken = take_grads(pipe) if sync and part > 0 else None
         inputs = batch.inputs if reads[0] else None
         targets = batch.targets if reads[1] else None
@@ -390,8 +412,9 @@ def _one_step(
                 loss_fn,
                 keep_grads=sync,
                 loss_scale=loss_scale,
-                rng_base=step_base(seed, step, part),
+                rng_base=step_base(seed, step, part * dp.size + dp.index),
                 measure_memory=options.measure_memory,
+                on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
             )
         except PipecompileError as err:
             raise _in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
@@ -407,11 +430,17 @@ def _one_step(
         sent += pipe.last_sent_bytes
         counts = batch_counts(pipe.manifest, batch.inputs if reads[0] else None)
         samples, tokens = samples + counts[0], tokens + (counts[1] or 0)
+    if sync:
+        with traced(pipe.tracer, home, "communication", "data-parallel sum", "all-reduce"):
+            dp.finish(pipe.modules)
     overflow = 1.0 if sync and scaler is not None and not all_finite(pipe) else 0.0
-    sq = squared_norm(pipe) if sync and options.clip_grad_norm is not None else 0.0
+    counted = sync and options.clip_grad_norm is not None and dp.index == 0  # copies agree
+    sq = squared_norm(pipe) if counted else 0.0
+    mine = [float(used), float(samples), float(tokens)] if dp.lead else [0.0, 0.0, 0.0]
     with traced(pipe.tracer, home, "communication", "loss sum", "all-reduce"):
-        summed_loss, overflows, sq_norm, sent_total = group.sum([total_loss, overflow, sq, sent])
-    used = part + 1 if batch is not None else part
+        summed = group.sum([total_loss, overflow, sq, sent, *mine])
+    summed_loss, overflows, sq_norm, sent_total = summed[:4]
+    used, samples, tokens = (int(v) for v in summed[4:])
     loss = summed_loss / (m * used)
     note, skipped, grad_norm = "", False, None
     if overflows > 0:  # before the loss: a scaled loss may overflow where the loss did not
@@ -428,7 +457,7 @@ def _one_step(
         pipe.drop_step()
         note, skipped = "  skipped: the loss is not finite", True
     elif sync:
-        unscale = (1.0 / scaler.scale if scaler is not None else 1.0) * parts / used
+        unscale = (1.0 / scaler.scale if scaler is not None else 1.0) * parts * dp.size / used
         if options.clip_grad_norm is not None:
             grad_norm = math.sqrt(sq_norm) * unscale
             if grad_norm > options.clip_grad_norm:
@@ -440,7 +469,13 @@ def _one_step(
         pipe.apply_step()
     seconds = time.perf_counter() - began
     with traced(pipe.tracer, home, "communication", "metrics gather", "all-reduce"):
-        busy = group.gather([busy_ns / 1e9 / seconds, *peak_memory(pipe, one_process=one_process)])
+        busy = group.gather(
+            [
+                busy_ns / 1e9 / seconds,
+                optimizer_state_bytes(pipe),
+                *peak_memory(pipe, one_process=one_process),
+            ]
+        )
     record = StepRecord(
         step=step + 1,
         epoch=feed.epoch,
@@ -450,13 +485,24 @@ def _one_step(
         samples_per_s=samples / seconds,
         tokens_per_s=tokens / seconds if tokens else None,
         bubble=local_bubble(pipe) if one_process else 1 - sum(b[0] for b in busy) / len(busy),
-        peak_memory=[int(v) for b in busy for v in b[1:]],
+        peak_memory=[int(v) for b in busy for v in b[2:]],
         sent_bytes=int(sent_total),
         grad_norm=grad_norm,
         loss_scale=scaler.scale if scaler is not None else None,
         skipped=skipped,
+        optimizer_state_bytes=[int(b[1]) for b in busy],
     )
     return record, note
+
+
+def _last_backward(
+    pipe: Pipeline, dp: DataParallel, taken: dict[int, list] | None, stage: int
+) -> None:
+    """At ``stage``'s STEP in the step's last part: its gradients are complete once the
+    earlier parts' are added back, and their sum over the data-parallel copies starts."""
+    if taken is not None:
+        add_grads(pipe, taken, stage)
+    dp.start(pipe.modules, stage)
 
 
 def _tracer(pipe: Pipeline, options: TrainOptions, first: int) -> Tracer | None:
@@ -557,8 +603,9 @@ def _evaluate(
     return total / count if count else math.nan
 
 
-def _agree(batch: Batch, feed: _Feed, group: Group) -> None:
-    """Under --nproc, the ranks that read ``feed``'s last batch must have read the same one."""
+def _agree(batch: Batch | None, feed: Any, group: Group) -> None:
+    """Under --nproc, the ranks that read ``feed``'s last batch must have read the same one
+    (None: this copy has none this time)."""
     if not isinstance(group, LocalGroup):
         agree_on_batch(batch, feed.source, feed.in_epoch - 1, feed.epoch, group)
 

@@ -74,6 +74,18 @@ def local_bubble(pipe: Any) -> float | None:
     return simulate(pipe.program, topology, costs).bubble_fraction
 
 
+def optimizer_state_bytes(pipe: Any) -> int:
+    """Bytes of the optimizer state this process holds (a sharded optimizer's own part)."""
+    total = 0
+    for optimizer in pipe.optimizers or []:
+        inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local one
+        for state in inner.state.values() if optimizer is not None else ():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    total += value.numel() * value.element_size()
+    return total
+
+
 def peak_memory(pipe: Any, *, one_process: bool) -> list[int]:
     """Peak bytes per device. On CUDA, what the allocator held; on a CPU rank of its own, the
     process's peak resident size; for devices sharing this process, the bytes of their

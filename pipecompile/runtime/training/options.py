@@ -61,6 +61,22 @@ class RunFlags:
         api=None,
         help="run with one process per device through torch.distributed",
     )
+    dp: int | None = option(
+        "--dp",
+        check=positive_int,
+        then=1,
+        api=None,
+        metavar="D",
+        help="--nproc: run D data-parallel copies of the pipeline on a (dp, pp) device mesh "
+        "(--nproc = D x the program's ranks); copy k trains on batches k, k+D, ...",
+    )
+    shard: str | None = option(
+        "--shard",
+        choices=("optimizer", "grads", "params"),
+        api=None,
+        help="with --dp: shard across the copies; optimizer = each stage's optimizer state "
+        "(ZeRO-1, torch's ZeroRedundancyOptimizer)",
+    )
     device: str | None = option(
         "--device",
         choices=("auto", "cpu", "cuda"),

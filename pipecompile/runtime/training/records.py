@@ -32,6 +32,7 @@ class StepRecord:
     loss_scale: float | None = None  # fp16's
     skipped: bool = False  # the update was dropped
     first: int = 0  # the step this run began at (a resumed run's saved step)
+    optimizer_state_bytes: list[int] = field(default_factory=list)  # per rank (per process)
 
     def to_json(self) -> dict[str, Any]:
         """The metrics line's object, keys in the order the file has always had."""

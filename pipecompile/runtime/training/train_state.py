@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model
 
 from pipecompile.errors import EmitError
 from pipecompile.files.disk import disk_message, os_error, writing
@@ -55,6 +55,7 @@ from pipecompile.files.writable import check_directory
 from pipecompile.ir.manifest import Manifest
 from pipecompile.runtime.interrupt import user_stop
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.training.model_keyed import LAYOUT, load_model_keyed, save_model_keyed
 
 __all__ = [
     "save",
@@ -109,14 +110,7 @@ def _write(
     pipe: Pipeline, root: Path, tmp: Path, step: int, rank: int, train: dict[str, Any] | None
 ) -> Path:
     _barrier()
-    for j, module in enumerate(pipe.modules):
-        if module is None:
-            continue
-        save_model(module, str(tmp / stage_weights(j)))
-        optimizer = pipe.optimizers[j] if pipe.optimizers else None
-        if optimizer is not None:
-            with open(tmp / stage_optimizer(j), "wb") as f:  # a full disk: an OSError
-                torch.save(optimizer.state_dict(), f)
+    save_model_keyed(pipe, tmp)  # collective: every rank writes its share, rank 0 the index
     _barrier()
     final = root / step_name(step)
     if rank == 0:
@@ -125,7 +119,7 @@ def _write(
             "format": FORMAT,
             "step": step,
             "stages": len(pipe.modules),
-            "split": split_fingerprint(pipe.manifest),
+            "layout": LAYOUT,
             "train": train or {},
             "optimizer": _optimizer_kind(pipe),
         }
@@ -237,9 +231,22 @@ def _continues(resume: Path, root: Path) -> bool:
 
 
 def _optimizer_kind(pipe: Pipeline) -> str | None:
-    """The class name of this rank's optimizers (every stage uses the same kind)."""
-    kinds = [type(o).__name__ for o in pipe.optimizers or [] if o is not None]
+    """The class name of this rank's optimizers (every stage uses the same kind; a sharded
+    one's is the kind it shards)."""
+    kinds = [type(getattr(o, "optim", o)).__name__ for o in pipe.optimizers or [] if o]
     return kinds[0] if kinds else None
+
+
+def _check_optimizer_kind(pipe: Pipeline, step_dir: Path, kind: str | None) -> None:
+    """Refuse state another kind of optimizer saved (its fields would not fit this one)."""
+    mine = _optimizer_kind(pipe)
+    if kind is None or mine is None or kind == mine:
+        return
+    flag = f" (--optimizer {kind.lower()})" if kind in ("SGD", "Adam", "AdamW") else ""
+    raise EmitError(
+        f"train state {step_dir} was trained with {kind}, this run uses {mine}; resume with "
+        f"the optimizer it was trained with{flag}"
+    )
 
 
 def remove_partial(root: Path) -> None:
@@ -316,6 +323,10 @@ def resume(pipe: Pipeline, root: Path, rank: int = 0) -> int:
     step count to continue from."""
     step_dir = latest_step_dir(root)
     meta = read_meta(step_dir)
+    if meta.get("layout") == LAYOUT:
+        _check_optimizer_kind(pipe, step_dir, meta.get("optimizer"))
+        load_model_keyed(pipe, step_dir)
+        return int(meta["step"])
     split = meta.get("split")
     if meta["stages"] != len(pipe.modules) or (split and split != split_fingerprint(pipe.manifest)):
         counts = f" ({meta['stages']} stages, this one {len(pipe.modules)})"

@@ -1,0 +1,209 @@
+"""Train state keyed by the original model's names, as a ``torch.distributed.checkpoint``.
+
+What `run --save` writes in each ``step_<n>`` (meta.json says ``"layout": "dcp"``): every
+weight and buffer under its name in the model (``model.<name>``) and every optimizer state
+tensor under its parameter's name (``optim.<name>.<field>``, e.g. ``optim.head.weight.exp_avg``).
+A tied parameter is one entry, under the first of its names in sorted order. Nothing in it
+says how the model was split, so any compile of the same model loads it: another stage count,
+schedule, ``--dp`` or ``--shard``. Each rank contributes its stages; copies of a value that
+several ranks hold (data-parallel copies, tied weights) are written once, and optimizer state
+sharded over ``dp`` is written by the rank that owns each part. Loading is collective too:
+each rank asks for exactly the entries its stages need.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+
+from pipecompile.errors import EmitError
+
+__all__ = ["LAYOUT", "save_model_keyed", "load_model_keyed", "saved_entries", "read_model_keyed"]
+
+LAYOUT = "dcp"
+
+
+def _key(names: tuple[str, ...] | list[str], local: str) -> str:
+    return sorted(names)[0] if names else local
+
+
+def _distributed() -> bool:
+    """Whether ranks of a run take part (else this process is the whole run)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextmanager
+def _one_process_quietly() -> Iterator[None]:
+    """Without torch's warning that a checkpoint of one process is one of one process."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _held(pipe: Any) -> Iterator[tuple[int, nn.Module]]:
+    for j, module in enumerate(pipe.modules):
+        if module is not None:
+            yield j, module
+
+
+def _weights(pipe: Any) -> dict[str, list[torch.Tensor]]:
+    """``model.<name>`` -> its tensors, for every weight and buffer of this rank's stages (a
+    tied weight two stages here hold has two, always equal)."""
+    found: dict[str, list[torch.Tensor]] = {}
+    for j, module in _held(pipe):
+        names = pipe.layout.params[j]
+        for local, tensor in module.state_dict(keep_vars=True).items():
+            key = f"model.{_key(names.get(local, ()), local)}"
+            found.setdefault(key, []).append(tensor.detach())
+    return found
+
+
+def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state (ZeroRedundancyOptimizer's local one)."""
+    return getattr(optimizer, "optim", optimizer)
+
+
+def _optimizer_params(pipe: Any) -> Iterator[tuple[str, torch.optim.Optimizer, nn.Parameter]]:
+    """(model name, optimizer, parameter) for each parameter whose state this rank holds."""
+    for j, module in _held(pipe):
+        optimizer = pipe.optimizers[j] if pipe.optimizers else None
+        if optimizer is None:
+            continue
+        names = pipe.layout.params[j]
+        by_id = {id(p): local for local, p in module.named_parameters()}
+        inner = _inner(optimizer)
+        for group in inner.param_groups:
+            for p in group["params"]:
+                local = by_id[id(p)]
+                yield _key(names.get(local, ()), local), inner, p
+
+
+def _optimizer_state(pipe: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, optimizer, p in _optimizer_params(pipe):
+        for field, value in optimizer.state.get(p, {}).items():
+            found[f"optim.{name}.{field}"] = value
+    return found
+
+
+def save_model_keyed(pipe: Any, directory: Path) -> None:
+    """Write this rank's share of the train state under ``directory`` (collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    weights = {key: tensors[0] for key, tensors in _weights(pipe).items()}
+    state = {**weights, **_optimizer_state(pipe)}
+    with _one_process_quietly():
+        dcp.save(state, checkpoint_id=str(directory), no_dist=not _distributed())
+
+
+def saved_entries(directory: Path) -> dict[str, Any]:
+    """The entries of the checkpoint in ``directory``: key -> its storage metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        return dict(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
+    except Exception as err:
+        raise EmitError(
+            f"train state {directory} cannot be read ({type(err).__name__}: "
+            f"{str(err)[:200]}); it is damaged: resume from another saved step"
+        ) from None
+
+
+def read_model_keyed(directory: Path) -> dict[str, Any]:
+    """Every entry of the checkpoint in ``directory``, read whole into this process."""
+    import torch.distributed.checkpoint as dcp
+
+    entries = saved_entries(directory)
+    wanted: dict[str, Any] = {
+        k: torch.empty(tuple(m.size), dtype=m.properties.dtype) if hasattr(m, "size") else None
+        for k, m in entries.items()
+    }
+    with _one_process_quietly():
+        dcp.load(wanted, checkpoint_id=str(directory), no_dist=True)
+    return wanted
+
+
+def load_model_keyed(pipe: Any, directory: Path) -> None:
+    """Load this rank's weights and optimizer state from ``directory`` (collective).
+
+    Raises:
+        EmitError: the checkpoint lacks a weight of this model or holds it in another shape
+            (it was saved from another model), or a file of it is missing or damaged.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    entries = saved_entries(directory)
+    weights = _weights(pipe)
+    _check_weights(directory, entries, weights)
+    wanted: dict[str, Any] = {k: torch.empty_like(t[0]) for k, t in weights.items()}
+    fields: dict[tuple[int, str], tuple[torch.optim.Optimizer, nn.Parameter]] = {}
+    for name, optimizer, p in _optimizer_params(pipe):
+        for key in [k for k in entries if k.startswith(f"optim.{name}.")]:
+            meta = entries[key]
+            field = key[len(f"optim.{name}.") :]
+            if "." in field:
+                continue  # another parameter's, whose name begins like this one's
+            if hasattr(meta, "size"):
+                wanted[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+            else:
+                wanted[key] = None  # a number (pickled), read as saved
+            fields[(id(p), key)] = (optimizer, p)
+    try:
+        with _one_process_quietly():
+            dcp.load(wanted, checkpoint_id=str(directory), no_dist=not _distributed())
+    except (Exception, CheckpointException) as err:  # the latter gathers the ranks' errors
+        raise EmitError(
+            f"train state {directory} cannot be loaded ({_first_cause(err)}); a file of it is "
+            "missing or damaged: resume from another saved step"
+        ) from None
+    with torch.no_grad():
+        for key, tensors in weights.items():
+            for tensor in tensors:
+                tensor.copy_(wanted[key])
+    for (_, key), (optimizer, p) in fields.items():
+        field = key.rsplit(".", 1)[1]
+        value = wanted[key]
+        if isinstance(value, torch.Tensor):  # its own: optimizers update their state in place
+            value = value.to(p.device) if value.dim() > 0 else value
+            value = value.clone()
+        optimizer.state[p][field] = value
+
+
+def _first_cause(err: BaseException) -> str:
+    """One line of what went wrong: a rank's own error where torch gathered them."""
+    failures = getattr(err, "failures", None)
+    if failures:
+        err = next(iter(failures.values()))
+        err = getattr(err, "exception", err)
+    text = (str(err).splitlines() or [""])[0][:300]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _check_weights(directory: Path, entries: dict[str, Any], weights: dict[str, Any]) -> None:
+    missing = [k for k in weights if k not in entries]
+    if missing:
+        names = [k[len("model.") :] for k in missing]
+        held = sorted(k[len("model.") :] for k in entries if k.startswith("model."))
+        raise EmitError(
+            f"train state {directory} has no weight {names[0]!r}"
+            f"{f' (and {len(names) - 1} more)' if len(names) > 1 else ''} of this model: it was "
+            f"saved from another model (it holds {', '.join(held[:3])}{' ...' if held else ''}); "
+            "resume it into a compile of the model it was trained on"
+        )
+    for key, tensors in weights.items():
+        size, tensor = tuple(getattr(entries[key], "size", ())), tensors[0]
+        if size != tuple(tensor.shape):
+            raise EmitError(
+                f"train state {directory} holds {key[len('model.') :]!r} in shape {list(size)}, "
+                f"this model in {list(tensor.shape)}: it was saved from another model; resume "
+                "it into a compile of the model it was trained on"
+            )

@@ -1,0 +1,194 @@
+"""`run --nproc N --dp D`: data-parallel copies of the pipeline on a (dp, pp) mesh, ZeRO-1
+optimizer sharding, and train states keyed by the model's names that resume into another
+split at another scale.
+
+One chain of runs of examples/char_lm.py (dropout, a tied embedding, batches that differ)
+serves every claim, against one local reference with ``--accumulate 2``:
+2 stages x dp 2 from scratch (same seed, same losses), saved, resumed by 4 stages in one
+process (another split, dp 1), saved, resumed by 2 stages x dp 2 with the optimizer sharded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipecompile.cli import main
+from pipecompile.runtime.training.model_keyed import read_model_keyed
+from tests.conftest import EXAMPLES
+
+CHAR_LM = str(EXAMPLES / "char_lm.py")
+COMMON = ["-q", "--seed", "0", "--lr", "0.003"]
+
+
+def losses(path: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def last_step(path: Path) -> dict:
+    return [r for r in records(path) if r["kind"] == "train"][-1]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The runs, once: their directories and metrics files."""
+    root = tmp_path_factory.mktemp("mesh")
+    for stages in ("2", "4"):
+        assert main([CHAR_LM, "--stages", stages, "--microbatches", "2", "--schedule", "1f1b",
+                     "-q", "-o", str(root / f"c{stages}")]) == 0  # fmt: skip
+    c2, c4 = str(root / "c2"), str(root / "c4")
+
+    def run(name: str, directory: str, *argv: str) -> Path:
+        metrics = root / f"{name}.jsonl"
+        assert main(["run", directory, *COMMON, "--metrics", str(metrics), *argv]) == 0
+        return metrics
+
+    made = {
+        "reference": run("reference", c4, "--steps", "5", "--accumulate", "2"),
+        "dp": run("dp", c2, "--nproc", "4", "--dp", "2", "--steps", "2", "--save",
+                  str(root / "ck_dp")),
+        "back": run("back", c4, "--steps", "4", "--accumulate", "2", "--resume",
+                    str(root / "ck_dp"), "--save", str(root / "ck_back")),
+        "sharded": run("sharded", c2, "--nproc", "4", "--dp", "2", "--shard", "optimizer",
+                       "--steps", "5", "--resume", str(root / "ck_back"), "--save",
+                       str(root / "ck_sharded")),
+    }  # fmt: skip
+    return root, made
+
+
+def test_dp_gives_the_losses_of_one_pipeline_accumulating(chain):
+    _, made = chain
+    reference, dp = losses(made["reference"]), losses(made["dp"])
+    assert list(dp) == [1, 2]
+    for step, loss in dp.items():
+        assert loss == pytest.approx(reference[step], rel=1e-6, abs=0)
+    start = records(made["dp"])[0]
+    assert start["data_parallel"] == 2 and start["accumulate"] == 1
+
+
+def test_a_train_state_resumes_at_another_scale_and_back(chain):
+    _, made = chain
+    reference = losses(made["reference"])
+    back, sharded = losses(made["back"]), losses(made["sharded"])
+    assert list(back) == [3, 4] and list(sharded) == [5]
+    for step, loss in {**back, **sharded}.items():
+        assert loss == pytest.approx(reference[step], rel=1e-6, abs=0), step
+
+
+def test_sharded_optimizer_state_is_split_over_the_copies(chain):
+    _, made = chain
+    unsharded = last_step(made["dp"])["optimizer_state_bytes"]
+    sharded = last_step(made["sharded"])["optimizer_state_bytes"]
+    assert len(unsharded) == len(sharded) == 4
+    assert unsharded[0] == unsharded[2] and unsharded[1] == unsharded[3]  # copies hold the same
+    for rank in range(2):  # each copy's half of each stage's state (parameters split whole)
+        pair = sharded[rank] + sharded[rank + 2]
+        assert pair == pytest.approx(unsharded[rank], rel=0.01)
+        assert max(sharded[rank], sharded[rank + 2]) <= 0.7 * unsharded[rank]
+
+
+def test_the_train_state_is_keyed_by_the_models_names(chain):
+    root, _ = chain
+    spec_names = set(_model_names())
+    for saved in ("ck_dp/step_2", "ck_back/step_4", "ck_sharded/step_5"):
+        entries = read_model_keyed(root / saved)
+        weights = {k[len("model.") :] for k in entries if k.startswith("model.")}
+        assert weights == spec_names, saved
+        assert {k.rsplit(".", 1)[1] for k in entries if k.startswith("optim.")} == {
+            "step", "exp_avg", "exp_avg_sq",
+        }  # fmt: skip
+        meta = json.loads((root / saved / "meta.json").read_text())
+        assert meta["layout"] == "dcp" and meta["train"]["seed"] == 0
+
+
+def test_export_reads_a_train_state_of_another_split(chain, tmp_path):
+    root, _ = chain
+    target = tmp_path / "w.safetensors"
+    assert main(["export", str(root / "c4"), "--train-state", str(root / "ck_sharded"),
+                 "-o", str(target)]) == 0  # fmt: skip
+    from safetensors.torch import load_file
+
+    exported = load_file(target)
+    saved = read_model_keyed(root / "ck_sharded" / "step_5")
+    assert exported.keys() >= {k[len("model.") :] for k in saved if k.startswith("model.")}
+    assert all(torch.equal(exported[k[6:]], v) for k, v in saved.items() if k[:6] == "model.")
+
+
+def _model_names() -> list[str]:
+    from tests.conftest import load_model_file
+
+    model = load_model_file(CHAR_LM).model
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    names |= {n for n, _ in model.named_buffers()}
+    return sorted(names - {"wte.weight"})  # tied: one entry, under its first name in order
+
+
+def test_resume_into_another_model_is_refused(chain, tmp_path, capsys):
+    root, _ = chain
+    out = tmp_path / "mlp"
+    assert main([str(EXAMPLES / "mlp.py"), "--stages", "2", "-q", "-o", str(out)]) == 0
+    capsys.readouterr()
+    argv = ["run", str(out), "-q", "--steps", "9", "--resume", str(root / "ck_dp")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has no weight 'fc1.weight' (and 9 more)" in err and "saved from another model" in err, err
+
+
+def test_a_missing_shard_is_named(chain, tmp_path, capsys):
+    root, _ = chain
+    damaged = tmp_path / "ck"
+    shutil.copytree(root / "ck_dp", damaged)
+    (damaged / "step_2" / "__1_0.distcp").unlink()
+    argv = ["run", str(root / "c4"), "-q", "--steps", "3", "--resume", str(damaged)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"train state {damaged / 'step_2'} cannot be loaded" in err, err
+    assert "missing or damaged" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--nproc", "3", "--dp", "2"], "--dp 2 does not divide --nproc 3"),
+        (["--nproc", "4", "--dp", "2", "--shard", "grads"], "--shard grads needs FSDP2"),
+        (["--nproc", "2", "--shard", "optimizer"], "and there is one; add --dp D"),
+        (["--dp", "2"], "--dp applies to the ranks of --nproc N"),
+        (["--nproc", "6", "--dp", "2"], "run --nproc 4 (--dp 2 copies of 2)"),
+        (["--nproc", "4", "--dp", "2", "--check"], "--check compares one pipeline"),
+    ],
+)
+def test_mesh_options_that_cannot_run_are_refused(chain, capsys, argv, message):
+    root, _ = chain
+    assert main(["run", str(root / "c2"), "-q", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_dp_refuses_an_asynchronous_schedule(tmp_path, capsys):
+    out = tmp_path / "pd"
+    assert main([str(EXAMPLES / "mlp.py"), "--stages", "2", "--schedule", "pipedream", "-q",
+                 "-o", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["run", str(out), "--nproc", "4", "--dp", "2"]) == 2
+    assert "--dp 2 needs a synchronous schedule" in capsys.readouterr().err
+
+
+def test_a_dead_rank_anywhere_in_the_mesh_stops_every_rank(chain, capfd, monkeypatch):
+    root, _ = chain
+    monkeypatch.setenv("PIPECOMPILE_FAULT", "3:1B1:kill")  # copy 1's last stage
+    argv = ["run", str(root / "c2"), "-q", "--nproc", "4", "--dp", "2", "--steps", "2"]
+    assert main([*argv, "--metrics", os.devnull]) == 2
+    err = capfd.readouterr().err
+    assert "rank 3" in err and "Traceback" not in err, err
+    for rank in (0, 1, 2):
+        assert f"pipecompile: rank {rank}: stopping" in err, err
