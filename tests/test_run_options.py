@@ -158,32 +158,63 @@ def test_nan_never_passes_a_check(model_and_out, tmp_path, capsys):
     assert "outputs  max |diff| nan" in captured.out
 
 
-def test_train_state_from_another_split_is_refused(tmp_path, capsys):
+def write_old_format(directory: Path, root: Path, step: int) -> None:
+    """A train state as pipecompile wrote it before its checkpoints were keyed by the model's
+    names: per-stage weights and optimizer files, and the split's fingerprint."""
+    import json
+
+    import torch
+    from safetensors.torch import save_model
+
+    from pipecompile.runtime.pipeline import Pipeline
+    from pipecompile.runtime.training.train_state import split_fingerprint
+
+    pipe = Pipeline.load(directory)
+    pipe.set_optimizer(lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    step_dir = root / f"step_{step}"
+    step_dir.mkdir(parents=True)
+    for optimizer in pipe.optimizers:  # as the run's: its schedule set their initial_lr
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    for j, module in enumerate(pipe.modules):
+        save_model(module, str(step_dir / f"stage_{j}.safetensors"))
+        torch.save(pipe.optimizers[j].state_dict(), step_dir / f"stage_{j}.optim.pt")
+    meta = {"format": "pipecompile-checkpoint/1", "step": step, "stages": len(pipe.modules),
+            "split": split_fingerprint(pipe.manifest), "train": {},
+            "optimizer": "AdamW"}  # fmt: skip
+    (step_dir / "meta.json").write_text(json.dumps(meta))
+    (root / "latest").write_text(f"step_{step}\n")
+
+
+def test_train_state_resumes_into_another_split_an_old_one_only_into_its_own(tmp_path, capsys):
     mlp = str(EXAMPLES / "mlp.py")
     for name, extra in (("a", ["--split-at", "fc2"]), ("b", ["--split-at", "fc4"]), ("c", [])):
         stages = "3" if name == "c" else "2"
         assert main([mlp, "--stages", stages, "-q", "-o", str(tmp_path / name), *extra]) == 0
     saved = tmp_path / "ck"
     assert main(["run", str(tmp_path / "a"), "-q", "--steps", "1", "--save", str(saved)]) == 0
+    for other in ("b", "c"):
+        assert main(["run", str(tmp_path / other), "-q", "--steps", "2", "--resume", str(saved),
+                     "--metrics", str(tmp_path / f"{other}.jsonl")]) == 0  # fmt: skip
+        target = tmp_path / f"{other}.safetensors"
+        argv = ["export", str(tmp_path / other), "--train-state", str(saved), "-o", str(target)]
+        assert main(argv) == 0 and target.exists()
     capsys.readouterr()
+    old = tmp_path / "old"
+    write_old_format(tmp_path / "a", old, 1)
+    assert main(["run", str(tmp_path / "a"), "-q", "--steps", "2", "--resume", str(old)]) == 0
     for other, detail in (("b", "split differently;"), ("c", "(2 stages, this one 3)")):
-        assert main(["run", str(tmp_path / other), "--steps", "2", "--resume", str(saved)]) == 2
+        assert main(["run", str(tmp_path / other), "--steps", "2", "--resume", str(old)]) == 2
         err = capsys.readouterr().err
         assert detail in err and "compiled directory it was trained with" in err, err
-        target = str(tmp_path / f"{other}.safetensors")
-        assert (
-            main(["export", str(tmp_path / other), "--train-state", str(saved), "-o", target]) == 2
-        )
-        assert "split differently" in capsys.readouterr().err
-        assert not (tmp_path / f"{other}.safetensors").exists()
 
 
 def test_a_damaged_checkpoint_names_the_file(model_and_out, tmp_path, capsys):
     out = model_and_out[1]
     saved = tmp_path / "ck"
     assert main(["run", str(out), "-q", "--steps", "1", "--save", str(saved)]) == 0
-    weights = saved / "step_1" / "stage_1.safetensors"
+    weights = saved / "step_1" / "__0_0.distcp"
     weights.write_bytes(weights.read_bytes()[:40])
     assert main(["run", str(out), "-q", "--steps", "2", "--resume", str(saved)]) == 2
     err = capsys.readouterr().err
-    assert "step_1/stage_1.safetensors (stage 1) cannot be loaded" in err and "Traceback" not in err
+    assert f"train state {saved / 'step_1'} cannot be loaded" in err, err
+    assert "a file of it is missing or damaged" in err and "Traceback" not in err

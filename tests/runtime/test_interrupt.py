@@ -145,6 +145,9 @@ def test_a_stopped_local_run_prints_one_line(tmp_path, mlp, sig):
     assert seconds < STOP_S
 
 
+WRITE_DATA = "torch.distributed.checkpoint.filesystem.FileSystemWriter.write_data"
+
+
 def test_an_interrupted_save_keeps_latest_and_removes_its_files(tmp_path, mlp, monkeypatch):
     ck = tmp_path.resolve() / "ck"  # as `run --nproc` passes it on
     pipe = Pipeline.load(Path(mlp))
@@ -153,7 +156,7 @@ def test_an_interrupted_save_keeps_latest_and_removes_its_files(tmp_path, mlp, m
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("pipecompile.runtime.training.train_state.save_model", interrupted)
+    monkeypatch.setattr(WRITE_DATA, interrupted)
     with pytest.raises(KeyboardInterrupt):
         save(pipe, ck, 2)
     assert (ck / "latest").read_text().strip() == "step_1"
@@ -174,13 +177,13 @@ def test_a_stop_the_writer_turns_into_its_own_error_is_still_a_stop(tmp_path, ml
             # as torch's writer does: raised while handling the stop, not from it
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")  # noqa: B904
 
-    monkeypatch.setattr("pipecompile.runtime.training.train_state.save_model", interrupted_writer)
+    monkeypatch.setattr(WRITE_DATA, interrupted_writer)
     with pytest.raises(KeyboardInterrupt):
         save(pipe, ck, 2)
     assert (ck / "latest").read_text().strip() == "step_1"
     assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_1"]
     # an error that no stop caused stays that error
-    monkeypatch.setattr("pipecompile.runtime.training.train_state.save_model",
+    monkeypatch.setattr(WRITE_DATA,
                         lambda *a: (_ for _ in ()).throw(RuntimeError("disk said no")))  # fmt: skip
     with pytest.raises(RuntimeError, match="disk said no"):
         save(pipe, ck, 2)

@@ -141,7 +141,9 @@ def test_resume_into_another_model_is_refused(chain, tmp_path, capsys):
     argv = ["run", str(out), "-q", "--steps", "9", "--resume", str(root / "ck_dp")]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "has no weight 'fc1.weight' (and 9 more)" in err and "saved from another model" in err, err
+    assert "has no weight 'fc1.weight' (and 9 more)" in err and "saved from another model" in err, (
+        err
+    )
 
 
 def test_a_missing_shard_is_named(chain, tmp_path, capsys):

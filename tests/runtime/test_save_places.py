@@ -9,10 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from safetensors import SafetensorError
+from torch.distributed.checkpoint import FileSystemWriter
 
 from pipecompile.cli import main
-from pipecompile.runtime.training import train_state
 from pipecompile.runtime.training.metrics import Reporter
 from tests.conftest import EXAMPLES
 
@@ -31,12 +30,12 @@ def _run(out: Path, *argv: str) -> int:
 def test_another_runs_train_state_is_refused_unless_resumed_or_forced(out, tmp_path, capsys):
     ck = tmp_path / "ck"
     assert _run(out, "--save", str(ck)) == 0
-    first = (ck / "step_2" / "stage_0.safetensors").read_bytes()
+    first = (ck / "step_2" / "__0_0.distcp").read_bytes()
     assert _run(out, "--save", str(ck)) == 2
     err = capsys.readouterr().err
     assert f"--save {ck} holds another run's train state (step_2)" in err
     assert f"--resume {ck}" in err and "--force" in err and len(err.splitlines()) == 1
-    assert (ck / "step_2" / "stage_0.safetensors").read_bytes() == first
+    assert (ck / "step_2" / "__0_0.distcp").read_bytes() == first
     assert (
         main(["run", str(out), "-q", "--steps", "3", "--resume", str(ck), "--save", str(ck)]) == 0
     )
@@ -93,14 +92,14 @@ def test_a_full_disk_mid_run_names_the_last_saved_step_and_keeps_the_step(
     out, tmp_path, capsys, monkeypatch
 ):
     ck = tmp_path / "ck"
-    real = train_state.save_model
+    real = FileSystemWriter.write_data
 
-    def fills_up(module, path):  # type: ignore[no-untyped-def]
-        if Path(path).is_relative_to(ck) and ".step_2.tmp" in path:
-            raise SafetensorError("Error while serializing: I/O error: No space (os error 28)")
-        return real(module, path)
+    def fills_up(writer, plan, planner):  # type: ignore[no-untyped-def]
+        if ".step_2.tmp" in str(writer.path) and Path(writer.path).is_relative_to(ck):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(writer, plan, planner)
 
-    monkeypatch.setattr(train_state, "save_model", fills_up)
+    monkeypatch.setattr(FileSystemWriter, "write_data", fills_up)
     assert (
         main(["run", str(out), "-q", "--steps", "3", "--save", str(ck), "--save-every", "1"]) == 2
     )

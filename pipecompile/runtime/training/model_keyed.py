@@ -101,8 +101,14 @@ def save_model_keyed(pipe: Any, directory: Path) -> None:
 
     weights = {key: tensors[0] for key, tensors in _weights(pipe).items()}
     state = {**weights, **_optimizer_state(pipe)}
-    with _one_process_quietly():
-        dcp.save(state, checkpoint_id=str(directory), no_dist=not _distributed())
+    failed = None
+    try:
+        with _one_process_quietly():
+            dcp.save(state, checkpoint_id=str(directory), no_dist=not _distributed())
+    except CheckpointException as err:
+        failed = _cause(err)
+    if failed is not None:  # what failed (a full disk, a stop), as it was raised and chained
+        raise failed
 
 
 def saved_entries(directory: Path) -> dict[str, Any]:
@@ -178,12 +184,16 @@ def load_model_keyed(pipe: Any, directory: Path) -> None:
         optimizer.state[p][field] = value
 
 
+def _cause(err: CheckpointException) -> BaseException:
+    """The first rank's own error of those torch gathered into ``err``."""
+    failures = err.failures
+    return next(iter(failures.values()))[0] if failures else err
+
+
 def _first_cause(err: BaseException) -> str:
     """One line of what went wrong: a rank's own error where torch gathered them."""
-    failures = getattr(err, "failures", None)
-    if failures:
-        err = next(iter(failures.values()))
-        err = getattr(err, "exception", err)
+    if isinstance(err, CheckpointException):
+        err = _cause(err)
     text = (str(err).splitlines() or [""])[0][:300]
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
