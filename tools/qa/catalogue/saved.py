@@ -31,7 +31,7 @@ SAVED: list[Case] = [
     Case("resume-other-optimizer", "--resume a run trained with AdamW, now with --optimizer sgd",
          SAVED_RUN, (*RUN, "--steps", "3", "--resume", "ck", "--optimizer", "sgd"),
          r"ck/step_2 was trained with AdamW, this run uses SGD.*--optimizer adamw",
-         intact=("ck/step_2/stage_0.optim.pt", "ck/latest")),
+         intact=("ck/step_2/__0_0.distcp", "ck/latest")),
     Case("resume-meta-damaged", "--resume where the newest step's meta.json was cut short",
          steps(SAVED_RUN, write("ck/step_2/meta.json", '{"step": ')),
          (*RUN, "--steps", "3", "--resume", "ck"),
