@@ -322,6 +322,7 @@ def test_a_step_record_writes_the_keys_in_the_files_order_and_reads_as_a_mapping
     assert list(record.to_json()) == [
         "kind", "step", "epoch", "loss", "lr", "step_ms", "samples_per_s", "tokens_per_s",
         "bubble", "peak_memory", "sent_bytes", "grad_norm", "loss_scale", "skipped", "first",
+        "optimizer_state_bytes",
     ]  # fmt: skip
     assert record["loss"] == record.loss == 0.5 and record["kind"] == "train"
     with pytest.raises(KeyError):

@@ -36,7 +36,7 @@ from pipecompile.model.data_hooks import (
     example_source,
 )
 from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
-from pipecompile.runtime.distributed.data_parallel import data_parallel_of, sharded_optimizer
+from pipecompile.runtime.distributed.mesh import data_parallel_of, sharded_optimizer
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.distributed.rank_output import say, user_output
 from pipecompile.runtime.distributed.watchdog import Watchdog

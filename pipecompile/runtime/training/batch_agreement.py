@@ -21,8 +21,6 @@ SAMPLES = 256  # values of each tensor hashed, evenly strided over it
 
 
 class _Gather(Protocol):
-    rank: int
-
     def gather(self, values: list[float]) -> list[list[float]]: ...
 
 
@@ -56,8 +54,9 @@ def agree_on_batch(
     """
     mine = fingerprint(batch) if source is not None and batch is not None else math.nan
     every = [values[0] for values in group.gather([mine])]
-    width = getattr(group, "copy_width", len(every))  # --dp: each copy reads its own batches
-    ours = range(group.rank // width * width, (group.rank // width + 1) * width)
+    width = getattr(group, "copy_width", None)  # --dp: each copy reads its own batches
+    first = 0 if width is None else group.rank // width * width  # type: ignore[attr-defined]
+    ours = range(first, len(every) if width is None else first + width)
     readers = [(r, every[r]) for r in ours if not math.isnan(every[r])]
     other = next(((r, f) for r, f in readers if f != readers[0][1]), None)
     if other is None or source is None:

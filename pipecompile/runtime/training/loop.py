@@ -30,7 +30,6 @@ from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime import notes
-from pipecompile.runtime.distributed.data_parallel import DataParallel
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
@@ -40,6 +39,7 @@ from pipecompile.runtime.trace import Tracer, traced
 from pipecompile.runtime.trace_file import check_trace_file, trace_document, write_trace
 from pipecompile.runtime.training.batch_agreement import agree_on_batch
 from pipecompile.runtime.training.copy_share import SIT_OUT, CopyShare
+from pipecompile.runtime.training.data_parallel import DataParallel
 from pipecompile.runtime.training.divergence import check_losses, skipped_line
 from pipecompile.runtime.training.grad_ops import (
     add_grads,

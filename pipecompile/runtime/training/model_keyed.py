@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from pipecompile.errors import EmitError
@@ -101,14 +102,29 @@ def save_model_keyed(pipe: Any, directory: Path) -> None:
 
     weights = {key: tensors[0] for key, tensors in _weights(pipe).items()}
     state = {**weights, **_optimizer_state(pipe)}
+    writer = _Writer(str(directory))
     failed = None
     try:
         with _one_process_quietly():
-            dcp.save(state, checkpoint_id=str(directory), no_dist=not _distributed())
+            dcp.save(state, storage_writer=writer, no_dist=not _distributed())
     except CheckpointException as err:
-        failed = _cause(err)
+        failed = writer.failure or _cause(err)  # this rank's own, with what it was raised in
     if failed is not None:  # what failed (a full disk, a stop), as it was raised and chained
         raise failed
+
+
+class _Writer(FileSystemWriter):
+    """torch's writer, keeping the error this rank's write raised: torch gathers every rank's
+    into one exception, pickled, without the OSError or stop each was raised in."""
+
+    failure: BaseException | None = None
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        try:
+            return super().write_data(plan, planner)
+        except BaseException as err:
+            self.failure = err
+            raise
 
 
 def saved_entries(directory: Path) -> dict[str, Any]:
