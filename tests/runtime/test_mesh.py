@@ -2,8 +2,9 @@
 optimizer sharding, and train states keyed by the model's names that resume into another
 split at another scale.
 
-One chain of runs of examples/char_lm.py (dropout, a tied embedding, batches that differ)
-serves every claim, against one local reference with ``--accumulate 2``:
+One chain of runs of a small language model (dropout, a tied embedding, a train_batches()
+hook of batches that differ) serves every claim, against one local reference with
+``--accumulate 2``:
 2 stages x dp 2 from scratch (same seed, same losses), saved, resumed by 4 stages in one
 process (another split, dp 1), saved, resumed by 2 stages x dp 2 with the optimizer sharded.
 """
@@ -20,9 +21,57 @@ import torch
 
 from pipecompile.cli import main
 from pipecompile.runtime.training.model_keyed import read_model_keyed
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, write_model_file
 
-CHAR_LM = str(EXAMPLES / "char_lm.py")
+TINY_LM = '''"""A small language model: a tied embedding, dropout, batches that differ."""
+import torch
+from torch import nn
+
+VOCAB, WIDTH, TOKENS = 32, 16, 8
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, WIDTH)
+        self.h = nn.ModuleList(
+            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Dropout(0.1)) for _ in range(4)
+        )
+        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        for block in self.h:
+            x = x + block(x)
+        return self.lm_head(x)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return TinyLM()
+
+
+def _batch(seed):
+    ids = torch.randint(0, VOCAB, (4, TOKENS + 1), generator=torch.Generator().manual_seed(seed))
+    return ids[:, :-1], ids[:, 1:]
+
+
+def example_inputs():
+    return (_batch(0)[0],)
+
+
+def example_targets():
+    return (_batch(0)[1],)
+
+
+def train_batches():
+    return [_batch(seed) for seed in range(1, 31)]
+
+
+def loss_fn(logits, target):
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+'''
 COMMON = ["-q", "--seed", "0", "--lr", "0.003"]
 
 
@@ -43,8 +92,9 @@ def last_step(path: Path) -> dict:
 def chain(tmp_path_factory):  # type: ignore[no-untyped-def]
     """The runs, once: their directories and metrics files."""
     root = tmp_path_factory.mktemp("mesh")
+    model = str(write_model_file(root, TINY_LM, "tiny_lm.py"))
     for stages in ("2", "4"):
-        assert main([CHAR_LM, "--stages", stages, "--microbatches", "2", "--schedule", "1f1b",
+        assert main([model, "--stages", stages, "--microbatches", "2", "--schedule", "1f1b",
                      "-q", "-o", str(root / f"c{stages}")]) == 0  # fmt: skip
     c2, c4 = str(root / "c2"), str(root / "c4")
 
@@ -63,11 +113,11 @@ def chain(tmp_path_factory):  # type: ignore[no-untyped-def]
                        "--steps", "5", "--resume", str(root / "ck_back"), "--save",
                        str(root / "ck_sharded")),
     }  # fmt: skip
-    return root, made
+    return root, made, model
 
 
 def test_dp_gives_the_losses_of_one_pipeline_accumulating(chain):
-    _, made = chain
+    _, made, _ = chain
     reference, dp = losses(made["reference"]), losses(made["dp"])
     assert list(dp) == [1, 2]
     for step, loss in dp.items():
@@ -77,7 +127,7 @@ def test_dp_gives_the_losses_of_one_pipeline_accumulating(chain):
 
 
 def test_a_train_state_resumes_at_another_scale_and_back(chain):
-    _, made = chain
+    _, made, _ = chain
     reference = losses(made["reference"])
     back, sharded = losses(made["back"]), losses(made["sharded"])
     assert list(back) == [3, 4] and list(sharded) == [5]
@@ -86,7 +136,7 @@ def test_a_train_state_resumes_at_another_scale_and_back(chain):
 
 
 def test_sharded_optimizer_state_is_split_over_the_copies(chain):
-    _, made = chain
+    _, made, _ = chain
     unsharded = last_step(made["dp"])["optimizer_state_bytes"]
     sharded = last_step(made["sharded"])["optimizer_state_bytes"]
     assert len(unsharded) == len(sharded) == 4
@@ -98,8 +148,8 @@ def test_sharded_optimizer_state_is_split_over_the_copies(chain):
 
 
 def test_the_train_state_is_keyed_by_the_models_names(chain):
-    root, _ = chain
-    spec_names = set(_model_names())
+    root, _, model = chain
+    spec_names = set(_model_names(model))
     for saved in ("ck_dp/step_2", "ck_back/step_4", "ck_sharded/step_5"):
         entries = read_model_keyed(root / saved)
         weights = {k[len("model.") :] for k in entries if k.startswith("model.")}
@@ -112,7 +162,7 @@ def test_the_train_state_is_keyed_by_the_models_names(chain):
 
 
 def test_export_reads_a_train_state_of_another_split(chain, tmp_path):
-    root, _ = chain
+    root, _, _ = chain
     target = tmp_path / "w.safetensors"
     assert main(["export", str(root / "c4"), "--train-state", str(root / "ck_sharded"),
                  "-o", str(target)]) == 0  # fmt: skip
@@ -124,17 +174,17 @@ def test_export_reads_a_train_state_of_another_split(chain, tmp_path):
     assert all(torch.equal(exported[k[6:]], v) for k, v in saved.items() if k[:6] == "model.")
 
 
-def _model_names() -> list[str]:
+def _model_names(path: str) -> list[str]:
     from tests.conftest import load_model_file
 
-    model = load_model_file(CHAR_LM).model
+    model = load_model_file(path).model
     names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     names |= {n for n, _ in model.named_buffers()}
     return sorted(names - {"wte.weight"})  # tied: one entry, under its first name in order
 
 
 def test_resume_into_another_model_is_refused(chain, tmp_path, capsys):
-    root, _ = chain
+    root, _, _ = chain
     out = tmp_path / "mlp"
     assert main([str(EXAMPLES / "mlp.py"), "--stages", "2", "-q", "-o", str(out)]) == 0
     capsys.readouterr()
@@ -147,7 +197,7 @@ def test_resume_into_another_model_is_refused(chain, tmp_path, capsys):
 
 
 def test_a_missing_shard_is_named(chain, tmp_path, capsys):
-    root, _ = chain
+    root, _, _ = chain
     damaged = tmp_path / "ck"
     shutil.copytree(root / "ck_dp", damaged)
     (damaged / "step_2" / "__1_0.distcp").unlink()
@@ -170,7 +220,7 @@ def test_a_missing_shard_is_named(chain, tmp_path, capsys):
     ],
 )
 def test_mesh_options_that_cannot_run_are_refused(chain, capsys, argv, message):
-    root, _ = chain
+    root, _, _ = chain
     assert main(["run", str(root / "c2"), "-q", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.splitlines()) == 1, err
@@ -186,7 +236,7 @@ def test_dp_refuses_an_asynchronous_schedule(tmp_path, capsys):
 
 
 def test_a_dead_rank_anywhere_in_the_mesh_stops_every_rank(chain, capfd, monkeypatch):
-    root, _ = chain
+    root, _, _ = chain
     monkeypatch.setenv("PIPECOMPILE_FAULT", "3:1B1:kill")  # copy 1's last stage
     argv = ["run", str(root / "c2"), "-q", "--nproc", "4", "--dp", "2", "--steps", "2"]
     assert main([*argv, "--metrics", os.devnull]) == 2
