@@ -297,9 +297,9 @@ def main() -> None:
     print(f"command: {command()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        log(
-            f"compiling GPT-2 ({sizes.layers} layers, n_embd {sizes.width}) at {sizes.procs // COPIES} and {sizes.procs} stages"
-        )
+        half = sizes.procs // COPIES
+        log(f"compiling GPT-2 ({sizes.layers} layers, n_embd {sizes.width}) at {half} and "
+            f"{sizes.procs} stages")  # fmt: skip
         compile_layouts(root, sizes)
         log(f"timing the four layouts in one {sizes.procs}-rank run ...")
         seconds = throughput(root, sizes, args.warmup, args.repeats)

@@ -1,16 +1,22 @@
-"""Train state (what ``run --save DIR`` writes and ``--resume`` reads): stage weights,
-optimizer state and step count, written atomically.
+"""Train state (what ``run --save DIR`` writes and ``--resume`` reads): weights, optimizer
+state, step count, data position and seed, written atomically.
 
 Layout of a train state directory::
 
     latest                  the name of the newest complete step directory
     step_<n>/meta.json      {"step": n, "stages": count, "format": "pipecompile-checkpoint/1",
-                             "split": hash, "optimizer": "AdamW",
-                             "train": {"loss_scale": ..., "epoch": ...}}
-    step_<n>/stage_<j>.safetensors   weights and buffers of stage j (its own names)
-    step_<n>/stage_<j>.optim.pt      its optimizer's state_dict (tensors and numbers only)
+                             "layout": "dcp", "optimizer": "AdamW",
+                             "train": {"loss_scale": ..., "epoch": ..., "batches": ...,
+                                       "seed": ...}}
+    step_<n>/.metadata, step_<n>/__<r>_0.distcp
+                            a torch.distributed.checkpoint keyed by the model's names
+                            (``model_keyed``): any compile of the model loads it
 
-Each rank writes its own stages into ``.step_<n>.tmp``; after a barrier, rank 0 writes
+A step written before that layout (no ``"layout"``; ``stage_<j>.safetensors`` and
+``stage_<j>.optim.pt`` per stage, and the split's fingerprint) still resumes, into the split
+that wrote it only.
+
+Each rank writes its share into ``.step_<n>.tmp``; after a barrier, rank 0 writes
 ``meta.json``, renames the directory into place and replaces ``latest`` (a temporary file,
 then ``os.replace``), so a crash at any point leaves the previous saved step intact. An
 interrupted save removes its temporary files; a rank killed mid-save leaves them to the next
