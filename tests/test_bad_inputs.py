@@ -43,7 +43,8 @@ def workspace(tmp_path_factory):  # type: ignore[no-untyped-def]
 # be a third of the suite. This fixed sample runs on every test run: one or two per area that
 # has such cases, in this process and in a process of its own. The rest are skipped here (set
 # PIPECOMPILE_ALL_CASES=1 to run them); `python tools/qa/bad_inputs.py` runs the full catalogue.
-# save-full-disk-nproc is tests/runtime/test_distributed.py's full-disk test; hook-one-shot-nproc,
+# save-full-disk-nproc is tests/runtime/test_distributed.py's full-disk test; nproc-data-sharded-
+# by-rank is test_distributed_data.py's agreement test; hook-one-shot-nproc,
 # nproc-unseeded-shuffle and nproc-hook-blocks are tests/runtime/test_run_data.py's and
 # test_distributed_data.py's own launches; every kind of setup runs in a cheaper case too.
 SAMPLED = (
@@ -53,7 +54,6 @@ SAMPLED = (
     "check-nproc-precision",  # asked: --check under --nproc
     "hook-empty-nproc",  # asked: a data hook, in a process of its own
     "nproc-hook-raises-one-rank",  # ranks: a line from each rank
-    "nproc-data-sharded-by-rank",  # ranks: the batch fingerprint across ranks
 )
 ALL_CASES = os.environ.get("PIPECOMPILE_ALL_CASES") == "1"
 

@@ -104,7 +104,7 @@ def sigint_everyone(proc: subprocess.Popen, ck: Path) -> None:
     "how",
     [
         "ctrl-c-to-the-group",
-        "sigterm-to-the-command",
+        pytest.param("sigterm-to-the-command", marks=SAMPLED_OUT),  # the same path as Ctrl-C
         pytest.param("sigint-to-every-process", marks=SAMPLED_OUT),
     ],
 )

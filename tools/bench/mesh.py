@@ -10,11 +10,12 @@ Three parts, in one run:
    torch.distributed.pipelining's Schedule1F1B over PipelineStage wrappers of the *same* stage
    modules, 2 stages x DDP 2 and 4 stages x 1. Each step time is the slowest rank's; the
    median of the timed steps gives samples/s.
-2. **Optimizer state with --shard optimizer** at dp 2: examples/char_lm.py, ``pipecompile run
-   --nproc 4 --dp 2`` with and without it, each rank's AdamW state bytes from the metrics file.
-3. **Resume at another scale**: examples/char_lm.py (dropout, a tied embedding), 4 stages x dp 1
+2. **Resume at another scale**: examples/char_lm.py (dropout, a tied embedding), 4 stages x dp 1
    with ``--accumulate 2`` and 2 stages x dp 2 (the same global batch), each saved after
-   5 steps and resumed by the other; the next 5 steps' losses against the uninterrupted run.
+   5 steps and resumed by the other (the dp 2 one trained with ``--shard optimizer``); the next
+   5 steps' losses against the uninterrupted run.
+3. **Optimizer state with --shard optimizer** at dp 2: each rank's AdamW state bytes from the
+   metrics files of those runs, the ZeRO-1 one against the unsharded dp 2 one.
 
 Rerun with::
 
@@ -245,37 +246,35 @@ def compile_char_lm(root: Path, sizes: Sizes) -> None:
                             "4", "-q", "-o", str(root / f"lm{stages}")]) == 0  # fmt: skip
 
 
-def optimizer_state(root: Path, sizes: Sizes) -> tuple[list[int], list[int]]:
-    """Per-rank AdamW state bytes of char_lm at P/2 stages x dp 2, without and with
-    --shard optimizer."""
-    base = ["--nproc", str(sizes.procs), "--dp", "2", "--steps", "1"]
-    half = root / f"lm{sizes.procs // COPIES}"
-    plain = run(half, root / "plain.jsonl", *base)[-1]["optimizer_state_bytes"]
-    sharded = run(half, root / "zero.jsonl", *base, "--shard", "optimizer")
-    return plain, sharded[-1]["optimizer_state_bytes"]
-
-
-def resumes(root: Path, sizes: Sizes) -> dict[str, float]:
+def resumes(root: Path, sizes: Sizes) -> tuple[dict[str, float], list[int], list[int]]:
     """Max relative loss difference of the steps after each resume against the uninterrupted
-    run (4 stages with --accumulate 2 and 2 stages x dp 2 train the same global batches)."""
+    run (P stages with --accumulate 2 and P/2 stages x dp 2 train the same global batches);
+    and the AdamW state bytes per rank at P/2 stages x dp 2 without and with --shard optimizer
+    (the dp 2 runs: the one resumed unsharded, the one saved with ZeRO-1)."""
     n, p = sizes.resume_steps, str(sizes.procs)
     four = (root / f"lm{p}", "--nproc", p, "--accumulate", "2")
     two = (root / f"lm{sizes.procs // COPIES}", "--nproc", p, "--dp", "2")
     seed = ("--seed", "0")
     whole = {r["step"]: r["loss"] for r in run(four[0], root / "whole.jsonl", *four[1:], *seed,
                                                "--steps", str(2 * n))}  # fmt: skip
-    found = {}
+    found: dict[str, float] = {}
+    bytes_of: dict[str, list[int]] = {}
     big, half = sizes.procs, sizes.procs // COPIES
     for name, before, after in ((f"{big} x dp 1 -> {half} x dp 2", four, two),
-                                (f"{half} x dp 2 -> {big} x dp 1", two, four)):  # fmt: skip
+                                (f"{half} x dp 2 (ZeRO-1) -> {big} x dp 1",
+                                 (*two, "--shard", "optimizer"), four)):  # fmt: skip
         ck = root / f"ck-{len(found)}"
-        run(before[0], root / "before.jsonl", *before[1:], *seed, "--steps", str(n),
-            "--save", str(ck))  # fmt: skip
+        saved = run(before[0], root / "before.jsonl", *before[1:], *seed, "--steps", str(n),
+                    "--save", str(ck))  # fmt: skip
         later = run(after[0], root / "after.jsonl", *after[1:], "--steps", str(2 * n),
                     "--resume", str(ck))  # fmt: skip
         found[name] = max(abs(r["loss"] - whole[r["step"]]) / abs(whole[r["step"]])
                           for r in later)  # fmt: skip
-    return found
+        if after is two:  # resumed at dp 2, unsharded
+            bytes_of["plain"] = later[-1]["optimizer_state_bytes"]
+        else:  # saved at dp 2 with ZeRO-1
+            bytes_of["sharded"] = saved[-1]["optimizer_state_bytes"]
+    return found, bytes_of["plain"], bytes_of["sharded"]
 
 
 def main() -> None:
@@ -310,17 +309,16 @@ def main() -> None:
         for name in sizes.layouts:
             print(f"| {name} | {seconds[name]:.3f} | {sizes.batch / seconds[name]:.1f} |")
         compile_char_lm(root, sizes)
-        log("optimizer state with and without --shard optimizer ...")
-        plain, sharded = optimizer_state(root, sizes)
+        log("resuming at another scale (and ZeRO-1's optimizer state) ...")
+        diffs, plain, sharded = resumes(root, sizes)
+        for name, diff in diffs.items():
+            print(f"resume {name}: next {sizes.resume_steps} steps' losses, max relative "
+                  f"difference from the uninterrupted run {diff:.1e}")  # fmt: skip
         worst = max(s / p for s, p in zip(sharded, plain))
         print(f"\nchar_lm, AdamW state per rank at {sizes.procs // COPIES} stage(s) x dp 2:")
         print(f"  unsharded: {[f'{b / 2**20:.2f} MiB' for b in plain]}")
         print(f"  --shard optimizer: {[f'{b / 2**20:.2f} MiB' for b in sharded]}")
         print(f"  largest share of unsharded on any rank: {worst:.3f}")
-        log("resuming at another scale ...")
-        for name, diff in resumes(root, sizes).items():
-            print(f"resume {name}: next {sizes.resume_steps} steps' losses, max relative "
-                  f"difference from the uninterrupted run {diff:.1e}")  # fmt: skip
 
 
 if __name__ == "__main__":
