@@ -236,15 +236,25 @@ def theirs(
     inputs, target = data(sizes)
 
     def run() -> None:
-        if rank == 0:
-            steps.step(inputs)
-        elif rank == world - 1:
-            steps.step(target=target, losses=[])
-        else:
-            steps.step()
+        pipelining_step(steps, rank, world, inputs, target)
         wrapped.zero_grad(set_to_none=True)
 
     return run
+
+
+def pipelining_step(
+    schedule: object, place: int, width: int, inputs: torch.Tensor, target: torch.Tensor
+) -> None:
+    """One step of a torch.distributed.pipelining schedule on stage ``place`` of ``width``:
+    the first stage feeds the inputs, the last the targets (one stage: both)."""
+    if width == 1:
+        schedule.step(inputs, target=target, losses=[])  # type: ignore[attr-defined]
+    elif place == 0:
+        schedule.step(inputs)  # type: ignore[attr-defined]
+    elif place == width - 1:
+        schedule.step(target=target, losses=[])  # type: ignore[attr-defined]
+    else:
+        schedule.step()  # type: ignore[attr-defined]
 
 
 def checkpoint_save(pipe: object) -> tuple[float, int]:

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from common import EXAMPLES, command, log, machine, torchrun_command, use_examples
-from distributed import Passing, live_sets, loss_of
+from distributed import Passing, live_sets, loss_of, pipelining_step
 
 from pipecompile.cli import main as pipecompile
 
@@ -201,14 +201,7 @@ def theirs(
     inputs, target = batch_of(sizes, sizes.batch // copies, seed=copy)
 
     def run() -> None:
-        if width == 1:
-            schedule.step(inputs, target=target, losses=[])
-        elif place == 0:
-            schedule.step(inputs)
-        elif place == width - 1:
-            schedule.step(target=target, losses=[])
-        else:
-            schedule.step()
+        pipelining_step(schedule, place, width, inputs, target)
         wrapped.zero_grad(set_to_none=True)
 
     return run
