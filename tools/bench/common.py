@@ -7,6 +7,7 @@ A script here runs as ``python tools/bench/X.py``, so this folder is first on ``
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.metadata
 import io
@@ -115,3 +116,19 @@ def run_checked(
         tail = done.stdout[-2000:] + done.stderr[-3000:]
         raise SystemExit(f"{shlex.join(command)} failed:\n{tail}")
     return done
+
+
+def torchrun_options(description: str, quick: str, repeats: int) -> argparse.Namespace:
+    """The options of a benchmark that times steps in ranks it starts under torchrun: --quick
+    (``quick`` says what it runs; no warm-up, one timed step), the hidden ones each worker
+    gets, --warmup and --repeats (``repeats`` timed steps by default)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--directory", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed steps")
+    if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
+        parser.set_defaults(warmup=0, repeats=1)
+    return parser.parse_args()

@@ -32,7 +32,15 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import EXAMPLES, command, log, machine, torchrun_command, use_examples
+from common import (
+    EXAMPLES,
+    command,
+    log,
+    machine,
+    torchrun_command,
+    torchrun_options,
+    use_examples,
+)
 from torch import nn
 
 from pipecompile.ir.manifest import Manifest
@@ -301,16 +309,7 @@ def detection(directory: str, nproc: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny GPT-2 on 2 processes")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--directory", help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", help=argparse.SUPPRESS)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps")
-    if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
-        parser.set_defaults(warmup=0, repeats=1)
-    args = parser.parse_args()
+    args = torchrun_options(__doc__.splitlines()[0], "a tiny GPT-2 on 2 processes", 5)
     if args.worker:
         worker(args)
         return

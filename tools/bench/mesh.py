@@ -40,7 +40,15 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import EXAMPLES, command, log, machine, torchrun_command, use_examples
+from common import (
+    EXAMPLES,
+    command,
+    log,
+    machine,
+    torchrun_command,
+    torchrun_options,
+    use_examples,
+)
 from distributed import Passing, live_sets, loss_of, pipelining_step
 
 from pipecompile.cli import main as pipecompile
@@ -271,16 +279,7 @@ def resumes(root: Path, sizes: Sizes) -> tuple[dict[str, float], list[int], list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny GPT-2, one timed step")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--directory", help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", help=argparse.SUPPRESS)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=7, help="timed steps")
-    if parser.parse_known_args()[0].quick:
-        parser.set_defaults(warmup=0, repeats=1)
-    args = parser.parse_args()
+    args = torchrun_options(__doc__.splitlines()[0], "a tiny GPT-2, one timed step", 7)
     if args.worker:
         worker(args)
         return
