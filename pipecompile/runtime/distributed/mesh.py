@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from pipecompile.runtime.training.data_parallel import DataParallel
 
@@ -23,11 +22,12 @@ def mesh_of(device_type: str, copies: int, width: int) -> Any:
 def data_parallel_of(
     where: torch.device, copies: int, placement: Any, order: tuple[int, ...], *, lead: bool
 ) -> DataParallel:
-    """This rank's DataParallel: the mesh built (collectively) when there are copies."""
+    """This rank's DataParallel (``placement``: its copy's): the mesh built (collectively)
+    when there are copies."""
     if copies == 1:
         return DataParallel(lead=lead, order=order)
     mesh = mesh_of(where.type, copies, placement.world)
-    index = dist.get_rank() // placement.world
+    index = placement.first // placement.world
     return DataParallel(copies, index, mesh.get_group("dp"), lead, order)
 
 

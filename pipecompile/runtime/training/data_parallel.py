@@ -51,7 +51,7 @@ class DataParallel:
             self._pending[j] = (None, torch.zeros(0), [])
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        flat = torch.cat([g.reshape(-1) for g in grads])
         work = dist.all_reduce(flat, group=self.group, async_op=True)
         self._pending[j] = (work, flat, params)
 

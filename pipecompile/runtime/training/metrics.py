@@ -22,6 +22,7 @@ from pipecompile.files.writable import check_file
 from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.runtime.training.model_keyed import local_optimizer
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
 
 __all__ = ["Reporter", "batch_counts", "check_metrics_file", "local_bubble", "peak_memory"]
@@ -78,8 +79,8 @@ def optimizer_state_bytes(pipe: Any) -> int:
     """Bytes of the optimizer state this process holds (a sharded optimizer's own part)."""
     total = 0
     for optimizer in pipe.optimizers or []:
-        inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local one
-        for state in inner.state.values() if optimizer is not None else ():
+        held = local_optimizer(optimizer).state.values() if optimizer is not None else ()
+        for state in held:
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     total += value.numel() * value.element_size()

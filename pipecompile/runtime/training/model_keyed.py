@@ -26,7 +26,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from pipecompile.errors import EmitError
 
-__all__ = ["LAYOUT", "save_model_keyed", "load_model_keyed", "saved_entries", "read_model_keyed"]
+__all__ = [
+    "LAYOUT",
+    "save_model_keyed",
+    "load_model_keyed",
+    "saved_entries",
+    "read_model_keyed",
+    "local_optimizer",
+]
 
 LAYOUT = "dcp"
 
@@ -68,7 +75,7 @@ def _weights(pipe: Any) -> dict[str, list[torch.Tensor]]:
     return found
 
 
-def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer that holds this rank's state (ZeroRedundancyOptimizer's local one)."""
     return getattr(optimizer, "optim", optimizer)
 
@@ -81,7 +88,7 @@ def _optimizer_params(pipe: Any) -> Iterator[tuple[str, torch.optim.Optimizer, n
             continue
         names = pipe.layout.params[j]
         by_id = {id(p): local for local, p in module.named_parameters()}
-        inner = _inner(optimizer)
+        inner = local_optimizer(optimizer)
         for group in inner.param_groups:
             for p in group["params"]:
                 local = by_id[id(p)]
@@ -144,14 +151,19 @@ def read_model_keyed(directory: Path) -> dict[str, Any]:
     """Every entry of the checkpoint in ``directory``, read whole into this process."""
     import torch.distributed.checkpoint as dcp
 
-    entries = saved_entries(directory)
-    wanted: dict[str, Any] = {
-        k: torch.empty(tuple(m.size), dtype=m.properties.dtype) if hasattr(m, "size") else None
-        for k, m in entries.items()
-    }
+    wanted = {k: _empty_for(m) for k, m in saved_entries(directory).items()}
     with _one_process_quietly():
         dcp.load(wanted, checkpoint_id=str(directory), no_dist=True)
     return wanted
+
+
+def _empty_for(meta: Any) -> torch.Tensor | None:
+    """Room for an entry of ``meta``'s size and dtype (None: a number, read as saved)."""
+    return (
+        torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        if hasattr(meta, "size")
+        else None
+    )
 
 
 def load_model_keyed(pipe: Any, directory: Path) -> None:
@@ -167,18 +179,17 @@ def load_model_keyed(pipe: Any, directory: Path) -> None:
     weights = _weights(pipe)
     _check_weights(directory, entries, weights)
     wanted: dict[str, Any] = {k: torch.empty_like(t[0]) for k, t in weights.items()}
-    fields: dict[tuple[int, str], tuple[torch.optim.Optimizer, nn.Parameter]] = {}
+    by_param: dict[str, list[str]] = {}  # parameter name -> its state's fields
+    for key in entries:
+        if key.startswith("optim."):
+            name, field = key[len("optim.") :].rsplit(".", 1)
+            by_param.setdefault(name, []).append(field)
+    fields = []  # (optimizer, parameter, field, key): a tied weight's state goes to each copy
     for name, optimizer, p in _optimizer_params(pipe):
-        for key in [k for k in entries if k.startswith(f"optim.{name}.")]:
-            meta = entries[key]
-            field = key[len(f"optim.{name}.") :]
-            if "." in field:
-                continue  # another parameter's, whose name begins like this one's
-            if hasattr(meta, "size"):
-                wanted[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-            else:
-                wanted[key] = None  # a number (pickled), read as saved
-            fields[(id(p), key)] = (optimizer, p)
+        for field in by_param.get(name, []):
+            key = f"optim.{name}.{field}"
+            wanted[key] = _empty_for(entries[key])
+            fields.append((optimizer, p, field, key))
     try:
         with _one_process_quietly():
             dcp.load(wanted, checkpoint_id=str(directory), no_dist=not _distributed())
@@ -191,8 +202,7 @@ def load_model_keyed(pipe: Any, directory: Path) -> None:
         for key, tensors in weights.items():
             for tensor in tensors:
                 tensor.copy_(wanted[key])
-    for (_, key), (optimizer, p) in fields.items():
-        field = key.rsplit(".", 1)[1]
+    for optimizer, p, field, key in fields:
         value = wanted[key]
         if isinstance(value, torch.Tensor):  # its own: optimizers update their state in place
             value = value.to(p.device) if value.dim() > 0 else value

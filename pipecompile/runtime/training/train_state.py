@@ -61,7 +61,12 @@ from pipecompile.files.writable import check_directory
 from pipecompile.ir.manifest import Manifest
 from pipecompile.runtime.interrupt import user_stop
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.training.model_keyed import LAYOUT, load_model_keyed, save_model_keyed
+from pipecompile.runtime.training.model_keyed import (
+    LAYOUT,
+    load_model_keyed,
+    local_optimizer,
+    save_model_keyed,
+)
 
 __all__ = [
     "save",
@@ -239,18 +244,22 @@ def _continues(resume: Path, root: Path) -> bool:
 def _optimizer_kind(pipe: Pipeline) -> str | None:
     """The class name of this rank's optimizers (every stage uses the same kind; a sharded
     one's is the kind it shards)."""
-    kinds = [type(getattr(o, "optim", o)).__name__ for o in pipe.optimizers or [] if o]
+    kinds = [type(local_optimizer(o)).__name__ for o in pipe.optimizers or [] if o]
     return kinds[0] if kinds else None
 
 
 def _check_optimizer_kind(pipe: Pipeline, step_dir: Path, kind: str | None) -> None:
     """Refuse state another kind of optimizer saved (its fields would not fit this one)."""
     mine = _optimizer_kind(pipe)
-    if kind is None or mine is None or kind == mine:
-        return
+    if kind is not None and mine is not None and kind != mine:
+        raise _other_optimizer(step_dir, kind, mine, kind)
+
+
+def _other_optimizer(step_dir: Path, trained: str, mine: str, kind: str | None) -> EmitError:
+    """The error of a resume with another optimizer than ``trained`` (``kind``: its class)."""
     flag = f" (--optimizer {kind.lower()})" if kind in ("SGD", "Adam", "AdamW") else ""
-    raise EmitError(
-        f"train state {step_dir} was trained with {kind}, this run uses {mine}; resume with "
+    return EmitError(
+        f"train state {step_dir} was trained with {trained}, this run uses {mine}; resume with "
         f"the optimizer it was trained with{flag}"
     )
 
@@ -374,11 +383,7 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, path: Path, kind: str | No
     mine = set(optimizer.param_groups[0]) - {"params"}
     if saved != mine:
         trained = kind or f"an optimizer with {', '.join(sorted(saved - mine)[:3])}"
-        flag = f" (--optimizer {kind.lower()})" if kind in ("SGD", "Adam", "AdamW") else ""
-        raise EmitError(
-            f"train state {path.parent} was trained with {trained}, this run uses "
-            f"{type(optimizer).__name__}; resume with the optimizer it was trained with{flag}"
-        )
+        raise _other_optimizer(path.parent, trained, type(optimizer).__name__, kind)
     optimizer.load_state_dict(state)
 
 
