@@ -172,9 +172,20 @@ def compare(directory: Path, schedule: str, sizes: Sizes, warmup: int, repeats: 
     module = load_stage(directory, manifest.stages[rank])
     run_ours, pipe = ours(directory, manifest, module, sizes)
     run_theirs = theirs(manifest, module, schedule, sizes)
-    times: dict[str, list[float]] = {"pipecompile": [], "pipelining": []}
+    runs = {"pipecompile": run_ours, "pipelining": run_theirs}
+    medians = alternate(runs, warmup, repeats)
+    pipe.set_optimizer(lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    run_ours()
+    save_s, size = checkpoint_save(pipe)
+    return {**medians, "save_s": save_s, "save_bytes": size}
+
+
+def alternate(runs: dict[str, Callable[[], None]], warmup: int, repeats: int) -> dict[str, float]:
+    """Each run's median step (the slowest rank's) over ``repeats`` timed turns after
+    ``warmup`` untimed ones, the runs taking turns (every rank calls it)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for k in range(warmup + repeats):
-        for name, run in (("pipecompile", run_ours), ("pipelining", run_theirs)):
+        for name, run in runs.items():
             dist.barrier()
             start = time.perf_counter()
             run()
@@ -182,14 +193,7 @@ def compare(directory: Path, schedule: str, sizes: Sizes, warmup: int, repeats: 
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if k >= warmup:
                 times[name].append(slowest.item())
-    pipe.set_optimizer(lambda ps: torch.optim.AdamW(ps, lr=1e-3))
-    run_ours()
-    save_s, size = checkpoint_save(pipe)
-    return {
-        "pipecompile": statistics.median(times["pipecompile"]),
-        "pipelining": statistics.median(times["pipelining"]),
-        "save_s": save_s, "save_bytes": size,
-    }  # fmt: skip
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def ours(

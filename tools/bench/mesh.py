@@ -30,10 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,7 +47,7 @@ from common import (
     torchrun_options,
     use_examples,
 )
-from distributed import Passing, live_sets, loss_of, pipelining_step
+from distributed import Passing, alternate, live_sets, loss_of, pipelining_step
 
 from pipecompile.cli import main as pipecompile
 
@@ -124,18 +122,8 @@ def worker(args: argparse.Namespace) -> None:
         names[2]: theirs(root / f"gpt2-{half}", sizes, rank // half, rank % half, pp, dp),
         names[3]: theirs(root / f"gpt2-{sizes.procs}", sizes, 0, rank, None, None),
     }
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for k in range(args.warmup + args.repeats):
-        for name, run in steps.items():
-            dist.barrier()
-            start = time.perf_counter()
-            run()
-            slowest = torch.tensor([time.perf_counter() - start])
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            if k >= args.warmup:
-                times[name].append(slowest.item())
+    medians = alternate(steps, args.warmup, args.repeats)
     if rank == 0:
-        medians = {name: statistics.median(t) for name, t in times.items()}
         print("RESULT " + json.dumps(medians), flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from common import command, log, machine, torchrun_command, use_examples
 from distributed import Sizes as GPT2Sizes
-from distributed import data, loss_of, ours, theirs
+from distributed import alternate, data, loss_of, ours, theirs
 from torch import nn
 
 use_examples()
@@ -142,25 +142,10 @@ def one_schedule(directory: Path, module: nn.Module, schedule: str, sizes: Sizes
     if schedule != "zb1p":  # pipelining has no one-stage-per-rank zero-bubble schedule
         runs["pipelining"] = theirs(manifest, module, schedule, sizes)
         runs["pipelining_compiled"] = theirs(manifest, module, schedule, sizes, sizes.backend)
-    times = alternate(runs, sizes)
+    times = alternate(runs, sizes.warmup, sizes.repeats)
     alone: list[tuple[float, float]] = [(0.0, 0.0)] * dist.get_world_size()
     dist.all_gather_object(alone, stage_alone(module, recorded))  # every stage's, in order
     return {**times, "limit_f": [f for f, _ in alone], "limit_b": [b for _, b in alone]}
-
-
-def alternate(runs: dict[str, Callable[[], None]], sizes: Sizes) -> dict[str, float]:
-    """Each run's median step (the slowest rank's), the runs taking turns."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for k in range(sizes.warmup + sizes.repeats):
-        for name, run in runs.items():
-            dist.barrier()
-            start = time.perf_counter()
-            run()
-            slowest = torch.tensor([time.perf_counter() - start])
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            if k >= sizes.warmup:
-                times[name].append(slowest.item())
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def record_inputs(module: nn.Module, run: Callable[[], None]) -> list[tuple]:
