@@ -201,32 +201,44 @@ def ours(
 ) -> tuple:
     """pipecompile's training step on its distributed backend, and the pipeline it runs
     (``compiled``: its stages through ``--compile`` with that backend)."""
+    pipe, _ = rank_pipeline(directory, manifest, module, dist.get_rank())
+    pipe.compile_stages(compiled)
+    inputs, target = data(sizes)
+
+    def run() -> None:
+        pipe.train_step({"input_ids": inputs}, (target,), gpt2_loss)
+
+    return run, pipe
+
+
+def rank_pipeline(
+    directory: Path, manifest: Manifest, module: nn.Module, place: int, copy: int = 0
+) -> tuple:
+    """The pipeline of rank ``place`` of data-parallel copy ``copy`` (one per
+    ``world // stages`` ranks), holding ``module``, on the distributed backend as a rank of
+    `run` builds it; and its copy's placement."""
     from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
     from pipecompile.runtime.distributed.placement import Placement
     from pipecompile.runtime.layout import Layout
     from pipecompile.runtime.load import read_program
     from pipecompile.runtime.pipeline import Pipeline
 
-    rank = dist.get_rank()
     program = read_program(directory / manifest.program)
-    modules = [module if j == rank else None for j in range(len(manifest.stages))]
+    copies = dist.get_world_size() // len(manifest.stages)
+    modules = [module if j == place else None for j in range(len(manifest.stages))]
     layout = Layout.from_manifest(manifest, program.stage_device)
-    placement = Placement.from_manifest(manifest, program.stage_device)  # as the worker does
-    groups = tie_groups(layout, placement)
-    pipe = Pipeline(
-        manifest, modules, program, device=rank,
-        backend=lambda: DistBackend(layout, manifest, sizes.micro, groups, placement),
-    )  # fmt: skip
-    pipe.compile_stages(compiled)
-    inputs, target = data(sizes)
+    placement = Placement.from_manifest(manifest, program.stage_device).copy(copy)
+    groups = tie_groups(layout, placement, copies)
 
-    def loss(output: object, t: torch.Tensor) -> torch.Tensor:
-        return loss_of(output.logits, t)  # type: ignore[attr-defined]
+    def backend() -> DistBackend:
+        return DistBackend(layout, manifest, program.microbatches, groups, placement)
 
-    def run() -> None:
-        pipe.train_step({"input_ids": inputs}, (target,), loss)
+    return Pipeline(manifest, modules, program, device=place, backend=backend), placement
 
-    return run, pipe
+
+def gpt2_loss(output: object, target: torch.Tensor) -> torch.Tensor:
+    """The language-model loss of a Hugging Face GPT-2's output."""
+    return loss_of(output.logits, target)  # type: ignore[attr-defined]
 
 
 def theirs(

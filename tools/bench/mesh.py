@@ -47,7 +47,15 @@ from common import (
     torchrun_options,
     use_examples,
 )
-from distributed import Passing, alternate, live_sets, loss_of, pipelining_step
+from distributed import (
+    Passing,
+    alternate,
+    gpt2_loss,
+    live_sets,
+    loss_of,
+    pipelining_step,
+    rank_pipeline,
+)
 
 from pipecompile.cli import main as pipecompile
 
@@ -133,37 +141,20 @@ def ours_on_mesh(directory: Path, sizes: Sizes, copy: int, place: int) -> Callab
     """pipecompile's step on copy ``copy``, rank ``place`` of its pipeline: the program, then
     the gradients summed over dp (started at each stage's STEP), as `run --dp` does."""
     from pipecompile.ir.instr import Op
-    from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
     from pipecompile.runtime.distributed.mesh import data_parallel_of
-    from pipecompile.runtime.distributed.placement import Placement
-    from pipecompile.runtime.layout import Layout
-    from pipecompile.runtime.load import load_stage, read_manifest, read_program
-    from pipecompile.runtime.pipeline import Pipeline
+    from pipecompile.runtime.load import load_stage, read_manifest
 
     manifest = read_manifest(directory)
-    program = read_program(directory / manifest.program)
-    width = len(manifest.stages)
-    copies = dist.get_world_size() // width
-    placement = Placement.from_manifest(manifest, program.stage_device).copy(copy)
-    modules = [load_stage(directory, e) if j == place else None
-               for j, e in enumerate(manifest.stages)]  # fmt: skip
-    layout = Layout.from_manifest(manifest, program.stage_device)
-    groups = tie_groups(layout, placement, copies)
-    order = tuple(x.stage for x in program.devices[place] if x.op == Op.STEP)
+    copies = dist.get_world_size() // len(manifest.stages)
+    module = load_stage(directory, manifest.stages[place])
+    pipe, placement = rank_pipeline(directory, manifest, module, place, copy)
+    order = tuple(x.stage for x in pipe.program.devices[place] if x.op == Op.STEP)
     dp = data_parallel_of(torch.device("cpu"), copies, placement, order, lead=place == 0)
-    micro = program.microbatches
-
-    def backend() -> DistBackend:
-        return DistBackend(layout, manifest, micro, groups, placement)
-
-    pipe = Pipeline(manifest, modules, program, device=place, backend=backend)
+    micro = pipe.program.microbatches
     inputs, target = batch_of(sizes, sizes.batch // copies, seed=copy)
 
-    def loss(output: object, t: torch.Tensor) -> torch.Tensor:
-        return loss_of(output.logits, t)  # type: ignore[attr-defined]
-
     def run() -> None:
-        pipe.train_step({"input_ids": inputs}, (target,), loss, keep_grads=True,
+        pipe.train_step({"input_ids": inputs}, (target,), gpt2_loss, keep_grads=True,
                         on_step=lambda j: dp.start(pipe.modules, j),
                         loss_scale=1 / (micro * copies))  # fmt: skip
         dp.finish(pipe.modules)
