@@ -626,6 +626,8 @@ def _run_distributed(args: argparse.Namespace) -> int:
     program = read_program(Path(args.program) if args.program else directory / manifest.program)
     placement = Placement.from_manifest(manifest, program.stage_device)
     _check_mesh(args, program, placement.world)
+    if args.shard in ("grads", "params"):
+        _check_fully_sharded(args, program, placement, manifest)
     if args.nproc != placement.world * args.dp:  # refused before any rank starts
         raise PipecompileError(
             f"--nproc {args.nproc}: the program runs on {len(program.devices)} devices with "
@@ -664,10 +666,31 @@ def _check_mesh(args: argparse.Namespace, program, width: int) -> None:  # type:
             f"--shard {args.shard} shards across the data-parallel copies, and there is one; "
             "add --dp D (D copies), or drop --shard"
         )
-    if args.shard != "optimizer":
+
+
+def _check_fully_sharded(args: argparse.Namespace, program, placement, manifest) -> None:  # type: ignore[no-untyped-def]
+    """--shard grads|params: the stages run under FSDP2, which owns each stage's backward
+    and gradients; what it cannot run with is refused before any rank starts."""
+    from pipecompile.ir.instr import Op
+    from pipecompile.runtime.compiled import resolve_backend
+
+    flag = f"--shard {args.shard}"
+    if any(instr.op in (Op.I, Op.W) for _, _, instr in program.instructions()):
         raise PipecompileError(
-            f"--shard {args.shard} needs FSDP2 on the stages, which pipecompile's runtime does "
-            "not run yet; --shard optimizer (ZeRO-1) shards the optimizer state"
+            f"{flag}: {program.schedule} splits each backward in two (I and W), and FSDP "
+            "reduces a stage's gradients in one backward; compile with --schedule gpipe, 1f1b "
+            "or interleaved, or use --shard optimizer"
+        )
+    if placement.world != len(program.devices):
+        raise PipecompileError(
+            f"{flag}: the program replicates stages (--replicate, replicas "
+            f"{list(placement.device_replicas)}), whose sums FSDP does not make; compile "
+            "without --replicate and add copies with --dp, or use --shard optimizer"
+        )
+    if resolve_backend(args.compile, manifest.compile) is not None:
+        raise PipecompileError(
+            f"{flag}: the stages' forwards run through torch.compile, which pipecompile does "
+            "not combine with FSDP; add --compile off, or use --shard optimizer"
         )
 
 

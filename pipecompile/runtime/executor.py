@@ -23,6 +23,7 @@ from pipecompile.runtime.backend import Backend, MessageKey, tie_round
 from pipecompile.runtime.compiled import CompiledStages
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
+from pipecompile.runtime.local_part import laid_out_like, local_part
 from pipecompile.runtime.precision import autocast, device_of, for_wire
 from pipecompile.runtime.random_state import draw_base, seeded
 from pipecompile.runtime.stats import RunStats
@@ -102,6 +103,7 @@ class StepExecutor:
         optimizers: Sequence[torch.optim.Optimizer | None] | None = None,
         on_step: Callable[[int], None] | None = None,
         *,
+        on_backward: Callable[[int, bool], None] | None = None,
         loss_scale: float | None = None,
         measure_memory: bool = False,
         keep_grads: bool = False,
@@ -112,7 +114,8 @@ class StepExecutor:
     ) -> None:
         """``span(device, track, name, category, **args)``: a traced step's recorder of what
         happens inside an instruction (the loss; see runtime/trace.py); ``compiled``: the
-        stages' compiled forwards (``--compile``)."""
+        stages' compiled forwards (``--compile``); ``on_backward(stage, last)``: called before
+        each B of a stage, ``last`` for its last micro-batch (FSDP's gradient sync)."""
         self.layout, self.modules, self.backend = layout, modules, backend
         self.compiled = compiled
         self.span = span
@@ -120,6 +123,8 @@ class StepExecutor:
         self.rng_base = draw_base() if rng_base is None else rng_base  # see random_state
         self.microbatches, self.targets, self.loss_fn = microbatches, targets, loss_fn
         self.optimizers, self.on_step = optimizers, on_step
+        self.on_backward = on_backward
+        self.backwards: dict[int, int] = {}  # B instructions run per stage
         self.loss_scale = 1.0 / len(microbatches) if loss_scale is None else loss_scale
         self.measure_memory = measure_memory
         self.keep_grads = keep_grads  # STEP leaves the summed gradients for the caller
@@ -224,6 +229,9 @@ class StepExecutor:
         """B: the whole backward; I: only the gradients of the stage inputs (W follows)."""
         j, i = instr.stage, _mb(instr)
         held = self.held[(j, i)]
+        if self.on_backward is not None and instr.op == Op.B:
+            self.backwards[j] = self.backwards.get(j, 0) + 1
+            self.on_backward(j, self.backwards[j] == len(self.microbatches))
         outs = held.outs if held.outs is not None else self._recompute(j, i, held)
         roots, grads = self._roots(j, i, outs)
         args = held.args
@@ -372,7 +380,7 @@ class StepExecutor:
                 param = params[held[j]]
                 grad = param.grad if i is None else window.get(held[j])
                 grad = grad if grad is not None else torch.zeros_like(param)
-                self.backend.contribute(tie_round(key, i), j, sorted(held), grad)
+                self.backend.contribute(tie_round(key, i), j, sorted(held), local_part(grad))
         return True
 
     def _window_grads(self, j: int) -> dict[str, torch.Tensor]:
@@ -402,7 +410,7 @@ class StepExecutor:
         for key, held in mine:
             total = self.backend.reduced(key, j)
             assert isinstance(total, torch.Tensor)
-            params[held[j]].grad = total.clone()
+            params[held[j]].grad = laid_out_like(params[held[j]], total.clone())
         return True
 
     # -- weights -------------------------------------------------------------------------

@@ -151,9 +151,11 @@ class Pipeline:
         loss_scale: float | None = None,
         keep_grads: bool = False,
         rng_base: int | None = None,
+        on_backward: Callable[[int, bool], None] | None = None,
     ) -> tuple[torch.Tensor, list[Any]]:
         """Run the program on one mini-batch; returns (mean loss over micro-batches, outputs
-        per micro-batch). ``on_step(j)`` is called before each optimizer step of stage j.
+        per micro-batch). ``on_step(j)`` is called before each optimizer step of stage j,
+        ``on_backward(j, last)`` before each backward of stage j (``last``: its last of the step).
 
         Synchronous programs (one STEP per stage) scale each micro-batch's loss by 1/m, so
         the step's gradient is the mini-batch mean's; asynchronous ones (UPDATE per
@@ -184,6 +186,7 @@ class Pipeline:
             loss_fn,  # type: ignore[arg-type]
             self.optimizers,
             on_step,
+            on_backward=on_backward,
             loss_scale=scale,
             measure_memory=measure_memory,
             keep_grads=keep_grads,

@@ -36,7 +36,11 @@ from pipecompile.model.data_hooks import (
     example_source,
 )
 from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
-from pipecompile.runtime.distributed.mesh import data_parallel_of, sharded_optimizer
+from pipecompile.runtime.distributed.mesh import (
+    data_parallel_of,
+    fully_shard_stages,
+    sharded_optimizer,
+)
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.distributed.rank_output import say, user_output
 from pipecompile.runtime.distributed.watchdog import Watchdog
@@ -186,7 +190,11 @@ def _run(
     groups = tie_groups(layout, placement, copies)
     order = tuple(x.stage for x in program.devices[device] if x.op == Op.STEP)
     reads_inputs = program.stage_device[0] == device and replica == 0
-    data_parallel = data_parallel_of(where, copies, placement, order, lead=reads_inputs)
+    data_parallel = data_parallel_of(
+        where, copies, placement, order, lead=reads_inputs, shard=args.shard
+    )
+    if data_parallel.sharded:
+        fully_shard_stages(modules, data_parallel)
     pipe = Pipeline(
         manifest,
         modules,
@@ -224,8 +232,8 @@ def _run(
     data = (_hook(spec, TRAIN, watchdog) or example_source(spec)) if any(reads) else None
     eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
     options = train_options(from_args(TrainFlags, args), directory)
-    if args.shard is not None:
-        options.optimizer_factory = sharded_optimizer(args.shard, options, data_parallel)
+    if args.shard == "optimizer":
+        options.optimizer_factory = sharded_optimizer(options, data_parallel)
     train(
         pipe,
         spec.loss_fn,

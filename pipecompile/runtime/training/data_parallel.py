@@ -11,6 +11,13 @@ gradients over ``dp``: one flat all-reduce per stage (a bucket), started asynchr
 the stage's STEP of the step's last accumulation part (right after its last backward), and
 waited for before the gradients are tested, clipped and applied. The sum of D copies' means
 is then the mean over the D batches: the step equals one pipeline with ``--accumulate D``.
+
+With ``--shard grads`` or ``--shard params`` each stage is under FSDP (``fully_shard`` over
+``dp``) instead: FSDP reduce-scatters (and averages) a stage's gradients after its last
+backward of each accumulation part, so the loss carries no 1/D and there is nothing to sum
+here; each copy keeps a shard of every gradient and of the optimizer state. Every copy then
+runs every part, since FSDP's collectives pair the copies' backwards: a copy the data left
+without a batch replays its last one at weight 0.
 """
 
 from __future__ import annotations
@@ -38,13 +45,39 @@ class DataParallel:
     group: Any = None
     lead: bool = True
     order: tuple[int, ...] = ()
+    mesh: Any = None  # the (dp, pp) device mesh
+    sharded: str | None = None  # "grads" or "params": the stages are under FSDP
     _pending: dict[int, tuple[Any, torch.Tensor, list[torch.nn.Parameter]]] = field(
         default_factory=dict
     )
 
+    @property
+    def loss_copies(self) -> int:
+        """What a micro-batch's loss is divided by for the copies: D where their gradients are
+        summed here, 1 under FSDP, whose reduction averages them."""
+        return 1 if self.sharded else self.size
+
+    @property
+    def counts_norm(self) -> bool:
+        """Whether this rank's gradients count in the global norm: copy 0's (the copies hold
+        the same sums), or every copy's shard under FSDP."""
+        return self.index == 0 or self.sharded is not None
+
+    def before_backward(self, modules: list[Any], j: int, last: bool) -> None:
+        """Under FSDP, before a backward of stage ``j``: reduce-scatter its gradients (and,
+        with --shard grads, free the gathered weights) only after its ``last`` one of the
+        part; the earlier ones accumulate unsharded, without communication."""
+        module = modules[j]
+        if not hasattr(module, "set_requires_gradient_sync"):  # a stage without weights
+            return
+        module.set_requires_gradient_sync(last)
+        module.set_is_last_backward(last)
+        if self.sharded == "grads":
+            module.set_reshard_after_backward(last)
+
     def start(self, modules: list[Any], j: int) -> None:
         """Start summing stage ``j``'s gradients over ``dp`` (once per step)."""
-        if self.size == 1 or j in self._pending or modules[j] is None:
+        if self.loss_copies == 1 or j in self._pending or modules[j] is None:
             return
         params = list(modules[j].parameters())
         if not params:
@@ -58,7 +91,7 @@ class DataParallel:
     def finish(self, modules: list[Any]) -> None:
         """Start the sums not started yet (a copy that sat out the step's last part), in STEP
         order, then wait for every sum and put it back on the parameters."""
-        if self.size == 1:
+        if self.loss_copies == 1:
             return
         for j in self.order:
             self.start(modules, j)

@@ -4,12 +4,15 @@ accumulation), test them for overflow, measure their global norm, scale them.
 
 A tied parameter is counted once (on the lowest stage holding it) and a replicated stage once
 (replica 0), so the norm is the model's, whatever the split; the caller sums the squared norms
-of all ranks."""
+of all ranks. Under FSDP (``--shard grads|params``) a rank holds a shard of each gradient
+and tests, measures and scales only that (``local_part``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from pipecompile.runtime.local_part import local_part
 
 __all__ = ["add_grads", "all_finite", "scale_grads", "squared_norm", "take_grads"]
 
@@ -43,7 +46,7 @@ def add_grads(pipe, taken: dict[int, list[torch.Tensor | None]], stage: int | No
 def all_finite(pipe) -> bool:  # type: ignore[no-untyped-def]
     """Whether every held gradient is finite."""
     return all(
-        bool(torch.isfinite(p.grad).all())
+        bool(torch.isfinite(local_part(p.grad)).all())
         for _, module in _held(pipe)
         for p in module.parameters()
         if p.grad is not None
@@ -64,7 +67,7 @@ def squared_norm(pipe) -> float:  # type: ignore[no-untyped-def]
     for j, module in _held(pipe):
         for name, p in module.named_parameters():
             if p.grad is not None and (j, name) not in skip:
-                total += p.grad.detach().double().pow(2).sum().cpu()
+                total += local_part(p.grad).detach().double().pow(2).sum().cpu()
     return float(total)
 
 
@@ -73,4 +76,4 @@ def scale_grads(pipe, factor: float) -> None:  # type: ignore[no-untyped-def]
     for _, module in _held(pipe):
         for p in module.parameters():
             if p.grad is not None:
-                p.grad.mul_(factor)
+                local_part(p.grad).mul_(factor)

@@ -383,7 +383,7 @@ def _one_step(
     mini-batches (part a of copy k is mini-batch a*D + k of the step)."""
     sync = not pipe.asynchronous
     m, parts = pipe.program.microbatches, options.accumulate
-    loss_scale = (scaler.scale if scaler else 1.0) / (m * parts * dp.size) if sync else 1.0
+    loss_scale = (scaler.scale if scaler else 1.0) / (m * parts * dp.loss_copies) if sync else 1.0
     began = time.perf_counter()
     busy_ns = sent = 0
     total_loss = 0.0
@@ -399,9 +399,13 @@ def _one_step(
             break  # a last, shorter accumulation at the end of the data
         with traced(pipe.tracer, home, "communication", "batch agreement", "all-reduce"):
             _agree(None if batch is SIT_OUT else batch, feed, group)
-        if batch is SIT_OUT:
-            break  # the data ended in this round before this copy's turn
-        used += 1
+        replay = batch is SIT_OUT  # the data ended in this round before this copy's turn
+        if replay and not dp.sharded:
+            break
+        if replay:  # FSDP pairs every copy's collectives: it runs the part, at weight 0
+            batch = feed.replay()
+        else:
+            used += 1
         taken = take_grads(pipe) if sync and part > 0 else None
         inputs = batch.inputs if reads[0] else None
         targets = batch.targets if reads[1] else None
@@ -411,30 +415,33 @@ def _one_step(
                 targets,
                 loss_fn,
                 keep_grads=sync,
-                loss_scale=loss_scale,
+                loss_scale=0.0 if replay else loss_scale,
                 rng_base=step_base(seed, step, part * dp.size + dp.index),
                 measure_memory=options.measure_memory,
                 on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
+                on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
             )
         except PipecompileError as err:
             raise _in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
         if taken is not None:
             add_grads(pipe, taken)
+        stats = pipe.last_stats
+        busy_ns += sum(stats.compute_ns.values()) if stats else 0
+        sent += pipe.last_sent_bytes
+        if replay:
+            continue
         losses = pipe.last_losses
         part_sum = float(sum(v.detach().double() for v in losses.values())) / loss_scale
         if bad is None and not math.isfinite(part_sum):
             bad = dict(losses)
         total_loss += part_sum
-        stats = pipe.last_stats
-        busy_ns += sum(stats.compute_ns.values()) if stats else 0
-        sent += pipe.last_sent_bytes
         counts = batch_counts(pipe.manifest, batch.inputs if reads[0] else None)
         samples, tokens = samples + counts[0], tokens + (counts[1] or 0)
     if sync:
         with traced(pipe.tracer, home, "communication", "data-parallel sum", "all-reduce"):
             dp.finish(pipe.modules)
     overflow = 1.0 if sync and scaler is not None and not all_finite(pipe) else 0.0
-    counted = sync and options.clip_grad_norm is not None and dp.index == 0  # copies agree
+    counted = sync and options.clip_grad_norm is not None and dp.counts_norm
     sq = squared_norm(pipe) if counted else 0.0
     mine = [float(used), float(samples), float(tokens)] if dp.lead else [0.0, 0.0, 0.0]
     with traced(pipe.tracer, home, "communication", "loss sum", "all-reduce"):

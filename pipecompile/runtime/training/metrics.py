@@ -22,6 +22,7 @@ from pipecompile.files.writable import check_file
 from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.runtime.local_part import local_part
 from pipecompile.runtime.training.model_keyed import local_optimizer
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
 
@@ -83,6 +84,7 @@ def optimizer_state_bytes(pipe: Any) -> int:
         for state in held:
             for value in state.values():
                 if isinstance(value, torch.Tensor):
+                    value = local_part(value)  # an FSDP shard counts its own part
                     total += value.numel() * value.element_size()
     return total
 

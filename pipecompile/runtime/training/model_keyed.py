@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 
 from pipecompile.errors import EmitError
 
@@ -166,6 +167,14 @@ def _empty_for(meta: Any) -> torch.Tensor | None:
     )
 
 
+def _room(meta: Any, param: torch.Tensor) -> torch.Tensor | None:
+    """Room for an optimizer state entry of ``param``: laid out as the parameter where it
+    has its shape (a DTensor shard under FSDP reads only its part), else as saved."""
+    if isinstance(param, DTensor) and tuple(getattr(meta, "size", ())) == tuple(param.shape):
+        return torch.empty_like(param, dtype=meta.properties.dtype)
+    return _empty_for(meta)
+
+
 def load_model_keyed(pipe: Any, directory: Path) -> None:
     """Load this rank's weights and optimizer state from ``directory`` (collective).
 
@@ -188,7 +197,7 @@ def load_model_keyed(pipe: Any, directory: Path) -> None:
     for name, optimizer, p in _optimizer_params(pipe):
         for field in by_param.get(name, []):
             key = f"optim.{name}.{field}"
-            wanted[key] = _empty_for(entries[key])
+            wanted[key] = _room(entries[key], p)
             fields.append((optimizer, p, field, key))
     try:
         with _one_process_quietly():

@@ -75,7 +75,9 @@ class RunFlags:
         choices=("optimizer", "grads", "params"),
         api=None,
         help="with --dp: shard across the copies; optimizer = each stage's optimizer state "
-        "(ZeRO-1, torch's ZeroRedundancyOptimizer)",
+        "(ZeRO-1, torch's ZeroRedundancyOptimizer); grads = also the gradients, weights "
+        "gathered once per part (ZeRO-2, FSDP2); params = also the weights at rest, gathered "
+        "per forward and backward (ZeRO-3, FSDP2)",
     )
     device: str | None = option(
         "--device",

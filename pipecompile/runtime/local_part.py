@@ -1,0 +1,31 @@
+"""A tensor's local part. Under FSDP (`run --dp D --shard grads|params`) a stage's parameters,
+gradients and optimizer state are DTensors sharded over the data-parallel copies; what a rank
+tests, measures, sums with a tied stage or counts is its own shard. Any other tensor is its
+own local part."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+__all__ = ["local_part", "laid_out_like"]
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds: a DTensor's local shard, else the tensor."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def laid_out_like(reference: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` (a local part) laid out as ``reference``: a DTensor over the same mesh and
+    placements when ``reference`` is one, else ``local`` itself."""
+    if not isinstance(reference, DTensor):
+        return local
+    return DTensor.from_local(
+        local,
+        reference.device_mesh,
+        reference.placements,
+        run_check=False,
+        shape=reference.shape,
+        stride=reference.stride(),
+    )
