@@ -1,12 +1,15 @@
-"""`run --nproc N --dp D`: data-parallel copies of the pipeline on a (dp, pp) mesh, ZeRO-1
-optimizer sharding, and train states keyed by the model's names that resume into another
-split at another scale.
+"""`run --nproc N --dp D`: data-parallel copies of the pipeline on a (dp, pp) mesh, sharding
+over them (ZeRO-1, and FSDP2's ZeRO-2 and ZeRO-3), and train states keyed by the model's
+names that resume into another split at another scale.
 
 One chain of runs of a small language model (dropout, a tied embedding, a train_batches()
-hook of batches that differ) serves every claim, against one local reference with
-``--accumulate 2``:
+hook of 31 batches that differ) serves every claim, against one local reference with
+``--accumulate 2`` over the whole epoch:
 2 stages x dp 2 from scratch (same seed, same losses), saved, resumed by 4 stages in one
-process (another split, dp 1), saved, resumed by 2 stages x dp 2 with the optimizer sharded.
+process (another split, dp 1), saved, resumed by 2 stages x dp 2 with the optimizer sharded;
+that state resumed by 4 interleaved stages on 2 devices x dp 2 under FSDP2 (``--shard
+params``); and the 4-stage state resumed by 2 stages x dp 2 with ``--shard grads`` to the end
+of the data, whose last round leaves copy 1 without a batch.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def example_targets():
 
 
 def train_batches():
-    return [_batch(seed) for seed in range(1, 31)]
+    return [_batch(seed) for seed in range(1, 32)]
 
 
 def loss_fn(logits, target):
@@ -96,7 +99,9 @@ def chain(tmp_path_factory):  # type: ignore[no-untyped-def]
     for stages in ("2", "4"):
         assert main([model, "--stages", stages, "--microbatches", "2", "--schedule", "1f1b",
                      "-q", "-o", str(root / f"c{stages}")]) == 0  # fmt: skip
-    c2, c4 = str(root / "c2"), str(root / "c4")
+    assert main([model, "--stages", "4", "--devices", "2", "--microbatches", "2", "--schedule",
+                 "interleaved", "-q", "-o", str(root / "ci")]) == 0  # fmt: skip
+    c2, c4, ci = str(root / "c2"), str(root / "c4"), str(root / "ci")
 
     def run(name: str, directory: str, *argv: str) -> Path:
         metrics = root / f"{name}.jsonl"
@@ -104,7 +109,7 @@ def chain(tmp_path_factory):  # type: ignore[no-untyped-def]
         return metrics
 
     made = {
-        "reference": run("reference", c4, "--steps", "5", "--accumulate", "2"),
+        "reference": run("reference", c4, "--epochs", "1", "--accumulate", "2"),
         "dp": run("dp", c2, "--nproc", "4", "--dp", "2", "--steps", "2", "--save",
                   str(root / "ck_dp")),
         "back": run("back", c4, "--steps", "4", "--accumulate", "2", "--resume",
@@ -112,6 +117,10 @@ def chain(tmp_path_factory):  # type: ignore[no-untyped-def]
         "sharded": run("sharded", c2, "--nproc", "4", "--dp", "2", "--shard", "optimizer",
                        "--steps", "5", "--resume", str(root / "ck_back"), "--save",
                        str(root / "ck_sharded")),
+        "params": run("params", ci, "--nproc", "4", "--dp", "2", "--shard", "params",
+                      "--steps", "7", "--resume", str(root / "ck_sharded")),
+        "grads": run("grads", c2, "--nproc", "4", "--dp", "2", "--shard", "grads", "--epochs",
+                     "1", "--resume", str(root / "ck_back"), "--save", str(root / "ck_grads")),
     }  # fmt: skip
     return root, made, model
 
@@ -135,6 +144,17 @@ def test_a_train_state_resumes_at_another_scale_and_back(chain):
         assert loss == pytest.approx(reference[step], rel=1e-6, abs=0), step
 
 
+def test_fsdp_copies_give_the_losses_of_one_pipeline_to_the_end_of_the_data(chain):
+    _, made, _ = chain
+    reference = losses(made["reference"])
+    params, grads = losses(made["params"]), losses(made["grads"])
+    assert list(reference) == list(range(1, 17))  # 31 batches: the last step has one
+    assert list(params) == [6, 7] and list(grads) == list(range(5, 17))
+    for step, loss in {**params, **grads}.items():
+        assert loss == pytest.approx(reference[step], rel=1e-6, abs=0), step
+    assert last_step(made["grads"])["samples_per_s"] > 0
+
+
 def test_sharded_optimizer_state_is_split_over_the_copies(chain):
     _, made, _ = chain
     unsharded = last_step(made["dp"])["optimizer_state_bytes"]
@@ -145,12 +165,16 @@ def test_sharded_optimizer_state_is_split_over_the_copies(chain):
         pair = sharded[rank] + sharded[rank + 2]
         assert pair == pytest.approx(unsharded[rank], rel=0.01)
         assert max(sharded[rank], sharded[rank + 2]) <= 0.7 * unsharded[rank]
+    fsdp = last_step(made["grads"])["optimizer_state_bytes"]  # every tensor split in rows
+    for rank in range(2):  # (each copy keeps its own step counts)
+        assert fsdp[rank] + fsdp[rank + 2] == pytest.approx(unsharded[rank], rel=0.01)
+        assert max(fsdp[rank], fsdp[rank + 2]) <= 0.55 * unsharded[rank]
 
 
 def test_the_train_state_is_keyed_by_the_models_names(chain):
     root, _, model = chain
     spec_names = set(_model_names(model))
-    for saved in ("ck_dp/step_2", "ck_back/step_4", "ck_sharded/step_5"):
+    for saved in ("ck_dp/step_2", "ck_back/step_4", "ck_sharded/step_5", "ck_grads/step_16"):
         entries = read_model_keyed(root / saved)
         weights = {k[len("model.") :] for k in entries if k.startswith("model.")}
         assert weights == spec_names, saved
@@ -164,12 +188,12 @@ def test_the_train_state_is_keyed_by_the_models_names(chain):
 def test_export_reads_a_train_state_of_another_split(chain, tmp_path):
     root, _, _ = chain
     target = tmp_path / "w.safetensors"
-    assert main(["export", str(root / "c4"), "--train-state", str(root / "ck_sharded"),
+    assert main(["export", str(root / "c4"), "--train-state", str(root / "ck_grads"),
                  "-o", str(target)]) == 0  # fmt: skip
     from safetensors.torch import load_file
 
     exported = load_file(target)
-    saved = read_model_keyed(root / "ck_sharded" / "step_5")
+    saved = read_model_keyed(root / "ck_grads" / "step_16")  # written as FSDP's shards
     assert exported.keys() >= {k[len("model.") :] for k in saved if k.startswith("model.")}
     assert all(torch.equal(exported[k[6:]], v) for k, v in saved.items() if k[:6] == "model.")
 
@@ -212,7 +236,10 @@ def test_a_missing_shard_is_named(chain, tmp_path, capsys):
     "argv, message",
     [
         (["--nproc", "3", "--dp", "2"], "--dp 2 does not divide --nproc 3"),
-        (["--nproc", "4", "--dp", "2", "--shard", "grads"], "--shard grads needs FSDP2"),
+        (
+            ["--nproc", "4", "--dp", "2", "--shard", "params", "--compile", "eager"],
+            "--shard params: the stages' forwards run through torch.compile",
+        ),
         (["--nproc", "2", "--shard", "optimizer"], "and there is one; add --dp D"),
         (["--dp", "2"], "--dp applies to the ranks of --nproc N"),
         (["--nproc", "6", "--dp", "2"], "run --nproc 4 (--dp 2 copies of 2)"),
