@@ -1,7 +1,7 @@
 """Benchmark pipeline x data parallelism on a (dp, pp) mesh against torch.distributed.pipelining
-with DDP, side by side, and measure ZeRO-1's optimizer state and resuming at another scale.
+with DDP, side by side, and measure sharding over the copies and resuming at another scale.
 
-Three parts, in one run:
+Four parts, in one run:
 
 1. **Throughput, 4 processes on this CPU.** HF GPT-2 (12 layers, n_embd 256, 64 tokens), a
    global mini-batch of 16 in micro-batches of 2, no optimizer. Four layouts run in one
@@ -16,6 +16,11 @@ Three parts, in one run:
    5 steps' losses against the uninterrupted run.
 3. **Optimizer state with --shard optimizer** at dp 2: each rank's AdamW state bytes from the
    metrics files of those runs, the ZeRO-1 one against the unsharded dp 2 one.
+4. **Every --shard at dp 2**: char_lm at P/2 stages x dp 2 from scratch, unsharded and with
+   ``--shard optimizer`` (ZeRO-1), ``grads`` (ZeRO-2, FSDP2) and ``params`` (ZeRO-3, FSDP2),
+   10 steps each: the losses' max relative difference from the uninterrupted P-stage run with
+   ``--accumulate 2``, each rank's AdamW state bytes, and the median samples/s of the steps
+   after the first (from the metrics files; the runs follow one another). --quick: grads only.
 
 Rerun with::
 
@@ -226,7 +231,40 @@ def compile_char_lm(root: Path, sizes: Sizes) -> None:
                             "4", "-q", "-o", str(root / f"lm{stages}")]) == 0  # fmt: skip
 
 
-def resumes(root: Path, sizes: Sizes) -> tuple[dict[str, float], list[int], list[int]]:
+def uninterrupted(root: Path, sizes: Sizes) -> dict[int, float]:
+    """The losses of 2 x resume_steps steps at P stages with --accumulate 2 (the reference)."""
+    p, n = str(sizes.procs), sizes.resume_steps
+    records = run(root / f"lm{p}", root / "whole.jsonl", "--nproc", p, "--accumulate", "2",
+                  "--seed", "0", "--steps", str(2 * n))  # fmt: skip
+    return {r["step"]: r["loss"] for r in records}
+
+
+def shard_modes(
+    root: Path, sizes: Sizes, whole: dict[int, float], modes: tuple[str, ...]
+) -> dict[str, dict]:
+    """Each --shard of ``modes`` (none: unsharded) at P/2 stages x dp 2 from scratch: the
+    losses' max relative difference from ``whole``, the AdamW state bytes per rank, the
+    median samples/s."""
+    p, n = str(sizes.procs), sizes.resume_steps
+    found = {}
+    for shard in modes:
+        flags = () if shard == "none" else ("--shard", shard)
+        records = run(root / f"lm{sizes.procs // COPIES}", root / "modes.jsonl", "--nproc", p,
+                      "--dp", "2", *flags, "--seed", "0", "--steps", str(2 * n))  # fmt: skip
+        rates = sorted(r["samples_per_s"] for r in records[1:] or records)
+        found[shard] = {
+            "max_rel_diff": max(
+                abs(r["loss"] - whole[r["step"]]) / abs(whole[r["step"]]) for r in records
+            ),  # fmt: skip
+            "optimizer_state_bytes": records[-1]["optimizer_state_bytes"],
+            "samples_per_s": rates[len(rates) // 2],
+        }
+    return found
+
+
+def resumes(
+    root: Path, sizes: Sizes, whole: dict[int, float]
+) -> tuple[dict[str, float], list[int], list[int]]:
     """Max relative loss difference of the steps after each resume against the uninterrupted
     run (P stages with --accumulate 2 and P/2 stages x dp 2 train the same global batches);
     and the AdamW state bytes per rank at P/2 stages x dp 2 without and with --shard optimizer
@@ -235,8 +273,6 @@ def resumes(root: Path, sizes: Sizes) -> tuple[dict[str, float], list[int], list
     four = (root / f"lm{p}", "--nproc", p, "--accumulate", "2")
     two = (root / f"lm{sizes.procs // COPIES}", "--nproc", p, "--dp", "2")
     seed = ("--seed", "0")
-    whole = {r["step"]: r["loss"] for r in run(four[0], root / "whole.jsonl", *four[1:], *seed,
-                                               "--steps", str(2 * n))}  # fmt: skip
     found: dict[str, float] = {}
     bytes_of: dict[str, list[int]] = {}
     big, half = sizes.procs, sizes.procs // COPIES
@@ -281,7 +317,8 @@ def main() -> None:
             print(f"| {name} | {seconds[name]:.3f} | {sizes.batch / seconds[name]:.1f} |")
         compile_char_lm(root, sizes)
         log("resuming at another scale (and ZeRO-1's optimizer state) ...")
-        diffs, plain, sharded = resumes(root, sizes)
+        whole = uninterrupted(root, sizes)
+        diffs, plain, sharded = resumes(root, sizes, whole)
         for name, diff in diffs.items():
             print(f"resume {name}: next {sizes.resume_steps} steps' losses, max relative "
                   f"difference from the uninterrupted run {diff:.1e}")  # fmt: skip
@@ -290,6 +327,20 @@ def main() -> None:
         print(f"  unsharded: {[f'{b / 2**20:.2f} MiB' for b in plain]}")
         print(f"  --shard optimizer: {[f'{b / 2**20:.2f} MiB' for b in sharded]}")
         print(f"  largest share of unsharded on any rank: {worst:.3f}")
+        log("every --shard at dp 2 from scratch ...")
+        chosen = ("grads",) if args.quick else ("none", "optimizer", "grads", "params")
+        modes = shard_modes(root, sizes, whole, chosen)
+        print(f"\nchar_lm, {half} stage(s) x dp 2, {2 * sizes.resume_steps} steps, against "
+              f"{sizes.procs} stages with --accumulate 2:")  # fmt: skip
+        print("| --shard | max rel. loss diff | AdamW state per rank (MiB) | largest share | "
+              "samples/s |")  # fmt: skip
+        print("|---|---:|---|---:|---:|")
+        for shard, got in modes.items():
+            held = got["optimizer_state_bytes"]
+            share = max(h / b for h, b in zip(held, plain))
+            print(f"| {shard} | {got['max_rel_diff']:.1e} | "
+                  f"{', '.join(f'{h / 2**20:.3f}' for h in held)} | {share:.3f} | "
+                  f"{got['samples_per_s']:.1f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
