@@ -4,6 +4,7 @@ from pipecompile.ir.saved_bytes import StageMemory
 from pipecompile.passes.activation_memory import activation_memory
 from pipecompile.passes.annotate_costs import annotate_costs
 from pipecompile.passes.balance_stages import balance_stages, min_max_partition
+from pipecompile.passes.dynamic_dims import dynamic_dims
 from pipecompile.passes.insert_communication import insert_communication
 from pipecompile.passes.insert_recompute import POLICIES, insert_recompute
 from pipecompile.passes.insert_replication import insert_replication, parse_replicas
@@ -15,6 +16,7 @@ __all__ = [
     "balance_stages",
     "min_max_partition",
     "split_stages",
+    "dynamic_dims",
     "activation_memory",
     "StageMemory",
     "insert_recompute",

@@ -90,6 +90,7 @@ def _backward(context: _Context, grads: tuple[Any, ...]) -> None:
         targets,
         vjp_loss,
         loss_scale=1.0,
+        weigh_rows=False,  # the product with the output gradients is a sum, not a mean
         keep_grads=True,
         rng_base=context.rng_base,
     )

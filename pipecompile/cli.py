@@ -242,7 +242,7 @@ def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.weight_sources import weight_plan
     from pipecompile.errors import WeightsError
     from pipecompile.ir.compiled import Compiled
-    from pipecompile.model.model_file import load_model_file, split_ref
+    from pipecompile.model.model_file import dynamic_shapes, load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
     from pipecompile.planner.choose import check_search, open_choices
     from pipecompile.reports.summary import summary
@@ -288,6 +288,7 @@ def _compile(args: argparse.Namespace) -> int:
         replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
         machine=machine,
         progress=not args.quiet,
+        dynamic=args.dynamic or dynamic_shapes(spec),
     )
     compiled = compile_model(
         spec.model,

@@ -105,6 +105,13 @@ class CompileOptions:
         api="replicas",
         help="ranks per stage, e.g. 2,1,1 (then --nproc their sum)",
     )
+    dynamic: str | None = option(
+        "--dynamic",
+        metavar="DIMS",
+        help="batch,seq: dimensions batches may vary in, traced as symbols (batch: dim 0 of "
+        "every input; seq: dim 1 of every 2-dim input; the model file's dynamic_shapes() "
+        "names any others)",
+    )
     memory_budget: int | None = option(
         "--memory-budget",
         check=size,

@@ -11,6 +11,7 @@ __all__ = [
     "ProgramError",
     "MemoryBudgetError",
     "MicrobatchError",
+    "ShapeError",
     "WeightsError",
     "InputError",
     "EmitError",
@@ -52,6 +53,10 @@ class PlanError(PipecompileError):
 
 class MemoryBudgetError(PipecompileError):
     """No recomputation choice keeps a device's stored activations within --memory-budget."""
+
+
+class ShapeError(PipecompileError):
+    """A dimension asked to change from batch to batch cannot (the model or the split fixes it)."""
 
 
 class MicrobatchError(PipecompileError):

@@ -281,6 +281,7 @@ def build_manifest(
         ),
         weights=weights,
         plan=compiled.plan,
+        dynamic=compiled.dynamic,
     )
 
 

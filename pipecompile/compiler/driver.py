@@ -18,7 +18,8 @@ from pipecompile.frontend.tracer import trace
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.microbatch import split_microbatches
+from pipecompile.ir.dynamic import DynamicDims, asked_dims
+from pipecompile.ir.microbatch import check_divides, split_microbatches
 from pipecompile.ir.program import Program
 from pipecompile.ir.recompute_policy import check_policy, chosen_policy
 from pipecompile.ir.split_point import split_requests
@@ -31,6 +32,7 @@ from pipecompile.passes import (
     activation_memory,
     annotate_costs,
     balance_stages,
+    dynamic_dims,
     insert_communication,
     insert_recompute,
     insert_replication,
@@ -65,6 +67,7 @@ class Request:
     replicas: tuple[int, ...] | None
     machine: CostModel
     progress: bool
+    dynamic: dict[str, dict[int, str]] | None = None  # input -> dim -> symbol (--dynamic)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,12 @@ def _split(r: Request, ir: IR) -> StageGraph:
     return split_stages(ir["balanced"], traced=ir["traced"])
 
 
+def _dynamic(r: Request, ir: IR) -> DynamicDims:
+    if r.dynamic is None:
+        return DynamicDims()
+    return dynamic_dims(ir["balanced"], ir["graph"], r.micro, asked=r.dynamic)
+
+
 def _memory(r: Request, ir: IR) -> Any:
     return activation_memory(ir["graph"])
 
@@ -157,6 +166,8 @@ TABLE: tuple[Pass, ...] = (
          checks.check_balanced, _graph_check("balanced")),
     Pass("split_stages", _split, ("balanced", "traced"), ("graph",), checks.check_stage_graph,
          lambda ir: checks.lint_stages(ir["graph"])),
+    Pass("dynamic_dims", _dynamic, ("balanced", "graph"), ("dynamic",), lambda ir: None,
+         when=lambda r: r.dynamic is not None),
     Pass("activation_memory", _memory, ("graph",), ("memory",), checks.check_memory),
     Pass("insert_recompute", _recompute, ("compute", "memory", "graph"), ("recomputed",),
          _program_check("recomputed"), lambda ir: checks.verify_compute(ir["recomputed"])),
@@ -191,6 +202,7 @@ def compile_model(
     progress: bool = False,
     verify_each: bool = False,
     checkpoint: str | None = None,
+    dynamic: Mapping[str, Mapping[int, str]] | Sequence[str] | None = None,
 ) -> Compiled:
     """Trace ``model`` on one micro-batch of ``inputs`` and compile it into stages and a program.
 
@@ -231,6 +243,9 @@ def compile_model(
             ``verify_program`` with its simulation of each program) after every pass, not
             only after the last; each is timed as ``verify NAME``.
         checkpoint: the old name of ``recompute`` (still accepted).
+        dynamic: the input dimensions batches may vary in: input -> dim -> symbol (the model
+            file's ``dynamic_shapes()``), or symbol names (``--dynamic batch,seq``: dim 0 of
+            every input, dim 1 of every two-dimensional one); probed on fake tensors.
 
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
@@ -259,10 +274,12 @@ def compile_model(
         if devices_for(schedule, stages, virtual_stages) != stages:  # the search checked it
             machine = replace(machine, memory_limit=())
     assert isinstance(stages, int) and isinstance(microbatches, int)
+    check_divides(inputs, microbatches)
     request = Request(
         model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
         microbatches, schedule, balance, cuts, pinned, virtual_stages, vertical_sync,
         chosen_policy(recompute, checkpoint), memory_budget, replicas, machine, progress,
+        asked_dims(dynamic, inputs),
     )  # fmt: skip
     ir, timings = run_passes(request, print_after=print_after, verify_each=verify_each)
     micro = request.micro
@@ -270,6 +287,7 @@ def compile_model(
         ir["graph"], ir["program"], next(iter(micro.values())).shape[0] if micro else 0,
         ir["memory"], _replica_counts(request, ir["balance"]), ir["balance"], timings,
         fingerprint=graph_fingerprint(ir["traced"].module), plan=plan,
+        dynamic=ir.get("dynamic", DynamicDims()),
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
-__all__ = ["propagate_fake"]
+__all__ = ["propagate_fake", "fake_values"]
 
 
 class _FakeInterpreter(fx.Interpreter):
@@ -43,3 +43,33 @@ def propagate_fake(module: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
     interp = _FakeInterpreter(module, mode)
     with mode:
         interp.run(*[mode.from_tensor(t) for t in inputs])
+
+
+class _Recording(_FakeInterpreter):
+    """Records each node's fake value in ``values`` instead of the node's meta."""
+
+    def __init__(self, module: fx.GraphModule, mode: FakeTensorMode) -> None:
+        super().__init__(module, mode)
+        self.values: dict[str, Any] = {}
+        self.current: fx.Node | None = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current = n
+        out = fx.Interpreter.run_node(self, n)
+        self.values[n.name] = out
+        return out
+
+
+def fake_values(
+    module: fx.GraphModule, inputs: list[tuple[tuple[int, ...], torch.dtype]]
+) -> tuple[dict[str, Any], fx.Node | None, Exception | None]:
+    """Every node's fake value on inputs of these shapes and dtypes, the graph untouched;
+    with the node that failed and its error when one does (values up to it)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    interp = _Recording(module, mode)
+    try:
+        with mode:
+            interp.run(*[torch.zeros(shape, dtype=dtype) for shape, dtype in inputs])
+    except Exception as err:
+        return interp.values, interp.current, err
+    return interp.values, None, None

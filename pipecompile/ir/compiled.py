@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipecompile.ir.balance_report import BalanceReport
+from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.ir.program import Program
 from pipecompile.ir.saved_bytes import StageMemory
 from pipecompile.ir.stage_graph import StageGraph
@@ -32,3 +33,4 @@ class Compiled:
     timings: tuple[tuple[str, float], ...] = ()
     fingerprint: str = ""  # of the traced graph, see ``graph_fingerprint``
     plan: dict[str, Any] | None = None  # the plan search's choice (manifest key ``plan``)
+    dynamic: DynamicDims = DynamicDims()  # the dimensions batches may vary in (``dynamic``)

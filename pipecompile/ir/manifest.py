@@ -21,6 +21,7 @@ from typing import Any
 
 from pipecompile.errors import EmitError, ManifestVersionError
 from pipecompile.files.names import MANIFEST
+from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.ir.stage_graph import Edge  # the stage graph's, as the manifest lists it
 
 __all__ = [
@@ -262,6 +263,7 @@ class Manifest:
     weights: WeightsRecord | None
     compile: str | None = None  # `--compile`: the torch.compile backend runs use by default
     plan: Json | None = None  # `--devices`: the plan the search chose and the runners-up
+    dynamic: DynamicDims = DynamicDims()  # `--dynamic`: dimensions batches may vary in
 
     @property
     def replica_counts(self) -> tuple[int, ...]:
@@ -322,6 +324,7 @@ class Manifest:
             weights=WeightsRecord.from_json(weights) if weights is not None else None,
             compile=raw.get("compile"),
             plan=raw.get("plan"),
+            dynamic=DynamicDims.from_json(raw.get("dynamic")),
         )
 
     def to_json(self) -> Json:
@@ -333,6 +336,7 @@ class Manifest:
             "weights": self.weights,
             "compile": self.compile,
             "plan": self.plan,
+            "dynamic": self.dynamic.to_json() if self.dynamic.sizes else None,
         }
         raw: Json = {
             "format": self.format,
@@ -355,6 +359,7 @@ class Manifest:
             "weights": self.weights.to_json() if self.weights is not None else None,
             "compile": self.compile,
             "plan": self.plan,
+            "dynamic": optional["dynamic"],
         }
         return {k: v for k, v in raw.items() if k not in optional or optional[k] is not None}
 

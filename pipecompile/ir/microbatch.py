@@ -1,5 +1,9 @@
 """Split a mini-batch into micro-batches along one dimension, and join results back.
 
+A batch of N rows splits into m micro-batches as evenly as possible (the first N mod m get one
+row more, ``even_sizes``); a synchronous step then weighs each micro-batch's mean loss by its
+share of the rows (``row_shares``), so the gradient is the whole mini-batch's mean whatever N.
+
 Also the checks that say, in the user's terms, why a mini-batch does not fit: an input of
 another shape or dtype than compiled, targets of another batch size, an output that has no
 batch dimension to join along.
@@ -17,6 +21,9 @@ from pipecompile.errors import InputError, MicrobatchError
 from pipecompile.ir.sizes import counted
 
 __all__ = [
+    "check_divides",
+    "even_sizes",
+    "row_shares",
     "split_microbatches",
     "split_targets",
     "join_microbatches",
@@ -28,36 +35,105 @@ __all__ = [
 Compiled = Mapping[str, tuple[tuple[int, ...], str]]  # input name -> (micro-batch shape, dtype)
 
 
-def split_microbatches(
-    tensors: Mapping[str, torch.Tensor], count: int, dim: int = 0
-) -> list[dict[str, torch.Tensor]]:
-    """``count`` dicts of equal slices of every tensor along ``dim``, each its own copy: a
-    model that writes its input in place then changes neither the caller's tensor nor another
-    micro-batch's (views of one tensor would share its autograd version counter).
+def even_sizes(rows: int, count: int) -> list[int]:
+    """``rows`` split into ``count`` sizes as evenly as possible, the larger ones first."""
+    base, extra = divmod(rows, count)
+    return [base + (k < extra) for k in range(count)]
+
+
+def row_shares(rows: int, count: int) -> list[float]:
+    """Each micro-batch's rows over the average micro-batch's (1.0 each when ``count``
+    divides ``rows``): the weight of its mean loss in the mini-batch's mean."""
+    return [n * count / rows for n in even_sizes(rows, count)]
+
+
+def batch_rows(tensors: Mapping[str, torch.Tensor], dim: int = 0) -> int | None:
+    """The size along ``dim`` of the first tensor that has one (the batch's rows)."""
+    return next((t.shape[dim] for t in tensors.values() if t.dim() > dim), None)
+
+
+def check_divides(tensors: Mapping[str, torch.Tensor], count: int, dim: int = 0) -> None:
+    """The example batch a compile traces one micro-batch of must divide evenly: the stages
+    are traced on (and torch.export fixes) the micro-batch's size.
 
     Raises:
         MicrobatchError: a tensor's size along ``dim`` is not divisible by ``count``.
     """
-    if count < 1:
-        raise MicrobatchError(f"--microbatches must be at least 1, got {count}")
     for name, tensor in tensors.items():
         size = tensor.shape[dim] if tensor.dim() > dim else None
         if size is None or size % count:
             raise MicrobatchError(
                 f"input {name!r} has shape {tuple(tensor.shape)}: its size along dim {dim} "
                 f"({size}) is not divisible into {counted(count, 'micro-batch')}; choose "
-                f"--microbatches that divides {size}"
+                f"--microbatches that divides {size} (batches of other sizes then split as "
+                "evenly as they can)"
             )
-    chunks = {name: t.chunk(count, dim) for name, t in tensors.items()}
+
+
+def split_microbatches(
+    tensors: Mapping[str, torch.Tensor], count: int, dim: int = 0, rows: int | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """``count`` dicts of slices of every tensor along ``dim`` (``even_sizes`` of ``rows``,
+    default the first tensor's size there; a tensor of a multiple of ``rows`` in proportion),
+    each its own copy: a model that writes its input in place then changes neither the
+    caller's tensor nor another micro-batch's (views of one tensor share a version counter).
+
+    Raises:
+        MicrobatchError: a tensor has fewer rows than ``count``, or a size along ``dim`` that
+            does not split in step with ``rows``.
+    """
+    if count < 1:
+        raise MicrobatchError(f"--microbatches must be at least 1, got {count}")
+    rows = batch_rows(tensors, dim) if rows is None else rows
+    sizes = {}
+    for name, tensor in tensors.items():
+        size = tensor.shape[dim] if tensor.dim() > dim else None
+        if size is None or rows is None or size < count:
+            raise MicrobatchError(
+                f"{_label(name)} has shape {tuple(tensor.shape)}: "
+                + (
+                    f"{size} rows along dim {dim} cannot fill"
+                    if size is not None
+                    else f"it has no dim {dim} to split into"
+                )  # fmt: skip
+                + f" {counted(count, 'micro-batch')}; pass batches of at least {count} rows "
+                "(drop a last, smaller batch), or compile with fewer --microbatches"
+            )
+        sizes[name] = _in_step(size, rows, count)
+        if sizes[name] is None:
+            raise MicrobatchError(
+                f"{_label(name)} has shape {tuple(tensor.shape)}: its {size} rows along dim "
+                f"{dim} do not split in step with the batch's {rows} into "
+                f"{counted(count, 'micro-batch')}; give it {rows} rows or a multiple"
+            )
+    chunks = {name: t.split(sizes[name], dim) for name, t in tensors.items()}
     return [{name: parts[i].clone() for name, parts in chunks.items()} for i in range(count)]
 
 
+def _label(name: str) -> str:
+    return name if name.startswith("target ") else f"input {name!r}"
+
+
+def _in_step(size: int, rows: int, count: int) -> list[int] | None:
+    """The split of ``size`` rows that follows ``rows`` rows split evenly into ``count``."""
+    if size % rows == 0:
+        return [n * (size // rows) for n in even_sizes(rows, count)]
+    if rows % count == 0 and size % count == 0:  # even parts of each: they line up
+        return [size // count] * count
+    return None
+
+
 def split_targets(
-    targets: Sequence[torch.Tensor], count: int, dim: int = 0
+    targets: Sequence[torch.Tensor], count: int, dim: int = 0, rows: int | None = None
 ) -> list[tuple[torch.Tensor, ...]]:
-    """``count`` tuples of equal slices of every target tensor (errors name ``target k``)."""
+    """``count`` tuples of slices of every target tensor, in step with a batch of ``rows``
+    rows (default: each target's own even split; errors name ``target k``)."""
     named = {f"target {k}": t for k, t in enumerate(targets)}
-    return [tuple(part.values()) for part in split_microbatches(named, count, dim)]
+    parts = []
+    for name, tensor in named.items():  # each in step with the batch, not the first target
+        own = rows if rows is not None else batch_rows({name: tensor}, dim)
+        parts.append(split_microbatches({name: tensor}, count, dim, own))
+    return [tuple(p[i][f"target {k}"] for k, p in enumerate(parts)) for i in range(count)]
 
 
 def join_microbatches(
@@ -87,19 +163,24 @@ def input_mismatch(
     dim: int = 0,
     exact: bool = False,
     where: str = "the pipeline",
+    free: Mapping[str, Mapping[int, str]] | None = None,
 ) -> str | None:
     """Why ``inputs`` do not fit the micro-batch shapes and dtypes ``compiled`` for, or None.
 
     The size along the batch dimension ``dim`` may differ unless ``exact`` (a distributed
-    run's messages, and torch.export stages, have the compiled sizes)."""
+    run's messages, and torch.export stages, have the compiled sizes); so may the dimensions
+    ``free`` names per input (``--dynamic``: dim -> its symbol)."""
     for name, tensor in inputs.items():
         if name not in compiled:
             continue
         shape, dtype = compiled[name]
         want = tuple(s * count if k == dim else s for k, s in enumerate(shape))
         have = tuple(tensor.shape)
+        varies = (free or {}).get(name, {})
         same = len(have) == len(want) and all(
-            h == w for k, (h, w) in enumerate(zip(have, want)) if exact or k != dim
+            h == w
+            for k, (h, w) in enumerate(zip(have, want))
+            if (exact or k != dim) and k not in varies
         )
         if not same:
             return (

@@ -20,7 +20,14 @@ from pipecompile.ir.manifest import MANIFEST, Manifest
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.model.fingerprint import file_fingerprint
 
-__all__ = ["ModelSpec", "load_model_file", "split_ref", "import_file", "named_inputs"]
+__all__ = [
+    "ModelSpec",
+    "load_model_file",
+    "split_ref",
+    "import_file",
+    "named_inputs",
+    "dynamic_shapes",
+]
 
 DEFAULT_FACTORY = "build_model"
 
@@ -235,3 +242,27 @@ def _check_fresh(path: Path, sha: str | None, directory: Path, name: str) -> Non
         f"may no longer be that model; recompile (`pipecompile {path}:{name} --stages N "
         f"-o {directory}`), or pass --allow-stale to run the compiled stages as they are"
     )
+
+
+def dynamic_shapes(spec: ModelSpec) -> dict[str, dict[int, str]] | None:
+    """The model file's ``dynamic_shapes()``: input name -> dimension -> symbol, the
+    dimensions batches may vary in (None without the hook).
+
+    Raises:
+        ModelFileError: the hook fails or returns something else.
+    """
+    raw = _call_hook(spec.module, "dynamic_shapes", spec.path, required=False)
+    if raw is None:
+        return None
+    ok = isinstance(raw, dict) and all(
+        isinstance(name, str)
+        and isinstance(dims, dict)
+        and all(isinstance(d, int) and isinstance(s, str) for d, s in dims.items())
+        for name, dims in raw.items()
+    )
+    if not ok:
+        raise ModelFileError(
+            f"{spec.path}: dynamic_shapes() returned {type(raw).__name__} {str(raw)[:80]}; "
+            'return {input name: {dimension: symbol}}, e.g. {"idx": {0: "batch", 1: "seq"}}'
+        )
+    return raw

@@ -105,6 +105,7 @@ class StepExecutor:
         *,
         on_backward: Callable[[int, bool], None] | None = None,
         loss_scale: float | None = None,
+        shares: Sequence[float] | None = None,
         measure_memory: bool = False,
         keep_grads: bool = False,
         rng_base: int | None = None,
@@ -126,6 +127,7 @@ class StepExecutor:
         self.on_backward = on_backward
         self.backwards: dict[int, int] = {}  # B instructions run per stage
         self.loss_scale = 1.0 / len(microbatches) if loss_scale is None else loss_scale
+        self.shares = shares  # each micro-batch's rows over the average's (uneven splits)
         self.measure_memory = measure_memory
         self.keep_grads = keep_grads  # STEP leaves the summed gradients for the caller
         self.training = loss_fn is not None
@@ -494,7 +496,8 @@ class StepExecutor:
                 "grad (a new or detached tensor: torch.tensor(...), .detach(), .item()), so "
                 "training could not change a weight; compute it from the output with torch ops"
             )
-        return loss.float() * self.loss_scale
+        share = self.shares[i] if self.shares is not None else 1.0
+        return loss.float() * (self.loss_scale * share)
 
     def _add_out_grad(self, j: int, i: int, name: str, grad: torch.Tensor | None) -> None:
         if grad is None:

@@ -16,8 +16,10 @@ from pipecompile.errors import InputError, MicrobatchError, PipecompileError, Ru
 from pipecompile.ir.instr import INFERENCE_OPS, Instr, Op
 from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.microbatch import (
+    batch_rows,
     input_mismatch,
     join_microbatches,
+    row_shares,
     split_microbatches,
     split_targets,
 )
@@ -152,6 +154,8 @@ class Pipeline:
         keep_grads: bool = False,
         rng_base: int | None = None,
         on_backward: Callable[[int, bool], None] | None = None,
+        rows: int | None = None,
+        weigh_rows: bool = True,
     ) -> tuple[torch.Tensor, list[Any]]:
         """Run the program on one mini-batch; returns (mean loss over micro-batches, outputs
         per micro-batch). ``on_step(j)`` is called before each optimizer step of stage j,
@@ -168,11 +172,17 @@ class Pipeline:
         ``last_rng_base``), so dropout masks do not depend on the schedule's order.
         On a rank of a distributed run, ``inputs`` may be None unless it holds the first
         stage, and ``targets`` unless it holds the last: other ranks never read the data.
+        A batch of N rows (``rows``: N where ``inputs`` is None) splits into micro-batches as
+        evenly as possible; with ``weigh_rows`` a synchronous step weighs each one's loss by
+        its share of the rows, so the gradient is the mean over all N whatever their split.
         """
         count = self.program.microbatches
         micro = self._split(inputs)
-        micro_targets = split_targets(targets, count) if targets is not None else None
+        if inputs is not None:
+            rows = batch_rows(self._ordered(inputs), self._batch_dim)
+        micro_targets = split_targets(targets, count, rows=rows) if targets is not None else None
         scale = loss_scale if loss_scale is not None else self._loss_scale()
+        weighed = weigh_rows and rows is not None and not self.asynchronous
         tracer = self.tracer if self.tracer is not None and self.tracer.active else None
         backend = self.backend()
         if tracer is not None:
@@ -188,6 +198,7 @@ class Pipeline:
             on_step,
             on_backward=on_backward,
             loss_scale=scale,
+            shares=row_shares(rows, count) if weighed else None,  # type: ignore[arg-type]
             measure_memory=measure_memory,
             keep_grads=keep_grads,
             rng_base=rng_base,
@@ -276,6 +287,7 @@ class Pipeline:
             dim=self._batch_dim,
             exact=exact,
             where=self.name,
+            free=self.manifest.dynamic.inputs,
         )
 
     @property

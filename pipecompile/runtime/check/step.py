@@ -20,8 +20,10 @@ from torch.utils import _pytree as pytree
 
 from pipecompile.errors import InputError, MicrobatchError, ModelFileError, PipecompileError
 from pipecompile.ir.microbatch import (
+    batch_rows,
     check_target_rows,
     join_microbatches,
+    row_shares,
     split_microbatches,
     split_targets,
 )
@@ -190,12 +192,14 @@ def _eager(
     equal slices of the mini-batch."""
     model.zero_grad(set_to_none=True)
     micro = split_microbatches(inputs, parts)
-    micro_targets = split_targets(targets, parts)
+    rows = batch_rows(inputs)
+    micro_targets = split_targets(targets, parts, rows=rows)
+    shares = row_shares(rows, parts) if rows is not None else [1.0] * parts
     total, outputs = torch.zeros(()), []
-    for batch, target in zip(micro, micro_targets):
+    for batch, target, share in zip(micro, micro_targets, shares):
         out = eager_forward(pipe, lambda b: model(**b), batch, inputs)
         check_targets(pipe, out, target, batch, inputs, scale=parts)
-        loss = call_loss_fn(loss_fn, out, target) / parts
+        loss = call_loss_fn(loss_fn, out, target) * share / parts  # weighed by its rows
         if loss.requires_grad:  # not for a model without trainable parameters
             loss.backward()
         total = total + loss.detach()

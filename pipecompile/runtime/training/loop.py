@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
+from pipecompile.ir.microbatch import batch_rows
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.model.data_hooks import Batch, BatchSource
@@ -420,6 +421,7 @@ def _one_step(
                 measure_memory=options.measure_memory,
                 on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
                 on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
+                rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
             )
         except PipecompileError as err:
             raise _in_batch(err, pipe, feed, batch, f"step {step + 1}") from err

@@ -1,0 +1,102 @@
+"""Which input dimensions may change from batch to batch (symbols), and how the shape of each
+value crossing a stage boundary follows them: the manifest's ``dynamic`` entry, written by the
+``dynamic_dims`` pass and read by the runtime to size the messages of any batch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipecompile.errors import ShapeError
+
+__all__ = ["DynamicDims", "Exponents", "SHORTHANDS", "asked_dims"]
+
+Exponents = dict[str, int]  # symbol -> its power in one dimension's size
+
+
+@dataclass(frozen=True)
+class DynamicDims:
+    """``inputs``: input name -> dimension -> symbol; ``sizes``: each symbol's size in the
+    traced micro-batch; ``edges``: value name -> dimension -> the symbols' exponents in its
+    size (dimensions that follow no symbol are left out); ``split``: the symbols of the batch
+    dimension, which the micro-batches divide."""
+
+    inputs: dict[str, dict[int, str]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    edges: dict[str, dict[int, Exponents]] = field(default_factory=dict)
+    split: tuple[str, ...] = ()
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(sorted(self.sizes))
+
+    def shape_of(
+        self, value: str, traced: tuple[int, ...], sizes: dict[str, int]
+    ) -> tuple[int, ...]:
+        """``value``'s shape when the symbols have ``sizes`` (its traced shape ``traced``)."""
+        dims = self.edges.get(value)
+        if not dims:
+            return traced
+        shape = list(traced)
+        for d, exponents in dims.items():
+            num = shape[d] * math.prod(sizes[s] ** e for s, e in exponents.items())
+            den = math.prod(self.sizes[s] ** e for s, e in exponents.items())
+            shape[d] = num // den
+        return tuple(shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inputs": {n: {str(d): s for d, s in dims.items()} for n, dims in self.inputs.items()},
+            "sizes": dict(self.sizes),
+            "edges": {
+                v: {str(d): dict(e) for d, e in dims.items()} for v, dims in self.edges.items()
+            },
+            "split": list(self.split),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any] | None) -> DynamicDims:
+        if not raw:
+            return cls()
+        return cls(
+            {n: {int(d): s for d, s in dims.items()} for n, dims in raw["inputs"].items()},
+            {s: int(n) for s, n in raw["sizes"].items()},
+            {v: {int(d): dict(e) for d, e in dims.items()} for v, dims in raw["edges"].items()},
+            tuple(raw.get("split", ())),
+        )
+
+
+SHORTHANDS = {"batch": "dim 0 of every input", "seq": "dim 1 of every input of two dims"}
+
+
+def asked_dims(dynamic: Any, inputs: dict[str, Any]) -> dict[str, dict[int, str]] | None:
+    """``dynamic`` as input -> dim -> symbol: a mapping as given (``dynamic_shapes()``), or
+    symbol names (``--dynamic batch,seq``) laid on ``inputs`` (None: none asked).
+
+    Raises:
+        ShapeError: an unknown symbol name.
+    """
+    if dynamic is None:
+        return None
+    if isinstance(dynamic, str):
+        dynamic = [s.strip() for s in dynamic.split(",") if s.strip()]
+    if isinstance(dynamic, dict):
+        return {str(n): {int(d): str(s) for d, s in dims.items()} for n, dims in dynamic.items()}
+    unknown = [s for s in dynamic if s not in SHORTHANDS]
+    if unknown:
+        raise ShapeError(
+            f"--dynamic {unknown[0]}: no such dimension to vary; give batch "
+            f"({SHORTHANDS['batch']}) and/or seq ({SHORTHANDS['seq']}), or define "
+            "dynamic_shapes() in the model file"
+        )
+    asked: dict[str, dict[int, str]] = {}
+    for name, tensor in inputs.items():
+        dims = {}
+        if "batch" in dynamic and tensor.dim() >= 1:
+            dims[0] = "batch"
+        if "seq" in dynamic and tensor.dim() == 2:
+            dims[1] = "seq"
+        if dims:
+            asked[name] = dims
+    return asked
