@@ -92,7 +92,7 @@ def split_microbatches(
             raise MicrobatchError(
                 f"{_label(name)} has shape {tuple(tensor.shape)}: "
                 + (
-                    f"{size} rows along dim {dim} cannot fill"
+                    f"{counted(size, 'row')} along dim {dim} cannot fill"
                     if size is not None
                     else f"it has no dim {dim} to split into"
                 )  # fmt: skip
