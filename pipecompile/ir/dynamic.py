@@ -45,6 +45,26 @@ class DynamicDims:
             shape[d] = num // den
         return tuple(shape)
 
+    def sizes_of(self, inputs: dict[str, Any]) -> dict[str, int]:
+        """Each symbol's size in a batch of ``inputs`` (a split symbol's: the whole batch's)."""
+        found: dict[str, int] = {}
+        for name, dims in self.inputs.items():
+            tensor = inputs.get(name)
+            if tensor is not None:
+                for d, symbol in dims.items():
+                    found.setdefault(symbol, int(tensor.shape[d]))
+        return found
+
+    def per_microbatch(self, sizes: dict[str, int], count: int) -> list[dict[str, int]]:
+        """``sizes`` of a batch, for each of its ``count`` micro-batches: a split symbol's
+        divided as evenly as it can be (the larger first), the others as they are."""
+        out: list[dict[str, int]] = [dict(sizes) for _ in range(count)]
+        for symbol in self.split:
+            base, extra = divmod(sizes[symbol], count)
+            for i in range(count):
+                out[i][symbol] = base + (i < extra)
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {
             "inputs": {n: {str(d): s for d, s in dims.items()} for n, dims in self.inputs.items()},

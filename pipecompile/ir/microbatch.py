@@ -243,7 +243,10 @@ def _shape_hint(have: tuple[int, ...], want: tuple[int, ...], dim: int, exact: b
     if len(have) == len(want) - 1 and have == want[:dim] + want[dim + 1 :]:
         return ": it lacks the batch dimension"
     if exact and len(have) == len(want) and have[dim] != want[dim]:
-        return f": its batch size differs ({have[dim]}, not {want[dim]})"
+        return (
+            f": its batch size differs ({have[dim]}, not {want[dim]}; compile with --dynamic "
+            "batch for batches of any size)"
+        )
     return ""
 
 

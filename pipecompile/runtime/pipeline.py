@@ -156,6 +156,7 @@ class Pipeline:
         on_backward: Callable[[int, bool], None] | None = None,
         rows: int | None = None,
         weigh_rows: bool = True,
+        sizes: dict[str, int] | None = None,
     ) -> tuple[torch.Tensor, list[Any]]:
         """Run the program on one mini-batch; returns (mean loss over micro-batches, outputs
         per micro-batch). ``on_step(j)`` is called before each optimizer step of stage j,
@@ -175,16 +176,21 @@ class Pipeline:
         A batch of N rows (``rows``: N where ``inputs`` is None) splits into micro-batches as
         evenly as possible; with ``weigh_rows`` a synchronous step weighs each one's loss by
         its share of the rows, so the gradient is the mean over all N whatever their split.
+        ``sizes``: the batch's sizes of the dimensions compiled ``--dynamic`` (a rank that
+        reads no data learns them from the batch agreement), which size its messages.
         """
         count = self.program.microbatches
         micro = self._split(inputs)
+        split = self.manifest.dynamic.split
         if inputs is not None:
             rows = batch_rows(self._ordered(inputs), self._batch_dim)
+        elif rows is None and sizes is not None and split:
+            rows = sizes[split[0]]
         micro_targets = split_targets(targets, count, rows=rows) if targets is not None else None
         scale = loss_scale if loss_scale is not None else self._loss_scale()
         weighed = weigh_rows and rows is not None and not self.asynchronous
         tracer = self.tracer if self.tracer is not None and self.tracer.active else None
-        backend = self.backend()
+        backend = self._sized(self.backend(), inputs, sizes)
         if tracer is not None:
             backend = tracer.backend(backend, self.device)
         executor = StepExecutor(
@@ -219,6 +225,17 @@ class Pipeline:
         total = sum(executor.losses[i].detach() for i in range(count))
         loss = total / (count * scale)
         return loss, [executor.results[i] for i in range(count)]  # type: ignore[return-value]
+
+    def _sized(self, backend: Any, inputs: dict[str, Any] | None, sizes: Any) -> Any:
+        """``backend``, told each micro-batch's sizes of the dimensions compiled ``--dynamic``
+        (from ``inputs``, else ``sizes``) where it sizes messages (DistBackend.resize)."""
+        dynamic = self.manifest.dynamic
+        if dynamic.sizes and hasattr(backend, "resize"):
+            if inputs is not None:
+                sizes = dynamic.sizes_of(self._ordered(inputs))
+            if sizes:
+                backend.resize(dynamic.per_microbatch(sizes, self.program.microbatches))
+        return backend
 
     def apply_step(self) -> None:
         """Step each held stage's optimizer on the gradients ``train_step(keep_grads=True)``
@@ -321,13 +338,17 @@ class Pipeline:
 
     @torch.no_grad()
     def __call__(
-        self, inputs: dict[str, torch.Tensor] | None, *, rng_base: int | None = None
+        self,
+        inputs: dict[str, torch.Tensor] | None,
+        *,
+        rng_base: int | None = None,
+        sizes: dict[str, int] | None = None,
     ) -> Any:
         """Inference through the pipeline; returns the model's output structure.
-        ``rng_base`` as in ``train_step``."""
+        ``rng_base`` and ``sizes`` as in ``train_step``."""
         count = self.program.microbatches
         micro = self._split(inputs)
-        backend = self.backend()
+        backend = self._sized(self.backend(), inputs, sizes)
         executor = StepExecutor(
             self.layout,
             self.modules,

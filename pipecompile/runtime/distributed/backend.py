@@ -88,6 +88,16 @@ class DistBackend:
         self._early: dict[Hashable, tuple[Any, torch.Tensor]] = {}  # posted ahead: (work, buffer)
         self._posted: dict[Hashable, dict[int, torch.Tensor]] = {}
         self._sums: dict[Hashable, tuple[Any, torch.Tensor, set[int]]] = {}
+        self.dynamic = manifest.dynamic
+        self._sizes: list[dict[str, int]] | None = None  # per micro-batch (--dynamic)
+
+    def resize(self, sizes: list[dict[str, int]]) -> None:
+        """The step's sizes of the dimensions compiled ``--dynamic``, per micro-batch: each
+        message's shape follows them as the manifest says (no shape crosses the wire)."""
+        self._sizes = sizes
+
+    def _shape(self, name: str, i: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape if self._sizes is None else self.dynamic.shape_of(name, shape, self._sizes[i])
 
     # -- point to point ------------------------------------------------------------------
 
@@ -97,8 +107,8 @@ class DistBackend:
         if kind == "B":
             if not dtype.is_floating_point:
                 return  # integer values carry no gradient; the receiver expects none
-            if value is None:
-                value = torch.zeros(shape, dtype=dtype, device=self.device)  # sums like none
+            if value is None:  # sums like none
+                value = torch.zeros(self._shape(name, i, shape), dtype=dtype, device=self.device)
         tensor = value.detach().to(dtype).contiguous()  # type: ignore[union-attr]
         self.sent_bytes += tensor.numel() * tensor.element_size()
         peer = self.placement.rank_of(dst if kind == "F" else src, i)
@@ -137,7 +147,7 @@ class DistBackend:
             if kind == "B" and not dtype.is_floating_point:
                 self._inbox[key] = None
                 continue
-            buffer = torch.empty(shape, dtype=dtype, device=self.device)
+            buffer = torch.empty(self._shape(name, i, shape), dtype=dtype, device=self.device)
             peer = self.placement.rank_of(src if kind == "F" else dst, i)
             ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=self._tag(kind, index, i)))
             buffers.append((key, buffer))

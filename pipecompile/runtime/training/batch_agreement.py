@@ -2,7 +2,9 @@
 targets) each call the model file's hook: they must get the same batch at each step, or
 inputs would be trained against another batch's targets. Each reading rank hashes its batch
 (shapes, dtypes and a strided sample of every tensor's values) and the ranks compare the
-hashes in one small all-gather per batch; a mismatch stops the run naming the batch."""
+hashes in one small all-gather per batch; a mismatch stops the run naming the batch. The same
+all-gather tells every rank the sizes of the batch's varying dimensions (``--dynamic``), which
+the ranks that read no data need to size the messages of the step."""
 
 from __future__ import annotations
 
@@ -42,25 +44,35 @@ def fingerprint(batch: Batch) -> float:
 
 
 def agree_on_batch(
-    batch: Batch | None, source: BatchSource | None, index: int, epoch: int, group: _Gather
-) -> None:
+    batch: Batch | None,
+    source: BatchSource | None,
+    index: int,
+    epoch: int,
+    group: _Gather,
+    sizes: list[int] = (),  # type: ignore[assignment]
+) -> list[int] | None:
     """Compare batch ``index`` (from 0, in ``epoch``) of every rank that read one (``source``
     not None) in this rank's data-parallel copy (the group's ``copy_width`` ranks, if it has
-    one); every rank calls this once per batch, in the same order.
+    one); every rank calls this once per batch, in the same order, with the same number of
+    ``sizes`` (a reader's: its batch's; any other rank's are not read). Returns the first
+    reader's ``sizes`` (None if no rank of the copy read a batch).
 
     Raises:
         PipecompileError: two reading ranks got different batches (on those ranks; the
             others learn it as a failed peer).
     """
-    mine = fingerprint(batch) if source is not None and batch is not None else math.nan
-    every = [values[0] for values in group.gather([mine])]
+    reads = source is not None and batch is not None
+    mine = fingerprint(batch) if reads else math.nan
+    gathered = group.gather([mine, *(float(n) for n in sizes)])
+    every = [values[0] for values in gathered]
     width = getattr(group, "copy_width", None)  # --dp: each copy reads its own batches
     first = 0 if width is None else group.rank // width * width  # type: ignore[attr-defined]
     ours = range(first, len(every) if width is None else first + width)
     readers = [(r, every[r]) for r in ours if not math.isnan(every[r])]
     other = next(((r, f) for r, f in readers if f != readers[0][1]), None)
+    found = [int(v) for v in gathered[readers[0][0]][1:]] if readers else None
     if other is None or source is None:
-        return
+        return found
     where = f"batch {index}" + (f" of epoch {epoch}" if epoch > 1 else "")
     raise PipecompileError(
         f"{source.label} gave rank {readers[0][0]} and rank {other[0]} different batches at "

@@ -30,6 +30,7 @@ class CopyShare:
         self.source = feed.source
         self.epoch, self.in_epoch = feed.epoch, feed.in_epoch
         self.last: Batch | None = None  # the last batch this copy trained on
+        self.last_sizes: dict[str, int] | None = None  # its --dynamic sizes (set by the loop)
 
     @property
     def read(self) -> int:

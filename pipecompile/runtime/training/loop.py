@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
+from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.ir.microbatch import batch_rows
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
@@ -383,6 +384,7 @@ def _one_step(
     began. With data-parallel copies, this copy's parts are its share of D x ``accumulate``
     mini-batches (part a of copy k is mini-batch a*D + k of the step)."""
     sync = not pipe.asynchronous
+    dynamic = pipe.manifest.dynamic
     m, parts = pipe.program.microbatches, options.accumulate
     loss_scale = (scaler.scale if scaler else 1.0) / (m * parts * dp.loss_copies) if sync else 1.0
     began = time.perf_counter()
@@ -399,14 +401,16 @@ def _one_step(
                 return None
             break  # a last, shorter accumulation at the end of the data
         with traced(pipe.tracer, home, "communication", "batch agreement", "all-reduce"):
-            _agree(None if batch is SIT_OUT else batch, feed, group)
+            sizes = _agree(None if batch is SIT_OUT else batch, feed, group, dynamic)
         replay = batch is SIT_OUT  # the data ended in this round before this copy's turn
         if replay and not dp.sharded:
             break
         if replay:  # FSDP pairs every copy's collectives: it runs the part, at weight 0
-            batch = feed.replay()
+            batch, sizes = feed.replay(), feed.last_sizes
         else:
             used += 1
+            if dp.size > 1:
+                feed.last_sizes = sizes  # what a replay of this batch sizes its messages by
         taken = take_grads(pipe) if sync and part > 0 else None
         inputs = batch.inputs if reads[0] else None
         targets = batch.targets if reads[1] else None
@@ -422,6 +426,7 @@ def _one_step(
                 on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
                 on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
                 rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
+                sizes=sizes,
             )
         except PipecompileError as err:
             raise _in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
@@ -593,9 +598,9 @@ def _evaluate(
     total = count = 0.0
     try:
         while (batch := data.next()) is not None:
-            _agree(batch, data, group)
+            sizes = _agree(batch, data, group, pipe.manifest.dynamic)
             try:
-                output = pipe(batch.inputs if reads[0] else None)
+                output = pipe(batch.inputs if reads[0] else None, sizes=sizes)
                 if output is not None and reads[1]:
                     with (
                         torch.no_grad(),
@@ -612,11 +617,18 @@ def _evaluate(
     return total / count if count else math.nan
 
 
-def _agree(batch: Batch | None, feed: Any, group: Group) -> None:
+def _agree(
+    batch: Batch | None, feed: Any, group: Group, dynamic: DynamicDims
+) -> dict[str, int] | None:
     """Under --nproc, the ranks that read ``feed``'s last batch must have read the same one
-    (None: this copy has none this time)."""
-    if not isinstance(group, LocalGroup):
-        agree_on_batch(batch, feed.source, feed.in_epoch - 1, feed.epoch, group)
+    (None: this copy has none this time). Returns the batch's sizes of the dimensions
+    compiled ``--dynamic`` as its readers saw them (None: none, or one process)."""
+    if isinstance(group, LocalGroup):
+        return None
+    mine = dynamic.sizes_of(batch.inputs) if batch is not None else {}
+    sizes = [mine.get(s, 0) for s in dynamic.symbols]
+    found = agree_on_batch(batch, feed.source, feed.in_epoch - 1, feed.epoch, group, sizes)
+    return dict(zip(dynamic.symbols, found)) if found and dynamic.symbols else None
 
 
 def _first_only(source: BatchSource | None) -> BatchSource | None:
