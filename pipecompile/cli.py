@@ -447,15 +447,19 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-untyped-def]
     """`run --check`: one step against the eager model."""
+    from pipecompile.runtime.check.batch_shapes import checked_shapes
     from pipecompile.runtime.check.eager import check_against_eager
 
     if spec.targets is None:
         raise ModelFileError(f"{spec.path} needs example_targets() for `run --check`")
     assert spec.model is not None  # built for --check
     pipe.compile_stages(args.compile)
-    report = check_against_eager(pipe, spec, lr=args.lr, atol=args.atol, rtol=args.rtol)
-    print(report)
-    if not report.ok:
+    ok = True
+    for label, shaped in checked_shapes(spec, pipe, args.batch_shapes):
+        report = check_against_eager(pipe, shaped, lr=args.lr, atol=args.atol, rtol=args.rtol)
+        print(f"{label}\n{report}" if label else report)
+        ok = ok and report.ok
+    if not ok:
         raise CheckError("pipelined results differ from the eager model (see above)")
     return 0
 
@@ -567,6 +571,10 @@ def _refuse_ignored(args: argparse.Namespace) -> None:
                 raise PipecompileError(
                     f"--{flag} is a tolerance of --check; drop it, or add --check"
                 )
+        if args.batch_shapes is not None:
+            raise PipecompileError(
+                "--batch-shapes lists the shapes --check checks; drop it, or add --check"
+            )
         return
     asked = given(from_args(TrainFlags, args))
     cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in asked if name not in ("lr", "compile")]

@@ -158,6 +158,7 @@ def _run(
     progress: TrainState,
 ) -> int:
     from pipecompile.model.model_file import recorded_model
+    from pipecompile.runtime.check.batch_shapes import checked_shapes
     from pipecompile.runtime.check.distributed import check_distributed
 
     directory = Path(args.directory)
@@ -218,14 +219,17 @@ def _run(
     if args.check:
         if spec.targets is None:
             raise PipecompileError(f"{spec.path} needs example_targets() for `run --check`")
-        inputs = {k: v.to(where) for k, v in spec.inputs.items()}
-        targets = tuple(t.to(where) for t in spec.targets)
         pipe.compile_stages(args.compile)
-        report = check_distributed(pipe, spec, directory, args, inputs, targets)
-        if rank == 0:
-            print(report)
-            if not report.ok:
-                raise CheckError("distributed results differ (see above)")
+        ok = True
+        for label, shaped in checked_shapes(spec, pipe, args.batch_shapes):
+            inputs = {k: v.to(where) for k, v in shaped.inputs.items()}
+            targets = tuple(t.to(where) for t in shaped.targets)
+            report = check_distributed(pipe, shaped, directory, args, inputs, targets)
+            if rank == 0:
+                print(f"{label}\n{report}" if label else report)
+            ok = ok and report.ok
+        if rank == 0 and not ok:
+            raise CheckError("distributed results differ (see above)")
         return 0
     mine = {j for j, m in enumerate(modules) if m is not None}
     reads = (0 in mine, len(modules) - 1 in mine)  # inputs, targets: only these ranks read

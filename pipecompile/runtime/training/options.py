@@ -47,6 +47,13 @@ class RunFlags:
         api=None,
         help="--check absolute tolerance (default 1e-5)",
     )
+    batch_shapes: str | None = option(
+        "--batch-shapes",
+        metavar="BxT,...",
+        api=None,
+        help="--check also at these sizes of the compile's --dynamic dimensions, batch first "
+        "(e.g. 16x128,5x17 for batch,seq)",
+    )
     rtol: float | None = option(
         "--rtol",
         check=nonnegative_float,
