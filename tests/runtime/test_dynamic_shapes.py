@@ -1,0 +1,221 @@
+"""Batches of any shape: ``--dynamic`` / ``dynamic_shapes()`` trace the batch size and the
+sequence length as symbols; the manifest says how each message's shape follows them; the
+pipeline trains, evaluates and infers at any size and length, locally and under ``--nproc``,
+equal to eager; what the model or the split fixes is named with its op."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipecompile.cli import main
+from pipecompile.errors import ShapeError
+from pipecompile.ir.dynamic import DynamicDims
+from pipecompile.model.model_file import load_model_file
+from pipecompile.runtime.check.step import check_step
+from pipecompile.runtime.pipeline import Pipeline
+from tests.conftest import SAMPLED_OUT, write_model_file
+
+VARYING_LM = '''"""A small language model without dropout; batches of varying rows and lengths."""
+import torch
+from torch import nn
+
+VOCAB, WIDTH = 32, 16
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, WIDTH)
+        self.h = nn.ModuleList(
+            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()) for _ in range(4)
+        )
+        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        for block in self.h:
+            x = x + block(x)
+        return self.lm_head(x)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return TinyLM()
+
+
+def _batch(seed, rows=None, length=None):
+    g = torch.Generator().manual_seed(seed)
+    rows = rows or int(torch.randint(2, 7, (1,), generator=g))
+    length = length or int(torch.randint(3, 12, (1,), generator=g))
+    ids = torch.randint(0, VOCAB, (rows, length + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def example_inputs():
+    return (_batch(0, 4, 8)[0],)
+
+
+def example_targets():
+    return (_batch(0, 4, 8)[1],)
+
+
+def train_batches():
+    return [_batch(seed) for seed in range(1, 7)]
+
+
+def eval_batches():
+    return [_batch(seed) for seed in range(100, 102)]
+
+
+def dynamic_shapes():
+    return {"ids": {0: "batch", 1: "seq"}}
+
+
+def loss_fn(logits, target):
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+'''
+
+
+@pytest.fixture(scope="module")
+def varying(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The model file and its 2-stage compile (2 micro-batches, 1f1b)."""
+    root = tmp_path_factory.mktemp("dynamic")
+    model = write_model_file(root, VARYING_LM, "varying_lm.py")
+    out = root / "v2"
+    assert main([str(model), "--stages", "2", "--microbatches", "2", "--schedule", "1f1b",
+                 "-q", "-o", str(out)]) == 0  # fmt: skip
+    return root, model, out
+
+
+def test_the_manifest_says_how_each_message_follows_the_symbols(varying):
+    _, _, out = varying
+    dynamic = DynamicDims.from_json(json.loads((out / "manifest.json").read_text())["dynamic"])
+    assert dynamic.inputs == {"ids": {0: "batch", 1: "seq"}}
+    assert dynamic.sizes == {"batch": 2, "seq": 8} and dynamic.split == ("batch",)
+    (value, dims), = dynamic.edges.items()  # fmt: skip
+    assert dims == {0: {"batch": 1}, 1: {"seq": 1}}  # (B, T, width)
+    assert dynamic.shape_of(value, (2, 8, 16), {"batch": 3, "seq": 5}) == (3, 5, 16)
+
+
+def test_any_rows_and_length_train_as_eager(varying):
+    _, model, out = varying
+    spec = load_model_file(str(model))
+    pipe = Pipeline.load(out)
+    ids, target = spec.inputs["ids"], spec.targets[0]
+    for rows, length in ((4, 8), (3, 5), (7, 11)):  # 3 and 7 rows split unevenly
+        inputs = {"ids": ids.repeat(2, 2)[:rows, :length]}
+        targets = (target.repeat(2, 2)[:rows, :length],)
+        report = check_step(pipe, spec.model, inputs, targets, spec.loss_fn, atol=1e-6)
+        assert report.ok, f"{rows}x{length}\n{report}"
+
+
+def test_nproc_trains_and_evaluates_varying_batches_as_one_process(varying):
+    root, model, out = varying
+    metrics = {}
+    for name, extra in (("local", []), ("nproc", ["--nproc", "2"])):
+        metrics[name] = root / f"{name}.jsonl"
+        assert main(["run", str(out), "-q", "--seed", "0", "--epochs", "1", "--metrics",
+                     str(metrics[name]), *extra]) == 0  # fmt: skip
+    lines = {k: [json.loads(x) for x in v.read_text().splitlines()] for k, v in metrics.items()}
+    local = [(r["kind"], r["loss"]) for r in lines["local"] if r["kind"] in ("train", "eval")]
+    nproc = [(r["kind"], r["loss"]) for r in lines["nproc"] if r["kind"] in ("train", "eval")]
+    assert [k for k, _ in local] == ["train"] * 6 + ["eval"] and len(nproc) == len(local)
+    for (kind, want), (_, have) in zip(local, nproc):
+        assert have == pytest.approx(want, rel=1e-6, abs=0), kind
+
+
+@SAMPLED_OUT  # the training run above sizes every message of varying batches under --nproc
+def test_nproc_check_at_several_batch_shapes(varying, capfd):
+    _, _, out = varying
+    assert main(["run", str(out), "--check", "--nproc", "2", "--batch-shapes", "3x5,8x11"]) == 0
+    text = capfd.readouterr().out  # rank 0's
+    for shape in ("4x8 (the example)", "3x5", "8x11"):
+        assert f"batch shape {shape}:" in text
+    assert text.count("check passed") == 3
+
+
+def test_check_takes_batch_shapes(varying, capsys):
+    _, _, out = varying
+    assert main(["run", str(out), "--check", "--batch-shapes", "3x5,8x11"]) == 0
+    text = capsys.readouterr().out
+    assert "batch shape 3x5:" in text and text.count("check passed") == 3
+
+
+SPECIALISED = """import torch
+from torch import nn
+
+
+class Fixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(self.a(x).view(4, 2, 4).flatten(1))
+
+
+def build_model():
+    return Fixed()
+
+
+def example_inputs():
+    return (torch.randn(8, 8),)
+"""
+
+
+def test_a_dimension_the_model_fixes_is_named_with_its_op(tmp_path, capsys):
+    model = write_model_file(tmp_path, SPECIALISED)
+    argv = [str(model), "--stages", "2", "--microbatches", "2", "--dynamic", "batch"]
+    assert main([*argv, "-q", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "the model cannot take another batch (batch=8)" in err, err
+    assert "view (view in" in err or "view (view" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+CROSSING = """import torch
+from torch import nn
+from pipecompile import split_point
+
+
+class Crossing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        rows = x.size(0)
+        y = self.a(x)
+        split_point()
+        return self.b(y) * rows
+
+
+def build_model():
+    return Crossing()
+
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+"""
+
+
+def test_a_number_crossing_a_boundary_is_named(tmp_path):
+    from pipecompile.compiler import compile_model
+
+    spec = load_model_file(str(write_model_file(tmp_path, CROSSING)))
+    with pytest.raises(ShapeError, match=r"computes 4 from the batch and stage 1 uses it"):
+        compile_model(spec.model, spec.inputs, stages=2, dynamic="batch")
+
+
+def test_unknown_symbols_and_bad_hooks_are_refused(tmp_path, capsys):
+    from pipecompile.ir.dynamic import asked_dims
+
+    with pytest.raises(ShapeError, match=r"--dynamic length: no such dimension"):
+        asked_dims("batch,length", {"x": torch.zeros(2, 3)})
+    bad = write_model_file(tmp_path, SPECIALISED + "\n\ndef dynamic_shapes():\n    return [0]\n")
+    assert main([str(bad), "--stages", "2", "-q", "-o", str(tmp_path / "o")]) == 2
+    assert "dynamic_shapes() returned list [0]" in capsys.readouterr().err
