@@ -102,9 +102,10 @@ def example_targets() -> tuple[torch.Tensor, ...]:
     return (split("train")[1 : BATCH_SIZE * LONGEST + 1].reshape(BATCH_SIZE, LONGEST),)
 
 
-def dynamic_shapes() -> dict[str, dict[int, str]]:
-    """The batch size and the length of ``idx`` vary from batch to batch."""
-    return {"idx": {0: "batch", 1: "seq"}}
+def dynamic_shapes() -> dict[str, dict[int, object]]:
+    """The batch size and the length of ``idx`` vary from batch to batch; the length is at
+    most LONGEST, the positions the model has (a longer batch is refused by name)."""
+    return {"idx": {0: "batch", 1: ("seq", LONGEST)}}
 
 
 def main(steps: int = DEMO_STEPS) -> None:

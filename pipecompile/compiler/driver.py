@@ -18,7 +18,7 @@ from pipecompile.frontend.tracer import trace
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.dynamic import DynamicDims, asked_dims
+from pipecompile.ir.dynamic import DynamicDims, asked_dims, asked_maxima
 from pipecompile.ir.microbatch import check_divides, split_microbatches
 from pipecompile.ir.program import Program
 from pipecompile.ir.recompute_policy import check_policy, chosen_policy
@@ -68,6 +68,7 @@ class Request:
     machine: CostModel
     progress: bool
     dynamic: dict[str, dict[int, str]] | None = None  # input -> dim -> symbol (--dynamic)
+    maxima: dict[str, int] | None = None  # symbol -> the largest size the model file states
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def _split(r: Request, ir: IR) -> StageGraph:
 def _dynamic(r: Request, ir: IR) -> DynamicDims:
     if r.dynamic is None:
         return DynamicDims()
-    return dynamic_dims(ir["balanced"], ir["graph"], r.micro, asked=r.dynamic)
+    found = dynamic_dims(ir["balanced"], ir["graph"], r.micro, asked=r.dynamic)
+    return replace(found, maxima=dict(r.maxima or {}))
 
 
 def _memory(r: Request, ir: IR) -> Any:
@@ -279,7 +281,7 @@ def compile_model(
         model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
         microbatches, schedule, balance, cuts, pinned, virtual_stages, vertical_sync,
         chosen_policy(recompute, checkpoint), memory_budget, replicas, machine, progress,
-        asked_dims(dynamic, inputs),
+        asked_dims(dynamic, inputs), asked_maxima(dynamic),
     )  # fmt: skip
     ir, timings = run_passes(request, print_after=print_after, verify_each=verify_each)
     micro = request.micro

@@ -10,7 +10,7 @@ from typing import Any
 
 from pipecompile.errors import ShapeError
 
-__all__ = ["DynamicDims", "Exponents", "SHORTHANDS", "asked_dims"]
+__all__ = ["DynamicDims", "Exponents", "SHORTHANDS", "asked_dims", "asked_maxima"]
 
 Exponents = dict[str, int]  # symbol -> its power in one dimension's size
 
@@ -20,12 +20,14 @@ class DynamicDims:
     """``inputs``: input name -> dimension -> symbol; ``sizes``: each symbol's size in the
     traced micro-batch; ``edges``: value name -> dimension -> the symbols' exponents in its
     size (dimensions that follow no symbol are left out); ``split``: the symbols of the batch
-    dimension, which the micro-batches divide."""
+    dimension, which the micro-batches divide; ``maxima``: the largest size of a symbol the
+    model file states (``dynamic_shapes()``: ``{1: ("seq", 128)}``), a whole batch's."""
 
     inputs: dict[str, dict[int, str]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     edges: dict[str, dict[int, Exponents]] = field(default_factory=dict)
     split: tuple[str, ...] = ()
+    maxima: dict[str, int] = field(default_factory=dict)
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -55,6 +57,21 @@ class DynamicDims:
                     found.setdefault(symbol, int(tensor.shape[d]))
         return found
 
+    def above_maximum(self, inputs: dict[str, Any]) -> str | None:
+        """Why ``inputs`` exceed a stated maximum (naming the input and the value), or None."""
+        for name, dims in self.inputs.items():
+            tensor = inputs.get(name)
+            for d, symbol in dims.items():
+                top = self.maxima.get(symbol)
+                if tensor is not None and top is not None and tensor.shape[d] > top:
+                    return (
+                        f"input {name!r} has shape {tuple(tensor.shape)}: its {symbol} (dim {d}) "
+                        f"is {tensor.shape[d]}, above the maximum of {top} that the model "
+                        f"file's dynamic_shapes() states; cut such batches, or raise the maximum "
+                        "and recompile"
+                    )
+        return None
+
     def per_microbatch(self, sizes: dict[str, int], count: int) -> list[dict[str, int]]:
         """``sizes`` of a batch, for each of its ``count`` micro-batches: a split symbol's
         divided as evenly as it can be (the larger first), the others as they are."""
@@ -73,6 +90,7 @@ class DynamicDims:
                 v: {str(d): dict(e) for d, e in dims.items()} for v, dims in self.edges.items()
             },
             "split": list(self.split),
+            "maxima": dict(self.maxima),
         }
 
     @classmethod
@@ -84,6 +102,7 @@ class DynamicDims:
             {s: int(n) for s, n in raw["sizes"].items()},
             {v: {int(d): dict(e) for d, e in dims.items()} for v, dims in raw["edges"].items()},
             tuple(raw.get("split", ())),
+            {s: int(n) for s, n in raw.get("maxima", {}).items()},
         )
 
 
@@ -102,7 +121,10 @@ def asked_dims(dynamic: Any, inputs: dict[str, Any]) -> dict[str, dict[int, str]
     if isinstance(dynamic, str):
         dynamic = [s.strip() for s in dynamic.split(",") if s.strip()]
     if isinstance(dynamic, dict):
-        return {str(n): {int(d): str(s) for d, s in dims.items()} for n, dims in dynamic.items()}
+        return {
+            str(n): {int(d): str(s if isinstance(s, str) else s[0]) for d, s in dims.items()}
+            for n, dims in dynamic.items()
+        }
     unknown = [s for s in dynamic if s not in SHORTHANDS]
     if unknown:
         raise ShapeError(
@@ -120,3 +142,15 @@ def asked_dims(dynamic: Any, inputs: dict[str, Any]) -> dict[str, dict[int, str]
         if dims:
             asked[name] = dims
     return asked
+
+
+def asked_maxima(dynamic: Any) -> dict[str, int]:
+    """The maxima ``dynamic_shapes()`` states: ``{dim: (symbol, largest)}`` entries."""
+    if not isinstance(dynamic, dict):
+        return {}
+    return {
+        str(s[0]): int(s[1])
+        for dims in dynamic.values()
+        for s in dims.values()
+        if not isinstance(s, str)
+    }

@@ -244,7 +244,20 @@ def _check_fresh(path: Path, sha: str | None, directory: Path, name: str) -> Non
     )
 
 
-def dynamic_shapes(spec: ModelSpec) -> dict[str, dict[int, str]] | None:
+def _symbol(value: Any) -> bool:
+    """A symbol name, or (name, positive maximum)."""
+    if isinstance(value, str):
+        return True
+    return (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], int)
+        and value[1] > 0
+    )
+
+
+def dynamic_shapes(spec: ModelSpec) -> dict[str, dict[int, Any]] | None:
     """The model file's ``dynamic_shapes()``: input name -> dimension -> symbol, the
     dimensions batches may vary in (None without the hook).
 
@@ -257,12 +270,13 @@ def dynamic_shapes(spec: ModelSpec) -> dict[str, dict[int, str]] | None:
     ok = isinstance(raw, dict) and all(
         isinstance(name, str)
         and isinstance(dims, dict)
-        and all(isinstance(d, int) and isinstance(s, str) for d, s in dims.items())
+        and all(isinstance(d, int) and _symbol(s) for d, s in dims.items())
         for name, dims in raw.items()
     )
     if not ok:
         raise ModelFileError(
             f"{spec.path}: dynamic_shapes() returned {type(raw).__name__} {str(raw)[:80]}; "
-            'return {input name: {dimension: symbol}}, e.g. {"idx": {0: "batch", 1: "seq"}}'
+            "return {input name: {dimension: symbol or (symbol, maximum)}}, e.g. "
+            '{"idx": {0: "batch", 1: ("seq", 128)}}'
         )
     return raw

@@ -320,6 +320,9 @@ class Pipeline:
                 raise InputError(f"{self.name} needs the inputs: it runs the first stage")
             return [{} for _ in range(self.program.microbatches)]
         ordered = self._ordered(inputs)
+        above = self.manifest.dynamic.above_maximum(ordered)
+        if above is not None:
+            raise InputError(above)
         if self.device is not None:
             problem = self.input_problem(ordered, exact=True)
             if problem is not None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipecompile.cli import main
-from pipecompile.errors import ShapeError
+from pipecompile.errors import InputError, ShapeError
 from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.check.step import check_step
@@ -72,7 +72,7 @@ def eval_batches():
 
 
 def dynamic_shapes():
-    return {"ids": {0: "batch", 1: "seq"}}
+    return {"ids": {0: "batch", 1: ("seq", 12)}}
 
 
 def loss_fn(logits, target):
@@ -96,6 +96,7 @@ def test_the_manifest_says_how_each_message_follows_the_symbols(varying):
     dynamic = DynamicDims.from_json(json.loads((out / "manifest.json").read_text())["dynamic"])
     assert dynamic.inputs == {"ids": {0: "batch", 1: "seq"}}
     assert dynamic.sizes == {"batch": 2, "seq": 8} and dynamic.split == ("batch",)
+    assert dynamic.maxima == {"seq": 12}
     (value, dims), = dynamic.edges.items()  # fmt: skip
     assert dims == {0: {"batch": 1}, 1: {"seq": 1}}  # (B, T, width)
     assert dynamic.shape_of(value, (2, 8, 16), {"batch": 3, "seq": 5}) == (3, 5, 16)
@@ -111,6 +112,14 @@ def test_any_rows_and_length_train_as_eager(varying):
         targets = (target.repeat(2, 2)[:rows, :length],)
         report = check_step(pipe, spec.model, inputs, targets, spec.loss_fn, atol=1e-6)
         assert report.ok, f"{rows}x{length}\n{report}"
+
+
+def test_a_batch_above_the_stated_maximum_is_named(varying):
+    _, model, out = varying
+    spec = load_model_file(str(model))
+    long = {"ids": spec.inputs["ids"].repeat(1, 2)[:, :13]}
+    with pytest.raises(InputError, match=r"its seq \(dim 1\) is 13, above the maximum of 12"):
+        Pipeline.load(out).train_step(long, (long["ids"],), spec.loss_fn)
 
 
 def test_nproc_trains_and_evaluates_varying_batches_as_one_process(varying):

@@ -201,7 +201,9 @@ def test_a_batch_that_does_not_split_is_named() -> None:
     pipe = _compiled(_model())
     good = _batches(1)
     odd = ((torch.randint(0, 32, (1, 6)),), torch.randint(0, 32, (1, 6)))  # 1 row, 2 parts
-    with pytest.raises(PipecompileError, match=r"^fit\(batches\), batch 1 \(step 2\): .*1 row along"):
+    with pytest.raises(
+        PipecompileError, match=r"^fit\(batches\), batch 1 \(step 2\): .*1 row along"
+    ):
         pipe.fit([*good, odd], _loss, "sgd", epochs=1)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipecompile.errors import RuntimeFailure
 from pipecompile.ir.manifest import Manifest
 from pipecompile.runtime.backend import MessageKey, tie_of
 from pipecompile.runtime.distributed.placement import Placement
@@ -46,6 +47,18 @@ def tie_groups(layout: Layout, placement: Placement, copies: int = 1) -> dict[Ha
                 if me in ranks:
                     groups[("replicas", d)] = group
     return groups
+
+
+def _why(dynamic: bool) -> str:
+    if dynamic:
+        return (
+            " (from the batch's sizes of the --dynamic dimensions): the model makes a shape the "
+            "compile's probe did not see; check it with run --check --batch-shapes"
+        )
+    return (
+        " (the compiled shape): the batch differs from the example in a dimension the compile "
+        "fixed; recompile with --dynamic batch,seq (or dynamic_shapes()) to let it vary"
+    )
 
 
 def _on_wire(dtype: torch.dtype, wire: torch.dtype | None) -> torch.dtype:
@@ -110,6 +123,13 @@ class DistBackend:
             if value is None:  # sums like none
                 value = torch.zeros(self._shape(name, i, shape), dtype=dtype, device=self.device)
         tensor = value.detach().to(dtype).contiguous()  # type: ignore[union-attr]
+        want = self._shape(name, i, shape)
+        if tuple(tensor.shape) != want:  # the receiver sizes it as the manifest predicts
+            raise RuntimeFailure(
+                f"stage {src if kind == 'F' else dst} made {name!r} of micro-batch {i} in shape "
+                f"{list(tensor.shape)}, but the rank receiving it expects {list(want)}"
+                f"{_why(self._sizes is not None)}"
+            )
         self.sent_bytes += tensor.numel() * tensor.element_size()
         peer = self.placement.rank_of(dst if kind == "F" else src, i)
         self._sends.append((dist.isend(tensor, peer, tag=self._tag(kind, index, i)), tensor))
