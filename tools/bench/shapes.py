@@ -1,0 +1,244 @@
+"""Benchmark batches of any shape: useful tokens/s training on windows of varying length,
+unpadded (``--dynamic``), against the same windows padded to the longest, and what dynamic
+dimensions cost a run whose batches all have the compiled shape.
+
+Two parts, each in one 2-rank torchrun whose runs take turns step by step (every rank builds
+each run's pipeline on the distributed backend, as `run --nproc 2` does; a step's time is the
+slowest rank's):
+
+1. **Varying lengths.** examples/char_lm_varlen.py (char_lm's GPT, 4 layers, n_embd 128,
+   positions for 128), 2 stages, 4 micro-batches, 1f1b, batches of 16 windows of a length
+   uniform in [16, 128]. Three runs see the same batches: pipecompile compiled with the file's
+   ``dynamic_shapes()`` on them unpadded; pipecompile compiled for the fixed shape on them
+   padded to 128 (targets -100, which the loss ignores); and torch.distributed.pipelining's
+   Schedule1F1B over PipelineStage wrappers of the padded compile's stage modules on them
+   padded (its stages take one shape). Useful tokens/s = the batches' real tokens over the
+   summed step times.
+2. **Fixed shapes.** examples/char_lm.py (16 x 64), compiled with and without ``--dynamic
+   batch,seq``, on the same fixed-shape batches: the median step of each.
+
+Rerun with::
+
+    python tools/bench/shapes.py            # the figures in docs/BENCHMARKS.md
+    python tools/bench/shapes.py --quick    # a 1-layer model, two steps of each: every path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from common import EXAMPLES, command, log, machine, torchrun_command, use_examples
+from distributed import Passing, live_sets, pipelining_step, rank_pipeline
+
+from pipecompile.cli import main as pipecompile
+
+use_examples()
+
+WAIT_S = 900
+PADDED = '''"""char_lm_varlen's batches padded to its longest window: one shape for every batch."""
+import sys
+
+sys.path.insert(0, {examples!r})
+from char_lm_varlen import (  # noqa: E402,F401
+    build_model,
+    example_inputs,
+    example_targets,
+    loss_fn,
+    padded_train_batches as train_batches,
+)
+'''
+
+
+def options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a 1-layer model, two steps")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--directory", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=None, help="steps of each run (default 30)")
+    args = parser.parse_args()
+    args.steps = args.steps or (2 if args.quick else 30)
+    return args
+
+
+def compile_all(root: Path, quick: bool) -> None:
+    """The four compiles, 2 stages x 4 micro-batches, 1f1b (``--quick``: 1 layer)."""
+    (root / "padded.py").write_text(PADDED.format(examples=str(EXAMPLES)))
+    factory = ":build_model_1" if quick else ""
+    if quick:  # a 1-layer twin of each model, in model files of their own
+        for name in ("char_lm_varlen", "char_lm"):
+            source = (EXAMPLES / f"{name}.py").read_text()
+            extra = "\n\ndef build_model_1():\n    return build_char_gpt(n_layer=1"
+            extra += ", block_size=LONGEST)\n" if name == "char_lm_varlen" else ")\n"
+            (root / f"{name}.py").write_text(source + extra)
+        source = (root / "padded.py").read_text().replace("build_model,", "build_model_1,")
+        (root / "padded.py").write_text(source.replace(repr(str(EXAMPLES)), repr(str(root))))
+    where = root if quick else EXAMPLES
+    common = ["--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "-q"]
+    models = {
+        "varying": (f"{where / 'char_lm_varlen.py'}{factory}", []),
+        "padded": (f"{root / 'padded.py'}{':build_model_1' if quick else ''}", []),
+        "fixed": (f"{where / 'char_lm.py'}{factory}", []),
+        "fixed-dynamic": (f"{where / 'char_lm.py'}{factory}", ["--dynamic", "batch,seq"]),
+    }
+    for name, (model, extra) in models.items():
+        status = pipecompile([model, *common, *extra, "-o", str(root / name)])
+        if status:
+            raise SystemExit(f"compiling {model} exited {status}")
+
+
+def _batches(source: object, steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` batches of ``source`` (a data hook's result), again and again."""
+    while True:
+        for k, ((idx,), (target,)) in enumerate(source):  # type: ignore[attr-defined]
+            if k == steps:
+                break
+            yield idx, target
+
+
+def ours(directory: Path, batches: Iterator) -> Callable[[], None]:
+    """A pipecompile training step on the next batch (every rank reads it; the first stage's
+    rank feeds the inputs, the last's the targets)."""
+    from char_lm import loss_fn
+
+    from pipecompile.runtime.load import load_stage, read_manifest
+
+    rank = dist.get_rank()
+    manifest = read_manifest(directory)
+    module = load_stage(directory, manifest.stages[rank])
+    pipe, _ = rank_pipeline(directory, manifest, module, rank)
+
+    def run() -> None:
+        idx, target = next(batches)
+        pipe.train_step({"idx": idx}, (target,) if rank == 1 else None, loss_fn)
+        module.zero_grad(set_to_none=True)
+
+    return run
+
+
+def theirs(directory: Path, batches: Iterator) -> Callable[[], None]:
+    """torch.distributed.pipelining's 1F1B step over this rank's stage of ``directory``."""
+    from char_lm import loss_fn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from pipecompile.runtime.load import load_stage, read_manifest
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    manifest = read_manifest(directory)
+    module = load_stage(directory, manifest.stages[rank])
+    sets = [[*manifest.inputs], *live_sets(manifest), []]
+    entry = manifest.stages[rank]
+    wrapped = Passing(module, list(entry.inputs), list(entry.outputs), sets[rank],
+                      sets[rank + 1], rank == world - 1)  # fmt: skip
+    stage = PipelineStage(wrapped, rank, world, torch.device("cpu"))
+    steps = Schedule1F1B(stage, n_microbatches=manifest.microbatches, loss_fn=loss_fn)
+
+    def run() -> None:
+        idx, target = next(batches)
+        pipelining_step(steps, rank, world, idx, target)
+        wrapped.zero_grad(set_to_none=True)
+
+    return run
+
+
+def turns(runs: dict[str, Callable[[], None]], steps: int) -> dict[str, list[float]]:
+    """Each run's step times (the slowest rank's), the runs taking turns; one untimed step
+    of each first (its first-step setup)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for k in range(steps + 1):
+        for name, run in runs.items():
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            slowest = torch.tensor([time.perf_counter() - start])
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if k > 0:
+                times[name].append(slowest.item())
+    return times
+
+
+def worker(args: argparse.Namespace) -> None:
+    import char_lm
+    import char_lm_varlen
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    root, steps = Path(args.directory), args.steps
+    unpadded = list(_take(char_lm_varlen.train_batches(), steps + 1))
+    useful = sum(idx.numel() for idx, _ in unpadded[1:])  # after the untimed first step
+    varying = turns({
+        "pipecompile, unpadded (--dynamic)": ours(root / "varying", iter(unpadded)),
+        "pipecompile, padded to 128": ours(root / "padded", _batches(
+            char_lm_varlen.padded_train_batches(), steps + 1)),
+        "pipelining, padded to 128": theirs(root / "padded", _batches(
+            char_lm_varlen.padded_train_batches(), steps + 1)),
+    }, steps)  # fmt: skip
+    fixed = turns({
+        "fixed shapes": ours(root / "fixed", _batches(char_lm.train_batches(), steps + 1)),
+        "--dynamic batch,seq": ours(root / "fixed-dynamic", _batches(
+            char_lm.train_batches(), steps + 1)),
+    }, steps)  # fmt: skip
+    if dist.get_rank() == 0:
+        found = {
+            "useful_tokens": useful,
+            "varying": {n: sum(t) for n, t in varying.items()},
+            "fixed": {n: statistics.median(t) for n, t in fixed.items()},
+        }
+        print("RESULT " + json.dumps(found), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _take(source: object, count: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for k, ((idx,), (target,)) in enumerate(source):  # type: ignore[attr-defined]
+        if k == count:
+            return
+        yield idx, target
+
+
+def main() -> None:
+    args = options()
+    if args.worker:
+        worker(args)
+        return
+    print(f"machine: {machine()}")
+    print(f"command: {command()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        log("compiling the four layouts ...")
+        compile_all(root, args.quick)
+        log(f"timing {args.steps} steps of each, two ranks, taking turns ...")
+        flags = ["--directory", str(root), "--steps", str(args.steps)]
+        workers = torchrun_command(2, __file__, "--worker", *flags)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(workers, capture_output=True, text=True, timeout=WAIT_S, env=env)
+        lines = [ln[7:] for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+        if done.returncode or not lines:
+            raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
+    found = json.loads(lines[0])
+    useful = found["useful_tokens"]
+    print(f"\nchar_lm_varlen, 2 stages x 2 ranks, 1f1b, {args.steps} batches of 16 windows of "
+          f"16-128 characters ({useful} real tokens):")  # fmt: skip
+    print("| run | seconds | useful tokens/s | vs padded pipecompile |")
+    print("|---|---:|---:|---:|")
+    padded = found["varying"]["pipecompile, padded to 128"]
+    for name, seconds in found["varying"].items():
+        print(f"| {name} | {seconds:.2f} | {useful / seconds:.0f} | {padded / seconds:.2f}x |")
+    fixed = found["fixed"]
+    base = fixed["fixed shapes"]
+    print(f"\nchar_lm (16 x 64), 2 stages x 2 ranks, median step of {args.steps}:")
+    for name, seconds in fixed.items():
+        print(f"  {name}: {seconds * 1000:.1f} ms ({seconds / base - 1:+.1%})")
+
+
+if __name__ == "__main__":
+    main()
