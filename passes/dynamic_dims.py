@@ -19,19 +19,21 @@ model file asked for is then an error; the default one, ``batch``, is dropped in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from pipecompile.errors import ShapeError
-from pipecompile.frontend.fake_prop import fake_values
 from pipecompile.ir.dynamic import DynamicDims, Exponents
 from pipecompile.ir.layers import node_module_path
 from pipecompile.ir.node_info import info
 from pipecompile.ir.stage_graph import StageGraph
 
 __all__ = ["DynamicDims", "dynamic_dims"]
+
+Evaluate = Callable[..., tuple[dict[str, Any], Any, Any]]  # see dynamic_dims
 
 
 def dynamic_dims(
@@ -40,10 +42,13 @@ def dynamic_dims(
     micro: dict[str, torch.Tensor],
     *,
     asked: dict[str, dict[int, str]] | None,
+    evaluate: Evaluate,
     batch_dim: int = 0,
 ) -> DynamicDims:
     """Probe the symbols of ``asked`` (input -> dim -> symbol; None: ``batch`` on every
     input's ``batch_dim``) on ``balanced``, traced on the micro-batch ``micro``.
+    ``evaluate(module, [(shape, dtype)])``: every node's fake value on inputs of those shapes,
+    with the node that failed and its error (the front end's ``fake_values``).
 
     Raises:
         ShapeError: a symbol the model file asked for cannot change (named with its op).
@@ -57,7 +62,7 @@ def dynamic_dims(
     sizes = _sizes(wanted, micro, strict=not default)
     if not sizes:
         return DynamicDims()
-    edges, problem = _measure(balanced, graph, micro, wanted, sizes)
+    edges, problem = _measure(balanced, graph, micro, wanted, sizes, evaluate)
     if problem is not None:
         if default:
             return DynamicDims()
@@ -106,8 +111,8 @@ def _probe_inputs(
     return shapes
 
 
-def _run(balanced: fx.GraphModule, micro, wanted, sizes) -> tuple[dict[str, Any], str | None]:  # type: ignore[no-untyped-def]
-    values, node, err = fake_values(balanced, _probe_inputs(micro, wanted, sizes))
+def _run(balanced, micro, wanted, sizes, evaluate) -> tuple[dict[str, Any], str | None]:  # type: ignore[no-untyped-def]
+    values, node, err = evaluate(balanced, _probe_inputs(micro, wanted, sizes))
     if err is None:
         return values, None
     assert node is not None
@@ -121,7 +126,7 @@ def _probes(sizes: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
 
 
 def _measure(
-    balanced, graph, micro, wanted, sizes
+    balanced, graph, micro, wanted, sizes, evaluate
 ) -> tuple[dict[str, dict[int, Exponents]], str | None]:  # type: ignore[no-untyped-def]
     """Each message's exponents, measured on the doubling probes and checked on the last;
     or why a symbol cannot change (the first reason found)."""
@@ -130,7 +135,7 @@ def _measure(
     found: dict[str, dict[int, Exponents]] = {}
     for symbol, probe in _probes(sizes):
         named = symbol or ", ".join(sorted(sizes))
-        values, failure = _run(balanced, micro, wanted, probe)
+        values, failure = _run(balanced, micro, wanted, probe, evaluate)
         if failure is not None:
             return found, f"the model cannot take another {named} ({_sized(probe)}): {failure}"
         for node in crossing:

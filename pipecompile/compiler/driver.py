@@ -14,6 +14,7 @@ from torch import nn
 
 from pipecompile.compiler import checks
 from pipecompile.errors import InternalError, PipecompileError
+from pipecompile.frontend.fake_prop import fake_values
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.compiled import Compiled
@@ -123,7 +124,9 @@ def _split(r: Request, ir: IR) -> StageGraph:
 def _dynamic(r: Request, ir: IR) -> DynamicDims:
     if r.dynamic is None:
         return DynamicDims()
-    found = dynamic_dims(ir["balanced"], ir["graph"], r.micro, asked=r.dynamic)
+    found = dynamic_dims(
+        ir["balanced"], ir["graph"], r.micro, asked=r.dynamic, evaluate=fake_values
+    )
     return replace(found, maxima=dict(r.maxima or {}))
 
 
