@@ -218,8 +218,11 @@ def _sized(sizes: dict[str, int]) -> str:
 
 
 def _op(node: fx.Node) -> str:
+    """The op as a user finds it: its target, node and module, and its line where known."""
     target = getattr(node.target, "__name__", str(node.target))
     where = node_module_path(node)
+    parts = [f"node {node.name}"] if node.name != target else []
+    parts += [f"in {where}"] if where and where != target else []
     line = (node.meta.get("stack_trace") or "").strip().splitlines()
-    at = f" ({line[-2].strip()})" if len(line) >= 2 else ""
-    return f"{target} ({node.name}{f' in {where}' if where else ''}){at}"
+    parts += [line[-2].strip()] if len(line) >= 2 else []
+    return f"{target} ({', '.join(parts)})" if parts else target

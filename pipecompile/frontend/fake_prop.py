@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -67,9 +68,14 @@ def fake_values(
     with the node that failed and its error when one does (values up to it)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     interp = _Recording(module, mode)
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")  # logs a failing op's traceback
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the caller reports the failure, in one line
     try:
         with mode:
             interp.run(*[torch.zeros(shape, dtype=dtype) for shape, dtype in inputs])
     except Exception as err:
         return interp.values, interp.current, err
+    finally:
+        quiet.setLevel(level)
     return interp.values, None, None
