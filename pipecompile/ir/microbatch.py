@@ -244,8 +244,8 @@ def _shape_hint(have: tuple[int, ...], want: tuple[int, ...], dim: int, exact: b
         return ": it lacks the batch dimension"
     if exact and len(have) == len(want) and have[dim] != want[dim]:
         return (
-            f": its batch size differs ({have[dim]}, not {want[dim]}; compile with --dynamic "
-            "batch for batches of any size)"
+            f": its batch size differs ({have[dim]}, not {want[dim]}): compile with --dynamic "
+            "batch for batches of any size"
         )
     return ""
 
