@@ -29,6 +29,7 @@ from pipecompile.errors import ShapeError
 from pipecompile.ir.dynamic import DynamicDims, Exponents
 from pipecompile.ir.layers import node_module_path
 from pipecompile.ir.node_info import info
+from pipecompile.ir.size_values import size_sources
 from pipecompile.ir.stage_graph import StageGraph
 
 __all__ = ["DynamicDims", "dynamic_dims"]
@@ -177,12 +178,15 @@ def _power(old: int, new: int) -> int:
 
 
 def _crossing_numbers(balanced: fx.GraphModule) -> list[fx.Node]:
-    """Nodes of non-tensor value read by a node of a later stage (written in as constants)."""
+    """Nodes of non-tensor value read by a node of a later stage and written into it as
+    constants (split_stages computes a number of sizes again there instead)."""
     out = []
     for node in balanced.graph.nodes:
         if node.op not in ("call_function", "call_method") or isinstance(
             node.meta.get("val"), torch.Tensor
         ):
+            continue
+        if size_sources(node) is not None:
             continue
         own = info(node).stage
         if any(u.op != "output" and info(u).stage not in (None, own) for u in node.users):

@@ -25,6 +25,7 @@ from pipecompile.ir import markers
 from pipecompile.ir.graph_copy import graph_module
 from pipecompile.ir.node_info import info
 from pipecompile.ir.param_names import alias_names, attribute_name
+from pipecompile.ir.size_values import size_sources
 from pipecompile.ir.stage_graph import Edge, Stage, StageGraph
 from pipecompile.ir.traced import Traced
 from pipecompile.ir.values import literal
@@ -32,12 +33,18 @@ from pipecompile.ir.values import literal
 __all__ = ["split_stages"]
 
 
-def split_stages(module: fx.GraphModule, *, traced: Traced) -> StageGraph:
+def split_stages(
+    module: fx.GraphModule, *, traced: Traced, sizes_follow: bool = False
+) -> StageGraph:
     """Cut a balanced module into a StageGraph.
 
     Args:
         module: the output of balance_stages.
         traced: the front end's result (model inputs, output structure, original model).
+        sizes_follow: a number computed from tensor sizes (``x.size(1)``, ``B * T``) that a
+            later stage reads is computed again there, from the tensors it was read from
+            (received if the stage has them not), instead of written in as a constant: the
+            sizes may change from batch to batch (``--dynamic``).
     """
     nodes = list(module.graph.nodes)
     stage_of = _stage_of(nodes)
@@ -46,8 +53,10 @@ def split_stages(module: fx.GraphModule, *, traced: Traced) -> StageGraph:
     returned: tuple[fx.Node, ...] = output.args[0]  # type: ignore[assignment]
     model_outputs = [value_name(n) for n in returned]
     consumers = _consumers(nodes, stage_of, set(returned), count - 1)
+    if sizes_follow:
+        _read_for_sizes(nodes, stage_of, consumers)
     aliases = alias_names(traced.root)
-    builders = [_StageBuilder(j, module, aliases) for j in range(count)]
+    builders = [_StageBuilder(j, module, aliases, sizes_follow=sizes_follow) for j in range(count)]
     for node in nodes:
         if node.op == "placeholder":
             builders[0].add_input(node)
@@ -110,6 +119,23 @@ def _consumers(
     return result
 
 
+def _read_for_sizes(
+    nodes: list[fx.Node], stage_of: dict[fx.Node, int], consumers: dict[fx.Node, tuple[int, ...]]
+) -> None:
+    """Add to ``consumers`` the later stages that compute a size number again from a tensor."""
+    for node in nodes:
+        if node not in stage_of or isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        sources = size_sources(node)
+        readers = {stage_of[u] for u in node.users if stage_of.get(u, -1) > stage_of[node]}
+        if not readers or sources is None:
+            continue
+        for source in sources:
+            later = {r for r in readers if r > stage_of[source]}
+            if later:
+                consumers[source] = tuple(sorted({*consumers.get(source, ()), *later}))
+
+
 def _hold_unread(builders: list[_StageBuilder], root: nn.Module) -> None:
     """Give stage 0 every tensor of ``root``'s state dict that no stage holds."""
     held = {id(t) for b in builders for t in b.root.state_dict(keep_vars=True).values()}
@@ -138,6 +164,7 @@ class _StageBuilder:
     root: nn.Module = field(default_factory=nn.Module)
     env: dict[fx.Node, fx.Node] = field(default_factory=dict)
     attrs: dict[str, str] = field(default_factory=dict)  # original target -> stage attribute
+    sizes_follow: bool = False  # numbers of sizes are computed again here (split_stages)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     flops: int = 0
@@ -190,10 +217,24 @@ class _StageBuilder:
             if arg.op == "get_attr":
                 return self._get_attr(arg)
             if not isinstance(arg.meta.get("val"), torch.Tensor):
+                if self.sizes_follow and size_sources(arg) is not None:
+                    return self._size_again(arg, lookup)
                 return literal(arg.meta.get("val"))  # a constant crossing the boundary
             return self._recv(arg, stage_of[arg])
 
         return lookup
+
+    def _size_again(self, node: fx.Node, lookup: Callable[[fx.Node], Any]) -> fx.Node:
+        """``node`` (a number of sizes) computed in this stage from the tensors it reads."""
+        if node in self.env:
+            return self.env[node]
+
+        def arg(a: fx.Node) -> Any:
+            is_tensor = isinstance(a.meta.get("val"), torch.Tensor)
+            return lookup(a) if is_tensor or a in self.env else self._size_again(a, lookup)
+
+        self.env[node] = self.graph.node_copy(node, arg)
+        return self.env[node]
 
     def _recv(self, node: fx.Node, src: int) -> fx.Node:
         name = value_name(node)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from pipecompile.compiler import checks
-from pipecompile.errors import InternalError, PipecompileError, ShapeError
+from pipecompile.errors import InternalError, PipecompileError
 from pipecompile.frontend.fake_prop import fake_values
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.balance_report import BalanceReport
@@ -98,7 +98,7 @@ def _schedule(r: Request, ir: IR) -> Program:
 
 def _trace(r: Request, ir: IR) -> Traced:
     shown = {k: v.to("meta") for k, v in r.micro.items()} if r.meta else r.micro
-    return trace(r.model, shown)
+    return trace(r.model, shown, r.dynamic)
 
 
 def _annotate(r: Request, ir: IR) -> Any:
@@ -118,23 +118,15 @@ def _balance(r: Request, ir: IR) -> Any:
 
 
 def _split(r: Request, ir: IR) -> StageGraph:
-    return split_stages(ir["balanced"], traced=ir["traced"])
+    return split_stages(ir["balanced"], traced=ir["traced"], sizes_follow=r.dynamic is not None)
 
 
 def _dynamic(r: Request, ir: IR) -> DynamicDims:
     if r.dynamic is None:
         return DynamicDims()
-    try:
-        found = dynamic_dims(
-            ir["balanced"], ir["graph"], r.micro, asked=r.dynamic, evaluate=fake_values
-        )
-    except ShapeError as err:
-        if ir["traced"].tracer != "torch.export":
-            raise
-        raise ShapeError(
-            f"{err}; torch.fx could not trace this model and torch.export traced it for the "
-            "example's sizes, which its ops keep: batches must have the compiled shape"
-        ) from None
+    found = dynamic_dims(
+        ir["balanced"], ir["graph"], r.micro, asked=r.dynamic, evaluate=fake_values
+    )
     return replace(found, maxima=dict(r.maxima or {}))
 
 
@@ -179,7 +171,7 @@ TABLE: tuple[Pass, ...] = (
          checks.check_balanced, _graph_check("balanced")),
     Pass("split_stages", _split, ("balanced", "traced"), ("graph",), checks.check_stage_graph,
          lambda ir: checks.lint_stages(ir["graph"])),
-    Pass("dynamic_dims", _dynamic, ("balanced", "graph", "traced"), ("dynamic",), lambda ir: None,
+    Pass("dynamic_dims", _dynamic, ("balanced", "graph"), ("dynamic",), lambda ir: None,
          when=lambda r: r.dynamic is not None),
     Pass("activation_memory", _memory, ("graph",), ("memory",), checks.check_memory),
     Pass("insert_recompute", _recompute, ("compute", "memory", "graph"), ("recomputed",),

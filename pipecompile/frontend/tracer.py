@@ -47,8 +47,14 @@ class _LeafTracer(fx.Tracer):
         return node
 
 
-def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
+def trace(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    dynamic: dict[str, dict[int, str]] | None = None,
+) -> Traced:
     """Trace ``model`` called as ``model(**inputs)``; raise TraceError with both tracers' reasons.
+    ``dynamic`` (input -> dim -> symbol): dimensions torch.export keeps symbolic (torch.fx
+    keeps every size it reads symbolic anyway).
 
     Example:
         >>> traced = trace(torch.nn.Linear(4, 2), {"input": torch.randn(3, 4)})
@@ -56,12 +62,14 @@ def trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
         ('torch.fx', ('input',))
     """
     with tracing():
-        traced = _trace(model, inputs)
+        traced = _trace(model, inputs, dynamic)
     check_dtypes(traced.module)
     return traced
 
 
-def _trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
+def _trace(
+    model: nn.Module, inputs: dict[str, torch.Tensor], dynamic: dict[str, dict[int, str]] | None
+) -> Traced:
     try:
         return _trace_fx(model, inputs)
     except Exception as fx_err:
@@ -74,7 +82,7 @@ def _trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
                 "(a micro-batch is batch / microbatches rows) or a larger example batch"
             ) from None
     try:
-        return _trace_export(model, inputs)
+        return _trace_export(model, inputs, dynamic)
     except _SplitPointUnderExport as err:
         raise TraceError(f"{err} (torch.fx: {fx_reason})") from None
     except Exception as export_err:
@@ -105,9 +113,15 @@ def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
     return Traced(module, "torch.fx", tuple(names), spec, model)
 
 
-def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
+def _trace_export(
+    model: nn.Module, inputs: dict[str, torch.Tensor], dynamic: dict[str, dict[int, str]] | None
+) -> Traced:
+    shapes = None
+    if dynamic:  # AUTO: export keeps each symbolic unless the model fixes it (then the probe says)
+        auto = torch.export.Dim.AUTO
+        shapes = {n: {d: auto for d in dynamic.get(n, {})} or None for n in inputs}
     with recording(None) as missed:
-        exported = torch.export.export(model, (), dict(inputs), strict=False)
+        exported = torch.export.export(model, (), dict(inputs), dynamic_shapes=shapes, strict=False)
     if missed:
         raise _SplitPointUnderExport(
             f"{type(model).__name__}.forward calls pipecompile.split_point(), which only the "
@@ -132,6 +146,8 @@ def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
     missing = [n.name for n in module.graph.nodes if n.op != "output" and "val" not in n.meta]
     if missing:
         raise RuntimeError(f"export left nodes without values: {missing[:5]}")
+    if shapes is not None:  # the example's sizes for every value, as the passes expect
+        propagate_fake(module, [inputs[str(n)] for n in names])
     return Traced(module, "torch.export", tuple(str(n) for n in names), spec, model)
 
 

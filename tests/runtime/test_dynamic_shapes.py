@@ -211,12 +211,20 @@ def example_inputs():
 """
 
 
-def test_a_number_crossing_a_boundary_is_named(tmp_path):
+def test_a_number_of_sizes_crossing_a_boundary_is_computed_again(tmp_path):
+    from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.compiler import compile_model
 
-    spec = load_model_file(str(write_model_file(tmp_path, CROSSING)))
-    with pytest.raises(ShapeError, match=r"computes 4 from the batch and stage 1 uses it"):
-        compile_model(spec.model, spec.inputs, stages=2, dynamic="batch")
+    path = write_model_file(tmp_path, CROSSING)
+    spec = load_model_file(str(path))
+    compiled = compile_model(spec.model, spec.inputs, stages=2, dynamic="batch")
+    stage1 = compiled.graph.stages[1]
+    assert "x" in stage1.inputs  # received for its size: no constant 4 written in
+    pipe = Pipeline.load(emit(compiled, tmp_path / "o", model=ModelRef(path, "build_model", "m")))
+    for rows in (4, 7):
+        x = torch.randn(rows, 8)
+        with torch.no_grad():
+            assert torch.allclose(pipe({"x": x}), spec.model(x), atol=1e-6), rows
 
 
 def test_unknown_symbols_and_bad_hooks_are_refused(tmp_path, capsys):
@@ -227,3 +235,23 @@ def test_unknown_symbols_and_bad_hooks_are_refused(tmp_path, capsys):
     bad = write_model_file(tmp_path, SPECIALISED + "\n\ndef dynamic_shapes():\n    return [0]\n")
     assert main([str(bad), "--stages", "2", "-q", "-o", str(tmp_path / "o")]) == 2
     assert "dynamic_shapes() returned list [0]" in capsys.readouterr().err
+
+
+def test_a_hugging_face_model_traced_by_export_takes_any_batch_and_length(tmp_path):
+    from pipecompile.codegen.emit import ModelRef, emit
+    from pipecompile.compiler import compile_model
+    from tests.conftest import EXAMPLES, example_spec
+
+    spec = example_spec("hf_gpt2")  # torch.export: the sizes stay symbolic where asked
+    compiled = compile_model(spec.model, spec.inputs, stages=2, microbatches=2,
+                             dynamic="batch,seq")  # fmt: skip
+    assert compiled.graph.tracer == "torch.export"
+    assert "input_ids" in compiled.graph.stages[1].inputs  # its sizes, computed again there
+    ref = ModelRef(EXAMPLES / "hf_gpt2.py", "build_model", "hf_gpt2")
+    pipe = Pipeline.load(emit(compiled, tmp_path / "o", model=ref))
+    ids, target = spec.inputs["input_ids"], spec.targets[0]
+    for rows, length in ((3, 7), (5, 20)):
+        inputs = {"input_ids": ids.repeat(2, 2)[:rows, :length]}
+        targets = (target.repeat(2, 2)[:rows, :length],)
+        report = check_step(pipe, spec.model, inputs, targets, spec.loss_fn, atol=1e-5)
+        assert report.ok, f"{rows}x{length}\n{report}"
