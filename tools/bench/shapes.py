@@ -2,9 +2,9 @@
 unpadded (``--dynamic``), against the same windows padded to the longest, and what dynamic
 dimensions cost a run whose batches all have the compiled shape.
 
-Two parts, each in one 2-rank torchrun whose runs take turns step by step (every rank builds
-each run's pipeline on the distributed backend, as `run --nproc 2` does; a step's time is the
-slowest rank's):
+Three parts. The first two each run in one 2-rank torchrun whose runs take turns step by step
+(every rank builds each run's pipeline on the distributed backend, as `run --nproc 2` does; a
+step's time is the slowest rank's):
 
 1. **Varying lengths.** examples/char_lm_varlen.py (char_lm's GPT, 4 layers, n_embd 128,
    positions for 128), 2 stages, 4 micro-batches, 1f1b, batches of 16 windows of a length
@@ -16,11 +16,17 @@ slowest rank's):
    summed step times.
 2. **Fixed shapes.** examples/char_lm.py (16 x 64), compiled with and without ``--dynamic
    batch,seq``, on the same fixed-shape batches: the median step of each.
+3. **Gradients at every shape, every synchronous schedule.** char_lm_varlen without dropout,
+   compiled for 2 devices (2 stages; 4 in a loop or a V where the schedule places two a
+   device) and 4 micro-batches: ``run --check --batch-shapes 16x128,7x40,5x17`` locally (the
+   gradients' largest difference from eager at each shape, 7 rows splitting 2, 2, 2, 1) and
+   with ``--nproc 2`` (from the local backend's).
 
 Rerun with::
 
     python tools/bench/shapes.py            # the figures in docs/BENCHMARKS.md
-    python tools/bench/shapes.py --quick    # a 1-layer model, two steps of each: every path
+    python tools/bench/shapes.py --quick    # a 1-layer model, two steps of each, and the
+                                            # gradient check of gpipe alone: every path
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -37,7 +44,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import EXAMPLES, command, log, machine, torchrun_command, use_examples
+from common import (
+    EXAMPLES,
+    command,
+    log,
+    machine,
+    pipecompile_command,
+    run_checked,
+    torchrun_command,
+    use_examples,
+)
 from distributed import Passing, live_sets, pipelining_step, rank_pipeline
 
 from pipecompile.cli import main as pipecompile
@@ -205,6 +221,42 @@ def _take(source: object, count: int) -> Iterator[tuple[torch.Tensor, torch.Tens
         yield idx, target
 
 
+SCHEDULES = {
+    "gpipe": [], "1f1b": [], "zb1p": [], "zb2p": [],
+    "interleaved": ["--stages", "4", "--virtual-stages", "2"],
+    "looped_bfs": ["--stages", "4", "--virtual-stages", "2"],
+    "zbv": ["--stages", "4"], "v_half": ["--stages", "4"], "v_min": ["--stages", "4"],
+    "dualpipev": ["--stages", "4"],
+}  # fmt: skip
+SHAPES = "16x128,7x40,5x17"
+DIFF = re.compile(r"grads +max \|diff\| ([0-9.e+-]+)")
+DIST = re.compile(r"gradient max \|diff\| ([0-9.e+-]+)")
+
+
+def gradient_checks(root: Path, quick: bool) -> dict[str, tuple[float, float, int]]:
+    """Per schedule: the largest gradient difference from eager over the shapes (local), the
+    largest distributed one from the local backend, and how many checks passed."""
+    model = f"{EXAMPLES / 'char_lm_varlen.py'}:build_model_without_dropout"
+    found = {}
+    for schedule, extra in SCHEDULES.items():
+        if quick and schedule != "gpipe":
+            continue
+        out = root / f"check-{schedule}"
+        argv = [model, "--stages", "2", *extra, "--microbatches", "4", "--schedule", schedule]
+        run_checked(pipecompile_command(*argv, "-q", "-o", str(out)))
+        check = ["run", str(out), "--check", "--batch-shapes", SHAPES, "--atol", "1e-5"]
+        local = run_checked(pipecompile_command(*check)).stdout
+        spread = run_checked(pipecompile_command(*check, "--nproc", "2")).stdout
+        passed = (local + spread).count("check passed")
+        found[schedule] = (
+            max(float(v) for v in DIFF.findall(local)),
+            max(float(v) for v in DIST.findall(spread)),
+            passed,
+        )
+        log(f"  {schedule}: {found[schedule]}")
+    return found
+
+
 def main() -> None:
     args = options()
     if args.worker:
@@ -238,6 +290,15 @@ def main() -> None:
     print(f"\nchar_lm (16 x 64), 2 stages x 2 ranks, median step of {args.steps}:")
     for name, seconds in fixed.items():
         print(f"  {name}: {seconds * 1000:.1f} ms ({seconds / base - 1:+.1%})")
+    log("checking every synchronous schedule at each shape, locally and on 2 ranks ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        checks = gradient_checks(Path(tmp), args.quick)
+    shapes = f"run --check --batch-shapes {SHAPES} (and the example's)"
+    print(f"\nchar_lm_varlen without dropout, {shapes}:")
+    print("| schedule | grads vs eager, max over shapes | --nproc 2 vs local | checks passed |")
+    print("|---|---:|---:|---:|")
+    for schedule, (local, spread, passed) in checks.items():
+        print(f"| {schedule} | {local:.1e} | {spread:.1e} | {passed} of 8 |")
 
 
 if __name__ == "__main__":
