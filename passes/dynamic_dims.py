@@ -227,6 +227,23 @@ def _op(node: fx.Node) -> str:
     where = node_module_path(node)
     parts = [f"node {node.name}"] if node.name != target else []
     parts += [f"in {where}"] if where and where != target else []
-    line = (node.meta.get("stack_trace") or "").strip().splitlines()
-    parts += [line[-2].strip()] if len(line) >= 2 else []
+    parts += [line] if (line := _user_line(node.meta.get("stack_trace") or "")) else []
     return f"{target} ({', '.join(parts)})" if parts else target
+
+
+def _user_line(stack: str) -> str:
+    """The last frame of a recorded stack outside torch and pipecompile: where the model's
+    own code made the op (``File "model.py", line 12, in forward: x.view(4, 2, 4)``)."""
+    lines = stack.strip().splitlines()
+    frames = [
+        (k, line.strip())
+        for k, line in enumerate(lines)
+        if line.strip().startswith('File "')
+        and "/torch/" not in line
+        and "/pipecompile/" not in line
+    ]
+    if not frames:
+        return ""
+    k, where = frames[-1]
+    code = lines[k + 1].strip() if k + 1 < len(lines) else ""
+    return f"{where}: {code}" if code and not code.startswith('File "') else where

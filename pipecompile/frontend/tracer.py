@@ -71,7 +71,7 @@ def _trace(
     model: nn.Module, inputs: dict[str, torch.Tensor], dynamic: dict[str, dict[int, str]] | None
 ) -> Traced:
     try:
-        return _trace_fx(model, inputs)
+        return _trace_fx(model, inputs, lines=dynamic is not None)
     except Exception as fx_err:
         fx_reason = _reason(fx_err)
         if "Expected more than 1 value per channel when training" in str(fx_err):
@@ -101,8 +101,11 @@ class _SplitPointUnderExport(Exception):
     pass
 
 
-def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Traced:
+def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor], *, lines: bool) -> Traced:
+    """``lines``: record each op's line in the model's source (``--dynamic`` names the op that
+    fixes a size by it)."""
     tracer = _LeafTracer()
+    tracer.record_stack_traces = lines
     with recording(tracer), torch.enable_grad():  # only the model's own no_grad regions count
         graph = tracer.trace(model)
     module = fx.GraphModule(model, graph, class_name=type(model).__name__)

@@ -181,7 +181,8 @@ def test_a_dimension_the_model_fixes_is_named_with_its_op(tmp_path, capsys):
     argv = [str(model), "--stages", "2", "--microbatches", "2", "--dynamic", "batch"]
     assert main([*argv, "-q", "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "the model cannot take another batch (batch=8): view fails: RuntimeError" in err, err
+    assert "the model cannot take another batch (batch=8): view (File " in err, err
+    assert ", in forward: return self.b(self.a(x).view(4, 2, 4).flatten(1))) fails" in err, err
     assert not (tmp_path / "o").exists()
 
 
