@@ -61,6 +61,41 @@ def compiled_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
     return out
 
 
+TINY_LM = '''"""A small language model: a tied embedding, dropout {dropout}."""
+import torch
+from torch import nn
+
+VOCAB, WIDTH, TOKENS, DROPOUT = 32, 16, 8, {dropout}
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, WIDTH)
+        self.h = nn.ModuleList(
+            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Dropout(DROPOUT))
+            for _ in range(4)
+        )
+        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        for block in self.h:
+            x = x + block(x)
+        return self.lm_head(x)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return TinyLM()
+
+
+def loss_fn(logits, target):
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+'''  # a model file's start: the tests add their data hooks
+
+
 def write_model_file(tmp_path: Path, source: str, name: str = "model.py") -> Path:
     path = tmp_path / name
     path.write_text(source)

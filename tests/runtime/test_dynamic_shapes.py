@@ -16,36 +16,11 @@ from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
-from tests.conftest import SAMPLED_OUT, write_model_file
+from tests.conftest import SAMPLED_OUT, TINY_LM, write_model_file
 
-VARYING_LM = '''"""A small language model without dropout; batches of varying rows and lengths."""
-import torch
-from torch import nn
-
-VOCAB, WIDTH = 32, 16
-
-
-class TinyLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.wte = nn.Embedding(VOCAB, WIDTH)
-        self.h = nn.ModuleList(
-            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()) for _ in range(4)
-        )
-        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
-        self.lm_head.weight = self.wte.weight
-
-    def forward(self, ids):
-        x = self.wte(ids)
-        for block in self.h:
-            x = x + block(x)
-        return self.lm_head(x)
-
-
-def build_model():
-    torch.manual_seed(0)
-    return TinyLM()
-
+VARYING_LM = (
+    TINY_LM.format(dropout=0.0)
+    + """
 
 def _batch(seed, rows=None, length=None):
     g = torch.Generator().manual_seed(seed)
@@ -74,10 +49,8 @@ def eval_batches():
 def dynamic_shapes():
     return {"ids": {0: "batch", 1: ("seq", 12)}}
 
-
-def loss_fn(logits, target):
-    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
-'''
+"""
+)
 
 
 @pytest.fixture(scope="module")

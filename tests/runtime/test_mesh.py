@@ -26,35 +26,11 @@ import torch
 from pipecompile.cli import main
 from pipecompile.runtime.training.model_keyed import read_model_keyed
 from tests.conftest import EXAMPLES, SAMPLED_OUT, write_model_file
+from tests.conftest import TINY_LM as SHARED_LM
 
-TINY_LM = '''"""A small language model: a tied embedding, dropout, batches that differ."""
-import torch
-from torch import nn
-
-VOCAB, WIDTH, TOKENS = 32, 16, 8
-
-
-class TinyLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.wte = nn.Embedding(VOCAB, WIDTH)
-        self.h = nn.ModuleList(
-            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Dropout(0.1)) for _ in range(4)
-        )
-        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
-        self.lm_head.weight = self.wte.weight
-
-    def forward(self, ids):
-        x = self.wte(ids)
-        for block in self.h:
-            x = x + block(x)
-        return self.lm_head(x)
-
-
-def build_model():
-    torch.manual_seed(0)
-    return TinyLM()
-
+TINY_LM = (
+    SHARED_LM.format(dropout=0.1)
+    + """
 
 def _batch(seed):
     ids = torch.randint(0, VOCAB, (4, TOKENS + 1), generator=torch.Generator().manual_seed(seed))
@@ -72,10 +48,8 @@ def example_targets():
 def train_batches():
     return [_batch(seed) for seed in range(1, 32)]
 
-
-def loss_fn(logits, target):
-    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
-'''
+"""
+)
 COMMON = ["-q", "--seed", "0", "--lr", "0.003"]
 
 

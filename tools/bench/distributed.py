@@ -180,9 +180,14 @@ def compare(directory: Path, schedule: str, sizes: Sizes, warmup: int, repeats: 
     return {**medians, "save_s": save_s, "save_bytes": size}
 
 
-def alternate(runs: dict[str, Callable[[], None]], warmup: int, repeats: int) -> dict[str, float]:
-    """Each run's median step (the slowest rank's) over ``repeats`` timed turns after
-    ``warmup`` untimed ones, the runs taking turns (every rank calls it)."""
+def alternate(
+    runs: dict[str, Callable[[], None]],
+    warmup: int,
+    repeats: int,
+    summary: Callable[[list[float]], float] = statistics.median,
+) -> dict[str, float]:
+    """Each run's ``summary`` (median) of its step times (the slowest rank's) over ``repeats``
+    timed turns after ``warmup`` untimed ones, the runs taking turns (every rank calls it)."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for k in range(warmup + repeats):
         for name, run in runs.items():
@@ -193,7 +198,7 @@ def alternate(runs: dict[str, Callable[[], None]], warmup: int, repeats: int) ->
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if k >= warmup:
                 times[name].append(slowest.item())
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: summary(t) for name, t in times.items()}
 
 
 def ours(

@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import tempfile
 import time
@@ -54,7 +53,7 @@ from common import (
     torchrun_command,
     use_examples,
 )
-from distributed import Passing, live_sets, pipelining_step, rank_pipeline
+from distributed import Passing, alternate, live_sets, pipelining_step, rank_pipeline
 
 from pipecompile.cli import main as pipecompile
 
@@ -166,20 +165,23 @@ def theirs(directory: Path, batches: Iterator) -> Callable[[], None]:
     return run
 
 
-def turns(runs: dict[str, Callable[[], None]], steps: int) -> dict[str, list[float]]:
-    """Each run's step times (the slowest rank's), the runs taking turns; one untimed step
-    of each first (its first-step setup)."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for k in range(steps + 1):
-        for name, run in runs.items():
-            dist.barrier()
-            start = time.perf_counter()
-            run()
-            slowest = torch.tensor([time.perf_counter() - start])
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            if k > 0:
-                times[name].append(slowest.item())
-    return times
+def sizing_cost(directory: Path, repeats: int = 2000) -> float:
+    """Microseconds a step spends sizing its messages from a batch under ``--dynamic``: the
+    batch's sizes, each micro-batch's, and every edge's shape for each micro-batch."""
+    import char_lm
+
+    from pipecompile.runtime.load import read_manifest
+
+    manifest = read_manifest(directory)
+    dynamic, count = manifest.dynamic, manifest.microbatches
+    (idx,), _ = next(iter(char_lm.train_batches()))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        sizes = dynamic.per_microbatch(dynamic.sizes_of({"idx": idx}), count)
+        for edge in manifest.edges:
+            for i in range(count):
+                dynamic.shape_of(edge.value, edge.shape, sizes[i])
+    return (time.perf_counter() - start) / repeats * 1e6
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -191,23 +193,24 @@ def worker(args: argparse.Namespace) -> None:
     root, steps = Path(args.directory), args.steps
     unpadded = list(_take(char_lm_varlen.train_batches(), steps + 1))
     useful = sum(idx.numel() for idx, _ in unpadded[1:])  # after the untimed first step
-    varying = turns({
+    varying = alternate({
         "pipecompile, unpadded (--dynamic)": ours(root / "varying", iter(unpadded)),
         "pipecompile, padded to 128": ours(root / "padded", _batches(
             char_lm_varlen.padded_train_batches(), steps + 1)),
         "pipelining, padded to 128": theirs(root / "padded", _batches(
             char_lm_varlen.padded_train_batches(), steps + 1)),
-    }, steps)  # fmt: skip
-    fixed = turns({
+    }, 1, steps, summary=sum)  # fmt: skip
+    fixed = alternate({
         "fixed shapes": ours(root / "fixed", _batches(char_lm.train_batches(), steps + 1)),
         "--dynamic batch,seq": ours(root / "fixed-dynamic", _batches(
             char_lm.train_batches(), steps + 1)),
-    }, steps)  # fmt: skip
+    }, 1, steps)  # fmt: skip
     if dist.get_rank() == 0:
         found = {
             "useful_tokens": useful,
-            "varying": {n: sum(t) for n, t in varying.items()},
-            "fixed": {n: statistics.median(t) for n, t in fixed.items()},
+            "varying": varying,
+            "fixed": fixed,
+            "sizing_us": sizing_cost(root / "fixed-dynamic"),
         }
         print("RESULT " + json.dumps(found), flush=True)
     dist.barrier()
@@ -290,6 +293,9 @@ def main() -> None:
     print(f"\nchar_lm (16 x 64), 2 stages x 2 ranks, median step of {args.steps}:")
     for name, seconds in fixed.items():
         print(f"  {name}: {seconds * 1000:.1f} ms ({seconds / base - 1:+.1%})")
+    sizing = found["sizing_us"]
+    print(f"  sizing a step's messages under --dynamic: {sizing:.1f} us "
+          f"({sizing / 1e6 / base:.3%} of the fixed step)")  # fmt: skip
     log("checking every synchronous schedule at each shape, locally and on 2 ranks ...")
     with tempfile.TemporaryDirectory() as tmp:
         checks = gradient_checks(Path(tmp), args.quick)
