@@ -58,8 +58,11 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
         pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule",
                               "interleaved"], marks=SAMPLED_OUT),
         (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "zbv"]),
-        # V-shaped too: blocks of controllable memory; whole backwards paired with forwards
-        (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "v_half"]),
+        # V-shaped too: blocks of controllable memory (sampled out: tools/bench/shapes.py
+        # checks every V on 2 ranks, and zbv's placement is v_half's); whole backwards paired
+        # with forwards
+        pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "v_half"],
+                     marks=SAMPLED_OUT),
         pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "v_min"],
                      marks=SAMPLED_OUT),
         (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "dualpipev"]),
