@@ -10,11 +10,12 @@ Each symbol (``batch``, ``seq``, or a name the model file's ``dynamic_shapes()``
 probed on fake tensors: the traced model runs with that symbol's dimensions doubled, and then
 with every symbol one larger. A message dimension must be its traced size times a power of
 each symbol's ratio (``B``, ``B*T``, ``T``: exponents 0, 1, 2) in both probes. Two things make a
-symbol impossible, and each is named with the op and the module it is in: the model fails or
-fixes the size itself (a ``view`` with a constant), or a number computed from it crosses a
-boundary (the split writes such numbers into the consumer stage as constants). A symbol the
-model file asked for is then an error; the default one, ``batch``, is dropped instead
-(batches must then have the traced size under ``--nproc``).
+symbol impossible, and each is named with the op, its module and its line: the model fails or
+fixes the size itself (a ``view`` with a constant), or a number computed from it by other
+means than sizes and arithmetic crosses a boundary (the split writes such numbers into the
+consumer stage as constants; numbers of sizes it computes again there, ``split_stages``'s
+``sizes_follow``). A symbol asked for is then an error; without ``asked`` the default,
+``batch``, is dropped instead (batches must then have the traced size under ``--nproc``).
 """
 
 from __future__ import annotations
