@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipecompile.errors import ShapeError
+from pipecompile.ir.microbatch import even_sizes
 
 __all__ = ["DynamicDims", "Exponents", "SHORTHANDS", "asked_dims", "asked_maxima"]
 
@@ -77,9 +78,8 @@ class DynamicDims:
         divided as evenly as it can be (the larger first), the others as they are."""
         out: list[dict[str, int]] = [dict(sizes) for _ in range(count)]
         for symbol in self.split:
-            base, extra = divmod(sizes[symbol], count)
-            for i in range(count):
-                out[i][symbol] = base + (i < extra)
+            for part, n in zip(out, even_sizes(sizes[symbol], count)):
+                part[symbol] = n
         return out
 
     def to_json(self) -> dict[str, Any]:

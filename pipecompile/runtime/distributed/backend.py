@@ -117,13 +117,13 @@ class DistBackend:
     def send(self, key: MessageKey, value: torch.Tensor | None) -> None:
         kind, src, dst, i, name = key
         index, shape, dtype = self.edges[(src, dst, name)]
+        want = self._shape(name, i, shape)  # what the receiver allocates
         if kind == "B":
             if not dtype.is_floating_point:
                 return  # integer values carry no gradient; the receiver expects none
             if value is None:  # sums like none
-                value = torch.zeros(self._shape(name, i, shape), dtype=dtype, device=self.device)
+                value = torch.zeros(want, dtype=dtype, device=self.device)
         tensor = value.detach().to(dtype).contiguous()  # type: ignore[union-attr]
-        want = self._shape(name, i, shape)
         if tuple(tensor.shape) != want:  # the receiver sizes it as the manifest predicts
             raise RuntimeFailure(
                 f"stage {src if kind == 'F' else dst} made {name!r} of micro-batch {i} in shape "
