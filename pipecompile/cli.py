@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from pipecompile import __version__
+from pipecompile.codegen.prove import proof_example
 from pipecompile.compile_options import CompileOptions
 from pipecompile.compiler import compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError, PlanError
@@ -319,6 +320,7 @@ def _compile(args: argparse.Namespace) -> int:
         compiled = tune(compiled, args.tune, rebuild=rebuild, write=write, say=say)
     start = time.perf_counter()
     notes: list[str] = []
+    timings: list[tuple[str, float]] = []
     emit(
         compiled,
         out,
@@ -327,8 +329,13 @@ def _compile(args: argparse.Namespace) -> int:
         weights=plan,
         notes=notes,
         compile_stages=args.compile_stages,
+        prove=None if args.no_verify else proof_example(spec.model, spec.inputs, compiled),
+        timings=timings,
     )
-    _say(args, f"  {'emit':<22} {(time.perf_counter() - start) * 1000:8.1f} ms")
+    proving = sum(seconds for _, seconds in timings)
+    _say(args, f"  {'emit':<22} {(time.perf_counter() - start - proving) * 1000:8.1f} ms")
+    for name, seconds in timings:
+        _say(args, f"  {name:<22} {seconds * 1000:8.1f} ms")
     for line in notes:
         note(line)
     _compile_pictures(args, out)

@@ -175,6 +175,12 @@ class CompileOptions:
         help="run the expensive IR checks (graph re-propagation, program verification and "
         "simulation) after every compiler pass, not only after the last",
     )
+    no_verify: bool = option(
+        "--no-verify",
+        switch=True,
+        help="skip the proof at the end of the compile, which runs every emitted stage on the "
+        "example micro-batch (forward and backward) against the eager model and the traced graph",
+    )
     compile_stages: str | None = option(
         "--compile",
         const="inductor",

@@ -18,6 +18,7 @@ __all__ = [
     "ManifestVersionError",
     "RuntimeFailure",
     "CheckError",
+    "VerifyError",
     "InternalError",
     "PlanError",
 ]
@@ -85,6 +86,11 @@ class RuntimeFailure(PipecompileError):
 
 class CheckError(PipecompileError):
     """The pipelined results differ from the eager model's beyond tolerance."""
+
+
+class VerifyError(PipecompileError):
+    """An emitted stage does not compute what the traced model does (found by the proof at the
+    end of a compile, which ``--no-verify`` skips)."""
 
 
 class InternalError(PipecompileError):

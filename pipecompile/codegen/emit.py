@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from pipecompile.codegen.output_dir import (
     new_temp_dir,
     replace_output,
 )
+from pipecompile.codegen.prove import Example, StageFiles, prove_stages
 from pipecompile.codegen.stage_source import class_name, stage_source
 from pipecompile.codegen.weight_sources import (
     StageSources,
@@ -74,15 +76,21 @@ def emit(
     weights: WeightPlan | None = None,
     notes: list[str] | None = None,
     compile_stages: str | None = None,
+    prove: Example | None = None,
+    timings: list[tuple[str, float]] | None = None,
 ) -> Path:
     """Write ``compiled`` to directory ``out``, replacing a previous pipecompile output there
     (only the files it wrote; see ``output_dir``). ``weights`` says where tensors come from
     when not every value is written (``weight_sources``); ``compile_stages`` is the
     torch.compile backend runs use by default (the manifest's ``compile``); what a user
     should know about it (converted dtypes, pretrained tensors the model does not use) is
-    appended to ``notes``.
+    appended to ``notes``. With ``prove``, the stage files are run on its micro-batch and
+    compared with the eager model and the traced graph before the directory is put in place
+    (``codegen.prove``); ``timings`` gets ``("verify", seconds)``.
 
     Raises:
+        VerifyError: ``prove`` found a stage file that computes something else (nothing is
+            written, and a previous directory at ``out`` is kept).
         EmitError: ``out`` is a file, cannot be created or written (a full disk: named),
             or holds files pipecompile did not write (unless ``force``: then they are kept,
             pipecompile's files are written beside them, and ``notes`` says so; a user's
@@ -93,7 +101,14 @@ def emit(
     keep = check_replaceable(out, force=force)
     tmp = new_temp_dir(out)
     try:
-        _write_all(compiled, tmp, model, out, weights or WeightPlan(), notes, compile_stages)
+        written = _write_all(
+            compiled, tmp, model, out, weights or WeightPlan(), notes, compile_stages
+        )
+        if prove is not None:
+            start = time.perf_counter()
+            prove_stages(compiled.graph, written, prove)
+            if timings is not None:
+                timings.append(("verify", time.perf_counter() - start))
         replace_output(tmp, out, keep=keep)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -116,10 +131,11 @@ def _write_all(
     plan: WeightPlan,
     notes: list[str] | None,
     compile_stages: str | None,
-) -> None:
+) -> list[StageFiles]:
+    """Write every file; return each stage as written (what ``prove_stages`` reads)."""
     graph = compiled.graph
     count = len(graph.stages)
-    sources, randoms = [], []
+    sources, randoms, written = [], [], []
     for stage in graph.stages:
         lowered = lower_stage(stage)
         drop_device_literals(lowered)
@@ -133,6 +149,9 @@ def _write_all(
         elif found.values:
             save_file({k: v.contiguous() for k, v in found.values.items()}, str(weights))
         sources.append(found)
+        whole = weights if found.all_values else None
+        cls = class_name(stage.index)
+        written.append(StageFiles(stage, source, cls, whole, lowered, bool(randoms[-1])))
     (tmp / PROGRAM).write_text(str(compiled.program))
     init = _write_init(tmp, plan, sources)
     weights = _weights_entry(plan, sources, init, out)
@@ -140,6 +159,7 @@ def _write_all(
     write_manifest(tmp, replace(manifest, compile=compile_stages))
     if notes is not None:
         notes.extend(_notes(plan, sources))
+    return written
 
 
 def _write_init(tmp: Path, plan: WeightPlan, sources: list[StageSources]) -> str | None:

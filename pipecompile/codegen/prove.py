@@ -1,0 +1,267 @@
+"""Prove a compiled directory before it is put in place: its stage files compute the model.
+
+Every emitted stage module, built from its source and its weights file as a run builds it, is
+chained on the example micro-batch, forward and backward (a fixed random cotangent on every
+output), and compared with the eager model run in its own dtype and in float64
+(``ir.noise_floor``: the allowed error is a multiple of the rounding the model itself makes).
+Where they disagree - or where the stages draw random numbers, which the eager model draws in
+another order - each stage is compared alone with its traced graph, on the same inputs and
+with the same random numbers, and the first node that differs is named.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+from safetensors.torch import load_model
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from pipecompile.errors import VerifyError
+from pipecompile.ir.compiled import Compiled
+from pipecompile.ir.microbatch import split_microbatches
+from pipecompile.ir.noise_floor import Agreement, agreement
+from pipecompile.ir.stage_graph import Stage, StageGraph
+from pipecompile.model.init_recipe import is_meta_model
+
+__all__ = ["Example", "StageFiles", "proof_example", "prove_stages"]
+
+SEED = 20261126  # the random numbers of every run compared: the same for each
+
+
+@dataclass(frozen=True)
+class Example:
+    """What a directory is proved on: the eager model and one micro-batch of its inputs."""
+
+    model: nn.Module
+    inputs: dict[str, torch.Tensor]
+
+
+def proof_example(
+    model: nn.Module, inputs: dict[str, torch.Tensor], compiled: Compiled
+) -> Example | None:
+    """The first micro-batch of ``inputs`` to prove ``compiled``'s directory on, or None for a
+    model on the meta device (no weights to run)."""
+    if is_meta_model(model):
+        return None
+    return Example(model, split_microbatches(inputs, compiled.program.microbatches)[0])
+
+
+@dataclass(frozen=True)
+class StageFiles:
+    """Stage ``stage.index`` as written: its source, class, weights file (None: the stage's
+    tensors come from elsewhere and are copied from ``lowered``) and its traced graph."""
+
+    stage: Stage
+    source: str
+    class_name: str
+    weights: Path | None
+    lowered: fx.GraphModule
+    random: bool
+
+
+def prove_stages(graph: StageGraph, files: Sequence[StageFiles], example: Example) -> str:
+    """Check the emitted stages against the eager model and their traced graphs; return a
+    one-line summary.
+
+    Raises:
+        VerifyError: naming the stage, the node, its module path and both values.
+    """
+    stages = [_build(f, example.model.training) for f in files]
+    run = _chain(graph, stages, example.inputs)
+    if not any(f.random for f in files):
+        worst = _against_eager(graph, files, run, example)
+        if worst is None:
+            return "the emitted stages equal the eager model on the example micro-batch"
+    inputs = [[run.values[n].detach() for n in f.stage.inputs] for f in files]
+    for f, stage, given in zip(files, stages, inputs):
+        _against_graph(f, stage, given)
+    if any(f.random for f in files):
+        return "each emitted stage equals its traced graph (random ops: not compared to eager)"
+    name, found = worst  # type: ignore[misc]
+    raise VerifyError(
+        f"the traced model does not compute what the eager model does: {name} differs "
+        f"({found}), though every stage file equals its traced graph. This is a pipecompile "
+        "bug in tracing or splitting: please report it with the model file (--no-verify "
+        "writes the directory anyway)"
+    )
+
+
+@dataclass
+class _Run:
+    stages: list[nn.Module]
+    values: dict[str, torch.Tensor]
+    outputs: list[torch.Tensor]
+
+
+def _build(f: StageFiles, training: bool) -> nn.Module:
+    namespace: dict[str, Any] = {"__name__": f"pipecompile_proof_stage_{f.stage.index}"}
+    exec(compile(f.source, f"stage_{f.stage.index}.py", "exec"), namespace)  # noqa: S102
+    stage = namespace[f.class_name]()
+    if f.weights is not None:
+        load_model(stage, str(f.weights), strict=True)
+    else:
+        stage.load_state_dict(f.lowered.state_dict(), strict=True)
+    return stage.train(training)
+
+
+def _chain(graph: StageGraph, stages: list[nn.Module], inputs: dict[str, torch.Tensor]) -> _Run:
+    values = {n: inputs[n] for n in graph.model_inputs}
+    for j, (stage, entry) in enumerate(zip(stages, graph.stages)):
+        torch.manual_seed(SEED + j)
+        outs = stage(*(values[n] for n in entry.inputs))
+        values.update(zip(entry.outputs, outs))
+    return _Run(stages, values, [values[n] for n in graph.model_outputs])
+
+
+_Check = tuple[str, "torch.Tensor | None", torch.Tensor, torch.Tensor]
+
+
+def _against_eager(
+    graph: StageGraph, files: Sequence[StageFiles], run: _Run, example: Example
+) -> tuple[str, Agreement] | None:
+    """The worst disagreement of the chained stages' outputs and gradients with the eager
+    model's, or None when all agree."""
+    want, want_grads = _eager(example, torch.get_default_dtype())
+    exact, exact_grads = _eager(example, torch.float64)
+    _backward(run.outputs)
+    have = _stage_grads(files, run.stages)
+    paired = enumerate(zip(run.outputs, want, exact))
+    checks: list[_Check] = [(f"model output {k}", o, w, e) for k, (o, w, e) in paired]
+    checks += [
+        (f"the gradient of {n}", have.get(n), g, exact_grads[n]) for n, g in want_grads.items()
+    ]
+    worst: tuple[str, Agreement] | None = None
+    for name, result, reference, twin in checks:
+        found = Agreement(float("inf"), 0.0, 0.0)
+        if result is not None:
+            found = agreement(result, reference, twin)
+        if not found.ok and (worst is None or not found.ratio <= worst[1].ratio):
+            worst = (name, found)
+    return worst
+
+
+def _eager(
+    example: Example, dtype: torch.dtype
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    model, inputs = _in_dtype(copy.deepcopy(example.model), example.inputs, dtype)
+    torch.manual_seed(SEED)
+    outputs = [o for o in pytree.tree_leaves(model(**inputs)) if isinstance(o, torch.Tensor)]
+    _backward(outputs)
+    named = model.named_parameters(remove_duplicate=False)
+    return outputs, {n: p.grad for n, p in named if p.grad is not None}
+
+
+def _in_dtype(
+    module: nn.Module, inputs: dict[str, torch.Tensor], dtype: torch.dtype
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    if dtype == torch.get_default_dtype():
+        return module, dict(inputs)
+    moved = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    return module.to(dtype), moved
+
+
+def _backward(outputs: Sequence[torch.Tensor]) -> None:
+    """Backward from ``outputs`` with fixed random cotangents (the same for every run)."""
+    generator = torch.Generator().manual_seed(SEED)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for o in outputs:
+        if not o.is_floating_point():
+            continue
+        cotangent = torch.randn(o.shape, generator=generator, dtype=torch.float64)
+        if o.requires_grad:
+            pairs.append((o, cotangent.to(o.dtype)))
+    if pairs:
+        torch.autograd.backward([o for o, _ in pairs], [c for _, c in pairs])
+
+
+def _stage_grads(files: Sequence[StageFiles], stages: list[nn.Module]) -> dict[str, torch.Tensor]:
+    """Each original parameter's gradient, summed over the stages holding it (a tied one)."""
+    grads: dict[str, torch.Tensor] = {}
+    for f, stage in zip(files, stages):
+        for name, p in stage.named_parameters(remove_duplicate=False):
+            if p.grad is None:
+                continue
+            for original in f.stage.params.get(name, ()):
+                grads[original] = grads[original] + p.grad if original in grads else p.grad
+    return grads
+
+
+def _against_graph(f: StageFiles, stage: nn.Module, inputs: list[torch.Tensor]) -> None:
+    """Run stage ``f`` alone, as emitted and as traced, on ``inputs``; raise at the first
+    node whose value differs."""
+    reference = copy.deepcopy(f.lowered).train(stage.training)
+    emitted = fx.GraphModule(stage, copy.deepcopy(f.lowered.graph))
+    exact, exact_inputs = _in_dtype(
+        copy.deepcopy(reference), dict(enumerate(inputs)), torch.float64
+    )
+    have = _node_values(emitted, inputs)
+    want = _node_values(reference, inputs)
+    twin = _node_values(exact, list(exact_inputs.values()))
+    for node in f.lowered.graph.nodes:
+        values = zip(have.get(node.name, ()), want.get(node.name, ()), twin.get(node.name, ()))
+        for k, (h, w, e) in enumerate(values):
+            found = agreement(h, w, e)
+            if not found.ok:
+                raise VerifyError(_node_message(f, node, k, found, h, w))
+
+
+def _node_values(module: fx.GraphModule, inputs: list[torch.Tensor]) -> dict[str, list[Any]]:
+    """Every node's tensors (an output's in order) by node name when ``module`` runs on
+    ``inputs``."""
+    recorder = _Recorder(module)
+    torch.manual_seed(SEED)
+    with torch.no_grad():
+        recorder.run(*inputs)
+    return recorder.found
+
+
+class _Recorder(fx.Interpreter):
+    def __init__(self, module: fx.GraphModule) -> None:
+        super().__init__(module)
+        self.found: dict[str, list[Any]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if n.op not in ("placeholder", "output"):
+            leaves = pytree.tree_leaves(value)
+            self.found[n.name] = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
+        return value
+
+
+def _node_message(
+    f: StageFiles, node: fx.Node, k: int, found: Agreement, have: torch.Tensor, want: torch.Tensor
+) -> str:
+    part = f" (its tensor {k})" if k else ""
+    return (
+        f"stage {f.stage.index}'s emitted code does not compute what the traced model does: "
+        f"node {node.name}{part}, {_what(node)}, module path {_module_path(node)}: {found}; "
+        f"traced {_sample(want)}, emitted {_sample(have)}. This is a pipecompile bug: please "
+        "report it with the model file (--no-verify writes the directory anyway)"
+    )
+
+
+def _what(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return f"call_module {node.target}"
+    name = getattr(node.target, "__name__", str(node.target))
+    return f"{node.op} {name}"
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        return str(list(stack.values())[-1][0]) or "(the model itself)"
+    return str(node.target) if node.op == "call_module" else "(the model itself)"
+
+
+def _sample(t: torch.Tensor) -> str:
+    flat = t.detach().flatten()[:4].tolist()
+    shown = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in flat)
+    return f"{tuple(t.shape)} [{shown}{', ...' if t.numel() > 4 else ''}]"
