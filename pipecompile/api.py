@@ -34,6 +34,7 @@ from pipecompile.codegen.output_dir import (
     owned_names,
     replace_output,
 )
+from pipecompile.codegen.prove import proof_example
 from pipecompile.codegen.weight_sources import weight_plan
 from pipecompile.errors import PipecompileError, WeightsError
 from pipecompile.files.names import INIT, INIT_CONSTANTS, stage_weights
@@ -70,6 +71,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     onnx: bool = False,
     checkpoint: str | None = None,
     compile_stages: str | None = None,
+    no_verify: bool = False,
     **options: Any,
 ) -> CompiledPipeline:
     """Compile ``model`` into ``stages`` pipeline stages and load them for running.
@@ -96,6 +98,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
             built under ``torch.device("meta")``), replayed per stage.
         force: write into a ``directory`` holding files pipecompile did not write (kept).
         onnx: also export every stage to ``stage_<j>.onnx`` (as ``pipe.onnx()``).
+        no_verify: skip the proof that the written stages compute the model (``--no-verify``;
+            see ``pipecompile.codegen.prove``).
         checkpoint: the old name of ``recompute`` (still accepted).
         compile_stages: the torch.compile backend (``inductor``, ``aot_eager``, ``eager``)
             that runs of the directory put each stage's forward through by default.
@@ -144,6 +148,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         weights=plan,
         notes=notes,
         compile_stages=compile_stages,
+        prove=None if no_verify else proof_example(model, inputs, compiled),
     )
     for note in notes:
         warnings.warn(f"pipecompile: {note}", stacklevel=2)

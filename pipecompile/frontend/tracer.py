@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 from pipecompile.errors import TraceError
 from pipecompile.frontend.dtype_check import check_dtypes
 from pipecompile.frontend.fake_prop import propagate_fake
+from pipecompile.frontend.fx_wrapped import inlining_wrapped, opaque_calls
 from pipecompile.frontend.inline_regions import (
     NO_GRAD,
     detach_no_grad_values,
@@ -71,7 +72,7 @@ def _trace(
     model: nn.Module, inputs: dict[str, torch.Tensor], dynamic: dict[str, dict[int, str]] | None
 ) -> Traced:
     try:
-        return _trace_fx(model, inputs, lines=dynamic is not None)
+        return _trace_fx_inlining(model, inputs, lines=dynamic is not None)
     except Exception as fx_err:
         fx_reason = _reason(fx_err)
         if "Expected more than 1 value per channel when training" in str(fx_err):
@@ -101,13 +102,61 @@ class _SplitPointUnderExport(Exception):
     pass
 
 
-def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor], *, lines: bool) -> Traced:
+def _trace_fx_inlining(model: nn.Module, inputs: dict[str, torch.Tensor], *, lines: bool) -> Traced:
+    """fx's trace; where it left calls of Python helpers that ``torch.fx.wrap`` keeps opaque
+    (torchvision's ``stochastic_depth``), which a stage file cannot import, the trace again
+    with those helpers traced through. Raises when that fails (torch.export is next)."""
+    graph = _fx_graph(model, lines=lines)
+    opaque = opaque_calls(graph)
+    if not opaque:
+        return _trace_fx(model, graph, inputs)
+    try:
+        with inlining_wrapped():
+            graph = _fx_graph(model, lines=lines)
+        still = opaque_calls(graph)
+        if still:
+            raise _OpaqueCall(_opaque_reason(still, None))
+        return _trace_fx(model, graph, inputs)
+    except _OpaqueCall:
+        raise
+    except Exception as err:
+        raise _OpaqueCall(_opaque_reason(opaque, err)) from err
+
+
+class _OpaqueCall(Exception):
+    pass
+
+
+def _opaque_reason(nodes: list[fx.Node], err: BaseException | None) -> str:
+    """Each helper once, with the first module calling it."""
+    first: dict[str, str] = {}
+    for node in nodes:
+        name = getattr(node.target, "__qualname__", str(node.target))
+        first.setdefault(f"{getattr(node.target, '__module__', '?')}.{name}", _module_path(node))
+    calls = "; ".join(f"{path} calls {helper}" for helper, path in first.items())
+    failed = f"; traced through, they fail: {_reason(err)}" if err is not None else ""
+    return (
+        f"{calls}, which torch.fx.wrap keeps opaque (one call) and a stage file cannot "
+        f"import{failed}"
+    )
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    path = next(reversed(stack.values()), ("",))[0] if stack else ""
+    return f"module {path}" if path else "the model's forward"
+
+
+def _fx_graph(model: nn.Module, *, lines: bool) -> fx.Graph:
     """``lines``: record each op's line in the model's source (``--dynamic`` names the op that
     fixes a size by it)."""
     tracer = _LeafTracer()
     tracer.record_stack_traces = lines
     with recording(tracer), torch.enable_grad():  # only the model's own no_grad regions count
-        graph = tracer.trace(model)
+        return tracer.trace(model)
+
+
+def _trace_fx(model: nn.Module, graph: fx.Graph, inputs: dict[str, torch.Tensor]) -> Traced:
     module = fx.GraphModule(model, graph, class_name=type(model).__name__)
     names = _keep_placeholders(module, list(inputs))
     spec = _flatten_output(module)
@@ -182,6 +231,8 @@ def _flatten_output(module: fx.GraphModule) -> pytree.TreeSpec:
 
 
 def _reason(err: BaseException) -> str:
+    if isinstance(err, _OpaqueCall):
+        return str(err)
     text = (str(err).strip().splitlines() or [""])[0][:240]
     frames = [
         f for f in traceback.extract_tb(err.__traceback__) if "site-packages" not in f.filename

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +142,9 @@ def check_step(
 
 
 def fit_weights(pipe: Pipeline, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The pipeline's weights under ``model``'s names, for ``model.load_state_dict``.
+    """The pipeline's weights under ``model``'s names, for ``model.load_state_dict``, with
+    ``model``'s own state-dict metadata (each module's version, which modules' own loading
+    hooks read: torchvision's MNASNet refuses a state dict without it).
 
     Raises:
         ModelFileError: ``model`` has a tensor the pipeline lacks, or one of another shape
@@ -164,7 +167,9 @@ def fit_weights(pipe: Pipeline, model: nn.Module) -> dict[str, torch.Tensor]:
             f"the eager model does not fit the compiled weights: {problem}; check with the "
             f"model file {pipe.name} was compiled from (--model), or recompile"
         )
-    return {k: v for k, v in state.items() if k in own}
+    fitted = OrderedDict((k, v) for k, v in state.items() if k in own)
+    fitted._metadata = getattr(own, "_metadata", OrderedDict())  # type: ignore[attr-defined]
+    return fitted
 
 
 def _materialise_meta(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
