@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -10,6 +9,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
+
+from pipecompile.frontend.quiet_logs import quiet_logs
 
 __all__ = ["propagate_fake", "fake_values"]
 
@@ -68,14 +69,9 @@ def fake_values(
     with the node that failed and its error when one does (values up to it)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     interp = _Recording(module, mode)
-    quiet = logging.getLogger("torch._subclasses.fake_tensor")  # logs a failing op's traceback
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # the caller reports the failure, in one line
-    try:
-        with mode:
+    try:  # fake_tensor logs a failing op's traceback; the caller reports it in one line
+        with quiet_logs("torch._subclasses.fake_tensor"), mode:
             interp.run(*[torch.zeros(shape, dtype=dtype) for shape, dtype in inputs])
     except Exception as err:
         return interp.values, interp.current, err
-    finally:
-        quiet.setLevel(level)
     return interp.values, None, None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import linecache
 import traceback
 from typing import Any
 
@@ -19,6 +20,7 @@ from pipecompile.frontend.inline_regions import (
     detach_no_grad_values,
     inline_grad_regions,
 )
+from pipecompile.frontend.quiet_logs import held_stderr, quiet_logs
 from pipecompile.ir.leaf_modules import is_rebuildable_leaf
 from pipecompile.ir.split_point import recording
 from pipecompile.ir.traced import Traced
@@ -74,7 +76,7 @@ def _trace(
     try:
         return _trace_fx_inlining(model, inputs, lines=dynamic is not None)
     except Exception as fx_err:
-        fx_reason = _reason(fx_err)
+        fx_reason = _reason(fx_err, model)
         if "Expected more than 1 value per channel when training" in str(fx_err):
             shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in inputs.items())
             raise TraceError(
@@ -87,7 +89,7 @@ def _trace(
     except _SplitPointUnderExport as err:
         raise TraceError(f"{err} (torch.fx: {fx_reason})") from None
     except Exception as export_err:
-        export_reason = _reason(export_err)
+        export_reason = _reason(export_err, model)
     raise TraceError(
         f"cannot trace {type(model).__name__}:\n"
         f"  torch.fx:     {fx_reason}\n"
@@ -131,14 +133,22 @@ def _opaque_reason(nodes: list[fx.Node], err: BaseException | None) -> str:
     """Each helper once, with the first module calling it."""
     first: dict[str, str] = {}
     for node in nodes:
-        name = getattr(node.target, "__qualname__", str(node.target))
-        first.setdefault(f"{getattr(node.target, '__module__', '?')}.{name}", _module_path(node))
+        first.setdefault(_function_name(node.target), _module_path(node))
     calls = "; ".join(f"{path} calls {helper}" for helper, path in first.items())
     failed = f"; traced through, they fail: {_reason(err)}" if err is not None else ""
     return (
         f"{calls}, which torch.fx.wrap keeps opaque (one call) and a stage file cannot "
         f"import{failed}"
     )
+
+
+def _function_name(function: Any) -> str:
+    """``name (file:line)`` for a Python function, ``module.name`` for another callable."""
+    name = getattr(function, "__qualname__", str(function))
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        return f"{name} ({code.co_filename}:{code.co_firstlineno})"
+    return f"{getattr(function, '__module__', '?')}.{name}"
 
 
 def _module_path(node: fx.Node) -> str:
@@ -172,8 +182,12 @@ def _trace_export(
     if dynamic:  # AUTO: export keeps each symbolic unless the model fixes it (then the probe says)
         auto = torch.export.Dim.AUTO
         shapes = {n: {d: auto for d in dynamic.get(n, {})} or None for n in inputs}
-    with recording(None) as missed:
-        exported = torch.export.export(model, (), dict(inputs), dynamic_shapes=shapes, strict=False)
+    # A failure prints (and symbolic_shapes logs) the partial graph; the error names its line.
+    with recording(None) as missed, quiet_logs("torch.fx.experimental.symbolic_shapes"):
+        with held_stderr():
+            exported = torch.export.export(
+                model, (), dict(inputs), dynamic_shapes=shapes, strict=False
+            )
     if missed:
         raise _SplitPointUnderExport(
             f"{type(model).__name__}.forward calls pipecompile.split_point(), which only the "
@@ -230,13 +244,33 @@ def _flatten_output(module: fx.GraphModule) -> pytree.TreeSpec:
     return spec
 
 
-def _reason(err: BaseException) -> str:
+def _reason(err: BaseException, model: nn.Module | None = None) -> str:
+    """The error's first line, and where in the user's code: the file and line of the
+    innermost frame outside torch and pipecompile, and the module whose code it is."""
     if isinstance(err, _OpaqueCall):
         return str(err)
     text = (str(err).strip().splitlines() or [""])[0][:240]
     frames = [
-        f for f in traceback.extract_tb(err.__traceback__) if "site-packages" not in f.filename
+        (frame, line)
+        for frame, line in traceback.walk_tb(err.__traceback__)
+        if "site-packages" not in frame.f_code.co_filename
+        and "/pipecompile/" not in frame.f_code.co_filename
     ]
-    frames = [f for f in frames if "/pipecompile/" not in f.filename]
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    where = ""
+    if frames:
+        frame, line = frames[-1]
+        code = linecache.getline(frame.f_code.co_filename, line).strip()
+        shown = f": `{code}`" if code else ""
+        where = f" (at {frame.f_code.co_filename}:{line}{_in_module(frame, model)}{shown})"
     return f"{type(err).__name__}: {text}{where}"
+
+
+def _in_module(frame: Any, model: nn.Module | None) -> str:
+    """', in module PATH' when the frame is a method of one of ``model``'s modules."""
+    owner = frame.f_locals.get("self")
+    if model is None or not isinstance(owner, nn.Module):
+        return ""
+    path = next((name for name, m in model.named_modules() if m is owner), None)
+    if path is None:
+        return ""
+    return f", in module {path}" if path else ", in the model's forward"

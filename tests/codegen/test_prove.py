@@ -192,7 +192,7 @@ def test_a_helper_neither_tracer_takes_is_named(files: Path) -> None:
     with pytest.raises(TraceError) as err:
         pipecompile.compile(spec.model, spec.inputs, stages=2)
     text = str(err.value)
-    assert "module 1 calls" in text and "positive, which torch.fx.wrap keeps opaque" in text
+    assert "module 1 calls positive (" in text and "which torch.fx.wrap keeps opaque" in text
     assert "traced through, they fail" in text and "wrapped.py" in text  # the line
 
 

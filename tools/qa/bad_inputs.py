@@ -59,12 +59,13 @@ from catalogue.pretrained import PRETRAINED  # noqa: E402
 from catalogue.ranks import RANKS  # noqa: E402
 from catalogue.saved import SAVED  # noqa: E402
 from catalogue.shapes import SHAPES  # noqa: E402
+from catalogue.tracing import TRACING  # noqa: E402
 
 TEST = "tests/test_bad_inputs.py::test_case"
 
 AREAS: dict[str, list[Case]] = {
     "basics": BASICS, "files": FILES, "asked": ASKED, "pretrained": PRETRAINED, "ranks": RANKS,
-    "saved": SAVED, "shapes": SHAPES,
+    "saved": SAVED, "shapes": SHAPES, "tracing": TRACING,
 }  # fmt: skip
 CASES: list[Case] = [case for cases in AREAS.values() for case in cases]
 VERDICTS = ("clear", "unclear", "wrong exit", "traceback", "silently wrong", "data lost", "hang")

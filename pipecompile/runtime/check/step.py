@@ -7,6 +7,7 @@ runs the eager model on the same micro-batches, averaging their losses.
 
 from __future__ import annotations
 
+import copy
 import math
 import traceback
 from collections import OrderedDict
@@ -28,6 +29,7 @@ from pipecompile.ir.microbatch import (
     split_microbatches,
     split_targets,
 )
+from pipecompile.ir.noise_floor import agreement
 from pipecompile.ir.sizes import counted
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.own_forward import tracing
@@ -59,6 +61,7 @@ class CheckReport:
     worst_grad: str = ""
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)  # worst error / noise floor
 
     @property
     def ok(self) -> bool:
@@ -67,9 +70,10 @@ class CheckReport:
     def __str__(self) -> str:
         lines = [
             f"reference: eager model, {self.reference}",
-            f"  loss     max |diff| {self.loss_diff:.3e}",
-            f"  outputs  max |diff| {self.output_diff:.3e}",
-            f"  {self.what:<8} max |diff| {self.grad_diff:.3e}  ({self.worst_grad or '-'})",
+            f"  loss     max |diff| {self.loss_diff:.3e}{self._ratio('loss')}",
+            f"  outputs  max |diff| {self.output_diff:.3e}{self._ratio('outputs')}",
+            f"  {self.what:<8} max |diff| {self.grad_diff:.3e}{self._ratio(self.what)}  "
+            f"({self.worst_grad or '-'})",
         ]
         lines += self.notes
         lines += [f"  MISMATCH {f}" for f in self.failures[:10]]
@@ -77,6 +81,14 @@ class CheckReport:
             "check passed" if self.ok else f"check FAILED: {len(self.failures)} mismatches"
         )
         return "\n".join(lines)
+
+    def _ratio(self, kind: str) -> str:
+        """The worst error in noise floors (float64 against the model's dtype)."""
+        if kind not in self.ratios:
+            return ""
+        ratio = self.ratios[kind]
+        shown = "0" if ratio == 0 else ("inf" if math.isinf(ratio) else f"{ratio:.2g}")
+        return f"  ({shown}x the noise floor)"
 
 
 def check_step(
@@ -86,12 +98,17 @@ def check_step(
     targets: tuple[torch.Tensor, ...],
     loss_fn: LossFn,
     *,
-    atol: float = 1e-5,
-    rtol: float = 1e-5,
+    atol: float | None = None,
+    rtol: float | None = None,
     measure_memory: bool = False,
 ) -> CheckReport:
     """Load the pipeline's weights into ``model``, run one step on both, compare.
     ``measure_memory`` is passed to the pipeline's step (see ``Pipeline.train_step``).
+
+    Each value agrees when it is within the noise floor rule of ``ir.noise_floor`` (the eager
+    model run again in float64 says how much rounding alone moves it); ``atol``/``rtol``,
+    when given, also let through a difference within ``atol + rtol * |eager|``, and are the
+    whole rule (default 1e-5 each) for a model that cannot run in float64.
 
     Raises:
         ModelFileError: ``model`` does not fit the pipeline's weights, or it or ``loss_fn``
@@ -113,6 +130,7 @@ def check_step(
         pipe, model, inputs, targets, loss_fn, count if per_micro else 1
     )
     ref_outs = join_outputs(pipe, ref_parts)
+    exact = _eager_float64(pipe, model, inputs, targets, loss_fn, count if per_micro else 1)
     grads: dict[str, torch.Tensor] = {}
     loss, outs = pipe.train_step(
         inputs,
@@ -122,12 +140,15 @@ def check_step(
         measure_memory=measure_memory,
     )
     report = CheckReport(reference)
-    report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
+    if exact is None:
+        report.notes.append("  (no float64 run of the model: fixed tolerances)")
+    twin = exact or _NO_TWIN
+    report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol, twin[0], "loss")
     joined = join_outputs(pipe, outs, ref_outs)
-    for k, (have, want) in enumerate(zip(joined, ref_outs)):
-        report.output_diff = worst(
-            report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
-        )
+    for k, (have, want, e) in enumerate(zip(joined, ref_outs, twin[1] or ref_outs)):
+        e = e if exact else None
+        found = compare(report, f"output {k}", have, want, atol, rtol, e, "outputs")
+        report.output_diff = worst(report.output_diff, found)
     if not any(p.requires_grad for p in model.parameters()):
         report.notes.append("  (the model has no trainable parameters: no gradients to compare)")
     for name, want in ref_grads.items():
@@ -135,7 +156,8 @@ def check_step(
         if found is None:
             report.failures.append(f"gradient of {name}: the pipeline computed none")
             continue
-        diff = compare(report, f"gradient of {name}", found, want, atol, rtol)
+        e = twin[2].get(name)
+        diff = compare(report, f"gradient of {name}", found, want, atol, rtol, e, "grads")
         if not diff < report.grad_diff:  # NaN is the worst
             report.grad_diff, report.worst_grad = diff, name
     return report
@@ -215,6 +237,34 @@ def _eager(
         if p.grad is not None
     }
     return total, outputs, grads
+
+
+_NO_TWIN: tuple[None, list[torch.Tensor], dict[str, torch.Tensor]] = (None, [], {})
+
+
+def _eager_float64(
+    pipe: Pipeline,
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...],
+    loss_fn: LossFn,
+    parts: int,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]] | None:
+    """The eager reference again in float64 (loss, joined outputs, gradients): how far
+    rounding alone moves each value. None when the model or its loss cannot run in float64."""
+    twin = copy.deepcopy(model).double()
+    wide = {k: _wide(v) for k, v in inputs.items()}
+    try:
+        loss, parts_out, grads = _eager(
+            pipe, twin, wide, tuple(_wide(t) for t in targets), loss_fn, parts
+        )
+        return loss, join_outputs(pipe, parts_out), grads
+    except Exception:  # a model fixed to its dtype: the fixed tolerances decide
+        return None
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
 
 def check_targets(
@@ -312,8 +362,19 @@ def _user_line(err: BaseException) -> str:
 
 
 def compare(
-    report: CheckReport, what: str, have: Any, want: torch.Tensor, atol: float, rtol: float
+    report: CheckReport,
+    what: str,
+    have: Any,
+    want: torch.Tensor,
+    atol: float | None,
+    rtol: float | None,
+    exact: torch.Tensor | None = None,
+    kind: str = "",
 ) -> float:
+    """Compare ``have`` with ``want``, recording a failure in ``report``; return max |diff|.
+    With ``exact`` (``want`` computed in float64) the noise floor rule decides, and a given
+    ``atol``/``rtol`` lets through what it allows too; without, ``atol``/``rtol`` (default
+    1e-5) alone. ``kind`` ("loss", "outputs", "grads") collects the worst noise ratio."""
     have = torch.as_tensor(have).detach()
     want = want.detach()
     if have.shape != want.shape:
@@ -329,7 +390,15 @@ def compare(
         report.failures.append(f"{what}: {' and '.join(bad)} not finite (NaN or inf)")
         return float("nan")
     diff = (have - want).abs()
-    if bool((diff > atol + rtol * want.abs()).any()):
+    given = atol is not None or rtol is not None
+    fixed = (atol if given else 1e-5) or 0.0, (rtol if given else 1e-5) or 0.0
+    within = not bool((diff > fixed[0] + fixed[1] * want.abs()).any())
+    if exact is not None:
+        found = agreement(have, want, exact)
+        report.ratios[kind] = max(report.ratios.get(kind, 0.0), found.ratio)
+        if not found.ok and not (given and within):
+            report.failures.append(f"{what}: {found}")
+    elif not within:
         report.failures.append(f"{what}: max |diff| {diff.max().item():.3e}")
     return float(diff.max()) if diff.numel() else 0.0
 

@@ -1,0 +1,29 @@
+"""Models neither tracer can take: data-dependent control flow in forward, and a helper that
+torch.fx.wrap keeps opaque and that cannot be traced through. Each error names the file's
+line, the module and what to do."""
+
+from __future__ import annotations
+
+from catalogue.case import Case, mlp_variant
+
+MODEL = ("model.py", "--stages", "2", "-q", "-o", "o")
+FIRST_LAYER = "        x = self.act1(self.fc1(x))\n"
+BRANCH = (FIRST_LAYER, FIRST_LAYER + "        if x.sum() > 0:\n            x = -x\n")
+HELPER = (
+    "def build_model(",
+    "def flip(x):\n    return -x if x.sum() > 0 else x\n\n\ntorch.fx.wrap(\"flip\")\n\n\n"
+    "def build_model(",
+)
+CALL = (FIRST_LAYER, FIRST_LAYER + "        x = flip(x)\n")
+
+TRACING: list[Case] = [
+    Case("trace-data-dependent", "forward branches on a tensor's value (if x.sum() > 0)",
+         mlp_variant(BRANCH), MODEL,
+         r"cannot trace MLP:.*model\.py:\d+, in the model's forward: `if x\.sum\(\) > 0:`"
+         r".*torch\.where or torch\.cond", max_lines=4),
+    Case("trace-wrapped-helper", "forward calls a torch.fx.wrap'd helper that branches on a value",
+         mlp_variant(HELPER, CALL), MODEL,
+         r"the model's forward calls flip \(model\.py:\d+\), which torch\.fx\.wrap keeps "
+         r"opaque .*traced through, they fail.*model\.py:\d+.*`return -x if x\.sum\(\) > 0 else x`", max_lines=4),
+]  # fmt: skip
+
