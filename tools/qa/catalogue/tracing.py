@@ -24,6 +24,7 @@ TRACING: list[Case] = [
     Case("trace-wrapped-helper", "forward calls a torch.fx.wrap'd helper that branches on a value",
          mlp_variant(HELPER, CALL), MODEL,
          r"the model's forward calls flip \(model\.py:\d+\), which torch\.fx\.wrap keeps "
-         r"opaque .*traced through, they fail.*model\.py:\d+.*`return -x if x\.sum\(\) > 0 else x`", max_lines=4),
+         r"opaque .*traced through, they fail.*model\.py:\d+.*`return -x if x\.sum\(\) > 0 "
+         r"else x`", max_lines=4),
 ]  # fmt: skip
 
