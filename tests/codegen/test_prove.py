@@ -211,3 +211,21 @@ def test_the_noise_floor_scales_with_the_rounding() -> None:
     found = agreement(x.float() + 1e-4, x.float(), x)
     assert not found.ok and found.ratio > 100
     assert agreement(x.float(), x.float(), x).ratio == 0.0
+
+
+def test_stages_with_random_ops_are_proved_against_their_graphs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dropout draws in another order than the eager model: each stage is compared with its
+    traced graph on the same random numbers instead, forward and backward; stale gradients
+    on the user's model change nothing."""
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1), nn.Dropout(0.5), nn.AvgPool2d(3, 1, 1, count_include_pad=False),
+        nn.Flatten(), nn.Linear(4 * 36, 3),
+    )  # fmt: skip
+    x = torch.randn(4, 2, 6, 6)
+    model(x).sum().backward()  # stale .grad everywhere
+    pipecompile.compile(model, (x,), stages=2)
+    monkeypatch.setattr(stage_source, "leaf_constructor", _printed_form)
+    with pytest.raises(VerifyError, match=r"stage 1.s emitted code .* call_module p_2, module path 2"):
+        pipecompile.compile(model, (x,), stages=2)
