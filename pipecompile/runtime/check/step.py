@@ -160,6 +160,13 @@ def check_step(
         diff = compare(report, f"gradient of {name}", found, want, atol, rtol, e, "grads")
         if not diff < report.grad_diff:  # NaN is the worst
             report.grad_diff, report.worst_grad = diff, name
+    randoms = [op for entry in pipe.manifest.stages for op in entry.random_ops or ()]
+    if randoms and not report.ok:
+        report.notes.append(
+            f"  (the model draws random numbers ({', '.join(randoms[:3])}"
+            f"{', ...' if len(randoms) > 3 else ''}), which the eager model draws in another "
+            "order: compare with them off - dropout and drop-path rates 0, or eval mode)"
+        )
     return report
 
 

@@ -11,7 +11,7 @@ FIRST_LAYER = "        x = self.act1(self.fc1(x))\n"
 BRANCH = (FIRST_LAYER, FIRST_LAYER + "        if x.sum() > 0:\n            x = -x\n")
 HELPER = (
     "def build_model(",
-    "def flip(x):\n    return -x if x.sum() > 0 else x\n\n\ntorch.fx.wrap(\"flip\")\n\n\n"
+    'def flip(x):\n    return -x if x.sum() > 0 else x\n\n\ntorch.fx.wrap("flip")\n\n\n'
     "def build_model(",
 )
 CALL = (FIRST_LAYER, FIRST_LAYER + "        x = flip(x)\n")
@@ -27,4 +27,3 @@ TRACING: list[Case] = [
          r"opaque .*traced through, they fail.*model\.py:\d+.*`return -x if x\.sum\(\) > 0 "
          r"else x`", max_lines=4),
 ]  # fmt: skip
-
