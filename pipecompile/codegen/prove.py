@@ -29,6 +29,7 @@ from pipecompile.ir.microbatch import split_microbatches
 from pipecompile.ir.noise_floor import Agreement, agreement
 from pipecompile.ir.stage_graph import Stage, StageGraph
 from pipecompile.model.init_recipe import is_meta_model
+from pipecompile.model.own_forward import tracing
 
 __all__ = ["Example", "StageFiles", "proof_example", "prove_stages"]
 
@@ -156,7 +157,9 @@ def _eager(
     model, inputs = _in_dtype(copy.deepcopy(example.model), example.inputs, dtype)
     model.zero_grad(set_to_none=True)  # the user's model may hold gradients already
     torch.manual_seed(SEED)
-    outputs = [o for o in pytree.tree_leaves(model(**inputs)) if isinstance(o, torch.Tensor)]
+    with tracing():  # a @pipecompile.pipeline model runs its own forward, not its pipeline
+        returned = model(**inputs)
+    outputs = [o for o in pytree.tree_leaves(returned) if isinstance(o, torch.Tensor)]
     _backward(outputs)
     named = model.named_parameters(remove_duplicate=False)
     return outputs, {n: p.grad for n, p in named if p.grad is not None}
