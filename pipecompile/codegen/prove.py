@@ -135,8 +135,12 @@ def _against_eager(
     pairs += [(f"the gradient of {n}", have.get(n), g) for n, g in want_grads.items()]
     if len(run.outputs) == len(want) and all(_same(h, w) for _, h, w in pairs):
         return None
-    exact, exact_grads = _eager(example, torch.float64)
-    twins = [*exact, *(exact_grads[n] for n in want_grads)]
+    twins: list[torch.Tensor | None] = [None] * len(pairs)
+    try:
+        exact, exact_grads = _eager(example, torch.float64)
+        twins = [*exact, *(exact_grads.get(n) for n in want_grads)]
+    except Exception:  # a model fixed to its dtype: a fixed tolerance (noise_floor.FIXED)
+        pass
     worst: tuple[str, Agreement] | None = None
     for (name, result, reference), twin in zip(pairs, twins):
         found = Agreement(float("inf"), 0.0, 0.0)
@@ -213,11 +217,14 @@ def _against_graph(
     if all(_same(h, w) for h, w in zip(have.values(), want.values())):
         return outputs
     wide, wide_inputs = _in_dtype(copy.deepcopy(reference), dict(enumerate(inputs)), torch.float64)
-    exact = _stage_step(wide, list(wide_inputs.values()))
+    try:
+        exact: dict[str, torch.Tensor] = _stage_step(wide, list(wide_inputs.values()))
+    except Exception:  # a stage fixed to its dtype: a fixed tolerance (noise_floor.FIXED)
+        exact, wide = {}, None
     emitted = fx.GraphModule(stage, copy.deepcopy(f.lowered.graph))
     _first_node(f, emitted, reference, wide, inputs, list(wide_inputs.values()))
     for name, value in have.items():
-        found = agreement(value, want[name], exact[name])
+        found = agreement(value, want[name], exact.get(name))
         if not found.ok:
             raise VerifyError(
                 f"stage {f.stage.index}'s emitted code does not compute what the traced model "
@@ -248,16 +255,17 @@ def _first_node(
     f: StageFiles,
     emitted: fx.GraphModule,
     reference: fx.GraphModule,
-    wide: nn.Module,
+    wide: nn.Module | None,
     inputs: list[torch.Tensor],
     wide_inputs: list[torch.Tensor],
 ) -> None:
     """Raise at the first node of stage ``f`` whose forward value differs beyond its noise."""
     have = _node_values(emitted, inputs)
     want = _node_values(reference, inputs)
-    twin = _node_values(wide, wide_inputs)  # type: ignore[arg-type]
+    twin = _node_values(wide, wide_inputs) if wide is not None else {}  # type: ignore[arg-type]
     for node in f.lowered.graph.nodes:
-        values = zip(have.get(node.name, ()), want.get(node.name, ()), twin.get(node.name, ()))
+        found_twins = twin.get(node.name) or [None] * len(want.get(node.name, ()))
+        values = zip(have.get(node.name, ()), want.get(node.name, ()), found_twins)
         for k, (h, w, e) in enumerate(values):
             found = agreement(h, w, e)
             if not found.ok:

@@ -230,3 +230,9 @@ def test_stages_with_random_ops_are_proved_against_their_graphs(
     wrong = r"stage 1.s emitted code .* call_module p_2, module path 2"
     with pytest.raises(VerifyError, match=wrong):
         pipecompile.compile(model, (x,), stages=2)
+
+
+def test_without_a_float64_twin_a_fixed_tolerance_decides() -> None:
+    x = torch.randn(100)
+    assert agreement(x + 5e-6, x, None).ok
+    assert not agreement(x + 1e-3, x, None).ok
