@@ -103,13 +103,20 @@ class _Run:
 
 
 def _build(f: StageFiles, training: bool) -> nn.Module:
+    """Stage ``f`` from its source and weights, as a run builds it."""
     namespace: dict[str, Any] = {"__name__": f"pipecompile_proof_stage_{f.stage.index}"}
-    exec(compile(f.source, f"stage_{f.stage.index}.py", "exec"), namespace)  # noqa: S102
-    stage = namespace[f.class_name]()
-    if f.weights is not None:
-        load_model(stage, str(f.weights), strict=True)
-    else:
-        stage.load_state_dict(f.lowered.state_dict(), strict=True)
+    try:
+        exec(compile(f.source, f"stage_{f.stage.index}.py", "exec"), namespace)  # noqa: S102
+        stage = namespace[f.class_name]()
+        if f.weights is not None:
+            load_model(stage, str(f.weights), strict=True)
+        else:
+            stage.load_state_dict(f.lowered.state_dict(), strict=True)
+    except Exception as err:
+        raise VerifyError(
+            f"stage {f.stage.index}'s emitted file does not build: {type(err).__name__}: {err}. "
+            "This is a pipecompile bug: please report it with the model file"
+        ) from err
     return stage.train(training)
 
 
