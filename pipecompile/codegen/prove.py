@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 from safetensors.torch import load_model
 from torch import nn
+from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import VerifyError
@@ -165,15 +166,25 @@ def _same(have: torch.Tensor | None, want: torch.Tensor) -> bool:
 def _eager(
     example: Example, dtype: torch.dtype
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    model, inputs = _in_dtype(copy.deepcopy(example.model), example.inputs, dtype)
-    model.zero_grad(set_to_none=True)  # the user's model may hold gradients already
+    """The eager model's outputs and gradients (``dtype``: float64 for the twin run), on
+    copies of its tensors: the user's model, its buffers and gradients are left as they are,
+    and nothing of it needs to be deep-copyable."""
+    model = example.model
+    widen = dtype != torch.get_default_dtype()
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        return (t.to(dtype) if widen and t.is_floating_point() else t).clone()
+
+    params = {n: fresh(p).requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
+    buffers = {n: fresh(b) for n, b in model.named_buffers()}
+    inputs = {k: fresh(v) if v.is_floating_point() else v for k, v in example.inputs.items()}
     torch.manual_seed(SEED)
     with tracing():  # a @pipecompile.pipeline model runs its own forward, not its pipeline
-        returned = model(**inputs)
+        returned = functional_call(model, {**params, **buffers}, (), inputs, tie_weights=True)
     outputs = [o for o in pytree.tree_leaves(returned) if isinstance(o, torch.Tensor)]
     _backward(outputs)
-    named = model.named_parameters(remove_duplicate=False)
-    return outputs, {n: p.grad for n, p in named if p.grad is not None}
+    return outputs, {n: p.grad for n, p in params.items() if p.grad is not None}
 
 
 def _in_dtype(

@@ -236,3 +236,12 @@ def test_without_a_float64_twin_a_fixed_tolerance_decides() -> None:
     x = torch.randn(100)
     assert agreement(x + 5e-6, x, None).ok
     assert not agreement(x + 1e-3, x, None).ok
+
+
+def test_the_proof_leaves_the_users_model_as_it_was() -> None:
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pipecompile.compile(model, (torch.randn(8, 4),), stages=2)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in model.parameters())
