@@ -1,0 +1,103 @@
+"""tools/qa/zoo.py's own logic, without running any zoo: how a command's exit is classified,
+that every model file it writes is Python, and its report. Its ``--quick`` run (three real
+models through pipecompile) is tests/tools/test_quick.py's.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+TOOL = ROOT / "tools" / "qa" / "zoo.py"
+
+
+def _load_tool():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("zoo", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["zoo"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo = _load_tool()
+
+TRACE = """Traceback (most recent call last):
+  File "x.py", line 1, in <module>
+    f()
+RuntimeError: shape mismatch
+"""
+
+
+@pytest.mark.parametrize(
+    ("phase", "code", "output", "outcome", "reason"),
+    [
+        ("compile", 0, "", "ok", ""),
+        ("check", 0, "check passed\n", "ok", ""),
+        ("compile", 2, "pipecompile: error: no cut fits\n", "refused", "no cut fits"),
+        ("check", 2, "pipecompile: error: stage 1 broke\n", "refused", "run: stage 1 broke"),
+        ("compile", 1, TRACE, "traceback", "RuntimeError: shape mismatch"),
+        (
+            "compile",
+            2,
+            "pipecompile: error: cannot trace M:\n  torch.fx: A\n  torch.export: B\nMake it...\n",
+            "refused",
+            "cannot trace M: torch.fx: A torch.export: B",
+        ),
+        (
+            "check",
+            1,
+            "  grads  max |diff| 1e-1\npipecompile: check failed\n",
+            "wrong",
+            "check failed; grads max |diff| 1e-1",
+        ),  # fmt: skip
+        (
+            "compile",
+            2,
+            "pipecompile: error: pass x: E: y\nThis is a pipecompile bug; ...\n",
+            "traceback",
+            "pipecompile: error: pass x: E: y",
+        ),  # fmt: skip
+        ("compile", -9, "", "traceback", "exit signal 9: no output"),
+        ("compile", None, "", "hang", "compile: ran past 5 s"),
+    ],
+)
+def test_each_exit_is_classified(phase, code, output, outcome, reason) -> None:  # type: ignore[no-untyped-def]
+    got = zoo.verdict(phase, zoo.Ran(code, output, 1.0), 5.0)
+    assert got == (outcome, reason)
+
+
+@pytest.mark.parametrize("name", ["timm", "hf"])
+def test_every_model_file_is_python(name: str) -> None:
+    module = zoo.ZOOS[name]
+    for model in module.names("/nowhere"):
+        source = module.model(model, "/nowhere").source
+        tree = ast.parse(source)
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert {"build_model", "example_inputs", "example_targets", "loss_fn"} <= defined
+
+
+def test_torchvision_model_files_name_the_zoo_folder() -> None:
+    source = zoo.ZOOS["torchvision"].model("inception_v3", "/zoo/dir").source
+    ast.parse(source)
+    assert "sys.path.insert(0, '/zoo/dir')" in source and "aux_logits=False" in source
+
+
+def test_report_counts_and_lists_what_is_not_ok() -> None:
+    results = [
+        zoo.Result("timm", "a", 2, "ok", peer_split=True, peer_equal=True),
+        zoo.Result("timm", "b", 2, "wrong", "grads differ", peer_split=True, peer_equal=False),
+        zoo.Result("timm", "c", 2, "skipped", "eager: TypeError: x"),
+        zoo.Result("hf", "d", 4, "refused", "no cut fits"),
+    ]
+    text = zoo.report(results)
+    assert "| timm | 2 | 2 | 1 | 0 | 0 | 1 | 0 | 1 | 50 | 2/2 | 1/2 |" in text
+    assert "| hf | 4 | 1 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | - | - |" in text
+    assert "timm b [2 stages]: grads differ" in text
+    assert "timm c [2 stages]: eager: TypeError: x" in text
+    assert zoo.exit_status(results, quick=False, install_failed=False) == 1
