@@ -6,6 +6,11 @@ through plain ops, so the region's ops are copied in place of the call; when the
 gradients disabled its outputs are detached, which is exactly what no_grad meant for them.
 torch.fx records no region at all: its tracer marks the ops it made with gradients disabled
 (``meta[NO_GRAD]``), and their values are detached where ops outside the region read them.
+
+A region that turns autocast off (``with torch.autocast(..., enabled=False)``, as timm's
+EfficientViT attention does) is ``wrap_with_autocast(device, dtype, False, cache, submodule,
+*operands)``: its ops run in their own dtypes, as plain ops do, so it is inlined too. A region
+that turns autocast on is kept (and the trace refused), since its ops' dtypes would change.
 """
 
 from __future__ import annotations
@@ -20,13 +25,19 @@ __all__ = ["NO_GRAD", "detach_no_grad_values", "inline_grad_regions"]
 NO_GRAD = "pipecompile_no_grad"  # node.meta key: the op ran under torch.no_grad() when traced
 
 _WRAP = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
 
 
 def inline_grad_regions(module: fx.GraphModule) -> None:
-    """Replace every grad-mode region call in ``module`` (in place) by the region's ops."""
-    calls = [n for n in module.graph.nodes if n.op == "call_function" and n.target is _WRAP]
-    for call in calls:
-        _inline(module, call)
+    """Replace every grad-mode region call and autocast-off region call in ``module`` (in
+    place) by the region's ops."""
+    for call in [n for n in module.graph.nodes if n.op == "call_function"]:
+        if call.target is _WRAP:
+            enabled, attr, *operands = call.args
+            _inline(module, call, attr, operands, detach=not enabled)  # type: ignore[arg-type]
+        elif call.target is _AUTOCAST and call.args[2] is False:
+            attr, *operands = call.args[4:]
+            _inline(module, call, attr, operands, detach=False)  # type: ignore[arg-type]
     for node in [n for n in module.graph.nodes if n.op == "get_attr" and not n.users]:
         if isinstance(getattr(module, str(node.target), None), fx.GraphModule):
             module.graph.erase_node(node)
@@ -34,8 +45,9 @@ def inline_grad_regions(module: fx.GraphModule) -> None:
     module.recompile()
 
 
-def _inline(module: fx.GraphModule, call: fx.Node) -> None:
-    enabled, attr, *operands = call.args
+def _inline(
+    module: fx.GraphModule, call: fx.Node, attr: fx.Node, operands: list, *, detach: bool
+) -> None:
     assert isinstance(attr, fx.Node)
     region: fx.GraphModule = getattr(module, str(attr.target))
     env: dict[fx.Node, object] = {}
@@ -47,7 +59,7 @@ def _inline(module: fx.GraphModule, call: fx.Node) -> None:
             if node.op == "placeholder":
                 continue
             if node.op == "output":
-                results = [_detached(module, r) if not enabled else r for r in _mapped(node, env)]
+                results = [_detached(module, r) if detach else r for r in _mapped(node, env)]
                 break
             copied = module.graph.node_copy(node, lambda n: env[n])  # type: ignore[arg-type, return-value]
             if node.op == "get_attr":
