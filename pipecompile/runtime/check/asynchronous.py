@@ -58,8 +58,8 @@ def check_async_step(
     loss_fn: LossFn,
     *,
     lr: float = 1e-3,
-    atol: float = 1e-5,
-    rtol: float = 1e-5,
+    atol: float | None = None,
+    rtol: float | None = None,
 ) -> CheckReport:
     """Run one SGD step of ``pipe`` and of the reference from the same weights; compare.
 

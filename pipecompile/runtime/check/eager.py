@@ -12,7 +12,12 @@ __all__ = ["check_against_eager"]
 
 
 def check_against_eager(
-    pipe: Pipeline, spec: ModelSpec, *, lr: float, atol: float, rtol: float
+    pipe: Pipeline,
+    spec: ModelSpec,
+    *,
+    lr: float,
+    atol: float | None,
+    rtol: float | None,
 ) -> CheckReport:
     """``spec`` must hold the eager model, the targets and the loss (``run --check`` loads them)."""
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None

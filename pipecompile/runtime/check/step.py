@@ -29,7 +29,7 @@ from pipecompile.ir.microbatch import (
     split_microbatches,
     split_targets,
 )
-from pipecompile.ir.noise_floor import agreement
+from pipecompile.ir.noise_floor import FIXED, agreement
 from pipecompile.ir.sizes import counted
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.own_forward import tracing
@@ -107,8 +107,8 @@ def check_step(
 
     Each value agrees when it is within the noise floor rule of ``ir.noise_floor`` (the eager
     model run again in float64 says how much rounding alone moves it); ``atol``/``rtol``,
-    when given, also let through a difference within ``atol + rtol * |eager|``, and are the
-    whole rule (default 1e-5 each) for a model that cannot run in float64.
+    when given, are the rule instead (``atol + rtol * |eager|``), as is 1e-5 each for a model
+    that cannot run in float64.
 
     Raises:
         ModelFileError: ``model`` does not fit the pipeline's weights, or it or ``loss_fn``
@@ -379,9 +379,9 @@ def compare(
     kind: str = "",
 ) -> float:
     """Compare ``have`` with ``want``, recording a failure in ``report``; return max |diff|.
-    With ``exact`` (``want`` computed in float64) the noise floor rule decides, and a given
-    ``atol``/``rtol`` lets through what it allows too; without, ``atol``/``rtol`` (default
-    1e-5) alone. ``kind`` ("loss", "outputs", "grads") collects the worst noise ratio."""
+    A given ``atol``/``rtol`` decides (``atol + rtol * |want|``); else, with ``exact`` (``want``
+    computed in float64), the noise floor rule; else ``noise_floor.FIXED`` for both. ``kind``
+    ("loss", "outputs", "grads") collects the worst noise ratio, printed either way."""
     have = torch.as_tensor(have).detach()
     want = want.detach()
     if have.shape != want.shape:
@@ -398,12 +398,13 @@ def compare(
         return float("nan")
     diff = (have - want).abs()
     given = atol is not None or rtol is not None
-    fixed = (atol if given else 1e-5) or 0.0, (rtol if given else 1e-5) or 0.0
+    fixed = (atol if given else FIXED) or 0.0, (rtol if given else FIXED) or 0.0
     within = not bool((diff > fixed[0] + fixed[1] * want.abs()).any())
-    if exact is not None:
-        found = agreement(have, want, exact)
+    found = agreement(have, want, exact) if exact is not None else None
+    if found is not None:
         report.ratios[kind] = max(report.ratios.get(kind, 0.0), found.ratio)
-        if not found.ok and not (given and within):
+    if found is not None and not given:
+        if not found.ok:
             report.failures.append(f"{what}: {found}")
     elif not within:
         report.failures.append(f"{what}: max |diff| {diff.max().item():.3e}")

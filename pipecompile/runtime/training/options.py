@@ -43,9 +43,9 @@ class RunFlags:
     atol: float | None = option(
         "--atol",
         check=nonnegative_float,
-        then=1e-5,
         api=None,
-        help="--check absolute tolerance (default 1e-5)",
+        help="--check absolute tolerance: with --rtol, atol + rtol * |eager| instead of the "
+        "noise floor rule (default: within 16 noise floors, see docs/USAGE.md)",
     )
     batch_shapes: str | None = option(
         "--batch-shapes",
@@ -57,9 +57,8 @@ class RunFlags:
     rtol: float | None = option(
         "--rtol",
         check=nonnegative_float,
-        then=1e-5,
         api=None,
-        help="--check relative tolerance (default 1e-5)",
+        help="--check relative tolerance (see --atol; 0 when only --atol is given)",
     )
     nproc: int | None = option(
         "--nproc",
