@@ -377,13 +377,18 @@ class StepExecutor:
         j, i = instr.stage, instr.microbatch
         params = dict(self.modules[j].named_parameters(remove_duplicate=False))
         window = self._window_grads(j) if i is not None else {}
-        for key, held in self.layout.ties.items():
-            if j in held:
-                param = params[held[j]]
-                grad = param.grad if i is None else window.get(held[j])
-                grad = grad if grad is not None else torch.zeros_like(param)
-                self.backend.contribute(tie_round(key, i), j, sorted(held), local_part(grad))
+        for key, held in self._tied_here(j):
+            param = params[held[j]]
+            grad = param.grad if i is None else window.get(held[j])
+            grad = grad if grad is not None else torch.zeros_like(param)
+            self.backend.contribute(tie_round(key, i), j, sorted(held), local_part(grad))
         return True
+
+    def _tied_here(self, j: int) -> list[tuple[tuple[str, ...], dict[int, str]]]:
+        """The tied tensors stage j holds that are parameters: a buffer several stages share
+        (a table of rotary frequencies) is tied too, but has no gradient to sum."""
+        params = dict(self.modules[j].named_parameters(remove_duplicate=False))
+        return [(k, held) for k, held in self.layout.ties.items() if held.get(j) in params]
 
     def _window_grads(self, j: int) -> dict[str, torch.Tensor]:
         """Stage j's gradients of every micro-batch since its last UPDATE, summed by name."""
@@ -406,7 +411,7 @@ class StepExecutor:
 
     def _take_tied_sums(self, j: int) -> bool:
         params = dict(self.modules[j].named_parameters(remove_duplicate=False))
-        mine = [(key, held) for key, held in self.layout.ties.items() if j in held]
+        mine = self._tied_here(j)
         if any(not self.backend.has_reduced(key, j) for key, _ in mine):
             return False
         for key, held in mine:
@@ -446,7 +451,7 @@ class StepExecutor:
             raise RuntimeFailure(
                 "an asynchronous program (UPDATE) needs an optimizer; call set_optimizer first"
             )
-        mine = [(key, held) for key, held in self.layout.ties.items() if j in held]
+        mine = self._tied_here(j)
         if any(not self.backend.has_reduced(tie_round(key, i), j) for key, _ in mine):
             return False  # PipeDream-2BW: the tied peers' window sums are not all in yet
         summed = self._window_grads(j)  # one micro-batch's (PipeDream) or a window's
