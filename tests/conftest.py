@@ -23,6 +23,9 @@ if "PIPECOMPILE_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["PIPECOMPILE_CACHE"], True)
 # A search prices plans with the flags' model unless a test calibrates (tests/planner/).
 os.environ.setdefault("PIPECOMPILE_CALIBRATION", "off")
+# The proof that ends every compile runs where a test asks for it (tests/codegen/test_prove.py,
+# the zoo and proof_cost tools' quick runs): the suite's other tests compare with eager anyway.
+os.environ.setdefault("PIPECOMPILE_VERIFY", "off")
 
 # PIPECOMPILE_ALL_CASES=1 also runs the cases a default run samples out (marked SAMPLED_OUT),
 # which keep the default run within its time: each repeats a path another case covers.

@@ -126,6 +126,12 @@ def loss_fn(out, y):
 """
 
 
+@pytest.fixture(autouse=True)
+def proving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite turns the proof off for its other tests (tests/conftest.py)."""
+    monkeypatch.setenv("PIPECOMPILE_VERIFY", "on")
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("prove")

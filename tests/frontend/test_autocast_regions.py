@@ -3,6 +3,7 @@ torch.export front end, and the compiled stages equal eager (the compile's proof
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -23,7 +24,8 @@ class AutocastOff(nn.Module):
         return self.b(y.relu())
 
 
-def test_an_autocast_off_region_is_inlined() -> None:
+def test_an_autocast_off_region_is_inlined(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPECOMPILE_VERIFY", "on")  # the proof compares the stages with eager
     torch.manual_seed(0)
     model, x = AutocastOff(), torch.randn(8, 4)
     traced = trace(model, {"x": x})

@@ -452,6 +452,7 @@ def child_env(jobs: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PIPECOMPILE_DEBUG"}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
     env["PYTHONWARNINGS"] = "ignore"
+    env["PIPECOMPILE_VERIFY"] = "on"  # every compile proves itself (the test suite's turn it off)
     return env
 
 
