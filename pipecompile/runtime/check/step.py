@@ -398,7 +398,7 @@ def compare(
         return float("nan")
     diff = (have - want).abs()
     given = atol is not None or rtol is not None
-    fixed = (atol if given else FIXED) or 0.0, (rtol if given else FIXED) or 0.0
+    fixed = FIXED if atol is None else atol, FIXED if rtol is None else rtol
     within = not bool((diff > fixed[0] + fixed[1] * want.abs()).any())
     found = agreement(have, want, exact) if exact is not None else None
     if found is not None:

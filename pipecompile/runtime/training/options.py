@@ -58,7 +58,7 @@ class RunFlags:
         "--rtol",
         check=nonnegative_float,
         api=None,
-        help="--check relative tolerance (see --atol; 0 when only --atol is given)",
+        help="--check relative tolerance (see --atol; 1e-5 when only --atol is given)",
     )
     nproc: int | None = option(
         "--nproc",
