@@ -102,7 +102,6 @@ def prove_stages(graph: StageGraph, files: Sequence[StageFiles], example: Exampl
 @dataclass
 class _Run:
     stages: list[nn.Module]
-    values: dict[str, torch.Tensor]
     outputs: list[torch.Tensor]
 
 
@@ -130,7 +129,7 @@ def _chain(graph: StageGraph, stages: list[nn.Module], inputs: dict[str, torch.T
         torch.manual_seed(SEED + j)
         outs = stage(*(values[n] for n in entry.inputs))
         values.update(zip(entry.outputs, outs))
-    return _Run(stages, values, [values[n] for n in graph.model_outputs])
+    return _Run(stages, [values[n] for n in graph.model_outputs])
 
 
 def _against_eager(
