@@ -478,7 +478,8 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 
     if args.save_every and not args.save:
         raise PipecompileError("--save-every needs --save DIR (where to write the train state)")
-    if args.precision == "fp16" and not _uses_cuda(args):
+    on_gpus = _uses_cuda(args)  # also refuses --device cuda with too few GPUs
+    if args.precision == "fp16" and not on_gpus:
         raise PipecompileError(
             "--precision fp16 needs a GPU (run --nproc N --device cuda): on the CPU, use "
             "--precision bf16"
@@ -517,12 +518,13 @@ def _check_run_places(args: argparse.Namespace, directory: Path) -> None:
 
 
 def _uses_cuda(args: argparse.Namespace) -> bool:
-    """Whether the run's stages would be on a GPU (only `--nproc` places them there)."""
-    import torch
+    """Whether the run's stages would be on a GPU (only `--nproc` places them there); refuses
+    --device cuda with fewer GPUs than ranks before any rank starts."""
+    from pipecompile.runtime.distributed.gpus import device_kind
 
-    if not args.nproc or args.device == "cpu":
+    if not args.nproc:
         return False
-    return args.device == "cuda" or torch.cuda.is_available()
+    return device_kind(args.device, args.nproc) == "cuda"
 
 
 def _check_program_options(args: argparse.Namespace, directory: Path) -> None:

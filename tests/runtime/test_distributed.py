@@ -219,6 +219,27 @@ def test_nccl_on_two_gpus_equals_local(tmp_path, capfd):
     assert "check passed" in capfd.readouterr().out
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_two_stages_on_one_gpu_train_and_check(tmp_path, capfd, precision):
+    """Both stages of an interleaved program on one GPU, one NCCL rank: fp32 checks equal to
+    the eager model on the CPU (by the noise-floor rule); bf16 and fp16 train finite losses."""
+    import json
+
+    out = compile_to(tmp_path, GPT, "--stages", "2", "--schedule", "interleaved",
+                     "--virtual-stages", "2", "--microbatches", "4")  # fmt: skip
+    if precision == "fp32":
+        assert main(["run", out, "--nproc", "1", "--device", "cuda", "--check"]) == 0
+        assert "check passed" in capfd.readouterr().out
+        return
+    assert main(["run", out, "--nproc", "1", "--device", "cuda", "--steps", "3",
+                 "--precision", precision, "-q"]) == 0  # fmt: skip
+    records = [json.loads(line) for line in Path(out, "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert len(losses) == 3 and all(0 < loss < 10 for loss in losses), losses
+
+
 def test_a_full_disk_stops_every_rank_naming_the_path(tmp_path, capfd):
     """A save the disk refuses mid-run: every rank stops (none waits on a barrier the failed
     one never reaches), the error names the directory, and `latest` names a whole step."""

@@ -36,6 +36,7 @@ from pipecompile.model.data_hooks import (
     example_source,
 )
 from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
+from pipecompile.runtime.distributed.gpus import device_kind
 from pipecompile.runtime.distributed.mesh import (
     data_parallel_of,
     fully_shard_stages,
@@ -137,14 +138,15 @@ def _stop_on_sigint(watchdog: Watchdog) -> None:
 
 
 def _device(choice: str) -> torch.device:
-    """cpu, or this rank's GPU (LOCAL_RANK) for cuda; auto picks cuda when there is one."""
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cpu":
+    """cpu, or this rank's GPU (LOCAL_RANK) for cuda; auto picks cuda when every rank of this
+    machine (LOCAL_WORLD_SIZE) has a GPU of its own."""
+    try:
+        kind = device_kind(choice, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except PipecompileError as err:
+        raise SystemExit(f"pipecompile: {err}") from None
+    if kind == "cpu":
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise SystemExit("pipecompile: --device cuda, but torch sees no CUDA device")
-    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    index = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 

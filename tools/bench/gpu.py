@@ -1,0 +1,275 @@
+"""The CUDA path on one GPU: exactness, bf16/fp16 training and throughput against
+torch.distributed.pipelining and eager PyTorch.
+
+One GPU holds every stage: the programs are compiled with ``--schedule interleaved
+--virtual-stages 2`` (two stages on one device) and run with ``run --nproc 1 --device cuda``,
+one rank on NCCL. Three parts:
+
+1. check: examples/gpt.py, examples/resnet.py and examples/hf_gpt2.py, ``run --check``: the
+   stages on the GPU against the eager model on the CPU, by the noise-floor rule.
+2. precision: examples/gpt.py, 20 AdamW steps with ``--precision bf16`` and ``fp16``, against
+   the same steps of the eager model on the same GPU under ``torch.autocast`` (fp16 with
+   ``torch.amp.GradScaler``).
+3. throughput: a GPT (``--width``, ``--layers``, ``--batch``, ``--tokens``; 8 micro-batches),
+   samples/s (median step) of ``run --nproc 1 --device cuda`` against
+   torch.distributed.pipelining's ScheduleInterleaved1F1B over the same model split at its
+   middle block (one rank, two stages), and eager PyTorch on the whole batch; fp32 and bf16.
+   Every system runs AdamW; the peer and eager steps end with ``torch.cuda.synchronize()``.
+
+Rerun with::
+
+    python tools/bench/gpu.py            # the figures in docs/BENCHMARKS.md (needs a GPU)
+    python tools/bench/gpu.py --quick    # tiny sizes, 3 steps; on the CPU (gloo) where torch
+                                         # sees no GPU, so every path runs in the test suite
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import EXAMPLES, log, machine, pipecompile_command, run_checked, use_examples
+
+use_examples()
+
+GPT = EXAMPLES / "gpt.py"
+CHECKED = ("gpt", "resnet", "hf_gpt2")
+MODEL_FILE = '''"""The throughput benchmark's GPT (tools/bench/gpu.py writes this file)."""
+import sys
+sys.path.insert(0, {examples!r})
+import torch
+from gpt import build_gpt, loss_fn  # noqa: F401
+
+SIZES = {sizes!r}
+
+
+def build_model():
+    return build_gpt(n_layer=SIZES["layers"], n_embd=SIZES["width"], n_head=SIZES["heads"],
+                     vocab_size=SIZES["vocab"], block_size=SIZES["tokens"])
+
+
+def _stream():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, SIZES["vocab"], (SIZES["batch"], SIZES["tokens"] + 1), generator=g)
+
+
+def example_inputs():
+    return (_stream()[:, :-1].contiguous(),)
+
+
+def example_targets():
+    return (_stream()[:, 1:].contiguous(),)
+'''
+
+
+def one_gpu_compile(model: str, out: Path, micro: int, *extra: str) -> None:
+    """Two stages on one device (interleaved, two virtual stages), ``micro`` micro-batches."""
+    run_checked(pipecompile_command(model, "--stages", "2", "--schedule", "interleaved",
+                                    "--virtual-stages", "2", "--microbatches", str(micro),
+                                    "-q", "-o", str(out), *extra))  # fmt: skip
+
+
+def train_losses(out: Path, steps: int) -> list[dict]:
+    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if r["kind"] == "train"][-steps:]
+
+
+def check(root: Path, device: str, quick: bool) -> None:
+    print(f"\n## run --check on one {device} rank (2 stages on one device)\n")
+    print("| model | result | largest gradient error (noise floors) |")
+    print("|---|---|---:|")
+    for name in ("gpt",) if quick else CHECKED:
+        out = root / f"check-{name}"
+        one_gpu_compile(str(EXAMPLES / f"{name}.py"), out, 4)
+        done = run_checked(pipecompile_command("run", str(out), "--nproc", "1", "--device",
+                                               device, "--check"), check=False)  # fmt: skip
+        text = done.stdout + done.stderr
+        ratios = [float(x) for x in re.findall(r"\(([\d.]+)x the noise floor\)", text)]
+        worst = f"{max(ratios):.2f}" if ratios else "within 8 ulps"
+        result = "passed" if done.returncode == 0 else f"FAILED (exit {done.returncode})"
+        print(f"| {name} | {result} | {worst} |")
+        if done.returncode:
+            print("\n```\n" + text[-2500:] + "\n```\n")
+
+
+def eager_curve(device: str, precision: str, steps: int) -> list[float]:
+    """The eager GPT example's losses over ``steps`` AdamW steps under autocast."""
+    import gpt  # examples/gpt.py
+
+    model = gpt.build_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    scaler = torch.amp.GradScaler(device, enabled=precision == "fp16")
+    (idx,), (target,) = gpt.example_inputs(), gpt.example_targets()
+    losses = []
+    for _ in range(steps):
+        with torch.autocast(device, dtype=dtype):
+            loss = gpt.loss_fn(model(idx.to(device)), target.to(device))
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def precision(root: Path, device: str, quick: bool) -> None:
+    steps = 3 if quick else 20
+    out = root / "precision"
+    one_gpu_compile(str(GPT), out, 4)
+    kinds = ("bf16", "fp16") if device == "cuda" else ("bf16",)  # fp16 needs a GPU
+    print(f"\n## --precision on one {device} rank, GPT example, {steps} AdamW steps\n")
+    print("| precision | pipecompile loss step 1 | last step | eager autocast last step "
+          "| largest relative gap |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
+    for kind in kinds:
+        run_checked(pipecompile_command("run", str(out), "--nproc", "1", "--device", device,
+                                        "--steps", str(steps), "--precision", kind, "--lr",
+                                        "1e-3", "--optimizer", "adamw", "-q"))  # fmt: skip
+        ours = [r["loss"] for r in train_losses(out, steps)]
+        eager = eager_curve(device, kind, steps)
+        gap = max(abs(a - b) / abs(b) for a, b in zip(ours, eager))
+        print(f"| {kind} | {ours[0]:.5f} | {ours[-1]:.5f} | {eager[-1]:.5f} | {gap:.2e} |")
+
+
+def eager_step(
+    module: object, where: torch.device, idx: torch.Tensor, target: torch.Tensor, dtype: object
+) -> object:
+    """One AdamW step of the eager model on the whole batch, as a closure."""
+    model = module.build_model().to(where)  # type: ignore[attr-defined]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        with torch.autocast(where.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = module.loss_fn(model(idx), target)  # type: ignore[attr-defined]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def peer_and_eager(model_file: Path, device: str, steps: int, micro: int, kind: str) -> dict:
+    """Median samples/s of torch.distributed.pipelining (one rank, two stages) and of eager."""
+    import importlib.util
+
+    import torch.distributed as dist
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B, SplitPoint, pipeline
+
+    spec = importlib.util.spec_from_file_location("gpu_bench_model", model_file)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    where = torch.device(device)
+    (idx,), (target,) = module.example_inputs(), module.example_targets()
+    idx, target = idx.to(where), target.to(where)
+    dtype = torch.bfloat16 if kind == "bf16" else None
+
+    def timed_steps(step: object) -> float:
+        times = []
+        for _ in range(steps):
+            began = time.perf_counter()
+            step()  # type: ignore[operator]
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - began)
+        return idx.shape[0] / statistics.median(times[2:] or times)
+
+    eager = timed_steps(eager_step(module, where, idx, target, dtype))
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = module.build_model()
+        middle = len(model.h) // 2
+        pipe = pipeline(model, mb_args=(idx.chunk(micro)[0].cpu(),),
+                        split_spec={f"h.{middle}": SplitPoint.BEGINNING})  # fmt: skip
+        stages = [pipe.build_stage(i, where) for i in range(pipe.num_stages)]
+        params = [p for s in stages for p in s.submod.parameters()]
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=micro, loss_fn=module.loss_fn)
+
+        def peer_step() -> None:
+            with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+                schedule.step(idx, target=target, losses=[])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        try:
+            peer: float | str = timed_steps(peer_step)
+        except RuntimeError as err:  # gloo cannot send a rank's stage to its own next stage
+            peer = f"refused: {str(err).splitlines()[0][:120]}"
+    finally:
+        dist.destroy_process_group()
+    return {"peer": peer, "eager": eager}
+
+
+def throughput(root: Path, device: str, quick: bool, sizes: dict) -> None:
+    steps, micro = (3, 2) if quick else (20, 8)
+    model_file = root / "gpu_bench_model.py"
+    model_file.write_text(MODEL_FILE.format(examples=str(EXAMPLES), sizes=sizes))
+    out = root / "throughput"
+    one_gpu_compile(str(model_file), out, micro, "--no-verify")  # the check part proves
+    print(f"\n## Training throughput on one {device}, GPT {sizes}, {micro} micro-batches, "
+          f"{steps} AdamW steps (median step)\n")  # fmt: skip
+    print("| precision | pipecompile samples/s | torch.distributed.pipelining | eager | "
+          "pipecompile / pipelining | pipecompile / eager |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    for kind in ("fp32", "bf16"):
+        run_checked(pipecompile_command("run", str(out), "--nproc", "1", "--device", device,
+                                        "--steps", str(steps), "--precision", kind, "--lr",
+                                        "1e-4", "--optimizer", "adamw", "-q"))  # fmt: skip
+        records = train_losses(out, steps)
+        ours = statistics.median(r["samples_per_s"] for r in records[2:] or records)
+        others = peer_and_eager(model_file, device, steps, micro, kind)
+        peer = others["peer"]
+        shown = (f"{peer:.1f} | {others['eager']:.1f} | {ours / peer:.2f}x"
+                 if isinstance(peer, float) else f"{peer} | {others['eager']:.1f} | -")  # fmt: skip
+        print(f"| {kind} | {ours:.1f} | {shown} | {ours / others['eager']:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 steps")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        help="default: cuda (--quick: cuda if torch sees one, else cpu)",
+    )
+    parser.add_argument("--part", action="append", choices=("check", "precision", "throughput"),
+                        help="run only this part (repeatable; default all)")  # fmt: skip
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=512)
+    args = parser.parse_args()
+    gpu = torch.cuda.is_available()
+    device = args.device or ("cuda" if gpu or not args.quick else "cpu")
+    if device == "cuda" and not gpu:
+        raise SystemExit("gpu.py: torch sees no GPU; pass --quick (runs on the CPU) or "
+                         "--device cpu")  # fmt: skip
+    sizes = {"width": args.width, "layers": args.layers, "heads": max(args.width // 64, 1),
+             "vocab": 8192, "batch": args.batch, "tokens": args.tokens}  # fmt: skip
+    if args.quick:
+        sizes = {"width": 32, "layers": 4, "heads": 2, "vocab": 64, "batch": 4, "tokens": 8}
+    extra = [f"GPU {torch.cuda.get_device_name()}", f"CUDA {torch.version.cuda}"] if gpu else []
+    print(f"machine: {machine(*extra)}")
+    if device == "cpu":
+        print("(no GPU: the CPU stands in for it, gloo for NCCL)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in args.part or ("check", "precision", "throughput"):
+            log(f"gpu.py: {part}")
+            if part == "throughput":
+                throughput(Path(tmp), device, args.quick, sizes)
+            else:
+                {"check": check, "precision": precision}[part](Path(tmp), device, args.quick)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
