@@ -524,7 +524,7 @@ def _uses_cuda(args: argparse.Namespace) -> bool:
 
     if not args.nproc:
         return False
-    return device_kind(args.device, args.nproc) == "cuda"
+    return device_kind(args.device or "auto", args.nproc) == "cuda"
 
 
 def _check_program_options(args: argparse.Namespace, directory: Path) -> None:

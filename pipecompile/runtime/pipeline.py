@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -68,12 +69,16 @@ class Pipeline:
         wrap: Callable[[dict[str, Handler]], dict[str, Handler]] | None = None,
         after_step: Callable[[], None] | None = None,
         replica: tuple[int, int] | None = None,
+        default_device: torch.device | None = None,
     ) -> None:
         """``device``: run only that device's instructions (one rank of a distributed run;
         ``modules`` then holds None for the stages of other devices). ``backend`` makes the
         message backend of each step; ``wrap`` may wrap the instruction handlers;
         ``after_step`` runs when a step's messages are all delivered; ``replica`` = (k, r):
-        this is replica k of r of its device, running micro-batches i with i mod r == k."""
+        this is replica k of r of its device, running micro-batches i with i mod r == k.
+        ``default_device``: where the stages' factory ops (which emitted code leaves to the
+        default device) put their tensors while the program runs; the user's own code (data
+        hooks, the model file) keeps torch's default."""
         verify_program(program, topology_from_manifest(manifest))
         self.manifest = manifest
         self.modules = modules
@@ -83,6 +88,7 @@ class Pipeline:
         self.wrap = wrap
         self.after_step = after_step
         self.replica = replica
+        self.default_device = default_device
         self.last_losses: dict[int, torch.Tensor] = {}
         self.last_rng_base = 0  # the base seed of the last step or inference (random_state)
         self.last_results: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -277,7 +283,8 @@ class Pipeline:
         if self.device is not None and hasattr(executor.backend, "post"):
             handlers = _receiving_ahead(handlers, executor, program.devices[self.device])
         try:
-            run_program(program, handlers)
+            with self.default_device or contextlib.nullcontext():
+                run_program(program, handlers)
         except (RuntimeFailure, InputError) as err:  # InputError: targets that do not fit
             self.blame_inputs(inputs, err)
             raise

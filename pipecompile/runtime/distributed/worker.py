@@ -82,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     use_threads(args.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     where = _device(args.device)
     backend = "nccl" if where.type == "cuda" else "gloo"
-    if where.type == "cuda":  # stage code leaves factory ops' device to the default
-        torch.set_default_device(where)
     dist.init_process_group(backend, timeout=timedelta(seconds=max(args.timeout, 1.0) * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
     progress = TrainState()
@@ -215,6 +213,7 @@ def _run(
         ),
         wrap=lambda handlers: _tracked(handlers, watchdog),
         after_step=lambda: watchdog.idle("between steps"),
+        default_device=where if where.type == "cuda" else None,
     )
     if spec.loss_fn is None:
         raise PipecompileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")

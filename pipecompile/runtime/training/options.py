@@ -90,7 +90,7 @@ class RunFlags:
         choices=("auto", "cpu", "cuda"),
         then="auto",
         api=None,
-        help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if any)",
+        help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if every rank gets a GPU)",
     )
     timeout: float | None = option(
         "--timeout",
