@@ -2,7 +2,8 @@
 
 The stage file stays as emitted (standalone, importing only torch); at load time the runtime
 traces its forward with torch.fx, finds the random nodes (``ir/random_ops``, the same test the
-compiler used to write the stage's ``random_ops``), inserts ``seed_op(name)`` before each and
+compiler used to write the stage's ``random_ops``; ``torch.get_default_device()`` stays a call),
+inserts ``seed_op(name)`` before each and
 binds the regenerated forward to the stage module itself, so its parameters (and those
 ``functional_call`` swaps in for weight stashing) are the ones read.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import types
 import warnings
 
+import torch
 import torch.fx as fx
 from torch import nn
 
@@ -29,7 +31,7 @@ def seed_random_ops(stage: nn.Module, names: list[str], label: str) -> bool:
     if not names:
         return True
     try:
-        traced = fx.symbolic_trace(stage)
+        traced = fx.GraphModule(stage, _StageTracer().trace(stage))
     except Exception as err:  # an edited stage that fx cannot trace: still runs, unseeded
         _warn(label, f"its forward does not trace ({type(err).__name__}: {err})")
         return False
@@ -43,6 +45,23 @@ def seed_random_ops(stage: nn.Module, names: list[str], label: str) -> bool:
     traced.recompile()
     stage.forward = types.MethodType(type(traced).forward, stage)  # type: ignore[method-assign]
     return True
+
+
+class _StageTracer(fx.Tracer):
+    """fx's tracer, keeping the stage's ``torch.get_default_device()`` a call (fx would run it
+    while tracing and bake the device it returns into the graph)."""
+
+    def trace(self, root: object, concrete_args: dict | None = None) -> fx.Graph:
+        real = torch.get_default_device
+
+        def default_device() -> object:
+            return self.create_proxy("call_function", real, (), {})
+
+        torch.get_default_device = default_device  # type: ignore[assignment]
+        try:
+            return super().trace(root, concrete_args)  # type: ignore[arg-type]
+        finally:
+            torch.get_default_device = real
 
 
 def _warn(label: str, why: str) -> None:

@@ -118,9 +118,7 @@ def check_step(
     """
     model.load_state_dict(fit_weights(pipe, model), strict=True)
     count = pipe.program.microbatches
-    per_micro = any(
-        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
-    )
+    per_micro = _per_micro(model)
     reference = (
         f"{counted(count, 'micro-batch')} (BatchNorm statistics per micro-batch)"
         if per_micro
@@ -255,6 +253,28 @@ def _eager(
         if p.grad is not None
     }
     return total, outputs, grads
+
+
+def _per_micro(model: nn.Module) -> bool:
+    """Whether the eager reference runs micro-batch by micro-batch (BatchNorm in training
+    mode: its statistics are per micro-batch in the pipeline)."""
+    return any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
+    )
+
+
+def float64_reference(
+    pipe: Pipeline,
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...],
+    loss_fn: LossFn,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]] | None:
+    """``model`` (holding the pipeline's weights) in float64, split as ``check_step`` splits
+    it: the loss, joined outputs and gradients that noise floors are measured from; None when
+    the model cannot run in float64."""
+    parts = pipe.program.microbatches if _per_micro(model) else 1
+    return _eager_float64(pipe, model, inputs, targets, loss_fn, parts)
 
 
 _NO_TWIN: tuple[None, list[torch.Tensor], dict[str, torch.Tensor]] = (None, [], {})

@@ -218,6 +218,9 @@ def _run(
     if spec.loss_fn is None:
         raise PipecompileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")
     if args.check:
+        if where.type == "cuda":  # fp32 compared with fp32: no TensorFloat-32 kernels
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         if spec.targets is None:
             raise PipecompileError(f"{spec.path} needs example_targets() for `run --check`")
         pipe.compile_stages(args.compile)
