@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from pipecompile.runtime import notes
+from pipecompile.runtime.random_state import break_graphs_at_seeding
 
 __all__ = ["BACKENDS", "CompiledStages", "resolve_backend"]
 
@@ -60,6 +61,7 @@ class CompiledStages:
             import torch._inductor.config as inductor
 
             inductor.fallback_random = True  # draw from torch's (seeded) generators
+        break_graphs_at_seeding()
         self.backend = backend
         self.note = note or notes.note
         self._wrapped = {

@@ -5,22 +5,32 @@ own local part."""
 
 from __future__ import annotations
 
-import torch
-from torch.distributed.tensor import DTensor
+import sys
 
-__all__ = ["local_part", "laid_out_like"]
+import torch
+
+__all__ = ["is_dtensor", "local_part", "laid_out_like"]
+
+
+def is_dtensor(tensor: object) -> bool:
+    """Whether ``tensor`` is a DTensor. torch.distributed.tensor is not imported for the
+    question (a second of start-up): where nothing has imported it, nothing is one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def local_part(tensor: torch.Tensor) -> torch.Tensor:
     """The part of ``tensor`` this rank holds: a DTensor's local shard, else the tensor."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
 
 
 def laid_out_like(reference: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """``local`` (a local part) laid out as ``reference``: a DTensor over the same mesh and
     placements when ``reference`` is one, else ``local`` itself."""
-    if not isinstance(reference, DTensor):
+    if not is_dtensor(reference):
         return local
+    from torch.distributed.tensor import DTensor
+
     return DTensor.from_local(
         local,
         reference.device_mesh,

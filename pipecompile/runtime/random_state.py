@@ -67,14 +67,26 @@ def seeded(base: int, stage: int, microbatch: int) -> Iterator[None]:
             _current.value = outer
 
 
-@torch.compiler.disable  # a compiled stage (--compile) breaks its graph here, runs this eagerly
 def seed_op(name: str) -> None:
     """Seed torch's generators for the random op ``name`` of the stage forward now running
     (a no-op outside one, e.g. when a stage module is called directly)."""
+    _seed_named(name)
+
+
+def _seed_named(name: str) -> None:
     current = getattr(_current, "value", None)
     if current is None:
         return
     _seed_all(op_seed(current[0], current[1], name))
+
+
+def break_graphs_at_seeding() -> None:
+    """Make a compiled stage (``--compile``) break its graph at each ``seed_op`` and seed
+    eagerly. Done when stages are compiled, not at import: ``torch.compiler.disable`` loads
+    torch's compiler, seconds of start-up for every rank that never compiles."""
+    global _seed_named
+    if not getattr(_seed_named, "_torchdynamo_disable", False):
+        _seed_named = torch.compiler.disable(_seed_named)
 
 
 def _seed_all(seed: int) -> None:

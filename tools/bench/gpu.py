@@ -19,8 +19,9 @@ one rank on NCCL. Three parts:
 Rerun with::
 
     python tools/bench/gpu.py            # the figures in docs/BENCHMARKS.md (needs a GPU)
-    python tools/bench/gpu.py --quick    # tiny sizes, 3 steps; on the CPU (gloo) where torch
-                                         # sees no GPU, so every path runs in the test suite
+    python tools/bench/gpu.py --quick    # GPT example only, 3 steps, throughput in fp32 at tiny
+                                         # sizes; on the CPU (gloo) where torch sees no GPU, so
+                                         # every path runs in the test suite
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from common import EXAMPLES, log, machine, pipecompile_command, run_checked, use
 
 use_examples()
 
-GPT = EXAMPLES / "gpt.py"
 CHECKED = ("gpt", "resnet", "hf_gpt2")
 MODEL_FILE = '''"""The throughput benchmark's GPT (tools/bench/gpu.py writes this file)."""
 import sys
@@ -76,6 +76,14 @@ def one_gpu_compile(model: str, out: Path, micro: int, *extra: str) -> None:
                                     "-q", "-o", str(out), *extra))  # fmt: skip
 
 
+def compiled_example(root: Path, name: str) -> Path:
+    """examples/NAME.py on one device, 4 micro-batches, compiled once per benchmark run."""
+    out = root / f"example-{name}"
+    if not out.exists():
+        one_gpu_compile(str(EXAMPLES / f"{name}.py"), out, 4)
+    return out
+
+
 def train_losses(out: Path, steps: int) -> list[dict]:
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in lines if r["kind"] == "train"][-steps:]
@@ -86,8 +94,7 @@ def check(root: Path, device: str, quick: bool) -> None:
     print("| model | result | largest gradient error (noise floors) |")
     print("|---|---|---:|")
     for name in ("gpt",) if quick else CHECKED:
-        out = root / f"check-{name}"
-        one_gpu_compile(str(EXAMPLES / f"{name}.py"), out, 4)
+        out = compiled_example(root, name)
         done = run_checked(pipecompile_command("run", str(out), "--nproc", "1", "--device",
                                                device, "--check"), check=False)  # fmt: skip
         text = done.stdout + done.stderr
@@ -122,8 +129,7 @@ def eager_curve(device: str, precision: str, steps: int) -> list[float]:
 
 def precision(root: Path, device: str, quick: bool) -> None:
     steps = 3 if quick else 20
-    out = root / "precision"
-    one_gpu_compile(str(GPT), out, 4)
+    out = compiled_example(root, "gpt")
     kinds = ("bf16", "fp16") if device == "cuda" else ("bf16",)  # fp16 needs a GPU
     print(f"\n## --precision on one {device} rank, GPT example, {steps} AdamW steps\n")
     print("| precision | pipecompile loss step 1 | last step | eager autocast last step "
@@ -220,7 +226,7 @@ def throughput(root: Path, device: str, quick: bool, sizes: dict) -> None:
     print("| precision | pipecompile samples/s | torch.distributed.pipelining | eager | "
           "pipecompile / pipelining | pipecompile / eager |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|")
-    for kind in ("fp32", "bf16"):
+    for kind in ("fp32",) if quick else ("fp32", "bf16"):
         run_checked(pipecompile_command("run", str(out), "--nproc", "1", "--device", device,
                                         "--steps", str(steps), "--precision", kind, "--lr",
                                         "1e-4", "--optimizer", "adamw", "-q"))  # fmt: skip

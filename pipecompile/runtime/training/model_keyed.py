@@ -21,11 +21,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.tensor import DTensor
 
 from pipecompile.errors import EmitError
+from pipecompile.runtime.local_part import is_dtensor
 
 __all__ = [
     "LAYOUT",
@@ -107,10 +105,11 @@ def _optimizer_state(pipe: Any) -> dict[str, Any]:
 def save_model_keyed(pipe: Any, directory: Path) -> None:
     """Write this rank's share of the train state under ``directory`` (collective)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     weights = {key: tensors[0] for key, tensors in _weights(pipe).items()}
     state = {**weights, **_optimizer_state(pipe)}
-    writer = _Writer(str(directory))
+    writer = _writer_class()(str(directory))
     failed = None
     try:
         with _one_process_quietly():
@@ -121,18 +120,23 @@ def save_model_keyed(pipe: Any, directory: Path) -> None:
         raise failed
 
 
-class _Writer(FileSystemWriter):
+def _writer_class() -> type:
     """torch's writer, keeping the error this rank's write raised: torch gathers every rank's
-    into one exception, pickled, without the OSError or stop each was raised in."""
+    into one exception, pickled, without the OSError or stop each was raised in. (Made on
+    first use: torch.distributed.checkpoint is a second of start-up for every run.)"""
+    from torch.distributed.checkpoint import FileSystemWriter
 
-    failure: BaseException | None = None
+    class Writer(FileSystemWriter):
+        failure: BaseException | None = None
 
-    def write_data(self, plan: Any, planner: Any) -> Any:
-        try:
-            return super().write_data(plan, planner)
-        except BaseException as err:
-            self.failure = err
-            raise
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            try:
+                return super().write_data(plan, planner)
+            except BaseException as err:
+                self.failure = err
+                raise
+
+    return Writer
 
 
 def saved_entries(directory: Path) -> dict[str, Any]:
@@ -170,7 +174,7 @@ def _empty_for(meta: Any) -> torch.Tensor | None:
 def _room(meta: Any, param: torch.Tensor) -> torch.Tensor | None:
     """Room for an optimizer state entry of ``param``: laid out as the parameter where it
     has its shape (a DTensor shard under FSDP reads only its part), else as saved."""
-    if isinstance(param, DTensor) and tuple(getattr(meta, "size", ())) == tuple(param.shape):
+    if is_dtensor(param) and tuple(getattr(meta, "size", ())) == tuple(param.shape):
         return torch.empty_like(param, dtype=meta.properties.dtype)
     return _empty_for(meta)
 
@@ -199,6 +203,8 @@ def load_model_keyed(pipe: Any, directory: Path) -> None:
             key = f"optim.{name}.{field}"
             wanted[key] = _room(entries[key], p)
             fields.append((optimizer, p, field, key))
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         with _one_process_quietly():
             dcp.load(wanted, checkpoint_id=str(directory), no_dist=not _distributed())
@@ -219,7 +225,7 @@ def load_model_keyed(pipe: Any, directory: Path) -> None:
         optimizer.state[p][field] = value
 
 
-def _cause(err: CheckpointException) -> BaseException:
+def _cause(err: Any) -> BaseException:
     """The first rank's own error of those torch gathered into ``err``."""
     failures = err.failures
     return next(iter(failures.values()))[0] if failures else err
@@ -227,6 +233,8 @@ def _cause(err: CheckpointException) -> BaseException:
 
 def _first_cause(err: BaseException) -> str:
     """One line of what went wrong: a rank's own error where torch gathered them."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     if isinstance(err, CheckpointException):
         err = _cause(err)
     text = (str(err).splitlines() or [""])[0][:300]
