@@ -107,8 +107,8 @@ def check_step(
 
     Each value agrees when it is within the noise floor rule of ``ir.noise_floor`` (the eager
     model run again in float64 says how much rounding alone moves it); ``atol``/``rtol``,
-    when given, are the rule instead (``atol + rtol * |eager|``), as is 1e-5 each for a model
-    that cannot run in float64.
+    when given, are the rule instead (``atol + rtol * |eager|``; no float64 run is made), as
+    is 1e-5 each for a model that cannot run in float64.
 
     Raises:
         ModelFileError: ``model`` does not fit the pipeline's weights, or it or ``loss_fn``
@@ -146,10 +146,12 @@ def check_step(
         exact: tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None = (
             ref_loss, ref_outs, ref_grads
         )  # fmt: skip
+    elif atol is not None or rtol is not None:
+        exact = None  # the tolerances given decide: no float64 run, no noise floor to state
     else:
         exact = _eager_float64(pipe, model, inputs, targets, loss_fn, count if per_micro else 1)
-    if exact is None:
-        report.notes.append("  (no float64 run of the model: fixed tolerances)")
+        if exact is None:
+            report.notes.append("  (no float64 run of the model: fixed tolerances)")
     twin = exact or _NO_TWIN
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol, twin[0], "loss")
     for k, (have, want, e) in enumerate(zip(joined, ref_outs, twin[1] or ref_outs)):
