@@ -19,6 +19,7 @@ from pipecompile.ir.lower import lower_stage
 from pipecompile.ir.markers import is_recv
 from pipecompile.ir.saved_bytes import StageMemory, count_saved, tensor_bytes
 from pipecompile.ir.stage_graph import Stage, StageGraph
+from pipecompile.ir.swapped_call import functional_call
 
 __all__ = ["StageMemory", "activation_memory"]
 
@@ -45,7 +46,7 @@ def _stage_memory(stage: Stage) -> StageMemory:
             for name, t in [*module.named_parameters(), *module.named_buffers()]
         }
         with count_saved(list(state.values())) as seen:
-            torch.func.functional_call(module, state, tuple(args))
+            functional_call(module, state, tuple(args))
         inputs = tensor_bytes(args)
     return StageMemory(saved=sum(seen.values()), inputs=inputs)
 

@@ -15,9 +15,10 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
+
+from pipecompile.ir.swapped_call import functional_call
 
 __all__ = ["node_flops", "is_contraction"]
 

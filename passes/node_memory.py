@@ -18,6 +18,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pipecompile.ir.saved_bytes import count_saved
+from pipecompile.ir.swapped_call import functional_call
 
 __all__ = ["node_memory"]
 
@@ -34,7 +35,7 @@ def node_memory(module: fx.GraphModule) -> dict[fx.Node, int]:
         args = [_fake(n.meta.get("val")) for n in module.graph.nodes if n.op == "placeholder"]
         with count_saved(list(state.values())) as seen:
             wrapper.seen, wrapper.owner = seen, owner
-            torch.func.functional_call(wrapper, state, tuple(args))
+            functional_call(wrapper, state, tuple(args))
     out: dict[fx.Node, int] = {}
     for key, node in owner.items():
         out[node] = out.get(node, 0) + seen[key]

@@ -22,7 +22,6 @@ import torch
 import torch.fx as fx
 from safetensors.torch import load_model
 from torch import nn
-from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import VerifyError
@@ -30,6 +29,7 @@ from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.microbatch import split_microbatches
 from pipecompile.ir.noise_floor import Agreement, agreement, within_rounding
 from pipecompile.ir.stage_graph import Stage, StageGraph
+from pipecompile.ir.swapped_call import functional_call
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.own_forward import tracing
 

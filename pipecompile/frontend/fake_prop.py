@@ -7,10 +7,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from pipecompile.frontend.quiet_logs import quiet_logs
+from pipecompile.ir.swapped_call import functional_call
 
 __all__ = ["propagate_fake", "fake_values"]
 

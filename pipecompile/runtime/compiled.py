@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipecompile.ir.swapped_call import functional_call
 from pipecompile.runtime import notes
 from pipecompile.runtime.random_state import break_graphs_at_seeding
 
@@ -92,7 +93,7 @@ class CompiledStages:
                 outs = wrapped(*args)
             else:
                 leaves = {_PREFIX + n: t for n, t in weights.items()}
-                outs = torch.func.functional_call(wrapped, leaves, tuple(args))
+                outs = functional_call(wrapped, leaves, tuple(args))
         except torch._dynamo.exc.TorchDynamoException as err:
             if state is not None:
                 _restore(module, state)

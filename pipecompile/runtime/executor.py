@@ -19,6 +19,7 @@ from pipecompile.errors import ModelFileError, PipecompileError, RuntimeFailure
 from pipecompile.ir.instr import FORWARD_OPS, Instr, Op
 from pipecompile.ir.microbatch import check_target_rows
 from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
+from pipecompile.ir.swapped_call import functional_call
 from pipecompile.runtime.backend import Backend, MessageKey, tie_round
 from pipecompile.runtime.compiled import CompiledStages
 from pipecompile.runtime.interpreter import Handler
@@ -210,7 +211,7 @@ class StepExecutor:
                         return outs
                 if weights is None:
                     return tuple(module(*args))
-                return tuple(torch.func.functional_call(module, weights, tuple(args)))
+                return tuple(functional_call(module, weights, tuple(args)))
         except PipecompileError:
             raise
         except Exception as err:

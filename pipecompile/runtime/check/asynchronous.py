@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 from pipecompile.ir.instr import FORWARD_OPS, Op
 from pipecompile.ir.microbatch import split_microbatches, split_targets
 from pipecompile.ir.program import Program
+from pipecompile.ir.swapped_call import functional_call
 from pipecompile.runtime.check.step import (
     CheckReport,
     check_targets,
@@ -198,7 +199,7 @@ def _micro_step(
     m = pipe.program.microbatches
     names = list(weights)
     used = {n: weights[n].clone().requires_grad_() for n in names}
-    call = functools.partial(torch.func.functional_call, model, {**buffers, **used}, ())
+    call = functools.partial(functional_call, model, {**buffers, **used}, ())
     out = eager_forward(pipe, call, batch, inputs)
     check_targets(pipe, out, target, batch, inputs, scale=m)
     loss = call_loss_fn(loss_fn, out, target)
