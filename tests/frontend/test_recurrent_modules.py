@@ -48,6 +48,8 @@ def test_compiling_a_model_with_an_lstm_leaves_it_computing_with_its_own_weights
     pipecompile.compile(model, (x,), stages=2, microbatches=2, directory=tmp_path / "out")
     assert _own(model.rnn)
     assert torch.equal(model(x), before)
-    assert "torch.nn.LSTM(" in (tmp_path / "out" / "stage_0.py").read_text() + (
-        tmp_path / "out" / "stage_1.py"
-    ).read_text()
+    assert (
+        "torch.nn.LSTM("
+        in (tmp_path / "out" / "stage_0.py").read_text()
+        + (tmp_path / "out" / "stage_1.py").read_text()
+    )

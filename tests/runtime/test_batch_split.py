@@ -5,7 +5,7 @@ split measured in float64 - while a model that mixes samples is refused, naming 
 from pipecompile.cli import main
 from tests.conftest import write_model_file
 
-MIXING = '''
+MIXING = """
 import torch
 from torch import nn
 
@@ -31,7 +31,7 @@ def example_targets():
 
 def loss_fn(out, target):
     return ((out - target) ** 2).mean()
-'''
+"""
 
 
 def test_a_model_that_mixes_samples_is_refused_naming_it(tmp_path, capfd):
