@@ -120,12 +120,12 @@ def check_step(
     model.load_state_dict(fit_weights(pipe, model), strict=True)
     count = pipe.program.microbatches
     per_micro = split or _per_micro(model)
-    why = "the whole mini-batch differs in eager itself" if split else "BatchNorm statistics"
-    reference = (
-        f"{counted(count, 'micro-batch')} ({why if split else why + ' per micro-batch'})"
-        if per_micro
-        else "whole mini-batch"
+    why = (
+        "the whole mini-batch differs in eager itself"
+        if split
+        else "BatchNorm statistics per micro-batch"
     )
+    reference = f"{counted(count, 'micro-batch')} ({why})" if per_micro else "whole mini-batch"
     ref_loss, ref_parts, ref_grads = _eager(
         pipe, model, inputs, targets, loss_fn, count if per_micro else 1
     )
@@ -176,7 +176,10 @@ def check_step(
     randoms = [op for entry in pipe.manifest.stages for op in entry.random_ops or ()]
     if not report.ok and not per_micro and count > 1 and atol is None and rtol is None:
         again = check_step(pipe, model, inputs, targets, loss_fn, split=True)
-        moved = _split_moves(pipe, model, inputs, targets, loss_fn, count)
+        whole = None if near else exact  # the float64 whole-batch run made above, if any
+        moved = (
+            _split_moves(pipe, model, inputs, targets, loss_fn, count, whole) if again.ok else None
+        )
         if again.ok and moved is not None and moved <= SPLIT_FLOOR:
             again.notes.append(
                 f"  (against eager on the whole mini-batch: {len(report.failures)} values beyond "
@@ -288,11 +291,13 @@ def _split_moves(
     targets: tuple[torch.Tensor, ...],
     loss_fn: LossFn,
     count: int,
+    whole: tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None = None,
 ) -> float | None:
     """How far splitting the batch in ``count`` moves the eager model's loss, outputs and
     gradients in float64, relative to each value's largest magnitude; None when the model
-    cannot run in float64. Rounding gives about 1e-16; a model that mixes samples, far more."""
-    whole = _eager_float64(pipe, model, inputs, targets, loss_fn, 1)
+    cannot run in float64. Rounding gives about 1e-16; a model that mixes samples, far more.
+    ``whole``: the float64 whole-batch run, where one was made already."""
+    whole = whole or _eager_float64(pipe, model, inputs, targets, loss_fn, 1)
     split = _eager_float64(pipe, model, inputs, targets, loss_fn, count)
     if whole is None or split is None:
         return None
