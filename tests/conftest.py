@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import inspect
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -37,6 +40,17 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 EXAMPLE_NAMES = ["mlp", "resnet", "gpt", "hf_gpt2", "hf_bert", "hf_llama", "two_towers"]
 STAGE_COUNTS = [1, 2, 3, 4]
+
+
+def load_tool(path: Path) -> ModuleType:
+    """A tools/ script imported as the module named after its file (its dataclasses look
+    their module up by that name in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def example_spec(name: str) -> ModelSpec:

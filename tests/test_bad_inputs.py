@@ -7,7 +7,6 @@ starts its ranks); the tool's own subprocess mode, as a user runs it, is checked
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,21 +14,12 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_tool
 
 TOOL = ROOT / "tools" / "qa" / "bad_inputs.py"
 
 
-def _load_tool():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("bad_inputs", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bad_inputs"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bad_inputs = _load_tool()
+bad_inputs = load_tool(TOOL)
 setups = sys.modules["catalogue.case"]  # the setups, loaded with the tool
 
 

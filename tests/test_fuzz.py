@@ -10,27 +10,16 @@ tests/tools/test_quick.py's (it exits 1 on any internal, mismatch or invalid mod
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 
 import pytest
 
-from tests.conftest import ROOT, SAMPLED_OUT
+from tests.conftest import ROOT, SAMPLED_OUT, load_tool
 
 TOOL = ROOT / "tools" / "qa" / "fuzz.py"
 
 
-def _load_tool():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("fuzz", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_tool()
+fuzz = load_tool(TOOL)
 
 # 18 seeds: a smallest cover (greedy) of the generator's features over seeds 2000-2399, the
 # 15 schedule x checkpoint-policy pairs, 1-4 stages and 1, 2 and 4 micro-batches, which

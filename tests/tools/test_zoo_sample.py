@@ -6,26 +6,15 @@ models through pipecompile) is tests/tools/test_quick.py's.
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_tool
 
 TOOL = ROOT / "tools" / "qa" / "zoo.py"
 
 
-def _load_tool():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("zoo", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["zoo"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-zoo = _load_tool()
+zoo = load_tool(TOOL)
 
 TRACE = """Traceback (most recent call last):
   File "x.py", line 1, in <module>
