@@ -145,15 +145,24 @@ def precision(root: Path, device: str, quick: bool) -> None:
         print(f"| {kind} | {ours[0]:.5f} | {ours[-1]:.5f} | {eager[-1]:.5f} | {gap:.2e} |")
 
 
+def _autocast(device: str, dtype: torch.dtype | None) -> torch.autocast:
+    """``torch.autocast`` to ``dtype`` on ``device``, or off for None (fp32)."""
+    return torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
 def eager_step(
-    module: object, where: torch.device, idx: torch.Tensor, target: torch.Tensor, dtype: object
+    module: object,
+    where: torch.device,
+    idx: torch.Tensor,
+    target: torch.Tensor,
+    dtype: torch.dtype | None,
 ) -> object:
     """One AdamW step of the eager model on the whole batch, as a closure."""
     model = module.build_model().to(where)  # type: ignore[attr-defined]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
-        with torch.autocast(where.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with _autocast(where.type, dtype):
             loss = module.loss_fn(model(idx), target)  # type: ignore[attr-defined]
         loss.backward()
         optimizer.step()
@@ -201,7 +210,7 @@ def peer_and_eager(model_file: Path, device: str, steps: int, micro: int, kind: 
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=micro, loss_fn=module.loss_fn)
 
         def peer_step() -> None:
-            with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+            with _autocast(device, dtype):
                 schedule.step(idx, target=target, losses=[])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
