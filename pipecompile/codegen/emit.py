@@ -237,6 +237,13 @@ def _notes(plan: WeightPlan, sources: list[StageSources]) -> list[str]:
             f"{' (weights of the base model)' if held.names.added else ''}: read with the "
             f"{held.names}, as from_pretrained does"
         )
+    if plan.loaded is not None:
+        paths = ", ".join(p or "(the model)" for p in plan.own[:3])
+        more = f" and {len(plan.own) - 3} more" if len(plan.own) > 3 else ""
+        notes.append(
+            f"{paths}{more} load state dicts with code of their own: {plan.pretrained.path} "  # type: ignore[union-attr]
+            "was read whole and loaded through it, and the stage files hold what it gave"
+        )
     if held is not None and held.missing:
         shown = ", ".join(held.missing[:10])
         more = f" and {len(held.missing) - 10} more" if len(held.missing) > 10 else ""

@@ -20,6 +20,7 @@ from torch import nn
 from pipecompile.errors import WeightsError
 from pipecompile.ir.stage_graph import Stage
 from pipecompile.model.init_recipe import Recipe, is_meta_model, record_init
+from pipecompile.model.own_loading import Loaded, load_through_model, own_loading
 from pipecompile.model.pretrained_files import PretrainedFiles, open_pretrained
 from pipecompile.model.pretrained_names import Coverage, NameMap, coverage, match_names
 
@@ -29,12 +30,16 @@ __all__ = ["StageSources", "WeightPlan", "stage_sources", "unused_in_pretrained"
 @dataclass(frozen=True)
 class WeightPlan:
     """The weights a compile was given: the pretrained weights, the meta tensors' recipe, the
-    seed, and which of the model's tensors the pretrained weights hold under which names."""
+    seed, and which of the model's tensors the pretrained weights hold under which names. For
+    a model with state-dict loading of its own (``own_loading``), ``loaded`` holds what that
+    loading made of the pretrained weights, and ``own`` the module paths that have it."""
 
     pretrained: PretrainedFiles | None = None
     recipe: Recipe | None = None
     seed: int = 0
     held: Coverage | None = None
+    loaded: Loaded | None = None
+    own: tuple[str, ...] = ()
 
     @property
     def names(self) -> NameMap:
@@ -48,12 +53,13 @@ class StageSources:
     values: dict[str, torch.Tensor] = field(default_factory=dict)
     pretrained: dict[str, str] = field(default_factory=dict)  # stage name -> its name there
     init: dict[str, str] = field(default_factory=dict)  # stage name -> original name
+    loaded: list[str] = field(default_factory=list)  # in values: what the model's loading gave
     converted: list[str] = field(default_factory=list)  # "name: bfloat16 -> float32"
     names: set[str] = field(default_factory=set)  # every original name of every tensor
 
     @property
     def all_values(self) -> bool:
-        return not self.pretrained and not self.init
+        return not self.pretrained and not self.init and not self.loaded
 
 
 def weight_plan(
@@ -82,17 +88,27 @@ def weight_plan(
         if isinstance(weights, PretrainedFiles) or weights is None
         else open_pretrained(Path(weights))
     )
-    held = None
+    held = loaded = None
+    own = tuple(own_loading(model)) if pretrained is not None else ()
     if pretrained is not None:
         held = coverage(model, pretrained.files, match_names(model, pretrained.files))
+        if own:
+            loaded = load_through_model(model, pretrained, held.names)
+            held = _loaded_coverage(model, held, loaded)
         for name, tensor in model.state_dict(keep_vars=True).items():
-            if held.names(name) in pretrained.files:
+            if not own and held.names(name) in pretrained.files:
                 _check_shape(pretrained, held.names(name), tensor, None)
         if held.missing and not allow_missing:
             raise WeightsError(_missing(pretrained, held))
     hook = getattr(model_file, "init_weights", None)
     recipe = record_init(model, hook if callable(hook) else None) if meta else None
-    return WeightPlan(pretrained, recipe, seed, held)
+    return WeightPlan(pretrained, recipe, seed, held, loaded, own)
+
+
+def _loaded_coverage(model: nn.Module, held: Coverage, loaded: Loaded) -> Coverage:
+    """``held`` counted again from what the model's own loading filled."""
+    filled = coverage(model, loaded.values, NameMap())
+    return Coverage(held.names, filled.total, filled.missing)
 
 
 def stage_sources(stage: Stage, module: nn.Module, plan: WeightPlan) -> StageSources:
@@ -111,7 +127,11 @@ def stage_sources(stage: Stage, module: nn.Module, plan: WeightPlan) -> StageSou
         seen[id(tensor)] = name
         originals = stage.params.get(name, (name,))
         found = _in_pretrained(plan, originals)
-        if found is not None:
+        value = _in_loaded(plan, originals)
+        if value is not None:
+            sources.values[name] = value
+            sources.loaded.append(name)
+        elif found is not None:
             _check_shape(plan.pretrained, found, tensor, stage.index)  # type: ignore[arg-type]
             sources.pretrained[name] = found
             have = plan.pretrained.dtype(found)  # type: ignore[union-attr]
@@ -130,12 +150,20 @@ def unused_in_pretrained(plan: WeightPlan, stages: list[StageSources]) -> list[s
     """Pretrained tensors no stage reads (another model's, or ones the model does not use)."""
     if plan.pretrained is None:
         return []
+    if plan.loaded is not None:
+        return list(plan.loaded.unused)
     known = {plan.names(name) for s in stages for name in s.names}
     return sorted(set(plan.pretrained.files) - known)
 
 
+def _in_loaded(plan: WeightPlan, originals: tuple[str, ...]) -> torch.Tensor | None:
+    if plan.loaded is None:
+        return None
+    return next((plan.loaded.values[n] for n in originals if n in plan.loaded.values), None)
+
+
 def _in_pretrained(plan: WeightPlan, originals: tuple[str, ...]) -> str | None:
-    if plan.pretrained is None:
+    if plan.pretrained is None or plan.loaded is not None:
         return None
     return next((plan.names(n) for n in originals if plan.names(n) in plan.pretrained.files), None)
 
