@@ -180,7 +180,11 @@ def _eager(
         t = t.detach()
         return (t.to(dtype) if widen and t.is_floating_point() else t).clone()
 
-    params = {n: fresh(p).requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
+    def leaf(p: torch.Tensor) -> torch.Tensor:  # read, never written: its memory is shared
+        wide = p.detach().to(dtype) if widen and p.is_floating_point() else p.detach()
+        return wide.requires_grad_(p.requires_grad)
+
+    params = {n: leaf(p) for n, p in model.named_parameters()}
     buffers = {n: fresh(b) for n, b in model.named_buffers()}
     inputs = {k: fresh(v) if v.is_floating_point() else v for k, v in example.inputs.items()}
     torch.manual_seed(SEED)
@@ -232,7 +236,7 @@ def _against_graph(
     """Run stage ``f`` alone, as emitted and as traced, on ``inputs`` with the same random
     numbers, forward and backward; raise at the first node whose value differs, or naming
     the gradient that does. Returns the traced stage's outputs."""
-    reference = copy.deepcopy(f.lowered).train(stage.training)
+    reference = _light_copy(f.lowered).train(stage.training)
     have = _stage_step(stage, inputs)
     want = _stage_step(reference, inputs)
     outputs = [v for k, v in want.items() if k.startswith("output ")]
@@ -254,6 +258,21 @@ def _against_graph(
                 "with the model file (--no-verify writes the directory anyway)"
             )
     return outputs
+
+
+def _light_copy(module: nn.Module) -> nn.Module:
+    """``module`` copied for a run of its own: each parameter a new leaf on the same memory
+    (a forward and backward only read it; the gradients go to the copy), each buffer a copy
+    of its own (a training forward writes batch norms' running statistics)."""
+    memo: dict[int, Any] = {}
+    for sub in module.modules():
+        for p in sub._parameters.values():
+            if p is not None and id(p) not in memo:
+                memo[id(p)] = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+        for b in sub._buffers.values():
+            if b is not None and id(b) not in memo:
+                memo[id(b)] = b.detach().clone()
+    return copy.deepcopy(module, memo)
 
 
 def _stage_step(module: nn.Module, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -4,7 +4,8 @@ The compiler lists a stage's random nodes by their name in the traced graph (the
 ``random_ops``); the runtime finds the same nodes in the stage's own code and seeds each from
 (seed, step, micro-batch, that name), so the numbers do not depend on how the graph was cut.
 Known here: torch.nn's dropout modules and RReLU, torch's and functional's random functions,
-the in-place samplers (``uniform_`` ...) and every aten op tagged nondeterministic_seeded.
+the in-place samplers (``uniform_`` ...) and every aten op tagged nondeterministic_seeded; a
+dropout at rate 0 is not random (its value is its input).
 Random numbers drawn inside other code (a custom autograd Function, an op of another library)
 are not seen; docs/USAGE.md says what that means.
 """
@@ -35,10 +36,21 @@ RANDOM_METHODS = {
 }  # fmt: skip
 
 
+DROPOUT_FUNCTIONS = {
+    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+    torch.dropout, torch.alpha_dropout, torch.feature_alpha_dropout,
+    torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default,
+}  # fmt: skip
+
+
 def is_random(node: fx.Node, root: nn.Module) -> bool:
-    """Whether ``node`` (of a graph whose modules live under ``root``) draws random numbers."""
+    """Whether ``node``'s value (in a graph whose modules live under ``root``) depends on
+    random numbers. A dropout at rate 0 does not: its value is its input, whatever it draws."""
     if node.op == "call_module":
-        return isinstance(root.get_submodule(str(node.target)), RANDOM_MODULES)
+        module = root.get_submodule(str(node.target))
+        if isinstance(module, RANDOM_MODULES[:-1]) and getattr(module, "p", None) == 0:
+            return False
+        return isinstance(module, RANDOM_MODULES)
     if node.op == "call_method":
         return node.target in RANDOM_METHODS
     if node.op != "call_function":
@@ -47,6 +59,10 @@ def is_random(node: fx.Node, root: nn.Module) -> bool:
     if target is F.scaled_dot_product_attention:  # random only with dropout
         p = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
         return not (isinstance(p, int | float) and p == 0)
+    if _is_hashable(target) and target in DROPOUT_FUNCTIONS:
+        p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+        if isinstance(p, int | float) and p == 0:
+            return False
     if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
     try:
@@ -58,3 +74,11 @@ def is_random(node: fx.Node, root: nn.Module) -> bool:
 def random_nodes(module: fx.GraphModule) -> list[fx.Node]:
     """``module``'s random nodes, in the order its forward runs them."""
     return [n for n in module.graph.nodes if is_random(n, module)]
+
+
+def _is_hashable(target: object) -> bool:
+    try:
+        hash(target)
+    except TypeError:
+        return False
+    return True

@@ -17,6 +17,7 @@ import pipecompile.codegen.stage_source as stage_source
 from pipecompile.cli import main
 from pipecompile.errors import TraceError, VerifyError
 from pipecompile.ir.noise_floor import agreement
+from pipecompile.ir.random_ops import is_random, random_nodes
 from pipecompile.model.model_file import load_model_file
 
 POOLS = """
@@ -244,10 +245,30 @@ def test_without_a_float64_twin_a_fixed_tolerance_decides() -> None:
     assert not agreement(x + 1e-3, x, None).ok
 
 
-def test_the_proof_leaves_the_users_model_as_it_was() -> None:
-    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["against-eager", "against-graphs"])
+def test_the_proof_leaves_the_users_model_as_it_was(dropout: float) -> None:
+    """Its runs share the parameters' memory, never their gradients or buffers."""
+    model = nn.Sequential(
+        nn.Linear(4, 6),
+        nn.BatchNorm1d(6),
+        nn.Dropout(dropout) if dropout else nn.Identity(),
+        nn.Linear(6, 2),
+        nn.BatchNorm1d(2),
+    )
     before = {k: v.clone() for k, v in model.state_dict().items()}
     pipecompile.compile(model, (torch.randn(8, 4),), stages=2)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_dropout_at_rate_0_is_not_random() -> None:
+    """Its value is its input: the proof compares such stages with the eager model (the
+    zoo's models all have their dropout at rate 0), not only with their traced graphs."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0), nn.ReLU(), nn.Linear(4, 2))
+    traced = torch.fx.symbolic_trace(model)
+    assert random_nodes(traced) == []
+    traced.get_submodule("1").p = 0.1
+    assert [n.name for n in random_nodes(traced)] == ["_1"]
+    graph = torch.fx.symbolic_trace(lambda x: torch.nn.functional.dropout(x, 0.0, True)).graph
+    assert not any(is_random(n, model) for n in graph.nodes)
