@@ -36,11 +36,10 @@ RANDOM_METHODS = {
 }  # fmt: skip
 
 
-DROPOUT_FUNCTIONS = {
-    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
-    torch.dropout, torch.alpha_dropout, torch.feature_alpha_dropout,
-    torch.ops.aten.dropout.default, torch.ops.aten.native_dropout.default,
-}  # fmt: skip
+DROPOUT_FUNCTIONS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout}
+DROPOUT_FUNCTIONS |= {F.feature_alpha_dropout, torch.dropout, torch.alpha_dropout}
+DROPOUT_FUNCTIONS |= {torch.feature_alpha_dropout, torch.ops.aten.dropout.default}
+DROPOUT_FUNCTIONS |= {torch.ops.aten.native_dropout.default}
 
 
 def is_random(node: fx.Node, root: nn.Module) -> bool:
