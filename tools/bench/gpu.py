@@ -15,13 +15,19 @@ one rank on NCCL. Three parts:
    torch.distributed.pipelining's ScheduleInterleaved1F1B over the same model split at its
    middle block (one rank, two stages), and eager PyTorch on the whole batch; fp32 and bf16.
    Every system runs AdamW; the peer and eager steps end with ``torch.cuda.synchronize()``.
+4. profile: the throughput GPT's bf16 training under ``torch.profiler``, pipecompile's one rank
+   (in a process of its own) and the eager model: per step, the wall time, the time the GPU
+   (or, on the CPU, the operators) was busy, the matrix products by dtype, and the ten
+   operators that took the most time. Tells a launch- or Python-bound step from a GPU-bound
+   one, and shows whether the stages' matrix products ran in bf16.
 
 Rerun with::
 
     python tools/bench/gpu.py            # the figures in docs/BENCHMARKS.md (needs a GPU)
-    python tools/bench/gpu.py --quick    # GPT example only, 3 steps, throughput in fp32 at tiny
-                                         # sizes; on the CPU (gloo) where torch sees no GPU, so
-                                         # every path runs in the test suite
+    python tools/bench/gpu.py --part profile   # the profile alone
+    python tools/bench/gpu.py --quick    # GPT example only, 3 steps, throughput in fp32 and the
+                                         # profile in bf16 at tiny sizes; on the CPU (gloo) where
+                                         # torch sees no GPU, so every path runs in the test suite
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import socket
 import statistics
 import sys
 import tempfile
@@ -37,10 +44,12 @@ from pathlib import Path
 
 import torch
 from common import EXAMPLES, log, machine, pipecompile_command, run_checked, use_examples
+from torch.autograd import DeviceType
 
 use_examples()
 
 CHECKED = ("gpt", "resnet", "hf_gpt2")
+PARTS = ("check", "precision", "throughput", "profile")
 MODEL_FILE = '''"""The throughput benchmark's GPT (tools/bench/gpu.py writes this file)."""
 import sys
 sys.path.insert(0, {examples!r})
@@ -156,31 +165,41 @@ def eager_step(
     idx: torch.Tensor,
     target: torch.Tensor,
     dtype: torch.dtype | None,
+    micro: int = 1,
 ) -> object:
-    """One AdamW step of the eager model on the whole batch, as a closure."""
+    """One AdamW step of the eager model, as a closure: on the whole batch, or its gradients
+    accumulated over ``micro`` micro-batches (the pipeline's kernel sizes, without it)."""
     model = module.build_model().to(where)  # type: ignore[attr-defined]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
-        with _autocast(where.type, dtype):
-            loss = module.loss_fn(model(idx), target)  # type: ignore[attr-defined]
-        loss.backward()
+        for part, wanted in zip(idx.chunk(micro), target.chunk(micro)):
+            with _autocast(where.type, dtype):
+                loss = module.loss_fn(model(part), wanted) / micro  # type: ignore[attr-defined]
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
 
 
-def peer_and_eager(model_file: Path, device: str, steps: int, micro: int, kind: str) -> dict:
-    """Median samples/s of torch.distributed.pipelining (one rank, two stages) and of eager."""
+def _load(model_file: Path) -> object:
+    """The benchmark's model file as a module."""
     import importlib.util
-
-    import torch.distributed as dist
-    from torch.distributed.pipelining import ScheduleInterleaved1F1B, SplitPoint, pipeline
 
     spec = importlib.util.spec_from_file_location("gpu_bench_model", model_file)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def peer_and_eager(model_file: Path, device: str, steps: int, micro: int, kind: str) -> dict:
+    """Median samples/s of torch.distributed.pipelining (one rank, two stages) and of eager
+    (whole batch, and accumulated over the micro-batches)."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B, SplitPoint, pipeline
+
+    module = _load(model_file)
     where = torch.device(device)
     (idx,), (target,) = module.example_inputs(), module.example_targets()
     idx, target = idx.to(where), target.to(where)
@@ -197,6 +216,7 @@ def peer_and_eager(model_file: Path, device: str, steps: int, micro: int, kind: 
         return idx.shape[0] / statistics.median(times[2:] or times)
 
     eager = timed_steps(eager_step(module, where, idx, target, dtype))
+    accumulated = timed_steps(eager_step(module, where, idx, target, dtype, micro))
     backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -221,7 +241,7 @@ def peer_and_eager(model_file: Path, device: str, steps: int, micro: int, kind: 
             peer = f"refused: {str(err).splitlines()[0][:120]}"
     finally:
         dist.destroy_process_group()
-    return {"peer": peer, "eager": eager}
+    return {"peer": peer, "eager": eager, "accumulated": accumulated}
 
 
 def throughput(root: Path, device: str, quick: bool, sizes: dict) -> None:
@@ -233,19 +253,160 @@ def throughput(root: Path, device: str, quick: bool, sizes: dict) -> None:
     print(f"\n## Training throughput on one {device}, GPT {sizes}, {micro} micro-batches, "
           f"{steps} AdamW steps (median step)\n")  # fmt: skip
     print("| precision | pipecompile samples/s | torch.distributed.pipelining | eager | "
-          "pipecompile / pipelining | pipecompile / eager |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|")
-    for kind in ("fp32",) if quick else ("fp32", "bf16"):
+          f"eager, {micro} micro-batches accumulated | pipecompile / pipelining | "
+          "pipecompile / eager | pipecompile / eager accumulated |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = [("fp32", ())] if quick else [("fp32", ()), ("bf16", ()), ("bf16", ("--compile",))]
+    others: dict = {}
+    for kind, extra in rows:
         run_checked(pipecompile_command("run", str(out), "--nproc", "1", "--device", device,
                                         "--steps", str(steps), "--precision", kind, "--lr",
-                                        "1e-4", "--optimizer", "adamw", "-q"))  # fmt: skip
+                                        "1e-4", "--optimizer", "adamw", "-q", *extra))  # fmt: skip
         records = train_losses(out, steps)
         ours = statistics.median(r["samples_per_s"] for r in records[2:] or records)
-        others = peer_and_eager(model_file, device, steps, micro, kind)
-        peer = others["peer"]
-        shown = (f"{peer:.1f} | {others['eager']:.1f} | {ours / peer:.2f}x"
-                 if isinstance(peer, float) else f"{peer} | {others['eager']:.1f} | -")  # fmt: skip
-        print(f"| {kind} | {ours:.1f} | {shown} | {ours / others['eager']:.2f}x |")
+        if kind not in others:  # the --compile row shares the eager and peer figures
+            others[kind] = peer_and_eager(model_file, device, steps, micro, kind)
+        peer, eager, accumulated = (others[kind][k] for k in ("peer", "eager", "accumulated"))
+        versus = f"{ours / peer:.2f}x" if isinstance(peer, float) else "-"
+        shown = f"{peer:.1f}" if isinstance(peer, float) else peer
+        name = " ".join((kind, *extra))
+        print(f"| {name} | {ours:.1f} | {shown} | {eager:.1f} | {accumulated:.1f} | {versus} | "
+              f"{ours / eager:.2f}x | {ours / accumulated:.2f}x |")  # fmt: skip
+
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+PROFILE_RANK = """# One pipecompile rank under torch.profiler: gpu.py --part profile runs
+# this as `python -c` with the summary's path, then the worker's own arguments.
+import json, os, sys
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, {bench!r})
+from gpu import profile_summary
+from pipecompile.runtime.distributed import worker
+
+class Ended(BaseException):
+    pass
+
+def ended(code):  # the worker ends its process with os._exit: keep the profile first
+    raise Ended(code)
+
+leave, os._exit = os._exit, ended
+gpu = torch.cuda.is_available()
+with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu,
+             record_shapes=True) as prof:
+    try:
+        worker.main(sys.argv[2:])
+    except Ended as end:
+        code = end.args[0]
+with open(sys.argv[1], "w") as f:
+    json.dump(profile_summary(prof, gpu), f)
+sys.stdout.flush()
+leave(code)
+"""
+
+
+def profile_summary(prof: torch.profiler.profile, gpu: bool) -> dict:
+    """What a profile says: the time the GPU's kernels took (the CPU operators' own time where
+    there is no GPU), the matrix products' count and time by dtype, and the ten operators that
+    took the most of it (milliseconds over the whole profile)."""
+    own = "self_device_time_total" if gpu else "self_cpu_time_total"
+    total = "device_time_total" if gpu else "cpu_time_total"
+    averages = prof.key_averages()
+    if gpu:  # the kernels' rows alone: an operator's own device time counts its kernels again
+        averages = [e for e in averages if e.device_type == DeviceType.CUDA]
+    busy = sum(getattr(e, own) for e in averages) / 1e3
+    launched = sum(1 for e in prof.events() if e.name.startswith("aten::") and not _nested(e))
+    matmuls: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.name in MATMULS:  # torch before 2.12 records no input_dtypes: "?"
+            tensors = [d for d in getattr(event, "input_dtypes", None) or [] if d and d != "Scalar"]
+            dtype = tensors[-1].removeprefix("c10::") if tensors else "?"
+            row = matmuls.setdefault(dtype, [0, 0.0])
+            row[0] += 1
+            row[1] += getattr(event, total) / 1e3
+    top = sorted(averages, key=lambda e: getattr(e, own), reverse=True)[:10]
+    return {"busy_ms": busy, "matmuls": matmuls, "operators": launched,
+            "top": [(e.key, e.count, getattr(e, own) / 1e3) for e in top]}  # fmt: skip
+
+
+def _nested(event: object) -> bool:
+    """Whether a profiled operator ran inside another aten operator (not called by Python)."""
+    parent = event.cpu_parent  # type: ignore[attr-defined]
+    return parent is not None and parent.name.startswith("aten::")
+
+
+def profile_eager(model_file: Path, device: str, steps: int) -> dict:
+    """The eager model's bf16 AdamW steps under the profiler (one warm-up step outside it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    module = _load(model_file)
+    where = torch.device(device)
+    (idx,), (target,) = module.example_inputs(), module.example_targets()
+    step = eager_step(module, where, idx.to(where), target.to(where), torch.bfloat16)
+    step()  # type: ignore[operator]
+    gpu = device == "cuda"
+    activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu
+    times = []
+    with profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(steps):
+            began = time.perf_counter()
+            step()  # type: ignore[operator]
+            if gpu:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - began)
+    return {**profile_summary(prof, gpu), "steps": steps, "step_ms": statistics.median(times) * 1e3}
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for the profiled rank's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def profile_ours(root: Path, model_file: Path, device: str, steps: int, micro: int) -> dict:
+    """pipecompile's bf16 steps on one rank, profiled whole (its start-up too) in a process of
+    its own; the step time is the median of its metrics."""
+    out = root / "throughput"
+    if not out.exists():
+        one_gpu_compile(str(model_file), out, micro, "--no-verify")
+    summary = root / "profile.json"
+    script = PROFILE_RANK.format(bench=str(Path(__file__).resolve().parent))
+    run_checked([sys.executable, "-c", script, str(summary), str(out), "--device", device,
+                 "--steps", str(steps), "--precision", "bf16", "--lr", "1e-4", "--optimizer",
+                 "adamw", "-q", "--metrics", str(out / "metrics.jsonl")],
+                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # fmt: skip
+    records = train_losses(out, steps)
+    step_ms = statistics.median(r["step_ms"] for r in records[1:] or records)
+    return {**json.loads(summary.read_text()), "steps": steps, "step_ms": step_ms}
+
+
+def profile(root: Path, device: str, quick: bool, sizes: dict) -> None:
+    steps, micro = (2, 2) if quick else (6, 8)
+    model_file = root / "gpu_bench_model.py"
+    model_file.write_text(MODEL_FILE.format(examples=str(EXAMPLES), sizes=sizes))
+    runs = {"pipecompile": profile_ours(root, model_file, device, steps, micro),
+            "eager": profile_eager(model_file, device, steps)}  # fmt: skip
+    busy = "GPU kernels" if device == "cuda" else "operators (own CPU time)"
+    print(f"\n## Profile: bf16 training on one {device}, GPT {sizes}, {micro} micro-batches\n")
+    print(f"pipecompile is profiled whole ({steps} steps and its start-up), eager over {steps} "
+          "steps after a warm-up; times in ms.\n")  # fmt: skip
+    print(f"| system | step (median) | {busy} per step | operators called per step | "
+          "matrix products per step by dtype |")  # fmt: skip
+    print("|---|---:|---:|---:|---|")
+    for name, run in runs.items():
+        per = run["steps"]
+        products = ", ".join(f"{dtype}: {n / per:.0f} ({ms / per:.1f} ms)"
+                             for dtype, (n, ms) in sorted(run["matmuls"].items()))  # fmt: skip
+        print(f"| {name} | {run['step_ms']:.1f} | {run['busy_ms'] / per:.1f} | "
+              f"{run['operators'] / per:.0f} | {products} |")  # fmt: skip
+    for name, run in runs.items():
+        print(f"\n{name}, what took the most {busy} (ms per step):\n")
+        print("| kernel or operator | calls per step | ms per step |\n|---|---:|---:|")
+        for key, count, ms in run["top"]:
+            print(f"| `{key[:90]}` | {count / run['steps']:.0f} | {ms / run['steps']:.2f} |")
 
 
 def main() -> None:
@@ -256,7 +417,7 @@ def main() -> None:
         choices=("cuda", "cpu"),
         help="default: cuda (--quick: cuda if torch sees one, else cpu)",
     )
-    parser.add_argument("--part", action="append", choices=("check", "precision", "throughput"),
+    parser.add_argument("--part", action="append", choices=PARTS,
                         help="run only this part (repeatable; default all)")  # fmt: skip
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=16)
@@ -277,10 +438,12 @@ def main() -> None:
     if device == "cpu":
         print("(no GPU: the CPU stands in for it, gloo for NCCL)")
     with tempfile.TemporaryDirectory() as tmp:
-        for part in args.part or ("check", "precision", "throughput"):
+        for part in args.part or PARTS:
             log(f"gpu.py: {part}")
-            if part == "throughput":
-                throughput(Path(tmp), device, args.quick, sizes)
+            if part in ("throughput", "profile"):
+                {"throughput": throughput, "profile": profile}[part](
+                    Path(tmp), device, args.quick, sizes
+                )
             else:
                 {"check": check, "precision": precision}[part](Path(tmp), device, args.quick)
     sys.stdout.flush()
