@@ -376,7 +376,8 @@ def _say_error(rank: int, message: str) -> None:
 def _write_status(rank: int, status: int, **extra: Any) -> None:
     where = os.environ.get("PIPECOMPILE_STATUS_DIR")
     if where:
-        entry = {"rank": rank, "status": status, "time": time.time(), **extra}
+        process = {"pid": os.getpid(), "parent": os.getppid(), "session": os.getsid(0)}
+        entry = {"rank": rank, "status": status, "time": time.time(), **process, **extra}
         tmp = Path(where, f".rank{rank}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(entry))
         os.replace(tmp, Path(where, f"rank{rank}.json"))
