@@ -1,20 +1,46 @@
-"""The ranks of `run --nproc` are forked by one starter process that imported torch once:
-they run with their own threads (a fork after OpenMP ran would hang there), each in a session
-of its own, and the command's own process never forks."""
+"""The ranks of `run --nproc` are forked by a starter process that imported torch once and
+serves every launch of this process: they run with their own threads (a fork after OpenMP ran
+would hang there), each in a session of its own, and the command's own process never forks."""
 
 from __future__ import annotations
 
 import os
+import signal
+
+import pytest
 
 from pipecompile.runtime.distributed.launch import launch
 from tests.conftest import EXAMPLES
 from tests.runtime.test_distributed import MLP_2, compile_to
 
 
-def test_ranks_are_forked_by_one_starter_and_run_with_threads(tmp_path):
-    out = compile_to(tmp_path, str(EXAMPLES / "mlp.py"), *MLP_2)
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return compile_to(tmp_path_factory.mktemp("starter"), str(EXAMPLES / "mlp.py"), *MLP_2)
+
+
+def _launch(out: str, *extra: str) -> list[dict]:
     records: list[dict] = []
-    assert launch(2, [out, "--steps", "2", "--threads", "2", "-q"], keep=records) == 0
-    parents = {r["parent"] for r in records}
-    assert len(records) == 2 and len(parents) == 1 and os.getpid() not in parents
-    assert all(r["pid"] != r["parent"] and r["session"] == r["pid"] for r in records)
+    assert launch(2, [out, "--steps", "2", "-q", *extra], keep=records) == 0
+    assert len(records) == 2
+    return records
+
+
+def test_ranks_are_forked_by_one_starter_kept_for_later_launches(mlp, monkeypatch):
+    first = _launch(mlp, "--threads", "2")
+    parents = {r["parent"] for r in first}
+    assert len(parents) == 1 and os.getpid() not in parents
+    assert all(r["pid"] != r["parent"] and r["session"] == r["pid"] for r in first)
+    second = _launch(mlp)
+    assert {r["parent"] for r in second} == parents  # the same starter
+    assert {r["pid"] for r in second}.isdisjoint(r["pid"] for r in first)
+    monkeypatch.setenv("PYTHONHASHSEED", "7")  # shapes an interpreter's start: a new starter
+    third = _launch(mlp)
+    assert {r["parent"] for r in third}.isdisjoint(parents)
+
+
+def test_a_dead_starter_is_replaced_by_the_next_launch(mlp):
+    (starter,) = {r["parent"] for r in _launch(mlp)}
+    os.kill(starter, signal.SIGKILL)
+    os.waitpid(starter, 0)  # this process started it
+    assert {r["parent"] for r in _launch(mlp)} != {starter}

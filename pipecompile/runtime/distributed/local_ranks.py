@@ -3,15 +3,17 @@
 This process hosts the run's c10d store; each rank gets the environment ``torchrun`` gives
 (its ranks, the store's address, ``TORCHELASTIC_USE_AGENT_STORE`` so that every rank is a
 client of that store and it outlives any one rank) and writes its stderr into one pipe, read
-here through ``stderr``. The ranks are forked by one starter process (``rank_starter``), which
-imports torch once for all of them; it reports each rank's process id and exit status.
+here through ``stderr``. The ranks are forked by a starter process (``rank_starter``) that
+imported torch once; it reports each rank's process id and exit status. The starter is kept
+for this process's later launches while the variables that shape an interpreter's start-up
+(all but the launch's own) stay the same, so a second launch starts its ranks at once.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,11 +21,21 @@ from typing import Any
 
 from torch.distributed import TCPStore
 
+from pipecompile.runtime.distributed.rank_starter import send
+
 __all__ = ["LocalRanks", "Rank", "STARTER_MODULE", "WORKER_MODULE"]
 
 WORKER_MODULE = "pipecompile.runtime.distributed.worker"
 STARTER_MODULE = "pipecompile.runtime.distributed.rank_starter"
 _HOST = "127.0.0.1"
+# The variables an interpreter, torch or pipecompile may read while starting up or importing:
+# a starter serves only launches that give them the same values. The rest reach each rank as
+# its environment (a test runner's PYTEST_CURRENT_TEST, say, changes with every test).
+_START_UP = tuple(
+    "PYTHON LD_ OMP_ KMP_ GOMP_ MKL_ OPENBLAS_ TORCH PYTORCH_ CUDA_ NCCL_ GLOO_ PIPECOMPILE_".split()
+)
+_PER_LAUNCH = ("PIPECOMPILE_STATUS_DIR", "OMP_NUM_THREADS")  # set by each launch; the worker
+# sets its threads itself, and the status directory marks the run's processes (launch.py)
 
 
 class Rank:
@@ -38,9 +50,67 @@ class Rank:
         return self.returncode
 
 
+class _Starter:
+    """A ``rank_starter`` process and the socket its requests go through."""
+
+    _kept: _Starter | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, env: dict[str, str], preexec: Any) -> None:
+        self.key = _start_up(env)
+        rest = {k: v for k, v in env.items() if k not in _PER_LAUNCH}
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", STARTER_MODULE, str(theirs.fileno())],
+                env=rest,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+
+    @classmethod
+    def serving(cls, env: dict[str, str], preexec: Any) -> _Starter:
+        """The kept starter if it runs with this start-up environment, else a new one."""
+        with cls._lock:
+            kept = cls._kept
+            if kept is None or kept.proc.poll() is not None or kept.key != _start_up(env):
+                if kept is not None:
+                    kept.close()
+                cls._kept = kept = cls(env, preexec)
+            return kept
+
+    @classmethod
+    def forget(cls, starter: _Starter) -> None:
+        with cls._lock:
+            if cls._kept is starter:
+                cls._kept = None
+
+    def close(self) -> None:
+        """End it (closing the socket ends it once its ranks have ended; SIGKILL ends them)."""
+        self.sock.close()
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def _start_up(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_START_UP) and k not in _PER_LAUNCH}
+
+
 class LocalRanks:
-    """``nproc`` ranks, each in a session of its own, forked by one starter process;
-    ``preexec`` runs in the starter before it starts (see ``subprocess.Popen``). Used as a
+    """``nproc`` ranks, each in a session of its own, forked by the kept starter process;
+    ``preexec`` runs in a new starter before it starts (see ``subprocess.Popen``). Used as a
     context manager, whatever is left of them is SIGKILLed on the way out and the store is
     closed."""
 
@@ -50,18 +120,19 @@ class LocalRanks:
         self.store = TCPStore(_HOST, 0, is_master=True, wait_for_workers=False)
         self.procs = [Rank() for _ in range(nproc)]
         self._changed = threading.Condition()
+        ranks = [self._rank_env(rank, nproc) for rank in range(nproc)]
+        request = {"worker_args": worker_args, "cwd": os.getcwd(), "env": env, "ranks": ranks}
         read_end, write_end = os.pipe()
         status_read, status_write = os.pipe()
+        fds = [status_write, write_end, 1]  # the ranks write to this process's stdout
         try:
-            self.starter = subprocess.Popen(
-                [sys.executable, "-m", STARTER_MODULE, str(status_write)],
-                env=env,
-                stdin=subprocess.PIPE,
-                stderr=write_end,
-                pass_fds=(status_write,),
-                start_new_session=True,
-                preexec_fn=preexec,
-            )
+            self.starter = _Starter.serving(env, preexec)
+            try:
+                send(self.starter.sock, request, fds)
+            except OSError:  # the kept starter has died since: once more with a new one
+                _Starter.forget(self.starter)
+                self.starter = _Starter.serving(env, preexec)
+                send(self.starter.sock, request, fds)
         except BaseException:
             os.close(read_end)
             os.close(status_read)
@@ -69,14 +140,6 @@ class LocalRanks:
         finally:
             os.close(write_end)  # the ranks hold it now: the pipe ends when the last one does
             os.close(status_write)
-        ranks = [self._rank_env(rank, nproc) for rank in range(nproc)]
-        request = {"worker_args": worker_args, "ranks": ranks}
-        assert self.starter.stdin is not None
-        try:
-            self.starter.stdin.write(json.dumps(request).encode() + b"\n")
-            self.starter.stdin.close()
-        except OSError:  # the starter died at once: its status says so
-            pass
         self.stderr = os.fdopen(read_end, encoding="utf-8", errors="replace")
         self._reader = threading.Thread(
             target=self._follow, args=(os.fdopen(status_read),), daemon=True
@@ -99,11 +162,10 @@ class LocalRanks:
                     by_pid[int(pid)].returncode = int(code[0])
                 self._changed.notify_all()
         status.close()
-        code = self.starter.wait()
-        with self._changed:
+        with self._changed:  # the starter ended (or never got the request) before these did
             for rank in self.procs:
                 if rank.returncode is None:
-                    rank.returncode = code or -signal.SIGKILL
+                    rank.returncode = -signal.SIGKILL
             self._changed.notify_all()
 
     def _rank_env(self, rank: int, nproc: int) -> dict[str, str]:
@@ -148,7 +210,8 @@ class LocalRanks:
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to each running rank's process group (the rank and what it started);
-        while some rank is not started yet, the starter is killed (its ranks die with it)."""
+        SIGKILL while some rank is not started yet kills the starter too (its ranks die with
+        it; the next launch starts another)."""
         with self._changed:
             running = self.running()
             unstarted = any(proc.pid is None for proc in running)
@@ -158,11 +221,9 @@ class LocalRanks:
                     os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass  # it ended meanwhile
-        if unstarted or sig == signal.SIGKILL:
-            try:
-                self.starter.kill()
-            except ProcessLookupError:
-                pass
+        if unstarted and sig == signal.SIGKILL:  # a rank may be forked at any moment
+            _Starter.forget(self.starter)
+            self.starter.close()
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)

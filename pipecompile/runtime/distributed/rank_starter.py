@@ -1,21 +1,25 @@
 """The process that starts the ranks of `run --nproc N` on this machine: `python -m
-pipecompile.runtime.distributed.rank_starter STATUS_FD`, started by ``LocalRanks``.
+pipecompile.runtime.distributed.rank_starter SOCKET_FD`, started and kept by ``LocalRanks``.
 
 It imports torch and the worker once, then forks every rank from itself, so a rank begins
-with them imported (about 3 s of CPU each on a 2-core machine, which N fresh interpreters
-would each spend). It runs no torch op before it forks: a process forked after OpenMP has run
-a parallel region hangs in its own next one, so the ranks are never forked from the command
-that launches them (a user's Python process, or a test, has run torch).
+with them imported (about 2 s of CPU each on a 2-core machine, which a fresh interpreter
+would spend). It runs no torch op before it forks: a process forked after OpenMP has run a
+parallel region hangs in its own next one, so the ranks are never forked from the process
+that launches them (a user's Python process, or a test, has run torch). One starter serves
+every launch of the process that started it: the second `--nproc` run of a Python session
+starts its ranks at once.
+
+Each launch sends one request on the socket: a JSON object (``worker_args``, ``cwd``, ``env``,
+and ``ranks``: each rank's own variables) with three file descriptors, the launch's status
+pipe, the pipe for the ranks' stderr and the stdout they write to. A rank gets that
+environment and working directory, a session of its own, and on Linux the SIGKILL this
+process's death sends it. On the status pipe this process writes ``started PID`` for each
+rank as it forks it, then ``ended PID CODE`` (``CODE`` as ``subprocess`` gives it: negative
+for a signal) as each one ends, and closes it when all of the launch's ranks have ended.
 
 It ignores SIGINT and SIGTERM (the launcher stops a run by signalling the ranks, and this
 process outlives them to say how each ended); its ranks get the default handlers back. It
-reads one JSON line on stdin: ``{"worker_args": [...], "ranks": [{env}, ...]}``; each rank
-gets its own environment added to this process's (``RANK``, ``WORLD_SIZE``, ...), a session of
-its own, and on Linux the SIGKILL this process's death sends it. On the file descriptor
-``STATUS_FD`` it writes ``started PID`` for each rank as it forks it, then ``ended PID CODE``
-(``CODE`` as ``subprocess`` gives it: negative for a signal) as each one ends, and exits once
-all have ended. Ranks keep this process's stdout and stderr (the launcher's terminal and the
-pipe it reads).
+ends when the launcher closes the socket (or dies: on Linux it is SIGKILLed with it).
 """
 
 from __future__ import annotations
@@ -23,45 +27,133 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import signal
+import socket
+import struct
 import sys
 import traceback
-from typing import Any
+from typing import Any, TextIO
 
-__all__ = ["main"]
+__all__ = ["main", "receive", "send"]
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _STOPS = (signal.SIGINT, signal.SIGTERM)
+_REAP_S = 0.02  # how often ended ranks are looked for while some run
+_LENGTH = struct.Struct("!Q")
+
+
+def send(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+    """Send ``request`` and ``fds`` as one message (its length first)."""
+    body = json.dumps(request).encode()
+    data = _LENGTH.pack(len(body)) + body
+    sent = socket.send_fds(sock, [data], fds)
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """The next request and its file descriptors; None once the sender has closed."""
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+    if not data:
+        return None
+    while len(data) < _LENGTH.size:
+        data += _more(sock, _LENGTH.size - len(data))
+    (length,) = _LENGTH.unpack_from(data)
+    body = data[_LENGTH.size :]
+    while len(body) < length:
+        body += _more(sock, length - len(body))
+    return json.loads(body), list(fds)
+
+
+def _more(sock: socket.socket, count: int) -> bytes:
+    chunk = sock.recv(count)
+    if not chunk:
+        raise EOFError("the launcher closed the socket inside a request")
+    return chunk
 
 
 def main() -> None:
-    # The launcher stops a run by signalling its ranks; this process outlives them to report
-    # how each ended (SIGKILL, which the launcher sends last, still ends it, and its ranks).
     for sig in _STOPS:
         signal.signal(sig, signal.SIG_IGN)
-    status = os.fdopen(int(sys.argv[1]), "w", buffering=1)
-    from pipecompile.runtime.distributed import worker  # imported once, before any fork
-
-    request = json.loads(sys.stdin.readline())
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    failure = None
+    try:
+        from pipecompile.runtime.distributed import worker  # imported once, before any fork
+    except BaseException:  # each launch shows it as its ranks' stderr, and starts none
+        failure = traceback.format_exc()
     parent = os.getpid()
-    ranks = set()
-    for env in request["ranks"]:
+    launches: dict[int, TextIO] = {}  # a running rank's pid -> its launch's status pipe
+    while True:
+        ready, _, _ = select.select([sock], [], [], _REAP_S if launches else None)
+        if ready:
+            got = receive(sock)
+            if got is None:
+                break
+            if failure is None:
+                _start(sock, worker.main, *got, launches, parent)
+            else:
+                os.write(got[1][1], failure.encode())
+                for fd in got[1]:
+                    os.close(fd)
+        _reap(launches)
+    os._exit(0)  # no interpreter shutdown (torch's takes about half a second); on Linux any
+    # rank still running is SIGKILLed with this process
+
+
+def _start(
+    sock: socket.socket,
+    run: Any,
+    request: dict[str, Any],
+    fds: list[int],
+    launches: dict[int, TextIO],
+    parent: int,
+) -> None:
+    """Fork the request's ranks; each reports on the launch's status pipe."""
+    status_fd, stderr_fd, stdout_fd = fds
+    status = os.fdopen(status_fd, "w", buffering=1)
+    for rank_env in request["ranks"]:
         pid = os.fork()
         if pid == 0:
-            status.close()
-            _become_rank(worker.main, request["worker_args"], env, parent)
-        ranks.add(pid)
+            sock.close()
+            for other in {*launches.values(), status}:
+                other.close()
+            env = {**request["env"], **rank_env}
+            _become_rank(run, request["worker_args"], env, request["cwd"], (stdout_fd, stderr_fd),
+                         parent)  # fmt: skip
+        launches[pid] = status
         status.write(f"started {pid}\n")
-    while ranks:
-        pid, code = os.wait()
-        if pid in ranks:
-            ranks.discard(pid)
-            status.write(f"ended {pid} {os.waitstatus_to_exitcode(code)}\n")
-    status.close()
-    os._exit(0)  # no interpreter shutdown (torch's takes about half a second): nothing is left
+    os.close(stderr_fd)
+    os.close(stdout_fd)
+    if status not in launches.values():  # no rank asked for
+        status.close()
 
 
-def _become_rank(run: Any, worker_args: list[str], env: dict[str, str], parent: int) -> None:
+def _reap(launches: dict[int, TextIO]) -> None:
+    """Report every rank that has ended; close a launch's pipe when its last one has."""
+    while launches:
+        try:
+            pid, code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        status = launches.pop(pid, None)
+        if status is None:
+            continue
+        status.write(f"ended {pid} {os.waitstatus_to_exitcode(code)}\n")
+        if status not in launches.values():
+            status.close()
+
+
+def _become_rank(
+    run: Any,
+    worker_args: list[str],
+    env: dict[str, str],
+    cwd: str,
+    outputs: tuple[int, int],
+    parent: int,
+) -> None:
     """In the forked child: become one rank and run it; never returns."""
     code = 1
     try:
@@ -72,10 +164,15 @@ def _become_rank(run: Any, worker_args: list[str], env: dict[str, str], parent: 
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != parent:  # the starter died before the line above took effect
                 os._exit(code)
-        os.environ.update(env)
         devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)  # the starter's stdin was the request
-        os.close(devnull)
+        for source, target in ((devnull, 0), *zip(outputs, (1, 2))):
+            os.dup2(source, target)
+            os.close(source)
+        os.environ.clear()
+        os.environ.update(env)
+        if sys.path and sys.path[0] == os.getcwd():  # `python -m` put the starter's there
+            sys.path[0] = cwd
+        os.chdir(cwd)
         sys.argv = ["pipecompile.runtime.distributed.worker", *worker_args]
         code = run(worker_args)  # ends the process itself (os._exit) when it gets that far
     except SystemExit as err:  # argparse
