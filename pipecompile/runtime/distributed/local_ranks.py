@@ -31,9 +31,8 @@ _HOST = "127.0.0.1"
 # The variables an interpreter, torch or pipecompile may read while starting up or importing:
 # a starter serves only launches that give them the same values. The rest reach each rank as
 # its environment (a test runner's PYTEST_CURRENT_TEST, say, changes with every test).
-_START_UP = tuple(
-    "PYTHON LD_ OMP_ KMP_ GOMP_ MKL_ OPENBLAS_ TORCH PYTORCH_ CUDA_ NCCL_ GLOO_ PIPECOMPILE_".split()
-)
+_START_UP = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH")
+_START_UP += ("PYTORCH_", "CUDA_", "NCCL_", "GLOO_", "PIPECOMPILE_")
 _PER_LAUNCH = ("PIPECOMPILE_STATUS_DIR", "OMP_NUM_THREADS")  # set by each launch; the worker
 # sets its threads itself, and the status directory marks the run's processes (launch.py)
 

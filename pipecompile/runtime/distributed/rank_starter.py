@@ -119,8 +119,8 @@ def _start(
             for other in {*launches.values(), status}:
                 other.close()
             env = {**request["env"], **rank_env}
-            _become_rank(run, request["worker_args"], env, request["cwd"], (stdout_fd, stderr_fd),
-                         parent)  # fmt: skip
+            outputs = (stdout_fd, stderr_fd)
+            _become_rank(run, request["worker_args"], env, request["cwd"], outputs, parent)
         launches[pid] = status
         status.write(f"started {pid}\n")
     os.close(stderr_fd)
