@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from safetensors.torch import load_model
+from safetensors.torch import load_file
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -32,6 +32,7 @@ from pipecompile.ir.stage_graph import Stage, StageGraph
 from pipecompile.ir.swapped_call import functional_call
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.own_forward import tracing
+from pipecompile.model.without_init import build_loaded
 
 __all__ = ["Example", "StageFiles", "proof_example", "prove_stages"]
 
@@ -110,10 +111,11 @@ def _build(f: StageFiles, training: bool) -> nn.Module:
     namespace: dict[str, Any] = {"__name__": f"pipecompile_proof_stage_{f.stage.index}"}
     try:
         exec(compile(f.source, f"stage_{f.stage.index}.py", "exec"), namespace)  # noqa: S102
-        stage = namespace[f.class_name]()
+        cls = namespace[f.class_name]
         if f.weights is not None:
-            load_model(stage, str(f.weights), strict=True)
+            stage = build_loaded(cls, load_file(str(f.weights)))
         else:
+            stage = cls()
             stage.load_state_dict(f.lowered.state_dict(), strict=True)
     except Exception as err:
         raise VerifyError(

@@ -14,12 +14,13 @@ from types import ModuleType
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model
+from safetensors.torch import load_file
 from torch import nn
 
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.ir.manifest import Manifest, StageEntry, read_manifest
 from pipecompile.ir.program import Program
+from pipecompile.model.without_init import build_loaded
 from pipecompile.runtime.materialise import allocate, fill_stage, needs_materialising
 from pipecompile.runtime.op_seeds import seed_random_ops
 
@@ -75,9 +76,15 @@ def load_stage(
             f"{recompile_hint(directory)}"
         )
     materialise = needs_materialising(entry)
-    try:
-        with torch.device("meta") if materialise else contextlib.nullcontext():
+    try:  # every tensor comes from the weights file or is materialised: no initialiser runs
+        with torch.device("meta"):
             stage = cls()
+    except Exception:  # a constructor that computes with real tensors (an edited stage file)
+        stage = None
+    try:
+        if stage is None:
+            with torch.device("meta") if materialise else contextlib.nullcontext():
+                stage = cls()
     except Exception as err:
         raise EmitError(
             f"{where}: {entry.class_name}() failed{_line_in(err, source)}: "
@@ -90,7 +97,7 @@ def load_stage(
         )
     else:
         assert entry.weights is not None  # else needs_materialising
-        load_weights(stage, directory / entry.weights, _stage_label(entry), directory)
+        stage = load_weights(stage, directory / entry.weights, _stage_label(entry), directory)
     if seed_ops:
         seed_random_ops(stage, list(entry.random_ops or ()), where)
     return stage
@@ -100,9 +107,11 @@ def load_stages(directory: Path, manifest: Manifest) -> list[nn.Module]:
     return [load_stage(directory, entry, manifest) for entry in manifest.stages]
 
 
-def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> None:
-    """Load the safetensors file ``path`` into ``stage`` after checking that it is readable
-    and holds exactly the stage's tensors with the stage's shapes.
+def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> nn.Module:
+    """``stage`` holding the safetensors file ``path``, after checking that it is readable and
+    holds exactly the stage's tensors with the stage's shapes: a ``stage`` built on the meta
+    device is built again holding the file's tensors themselves (``without_init``), any other
+    loaded in place.
 
     Raises:
         EmitError: naming ``label`` (e.g. "stage 1") and ``path``.
@@ -121,7 +130,7 @@ def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> N
             f"{where} do not fit the stage module: {wrong[0]}{more}; undo the edit to the "
             f"stage file, or {recompile_hint(directory)}"
         )
-    missing, unexpected = load_model(stage, str(path), strict=False)
+    missing, unexpected = _fit(stage, set(shapes))
     if missing or unexpected:
         lack = f"lack {_names(sorted(missing))}" if missing else ""
         extra = (
@@ -131,6 +140,21 @@ def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> N
             f"{where} do not fit the stage module: they {' and '.join(filter(None, (lack, extra)))}"
             f" (another stage's weights, or an edited stage file); {recompile_hint(directory)}"
         )
+    state = load_file(str(path))
+    if any(t.is_meta for t in own.values()):
+        return build_loaded(type(stage), state)
+    stage.load_state_dict(state, strict=False)  # _fit: only tied names are left out
+    return stage
+
+
+def _fit(stage: nn.Module, names: set[str]) -> tuple[list[str], list[str]]:
+    """The tensors of ``stage`` a file holding ``names`` lacks (a tied tensor is there under
+    one of its names, as safetensors writes it), and the names ``stage`` does not have."""
+    groups: dict[int, set[str]] = {}
+    for name, tensor in stage.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), set()).add(name)
+    missing = [n for group in groups.values() if not group & names for n in sorted(group)]
+    return missing, sorted(names - {n for group in groups.values() for n in group})
 
 
 def recompile_hint(directory: Path) -> str:

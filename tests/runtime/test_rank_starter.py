@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from pipecompile.runtime.distributed.launch import launch
+from pipecompile.runtime.distributed.local_ranks import _start_up
 from tests.conftest import EXAMPLES
 from tests.runtime.test_distributed import MLP_2, compile_to
 
@@ -26,7 +27,7 @@ def _launch(out: str, *extra: str) -> list[dict]:
     return records
 
 
-def test_ranks_are_forked_by_one_starter_kept_for_later_launches(mlp, monkeypatch):
+def test_ranks_are_forked_by_one_starter_kept_for_later_launches(mlp):
     first = _launch(mlp, "--threads", "2")
     parents = {r["parent"] for r in first}
     assert len(parents) == 1 and os.getpid() not in parents
@@ -34,13 +35,17 @@ def test_ranks_are_forked_by_one_starter_kept_for_later_launches(mlp, monkeypatc
     second = _launch(mlp)
     assert {r["parent"] for r in second} == parents  # the same starter
     assert {r["pid"] for r in second}.isdisjoint(r["pid"] for r in first)
-    monkeypatch.setenv("PYTHONHASHSEED", "7")  # shapes an interpreter's start: a new starter
-    third = _launch(mlp)
-    assert {r["parent"] for r in third}.isdisjoint(parents)
-
-
-def test_a_dead_starter_is_replaced_by_the_next_launch(mlp):
-    (starter,) = {r["parent"] for r in _launch(mlp)}
-    os.kill(starter, signal.SIGKILL)
+    (starter,) = parents
+    os.kill(starter, signal.SIGKILL)  # a dead starter is replaced by the next launch
     os.waitpid(starter, 0)  # this process started it
-    assert {r["parent"] for r in _launch(mlp)} != {starter}
+    assert {r["parent"] for r in _launch(mlp)} != parents
+
+
+def test_a_starter_serves_launches_whose_start_up_variables_agree():
+    base = {"PATH": "/bin", "PYTHONPATH": "/a", "OMP_NUM_THREADS": "2", "HOME": "/h"}
+    same = {**base, "PYTEST_CURRENT_TEST": "t (call)", "OMP_NUM_THREADS": "1",
+            "PIPECOMPILE_STATUS_DIR": "/tmp/x", "HOME": "/other"}  # fmt: skip
+    assert _start_up(same) == _start_up(base) == {"PYTHONPATH": "/a"}
+    for name in ("PYTHONPATH", "PYTHONHASHSEED", "OMP_PROC_BIND", "TORCH_LOGS",
+                 "PIPECOMPILE_RECEIVE_AHEAD", "LD_PRELOAD"):  # fmt: skip
+        assert _start_up({**base, name: "changed"}) != _start_up(base), name
