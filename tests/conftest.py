@@ -120,7 +120,8 @@ def write_model_file(tmp_path: Path, source: str, name: str = "model.py") -> Pat
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the selected tools' quick runs in the background (tests/tools/background.py)."""
+    """Start the selected tools' quick runs, and the examples run as scripts, in the background
+    (tests/tools/background.py)."""
     if session.config.option.collectonly:
         return
     from tests.tools.background import RUNS
@@ -131,7 +132,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if getattr(item, "originalname", None) == "test_quick_mode_runs"
     ]
     alone = all(item.nodeid.startswith("tests/tools/") for item in session.items)
-    RUNS.start(quick, at_once=2 if alone else 1)
+    jobs = {}
+    if any(item.nodeid.startswith("tests/test_example_scripts.py::") for item in session.items):
+        from tests.test_example_scripts import SCRIPTS_JOB, scripts_command
+
+        jobs[SCRIPTS_JOB] = scripts_command()
+    RUNS.start(quick, at_once=2 if alone else 1, jobs=jobs)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -2,37 +2,50 @@
 file and checks against its own (eager) forward.
 
 The scripts run as ``python examples/X.py`` would, through tests/run_as_scripts.py: one process
-imports torch and forks a child per script, so torch is imported once, not once per script.
+imports torch and forks a child per script, so torch is imported once, not once per script. It
+runs in the background from the moment the session's tests are known (tests/tools/background.py).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from pipecompile.cli import main
 from tests.conftest import EXAMPLES, ROOT
+from tests.tools.background import RUNS
 
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py"))
 ARGS = {"char_lm.py": ["6"]}  # 6 training steps, not the demo's 120: the same code path
 
 
-@pytest.fixture(scope="module")
-def script_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Each example run as a script: its exit status, stdout and stderr."""
-    tmp = tmp_path_factory.mktemp("scripts")
+SCRIPTS_JOB = "examples as scripts"  # its key in the background runs
+
+
+def scripts_command() -> list[str]:
+    """The command that runs every example as a script into a folder of its own (its last
+    argument is the results file)."""
+    folder = Path(tempfile.mkdtemp(prefix="pipecompile-scripts-"))
     jobs = [(str(EXAMPLES / name), ARGS.get(name, [])) for name in SCRIPTS]
-    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    (folder / "jobs.json").write_text(json.dumps(jobs))
     runner = ROOT / "tests" / "run_as_scripts.py"
-    done = subprocess.run(
-        [sys.executable, str(runner), str(tmp / "jobs.json"), str(tmp / "results.json")],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
+    return [sys.executable, str(runner), str(folder / "jobs.json"), str(folder / "results.json")]
+
+
+@pytest.fixture(scope="module")
+def script_runs() -> dict[str, dict]:
+    """Each example run as a script: its exit status, stdout and stderr. Started in the
+    background when the session's tests are known (tests/conftest.py), else here."""
+    done = RUNS.result(SCRIPTS_JOB, scripts_command())
     assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads((tmp / "results.json").read_text())
+    results = Path(done.args[-1])
+    found = json.loads(results.read_text())
+    shutil.rmtree(results.parent, ignore_errors=True)
     return {name: found[str(EXAMPLES / name)] for name in SCRIPTS}
 
 

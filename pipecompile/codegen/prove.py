@@ -221,13 +221,19 @@ def _backward(outputs: Sequence[torch.Tensor]) -> None:
 
 
 def _stage_grads(files: Sequence[StageFiles], stages: list[nn.Module]) -> dict[str, torch.Tensor]:
-    """Each original parameter's gradient, summed over the stages holding it (a tied one)."""
+    """Each original parameter's gradient, summed over the stages holding it (a tied one). A
+    stage holding one parameter under two names (a module's weight, and the same tensor kept
+    for reading its dtype) counts its gradient once."""
     grads: dict[str, torch.Tensor] = {}
     for f, stage in zip(files, stages):
+        counted: set[tuple[int, str]] = set()
         for name, p in stage.named_parameters(remove_duplicate=False):
             if p.grad is None:
                 continue
             for original in f.stage.params.get(name, ()):
+                if (id(p), original) in counted:
+                    continue
+                counted.add((id(p), original))
                 grads[original] = grads[original] + p.grad if original in grads else p.grad
     return grads
 

@@ -272,3 +272,24 @@ def test_a_dropout_at_rate_0_is_not_random() -> None:
     assert [n.name for n in random_nodes(traced)] == ["_1"]
     graph = torch.fx.symbolic_trace(lambda x: torch.nn.functional.dropout(x, 0.0, True)).graph
     assert not any(is_random(n, model) for n in graph.nodes)
+
+
+class _ReadsItsWeight(nn.Module):
+    """timm's XCiT positional encoding: a module reads its own weight's dtype, so the stage
+    holds that weight under two names (the module's and a tied attribute)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(4, 4, 1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x.to(self.proj.weight.dtype))
+        return self.head(x.mean((2, 3)))
+
+
+def test_a_weight_a_stage_holds_under_two_names_is_counted_once() -> None:
+    """The proof compared twice the gradient with eager's and refused XCiT: a false alarm."""
+    model = _ReadsItsWeight()
+    compiled = pipecompile.compile(model, (torch.randn(4, 4, 3, 3),), stages=2)
+    assert compiled is not None

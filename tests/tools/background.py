@@ -1,10 +1,15 @@
-"""The tools' quick runs, started in the background as soon as the session's tests are known.
+"""The tools' quick runs (and other commands tests only read the results of), started in the
+background as soon as the session's tests are known.
 
 A quick run is mostly Python processes starting and importing torch: work on one core, while
 the in-process tests before it leave CI's second core half idle. Started when collection
 ends (tests/conftest.py), one at a time, the runs fill that core and are done by the time
 tests/tools/test_quick.py, collected last, reads their results. When nothing else is selected
 they run two at a time, as there is nothing to overlap with.
+
+Other tests' commands join the queue after them by a key of their own (``jobs``): the
+examples run as scripts (tests/test_example_scripts.py), which the in-process tests would
+otherwise wait for on one core.
 
 Each run gets the environment as it was when the session started: tests change this process's
 environment for their own commands (``PIPECOMPILE_FAULT``, ``PATH``), and a run started
@@ -30,24 +35,37 @@ class QuickRuns:
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
-        self._futures: dict[Path, Future] = {}
+        self._futures: dict[Path | str, Future] = {}
+        self._commands: dict[Path | str, list[str]] = {}
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._stopped = False
         self._env = dict(os.environ)
 
-    def start(self, scripts: list[Path], *, at_once: int) -> None:
-        if not scripts:
+    def start(
+        self, scripts: list[Path], *, at_once: int, jobs: dict[str, list[str]] | None = None
+    ) -> None:
+        """Queue each script's quick run, then each job's command (by its key)."""
+        self._commands.update(jobs or {})
+        keys = [*scripts, *(jobs or {})]
+        if not keys:
             return
         self._env = dict(os.environ)  # before any test has changed it
         self._pool = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="quick-run")
-        for script in scripts:
-            self._futures[script] = self._pool.submit(self._run, script)
+        for key in keys:
+            self._futures[key] = self._pool.submit(self._run, key)
 
-    def result(self, script: Path) -> subprocess.CompletedProcess[str]:
-        """The finished run of ``script`` (run now if it was not started in the background)."""
-        future = self._futures.get(script)
-        return future.result() if future is not None else self._run(script)
+    def result(
+        self, key: Path | str, command: list[str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """The finished run of a script's quick mode or of a job (run now, as ``command`` for a
+        job, if it was not started in the background)."""
+        future = self._futures.get(key)
+        if future is not None:
+            return future.result()
+        if command is not None:
+            self._commands[key] = command
+        return self._run(key)
 
     def stop(self) -> None:
         with self._lock:
@@ -57,8 +75,8 @@ class QuickRuns:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _run(self, script: Path) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, str(script), "--quick"]
+    def _run(self, key: Path | str) -> subprocess.CompletedProcess[str]:
+        command = self._commands.get(key) or [sys.executable, str(key), "--quick"]
         with self._lock:
             if self._stopped:
                 raise RuntimeError("the test session ended before this quick run started")
