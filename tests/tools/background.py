@@ -7,7 +7,7 @@ ends (tests/conftest.py), one at a time, the runs fill that core and are done by
 tests/tools/test_quick.py, collected last, reads their results. When nothing else is selected
 they run two at a time, as there is nothing to overlap with.
 
-Other tests' commands join the queue after them by a key of their own (``jobs``): the
+Other tests' commands go ahead of them in the queue, by a key of their own (``jobs``): the
 examples run as scripts (tests/test_example_scripts.py), which the in-process tests would
 otherwise wait for on one core.
 
@@ -45,9 +45,10 @@ class QuickRuns:
     def start(
         self, scripts: list[Path], *, at_once: int, jobs: dict[str, list[str]] | None = None
     ) -> None:
-        """Queue each script's quick run, then each job's command (by its key)."""
+        """Queue each job's command (by its key), then each script's quick run: a job's test
+        comes before tests/tools/test_quick.py, collected last."""
         self._commands.update(jobs or {})
-        keys = [*scripts, *(jobs or {})]
+        keys = [*(jobs or {}), *scripts]
         if not keys:
             return
         self._env = dict(os.environ)  # before any test has changed it
