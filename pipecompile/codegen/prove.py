@@ -85,6 +85,8 @@ def prove_stages(graph: StageGraph, files: Sequence[StageFiles], example: Exampl
         worst = _against_eager(files, _chain(graph, stages, example.inputs), example)
         if worst is None:
             return "the emitted stages equal the eager model on the example micro-batch"
+        # the chain's training forward moved their batch norms' statistics and counters
+        stages = [_build(f, example.model.training) for f in files]
     values = {n: example.inputs[n] for n in graph.model_inputs}
     for f, stage in zip(files, stages):  # each on what the traced stages before it give
         outputs = _against_graph(f, stage, [values[n] for n in f.stage.inputs])

@@ -3,7 +3,10 @@
 A stage module's constructor draws every weight at random (a Linear's Kaiming draw, an
 Embedding's normal one) only for the weights file to overwrite it: for AlexNet's 61M
 parameters that is longer than the compile's own passes. Built on the meta device and given
-the state's own tensors instead, the module costs nothing to build.
+copies of the state's tensors instead, the module costs one copy of its weights. Copies, not
+the tensors themselves: a safetensors file's tensors sit at 8-byte offsets of its buffer, and
+oneDNN's kernels take other paths on memory so placed, which round otherwise (on one thread,
+timm's ghostnet then differed from eager by 1e4 noise floors); torch's allocator aligns.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def build_loaded(build: Callable[[], nn.Module], state: dict[str, torch.Tensor])
     """``build()`` holding ``state`` (strictly: the same names and shapes, where a tied tensor
     may be there under one of its names).
 
-    Built on the meta device and given ``state``'s tensors themselves (``assign=True``) when
+    Built on the meta device and given copies of ``state``'s tensors (``assign=True``) when
     they are all it holds; built as usual and loaded by copy where that would leave a tensor
     on the meta device (a non-persistent buffer, a tensor kept as a plain attribute) or break
     a tie (one parameter under two names).
@@ -29,7 +32,10 @@ def build_loaded(build: Callable[[], nn.Module], state: dict[str, torch.Tensor])
     with torch.device("meta"):
         module = build()
     if set(module.state_dict()) == set(state) and not _shared(module):
-        module.load_state_dict(state, strict=True, assign=True)
+        # copies in memory of torch's own: a file's tensors can sit at any offset of it, and
+        # kernels (oneDNN's) take other paths, and round otherwise, on memory so placed
+        own = {name: tensor.clone() for name, tensor in state.items()}
+        module.load_state_dict(own, strict=True, assign=True)
         if not _meta_left(module):
             return module
     module = build()

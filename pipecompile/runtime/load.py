@@ -110,7 +110,7 @@ def load_stages(directory: Path, manifest: Manifest) -> list[nn.Module]:
 def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> nn.Module:
     """``stage`` holding the safetensors file ``path``, after checking that it is readable and
     holds exactly the stage's tensors with the stage's shapes: a ``stage`` built on the meta
-    device is built again holding the file's tensors themselves (``without_init``), any other
+    device is built again holding copies of the file's tensors (``without_init``), any other
     loaded in place.
 
     Raises:

@@ -293,3 +293,21 @@ def test_a_weight_a_stage_holds_under_two_names_is_counted_once() -> None:
     model = _ReadsItsWeight()
     compiled = pipecompile.compile(model, (torch.randn(4, 4, 3, 3),), stages=2)
     assert compiled is not None
+
+
+def test_after_a_mismatch_with_eager_each_stage_is_compared_from_its_files(monkeypatch) -> None:
+    """The chain's training forward moves the batch norms' statistics and counters: the
+    per-stage comparison that follows a mismatch with eager builds the stages from their files
+    again (timm's ghostnet, whose norms read num_batches_tracked, was named a stage file's
+    error, hiding the real finding)."""
+    import pipecompile.codegen.prove as prove
+
+    found = ("model output 0", agreement(torch.ones(1), torch.zeros(1), None))
+    monkeypatch.setattr(prove, "_against_eager", lambda files, run, example: found)
+    built = []
+    real = prove._build
+    monkeypatch.setattr(prove, "_build", lambda f, training: built.append(f) or real(f, training))
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2), nn.BatchNorm1d(2))
+    with pytest.raises(VerifyError, match="though every stage file equals its traced graph"):
+        pipecompile.compile(model, (torch.randn(8, 4),), stages=2)
+    assert [f.stage.index for f in built] == [0, 1, 0, 1]
