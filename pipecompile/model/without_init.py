@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["build_loaded"]
+__all__ = ["build_loaded", "fit"]
 
 
 def build_loaded(build: Callable[[], nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
@@ -50,17 +50,24 @@ def _load_copy(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     Raises:
         RuntimeError: naming the tensors ``state`` lacks or has beyond ``module``'s.
     """
-    names: dict[int, set[str]] = {}
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        names.setdefault(id(tensor), set()).add(name)
-    aliases = {n: group for group in names.values() for n in group}
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    lacking = [n for n in missing if not aliases.get(n, set()) & state.keys()]
+    lacking, unexpected = fit(module, set(state))
     if lacking or unexpected:
         raise RuntimeError(
-            f"the state does not fit {type(module).__name__}: missing {sorted(lacking)}, "
-            f"unexpected {sorted(unexpected)}"
+            f"the state does not fit {type(module).__name__}: missing {lacking}, "
+            f"unexpected {unexpected}"
         )
+    module.load_state_dict(state, strict=False)
+
+
+def fit(module: nn.Module, names: set[str]) -> tuple[list[str], list[str]]:
+    """The tensors of ``module`` a state holding ``names`` lacks (a tied tensor may be there
+    under one of its names, as safetensors writes it), and the names ``module`` does not have;
+    both sorted."""
+    groups: dict[int, set[str]] = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), set()).add(name)
+    missing = sorted(n for group in groups.values() if not group & names for n in group)
+    return missing, sorted(names - {n for group in groups.values() for n in group})
 
 
 def _shared(module: nn.Module) -> bool:

@@ -20,7 +20,7 @@ from torch import nn
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.ir.manifest import Manifest, StageEntry, read_manifest
 from pipecompile.ir.program import Program
-from pipecompile.model.without_init import build_loaded
+from pipecompile.model.without_init import build_loaded, fit
 from pipecompile.runtime.materialise import allocate, fill_stage, needs_materialising
 from pipecompile.runtime.op_seeds import seed_random_ops
 
@@ -130,7 +130,7 @@ def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> n
             f"{where} do not fit the stage module: {wrong[0]}{more}; undo the edit to the "
             f"stage file, or {recompile_hint(directory)}"
         )
-    missing, unexpected = _fit(stage, set(shapes))
+    missing, unexpected = fit(stage, set(shapes))
     if missing or unexpected:
         lack = f"lack {_names(sorted(missing))}" if missing else ""
         extra = (
@@ -143,18 +143,8 @@ def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> n
     state = load_file(str(path))
     if any(t.is_meta for t in own.values()):
         return build_loaded(type(stage), state)
-    stage.load_state_dict(state, strict=False)  # _fit: only tied names are left out
+    stage.load_state_dict(state, strict=False)  # fit: only tied names are left out
     return stage
-
-
-def _fit(stage: nn.Module, names: set[str]) -> tuple[list[str], list[str]]:
-    """The tensors of ``stage`` a file holding ``names`` lacks (a tied tensor is there under
-    one of its names, as safetensors writes it), and the names ``stage`` does not have."""
-    groups: dict[int, set[str]] = {}
-    for name, tensor in stage.state_dict(keep_vars=True).items():
-        groups.setdefault(id(tensor), set()).add(name)
-    missing = [n for group in groups.values() if not group & names for n in sorted(group)]
-    return missing, sorted(names - {n for group in groups.values() for n in group})
 
 
 def recompile_hint(directory: Path) -> str:
