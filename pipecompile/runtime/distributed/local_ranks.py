@@ -23,9 +23,8 @@ from torch.distributed import TCPStore
 
 from pipecompile.runtime.distributed.rank_starter import send
 
-__all__ = ["LocalRanks", "Rank", "STARTER_MODULE", "WORKER_MODULE"]
+__all__ = ["LocalRanks", "Rank", "STARTER_MODULE"]
 
-WORKER_MODULE = "pipecompile.runtime.distributed.worker"
 STARTER_MODULE = "pipecompile.runtime.distributed.rank_starter"
 _HOST = "127.0.0.1"
 # The variables an interpreter, torch or pipecompile may read while starting up or importing:
@@ -118,7 +117,7 @@ class LocalRanks:
     ) -> None:
         self.store = TCPStore(_HOST, 0, is_master=True, wait_for_workers=False)
         self.procs = [Rank() for _ in range(nproc)]
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()  # the reader thread writes the ranks' pids and codes
         ranks = [self._rank_env(rank, nproc) for rank in range(nproc)]
         request = {"worker_args": worker_args, "cwd": os.getcwd(), "env": env, "ranks": ranks}
         read_end, write_end = os.pipe()
@@ -152,20 +151,18 @@ class LocalRanks:
         by_pid: dict[int, Rank] = {}
         for line in status:
             word, pid, *code = line.split()
-            with self._changed:
+            with self._lock:
                 if word == "started" and waiting:
                     rank = waiting.pop(0)
                     rank.pid = int(pid)
                     by_pid[rank.pid] = rank
                 elif word == "ended" and int(pid) in by_pid:
                     by_pid[int(pid)].returncode = int(code[0])
-                self._changed.notify_all()
         status.close()
-        with self._changed:  # the starter ended (or never got the request) before these did
+        with self._lock:  # the starter ended (or never got the request) before these did
             for rank in self.procs:
                 if rank.returncode is None:
                     rank.returncode = -signal.SIGKILL
-            self._changed.notify_all()
 
     def _rank_env(self, rank: int, nproc: int) -> dict[str, str]:
         world = str(nproc)
@@ -211,7 +208,7 @@ class LocalRanks:
         """Send ``sig`` to each running rank's process group (the rank and what it started);
         SIGKILL while some rank is not started yet kills the starter too (its ranks die with
         it; the next launch starts another)."""
-        with self._changed:
+        with self._lock:
             running = self.running()
             unstarted = any(proc.pid is None for proc in running)
         for proc in running:
