@@ -19,6 +19,14 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.model.model_file import ModelSpec, load_model_file
 
+# One intra-op thread for this process and every command it starts (the ranks of a launch
+# take their own share): the suite keeps both of CI's cores busy (these tests on one, the
+# background runs of tests/tools/background.py on the other), and torch's threads wait for
+# each other at every op, so a second thread on a busy core slows an op down instead of
+# speeding it up (a fuzz test took 11 s with two threads beside a busy core, 4.3 s with one).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # The plan search's calibration of this machine: measured once per test session by the tests
 # that turn it on, kept outside the user's ~/.cache (rank and CLI subprocesses inherit it).
 if "PIPECOMPILE_CACHE" not in os.environ:
@@ -138,6 +146,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
         jobs[SCRIPTS_JOB] = scripts_command()
     RUNS.start(quick, at_once=2 if alone else 1, jobs=jobs)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The background runs' times beside the slowest tests (what a session's time is made of)."""
+    from tests.tools.background import RUNS
+
+    line = RUNS.summary()
+    if line:
+        terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

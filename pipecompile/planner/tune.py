@@ -2,8 +2,10 @@
 predicted against measured, and keep the measured best.
 
 Each plan is compiled with the search's own cost model (so its split is the one predicted),
-written to a temporary directory and trained by ``pipecompile run DIR --steps S`` in a
-subprocess: on its ranks with ``--nproc D`` when it needs D > 1 devices, else locally. Its
+written to a temporary directory and trained for S steps: on D ranks started from this
+process, as ``pipecompile run DIR --nproc D`` starts them (forked by its rank starter, so a
+plan's run does not pay for importing torch again), when it needs D > 1 devices, else by
+``pipecompile run DIR`` in a subprocess. Its
 step is the median ``step_ms`` of the steps after the first (which warms up). The ratio of
 measured to predicted steps (their median) is kept with this machine's calibration, so the
 next search of this model for as many devices predicts in measured terms.
@@ -81,17 +83,22 @@ def tune(
 
 
 def measure_step(directory: Path, ranks: int, steps: int) -> float:
-    """The median seconds of a training step of ``directory`` after the first, run by
-    ``pipecompile run`` in a subprocess (on ``ranks`` processes when more than one)."""
+    """The median seconds of a training step of ``directory`` after the first: on ``ranks``
+    ranks launched from this process when more than one, else by ``pipecompile run`` in a
+    subprocess (the local run a user would start)."""
     metrics = directory / "tune-metrics.jsonl"
-    argv = [sys.executable, "-m", "pipecompile", "run", str(directory), "--steps", str(steps),
-            "--metrics", str(metrics), "-q"]  # fmt: skip
+    flags = ["--steps", str(steps), "--metrics", str(metrics), "-q"]
     if ranks > 1:
-        argv += ["--nproc", str(ranks)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=os.environ.copy())
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise PlanError(f"--tune: running {directory.name} failed: {last}")
+        from pipecompile.runtime.distributed.launch import launch
+
+        if launch(ranks, [str(directory), *flags]) != 0:  # the ranks' errors are on stderr
+            raise PlanError(f"--tune: running {directory.name} on {ranks} ranks failed")
+    else:
+        argv = [sys.executable, "-m", "pipecompile", "run", str(directory), *flags]
+        done = subprocess.run(argv, capture_output=True, text=True, env=os.environ.copy())
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise PlanError(f"--tune: running {directory.name} failed: {last}")
     lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     times = [r["step_ms"] / 1e3 for r in lines if r.get("kind") == "train"]
     if not times:

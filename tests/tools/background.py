@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,6 +42,7 @@ class QuickRuns:
         self._lock = threading.Lock()
         self._stopped = False
         self._env = dict(os.environ)
+        self.seconds: dict[Path | str, float] = {}  # each finished run's wall time
 
     def start(
         self, scripts: list[Path], *, at_once: int, jobs: dict[str, list[str]] | None = None
@@ -90,6 +92,7 @@ class QuickRuns:
                 env=self._env,
             )
             self._running.add(proc)
+        began = time.perf_counter()
         try:
             stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -99,7 +102,17 @@ class QuickRuns:
         finally:
             with self._lock:
                 self._running.discard(proc)
+            self.seconds[key] = time.perf_counter() - began
         return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+    def summary(self, most: int = 8) -> str:
+        """One line: how many runs, their total wall time, and the slowest ``most``."""
+        if not self.seconds:
+            return ""
+        slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:most]
+        named = ", ".join(f"{Path(str(k)).stem} {s:.0f} s" for k, s in slowest)
+        total = sum(self.seconds.values())
+        return f"background runs: {len(self.seconds)} in {total:.0f} s; slowest: {named}"
 
 
 RUNS = QuickRuns()

@@ -49,6 +49,7 @@ from common import (
     log,
     machine,
     pipecompile_command,
+    pipecompile_done,
     run_checked,
     torchrun_command,
     use_examples,
@@ -246,9 +247,9 @@ def gradient_checks(root: Path, quick: bool) -> dict[str, tuple[float, float, in
             continue
         out = root / f"check-{schedule}"
         argv = [model, "--stages", "2", *extra, "--microbatches", "4", "--schedule", schedule]
-        run_checked(pipecompile_command(*argv, "-q", "-o", str(out)))
+        pipecompile_done(*argv, "-q", "-o", str(out))
         check = ["run", str(out), "--check", "--batch-shapes", SHAPES, "--atol", "1e-5"]
-        local = run_checked(pipecompile_command(*check)).stdout
+        local = pipecompile_done(*check).stdout
         spread = "" if quick else run_checked(pipecompile_command(*check, "--nproc", "2")).stdout
         passed = (local + spread).count("check passed")
         found[schedule] = (

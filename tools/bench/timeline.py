@@ -27,7 +27,15 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from common import EXAMPLES, command, log, machine, pipecompile_command, run_checked
+from common import (
+    EXAMPLES,
+    command,
+    log,
+    machine,
+    pipecompile_command,
+    pipecompile_done,
+    run_checked,
+)
 
 MODEL_FILE = """
 import sys
@@ -98,7 +106,7 @@ def one_schedule(
     out = root / schedule
     stages = str(sizes.procs)
     split = ["--stages", stages, "--microbatches", str(sizes.micro), "--schedule", schedule]
-    run_checked(pipecompile_command(str(model), *split, "-q", "-o", str(out)))
+    pipecompile_done(str(model), *split, "-q", "-o", str(out))
     trace, traced, plain = (
         root / f"{schedule}.json",
         root / f"{schedule}-t.jsonl",
@@ -117,18 +125,18 @@ def one_schedule(
     ]
     with_trace, without, late = [], [], []
     for _ in range(rounds):  # alternate, so all three see the same machine
-        run_checked(pipecompile_command(*base, "--trace", str(trace), "--trace-steps",
-                                        str(sizes.steps), "--metrics", str(traced)))  # fmt: skip
+        pipecompile_done(*base, "--trace", str(trace), "--trace-steps", str(sizes.steps),
+                         "--metrics", str(traced))  # fmt: skip
         with_trace.append(step_ms(traced))
         if not compare:
             continue
-        run_checked(pipecompile_command(*base, "--metrics", str(plain)))
+        pipecompile_done(*base, "--metrics", str(plain))
         without.append(step_ms(plain))
-        run_checked(
+        run_checked(  # a variable read when the runtime is imported: a process of its own
             pipecompile_command(*base, "--metrics", str(plain)), PIPECOMPILE_RECEIVE_AHEAD="0"
         )
         late.append(step_ms(plain))
-    shown = run_checked(pipecompile_command("show", str(out), "--measured", str(trace), "--json"))
+    shown = pipecompile_done("show", str(out), "--measured", str(trace), "--json")
     report = json.loads(shown.stdout)
     report["step_ms_traced"] = statistics.median(with_trace)
     report["step_ms_untraced"] = statistics.median(without) if without else float("nan")
