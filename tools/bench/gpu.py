@@ -43,7 +43,15 @@ import time
 from pathlib import Path
 
 import torch
-from common import EXAMPLES, log, machine, pipecompile_command, run_checked, use_examples
+from common import (
+    EXAMPLES,
+    log,
+    machine,
+    pipecompile_command,
+    pipecompile_done,
+    run_checked,
+    use_examples,
+)
 from torch.autograd import DeviceType
 
 use_examples()
@@ -80,9 +88,8 @@ def example_targets():
 
 def one_gpu_compile(model: str, out: Path, micro: int, *extra: str) -> None:
     """Two stages on one device (interleaved, two virtual stages), ``micro`` micro-batches."""
-    run_checked(pipecompile_command(model, "--stages", "2", "--schedule", "interleaved",
-                                    "--virtual-stages", "2", "--microbatches", str(micro),
-                                    "-q", "-o", str(out), *extra))  # fmt: skip
+    pipecompile_done(model, "--stages", "2", "--schedule", "interleaved", "--virtual-stages",
+                     "2", "--microbatches", str(micro), "-q", "-o", str(out), *extra)  # fmt: skip
 
 
 def compiled_example(root: Path, name: str) -> Path:
@@ -145,9 +152,9 @@ def precision(root: Path, device: str, quick: bool) -> None:
           "| largest relative gap |")  # fmt: skip
     print("|---|---:|---:|---:|---:|")
     for kind in kinds:
-        run_checked(pipecompile_command("run", str(out), "--nproc", "1", "--device", device,
-                                        "--steps", str(steps), "--precision", kind, "--lr",
-                                        "1e-3", "--optimizer", "adamw", "-q"))  # fmt: skip
+        pipecompile_done("run", str(out), "--nproc", "1", "--device", device, "--steps",
+                         str(steps), "--precision", kind, "--lr", "1e-3", "--optimizer", "adamw",
+                         "-q")  # fmt: skip
         ours = [r["loss"] for r in train_losses(out, steps)]
         eager = eager_curve(device, kind, steps)
         gap = max(abs(a - b) / abs(b) for a, b in zip(ours, eager))
@@ -259,9 +266,9 @@ def throughput(root: Path, device: str, quick: bool, sizes: dict) -> None:
     rows = [("fp32", ())] if quick else [("fp32", ()), ("bf16", ()), ("bf16", ("--compile",))]
     others: dict = {}
     for kind, extra in rows:
-        run_checked(pipecompile_command("run", str(out), "--nproc", "1", "--device", device,
-                                        "--steps", str(steps), "--precision", kind, "--lr",
-                                        "1e-4", "--optimizer", "adamw", "-q", *extra))  # fmt: skip
+        pipecompile_done("run", str(out), "--nproc", "1", "--device", device, "--steps",
+                         str(steps), "--precision", kind, "--lr", "1e-4", "--optimizer", "adamw",
+                         "-q", *extra)  # fmt: skip
         records = train_losses(out, steps)
         ours = statistics.median(r["samples_per_s"] for r in records[2:] or records)
         if kind not in others:  # the --compile row shares the eager and peer figures
