@@ -1,4 +1,5 @@
-"""The background quick runs see the session's starting environment, not a test's changes."""
+"""The background quick runs see the session's starting environment, not a test's changes,
+and their times are kept for the session's closing line."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def test_a_run_started_later_does_not_inherit_a_tests_environment(
         assert runs.result(second).stdout.strip() == "unset"
     finally:
         runs.stop()
+    # each finished run's time is kept and summed in the session's closing line
+    assert set(runs.seconds) == {first, second} and runs.seconds[first] >= 0.5
+    line = runs.summary()
+    assert line.startswith("background runs: 2 in ") and "first " in line and "second " in line
 
 
 def test_stop_kills_what_runs_and_cancels_what_waits(tmp_path: Path) -> None:
