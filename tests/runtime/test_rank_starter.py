@@ -4,14 +4,16 @@ would hang there), each in a session of its own, and the command's own process n
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import signal
 
 import pytest
 
 from pipecompile.runtime.distributed.launch import launch
-from pipecompile.runtime.distributed.local_ranks import _start_up
-from tests.conftest import EXAMPLES
+from pipecompile.runtime.distributed.local_ranks import IMPORT_TIME, _start_up
+from tests.conftest import EXAMPLES, ROOT
 from tests.runtime.test_distributed import MLP_2, compile_to
 
 
@@ -49,3 +51,21 @@ def test_a_starter_serves_launches_whose_start_up_variables_agree():
     for name in ("PYTHONPATH", "PYTHONHASHSEED", "OMP_PROC_BIND", "TORCH_LOGS",
                  "PIPECOMPILE_RECEIVE_AHEAD", "LD_PRELOAD"):  # fmt: skip
         assert _start_up({**base, name: "changed"}) != _start_up(base), name
+    for name in ("PIPECOMPILE_FAULT", "PIPECOMPILE_CACHE", "PIPECOMPILE_DEBUG"):  # read by a rank
+        assert _start_up({**base, name: "changed"}) == _start_up(base), name
+
+
+def test_every_variable_pipecompile_reads_on_import_keys_the_starter():
+    """A module-level read of a PIPECOMPILE_ variable (outside any function) happens when the
+    starter imports the worker, before it forks: each one must be in IMPORT_TIME."""
+    read = re.compile(r"""environ(?:\.get\(|\[)\s*["'](PIPECOMPILE_\w+)""")
+    found = set()
+    for path in [*(ROOT / "pipecompile").rglob("*.py"), *(ROOT / "passes").rglob("*.py")]:
+        tree = ast.parse(path.read_text())
+        top = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        top += [n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
+                if not isinstance(n, ast.FunctionDef)]  # fmt: skip
+        for node in top:
+            found |= set(read.findall(ast.unparse(node)))
+    assert "PIPECOMPILE_RECEIVE_AHEAD" in found  # the scan sees the one there is
+    assert found <= set(IMPORT_TIME), found - set(IMPORT_TIME)

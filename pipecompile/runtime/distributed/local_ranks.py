@@ -23,15 +23,18 @@ from torch.distributed import TCPStore
 
 from pipecompile.runtime.distributed.rank_starter import send
 
-__all__ = ["LocalRanks", "Rank", "STARTER_MODULE"]
+__all__ = ["IMPORT_TIME", "LocalRanks", "Rank", "STARTER_MODULE"]
 
 STARTER_MODULE = "pipecompile.runtime.distributed.rank_starter"
 _HOST = "127.0.0.1"
-# The variables an interpreter, torch or pipecompile may read while starting up or importing:
-# a starter serves only launches that give them the same values. The rest reach each rank as
-# its environment (a test runner's PYTEST_CURRENT_TEST, say, changes with every test).
+# The variables an interpreter or torch may read while starting up or importing, and those
+# pipecompile reads when a module is imported (IMPORT_TIME; the rest of its variables, such as
+# PIPECOMPILE_FAULT, are read when a rank runs): a starter serves only launches that give them
+# the same values. The rest reach each rank as its environment (a test runner's
+# PYTEST_CURRENT_TEST, say, changes with every test).
+IMPORT_TIME = ("PIPECOMPILE_RECEIVE_AHEAD",)  # tests/runtime/test_rank_starter.py keeps it whole
 _START_UP = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH")
-_START_UP += ("PYTORCH_", "CUDA_", "NCCL_", "GLOO_", "PIPECOMPILE_")
+_START_UP += ("PYTORCH_", "CUDA_", "NCCL_", "GLOO_", *IMPORT_TIME)
 _PER_LAUNCH = ("PIPECOMPILE_STATUS_DIR", "OMP_NUM_THREADS")  # set by each launch; the worker
 # sets its threads itself, and the status directory marks the run's processes (launch.py)
 
