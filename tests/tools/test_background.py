@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.background import QuickRuns
+from tests.tools.background import ROOT, QuickRuns
 
 
 def test_a_run_started_later_does_not_inherit_a_tests_environment(
@@ -49,3 +49,23 @@ def test_stop_kills_what_runs_and_cancels_what_waits(tmp_path: Path) -> None:
     assert runs.result(slow).returncode == -signal.SIGKILL
     with pytest.raises(CancelledError):
         runs.result(tmp_path / "never.py")
+
+
+def test_a_forked_script_runs_as_python_runs_it(tmp_path: Path) -> None:
+    """Forked from the warm process, a script is ``__main__`` with its argv, its folder first on
+    ``sys.path`` for its own imports, and the exit status and stderr the interpreter gives."""
+    (tmp_path / "helper.py").write_text("WORD = 'found'\n")
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os, sys\nfrom helper import WORD\n"
+        "print(__name__, sys.argv[1:], WORD, os.getcwd())\n"
+        "if __name__ == '__main__':\n    sys.exit('stopped with a message')\n"
+    )
+    runs = QuickRuns()
+    runs.start([script], at_once=1)
+    try:
+        done = runs.result(script)
+    finally:
+        runs.stop()
+    assert done.stdout.split() == ["__main__", "['--quick']", "found", str(ROOT)]
+    assert done.returncode == 1 and done.stderr.strip() == "stopped with a message"
