@@ -145,6 +145,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from tests.test_example_scripts import SCRIPTS_JOB, scripts_command
 
         jobs[SCRIPTS_JOB] = scripts_command()
+    subset = "tests/test_bad_inputs.py::test_quick_subset_as_a_user_runs_it"
+    if any(item.nodeid == subset for item in session.items):
+        from tests.test_bad_inputs import SUBSET_JOB, subset_command
+
+        jobs[SUBSET_JOB] = subset_command()
     RUNS.start(quick, at_once=2 if alone else 1, jobs=jobs)
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import ROOT, load_tool
+from tests.tools.background import RUNS
 
 TOOL = ROOT / "tools" / "qa" / "bad_inputs.py"
 
@@ -85,16 +85,22 @@ def test_the_sample_runs_ranks_of_every_area_that_has_them():
 QUICK_TWO = ("stage-syntax-error", "steps-zero")  # a run's error and a usage error
 
 
+SUBSET_JOB = "bad_inputs.py, two quick cases"  # its key in the background runs
+
+
+def subset_command() -> list[str]:
+    """The tool's command line for two of its --quick cases, two at once."""
+    only = [arg for case in QUICK_TWO for arg in ("--only", case)]
+    return [sys.executable, str(TOOL), *only, "--jobs", "2"]
+
+
 def test_quick_subset_as_a_user_runs_it():
     """The tool's command line, each case in a `pipecompile` process of its own, two at once:
-    two of the --quick cases (each --quick case also runs above, in this process)."""
+    two of the --quick cases (each --quick case also runs above, in this process). The
+    command runs in the background from the start of the session (tests/conftest.py)."""
     quick = [case.id for case in bad_inputs.select(bad_inputs.CASES, [], quick=True)]
     assert set(QUICK_TWO) <= set(quick) and len(quick) < len(bad_inputs.CASES) / 4, quick
-    only = [arg for case in QUICK_TWO for arg in ("--only", case)]
-    result = subprocess.run(
-        [sys.executable, str(TOOL), *only, "--jobs", "2"], capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    result = RUNS.result(SUBSET_JOB, subset_command())
     assert result.returncode == 0, result.stdout + result.stderr
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("2 cases tried: 2 clear"), result.stdout
