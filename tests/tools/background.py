@@ -55,31 +55,25 @@ def _forking() -> multiprocessing.context.ForkServerContext:
 
 
 def _become_script(script: str, env: dict[str, str], stdout: str, stderr: str) -> None:
-    """In the forked process: ``python SCRIPT --quick``; ends it with the script's status
-    (multiprocessing then runs its finalizers, as an interpreter's exit would)."""
-    code = 1
+    """In the forked process: ``python SCRIPT --quick``. multiprocessing ends the process on
+    the script's SystemExit as the interpreter would (None: 0, a message: on stderr, then 1),
+    flushing its output and running its finalizers."""
+    for path, fd in ((stdout, 1), (stderr, 2)):
+        target = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(ROOT)
+    sys.argv = [script, "--quick"]
+    sys.path.insert(0, str(Path(script).parent))
     try:
-        for path, fd in ((stdout, 1), (stderr, 2)):
-            target = os.open(path, os.O_WRONLY | os.O_TRUNC)
-            os.dup2(target, fd)
-            os.close(target)
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(ROOT)
-        sys.argv = [script, "--quick"]
-        sys.path.insert(0, str(Path(script).parent))
         runpy.run_path(script, run_name="__main__")
-        code = 0
-    except SystemExit as err:  # as the interpreter ends on it: a message goes to stderr, 1
-        if err.code is None or isinstance(err.code, int):
-            code = err.code or 0
-        else:
-            print(err.code, file=sys.stderr)
-    except BaseException:
+    except SystemExit:
+        raise
+    except BaseException:  # the interpreter's own report, without multiprocessing's header
         traceback.print_exc()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    raise SystemExit(code)
+        raise SystemExit(1) from None
 
 
 class _ForkedRun:

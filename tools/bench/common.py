@@ -89,18 +89,18 @@ def torchrun_command(nproc: int, *args: str) -> list[str]:
     return [*launcher, f"--nproc-per-node={nproc}", *args]
 
 
-def pipecompile_done(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def pipecompile_done(*args: str) -> subprocess.CompletedProcess[str]:
     """``pipecompile ARGS`` in this process, for a command whose own start-up is not what is
     measured (a fresh interpreter spends seconds importing torch), reported as ``run_checked``
     reports a command: its status and its printed lines (a run's ranks under ``--nproc``
-    write their stdout to this process's own, which is not captured). With ``check``, the
-    benchmark stops with its stderr's tail if it fails."""
+    write their stdout to this process's own, which is not captured). The benchmark stops
+    with its stderr's tail if it fails."""
     from pipecompile.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main(list(args))
-    if check and status:
+    if status:
         raise SystemExit(f"pipecompile {shlex.join(args)} failed:\n{err.getvalue()[-3000:]}")
     printed = (out.getvalue(), err.getvalue())
     return subprocess.CompletedProcess(["pipecompile", *args], status, *printed)

@@ -109,8 +109,7 @@ def _warm() -> None:
     """Import what every rank imports on its first use: torch's compiler front end, which its
     first initialiser or optimizer loads lazily (about 1.5 s of CPU in each rank of each
     launch otherwise). Imports run no torch op, so forking stays safe."""
-    import torch._dynamo  # noqa: F401
-    import torch.optim  # noqa: F401
+    import torch._dynamo  # noqa: F401 - torch.optim came with torch
 
 
 def _start(
