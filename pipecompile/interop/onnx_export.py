@@ -26,6 +26,7 @@ from torch import nn
 
 from pipecompile.errors import EmitError
 from pipecompile.files.names import stage_onnx
+from pipecompile.interop.onnx_registry import shared_registry
 from pipecompile.ir.manifest import Manifest, StageEntry, write_manifest
 from pipecompile.runtime.load import load_stage, read_manifest
 
@@ -67,12 +68,13 @@ def export_onnx(
     scratch = directory / f".onnx-tmp-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     try:
-        for j, entry in enumerate(manifest.stages):
-            start = time.perf_counter()
-            _export_stage(onnx, directory, j, entry, specs, scratch / stage_onnx(j))
-            if progress is not None:
-                ms = (time.perf_counter() - start) * 1000
-                progress(f"  {'onnx ' + stage_onnx(j):<22} {ms:8.1f} ms")
+        with shared_registry():
+            for j, entry in enumerate(manifest.stages):
+                start = time.perf_counter()
+                _export_stage(onnx, directory, j, entry, specs, scratch / stage_onnx(j))
+                if progress is not None:
+                    ms = (time.perf_counter() - start) * 1000
+                    progress(f"  {'onnx ' + stage_onnx(j):<22} {ms:8.1f} ms")
         for j in range(len(manifest.stages)):
             os.replace(scratch / stage_onnx(j), directory / stage_onnx(j))
     finally:

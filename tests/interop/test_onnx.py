@@ -199,3 +199,16 @@ def _stage_state(directory: Path, j: int) -> dict[str, torch.Tensor]:
     entry = _manifest(directory)["stages"][j]
     state = load_file(str(directory / entry["weights"]))
     return {entry["params"][name][0]: t for name, t in state.items()}
+
+
+def test_exports_share_one_translation_registry():
+    from torch.onnx._internal.exporter import _registration
+
+    from pipecompile.interop.onnx_registry import shared_registry
+
+    before = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    with shared_registry():  # as torch.onnx.export calls it: on an instance, then again
+        first = _registration.ONNXRegistry().from_torchlib(opset_version=18)
+        again = _registration.ONNXRegistry.from_torchlib(opset_version=18)
+    assert first is again and len(first.functions) > 100
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is before  # left as it was

@@ -38,7 +38,7 @@ def start(out: str, ck: Path, *options: str) -> subprocess.Popen:
                "--save", str(ck), "--save-every", "1", "-q"]  # fmt: skip
     return subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )  # fmt: skip
 
 
@@ -57,7 +57,8 @@ def run_processes(ck: Path) -> list[int]:
 
 def stop(proc: subprocess.Popen, ck: Path, send) -> tuple[str, float]:  # type: ignore[no-untyped-def]
     """Wait for the first checkpoint, ``send`` the signal; returns stderr and the seconds the
-    run took to end. Whatever happens, nothing of the run outlives the test."""
+    run took to end (one that does not end fails the test with its threads' stacks). Whatever
+    happens, nothing of the run outlives the test."""
     try:
         deadline = time.monotonic() + START_S
         while not (ck / "latest").is_file():
@@ -66,7 +67,12 @@ def stop(proc: subprocess.Popen, ck: Path, send) -> tuple[str, float]:  # type: 
             time.sleep(0.05)
         sent = time.monotonic()
         send()
-        _, err = proc.communicate(timeout=STOP_S)
+        try:
+            _, err = proc.communicate(timeout=STOP_S)
+        except subprocess.TimeoutExpired:  # a hang: where each thread of the command waits
+            os.kill(proc.pid, signal.SIGABRT)  # faulthandler prints every thread's stack
+            _, err = proc.communicate(timeout=STOP_S)
+            pytest.fail(f"the run did not end {STOP_S:g} s after the signal:\n{err[-6000:]}")
         return err, time.monotonic() - sent
     finally:
         for pid in [proc.pid, *run_processes(ck)]:
