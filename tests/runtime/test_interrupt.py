@@ -39,7 +39,15 @@ def start(out: str, ck: Path, *options: str) -> subprocess.Popen:
     return subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )  # fmt: skip
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child before it starts: Ctrl-C's default action. A suite started in the
+    background by a shell (``pytest &``) ignores SIGINT, every child inherits that, and Python
+    then leaves it ignored: the run would never see the signal the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_processes(ck: Path) -> list[int]:
