@@ -1,7 +1,7 @@
 """Two nodes on one machine: two torch launchers (``--nnodes 2``, c10d rendezvous on
-127.0.0.1), each starting two ranks, run a 2-stage pipeline twice over (``--dp 2``: one copy
-per node, the gradients summed across the nodes) and train the losses of one pipeline that
-accumulates two mini-batches. The commands are the ones docs/DISTRIBUTED.md shows."""
+127.0.0.1), each starting one rank, run a 2-stage pipeline with a stage on each node (the
+activations and gradients cross between the launchers' ranks) and train the losses of the same
+pipeline run in one process. The commands are the ones docs/DISTRIBUTED.md shows."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ def _free_port() -> int:
 
 def _node(out: Path, port: int, metrics: Path) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-            "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+            "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
-            "-m", "pipecompile.runtime.distributed.worker", str(out), "--dp", "2",
-            *TRAIN, "--metrics", str(metrics)]  # fmt: skip
+            "-m", "pipecompile.runtime.distributed.worker", str(out), *TRAIN,
+            "--metrics", str(metrics)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)  # fmt: skip
@@ -45,7 +45,7 @@ def _losses(path: Path) -> list[float]:
     ]
 
 
-def test_two_launchers_with_a_copy_each_equal_one_pipeline_accumulating(tmp_path):
+def test_two_launchers_with_a_stage_each_equal_one_process(tmp_path):
     model = tmp_path / "mlp.py"
     shutil.copy(EXAMPLES / "mlp.py", model)
     out = tmp_path / "out"
@@ -60,7 +60,7 @@ def test_two_launchers_with_a_copy_each_equal_one_pipeline_accumulating(tmp_path
                 os.killpg(node.pid, 9)
     assert [node.returncode for node in nodes] == [0, 0], results
     one = tmp_path / "one.jsonl"
-    assert main(["run", str(out), "--accumulate", "2", *TRAIN, "--metrics", str(one)]) == 0
+    assert main(["run", str(out), *TRAIN, "--metrics", str(one)]) == 0
     expected = _losses(one)
     assert len(expected) == 3
     assert _losses(metrics) == pytest.approx(expected, rel=1e-6, abs=0)

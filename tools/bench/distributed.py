@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,10 +36,10 @@ from common import (
     command,
     log,
     machine,
-    torchrun_command,
     torchrun_options,
     use_examples,
 )
+from ranks import run_ranks
 from torch import nn
 
 from pipecompile.ir.manifest import Manifest
@@ -305,9 +304,7 @@ def checkpoint_save(pipe: object) -> tuple[float, int]:
 
 def torchrun(nproc: int, *args: str) -> list[dict]:
     """Start ``nproc`` workers; rank 0's results, one per schedule."""
-    workers = torchrun_command(nproc, __file__, "--worker", *args)
-    result = subprocess.run(workers, capture_output=True, text=True, timeout=WAIT_S,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    result = run_ranks(nproc, __file__, "--worker", *args, timeout=WAIT_S)
     found = [json.loads(ln[7:]) for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
     if result.returncode or len(found) != len(SCHEDULES):
         raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])

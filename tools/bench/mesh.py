@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -48,7 +46,6 @@ from common import (
     command,
     log,
     machine,
-    torchrun_command,
     torchrun_options,
     use_examples,
 )
@@ -61,6 +58,7 @@ from distributed import (
     pipelining_step,
     rank_pipeline,
 )
+from ranks import run_ranks
 
 from pipecompile.cli import main as pipecompile
 
@@ -201,11 +199,9 @@ def theirs(
 
 def throughput(root: Path, sizes: Sizes, warmup: int, repeats: int) -> dict[str, float]:
     """Median step seconds of each layout (rank 0's report of the torchrun)."""
-    argv = torchrun_command(sizes.procs, __file__, "--worker", "--directory", str(root), "--sizes",
-                            json.dumps(asdict(sizes)), "--warmup", str(warmup),
-                            "--repeats", str(repeats))  # fmt: skip
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_S,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    result = run_ranks(sizes.procs, __file__, "--worker", "--directory", str(root), "--sizes",
+                       json.dumps(asdict(sizes)), "--warmup", str(warmup), "--repeats",
+                       str(repeats), timeout=WAIT_S)  # fmt: skip
     found = [json.loads(ln[7:]) for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
     if result.returncode or not found:
         raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -40,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from common import EXAMPLES, machine, pipecompile_here, torchrun_command, use_examples
+from common import EXAMPLES, machine, pipecompile_here, use_examples
+from ranks import run_ranks
 
 use_examples()
 
@@ -223,10 +223,8 @@ def peer_step(root: Path, bench: Bench, path: Path, stages: int) -> float:
     splits = [a for s in boundaries for a in ("--split-at", s)]
     pipecompile_here(str(path), "--stages", str(stages), "--microbatches", str(stages), *splits,
                      "-o", str(out), "-q")  # fmt: skip
-    argv = torchrun_command(stages, __file__, "--peer-worker", "--directory", str(out),
-                            "--model-file", str(path))  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    done = run_ranks(stages, __file__, "--peer-worker", "--directory", str(out), "--model-file",
+                     str(path), timeout=900)  # fmt: skip
     found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode or not found:
         raise SystemExit(done.stdout[-2000:] + done.stderr[-3000:])

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -51,10 +49,10 @@ from common import (
     pipecompile_command,
     pipecompile_done,
     run_checked,
-    torchrun_command,
     use_examples,
 )
 from distributed import Passing, alternate, live_sets, pipelining_step, rank_pipeline
+from ranks import run_ranks
 
 from pipecompile.cli import main as pipecompile
 
@@ -274,9 +272,7 @@ def main() -> None:
         compile_all(root, args.quick)
         log(f"timing {args.steps} steps of each, two ranks, taking turns ...")
         flags = ["--directory", str(root), "--steps", str(args.steps)]
-        workers = torchrun_command(2, __file__, "--worker", *flags)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(workers, capture_output=True, text=True, timeout=WAIT_S, env=env)
+        done = run_ranks(2, __file__, "--worker", *flags, timeout=WAIT_S)
         lines = [ln[7:] for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
         if done.returncode or not lines:
             raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -45,9 +43,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import command, log, machine, torchrun_command, use_examples
+from common import command, log, machine, use_examples
 from distributed import Sizes as GPT2Sizes
 from distributed import alternate, data, loss_of, ours, theirs
+from ranks import run_ranks
 from torch import nn
 
 use_examples()
@@ -225,10 +224,8 @@ def limits(directory: Path, result: dict) -> tuple[float, float]:
 
 
 def torchrun(nproc: int, root: Path, sizes: Sizes) -> list[dict]:
-    cmd = torchrun_command(nproc, __file__, "--worker", "--directory", str(root),
-                           "--sizes", json.dumps(asdict(sizes)))  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT_S, env=env)
+    done = run_ranks(nproc, __file__, "--worker", "--directory", str(root), "--sizes",
+                     json.dumps(asdict(sizes)), timeout=WAIT_S)  # fmt: skip
     found = [json.loads(ln[7:]) for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode or len(found) != len(sizes.schedules):
         raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
