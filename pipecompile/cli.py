@@ -30,15 +30,17 @@ __all__ = ["main"]
 COMMANDS = ("compile", "run", "show", "export", "viz", "onnx", "plot")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
     """Entry point of the `pipecompile` command; returns the exit status (130 after Ctrl-C or
-    SIGTERM)."""
+    SIGTERM). ``command_line``: this process is the command itself, started for it, which has
+    run no torch op yet (`run --nproc` then forks its rank starter from itself)."""
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c, user_stop
 
     try:
         parsed = _parser().parse_args(_with_command(list(sys.argv[1:] if argv is None else argv)))
     except SystemExit as done:  # --help, --version, or a usage error already printed
         return done.code if isinstance(done.code, int) else 2
+    parsed.command_line = command_line
     try:
         with sigterm_as_ctrl_c():
             return parsed.handler(parsed)
@@ -409,6 +411,10 @@ def _machine(args: argparse.Namespace) -> CostModel:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.nproc and args.command_line:  # before anything runs a torch op in this process
+        from pipecompile.runtime.distributed.local_ranks import fork_a_starter
+
+        fork_a_starter()
     from pipecompile.model.model_file import recorded_model
     from pipecompile.runtime.load import read_manifest
     from pipecompile.runtime.pipeline import Pipeline

@@ -14,4 +14,4 @@ def main() -> int:
     except KeyboardInterrupt:
         print("pipecompile: interrupted", file=sys.stderr)
         return 130
-    return run()
+    return run(command_line=True)

@@ -138,10 +138,38 @@ def test_a_stopped_distributed_run_leaves_nothing_running(tmp_path, mlp, how):
     assert seconds < STOP_S
 
 
+def _children(parent: int) -> list[tuple[int, bytes]]:
+    """The processes whose parent is ``parent``, with their command lines."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            found.append((int(name), cmdline))
+    return found
+
+
+def _forked_starter(proc: subprocess.Popen) -> None:
+    """The command forked its rank starter from itself (no second interpreter: the starter's
+    command line is the command's), and the ranks are the starter's children."""
+    own = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    (starter, cmdline), *others = _children(proc.pid)
+    assert not others and cmdline == own, _children(proc.pid)
+    assert len(_children(starter)) == 2  # the ranks
+
+
 def test_a_killed_command_takes_the_run_with_it(tmp_path, mlp):
     ck = tmp_path.resolve() / "ck"
     proc = start(mlp, ck, "--nproc", "2")
-    stop(proc, ck, lambda: os.kill(proc.pid, signal.SIGKILL))  # nothing can be passed on
+
+    def kill() -> None:
+        _forked_starter(proc)
+        os.kill(proc.pid, signal.SIGKILL)  # nothing can be passed on
+
+    stop(proc, ck, kill)
     deadline = time.monotonic() + STOP_S
     while run_processes(ck) and time.monotonic() < deadline:
         time.sleep(0.1)

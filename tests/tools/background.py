@@ -19,8 +19,11 @@ A script's quick run is forked from a warm process (multiprocessing's fork serve
 imported torch, its compiler front end and pipecompile once and runs no torch op) and then
 runs as ``python SCRIPT --quick`` would: ``__main__``, its own folder first on ``sys.path``,
 that argv, environment and working directory, its stdout and stderr captured. A fresh
-interpreter would spend about 3 s of CPU importing them, 24 times a session. The commands the
-scripts start themselves are fresh interpreters, as a user's are.
+interpreter would spend about 3 s of CPU importing them, 24 times a session. Before the script
+runs, the run forks the rank starter of its own `--nproc` launches from itself, as the
+`pipecompile run --nproc` command does (``local_ranks.fork_a_starter``), instead of starting
+one more interpreter. The commands the scripts start themselves are fresh interpreters, as a
+user's are.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+from pipecompile.runtime.distributed.local_ranks import fork_a_starter
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TIMEOUT_S = 300  # per script: a quick mode takes seconds; this only bounds a hang
@@ -67,6 +72,7 @@ def _become_script(script: str, env: dict[str, str], stdout: str, stderr: str) -
     os.chdir(ROOT)
     sys.argv = [script, "--quick"]
     sys.path.insert(0, str(Path(script).parent))
+    fork_a_starter()  # as `pipecompile run --nproc` does: no torch op has run here yet
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit:

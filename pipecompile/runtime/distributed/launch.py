@@ -25,7 +25,6 @@ however it dies.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -34,12 +33,11 @@ import sys
 import tempfile
 import threading
 import time
-from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pipecompile.runtime.distributed.local_ranks import LocalRanks
+from pipecompile.runtime.distributed.local_ranks import LocalRanks, tied_to_us
 from pipecompile.runtime.distributed.rank_output import USER_LINE, say
 from pipecompile.runtime.distributed.worker import worker_parser
 from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
@@ -51,7 +49,6 @@ __all__ = ["launch", "GRACE_S"]
 GRACE_S = 5.0  # after a stop signal, seconds before what is left of the run is SIGKILLed
 _POLL_S = 0.1
 _STATUS_ENV = "PIPECOMPILE_STATUS_DIR"
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _RANK_LINE = re.compile(r"(?=pipecompile: rank \d+: )")  # where a rank's line begins
 
 
@@ -140,7 +137,7 @@ def _supervise(
     """Start the ranks and see them to their end; returns the run's exit status and the
     ranks' stderr. Whatever way this ends, no process of the run is left afterwards."""
     marker = f"{_STATUS_ENV}={status_dir}".encode()
-    with LocalRanks(nproc, worker_args, env, preexec=_tied_to_us()) as ranks:
+    with LocalRanks(nproc, worker_args, env, preexec=tied_to_us()) as ranks:
         relay = _Relay(ranks.stderr)
         relay.start()
         try:
@@ -172,21 +169,6 @@ class _Relay(threading.Thread):
                     say(line.rstrip("\n"))
         except (OSError, ValueError):  # the pipe was closed under us: the run is over
             pass
-
-
-def _tied_to_us() -> Any:
-    """On Linux, what each rank runs before it starts so that our death, even by SIGKILL,
-    kills it too (it would otherwise lose the store we host and stop, at its next heartbeat,
-    without a line anyone reads); elsewhere None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    return partial(_killed_when_parent_dies, ctypes.CDLL(None).prctl, os.getpid())
-
-
-def _killed_when_parent_dies(prctl: Any, parent: int) -> None:
-    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before the line above took effect
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _wait(ranks: LocalRanks, relay: _Relay, marker: bytes, stop: _StopSignals) -> None:

@@ -7,23 +7,30 @@ here through ``stderr``. The ranks are forked by a starter process (``rank_start
 imported torch once; it reports each rank's process id and exit status. The starter is kept
 for this process's later launches while the variables that shape an interpreter's start-up
 (all but the launch's own) stay the same, so a second launch starts its ranks at once.
+
+A starter is a fresh interpreter, unless the process forks its own beforehand
+(``fork_a_starter``) while it has imported torch and run no torch op: the `pipecompile run
+--nproc N` command does, first thing, which saves it the start-up of a second interpreter
+(about 3.5 s of CPU: torch and its compiler front end).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from functools import partial
 from typing import Any
 
 from torch.distributed import TCPStore
 
-from pipecompile.runtime.distributed.rank_starter import send
+from pipecompile.runtime.distributed.rank_starter import _PR_SET_PDEATHSIG, send, serve
 
-__all__ = ["IMPORT_TIME", "LocalRanks", "Rank", "STARTER_MODULE"]
+__all__ = ["IMPORT_TIME", "LocalRanks", "Rank", "STARTER_MODULE", "fork_a_starter", "tied_to_us"]
 
 STARTER_MODULE = "pipecompile.runtime.distributed.rank_starter"
 _HOST = "127.0.0.1"
@@ -37,6 +44,60 @@ _START_UP = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TOR
 _START_UP += ("PYTORCH_", "CUDA_", "NCCL_", "GLOO_", *IMPORT_TIME)
 _PER_LAUNCH = ("PIPECOMPILE_STATUS_DIR", "OMP_NUM_THREADS")  # set by each launch; the worker
 # sets its threads itself, and the status directory marks the run's processes (launch.py)
+
+
+def fork_a_starter() -> None:
+    """Fork the starter of this process's later launches now, from this process itself.
+
+    Only for a process that has imported torch and run no torch op (and started no thread):
+    a process forked after OpenMP has run a parallel region hangs in its own next one. Where
+    a starter is kept already, nothing happens; a launch whose start-up variables differ from
+    this process's starts a fresh one as before.
+
+    Example:
+        >>> fork_a_starter()  # doctest: +SKIP  (first thing in `pipecompile run --nproc`)
+    """
+    _Starter.fork_here()
+
+
+def tied_to_us() -> Any:
+    """On Linux, what a child runs before it starts so that our death, even by SIGKILL, kills
+    it too (a rank would otherwise lose the store we host and stop, at its next heartbeat,
+    without a line anyone reads); elsewhere None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return partial(_killed_when_parent_dies, ctypes.CDLL(None).prctl, os.getpid())
+
+
+def _killed_when_parent_dies(prctl: Any, parent: int) -> None:
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Forked:
+    """A starter forked from this process, seen as ``subprocess.Popen`` sees a child."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 class Rank:
@@ -77,6 +138,33 @@ class _Starter:
         finally:
             theirs.close()
         self.sock = ours
+
+    @classmethod
+    def fork_here(cls) -> None:
+        """Keep a starter forked from this process (see ``fork_a_starter``)."""
+        with cls._lock:
+            if cls._kept is not None and cls._kept.proc.poll() is None:
+                return
+            starter = cls.__new__(cls)
+            starter.key = _start_up(dict(os.environ))
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            tie = tied_to_us()
+            pid = os.fork()
+            if pid == 0:  # the starter: as a fresh one is started, then serving until closed
+                try:
+                    ours.close()
+                    os.setsid()
+                    null = os.open(os.devnull, os.O_RDWR)
+                    os.dup2(null, 0)
+                    os.dup2(null, 1)
+                    if tie is not None:
+                        tie()
+                    serve(theirs)
+                finally:
+                    os._exit(1)  # serve ends the process itself; this only after an error
+            theirs.close()
+            starter.sock, starter.proc = ours, _Forked(pid)
+            cls._kept = starter
 
     @classmethod
     def serving(cls, env: dict[str, str], preexec: Any) -> _Starter:

@@ -37,7 +37,7 @@ import sys
 import traceback
 from typing import Any, TextIO
 
-__all__ = ["main", "receive", "send"]
+__all__ = ["main", "receive", "send", "serve"]
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _STOPS = (signal.SIGINT, signal.SIGTERM)
@@ -76,9 +76,14 @@ def _more(sock: socket.socket, count: int) -> bytes:
 
 
 def main() -> None:
+    serve(socket.socket(fileno=int(sys.argv[1])))
+
+
+def serve(sock: socket.socket) -> None:
+    """Start the ranks of each launch requested on ``sock`` until the launcher closes it; then
+    end this process (``local_ranks`` forks a process that has run no torch op into this)."""
     for sig in _STOPS:
         signal.signal(sig, signal.SIG_IGN)
-    sock = socket.socket(fileno=int(sys.argv[1]))
     failure = None
     try:
         from pipecompile.runtime.distributed import worker  # imported once, before any fork
