@@ -145,8 +145,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from tests.test_example_scripts import SCRIPTS_JOB, scripts_command
 
         jobs[SCRIPTS_JOB] = scripts_command()
-    subset = "tests/test_bad_inputs.py::test_quick_subset_as_a_user_runs_it"
-    if any(item.nodeid == subset for item in session.items):
+    if any(item.nodeid.startswith("tests/test_bad_inputs.py::") for item in session.items):
         from tests.test_bad_inputs import SUBSET_JOB, subset_command
 
         jobs[SUBSET_JOB] = subset_command()

@@ -2,7 +2,8 @@
 
 Each case runs in this process through ``pipecompile.cli.main`` (a `--nproc` case still
 starts its ranks); the tool's own subprocess mode, as a user runs it, is checked on two of its
-``--quick`` cases. docs/ERRORS.md is generated from the same catalogue.
+``--quick`` cases and on the sampled cases that need a process of their own (their verdicts
+are read from that command's table). docs/ERRORS.md is generated from the same catalogue.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def _params(cases):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("case", _params(bad_inputs.CASES))
 def test_case(case, workspace):
+    if case.id in AS_A_USER:  # run by the background command of test_quick_subset_...
+        verdict = _subset_verdicts().get(case.id)
+        assert verdict == "clear", _subset().stdout + _subset().stderr
+        return
     outcome = bad_inputs.run_case(case, workspace, in_process=True)
     if outcome.verdict == "skipped":
         pytest.skip(outcome.reason)
@@ -83,27 +88,46 @@ def test_the_sample_runs_ranks_of_every_area_that_has_them():
 
 
 QUICK_TWO = ("stage-syntax-error", "steps-zero")  # a run's error and a usage error
+# The sampled cases that need a process of their own anyway (own_process: their ranks write
+# on file descriptor 2): they run in the tool's command below, and test_case reads its verdict.
+AS_A_USER = ("hook-empty-nproc", "nproc-hook-raises-one-rank")
 
 
-SUBSET_JOB = "bad_inputs.py, two quick cases"  # its key in the background runs
+SUBSET_JOB = "bad_inputs.py, four cases"  # its key in the background runs
 
 
 def subset_command() -> list[str]:
-    """The tool's command line for two of its --quick cases, two at once."""
-    only = [arg for case in QUICK_TWO for arg in ("--only", case)]
+    """The tool's command line for two of its --quick cases and the AS_A_USER ones, two at
+    once."""
+    only = [arg for case in (*QUICK_TWO, *AS_A_USER) for arg in ("--only", case)]
     return [sys.executable, str(TOOL), *only, "--jobs", "2"]
+
+
+def _subset():  # type: ignore[no-untyped-def]
+    return RUNS.result(SUBSET_JOB, subset_command())
+
+
+def _subset_verdicts() -> dict[str, str]:
+    """Each case's verdict in the command's table (``case  verdict  exit  message``)."""
+    ids = {*QUICK_TWO, *AS_A_USER}
+    rows = [line.split() for line in _subset().stdout.splitlines()]
+    return {row[0]: row[1] for row in rows if len(row) > 1 and row[0] in ids}
 
 
 def test_quick_subset_as_a_user_runs_it():
     """The tool's command line, each case in a `pipecompile` process of its own, two at once:
-    two of the --quick cases (each --quick case also runs above, in this process). The
-    command runs in the background from the start of the session (tests/conftest.py)."""
+    two of the --quick cases (each --quick case also runs above, in this process) and the
+    sampled cases that need a process of their own. The command runs in the background from
+    the start of the session (tests/conftest.py)."""
     quick = [case.id for case in bad_inputs.select(bad_inputs.CASES, [], quick=True)]
     assert set(QUICK_TWO) <= set(quick) and len(quick) < len(bad_inputs.CASES) / 4, quick
-    result = RUNS.result(SUBSET_JOB, subset_command())
+    assert set(AS_A_USER) <= set(SAMPLED)
+    assert all(c.own_process for c in bad_inputs.CASES if c.id in AS_A_USER)
+    result = _subset()
     assert result.returncode == 0, result.stdout + result.stderr
+    assert _subset_verdicts() == dict.fromkeys((*QUICK_TWO, *AS_A_USER), "clear"), result.stdout
     last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("2 cases tried: 2 clear"), result.stdout
+    assert last.startswith("4 cases tried: 4 clear"), result.stdout
     assert "0 traceback, 0 wrong exit, 0 unclear" in last, result.stdout
     assert "0 silently wrong, 0 data lost, 0 hang" in last, result.stdout
 
