@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 from tests.tools.background import RUNS
 
 ROOMS = ("bench", "qa")
-NOT_RUN = {"bad_inputs.py", "common.py", "ranks.py"}  # tests/test_bad_inputs.py; helpers
+NOT_RUN = {"bad_inputs.py", "common.py", "forked.py"}  # tests/test_bad_inputs.py; helpers
 FOUND = sorted(p for room in ROOMS for p in (ROOT / "tools" / room).glob("*.py"))
 SCRIPTS = [p for p in FOUND if p.name not in NOT_RUN]
 

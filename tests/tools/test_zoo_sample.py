@@ -6,6 +6,8 @@ models through pipecompile) is tests/tools/test_quick.py's.
 from __future__ import annotations
 
 import ast
+import os
+import sys
 
 import pytest
 
@@ -90,3 +92,12 @@ def test_report_counts_and_lists_what_is_not_ok() -> None:
     assert "timm b [2 stages]: grads differ" in text
     assert "timm c [2 stages]: eager: TypeError: x" in text
     assert zoo.exit_status(results, quick=False, install_failed=False) == 1
+
+
+def test_a_command_runs_with_its_output_and_its_time_limit():
+    """A full sweep's children are fresh interpreters (its --quick run forks them instead)."""
+    env = dict(os.environ)
+    said = zoo.run([sys.executable, "-c", "import sys; print('out'); sys.exit('err')"], 60, env)
+    assert said.returncode == 1 and said.output.split() == ["out", "err"]
+    late = zoo.run([sys.executable, "-c", "import time; time.sleep(60)"], 0.5, env)
+    assert late.returncode is None and late.seconds < 30

@@ -39,7 +39,7 @@ from common import (
     torchrun_options,
     use_examples,
 )
-from ranks import run_ranks
+from forked import run_ranks
 from torch import nn
 
 from pipecompile.ir.manifest import Manifest

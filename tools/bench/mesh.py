@@ -58,7 +58,7 @@ from distributed import (
     pipelining_step,
     rank_pipeline,
 )
-from ranks import run_ranks
+from forked import run_ranks
 
 from pipecompile.cli import main as pipecompile
 

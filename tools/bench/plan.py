@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 from common import EXAMPLES, machine, pipecompile_here, use_examples
-from ranks import run_ranks
+from forked import run_ranks
 
 use_examples()
 

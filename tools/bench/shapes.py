@@ -52,7 +52,7 @@ from common import (
     use_examples,
 )
 from distributed import Passing, alternate, live_sets, pipelining_step, rank_pipeline
-from ranks import run_ranks
+from forked import run_ranks
 
 from pipecompile.cli import main as pipecompile
 

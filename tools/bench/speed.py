@@ -46,7 +46,7 @@ import torch.distributed as dist
 from common import command, log, machine, use_examples
 from distributed import Sizes as GPT2Sizes
 from distributed import alternate, data, loss_of, ours, theirs
-from ranks import run_ranks
+from forked import run_ranks
 from torch import nn
 
 use_examples()

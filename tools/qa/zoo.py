@@ -61,9 +61,10 @@ environment's site-packages never hold it. By hand::
     echo '' > .zoo/torchvision/_meta_registrations.py
 
 ``--quick`` runs one model of each zoo at 2 stages (each zoo module's ``QUICK``: torchvision's
-mnasnet0_5, timm's poolformer_s12, Hugging Face's gpt2; about a minute and a half on 2 cores,
-the install included); where torchvision and timm cannot be installed (no network), it
-says so and runs the Hugging Face part.
+mnasnet0_5, timm's poolformer_s12, Hugging Face's gpt2; about 30 s on 2 cores once installed),
+its commands forked from a process that imported torch and pipecompile once
+(``tools/bench/forked.py``) instead of fresh interpreters; where torchvision and timm cannot be
+installed (no network), it says so and runs the Hugging Face part.
 
 Output: a table per zoo and stage count (models run, each outcome, ok %, and the peer's counts),
 then every model that is not ok with its outcome and reason. Exit status: 1 if any model is
@@ -91,7 +92,9 @@ from itertools import chain, zip_longest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the zoos package beside this file
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "bench"))  # forked.py
 
+import forked  # noqa: E402
 from zoos import hf_models, install, timm_models, torchvision_models  # noqa: E402
 from zoos.common import Model  # noqa: E402
 
@@ -147,7 +150,10 @@ class Ran:
 
 
 def run(command: list[str], timeout: float, env: dict[str, str]) -> Ran:
-    """``command`` with a time limit; past it its whole process group is killed."""
+    """``command`` with a time limit; past it its whole process group is killed. Under --quick
+    it is forked from a warm process instead of a fresh interpreter (tools/bench/forked.py)."""
+    if forked.QUICK:
+        return _run_forked(command, timeout, env)
     start = time.perf_counter()
     proc = subprocess.Popen(
         command,
@@ -166,6 +172,19 @@ def run(command: list[str], timeout: float, env: dict[str, str]) -> Ran:
         output, _ = proc.communicate()
         code = None
     return Ran(code, output or "", time.perf_counter() - start)
+
+
+def _run_forked(command: list[str], timeout: float, env: dict[str, str]) -> Ran:
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="zoo-run-") as tmp:
+        output = f"{tmp}/output"
+        proc = forked.start(command, env=env, cwd=str(ROOT), stdout=output, stderr=output)
+        proc.join(timeout)
+        code = proc.exitcode
+        if code is None:
+            forked.stop(proc)
+        text = Path(output).read_text(errors="replace") if Path(output).exists() else ""
+    return Ran(code, text, time.perf_counter() - start)
 
 
 def verdict(phase: str, ran: Ran, timeout: float) -> tuple[str, str]:
