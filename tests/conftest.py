@@ -71,19 +71,35 @@ def named_inputs(model: torch.nn.Module, raw: object) -> dict[str, torch.Tensor]
     return dict(zip(inspect.signature(model.forward).parameters, raw))  # type: ignore[arg-type]
 
 
+def compile_example(name: str, stages: int, root: Path) -> Path:
+    """``root/<name>_<stages>``: the example compiled into ``stages`` stages, 2 micro-batches."""
+    spec = example_spec(name)
+    compiled = compile_model(spec.model, spec.inputs, stages=stages, microbatches=2)
+    target = root / f"{name}_{stages}"
+    emit(compiled, target, model=ModelRef(spec.path, spec.name, name))
+    return target
+
+
+EXAMPLES_JOB = "compiled examples"  # its key in the background runs
+_COMPILED = Path(tempfile.mkdtemp(prefix="pipecompile-examples-"))
+atexit.register(shutil.rmtree, _COMPILED, ignore_errors=True)
+
+
+def examples_command() -> list[str]:
+    """The background job that compiles the ``compiled_examples`` directories."""
+    return [sys.executable, str(ROOT / "tests" / "compile_examples.py"), str(_COMPILED)]
+
+
 @pytest.fixture(scope="session")
-def compiled_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
-    """(example, stages) -> emitted directory, 2 micro-batches each."""
-    root = tmp_path_factory.mktemp("compiled")
-    out = {}
-    for name in EXAMPLE_NAMES:
-        spec = example_spec(name)
-        for stages in STAGE_COUNTS:
-            compiled = compile_model(spec.model, spec.inputs, stages=stages, microbatches=2)
-            target = root / f"{name}_{stages}"
-            emit(compiled, target, model=ModelRef(spec.path, spec.name, name))
-            out[(name, stages)] = target
-    return out
+def compiled_examples() -> dict[tuple[str, int], Path]:
+    """(example, stages) -> emitted directory, 2 micro-batches each: 28 compiles, made by a
+    background job from the session's start (tests/compile_examples.py), beside the first
+    tests rather than before the first test that needs them."""
+    from tests.tools.background import RUNS
+
+    done = RUNS.result(EXAMPLES_JOB, examples_command())
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stdout + done.stderr
+    return {(n, s): _COMPILED / f"{n}_{s}" for n in EXAMPLE_NAMES for s in STAGE_COUNTS}
 
 
 TINY_LM = '''"""A small language model: a tied embedding, dropout {dropout}."""
@@ -141,6 +157,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     ]
     alone = all(item.nodeid.startswith("tests/tools/") for item in session.items)
     jobs = {}
+    if any("compiled_examples" in getattr(item, "fixturenames", ()) for item in session.items):
+        jobs[EXAMPLES_JOB] = examples_command()
     if any(item.nodeid.startswith("tests/test_example_scripts.py::") for item in session.items):
         from tests.test_example_scripts import SCRIPTS_JOB, scripts_command
 

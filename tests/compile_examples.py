@@ -1,0 +1,28 @@
+"""Compile every example at every stage count of the suite, 2 micro-batches each: the
+``compiled_examples`` fixture's directories, made by a background job (tests/conftest.py).
+
+Usage: ``python tests/compile_examples.py OUT``: writes ``OUT/<example>_<stages>`` for each
+example of ``EXAMPLE_NAMES`` and stage count of ``STAGE_COUNTS``, then prints ``done``. The
+examples seed their weights, so the directories hold what a test's own ``example_spec`` builds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: `tests` imports
+
+from tests.conftest import EXAMPLE_NAMES, STAGE_COUNTS, compile_example  # noqa: E402
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    for name in EXAMPLE_NAMES:
+        for stages in STAGE_COUNTS:
+            compile_example(name, stages, out)
+    print("done")
+
+
+if __name__ == "__main__":
+    main()
