@@ -143,6 +143,20 @@ def write_model_file(tmp_path: Path, source: str, name: str = "model.py") -> Pat
     return path
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with tests of the compiled examples run after the others (and before
+    tests/tools/, collected last): their directories come from a background job started with
+    the session (``compiled_examples``), which is done by then."""
+    uses = {i.module for i in items if "compiled_examples" in getattr(i, "fixturenames", ())}
+    late = [i for i in items if getattr(i, "module", None) in uses]
+    if not late:
+        return
+    rest = [i for i in items if getattr(i, "module", None) not in uses]
+    tools = next((k for k, i in enumerate(rest) if i.nodeid.startswith("tests/tools/")), None)
+    at = len(rest) if tools is None else tools
+    items[:] = [*rest[:at], *late, *rest[at:]]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the selected tools' quick runs, and the examples run as scripts, in the background
     (tests/tools/background.py)."""
