@@ -7,7 +7,9 @@ in fresh processes, each printing its figures as the last line of stdout:
   over its 256 compute instructions;
 - ``torchrun --nproc-per-node N -m pipecompile.calibration_probe --ranks THREADS``: what N
   ranks on this machine pay for messages (gloo): the latency of a small message (neighbour
-  pairs ping-ponging at once) and the bandwidth of a 4 MiB all-reduce over all of them.
+  pairs ping-ponging at once) and the bandwidth of a 4 MiB all-reduce over all of them. The
+  calibration starts those ranks itself as `run --nproc` does (``rank_main``, forked by the
+  process's rank starter), which spares it torchrun's interpreters.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import nn
 
 from pipecompile.planner.calibrate import best_of
 
-__all__ = ["per_instruction", "rank_figures"]
+__all__ = ["per_instruction", "rank_figures", "rank_main"]
 
 
 def per_instruction() -> float:
@@ -85,6 +87,17 @@ def rank_figures() -> dict[str, float] | None:
         return None
     moved = 2 * (world - 1) / world * big.numel() * big.element_size()
     return {"message_latency": latency.item(), "bandwidth": moved / seconds.item()}
+
+
+def rank_main(args: list[str]) -> int:
+    """A rank of the calibration's launch (``local_ranks.LocalRanks``, ``entry``):
+    ``args`` are ``THREADS OUT``; rank 0 writes ``rank_figures()`` to the file OUT as JSON."""
+    torch.set_num_threads(int(args[0]))
+    found = rank_figures()
+    if found is not None:
+        with open(args[1], "w") as out:
+            json.dump(found, out)
+    return 0
 
 
 if __name__ == "__main__":

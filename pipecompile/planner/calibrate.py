@@ -35,6 +35,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -52,6 +53,8 @@ from pipecompile.runtime.threads import cores, fair_share
 __all__ = ["Calibration", "best_of", "calibrated", "measure", "record_path", "remember_scale"]
 
 METHOD = 2  # a record measured another way is measured again
+_RANK_PROBE = "pipecompile.calibration_probe:rank_main"  # what the message probe's ranks run
+_PROBE_S = 600.0  # the most a probe may take: a hang guard
 _FIELDS = (
     "flops_rate", "half_work", "op_overhead", "elementwise_rate", "instr_overhead",
     "optimizer_rate",
@@ -268,18 +271,27 @@ def _optimizer() -> float:
 
 def _rank_figures(devices: int, threads: int) -> dict[str, float]:
     """Message latency and all-reduce bandwidth of ``devices`` ranks on this machine, by
-    ``pipecompile.calibration_probe --ranks`` under torchrun."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={devices}", "-m", "pipecompile.calibration_probe", "--ranks",
-            str(threads)]  # fmt: skip
+    ``pipecompile.calibration_probe.rank_main`` on ranks started as `run --nproc` starts
+    them (forked by this process's rank starter)."""
+    from pipecompile.runtime.distributed.local_ranks import LocalRanks, tied_to_us
+
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-    try:
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-        return {k: float(found[k]) for k in ("message_latency", "bandwidth")}
-    except (IndexError, ValueError, KeyError, TypeError):
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise PlanError(f"calibrating messages between {devices} ranks failed: {tail}") from None
+    with tempfile.TemporaryDirectory(prefix="pipecompile-calibration-") as tmp:
+        out = Path(tmp) / "ranks.json"
+        with LocalRanks(devices, [str(threads), str(out)], env, preexec=tied_to_us(),
+                        entry=_RANK_PROBE) as ranks:  # fmt: skip
+            deadline = time.monotonic() + _PROBE_S
+            while ranks.running() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            ranks.kill()
+            said = ranks.stderr.read()  # to its end: every rank has ended
+        try:
+            found = json.loads(out.read_text())
+            return {k: float(found[k]) for k in ("message_latency", "bandwidth")}
+        except (OSError, ValueError, KeyError, TypeError):
+            tail = (said.strip().splitlines() or ["no output"])[-1]
+            why = f"calibrating messages between {devices} ranks failed: {tail}"
+            raise PlanError(why) from None
 
 
 def _per_instruction(threads: int) -> float:

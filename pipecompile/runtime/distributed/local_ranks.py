@@ -199,18 +199,26 @@ def _start_up(env: dict[str, str]) -> dict[str, str]:
 
 class LocalRanks:
     """``nproc`` ranks, each in a session of its own, forked by the kept starter process;
-    ``preexec`` runs in a new starter before it starts (see ``subprocess.Popen``). Used as a
-    context manager, whatever is left of them is SIGKILLed on the way out and the store is
-    closed."""
+    ``preexec`` runs in a new starter before it starts (see ``subprocess.Popen``); ``entry``
+    (``MODULE:FUNCTION``) is what the ranks run with ``worker_args``, the worker by default.
+    Used as a context manager, whatever is left of them is SIGKILLed on the way out and the
+    store is closed."""
 
     def __init__(
-        self, nproc: int, worker_args: list[str], env: dict[str, str], preexec: Any = None
+        self,
+        nproc: int,
+        worker_args: list[str],
+        env: dict[str, str],
+        preexec: Any = None,
+        entry: str | None = None,
     ) -> None:
         self.store = TCPStore(_HOST, 0, is_master=True, wait_for_workers=False)
         self.procs = [Rank() for _ in range(nproc)]
         self._lock = threading.Lock()  # the reader thread writes the ranks' pids and codes
         ranks = [self._rank_env(rank, nproc) for rank in range(nproc)]
         request = {"worker_args": worker_args, "cwd": os.getcwd(), "env": env, "ranks": ranks}
+        if entry is not None:  # MODULE:FUNCTION the ranks run instead of the worker
+            request["entry"] = entry
         read_end, write_end = os.pipe()
         status_read, status_write = os.pipe()
         fds = [status_write, write_end, 1]  # the ranks write to this process's stdout

@@ -12,7 +12,8 @@ process, or a test, has run torch). One starter serves every launch of the proce
 it: the second `--nproc` run of a Python session starts its ranks at once.
 
 Each launch sends one request on the socket: a JSON object (``worker_args``, ``cwd``, ``env``,
-and ``ranks``: each rank's own variables) with three file descriptors, the launch's status
+``ranks``: each rank's own variables, and optionally ``entry``, a ``MODULE:FUNCTION`` the ranks
+run with ``worker_args`` instead of the worker) with three file descriptors, the launch's status
 pipe, the pipe for the ranks' stderr and the stdout they write to. A rank gets that
 environment and working directory, a session of its own, and on Linux the SIGKILL this
 process's death sends it. On the status pipe this process writes ``started PID`` for each
@@ -27,6 +28,7 @@ ends when the launcher closes the socket (or dies: on Linux it is SIGKILLed with
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import select
@@ -100,7 +102,8 @@ def serve(sock: socket.socket) -> None:
             if got is None:
                 break
             if failure is None:
-                _start(sock, worker.main, *got, launches, parent)
+                run = _entry(got[0].get("entry")) if got[0].get("entry") else worker.main
+                _start(sock, run, *got, launches, parent)
             else:
                 os.write(got[1][1], failure.encode())
                 for fd in got[1]:
@@ -108,6 +111,13 @@ def serve(sock: socket.socket) -> None:
         _reap(launches)
     os._exit(0)  # no interpreter shutdown (torch's takes about half a second); on Linux any
     # rank still running is SIGKILLed with this process
+
+
+def _entry(name: str) -> Any:
+    """``MODULE:FUNCTION`` that a launch's ranks run instead of the worker (the calibration's
+    message probe), imported here before the fork."""
+    module, function = name.split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def _warm() -> None:
