@@ -443,6 +443,7 @@ def _run(args: argparse.Namespace) -> int:
     from pipecompile.model.data_hooks import EVAL, batch_source, example_source
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
     from pipecompile.runtime.training.loop import TrainState, train
+    from pipecompile.runtime.training.train_state import remove_partial
 
     data = batch_source(spec) or example_source(spec)
     options = _train_options(args, directory)
@@ -451,6 +452,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         train(pipe, spec.loss_fn, data, options, eval_data=batch_source(spec, EVAL), state=state)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main turns it into one)
+        if options.save is not None:  # a stop between a save's first steps leaves them too
+            remove_partial(options.save)
         print(interrupted_line(state.done, state.total, options.save), file=sys.stderr)
         return EXIT_INTERRUPTED
     if args.stats and pipe.last_stats is not None:

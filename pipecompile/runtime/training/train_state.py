@@ -103,10 +103,10 @@ def save(
 def _save(pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any] | None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{step_name(step)}.tmp"
-    if rank == 0:
-        remove_partial(root)  # left by a save that was killed, this step's included
-        tmp.mkdir()
     try:
+        if rank == 0:
+            remove_partial(root)  # left by a save that was killed, this step's included
+            tmp.mkdir()
         return _write(pipe, root, tmp, step, rank, train)
     except BaseException as err:  # Ctrl-C or an error mid-save: `latest` names a complete step
         if rank == 0:
