@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import inspect
 import os
@@ -81,13 +82,19 @@ def compile_example(name: str, stages: int, root: Path) -> Path:
 
 
 EXAMPLES_JOB = "compiled examples"  # its key in the background runs
-_COMPILED = Path(tempfile.mkdtemp(prefix="pipecompile-examples-"))
-atexit.register(shutil.rmtree, _COMPILED, ignore_errors=True)
+
+
+@functools.cache
+def _compiled_root() -> Path:
+    """Where the job writes the compiled examples: made on first use, removed at exit."""
+    root = Path(tempfile.mkdtemp(prefix="pipecompile-examples-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 def examples_command() -> list[str]:
     """The background job that compiles the ``compiled_examples`` directories."""
-    return [sys.executable, str(ROOT / "tests" / "compile_examples.py"), str(_COMPILED)]
+    return [sys.executable, str(ROOT / "tests" / "compile_examples.py"), str(_compiled_root())]
 
 
 @pytest.fixture(scope="session")
@@ -99,7 +106,8 @@ def compiled_examples() -> dict[tuple[str, int], Path]:
 
     done = RUNS.result(EXAMPLES_JOB, examples_command())
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stdout + done.stderr
-    return {(n, s): _COMPILED / f"{n}_{s}" for n in EXAMPLE_NAMES for s in STAGE_COUNTS}
+    root = _compiled_root()
+    return {(n, s): root / f"{n}_{s}" for n in EXAMPLE_NAMES for s in STAGE_COUNTS}
 
 
 TINY_LM = '''"""A small language model: a tied embedding, dropout {dropout}."""
