@@ -49,11 +49,16 @@ class Agreement:
 
 
 def agreement(
-    result: torch.Tensor, reference: torch.Tensor, exact: torch.Tensor | None
+    result: torch.Tensor,
+    reference: torch.Tensor,
+    exact: torch.Tensor | None,
+    floor: float = 0.0,
 ) -> Agreement:
     """Compare ``result`` with ``reference``, whose float64 twin is ``exact`` (None: a model
     that cannot run in float64; then ``FIXED`` absolute plus ``FIXED`` of the largest
-    magnitude is allowed, and the noise floor reads 0).
+    magnitude is allowed, and the noise floor reads 0). ``floor``: a noise floor measured
+    elsewhere (the same eager values computed by another device's kernels, which round
+    otherwise); the larger of the two is used.
 
     Example:
         >>> x = torch.randn(8, dtype=torch.float64)
@@ -75,7 +80,7 @@ def agreement(
         scale = _max_abs(want.double())
         return Agreement(error, 0.0, FIXED + FIXED * scale)
     exact64 = _real(exact.detach()).to(torch.float64)
-    noise = _max_abs(want.double() - exact64)
+    noise = max(_max_abs(want.double() - exact64), floor)
     scale = _max_abs(exact64)
     bound = NOISE_FACTOR * noise + ULPS * torch.finfo(want.dtype).eps * scale
     return Agreement(error, noise, bound)

@@ -43,13 +43,29 @@ def seed_random_ops(stage: nn.Module, names: list[str], label: str) -> bool:
         with traced.graph.inserting_before(node):
             traced.graph.call_function(seed_op, (name,))
     traced.recompile()
+    _constants_as_buffers(stage)
     stage.forward = types.MethodType(type(traced).forward, stage)  # type: ignore[method-assign]
     return True
 
 
+def _constants_as_buffers(stage: nn.Module) -> None:
+    """The tensors fx kept as plain attributes of ``stage`` while tracing (constants the
+    forward makes without reading an input, a parameter or a buffer) become non-persistent
+    buffers, so moving the stage to a GPU moves them; the weights file never holds them."""
+    for name, value in list(vars(stage).items()):
+        if isinstance(value, torch.Tensor) and name.startswith("_tensor_constant"):
+            delattr(stage, name)
+            stage.register_buffer(name, value, persistent=False)
+
+
 class _StageTracer(fx.Tracer):
     """fx's tracer, keeping the stage's ``torch.get_default_device()`` a call (fx would run it
-    while tracing and bake the device it returns into the graph)."""
+    while tracing and bake the device it returns into the graph), and its buffers read when
+    the forward runs: fx would run a computation on buffers alone while tracing and keep its
+    result as a plain tensor attribute, a copy that neither a later load into the buffers
+    (resumed state, weight stashing) nor a move to a GPU would reach."""
+
+    proxy_buffer_attributes = True
 
     def trace(self, root: object, concrete_args: dict | None = None) -> fx.Graph:
         real = torch.get_default_device

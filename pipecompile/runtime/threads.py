@@ -1,7 +1,8 @@
 """How many intra-op threads each process of a run uses, so that ranks do not fight for cores.
 
 A rank on a machine shared with ``k`` ranks takes its share of the cores this process may run
-on (at least one); ``--threads N`` sets it for every process. A run in one process (the local
+on (at least one); ``--threads N`` sets it for every process, and so does ``OMP_NUM_THREADS``
+for the ranks ``run --nproc`` starts when the caller set it. A run in one process (the local
 backend, ``fit()``) without ``--threads`` follows the idle cores instead (``IdleCores``):
 torch's threads wait for each other at every op, so one thread that shares its core with
 another program's work holds all of them back; on a 2-core machine with one core busy, a
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cores", "fair_share", "use_threads", "IdleCores"]
+__all__ = ["cores", "fair_share", "launch_threads", "use_threads", "IdleCores"]
 
 _STAT = Path("/proc/stat")
 _given = False  # the last use_threads set a count (--threads, a rank's share): IdleCores is off
@@ -35,6 +36,16 @@ def cores() -> int:
 def fair_share(ranks_here: int) -> int:
     """The threads of one of ``ranks_here`` ranks on this machine."""
     return max(1, cores() // max(ranks_here, 1))
+
+
+def launch_threads(given: int | None, ranks_here: int) -> int:
+    """The threads of each of ``ranks_here`` ranks that ``run --nproc`` starts: ``given``
+    (``--threads``), else ``OMP_NUM_THREADS`` where the caller set it (a machine shared with
+    other work, several runs at once), else the fair share."""
+    if given:
+        return given
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else fair_share(ranks_here)
 
 
 def use_threads(threads: int | None, ranks_here: int | None = None) -> int:

@@ -26,6 +26,17 @@ def test_the_fair_share_divides_the_cores_and_never_falls_to_zero(monkeypatch):
     assert threads.fair_share(4) == 1
 
 
+def test_run_nproc_takes_threads_given_then_the_callers_omp_count_then_the_share(monkeypatch):
+    monkeypatch.setattr(threads, "cores", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert threads.launch_threads(None, 2) == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # eight runs at once on 16 cores, say
+    assert threads.launch_threads(None, 1) == 2
+    assert threads.launch_threads(3, 1) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")  # not a count: the share
+    assert threads.launch_threads(None, 4) == 4
+
+
 def test_use_threads_sets_the_given_count_or_the_share(monkeypatch, restored):
     monkeypatch.setattr(threads, "cores", lambda: 4)
     assert threads.use_threads(None, 2) == 2

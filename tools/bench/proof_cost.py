@@ -30,6 +30,7 @@ from common import ROOT, command, log, machine, pipecompile_command, run_checked
 sys.path.insert(0, str(ROOT / "tools" / "qa"))  # the zoos package of tools/qa/zoo.py
 
 from zoos import hf_models, install, timm_models, torchvision_models  # noqa: E402
+from zoos.common import sample  # noqa: E402
 
 ZOOS = {"torchvision": torchvision_models, "timm": timm_models, "hf": hf_models}
 LINE = re.compile(r"^  (\S[\w ]*?)\s+([\d.]+) ms$")  # a progress line: name and milliseconds
@@ -62,14 +63,6 @@ def measure(model_file: Path, out: Path) -> tuple[float, float, float]:
         raise SystemExit(f"{model_file}: no verify line in the compile's output")
     compiled = sum(ms for name, ms in lines.items() if name not in NOT_COMPILE)
     return compiled, lines["verify"], wall
-
-
-def sample(names: list[str], count: int) -> list[str]:
-    """``count`` names evenly spaced over ``names`` (all of them for 0)."""
-    if count <= 0 or count >= len(names):
-        return names
-    step = len(names) / count
-    return [names[int(k * step)] for k in range(count)]
 
 
 def summary(label: str, ratios: list[tuple[float, float]]) -> str:

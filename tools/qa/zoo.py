@@ -7,6 +7,8 @@
     python tools/qa/zoo.py --report /tmp/zoo.json     # the table of a JSON (a partial run too)
     python tools/qa/zoo.py --models timm:dla34 --workdir /tmp/z --keep-outputs   # to replay
     python tools/qa/zoo.py --quick                    # what the test suite runs
+    python tools/qa/zoo.py --installed --device cuda --sample 20 --stages 2 --no-peer --jobs 8
+                      # on a GPU machine: its own torchvision and timm, every stage on its GPU
 
 Each model is written as a model file (``build_model``, ``example_inputs``,
 ``example_targets``, ``loss_fn``; random weights, seeded, every dropout at p = 0 and the
@@ -96,7 +98,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "bench"))  # forked
 
 import forked  # noqa: E402
 from zoos import hf_models, install, timm_models, torchvision_models  # noqa: E402
-from zoos.common import Model  # noqa: E402
+from zoos.common import Model, sample  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().parent / "zoos" / "probe.py"
@@ -135,6 +137,7 @@ class Plan:
     peer: frozenset[tuple[str, str]] | None  # (zoo, model) pairs; None: every model
     env: dict[str, str] = field(default_factory=dict)
     keep_outputs: bool = False  # else each compiled folder goes once checked (weights: GBs)
+    device: str = "cpu"  # cuda: every stage on one GPU, checked by one NCCL rank
 
     def wants_peer(self, model: Model) -> bool:
         return self.peer is None or (model.zoo, model.name) in self.peer
@@ -237,7 +240,7 @@ def _mismatch(text: str) -> str:
     return "; ".join(filter(None, [verdict_line, *diffs]))[:400]
 
 
-def compile_command(model_file: Path, stages: int, out: Path) -> list[str]:
+def compile_command(model_file: Path, stages: int, out: Path, device: str = "cpu") -> list[str]:
     command = [
         sys.executable,
         "-m",
@@ -252,19 +255,25 @@ def compile_command(model_file: Path, stages: int, out: Path) -> list[str]:
         "-o",
         str(out),
     ]
+    if device == "cuda":  # one device holds every stage: the GPU of one rank
+        return command + ["--schedule", "interleaved", "--virtual-stages", str(stages)]
     return command + (["--schedule", "1f1b"] if stages >= 4 else [])
+
+
+def check_command(out: Path, device: str = "cpu") -> list[str]:
+    command = [sys.executable, "-m", "pipecompile", "run", str(out), "--check"]
+    return command + (["--nproc", "1", "--device", "cuda"] if device == "cuda" else [])
 
 
 def at_stages(model_file: Path, stages: int, plan: Plan) -> tuple[str, str, float]:
     """Compile ``model_file`` into ``stages`` stages and check it: (outcome, reason, seconds)."""
     out = model_file.parent / f"out{stages}"
     try:
-        built = run(compile_command(model_file, stages, out), plan.timeout, plan.env)
+        built = run(compile_command(model_file, stages, out, plan.device), plan.timeout, plan.env)
         outcome, reason = verdict("compile", built, plan.timeout)
         if outcome != "ok":
             return outcome, reason, built.seconds
-        check = [sys.executable, "-m", "pipecompile", "run", str(out), "--check"]
-        checked = run(check, plan.timeout, plan.env)
+        checked = run(check_command(out, plan.device), plan.timeout, plan.env)
         outcome, reason = verdict("check", checked, plan.timeout)
         return outcome, reason, built.seconds + checked.seconds
     finally:
@@ -436,7 +445,7 @@ def choose(args: argparse.Namespace, zoos: list[str], zoo_dir: str) -> list[Mode
         if args.quick and not wanted:
             per_zoo[zoo] = list(module.QUICK)
         elif not wanted:
-            per_zoo[zoo] = module.names(zoo_dir)
+            per_zoo[zoo] = sample(module.names(zoo_dir), args.sample)
         else:
             per_zoo[zoo] = _selected(wanted, zoo, module, zoo_dir)
     unknown = [w for w in wanted if not any(w.split(":")[-1] in n for n in per_zoo.values())]
@@ -493,6 +502,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="also torch.distributed.pipelining (default on; --quick: one model)",
     )
+    parser.add_argument(
+        "--sample", type=int, default=0, help="N models of each zoo, evenly spaced (default all)"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: compile every stage onto one device (--schedule interleaved) and check on "
+        "one GPU rank (run --check --nproc 1 --device cuda) against eager on the CPU",
+    )
+    parser.add_argument(
+        "--installed",
+        action="store_true",
+        help="the torchvision and timm the environment already has (a GPU machine's image), "
+        "not --zoo-dir's",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="models at once (default 2)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per command")
     parser.add_argument(
@@ -542,6 +567,7 @@ def plan_for(args: argparse.Namespace, workdir: Path) -> Plan:
         peer,
         child_env(args.jobs),
         args.keep_outputs,
+        args.device,
     )
 
 
@@ -551,15 +577,23 @@ def main(argv: list[str] | None = None) -> int:
         results = [Result(**r) for r in json.loads(args.report.read_text())]
         print(report(results))
         return 0
-    zoos, failure = installed_zoos(args.zoo.split(","), args.zoo_dir.resolve())
+    zoo_dir = "" if args.installed else str(args.zoo_dir.resolve())
+    zoos, failure = (
+        (args.zoo.split(","), None)
+        if args.installed
+        else installed_zoos(args.zoo.split(","), args.zoo_dir.resolve())
+    )
     if failure:
         print(f"note: torchvision and timm left out: {failure}")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
         workdir = (args.workdir or Path(tmp)).resolve()
         plan = plan_for(args, workdir)
-        models = choose(args, zoos, str(args.zoo_dir.resolve()))
-        print(f"{len(models)} models, stages {plan.stages}, {args.jobs} jobs", file=sys.stderr)
+        models = choose(args, zoos, zoo_dir)
+        print(
+            f"{len(models)} models, stages {plan.stages}, {args.jobs} jobs, on {args.device}",
+            file=sys.stderr,
+        )
         results = sweep(models, plan, args.jobs, args.json)
     print(report(results))
     print(f"\n{len(models)} models in {time.perf_counter() - start:.0f} s")

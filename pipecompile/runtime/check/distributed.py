@@ -10,6 +10,7 @@ round otherwise, are held to the noise-floor rule instead.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,30 @@ import torch.distributed as dist
 from pipecompile.ir.microbatch import join_microbatches
 from pipecompile.model.model_file import ModelSpec
 from pipecompile.runtime.check.eager import check_against_eager
-from pipecompile.runtime.check.step import CheckReport, compare, float64_reference
+from pipecompile.runtime.check.step import (
+    CheckReport,
+    compare,
+    eager_on_device,
+    float64_reference,
+)
 from pipecompile.runtime.pipeline import Pipeline
 
 __all__ = ["check_distributed"]
+
+
+@dataclass(frozen=True)
+class Floors:
+    """What the distributed values of GPU ranks are held to: the float64 eager reference
+    (``exact``: loss, joined outputs, gradients) and the noise floors measured on the ranks'
+    GPU (its fp32 eager values against ``exact``; zero where eager could not run there)."""
+
+    exact: tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]
+    loss: float = 0.0
+    outputs: tuple[float, ...] = ()
+    grads: dict[str, float] = field(default_factory=dict)
+
+    def output(self, k: int) -> float:
+        return self.outputs[k] if k < len(self.outputs) else 0.0
 
 
 def _floors(
@@ -31,18 +52,38 @@ def _floors(
     spec: ModelSpec,
     args: argparse.Namespace,
     asynchronous: bool,
-) -> tuple | None:
-    """The float64 eager reference that measures the noise floors, when the ranks ran on GPUs:
-    their kernels round otherwise than the CPU's, so the distributed values are held to the
-    noise-floor rule (against the local backend's CPU values, as ``run --check`` holds the
-    pipeline to eager's) rather than to equality. None on CPU ranks, for given
+    device: torch.device | None = None,
+) -> Floors | None:
+    """The noise floors, when the ranks ran on GPUs: their kernels round otherwise than the
+    CPU's (other summation orders; cuDNN's convolution algorithms), so the distributed values
+    are held to the noise-floor rule against the local backend's CPU values, as ``run --check``
+    holds the pipeline to eager's, rather than to equality; the floor is the larger of the
+    CPU's and that of eager on ``device`` (rank 0's GPU). None on CPU ranks, for given
     ``--atol``/``--rtol``, and for PipeDream's weights after a step."""
     if not any(part.get("gpu") for part in gathered) or asynchronous:
         return None
     if args.atol is not None or args.rtol is not None:
         return None
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
-    return float64_reference(local, spec.model, spec.inputs, spec.targets, spec.loss_fn)
+    batch = (local, spec.model, spec.inputs, spec.targets, spec.loss_fn)
+    exact = float64_reference(*batch)
+    if exact is None:
+        return None
+    there = eager_on_device(*batch, device) if device is not None else None
+    if there is None:
+        return Floors(exact)
+    return Floors(
+        exact,
+        _gap(there[0], exact[0]),
+        tuple(_gap(a, b) for a, b in zip(there[1], exact[1])),
+        {n: _gap(g, exact[2][n]) for n, g in there[2].items() if n in exact[2]},
+    )
+
+
+def _gap(have: torch.Tensor, exact: torch.Tensor) -> float:
+    if have.shape != exact.shape or not have.is_floating_point():
+        return 0.0
+    return float((have.double() - exact.double()).abs().max()) if have.numel() else 0.0
 
 
 def check_distributed(
@@ -76,7 +117,8 @@ def check_distributed(
     dist.gather_object(mine, gathered if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return CheckReport("(reported by rank 0)")
-    return _compare_on_rank0(gathered, spec, directory, args, pipe.asynchronous)
+    return _compare_on_rank0(gathered, spec, directory, args, pipe.asynchronous,
+                             pipe.default_device)  # fmt: skip
 
 
 def _compare_on_rank0(
@@ -85,6 +127,7 @@ def _compare_on_rank0(
     directory: Path,
     args: argparse.Namespace,
     asynchronous: bool,
+    device: torch.device | None = None,
 ) -> CheckReport:
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
     local = Pipeline.load(directory, args.program)
@@ -104,40 +147,57 @@ def _compare_on_rank0(
     values: dict[str, torch.Tensor] = {}
     for part in gathered:
         values.update(part["values"])
-    twin = _floors(gathered, local, spec, args, asynchronous)
+    floors = _floors(gathered, local, spec, args, asynchronous, device)
+    exact = floors.exact if floors else None
+    # the distributed comparisons' own report: their noise ratios are printed on their line
+    mine = CheckReport(report.reference)
     what = "weights after the step" if asynchronous else "gradient"
     worst = 0.0
     for name, want in local_values.items():
         if name not in values:
-            report.failures.append(f"distributed run has no {what} for {name}")
+            mine.failures.append(f"distributed run has no {what} for {name}")
             continue
-        found = compare(report, f"distributed {what} of {name}", values[name], want, args.atol,
-                        args.rtol, twin[2].get(name) if twin else None, "grads")  # fmt: skip
+        found = compare(mine, f"distributed {what} of {name}", values[name], want, args.atol,
+                        args.rtol, exact[2].get(name) if exact else None, "grads",
+                        floors.grads.get(name, 0.0) if floors else 0.0)  # fmt: skip
         worst = max(worst, found)
     line = f"  distributed ({len(gathered)} ranks) vs local backend: {what} max |diff| {worst:.3e}"
     losses = {i: v for part in gathered for i, v in part["losses"].items()}
     results = {i: v for part in gathered for i, v in part["outputs"].items()}
     if local_loss is not None:
         diff = compare(
-            report,
+            mine,
             "distributed loss",
             torch.tensor(sum(losses.values())),
             local_loss.detach(),
             args.atol,
             args.rtol,
-            twin[0] if twin else None,
+            exact[0] if exact else None,
             "loss",
+            floors.loss if floors else 0.0,
         )
         line += f", loss {diff:.3e}"
     if local_outs is not None:
         joined = join_microbatches([results[i] for i in sorted(results)])
-        exact = twin[1] if twin else [None] * len(local_outs)
+        twins = exact[1] if exact else [None] * len(local_outs)
         out_diff = max(
             compare(
-                report, f"distributed output {k}", have, want, args.atol, args.rtol, e, "outputs"
+                mine,
+                f"distributed output {k}",
+                have,
+                want,
+                args.atol,
+                args.rtol,
+                e,
+                "outputs",
+                floors.output(k) if floors else 0.0,
             )  # fmt: skip
-            for k, (have, want, e) in enumerate(zip(joined, local_outs, exact))
+            for k, (have, want, e) in enumerate(zip(joined, local_outs, twins))
         )
         line += f", outputs {out_diff:.3e}"
+    if floors is not None and mine.ratios:
+        line += f" ({max(mine.ratios.values()):.2g}x the noise floor at most"
+        line += ", floors measured on the CPU and the GPU)" if floors.grads else ")"
     report.notes.append(line)
+    report.failures += mine.failures
     return report

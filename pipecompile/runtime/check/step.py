@@ -46,6 +46,8 @@ __all__ = [
     "eager_forward",
     "check_targets",
     "join_outputs",
+    "float64_reference",
+    "eager_on_device",
 ]
 
 
@@ -334,6 +336,30 @@ def float64_reference(
     return _eager_float64(pipe, model, inputs, targets, loss_fn, parts)
 
 
+def eager_on_device(
+    pipe: Pipeline,
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...],
+    loss_fn: LossFn,
+    device: torch.device,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]] | None:
+    """A copy of ``model`` in its own dtype on ``device``, split as ``float64_reference``
+    splits it: the loss, joined outputs and gradients (on the CPU) that measure the rounding
+    of that device's kernels; None when the model cannot run there."""
+    parts = pipe.program.microbatches if _per_micro(model) else 1
+    there = copy.deepcopy(model).to(device)
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    try:
+        loss, parts_out, grads = _eager(
+            pipe, there, moved, tuple(t.to(device) for t in targets), loss_fn, parts
+        )
+    except Exception:  # a model tied to the CPU: the CPU's floors alone
+        return None
+    joined = [t.cpu() for t in join_outputs(pipe, parts_out)]
+    return loss.cpu(), joined, {name: g.cpu() for name, g in grads.items()}
+
+
 _NO_TWIN: tuple[None, list[torch.Tensor], dict[str, torch.Tensor]] = (None, [], {})
 
 
@@ -469,11 +495,13 @@ def compare(
     rtol: float | None,
     exact: torch.Tensor | None = None,
     kind: str = "",
+    floor: float = 0.0,
 ) -> float:
     """Compare ``have`` with ``want``, recording a failure in ``report``; return max |diff|.
     A given ``atol``/``rtol`` decides (``atol + rtol * |want|``); else, with ``exact`` (``want``
-    computed in float64), the noise floor rule; else ``noise_floor.FIXED`` for both. ``kind``
-    ("loss", "outputs", "grads") collects the worst noise ratio, printed either way."""
+    computed in float64), the noise floor rule (``floor``: one measured on other kernels, used
+    where larger); else ``noise_floor.FIXED`` for both. ``kind`` ("loss", "outputs", "grads")
+    collects the worst noise ratio, printed either way."""
     have = torch.as_tensor(have).detach()
     want = want.detach()
     if have.shape != want.shape:
@@ -492,7 +520,7 @@ def compare(
     given = atol is not None or rtol is not None
     fixed = FIXED if atol is None else atol, FIXED if rtol is None else rtol
     within = not bool((diff > fixed[0] + fixed[1] * want.abs()).any())
-    found = agreement(have, want, exact) if exact is not None else None
+    found = agreement(have, want, exact, floor) if exact is not None else None
     if found is not None:
         report.ratios[kind] = max(report.ratios.get(kind, 0.0), found.ratio)
     if found is not None and not given:

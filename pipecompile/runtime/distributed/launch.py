@@ -41,7 +41,7 @@ from pipecompile.runtime.distributed.local_ranks import LocalRanks, tied_to_us
 from pipecompile.runtime.distributed.rank_output import USER_LINE, say
 from pipecompile.runtime.distributed.worker import worker_parser
 from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
-from pipecompile.runtime.threads import fair_share
+from pipecompile.runtime.threads import launch_threads
 from pipecompile.runtime.training.train_state import remove_partial
 
 __all__ = ["launch", "GRACE_S"]
@@ -61,7 +61,9 @@ def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> i
     save = Path(options.save) if options.save else None
     with _StopSignals() as stop:
         with tempfile.TemporaryDirectory(prefix="pipecompile-run-") as status_dir:
-            threads = options.threads or fair_share(nproc)  # the OpenMP pool's size, too
+            threads = launch_threads(options.threads, nproc)  # the OpenMP pool's size, too
+            if not options.threads:  # each rank sets torch's count to it, not to its share
+                worker_args = [*worker_args, "--threads", str(threads)]
             env = {**os.environ, _STATUS_ENV: status_dir, "OMP_NUM_THREADS": str(threads)}
             returncode, stderr = _supervise(nproc, worker_args, env, status_dir, stop)
             entries = [json.loads(p.read_text()) for p in Path(status_dir).glob("rank*.json")]

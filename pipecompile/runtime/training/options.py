@@ -110,8 +110,8 @@ class RunFlags:
         check=positive_int,
         api=None,
         metavar="N",
-        help="intra-op threads of each process (default: with --nproc, the cores over the "
-        "ranks on this machine; else torch's default)",
+        help="intra-op threads of each process (default: with --nproc, OMP_NUM_THREADS where "
+        "set, else the cores over the ranks on this machine; else torch's default)",
     )
     stats: bool = option(
         "--stats",

@@ -98,3 +98,11 @@ def image_body(build: str, size: int = IMAGE, classes: int = CLASSES) -> str:
     more lines, unindented, ending in a ``return``)."""
     indented = "\n".join(f"    {line}" if line else "" for line in build.strip().splitlines())
     return IMAGES.format(size=size, classes=classes, build=indented)
+
+
+def sample(names: list[str], count: int) -> list[str]:
+    """``count`` names evenly spaced over ``names`` (all of them for 0)."""
+    if count <= 0 or count >= len(names):
+        return names
+    step = len(names) / count
+    return [names[int(k * step)] for k in range(count)]
