@@ -35,6 +35,13 @@ stage count:
 * skipped: the model did not even build and run eagerly (``skipped (eager)``, with the
   reason), or has more than ``--max-params`` parameters (``skipped (size)``).
 
+On a GPU machine, ``--device cuda`` compiles every stage onto one device (``--schedule
+interleaved --virtual-stages S``) and checks with ``run --check --nproc 1 --device cuda``: one
+NCCL rank on the GPU, its values held to the noise-floor rule against the CPU's, with floors
+measured on both. ``--installed`` takes the torchvision and timm the environment already has
+(such a machine's image) instead of installing them into ``--zoo-dir``; ``--sample N`` sweeps
+N models of each zoo, evenly spaced over its list.
+
 The zoos (``zoos/``): torchvision, every classification model of
 ``torchvision.models.list_models(module=torchvision.models)`` (10 classes; 64x64 images where
 the model takes them, ``aux_logits=False`` for Inception and GoogLeNet); timm, one small variant
