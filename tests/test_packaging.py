@@ -28,3 +28,13 @@ def test_every_package_folder_is_declared_for_the_wheel() -> None:
     assert _on_disk() - declared == set(), "add these to [tool.setuptools] packages"
     assert declared - _on_disk() == set(), "these are declared but have no __init__.py"
     assert setuptools["package-dir"] == {"pipecompile.passes": "passes"}
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    """CI calls the README's second command (the tests) as it stands, so the two cannot drift."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in readme.split("```bash\n")[1:]]
+    test_command = next(b for b in blocks if b.endswith("python -m pytest -q"))
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and ln[0] != "#"]
+    assert ci[-1] == test_command
+    assert "-c constraints.txt" in test_command  # the CPU torch, never a CUDA build
