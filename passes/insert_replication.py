@@ -48,6 +48,15 @@ def insert_replication(program: Program, *, replicas: Sequence[int]) -> Program:
             "replicated stages need a synchronous schedule (gpipe, 1f1b, zb1p): replicas of "
             "an asynchronously updated stage would drift apart"
         )
+    idle = [(j, r) for j, r in enumerate(replicas) if r > program.microbatches]
+    if idle:
+        j, r = idle[0]
+        raise ProgramError(
+            f"--replicate gives stage {j} {r} replicas but the step has "
+            f"{program.microbatches} micro-batch{'es' * (program.microbatches != 1)}: replica k "
+            f"runs the micro-batches i with i mod {r} == k, so {r - program.microbatches} of "
+            f"them would have none; give --microbatches {r} or more, or fewer replicas"
+        )
     devices = []
     for instrs in program.devices:
         out: list[Instr] = []

@@ -3,13 +3,16 @@
 Items 0..n-1 are cut into ``parts`` contiguous, non-empty parts; part j spans [a, b). Its
 time, in integer units, is
 
-    time_j(a, b) = (work_j[b] - work_j[a] + cut[a] + cut[b]) / r_j
-                   + sync[r_j] * (param[b] - param[a]) / (r_j * microbatches)
+    time_j(a, b) = (work_j[b] - work_j[a] + cut[a] + cut[b]) * ceil(m / r_j) / m
+                   + sync[r_j] * (param[b] - param[a]) / (r_j * m)
 
 where ``work_j`` is a prefix sum of item costs already scaled by part j's device speed,
 ``cut[k]`` the communication cost of a boundary before item k (charged to both parts
-beside it), ``r_j`` the part's replica count and ``sync[r]`` the per-unit cost of one
-all-reduce of the part's parameters among r replicas (spread over the step's micro-batches).
+beside it), ``r_j`` the part's replica count, m the step's micro-batches and ``sync[r]``
+the per-unit cost of one all-reduce of the part's parameters among r replicas (spread over
+the step's micro-batches). The r replicas share the m micro-batches, at most ceil(m / r) each:
+a replica beyond the m-th has none, and 3 replicas of 4 micro-batches finish no sooner than 2,
+so a replica is only chosen where it shortens the busiest one's share (r never exceeds m).
 Part j must also satisfy every memory constraint ``mem[b] - mem[a] + at_start[a] <= limit``
 given for it, and no part may contain a forced boundary strictly inside.
 
@@ -107,10 +110,17 @@ def part_times(
     rs = replicas or (1,) * len(starts)
     out = []
     for j, (a, b, r) in enumerate(zip(starts, ends, rs)):
-        total = m * int(problem.work[j][b] - problem.work[j][a] + problem.cut[a] + problem.cut[b])
+        work = int(problem.work[j][b] - problem.work[j][a] + problem.cut[a] + problem.cut[b])
+        total = _slots(m, r) * work
         total += _sync(problem, r, a, b)
         out.append(-(-total // (r * m)))
     return tuple(out)
+
+
+def _slots(m: int, r: int) -> int:
+    """The micro-batch slots of r replicas sharing m micro-batches: r times the most any of them
+    runs, ceil(m / r); m itself when r divides m."""
+    return r * -(-m // r)
 
 
 def _sync(problem: Problem, r: int, a: int, b: int) -> int:
@@ -145,7 +155,8 @@ def _last_end(problem: Problem, j: int) -> np.ndarray:
 def _choices(problem: Problem, j: int, used: int) -> range:
     if problem.workers is None:
         return range(1, 2)
-    return range(1, problem.workers - used - (problem.parts - 1 - j) + 1)
+    most = problem.workers - used - (problem.parts - 1 - j)
+    return range(1, min(most, problem.microbatches) + 1)  # a replica past the m-th would idle
 
 
 def _step(
@@ -154,8 +165,9 @@ def _step(
     """Key of every usable start and the threshold of every end for part j with r replicas:
     the part [a, b) fits under ``bound`` iff key[a] >= threshold[b] (and a < b <= last_end[a])."""
     m, work, cut = problem.microbatches, problem.work[j], problem.cut
-    key = m * (work - cut)
-    threshold = m * (work + cut) - r * m * bound
+    slots = _slots(m, r)
+    key = slots * (work - cut)
+    threshold = slots * (work + cut) - r * m * bound
     if problem.param is not None and r > 1:
         key = key + 2 * (r - 1) * problem.param
         threshold = threshold + 2 * (r - 1) * problem.param

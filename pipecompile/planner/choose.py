@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from pipecompile.planner.calibrate import calibrated
 from pipecompile.planner.model_facts import ModelFacts, model_facts
 from pipecompile.planner.plan import Plan
 from pipecompile.planner.search import ORDER, SearchResult, Space, divisors, search
-from pipecompile.schedules import SYNCHRONOUS
+from pipecompile.schedules import LOOPED, SYNCHRONOUS, V_SHAPED
 
 __all__ = [
     "check_search",
@@ -70,11 +70,14 @@ def choose_plan(
     Raises:
         PlanError: options the search cannot take, or no plan that fits (see ``search``).
     """
-    check_search(devices, stages, replicas, balance, memory_budget, machine)
+    check_search(devices, stages, replicas, balance, memory_budget, machine, schedule)
     auto = tuple(s for s in ORDER if s in SYNCHRONOUS)
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
+    if devices is None:  # --stages with a searched part: the devices the schedule puts them on
+        devices = _devices_for(stages or 0, schedule, virtual_stages)
+    _check_per_device(machine, devices)
     space = Space(
-        devices=devices if devices is not None else stages or 0,
+        devices=devices,
         stages=(stages,) if stages is not None else (),
         schedules=auto if schedule == "auto" else (schedule,),
         microbatches=_counts(model, batch) if microbatches == "auto" else (int(microbatches),),
@@ -88,7 +91,45 @@ def choose_plan(
     result = search(
         facts, batch=batch, space=space, model=machine, progress=_say if progress else None
     )
-    return result.best.plan, machine, plan_record(result, space, machine, source, key)
+    record = plan_record(result, space, machine, source, key)
+    return result.best.plan, _on_used(machine, result.best.devices), record
+
+
+def _check_per_device(machine: CostModel, devices: int) -> None:
+    """``--memory-limit`` and ``--device-speed`` give one value, or one per searched device."""
+    for flag, values in (("--memory-limit", machine.memory_limit),
+                         ("--device-speed", machine.device_speed)):  # fmt: skip
+        if len(values) not in (0, 1, devices):
+            raise PlanError(
+                f"{flag} gives {len(values)} values for --devices {devices}; give one per "
+                "device (or one for all)"
+            )
+
+
+def _on_used(machine: CostModel, used: int) -> CostModel:
+    """The cost model of the devices a plan uses, the first ``used`` of those searched (a plan
+    may leave some out): per-device values cut to them."""
+    cut = {
+        name: values[:used]
+        for name, values in (
+            ("memory_limit", machine.memory_limit),
+            ("device_speed", machine.device_speed),
+        )  # fmt: skip
+        if len(values) > 1
+    }
+    return replace(machine, **cut) if cut else machine
+
+
+def _devices_for(stages: int, schedule: str, virtual_stages: int | None) -> int:
+    """The devices ``stages`` stages take under ``schedule`` (``auto``: one stage each)."""
+    each = 2 if schedule in V_SHAPED else (virtual_stages or 2) if schedule in LOOPED else 1
+    if stages % each:
+        raise PlanError(
+            f"--schedule {schedule} puts {each} stages on each device: --stages {stages} is "
+            f"not a multiple of {each}; give --stages {stages + each - stages % each}, or "
+            "--devices N to search"
+        )
+    return stages // each
 
 
 def _counts(model: nn.Module, batch: int) -> tuple[int, ...]:
@@ -106,8 +147,16 @@ def check_search(
     balance: str,
     memory_budget: int | None,
     machine: CostModel,
+    schedule: str = "auto",
 ) -> None:
     """Raise PlanError for options the plan search cannot take (before any tracing)."""
+    if schedule != "auto" and schedule not in SYNCHRONOUS:
+        raise PlanError(
+            f"--schedule {schedule} updates weights asynchronously (weight stashing), and the "
+            "plan search (--devices, --microbatches auto) prices synchronous schedules only: "
+            f"fix the plan with --stages N --microbatches M --schedule {schedule}, or drop "
+            "--schedule to search"
+        )
     if devices is None and stages is None:
         raise PlanError(
             "give --stages N (the pipeline you want) or --devices N (pipecompile searches "

@@ -54,6 +54,13 @@ class Predicted:
     memory: tuple[int, ...]
     starts: tuple[int, ...]
 
+    @property
+    def devices(self) -> int:
+        """The devices (ranks) the plan uses: its stages' replicas, else its program's
+        devices; a search for N devices may use fewer, where more would idle or cost more
+        than they save."""
+        return sum(self.plan.replicas) if self.plan.replicas else len(self.memory)
+
     def as_json(self) -> dict[str, Any]:
         p = self.plan
         return {
@@ -63,6 +70,7 @@ class Predicted:
             "schedule": p.schedule,
             "virtual_stages": p.virtual_stages,
             "recompute": p.recompute,
+            "devices_used": self.devices,
             "predicted_step_s": round(self.step, 6),
             "bubble": round(self.bubble, 4),
             "peak_memory": list(self.memory),

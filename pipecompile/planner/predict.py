@@ -8,8 +8,8 @@ With several stages per device the limits are checked on the unconstrained optim
 step is the simulated makespan of the plan's program with each stage's forward at a third of
 its time (the backward two thirds, as the partitioner counts them), a replicated stage's
 micro-batches shared among its replicas (r replicas of a stage with m micro-batches each run
-ceil(m / r) of them, so a replica with none to run saves nothing; the partitioner itself
-assumes an even share), the runtime's overhead per instruction, and the replicas' gradient
+ceil(m / r) of them, so a replica with none to run saves nothing; the partitioner counts the
+same shares), the runtime's overhead per instruction, and the replicas' gradient
 all-reduce and every device's optimizer step after the last backward. Ranks that share a
 machine's cores (the model's ``concurrency``) take at least their summed work (every
 replica's) over that concurrency.
@@ -17,13 +17,14 @@ replica's) over that concurrency.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.memory_model import device_peak_bytes, peak_weight_copies
 from pipecompile.ir.program import Program
 from pipecompile.ir.recompute_policy import policy_counts, with_recompute
-from pipecompile.ir.simulate import Costs, simulate
+from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.passes.partition_problem import AtomFacts, build_problem
 from pipecompile.passes.partition_search import Solution, solve
@@ -137,7 +138,8 @@ class Predictor:
                        for d in range(timeline.devices))  # fmt: skip
             step = max(step, work / self.model.concurrency)
         step += self._optimizer(facts, program, found, model)
-        return float(step + sync), float(timeline.bubble_fraction)
+        replicas = found.replicas if model.workers is not None else ()
+        return float(step + sync), _bubble(timeline, program.microbatches, replicas)
 
     def _optimizer(
         self, facts: AtomFacts, program: Program, found: Solution, model: CostModel
@@ -158,6 +160,18 @@ class Predictor:
         return max(
             max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.model.concurrency
         )
+
+
+def _bubble(timeline: Timeline, microbatches: int, replicas: Sequence[int]) -> float:
+    """The idle fraction of every device the plan uses over the simulated step: a replicated
+    stage's device in the timeline runs its busiest replica's ceil(m / r) micro-batches, the
+    others fewer (the runtime gives replica k the micro-batches i with i mod r == k)."""
+    if not replicas or all(r == 1 for r in replicas) or timeline.makespan <= 0:
+        return float(timeline.bubble_fraction)
+    work = 0.0
+    for d, r in enumerate(replicas):  # one stage per device where stages are replicated
+        work += timeline.busy(d) * microbatches / -(-microbatches // r)
+    return float(1.0 - work / (sum(replicas) * timeline.makespan))
 
 
 def _memory(

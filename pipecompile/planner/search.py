@@ -150,6 +150,39 @@ def _shapes(
         yield devices, None
 
 
+def _placing(schedules: Sequence[str], stages: int, space: Space) -> str:
+    """How each family of ``schedules`` places stages on devices, and the counts that fit."""
+    devices, said = space.devices, []
+    one = [s for s in schedules if s not in LOOPED and s not in V_SHAPED]
+    if one:
+        more = " or more" if all(s in _REPLICABLE for s in one) else ""
+        said.append(
+            f"{', '.join(one)} {_verb(one, 'run')} one stage per device (give --devices "
+            f"{stages}{more})"
+        )
+    looped = [s for s in schedules if s in LOOPED]
+    if looped:
+        takes = " or ".join(str(devices * v) for v in space.virtual_stages)
+        said.append(
+            f"{', '.join(looped)} {_verb(looped, 'put')} --virtual-stages stages on each device, "
+            f"so {devices} "
+            f"devices take {takes} (or give --virtual-stages V with --stages = V x --devices)"
+        )
+    shaped = [s for s in schedules if s in V_SHAPED]
+    if shaped:
+        fix = f" or --devices {stages // 2}" if stages % 2 == 0 else ""
+        said.append(
+            f"{', '.join(shaped)} {_verb(shaped, 'put')} two stages on each device (a V), so "
+            f"{devices} devices "
+            f"take --stages {2 * devices}{fix}"
+        )
+    return "; ".join(said)
+
+
+def _verb(names: Sequence[str], verb: str) -> str:
+    return verb + "s" if len(names) == 1 else verb
+
+
 def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
     if space.devices < 1:
         raise PlanError(f"--devices must be at least 1, got {space.devices}")
@@ -174,12 +207,9 @@ def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
         for sched in space.schedules
         for s, _ in _shapes(sched, space.devices, space.virtual_stages)
     ):
-        raise PlanError(
-            f"--stages {space.stages[0]} cannot run on --devices {space.devices} with "
-            f"{', '.join(space.schedules)}: a stage needs a device of its own (looped "
-            f"schedules: --virtual-stages per device, V-shaped ones two); give --devices "
-            f"{space.stages[0]} or drop --stages"
-        )
+        stages = space.stages[0]
+        why = _placing(space.schedules, stages, space)
+        raise PlanError(f"--stages {stages} cannot run on --devices {space.devices}: {why}")
     needed = len(facts.forced) + 1
     if needed > most:
         raise PlanError(

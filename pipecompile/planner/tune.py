@@ -107,9 +107,9 @@ def measure_step(directory: Path, ranks: int, steps: int) -> float:
 
 
 def _chosen(record: dict[str, Any]) -> dict[str, Any]:
-    keys = ("stages", "replicas", "microbatches", "schedule", "virtual_stages", "recompute",
-            "predicted_step_s", "bubble", "peak_memory")  # fmt: skip
-    return {k: record[k] for k in keys}
+    keys = ("devices_used", "stages", "replicas", "microbatches", "schedule", "virtual_stages",
+            "recompute", "predicted_step_s", "bubble", "peak_memory")  # fmt: skip
+    return {k: record[k] for k in keys if k in record}
 
 
 def _flags(plan: dict[str, Any]) -> dict[str, Any]:

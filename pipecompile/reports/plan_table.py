@@ -7,9 +7,10 @@ from typing import Any
 
 from pipecompile.ir.sizes import format_size
 
-__all__ = ["plan_table"]
+__all__ = ["plan_table", "seconds_text"]
 
-_HEAD = ("", "stages", "micro-batches", "schedule", "recompute", "step", "bubble", "peak memory")
+_HEAD = ("", "devices", "stages", "micro-batches", "schedule", "recompute", "step", "bubble",
+         "peak memory")  # fmt: skip
 _KEYS = ("stages", "replicas", "microbatches", "schedule", "virtual_stages", "recompute")
 
 
@@ -20,17 +21,18 @@ def plan_table(plan: dict[str, Any]) -> str:
     for k, p in enumerate([plan, *plan.get("runners_up", [])]):
         row = (
             "*" if k == 0 else str(k + 1),
+            str(p.get("devices_used", "-")),
             _shape(p),
             str(p["microbatches"]),
             p["schedule"],
             p["recompute"],
-            _seconds(p["predicted_step_s"]),
+            seconds_text(p["predicted_step_s"]),
             f"{p['bubble']:.1%}",
             format_size(max(p["peak_memory"])),
         )
         if measured:
             got = measured.get(_key(p))
-            row += (_seconds(got) if got is not None else "-",)
+            row += (seconds_text(got) if got is not None else "-",)
         rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
@@ -40,6 +42,12 @@ def plan_table(plan: dict[str, Any]) -> str:
     )
     if measured:
         head += f", the measured best of the {len(measured)} tuned"
+    used = plan.get("devices_used")
+    if used is not None and used < plan["devices"]:
+        head += (
+            f" (it uses {used} of the {plan['devices']}: a device more would have no "
+            f"micro-batch to run, or cost more than it saves)"
+        )
     return "\n".join([head, *lines])
 
 
@@ -47,7 +55,8 @@ def _key(p: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(p.get(k)) for k in _KEYS)
 
 
-def _seconds(value: float) -> str:
+def seconds_text(value: float) -> str:
+    """``1.3 ms`` or ``850.2 us``."""
     return f"{value * 1e3:.1f} ms" if value >= 1e-3 else f"{value * 1e6:.1f} us"
 
 

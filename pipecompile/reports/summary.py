@@ -13,7 +13,7 @@ from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.sizes import counted, format_size
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
-from pipecompile.reports.plan_table import plan_table
+from pipecompile.reports.plan_table import plan_table, seconds_text
 from pipecompile.runtime.load import read_manifest, read_program
 
 __all__ = ["summary"]
@@ -55,7 +55,11 @@ def _weights_line(weights: WeightsRecord | None) -> str | None:
 def _schedule_line(manifest: Manifest, program: Program, costs: Costs, unit: str) -> str:
     timeline = simulate(program, topology_from_manifest(manifest), costs)
     line = f"predicted: bubble {timeline.bubble_fraction:.3f}"
-    if unit == "ns":
+    plan_step = (manifest.plan or {}).get("predicted_step_s")
+    if unit == "ns" and plan_step is not None:  # the plan table's step, and what of it computes
+        line += f", step {seconds_text(plan_step)} ({timeline.makespan / 1e3:.1f} us of it "
+        line += "the stages' compute; the rest the runtime's overheads and the optimizer)"
+    elif unit == "ns":
         line += f", step {timeline.makespan / 1e3:.1f} us"
     line += f", peak in-flight micro-batches per device {list(timeline.peak_inflight)}"
     held = [s.activation_bytes for s in manifest.stages]

@@ -104,8 +104,21 @@ def test_a_slow_device_gets_less_work():
 def test_replication_goes_to_the_heavy_part():
     base = _prefix([10, 10, 40])
     found = solve(Problem((base,) * 2, np.zeros(4, dtype=np.int64), workers=3,
-                          param=_prefix([0, 0, 0])))  # fmt: skip
+                          param=_prefix([0, 0, 0]), microbatches=2))  # fmt: skip
     assert found.starts == (0, 2) and found.replicas == (1, 2) and found.bottleneck == 20
+
+
+@pytest.mark.parametrize(("microbatches", "workers", "replicas", "bottleneck"),
+                         [(1, 4, 1, 60), (2, 4, 2, 30), (3, 4, 3, 20), (4, 3, 2, 30),
+                          (5, 3, 3, 24), (8, 4, 4, 15)])  # fmt: skip
+def test_replicas_are_worth_only_the_share_of_micro_batches_they_take(
+    microbatches, workers, replicas, bottleneck
+):
+    """r replicas of m micro-batches run ceil(m / r) each: one micro-batch keeps one replica
+    busy, and 3 replicas of 4 micro-batches finish no sooner than 2 (so 2 are used)."""
+    found = solve(Problem((_prefix([20, 20, 20]),), np.zeros(4, dtype=np.int64), workers=workers,
+                          param=_prefix([0, 0, 0]), microbatches=microbatches))  # fmt: skip
+    assert found.replicas == (replicas,) and found.bottleneck == bottleneck
 
 
 def test_no_split_fits_the_memory():

@@ -4,6 +4,7 @@ plans exactly, the chosen plan compiles into what it predicted, and bad requests
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -17,6 +18,7 @@ from pipecompile.passes import annotate_costs
 from pipecompile.planner.model_facts import model_facts
 from pipecompile.planner.predict import Predictor
 from pipecompile.planner.search import Space, divisors, search
+from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.schedules import SYNCHRONOUS, V_SHAPED
 from tests.conftest import example_spec
 
@@ -42,15 +44,17 @@ def test_every_plan_is_predicted_and_the_best_ranks_first(facts) -> None:  # typ
     steps = [round(p.step, 9) for p in result.ranked]  # ties (to the ns) broken by simplicity
     assert steps == sorted(steps) and result.tried >= len(result.ranked) > 20
     # Each shape the search may use appears: pure data parallel, replicated pipelines, and
-    # every synchronous schedule; every plan uses all 4 devices.
+    # every synchronous schedule; a plan uses at most the 4 devices (fewer where a replica
+    # would have no micro-batch, or cost more than it saves), the looped and V-shaped all 4.
     seen = {p.plan.schedule for p in result.ranked}
     assert seen == SYNCHRONOUS  # zbv, v_half, v_min and dualpipev on 8 stages in a V
+    assert any(p.plan.replicas for p in result.ranked)
     for p in result.ranked:
-        used = sum(p.plan.replicas) if p.plan.replicas else p.plan.stages
         per_device = {"interleaved": p.plan.virtual_stages, "looped_bfs": p.plan.virtual_stages}
-        assert used == 4 * per_device.get(p.plan.schedule, 1) * (
-            2 if p.plan.schedule in V_SHAPED else 1
-        ) or (p.plan.replicas and sum(p.plan.replicas) == 4)
+        stages_each = per_device.get(p.plan.schedule) or (2 if p.plan.schedule in V_SHAPED else 1)
+        assert p.devices == (sum(p.plan.replicas) or p.plan.stages // stages_each)
+        assert p.devices <= 4 and (stages_each == 1 or p.devices == 4)
+        assert all(r <= p.plan.microbatches for r in p.plan.replicas)
     # Micro-batch counts: the divisors of the batch, no more.
     assert {p.plan.microbatches for p in result.ranked} <= set(divisors(8))
 
@@ -110,9 +114,15 @@ def test_the_prediction_is_the_simulated_step_of_the_exact_split(facts) -> None:
 def test_refusals(facts) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(PlanError, match=r"--microbatches 3 does not divide the batch of 8"):
         search(facts, batch=8, space=Space(devices=2, microbatches=(3,)), model=MACHINE)
-    with pytest.raises(PlanError, match=r"--stages 8 cannot run on --devices 2 with gpipe"):
+    with pytest.raises(PlanError, match=r"--stages 8 cannot run on --devices 2: gpipe runs one "
+                       r"stage per device \(give --devices 8 or more\)"):  # fmt: skip
         search(
             facts, batch=8, space=Space(devices=2, stages=(8,), schedules=("gpipe",)), model=MACHINE
+        )
+    with pytest.raises(PlanError, match=r"--stages 3 cannot run on --devices 3: zbv puts two "
+                       r"stages on each device \(a V\), so 3 devices take --stages 6$"):  # fmt: skip
+        search(
+            facts, batch=8, space=Space(devices=3, stages=(3,), schedules=("zbv",)), model=MACHINE
         )
     forced = replace(facts, forced=(10, 20, 30))
     with pytest.raises(PlanError, match=r"3 requested boundaries .* 4 stages.*--devices 4 or more"):
@@ -172,3 +182,59 @@ def test_options_the_search_cannot_take_are_refused(gpt) -> None:  # type: ignor
         compile_model(model, inputs, devices=2, replicas=(1, 1))
     with pytest.raises(PlanError, match="--balance time: the plan search prices"):
         compile_model(model, inputs, devices=2, balance="time")
+
+
+@pytest.mark.parametrize("devices", [2, 3, 4])
+def test_no_plan_leaves_a_device_it_uses_without_work(devices) -> None:  # type: ignore[no-untyped-def]
+    """Every plan the search ranks for 2-4 devices, placed as the runtime places it (replica k
+    of a stage runs the micro-batches i with i mod r == k): each rank runs micro-batches, the
+    busiest replica runs the ceil(m / r) the prediction charges, and the predicted bubble
+    counts the time the other replicas wait for it."""
+    spec = example_spec("mlp")
+    traced = trace(spec.model, spec.inputs)
+    facts = model_facts(annotate_costs(traced.module, root=traced.root), 8)
+    result = search(facts, batch=8, space=Space(devices=devices), model=MACHINE)
+    assert any(p.plan.replicas for p in result.ranked) or devices == 2
+    for p in result.ranked:
+        plan = p.plan
+        replicas = plan.replicas or (1,) * plan.stages
+        if plan.replicas:
+            place = Placement(tuple(range(plan.stages)), replicas)
+            for stage, r in enumerate(replicas):
+                runs = Counter(place.rank_of(stage, i) for i in range(plan.microbatches))
+                assert sorted(runs) == place.ranks_of_stage(stage), (plan, stage)
+                assert max(runs.values()) == -(-plan.microbatches // r)
+            idle = sum(r * -(-plan.microbatches // r) - plan.microbatches for r in replicas)
+            assert p.bubble >= idle / (sum(replicas) * plan.microbatches) - 1e-9, plan
+        assert p.devices <= devices
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"devices": 2, "schedule": "pipedream"}, "--schedule pipedream updates weights "
+         "asynchronously .* prices synchronous schedules only: fix the plan with --stages N"),
+        ({"devices": 2, "schedule": "pipedream_2bw"}, "--schedule pipedream_2bw updates"),
+        ({"stages": 3, "schedule": "zbv", "microbatches": "auto"},
+         "--schedule zbv puts 2 stages on each device: --stages 3 is not a multiple of 2; "
+         "give --stages 4"),
+        ({"devices": 2, "machine": replace(MACHINE, memory_limit=(1, 2, 3))},
+         "--memory-limit gives 3 values for --devices 2"),
+        ({"devices": 3, "machine": replace(MACHINE, memory_limit=(1 << 20, 1 << 20))},
+         "--memory-limit gives 2 values for --devices 3"),
+    ],
+)  # fmt: skip
+def test_requests_the_search_cannot_take_are_refused_before_it(gpt, options, message) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = gpt
+    with pytest.raises(PlanError, match=message):
+        compile_model(model, inputs, **{"machine": MACHINE, **options})
+
+
+def test_per_device_limits_follow_a_plan_that_uses_fewer_devices() -> None:
+    """A plan using 1 of 3 devices compiles with the first device's limit (not "3 sizes for
+    1 devices")."""
+    spec = example_spec("mlp")
+    machine = replace(MACHINE, memory_limit=(1 << 30,) * 3)
+    compiled = compile_model(spec.model, spec.inputs, devices=3, machine=machine)
+    assert compiled.plan is not None and compiled.plan["devices_used"] == 1
+    assert compiled.plan["devices"] == 3

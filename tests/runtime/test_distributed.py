@@ -203,6 +203,9 @@ def test_replicated_stages_equal_the_unreplicated_run(
           "--replicate", "2,1,1,1"], "one stage per device"),
         (["--stages", "2", "--schedule", "pipedream", "--replicate", "2,1"],
          "need a synchronous schedule"),
+        (["--stages", "2", "--microbatches", "2", "--replicate", "3,1"],
+         "gives stage 0 3 replicas but the step has 2 micro-batches: replica k runs the "
+         "micro-batches i with i mod 3 == k, so 1 of them would have none"),
     ],
 )  # fmt: skip
 def test_replication_errors(tmp_path, capfd, options, message):
