@@ -112,8 +112,10 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     """
     from pipecompile.compile_options import CompileOptions
     from pipecompile.compiler import compile_model
+    from pipecompile.runtime.compiled import check_backend
 
     _check_keywords(compile, options, _keywords(CompileOptions))
+    check_backend(compile_stages, "compile_stages")
     inputs = bind_inputs(model, example_inputs)
     if allow_missing and weights is None:
         raise WeightsError(

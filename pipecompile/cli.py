@@ -20,7 +20,15 @@ from pipecompile.ir.sizes import counted
 from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.passes.split_requests import parse_pins
 from pipecompile.runtime.notes import note
-from pipecompile.runtime.option_fields import add_options, from_args, settled, size, to_argv
+from pipecompile.runtime.option_fields import (
+    HONOURED,
+    add_options,
+    declared,
+    from_args,
+    settled,
+    size,
+    to_argv,
+)
 from pipecompile.runtime.training.loop import TrainOptions
 from pipecompile.runtime.training.options import RunFlags, TrainFlags, given, train_options
 from pipecompile.schedules import generate
@@ -37,7 +45,12 @@ def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c, user_stop
 
     try:
-        parsed = _parser().parse_args(_with_command(list(sys.argv[1:] if argv is None else argv)))
+        parser = _parser()
+        parsed, extra = parser.parse_known_args(
+            _with_command(list(sys.argv[1:] if argv is None else argv))
+        )
+        if extra:
+            parser.error(_unknown(extra, parsed.command))
     except SystemExit as done:  # --help, --version, or a usage error already printed
         return done.code if isinstance(done.code, int) else 2
     parsed.command_line = command_line
@@ -74,6 +87,29 @@ def _with_command(args: list[str]) -> list[str]:
         if arg in COMMANDS and all(a.startswith("-") for a in args[:k]):
             return [arg, *args[:k], *args[k + 1 :]]
     return ["compile", *args]
+
+
+def _unknown(extra: list[str], command: str) -> str:
+    """The usage error for arguments ``command`` does not take: a flag of the other command
+    (a compile option given to `run`, a run option to `compile`) is named as such."""
+    flags = [a.split("=", 1)[0] for a in extra if a.startswith("--")]
+    compile_flags = {o.flag for _, o in declared(CompileOptions)}
+    run_flags = {o.flag for cls in (RunFlags, TrainFlags) for _, o in declared(cls)}
+    if command == "run":
+        theirs = [f for f in flags if f in compile_flags and f not in run_flags]
+        if theirs:
+            return (
+                f"{theirs[0]} is an option of compiling, which fixes the program `run` runs: "
+                f"recompile with it (`pipecompile MODEL ... {theirs[0]} ...`), then run"
+            )
+    if command == "compile":
+        theirs = [f for f in flags if f in run_flags and f not in compile_flags]
+        if theirs:
+            return (
+                f"{theirs[0]} is an option of `pipecompile run OUT`, not of compiling: "
+                f"compile first, then `pipecompile run OUT {theirs[0]} ...`"
+            )
+    return f"unrecognized arguments: {' '.join(extra)}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -552,29 +588,6 @@ def _train_options(args: argparse.Namespace, directory: Path) -> TrainOptions:
     return train_options(from_args(TrainFlags, args), directory)
 
 
-# Why `run --check` (one fp32 step of the compiled weights on the example batch, against the
-# eager model) cannot honour a training option. --lr is taken: a pipedream check runs one SGD
-# step of it, a synchronous one compares gradients (the same command serves every schedule).
-_CHECK_CANNOT = {
-    "steps": "it runs one step",
-    "epochs": "it runs one step on the example batch",
-    "accumulate": "it compares one mini-batch",
-    "precision": "it compares fp32 results, which autocast would move beyond any tolerance",
-    "optimizer": "it compares gradients, not an optimizer's update",
-    "lr_schedule": "it runs no schedule",
-    "warmup_steps": "it runs no schedule",
-    "clip_grad_norm": "it compares the unclipped gradients",
-    "seed": "it needs a model without random ops, whose masks the pipeline draws its own way",
-    "skip_nonfinite": "a non-finite value fails the check",
-    "save": "it trains nothing to save",
-    "save_every": "it trains nothing to save",
-    "resume": "it checks the compiled weights, not a saved train state's",
-    "metrics": "it records no steps",
-    "eval_every": "it evaluates nothing",
-    "force": "it writes nothing",
-}
-
-
 def _refuse_ignored(args: argparse.Namespace) -> None:
     """Options given that this run would accept and ignore, refused with the reason."""
     for flag in ("timeout", "device", "dp", "shard"):
@@ -594,8 +607,11 @@ def _refuse_ignored(args: argparse.Namespace) -> None:
                 "--batch-shapes lists the shapes --check checks; drop it, or add --check"
             )
         return
-    asked = given(from_args(TrainFlags, args))
-    cannot = [(flag, _CHECK_CANNOT[name]) for flag, name in asked if name not in ("lr", "compile")]
+    # why `run --check` (one fp32 step of the compiled weights on the example batch, against
+    # the eager model) cannot honour a training option: each option's declaration says
+    why = {f.name: o.under_check for f, o in declared(TrainFlags) if o.under_check != HONOURED}
+    cannot = [(flag, why[name]) for flag, name in given(from_args(TrainFlags, args))
+              if name in why]  # fmt: skip
     if args.stats:
         cannot.append(("--stats", "it measures a training run"))
     if cannot:

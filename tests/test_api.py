@@ -186,3 +186,16 @@ def test_fit_refuses_to_save_into_the_pipelines_own_temporary_directory(tmp_path
     with pytest.raises(PipecompileError, match="another run's train state.*pass force=True"):
         pipe.fit([((x,), y)], loss, "sgd", steps=1, save=tmp_path / "ck")
     pipe.fit([((x,), y)], loss, "sgd", steps=1, save=tmp_path / "ck", force=True)
+
+
+def test_a_stage_backend_name_is_checked_when_given(tmp_path):
+    """compile_stages= (and a run's compile) names a torch.compile backend: a misspelt one is
+    refused at once, naming the choices, not at fit()'s first step."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    with pytest.raises(PipecompileError, match="compile_stages 'inductr' is not a torch.compile "
+                       "backend .*choose one of inductor, aot_eager, eager, or off"):  # fmt: skip
+        pipecompile.compile(model, torch.randn(8, 4), stages=2, compile_stages="inductr")
+    pipe = pipecompile.compile(model, torch.randn(8, 4), stages=2, directory=tmp_path / "out")
+    with pytest.raises(PipecompileError, match="compile 'eagr' is not a torch.compile backend"):
+        pipe.fit([(torch.randn(8, 4), torch.randn(8, 2))], loss_fn=nn.functional.mse_loss,
+                 compile="eagr", progress=False)  # fmt: skip

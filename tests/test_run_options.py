@@ -52,6 +52,8 @@ def test_bad_run_options(model_and_out, capsys, argv, message):
          "--virtual-stages: '0'"),
         (["--stages", "4", "--schedule", "interleaved", "--virtual-stages", "1"],
          "at least 2, got 1"),
+        (["--stages", "2", "--steps", "3"], "--steps is an option of `pipecompile run OUT`, not "
+         "of compiling: compile first, then `pipecompile run OUT --steps ...`"),
     ],
 )  # fmt: skip
 def test_bad_compile_options(model_and_out, tmp_path, capsys, argv, message):
@@ -75,12 +77,51 @@ def test_bad_compile_options(model_and_out, tmp_path, capsys, argv, message):
         (["--eval-every", "2"], "--eval-every 2: there is no eval_batches()"),
         (["--steps", "3", "--warmup-steps", "5"], "--warmup-steps 5 is longer than the run"),
         (["--lr", "0"], "--lr: '0' is not a finite number above 0"),
+        (["--trace-steps", "2"], "--trace-steps 2 is how many steps --trace FILE traces, and "
+         "this run traces none; drop it, or add --trace FILE"),
+        (["--recompute", "always"], "--recompute is an option of compiling, which fixes the "
+         "program `run` runs: recompile with it"),
     ],
 )  # fmt: skip
 def test_options_the_run_would_ignore_are_refused(model_and_out, capsys, argv, message):
     assert main(["run", str(model_and_out[1]), "-q", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+# A value for each training option that is not its default: the test below gives each to
+# `run --check` (a new option must be added here, and declare what --check does with it).
+SAMPLE = {"steps": "2", "epochs": "2", "accumulate": "2", "optimizer": "sgd", "lr": "0.01",
+          "lr_schedule": "cosine", "warmup_steps": "1", "clip_grad_norm": "1.0",
+          "precision": "bf16", "compile": "eager", "seed": "3", "skip_nonfinite": None,
+          "save": "ck", "save_every": "2 --save ck", "resume": "ck", "force": None,
+          "metrics": "m.jsonl", "eval_every": "2", "trace": "t.json", "trace_steps": "2",
+          "quiet": None}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE))
+def test_check_refuses_or_honours_every_training_option_by_its_declaration(
+    model_and_out, tmp_path, capsys, monkeypatch, name
+):
+    """Each training option declares what `run --check` does with it: refused in one line with
+    the declared reason (no traceback, nothing written), or honoured."""
+    from pipecompile.runtime.option_fields import HONOURED, declared
+    from pipecompile.runtime.training.options import TrainFlags
+
+    options = {f.name: o for f, o in declared(TrainFlags)}
+    assert set(options) == set(SAMPLE)  # every option has a sample and a declaration
+    option = options[name]
+    assert option.under_check, f"{option.flag} declares nothing for --check"
+    monkeypatch.chdir(tmp_path)
+    value = [] if SAMPLE[name] is None else SAMPLE[name].split()
+    code = main(["run", str(model_and_out[1]), "--check", option.flag, *value])
+    err = capsys.readouterr().err
+    if option.under_check == HONOURED:
+        assert code == 0, err
+    else:
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "cannot honour" in err and f"{option.flag}: {option.under_check}" in err
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_check_still_takes_what_it_honours(model_and_out, capsys):

@@ -26,19 +26,36 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipecompile.errors import PipecompileError
 from pipecompile.ir.swapped_call import functional_call
 from pipecompile.runtime import notes
 from pipecompile.runtime.random_state import break_graphs_at_seeding
 
-__all__ = ["BACKENDS", "CompiledStages", "resolve_backend"]
+__all__ = ["BACKENDS", "CompiledStages", "check_backend", "resolve_backend"]
 
 BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends; "off": eager stages
 _PREFIX = "_orig_mod."  # where torch.compile's wrapper keeps the module
 
 
+def check_backend(name: str | None, what: str) -> None:
+    """Refuse a backend name torch.compile's stages cannot take, when it is given (``what``:
+    the option or keyword that gave it)."""
+    if name is not None and name not in (*BACKENDS, "off"):
+        raise PipecompileError(
+            f"{what} {name!r} is not a torch.compile backend pipecompile runs stages with; "
+            f"choose one of {', '.join(BACKENDS)}, or off"
+        )
+
+
 def resolve_backend(asked: str | None, recorded: str | None) -> str | None:
     """The backend a run uses: what it asked for (``off``: none), else what the compile
-    recorded in the manifest, else none."""
+    recorded in the manifest, else none.
+
+    Raises:
+        PipecompileError: either names no backend stages can be compiled with.
+    """
+    check_backend(asked, "compile")
+    check_backend(recorded, "the compiled directory's compile")
     chosen = asked if asked is not None else recorded
     return None if chosen in (None, "off") else chosen
 

@@ -24,6 +24,7 @@ from pipecompile.ir.sizes import parse_size
 
 __all__ = [
     "Option",
+    "HONOURED",
     "option",
     "declared",
     "flag_of",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 _KEY = "pipecompile.option"
+HONOURED = "honoured"  # ``under_check`` of an option `run --check` takes
 T = TypeVar("T")
 
 
@@ -60,6 +62,8 @@ class Option:
     path: bool = False  # forwarded made absolute (a rank may start elsewhere)
     api: str | None = ""  # the Python API's keyword ("": the field's name; None: none)
     const: Any = None  # the value of the flag given without one (its value is then optional)
+    # a training option under `run --check`: HONOURED, or why the check cannot honour it
+    under_check: str = ""
 
     @property
     def flag(self) -> str:

@@ -174,6 +174,11 @@ def check_options(options: TrainOptions, program: Program) -> None:
         )
     if options.accumulate < 1:
         raise PipecompileError(f"--accumulate {options.accumulate}: give at least 1")
+    if options.trace is None and options.trace_steps != TrainOptions.trace_steps:
+        raise PipecompileError(
+            f"--trace-steps {options.trace_steps} is how many steps --trace FILE traces, and "
+            "this run traces none; drop it, or add --trace FILE"
+        )
     if options.optimizer_factory is None and not options.lr > 0:
         raise PipecompileError(f"--lr {options.lr:g} would train nothing; give a rate above 0")
     if options.optimizer_factory is None and options.optimizer not in OPTIMIZERS:

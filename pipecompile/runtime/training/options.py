@@ -11,6 +11,7 @@ from pathlib import Path
 from pipecompile.files.names import METRICS
 from pipecompile.runtime.compiled import BACKENDS
 from pipecompile.runtime.option_fields import (
+    HONOURED,
     declared,
     finite_float,
     nonnegative_float,
@@ -129,16 +130,19 @@ class TrainFlags:
 
     steps: int | None = option(
         "--steps",
+        under_check="it runs one step",
         check=positive_int,
         help="optimizer steps to run (default 1, or as many as --epochs give)",
     )
     epochs: int | None = option(
         "--epochs",
+        under_check="it runs one step on the example batch",
         check=positive_int,
         help="passes over train_batches() (the data restarts when it ends)",
     )
     accumulate: int = option(
         "--accumulate",
+        under_check="it compares one mini-batch",
         check=positive_int,
         default=1,
         metavar="N",
@@ -146,21 +150,28 @@ class TrainFlags:
     )
     optimizer: str = option(
         "--optimizer",
+        under_check="it compares gradients, not an optimizer's update",
         default="adamw",
         choices=sorted(OPTIMIZERS),
         help="the optimizer of every stage",
     )
     lr: float = option(
-        "--lr", check=positive_float, default=1e-3, help="the optimizer's learning rate"
+        "--lr",
+        check=positive_float,
+        default=1e-3,
+        under_check=HONOURED,
+        help="the optimizer's learning rate",
     )
     lr_schedule: str = option(
         "--lr-schedule",
+        under_check="it runs no schedule",
         default="constant",
         choices=SCHEDULES,
         help="constant, or warm-up then cosine or linear decay to 0 at the last step",
     )
     warmup_steps: int = option(
         "--warmup-steps",
+        under_check="it runs no schedule",
         check=nonnegative_int,
         default=0,
         metavar="N",
@@ -168,12 +179,14 @@ class TrainFlags:
     )
     clip_grad_norm: float | None = option(
         "--clip-grad-norm",
+        under_check="it compares the unclipped gradients",
         check=finite_float,
         metavar="NORM",
         help="scale the gradients so their global norm (all stages and ranks) is at most NORM",
     )
     precision: str = option(
         "--precision",
+        under_check="it compares fp32 results, which autocast would move beyond any tolerance",
         default="fp32",
         choices=tuple(PRECISIONS),
         help="autocast dtype of the stages and their traffic; fp32 master "
@@ -181,6 +194,7 @@ class TrainFlags:
     )
     compile: str | None = option(
         "--compile",
+        under_check=HONOURED,
         const="inductor",
         choices=(*BACKENDS, "off"),
         metavar="BACKEND",
@@ -189,6 +203,8 @@ class TrainFlags:
     )
     seed: int | None = option(
         "--seed",
+        under_check="it needs a model without random ops, whose masks the pipeline draws its "
+        "own way",
         check=nonnegative_int,
         help="random ops (dropout) draw from this seed, the step, the "
         "micro-batch and their place in the model: the same for any "
@@ -196,29 +212,34 @@ class TrainFlags:
     )
     skip_nonfinite: bool = option(
         "--skip-nonfinite",
+        under_check="a non-finite value fails the check",
         switch=True,
         help="drop the update of a step whose loss is NaN or infinite "
         "and go on (default: stop there)",
     )
     save: str | None = option(
         "--save",
+        under_check="it trains nothing to save",
         path=True,
         help="train state directory (outside DIRECTORY): weights, optimizer state and step, "
         "saved after the last step",
     )
     save_every: int = option(
         "--save-every",
+        under_check="it trains nothing to save",
         check=nonnegative_int,
         default=0,
         help="with --save: also save every N steps",
     )
     resume: str | None = option(
         "--resume",
+        under_check="it checks the compiled weights, not a saved train state's",
         path=True,
         help="continue from the newest step saved in this train state directory",
     )
     force: bool = option(
         "--force",
+        under_check="it writes nothing",
         switch=True,
         help="--save into a directory holding another run's train state: "
         "replace those of the steps this run saves (what pipecompile did not "
@@ -226,12 +247,14 @@ class TrainFlags:
     )
     metrics: str | None = option(
         "--metrics",
+        under_check="it records no steps",
         metavar="FILE",
         path=True,
         help="append one JSON line per step here (default: DIRECTORY/metrics.jsonl)",
     )
     eval_every: int = option(
         "--eval-every",
+        under_check="it evaluates nothing",
         check=nonnegative_int,
         default=0,
         metavar="N",
@@ -240,6 +263,7 @@ class TrainFlags:
     )
     trace: str | None = option(
         "--trace",
+        under_check="it compares one step, it does not time one",
         metavar="FILE",
         path=True,
         help="write a Chrome/Perfetto trace (JSON) of what every device did in the first "
@@ -247,13 +271,19 @@ class TrainFlags:
     )
     trace_steps: int = option(
         "--trace-steps",
+        under_check="it traces nothing",
         check=positive_int,
         default=3,
         metavar="N",
         help="with --trace: the steps traced (default 3)",
     )
     quiet: bool = option(
-        "-q", "--quiet", switch=True, api="progress", help="print nothing but errors"
+        "-q",
+        "--quiet",
+        switch=True,
+        api="progress",
+        under_check=HONOURED,
+        help="print nothing but errors",
     )
 
 
