@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch.fx as fx
@@ -31,7 +32,7 @@ from pipecompile.ir.program import Program
 from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.partition_search import Limit, Problem
 
-__all__ = ["AtomFacts", "atom_cost", "build_problem", "atom_facts"]
+__all__ = ["AtomFacts", "StageShape", "atom_cost", "build_problem", "atom_facts"]
 
 _PS = 1e12  # picoseconds per second
 _FS = 1e15  # femtoseconds per second: the time unit (a speed multiplier of 1000 times ps)
@@ -84,12 +85,21 @@ def atom_cost(costs: Sequence[tuple[float, bool]], kind: str, model: CostModel) 
     return round(sum(c for c, _ in costs) * (1000.0 if kind == "time" else 1.0))
 
 
+class StageShape(Protocol):
+    """What a problem needs of a program without memory limits: its stages' devices and its
+    micro-batch count (a plan's shape, before its program is generated)."""
+
+    num_stages: int
+    stage_device: tuple[int, ...]
+    microbatches: int
+
+
 def build_problem(
     facts: AtomFacts,
     *,
     kind: str,
     model: CostModel,
-    program: Program,
+    program: Program | StageShape,
     forced: Sequence[int] = (),
     resolution: int = 1,
 ) -> tuple[Problem, int]:
@@ -118,7 +128,7 @@ def build_problem(
     problem = Problem(
         work=tuple(base * s // unit for s in speeds),
         cut=np.rint(cut).astype(np.int64),
-        limits=_limits(facts, model, program) if model.memory_limit else (),
+        limits=_limits(facts, model, program) if model.memory_limit else (),  # type: ignore[arg-type]
         forced=tuple(forced),
         workers=model.workers,
         param=param,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Limit", "Problem", "Solution", "solve", "part_times", "interval_max"]
+__all__ = ["Limit", "Problem", "Solution", "solve", "fits_under", "part_times", "interval_max"]
 
 _NEG = np.iinfo(np.int64).min // 4
 
@@ -84,19 +84,20 @@ def solve(problem: Problem) -> Solution | None:
     if problem.workers is not None and problem.workers < p:
         raise ValueError(f"{problem.workers} workers cannot hold {p} parts")
     last_end = [_last_end(problem, j) for j in range(p)]
+    bases: dict = {}
     hi = _upper_bound(problem)
-    if _probe(problem, last_end, hi) is None:
+    if _probe(problem, last_end, hi, bases) is None:
         return None
     lo = 0
     while lo < hi:
         mid = (lo + hi) // 2
-        if _probe(problem, last_end, mid) is None:
+        if _probe(problem, last_end, mid, bases) is None:
             lo = mid + 1
         else:
             hi = mid
-    reach = _probe(problem, last_end, lo)
+    reach = _probe(problem, last_end, lo, bases)
     assert reach is not None
-    starts, replicas = _walk_back(problem, last_end, lo, reach)
+    starts, replicas = _walk_back(problem, last_end, lo, reach, bases)
     times = part_times(problem, starts, replicas)
     return Solution(starts, replicas, max(times), times)
 
@@ -160,21 +161,32 @@ def _choices(problem: Problem, j: int, used: int) -> range:
 
 
 def _step(
-    problem: Problem, j: int, r: int, reach: np.ndarray, last_end: np.ndarray, bound: int
+    problem: Problem, j: int, r: int, reach: np.ndarray, bound: int, bases: dict
 ) -> tuple[np.ndarray, np.ndarray]:
     """Key of every usable start and the threshold of every end for part j with r replicas:
-    the part [a, b) fits under ``bound`` iff key[a] >= threshold[b] (and a < b <= last_end[a])."""
-    m, work, cut = problem.microbatches, problem.work[j], problem.cut
-    slots = _slots(m, r)
-    key = slots * (work - cut)
-    threshold = slots * (work + cut) - r * m * bound
-    if problem.param is not None and r > 1:
-        key = key + 2 * (r - 1) * problem.param
-        threshold = threshold + 2 * (r - 1) * problem.param
-    return np.where(reach, key, _NEG), threshold
+    the part [a, b) fits under ``bound`` iff key[a] >= threshold[b] (and a < b <= last_end[a]).
+    ``bases`` keeps each (j, r)'s arrays without the bound, which every probe reuses."""
+    if (j, r) not in bases:
+        m, work, cut = problem.microbatches, problem.work[j], problem.cut
+        slots = _slots(m, r)
+        key = slots * (work - cut)
+        threshold = slots * (work + cut)
+        if problem.param is not None and r > 1:
+            key = key + 2 * (r - 1) * problem.param
+            threshold = threshold + 2 * (r - 1) * problem.param
+        bases[j, r] = key, threshold
+    key, threshold = bases[j, r]
+    return np.where(reach, key, _NEG), threshold - r * problem.microbatches * bound
 
 
-def _probe(problem: Problem, last_end: list[np.ndarray], bound: int) -> list | None:
+def fits_under(problem: Problem, bound: int) -> bool:
+    """Whether some split has every part's time within ``bound`` (one probe of ``solve``'s
+    search: a caller that only needs to know the optimum is above a bound stops there)."""
+    last_end = [_last_end(problem, j) for j in range(problem.parts)]
+    return _probe(problem, last_end, bound, {}) is not None
+
+
+def _probe(problem: Problem, last_end: list[np.ndarray], bound: int, bases: dict) -> list | None:
     """The reachable positions per (parts, workers used) if a split under ``bound`` exists."""
     n, p = problem.items, problem.parts
     start = np.zeros(n + 1, dtype=bool)
@@ -182,16 +194,54 @@ def _probe(problem: Problem, last_end: list[np.ndarray], bound: int) -> list | N
     layers: list[dict[int, np.ndarray]] = [{0: start}]
     for j in range(p):
         nxt: dict[int, np.ndarray] = {}
+        # without a memory limit a part may run from any start to the next forced cut
+        segments = None if problem.limits and problem.limits[j] else _segments(problem)
         for used, reach in layers[-1].items():
             for r in _choices(problem, j, used):
-                key, threshold = _step(problem, j, r, reach, last_end[j], bound)
-                got = _reachable(key, threshold, last_end[j])
+                key, threshold = _step(problem, j, r, reach, bound, bases)
+                got = (
+                    _reachable(key, threshold, last_end[j])
+                    if segments is None
+                    else _reachable_in_segments(key, threshold, segments)
+                )
                 if got.any():
                     nxt[used + r] = nxt[used + r] | got if used + r in nxt else got
         if not nxt:
             return None
-        layers.append(nxt)
+        layers.append(_fewest(nxt))
     return layers if any(mask[n] for mask in layers[-1].values()) else None
+
+
+def _fewest(layer: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Each position only under the fewest workers that reach it: a continuation from it with
+    more workers used is also open with fewer (a part's replica choices only shrink as
+    workers are used), so the rest are dominated. A position's predecessor on a path of
+    fewest workers is itself reached with its fewest, so ``_walk_back`` still finds it."""
+    seen: np.ndarray | None = None
+    out = {}
+    for used in sorted(layer):
+        mask = layer[used] if seen is None else layer[used] & ~seen
+        if mask.any():
+            out[used] = mask
+            seen = mask.copy() if seen is None else seen | mask
+    return out
+
+
+def _segments(problem: Problem) -> list[tuple[int, int]]:
+    """The runs of starts [s, e) between forced cuts: a part starting in one ends by e."""
+    bounds = [0, *sorted(f for f in problem.forced if 0 < f < problem.items), problem.items]
+    return [(s, e) for s, e in zip(bounds, bounds[1:]) if s < e]
+
+
+def _reachable_in_segments(
+    key: np.ndarray, threshold: np.ndarray, segments: list[tuple[int, int]]
+) -> np.ndarray:
+    """``_reachable`` where every start a of a segment [s, e) may end anywhere in (a, e]: the
+    best key over the starts before b is a running maximum (linear, no sparse table)."""
+    best = np.full(len(key), _NEG, dtype=np.int64)
+    for s, e in segments:
+        best[s + 1 : e + 1] = np.maximum.accumulate(key[s:e])
+    return best >= threshold
 
 
 def _reachable(key: np.ndarray, threshold: np.ndarray, last_end: np.ndarray) -> np.ndarray:
@@ -220,7 +270,7 @@ def interval_max(lo: np.ndarray, hi: np.ndarray, value: np.ndarray, size: int) -
 
 
 def _walk_back(
-    problem: Problem, last_end: list[np.ndarray], bound: int, layers: list
+    problem: Problem, last_end: list[np.ndarray], bound: int, layers: list, bases: dict
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Recover one split under ``bound`` from the reachable sets, last part first."""
     n, p = problem.items, problem.parts
@@ -233,7 +283,7 @@ def _walk_back(
             r = used - before
             if r not in _choices(problem, j, before):
                 continue
-            key, threshold = _step(problem, j, r, reach, last_end[j], bound)
+            key, threshold = _step(problem, j, r, reach, bound, bases)
             ok = (key >= threshold[end]) & (np.arange(n + 1) < end) & (last_end[j] >= end)
             hits = np.flatnonzero(ok)
             if len(hits):

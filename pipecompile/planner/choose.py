@@ -89,7 +89,12 @@ def choose_plan(
     if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
         machine, source = calibrated(machine, space.devices, _say if progress else None, key)
     result = search(
-        facts, batch=batch, space=space, model=machine, progress=_say if progress else None
+        facts,
+        batch=batch,
+        space=space,
+        model=machine,
+        progress=_say if progress else None,
+        keep=1 + RUNNERS_UP,
     )
     record = plan_record(result, space, machine, source, key)
     return result.best.plan, _on_used(machine, result.best.devices), record
@@ -214,7 +219,8 @@ def plan_record(
     return {
         "devices": space.devices,
         **result.best.as_json(),
-        "plans_searched": result.tried,
+        "plans_searched": result.tried + result.bounded,
+        "plans_bounded": result.bounded,
         "search_seconds": round(result.seconds, 3),
         "runners_up": [p.as_json() for p in result.ranked[1 : 1 + RUNNERS_UP]],
         "cost_model": {k: list(v) if isinstance(v, tuple) else v for k, v in model.items()}

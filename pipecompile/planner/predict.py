@@ -27,7 +27,7 @@ from pipecompile.ir.recompute_policy import policy_counts, with_recompute
 from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.passes.partition_problem import AtomFacts, build_problem
-from pipecompile.passes.partition_search import Solution, solve
+from pipecompile.passes.partition_search import Solution, fits_under, solve
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.schedules import generate
@@ -84,6 +84,25 @@ class Predictor:
         plan = replace(plan, replicas=tuple(replicas) if any(r > 1 for r in replicas) else ())
         step, bubble = self._step(facts, free, program, found)
         return Predicted(plan, step, bubble, memory, found.starts)
+
+    def beyond(self, plan: Plan, workers: int | None, step: float) -> bool:
+        """Whether no split of ``plan`` (one stage per device, no memory limit) can bring its
+        step to ``step`` seconds or under: its slowest stage's m micro-batches alone (with its
+        replicas' share and all-reduce, as the split prices them) take longer. The simulated
+        step is never shorter than that, so a search keeping its best plans skips this one
+        after one probe of the partitioner, before generating its program."""
+        size = self.batch // plan.microbatches
+        if size not in self._facts:
+            self._facts[size] = self.facts.at(size, self.model)
+        shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
+        free = replace(self.model, memory_limit=(), workers=workers)
+        problem, unit = build_problem(
+            self._facts[size], kind="flops", model=free, program=shape,
+            forced=self.facts.forced, resolution=_US,
+        )  # fmt: skip
+        # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units
+        cutoff = int(step / (plan.microbatches * unit / _FS)) + 1
+        return not fits_under(problem, cutoff)
 
     def _split(self, size: int, model: CostModel, program: Program) -> Solution | None:
         """The exact split of ``program``'s stages at micro-batches of ``size`` samples (the
@@ -160,6 +179,15 @@ class Predictor:
         return max(
             max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.model.concurrency
         )
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A one-stage-per-device plan's shape, as ``build_problem`` reads a program."""
+
+    num_stages: int
+    stage_device: tuple[int, ...]
+    microbatches: int
 
 
 def _bubble(timeline: Timeline, microbatches: int, replicas: Sequence[int]) -> float:

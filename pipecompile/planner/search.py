@@ -13,6 +13,7 @@ than the same plan without.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -30,6 +31,7 @@ from pipecompile.schedules import LOOPED, SYNCHRONOUS, V_SHAPED
 __all__ = ["Space", "SearchResult", "search", "divisors"]
 
 _REPLICABLE = ("gpipe", "1f1b", "zb1p", "zb2p")
+_PROGRESS_S = 3.0  # a search running longer says how far it got this often
 ORDER = (
     "gpipe", "1f1b", "zb1p", "zb2p", "interleaved", "looped_bfs", "zbv", "v_half", "v_min",
     "dualpipev",
@@ -53,8 +55,9 @@ class SearchResult:
     """The plans that fit, best first, and how many were predicted in all."""
 
     ranked: tuple[Predicted, ...]
-    tried: int
+    tried: int  # plans predicted in full
     seconds: float = 0.0
+    bounded: int = 0  # plans the bound skipped (see ``search``'s ``keep``)
 
     @property
     def best(self) -> Predicted:
@@ -72,8 +75,13 @@ def search(
     space: Space,
     model: CostModel,
     progress: Callable[[str], None] | None = None,
+    keep: int | None = None,
 ) -> SearchResult:
-    """Predict every plan of ``space`` for ``batch`` samples and rank those that fit.
+    """Predict every plan of ``space`` for ``batch`` samples and rank those that fit. With
+    ``keep`` (the plans a caller shows), a one-stage-per-device plan whose slowest stage alone
+    already takes longer than the ``keep``-th best step found so far is bounded out after one
+    probe of the partitioner (``Predictor.beyond``; not under a memory limit): the best
+    ``keep`` plans are the same, found without predicting the rest.
 
     Raises:
         PlanError: no plan of the space exists (too few devices for the requested
@@ -85,27 +93,47 @@ def search(
     predictor = Predictor(facts, batch, model)
     fits: list[Predicted] = []
     misfits: list[tuple[Plan, Program, int | None]] = []
-    tried = 0
+    best: list[float] = []  # the best steps so far, at most ``keep``
+    tried = bounded = 0
+    said = start
     for plan in _plans(facts, batch, space, model):
+        workers = space.devices if plan.schedule in _REPLICABLE else None
+        if workers == plan.stages:
+            workers = None
+        if (
+            keep
+            and len(best) >= keep
+            and plan.schedule in _REPLICABLE
+            and not model.memory_limit
+            and predictor.beyond(plan, workers, best[keep - 1])
+        ):
+            bounded += 1
+            continue
         try:
             program = predictor.program(plan)
         except ProgramError:
             continue
-        workers = space.devices if plan.schedule in _REPLICABLE else None
-        if workers == plan.stages:
-            workers = None
         tried += 1
         got = predictor.predict(plan, program, workers)
         if got is None:
             misfits.append((plan, program, workers))
         else:
             fits.append(got)
+            if keep:
+                bisect.insort(best, got.step)
+                del best[keep:]
+        if progress is not None and time.perf_counter() - said > _PROGRESS_S:
+            said = time.perf_counter()
+            progress(f"searching: {tried} plans predicted, {bounded} bounded out so far")
     if not fits:
         _none_fits(tried, _peaks(predictor, misfits), model, space)
     ranked = sorted(fits, key=_rank)
     if progress is not None:
-        progress(f"searched {tried} plans in {time.perf_counter() - start:.1f} s")
-    return SearchResult(tuple(ranked), tried, time.perf_counter() - start)
+        progress(
+            f"searched {tried + bounded} plans ({bounded} bounded out) in "
+            f"{time.perf_counter() - start:.1f} s"
+        )
+    return SearchResult(tuple(ranked), tried, time.perf_counter() - start, bounded)
 
 
 def _rank(p: Predicted) -> tuple[float, int, int, int]:

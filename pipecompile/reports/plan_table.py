@@ -37,7 +37,9 @@ def plan_table(plan: dict[str, Any]) -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     head = (
-        f"plan: searched {plan['plans_searched']} plans for {plan['devices']} devices in "
+        f"plan: searched {plan['plans_searched']} plans for {plan['devices']} devices"
+        + (f" ({plan['plans_bounded']} bounded out)" if plan.get("plans_bounded") else "")
+        + " in "
         f"{plan['search_seconds']:.1f} s; chose *"
     )
     if measured:

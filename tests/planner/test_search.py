@@ -238,3 +238,14 @@ def test_per_device_limits_follow_a_plan_that_uses_fewer_devices() -> None:
     compiled = compile_model(spec.model, spec.inputs, devices=3, machine=machine)
     assert compiled.plan is not None and compiled.plan["devices_used"] == 1
     assert compiled.plan["devices"] == 3
+
+
+@pytest.mark.parametrize("devices", [4, 6])
+def test_bounding_keeps_the_best_plans(facts, devices) -> None:  # type: ignore[no-untyped-def]
+    """With ``keep``, plans whose slowest stage alone outlasts the keep-th best step are
+    skipped after one probe; the best ``keep`` plans, and their predictions, are unchanged."""
+    space = Space(devices=devices)
+    every = search(facts, batch=8, space=space, model=MACHINE)
+    kept = search(facts, batch=8, space=space, model=MACHINE, keep=5)
+    assert kept.bounded > 0 and kept.tried + kept.bounded == every.tried
+    assert kept.ranked[:5] == every.ranked[:5]

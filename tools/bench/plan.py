@@ -2,7 +2,8 @@
 `--tune` picks against an exhaustive measured grid, and torch.distributed.pipelining's default
 user setup on the same model, data and processes. Prints Markdown tables.
 
-1. Search time: a 32-layer GPT (width 128, 64 tokens, batch 32) over 8 devices.
+1. Search time: a 32-layer GPT (width 128, 64 tokens, batch 32) and an 8-layer MLP (width
+   256, batch 32) over 8, 16, 32 and 64 devices (goal: under 10 s each).
 2. For a GPT, a Hugging Face Llama and a ResNet on 4 processes (CPU, gloo; `--processes 2`: 2):
    - `pipecompile MODEL --devices 4 --tune 3`: the plan chosen, re-measured;
    - a grid over stages (1, 2, 4; replicas fill the 4 devices) x micro-batches (2, 4, 8) x
@@ -21,6 +22,7 @@ Rerun with::
 
     python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
     python tools/bench/plan.py --processes 2   # the same on 2 processes (one core each here)
+    python tools/bench/plan.py --search-only   # the search times alone (part 1)
     python tools/bench/plan.py --quick    # 8 layers over 2 devices; one model on 2 processes,
                                           # --tune 1, a 1-point grid, the peer on 2 stages
 """
@@ -120,9 +122,23 @@ def model_file(root: Path, bench: Bench) -> Path:
     return path
 
 
-def search_time(layers: int, devices: int) -> None:
+def search_models(quick: bool) -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
+    """The search-time models: a GPT (32 layers, width 128, 64 tokens, batch 32; 8 layers
+    under --quick) and an 8-layer MLP (width 256, batch 32)."""
     from gpt import build_gpt
 
+    layers = 8 if quick else 32
+    gpt = build_gpt(n_layer=layers, n_embd=128, n_head=4, block_size=64)
+    widths = [torch.nn.Linear(256, 256) for _ in range(8)]
+    mlp = torch.nn.Sequential(*(m for lin in widths for m in (lin, torch.nn.ReLU())))
+    g = torch.Generator().manual_seed(0)
+    return [
+        (f"GPT {layers} layers", gpt, {"idx": torch.randint(0, 128, (32, 64), generator=g)}),
+        ("MLP 8 layers", mlp, {"input": torch.randn(32, 256, generator=g)}),
+    ]
+
+
+def search_time(devices: tuple[int, ...], quick: bool) -> None:
     from pipecompile.frontend.tracer import trace
     from pipecompile.ir.cost_model import CostModel
     from pipecompile.passes import annotate_costs
@@ -130,20 +146,21 @@ def search_time(layers: int, devices: int) -> None:
     from pipecompile.planner.model_facts import model_facts
     from pipecompile.planner.search import Space, search
 
-    model = build_gpt(n_layer=layers, n_embd=128, n_head=4, block_size=64)
-    ids = torch.randint(0, 128, (32, 64))
-    start = time.perf_counter()
-    traced = trace(model, {"idx": ids})
-    facts = model_facts(annotate_costs(traced.module, root=traced.root), 32)
-    traced_s = time.perf_counter() - start
-    cost, _ = calibrated(CostModel(), devices)
-    result = search(facts, batch=32, space=Space(devices=devices), model=cost)
-    best = result.best.plan
-    print("\n### Search time\n")
+    cost, _ = calibrated(CostModel(), 2)  # 64 rank probes would not fit this machine
+    print("\n### Search time (priced with this machine's calibration for 2 ranks)\n")
     print("| model | devices | atoms | plans predicted | trace + facts | search | chosen |")
     print("|---|---:|---:|---:|---:|---:|---|")
-    print(f"| GPT {layers} layers | {devices} | {facts.atoms} | {result.tried} | {traced_s:.2f} s "
-          f"| {result.seconds:.2f} s | `{best.flags}` |")  # fmt: skip
+    for label, model, inputs in search_models(quick):
+        start = time.perf_counter()
+        traced = trace(model, inputs)
+        facts = model_facts(annotate_costs(traced.module, root=traced.root), 32)
+        traced_s = time.perf_counter() - start
+        for count in devices:
+            result = search(facts, batch=32, space=Space(devices=count), model=cost, keep=5)
+            searched = f"{result.tried} (+{result.bounded} bounded out)"
+            chosen = result.best.plan.flags
+            print(f"| {label} | {count} | {facts.atoms} | {searched} | {traced_s:.2f} s "
+                  f"| {result.seconds:.2f} s | `{chosen}` |", flush=True)  # fmt: skip
 
 
 def plan_of(directory: Path) -> dict:
@@ -352,6 +369,7 @@ def main() -> None:
     parser.add_argument("--only", choices=[b.name for b in BENCHES], help="one model")
     parser.add_argument("--processes", type=int, choices=(2, 4), default=4,
                         help="devices (processes) of --tune, the grid and the peer")  # fmt: skip
+    parser.add_argument("--search-only", action="store_true", help="part 1 alone")
     parser.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
     parser.add_argument("--model-file", help=argparse.SUPPRESS)
@@ -362,7 +380,9 @@ def main() -> None:
     print(f"Machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PIPECOMPILE_CACHE"] = str(Path(tmp) / "cache")  # a fresh calibration
-        search_time(8 if args.quick else 32, 2 if args.quick else 8)
+        search_time((2,) if args.quick else (8, 16, 32, 64), args.quick)
+        if args.search_only:
+            return
         benches = [b for b in BENCHES if args.only in (None, b.name)][: 1 if args.quick else None]
         tuned, calibrated = [], []
         for bench in benches:
