@@ -76,8 +76,10 @@ class Solution:
     times: tuple[int, ...] = field(default=())
 
 
-def solve(problem: Problem) -> Solution | None:
-    """The split with the least bottleneck, or None when no split meets the memory limits."""
+def solve(problem: Problem, within: int | None = None) -> Solution | None:
+    """The split with the least bottleneck, or None when no split meets the memory limits.
+    ``within``: a bound some split is known to meet (a caller's probe), which narrows the
+    search; the result is the same."""
     n, p = problem.items, problem.parts
     if not 1 <= p <= n:
         raise ValueError(f"cannot split {n} items into {p} non-empty parts")
@@ -85,10 +87,10 @@ def solve(problem: Problem) -> Solution | None:
         raise ValueError(f"{problem.workers} workers cannot hold {p} parts")
     last_end = [_last_end(problem, j) for j in range(p)]
     bases: dict = {}
-    hi = _upper_bound(problem)
-    if _probe(problem, last_end, hi, bases) is None:
+    hi = _upper_bound(problem) if within is None else within
+    if within is None and _probe(problem, last_end, hi, bases) is None:
         return None
-    lo = 0
+    lo = _lower_bound(problem)
     while lo < hi:
         mid = (lo + hi) // 2
         if _probe(problem, last_end, mid, bases) is None:
@@ -138,6 +140,13 @@ def _upper_bound(problem: Problem) -> int:
     return total
 
 
+def _lower_bound(problem: Problem) -> int:
+    """A bound no split beats: the whole work at the fastest part's speed spread over every
+    worker (a part's time is at least its work over its replicas)."""
+    fastest = min(int(w[-1]) for w in problem.work)
+    return max(0, fastest // (problem.workers or problem.parts) - 1)
+
+
 def _last_end(problem: Problem, j: int) -> np.ndarray:
     """Per start a, the last end b a part j starting at a may have (memory, forced cuts)."""
     n = problem.items
@@ -153,11 +162,14 @@ def _last_end(problem: Problem, j: int) -> np.ndarray:
     return end
 
 
-def _choices(problem: Problem, j: int, used: int) -> range:
+def _choices(problem: Problem, j: int, used: int) -> Sequence[int]:
     if problem.workers is None:
         return range(1, 2)
     most = problem.workers - used - (problem.parts - 1 - j)
-    return range(1, min(most, problem.microbatches) + 1)  # a replica past the m-th would idle
+    m = problem.microbatches
+    # a replica past the m-th would idle, and r replicas whose busiest runs no fewer
+    # micro-batches than r - 1 would only add an all-reduce share: the least r of each share
+    return [r for r in range(1, min(most, m) + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)]
 
 
 def _step(
@@ -166,17 +178,21 @@ def _step(
     """Key of every usable start and the threshold of every end for part j with r replicas:
     the part [a, b) fits under ``bound`` iff key[a] >= threshold[b] (and a < b <= last_end[a]).
     ``bases`` keeps each (j, r)'s arrays without the bound, which every probe reuses."""
-    if (j, r) not in bases:
-        m, work, cut = problem.microbatches, problem.work[j], problem.cut
-        slots = _slots(m, r)
-        key = slots * (work - cut)
-        threshold = slots * (work + cut)
-        if problem.param is not None and r > 1:
-            key = key + 2 * (r - 1) * problem.param
-            threshold = threshold + 2 * (r - 1) * problem.param
-        bases[j, r] = key, threshold
-    key, threshold = bases[j, r]
+    key, threshold = bases.get((j, r)) or _base(problem, j, r, bases)
     return np.where(reach, key, _NEG), threshold - r * problem.microbatches * bound
+
+
+def _base(problem: Problem, j: int, r: int, bases: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Part j's key and bound-free threshold with r replicas, kept in ``bases``."""
+    m, work, cut = problem.microbatches, problem.work[j], problem.cut
+    slots = _slots(m, r)
+    key = slots * (work - cut)
+    threshold = slots * (work + cut)
+    if problem.param is not None and r > 1:
+        key = key + 2 * (r - 1) * problem.param
+        threshold = threshold + 2 * (r - 1) * problem.param
+    bases[j, r] = key, threshold
+    return key, threshold
 
 
 def fits_under(problem: Problem, bound: int) -> bool:
@@ -197,15 +213,19 @@ def _probe(problem: Problem, last_end: list[np.ndarray], bound: int, bases: dict
         # without a memory limit a part may run from any start to the next forced cut
         segments = None if problem.limits and problem.limits[j] else _segments(problem)
         for used, reach in layers[-1].items():
-            for r in _choices(problem, j, used):
-                key, threshold = _step(problem, j, r, reach, bound, bases)
-                got = (
-                    _reachable(key, threshold, last_end[j])
-                    if segments is None
-                    else _reachable_in_segments(key, threshold, segments)
-                )
-                if got.any():
-                    nxt[used + r] = nxt[used + r] | got if used + r in nxt else got
+            choices = _choices(problem, j, used)
+            if segments is not None:  # every replica count at once, one row each
+                rows = _rows_reachable(problem, j, choices, reach, bound, bases, segments)
+                found = [(r, row) for r, row in zip(choices, rows) if row.any()]
+            else:
+                found = []
+                for r in choices:
+                    key, threshold = _step(problem, j, r, reach, bound, bases)
+                    got = _reachable(key, threshold, last_end[j])
+                    if got.any():
+                        found.append((r, got))
+            for r, got in found:
+                nxt[used + r] = nxt[used + r] | got if used + r in nxt else got
         if not nxt:
             return None
         layers.append(_fewest(nxt))
@@ -225,6 +245,33 @@ def _fewest(layer: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
             out[used] = mask
             seen = mask.copy() if seen is None else seen | mask
     return out
+
+
+def _rows_reachable(
+    problem: Problem,
+    j: int,
+    choices: Sequence[int],
+    reach: np.ndarray,
+    bound: int,
+    bases: dict,
+    segments: list[tuple[int, int]],
+) -> np.ndarray:
+    """``_reachable_in_segments`` for each replica count of ``choices`` at once: row i holds
+    the ends part j reaches from ``reach`` with ``choices[i]`` replicas under ``bound``."""
+    if not len(choices):
+        return np.zeros((0, len(reach)), dtype=bool)
+    keys, thresholds = [], []
+    for r in choices:
+        key, threshold = bases.get((j, r)) or _base(problem, j, r, bases)
+        keys.append(key)
+        thresholds.append(threshold)
+    counts = np.array(list(choices), dtype=np.int64)[:, None]
+    key2 = np.where(reach[None, :], np.stack(keys), _NEG)
+    threshold2 = np.stack(thresholds) - counts * problem.microbatches * bound
+    best = np.full(key2.shape, _NEG, dtype=np.int64)
+    for s, e in segments:
+        best[:, s + 1 : e + 1] = np.maximum.accumulate(key2[:, s:e], axis=1)
+    return best >= threshold2
 
 
 def _segments(problem: Problem) -> list[tuple[int, int]]:

@@ -26,7 +26,7 @@ from pipecompile.ir.program import Program
 from pipecompile.ir.recompute_policy import policy_counts, with_recompute
 from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
-from pipecompile.passes.partition_problem import AtomFacts, build_problem
+from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_problem
 from pipecompile.passes.partition_search import Solution, fits_under, solve
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
@@ -48,6 +48,7 @@ class Predictor:
 
     def __post_init__(self) -> None:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
+        self._within: dict[tuple[object, ...], int] = {}  # bounds ``beyond`` found met
         self._facts: dict[int, AtomFacts] = {}
 
     def program(self, plan: Plan) -> Program:
@@ -102,9 +103,14 @@ class Predictor:
         )  # fmt: skip
         # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units
         cutoff = int(step / (plan.microbatches * unit / _FS)) + 1
-        return not fits_under(problem, cutoff)
+        if not fits_under(problem, cutoff):
+            return True
+        self._within[size, plan.stages, plan.microbatches, workers] = cutoff
+        return False
 
-    def _split(self, size: int, model: CostModel, program: Program) -> Solution | None:
+    def _split(
+        self, size: int, model: CostModel, program: Program, within: int | None = None
+    ) -> Solution | None:
         """The exact split of ``program``'s stages at micro-batches of ``size`` samples (the
         memory limits, when ``model`` has some, depend on the whole program)."""
         speeds = tuple(model.speed(d) for d in program.stage_device)
@@ -118,28 +124,57 @@ class Predictor:
                     facts, kind="flops", model=model, program=program,
                     forced=self.facts.forced, resolution=_US,
                 )  # fmt: skip
-                found = solve(problem)
+                found = solve(problem, within)
             self._splits[key] = found
         return self._splits[key]
 
-    def _step(
-        self, facts: AtomFacts, model: CostModel, program: Program, found: Solution
-    ) -> tuple[float, float]:
-        problem, unit = build_problem(
-            facts, kind="flops", model=model, program=program, resolution=_US
-        )
+    def stage_costs(
+        self, facts: AtomFacts, model: CostModel, shape: Program | StageShape, found: Solution
+    ) -> Costs:
+        """Each stage's forward, backward and extra seconds per micro-batch under the split
+        ``found`` (a replicated stage's at its busiest replica's share)."""
+        problem, unit = build_problem(facts, kind="flops", model=model, program=shape,
+                                      resolution=_US)  # fmt: skip
         ends = [*found.starts[1:], len(facts.cost)]
         seconds = unit / _FS
-        walk = self.facts.walk_seconds(self.batch // program.microbatches, self.model)
+        walk = self.facts.walk_seconds(self.batch // shape.microbatches, self.model)
         forward, backward, extra = [], [], []
         for j, (a, b) in enumerate(zip(found.starts, ends)):
             r = found.replicas[j] if model.workers is not None else 1
-            share = -(-program.microbatches // r) / program.microbatches  # per replica
+            share = -(-shape.microbatches // r) / shape.microbatches  # per replica
             work = problem.work[j][b] - problem.work[j][a] + problem.cut[a] + problem.cut[b]
             forward.append(work * seconds / 3 * share)
             backward.append(2 * work * seconds / 3 * share)
             extra.append(sum(walk[a:b]) * share)  # half of the backward's non-matmul work
-        costs = Costs(tuple(forward), tuple(backward), self.model.instr_overhead, tuple(extra))
+        return Costs(tuple(forward), tuple(backward), self.model.instr_overhead, tuple(extra))
+
+    def beyond_split(self, plan: Plan, workers: int | None, step: float) -> bool:
+        """Whether ``plan`` (one stage per device, no memory limit), split exactly, cannot
+        reach ``step`` seconds: some stage j, which starts after micro-batch 0's forwards
+        before it and runs its m forwards and backwards, ends no sooner than
+        sum(F_i, i < j) + m (F_j + B_j), and (gpipe, 1f1b, whose backwards are whole) the
+        last micro-batch's backwards before it follow: + sum(B_i, i < j). The simulated step
+        is never shorter; its program is then neither generated nor simulated."""
+        size = self.batch // plan.microbatches
+        shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
+        free = replace(self.model, memory_limit=(), workers=workers)
+        within = self._within.get((size, plan.stages, plan.microbatches, workers))
+        found = self._split(size, free, shape, within)  # type: ignore[arg-type]
+        if found is None:
+            return False
+        costs = self.stage_costs(self._facts[size], free, shape, found)
+        m, before, bound = plan.microbatches, 0.0, 0.0
+        whole = plan.schedule in ("gpipe", "1f1b")
+        for f, b in zip(costs.forward, costs.backward):
+            bound = max(bound, before + m * (f + b))
+            before += f + (b if whole else 0.0)
+        return bound > step
+
+    def _step(
+        self, facts: AtomFacts, model: CostModel, program: Program, found: Solution
+    ) -> tuple[float, float]:
+        ends = [*found.starts[1:], len(facts.cost)]
+        costs = self.stage_costs(facts, model, program, found)
         timeline = simulate(program, Topology.chain(program.num_stages), costs)
         sync = max(
             (

@@ -78,10 +78,12 @@ def search(
     keep: int | None = None,
 ) -> SearchResult:
     """Predict every plan of ``space`` for ``batch`` samples and rank those that fit. With
-    ``keep`` (the plans a caller shows), a one-stage-per-device plan whose slowest stage alone
-    already takes longer than the ``keep``-th best step found so far is bounded out after one
-    probe of the partitioner (``Predictor.beyond``; not under a memory limit): the best
-    ``keep`` plans are the same, found without predicting the rest.
+    ``keep`` (the plans a caller shows), a one-stage-per-device plan that cannot beat the
+    ``keep``-th best step found so far is bounded out (not under a memory limit): first when
+    its slowest stage alone takes longer (one probe of the partitioner, ``Predictor.beyond``),
+    then when its exact split's fill-and-drain bound does (``Predictor.beyond_split``),
+    before its program is generated or simulated. The best ``keep`` plans are the same,
+    found without predicting the rest.
 
     Raises:
         PlanError: no plan of the space exists (too few devices for the requested
@@ -105,7 +107,10 @@ def search(
             and len(best) >= keep
             and plan.schedule in _REPLICABLE
             and not model.memory_limit
-            and predictor.beyond(plan, workers, best[keep - 1])
+            and (
+                predictor.beyond(plan, workers, best[keep - 1])
+                or predictor.beyond_split(plan, workers, best[keep - 1])
+            )
         ):
             bounded += 1
             continue
