@@ -610,8 +610,7 @@ def _refuse_ignored(args: argparse.Namespace) -> None:
     # why `run --check` (one fp32 step of the compiled weights on the example batch, against
     # the eager model) cannot honour a training option: each option's declaration says
     why = {f.name: o.under_check for f, o in declared(TrainFlags) if o.under_check != HONOURED}
-    cannot = [(flag, why[name]) for flag, name in given(from_args(TrainFlags, args))
-              if name in why]  # fmt: skip
+    cannot = [(flag, why[name]) for flag, name in given(from_args(TrainFlags, args)) if name in why]
     if args.stats:
         cannot.append(("--stats", "it measures a training run"))
     if cannot:

@@ -102,8 +102,10 @@ def choose_plan(
 
 def _check_per_device(machine: CostModel, devices: int) -> None:
     """``--memory-limit`` and ``--device-speed`` give one value, or one per searched device."""
-    for flag, values in (("--memory-limit", machine.memory_limit),
-                         ("--device-speed", machine.device_speed)):  # fmt: skip
+    for flag, values in (
+        ("--memory-limit", machine.memory_limit),
+        ("--device-speed", machine.device_speed),
+    ):
         if len(values) not in (0, 1, devices):
             raise PlanError(
                 f"{flag} gives {len(values)} values for --devices {devices}; give one per "
@@ -119,7 +121,7 @@ def _on_used(machine: CostModel, used: int) -> CostModel:
         for name, values in (
             ("memory_limit", machine.memory_limit),
             ("device_speed", machine.device_speed),
-        )  # fmt: skip
+        )
         if len(values) > 1
     }
     return replace(machine, **cut) if cut else machine

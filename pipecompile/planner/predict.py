@@ -98,9 +98,13 @@ class Predictor:
         shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
         free = replace(self.model, memory_limit=(), workers=workers)
         problem, unit = build_problem(
-            self._facts[size], kind="flops", model=free, program=shape,
-            forced=self.facts.forced, resolution=_US,
-        )  # fmt: skip
+            self._facts[size],
+            kind="flops",
+            model=free,
+            program=shape,
+            forced=self.facts.forced,
+            resolution=_US,
+        )
         # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units
         cutoff = int(step / (plan.microbatches * unit / _FS)) + 1
         if not fits_under(problem, cutoff):
@@ -133,8 +137,9 @@ class Predictor:
     ) -> Costs:
         """Each stage's forward, backward and extra seconds per micro-batch under the split
         ``found`` (a replicated stage's at its busiest replica's share)."""
-        problem, unit = build_problem(facts, kind="flops", model=model, program=shape,
-                                      resolution=_US)  # fmt: skip
+        problem, unit = build_problem(
+            facts, kind="flops", model=model, program=shape, resolution=_US
+        )
         ends = [*found.starts[1:], len(facts.cost)]
         seconds = unit / _FS
         walk = self.facts.walk_seconds(self.batch // shape.microbatches, self.model)

@@ -107,8 +107,18 @@ def measure_step(directory: Path, ranks: int, steps: int) -> float:
 
 
 def _chosen(record: dict[str, Any]) -> dict[str, Any]:
-    keys = ("devices_used", "stages", "replicas", "microbatches", "schedule", "virtual_stages",
-            "recompute", "predicted_step_s", "bubble", "peak_memory")  # fmt: skip
+    keys = (
+        "devices_used",
+        "stages",
+        "replicas",
+        "microbatches",
+        "schedule",
+        "virtual_stages",
+        "recompute",
+        "predicted_step_s",
+        "bubble",
+        "peak_memory",
+    )
     return {k: record[k] for k in keys if k in record}
 
 

@@ -9,8 +9,17 @@ from pipecompile.ir.sizes import format_size
 
 __all__ = ["plan_table", "seconds_text"]
 
-_HEAD = ("", "devices", "stages", "micro-batches", "schedule", "recompute", "step", "bubble",
-         "peak memory")  # fmt: skip
+_HEAD = (
+    "",
+    "devices",
+    "stages",
+    "micro-batches",
+    "schedule",
+    "recompute",
+    "step",
+    "bubble",
+    "peak memory",
+)
 _KEYS = ("stages", "replicas", "microbatches", "schedule", "virtual_stages", "recompute")
 
 

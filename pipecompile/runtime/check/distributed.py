@@ -117,8 +117,9 @@ def check_distributed(
     dist.gather_object(mine, gathered if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return CheckReport("(reported by rank 0)")
-    return _compare_on_rank0(gathered, spec, directory, args, pipe.asynchronous,
-                             pipe.default_device)  # fmt: skip
+    return _compare_on_rank0(
+        gathered, spec, directory, args, pipe.asynchronous, pipe.default_device
+    )
 
 
 def _compare_on_rank0(
@@ -157,9 +158,17 @@ def _compare_on_rank0(
         if name not in values:
             mine.failures.append(f"distributed run has no {what} for {name}")
             continue
-        found = compare(mine, f"distributed {what} of {name}", values[name], want, args.atol,
-                        args.rtol, exact[2].get(name) if exact else None, "grads",
-                        floors.grads.get(name, 0.0) if floors else 0.0)  # fmt: skip
+        found = compare(
+            mine,
+            f"distributed {what} of {name}",
+            values[name],
+            want,
+            args.atol,
+            args.rtol,
+            exact[2].get(name) if exact else None,
+            "grads",
+            floors.grads.get(name, 0.0) if floors else 0.0,
+        )
         worst = max(worst, found)
     line = f"  distributed ({len(gathered)} ranks) vs local backend: {what} max |diff| {worst:.3e}"
     losses = {i: v for part in gathered for i, v in part["losses"].items()}

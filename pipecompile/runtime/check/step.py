@@ -148,8 +148,10 @@ def check_step(
     if near:  # within the least any noise floor allows: no float64 run needed
         report.notes.append("  (every value within 8 units in the last place of eager's)")
         exact: tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None = (
-            ref_loss, ref_outs, ref_grads
-        )  # fmt: skip
+            ref_loss,
+            ref_outs,
+            ref_grads,
+        )
     elif atol is not None or rtol is not None:
         exact = None  # the tolerances given decide: no float64 run, no noise floor to state
     else:
