@@ -95,20 +95,23 @@ def _unknown(extra: list[str], command: str) -> str:
     flags = [a.split("=", 1)[0] for a in extra if a.startswith("--")]
     compile_flags = {o.flag for _, o in declared(CompileOptions)}
     run_flags = {o.flag for cls in (RunFlags, TrainFlags) for _, o in declared(cls)}
-    if command == "run":
-        theirs = [f for f in flags if f in compile_flags and f not in run_flags]
-        if theirs:
-            return (
-                f"{theirs[0]} is an option of compiling, which fixes the program `run` runs: "
-                f"recompile with it (`pipecompile MODEL ... {theirs[0]} ...`), then run"
-            )
-    if command == "compile":
-        theirs = [f for f in flags if f in run_flags and f not in compile_flags]
-        if theirs:
-            return (
-                f"{theirs[0]} is an option of `pipecompile run OUT`, not of compiling: "
-                f"compile first, then `pipecompile run OUT {theirs[0]} ...`"
-            )
+    to_run = (
+        "{f} is an option of compiling, which fixes the program `run` runs: recompile with it "
+        "(`pipecompile MODEL ... {f} ...`), then run"
+    )
+    to_compile = (
+        "{f} is an option of `pipecompile run OUT`, not of compiling: compile first, then "
+        "`pipecompile run OUT {f} ...`"
+    )
+    # the flags only the other command takes, and what to say of one
+    others = {
+        "run": (compile_flags - run_flags, to_run),
+        "compile": (run_flags - compile_flags, to_compile),
+    }
+    other, said = others.get(command, (set(), ""))
+    theirs = [f for f in flags if f in other]
+    if theirs:
+        return said.format(f=theirs[0])
     return f"unrecognized arguments: {' '.join(extra)}"
 
 
