@@ -200,6 +200,7 @@ class CompiledPipeline:
         self.pipeline = Pipeline.load(self.directory)
         self._signature = inspect.signature(model_type.forward) if model_type else None
         self._factory: OptimizerFactory | None = None
+        self._fitted_with: OptimizerFactory | str | None = None  # the last fit()'s optimizer
         self._temporary: Path | None = None  # deleted with this object (compiled in memory)
 
     @property
@@ -245,6 +246,7 @@ class CompiledPipeline:
                 )
             self.pipeline.set_optimizer(optimizer)
             self._factory = optimizer
+            self._fitted_with = None  # fit() would go on with these, not its own
         named = inputs if isinstance(inputs, dict) else self._named(_as_tuple(inputs), {})
         loss, _ = self.pipeline.train_step(named, _as_tuple(targets), loss_fn)
         return loss
@@ -261,6 +263,7 @@ class CompiledPipeline:
         metrics: str | Path | None = None,
         progress: bool = False,
         force: bool = False,
+        fresh_optimizer: bool = False,
         **options: Any,
     ) -> list[dict[str, Any]]:
         """Train on ``batches`` with the loop of ``pipecompile run``; returns one record per
@@ -278,6 +281,10 @@ class CompiledPipeline:
             force: let ``save`` replace another run's train state there (as ``run
                 --force``); ``save`` and ``metrics`` are checked before training, and may not
                 lie in the temporary ``directory`` of a pipeline compiled without one.
+            fresh_optimizer: a second ``fit()`` with the same ``optimizer`` (the same name,
+                or the same factory object) goes on with the first one's optimizers and
+                their state (Adam's moments), as one longer loop would, at its own ``lr``;
+                True starts new ones. Another optimizer always starts fresh.
             options: the other training options (the fields of ``TrainFlags``, the flags of
                 ``run`` without dashes): ``accumulate``, ``lr``, ``lr_schedule``,
                 ``warmup_steps``, ``clip_grad_norm``, ``precision``, ``seed``,
@@ -307,8 +314,16 @@ class CompiledPipeline:
         names = self.inputs
         data = iterable_source(batches, names, "fit(batches)")
         evals = iterable_source(eval_batches, names, "fit(eval_batches)") if eval_batches else None
+        same = (
+            optimizer == self._fitted_with
+            if isinstance(optimizer, str)
+            else optimizer is self._fitted_with
+        )
+        # a resumed train state brings its own optimizer state
+        chosen.keep_optimizer = not fresh_optimizer and chosen.resume is None and same
         state = train(self.pipeline, loss_fn, data, chosen, eval_data=evals)
         self._factory = None  # the loop built its own optimizers
+        self._fitted_with = optimizer
         return state.records
 
     def _check_places(self, options: Any, force: bool) -> None:

@@ -199,3 +199,30 @@ def test_a_stage_backend_name_is_checked_when_given(tmp_path):
     with pytest.raises(PipecompileError, match="compile 'eagr' is not a torch.compile backend"):
         pipe.fit([(torch.randn(8, 4), torch.randn(8, 2))], loss_fn=nn.functional.mse_loss,
                  compile="eagr", progress=False)  # fmt: skip
+
+
+def test_a_second_fit_goes_on_with_the_first_ones_optimizer(tmp_path):
+    """fit() on 3 batches, then on 3 more, equals one fit() on the 6 (AdamW's moments carry
+    over); fresh_optimizer=True starts a new AdamW, as a separate run would."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g)) for _ in range(6)]
+    loss = nn.functional.mse_loss
+
+    def pipeline(name):
+        return pipecompile.compile(copy.deepcopy(model), torch.randn(8, 4), stages=2,
+                                   microbatches=2, directory=tmp_path / name)  # fmt: skip
+
+    once, twice, fresh = pipeline("once"), pipeline("twice"), pipeline("fresh")
+    once.fit(batches, loss, lr=0.01)
+    twice.fit(batches[:3], loss, lr=0.01)
+    twice.fit(batches[3:], loss, lr=0.01)
+    fresh.fit(batches[:3], loss, lr=0.01)
+    fresh.fit(batches[3:], loss, lr=0.01, fresh_optimizer=True)
+    for name, value in once.state_dict().items():
+        assert torch.allclose(twice.state_dict()[name], value, atol=1e-6), name
+    assert any(
+        not torch.allclose(fresh.state_dict()[n], v, atol=1e-4)
+        for n, v in once.state_dict().items()
+    )

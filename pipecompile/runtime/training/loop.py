@@ -149,6 +149,8 @@ class TrainOptions:
     trace_steps: int = 3  # trace steps 1..trace_steps
     optimizer_factory: OptimizerFactory | None = None  # API: over
     # a stage's parameters, instead of ``optimizer`` and ``lr``
+    keep_optimizer: bool = False  # API: go on with the pipeline's optimizers and their state
+    # (a second ``fit()`` with the same optimizer), at this run's ``lr`` for a named one
 
 
 @dataclass
@@ -251,7 +253,12 @@ def train(
     pipe.precision = PRECISIONS[options.precision]
     pipe.compile_stages(options.compile)
     kind = OPTIMIZERS[options.optimizer]
-    pipe.set_optimizer(options.optimizer_factory or (lambda ps: kind(ps, lr=options.lr)))
+    if options.keep_optimizer and any(o is not None for o in pipe.optimizers or []):
+        if options.optimizer_factory is None:  # this run's rate, its schedule's base too
+            for rates in (g for o in pipe.optimizers if o for g in o.param_groups):
+                rates["lr"] = rates["initial_lr"] = options.lr
+    else:
+        pipe.set_optimizer(options.optimizer_factory or (lambda ps: kind(ps, lr=options.lr)))
     length = _epoch_length(data, group)
     total = _total_steps(options, length)
     state.total = total
