@@ -178,12 +178,15 @@ def _step(
     """Key of every usable start and the threshold of every end for part j with r replicas:
     the part [a, b) fits under ``bound`` iff key[a] >= threshold[b] (and a < b <= last_end[a]).
     ``bases`` keeps each (j, r)'s arrays without the bound, which every probe reuses."""
-    key, threshold = bases.get((j, r)) or _base(problem, j, r, bases)
+    key, threshold = _base(problem, j, r, bases)
     return np.where(reach, key, _NEG), threshold - r * problem.microbatches * bound
 
 
 def _base(problem: Problem, j: int, r: int, bases: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Part j's key and bound-free threshold with r replicas, kept in ``bases``."""
+    """Part j's key and bound-free threshold with r replicas, made once and kept in
+    ``bases``."""
+    if (j, r) in bases:
+        return bases[j, r]
     m, work, cut = problem.microbatches, problem.work[j], problem.cut
     slots = _slots(m, r)
     key = slots * (work - cut)
@@ -208,10 +211,10 @@ def _probe(problem: Problem, last_end: list[np.ndarray], bound: int, bases: dict
     start = np.zeros(n + 1, dtype=bool)
     start[0] = True
     layers: list[dict[int, np.ndarray]] = [{0: start}]
+    free = _segments(problem)  # without a memory limit a part may end anywhere before a cut
     for j in range(p):
         nxt: dict[int, np.ndarray] = {}
-        # without a memory limit a part may run from any start to the next forced cut
-        segments = None if problem.limits and problem.limits[j] else _segments(problem)
+        segments = None if problem.limits and problem.limits[j] else free
         for used, reach in layers[-1].items():
             choices = _choices(problem, j, used)
             if segments is not None:  # every replica count at once, one row each
@@ -256,15 +259,13 @@ def _rows_reachable(
     bases: dict,
     segments: list[tuple[int, int]],
 ) -> np.ndarray:
-    """``_reachable_in_segments`` for each replica count of ``choices`` at once: row i holds
-    the ends part j reaches from ``reach`` with ``choices[i]`` replicas under ``bound``."""
+    """``_reachable`` where every start a of a segment [s, e) may end anywhere in (a, e] (no
+    memory limit), for each replica count of ``choices`` at once: row i holds the ends part j
+    reaches from ``reach`` with ``choices[i]`` replicas under ``bound``. The best key over the
+    starts before each end is a running maximum (linear, no sparse table)."""
     if not len(choices):
         return np.zeros((0, len(reach)), dtype=bool)
-    keys, thresholds = [], []
-    for r in choices:
-        key, threshold = bases.get((j, r)) or _base(problem, j, r, bases)
-        keys.append(key)
-        thresholds.append(threshold)
+    keys, thresholds = zip(*(_base(problem, j, r, bases) for r in choices))
     counts = np.array(list(choices), dtype=np.int64)[:, None]
     key2 = np.where(reach[None, :], np.stack(keys), _NEG)
     threshold2 = np.stack(thresholds) - counts * problem.microbatches * bound
@@ -278,17 +279,6 @@ def _segments(problem: Problem) -> list[tuple[int, int]]:
     """The runs of starts [s, e) between forced cuts: a part starting in one ends by e."""
     bounds = [0, *sorted(f for f in problem.forced if 0 < f < problem.items), problem.items]
     return [(s, e) for s, e in zip(bounds, bounds[1:]) if s < e]
-
-
-def _reachable_in_segments(
-    key: np.ndarray, threshold: np.ndarray, segments: list[tuple[int, int]]
-) -> np.ndarray:
-    """``_reachable`` where every start a of a segment [s, e) may end anywhere in (a, e]: the
-    best key over the starts before b is a running maximum (linear, no sparse table)."""
-    best = np.full(len(key), _NEG, dtype=np.int64)
-    for s, e in segments:
-        best[s + 1 : e + 1] = np.maximum.accumulate(key[s:e])
-    return best >= threshold
 
 
 def _reachable(key: np.ndarray, threshold: np.ndarray, last_end: np.ndarray) -> np.ndarray:

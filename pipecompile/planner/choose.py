@@ -100,12 +100,13 @@ def choose_plan(
     return result.best.plan, _on_used(machine, result.best.devices), record
 
 
+_PER_DEVICE = (("--memory-limit", "memory_limit"), ("--device-speed", "device_speed"))
+
+
 def _check_per_device(machine: CostModel, devices: int) -> None:
     """``--memory-limit`` and ``--device-speed`` give one value, or one per searched device."""
-    for flag, values in (
-        ("--memory-limit", machine.memory_limit),
-        ("--device-speed", machine.device_speed),
-    ):
+    for flag, name in _PER_DEVICE:
+        values = getattr(machine, name)
         if len(values) not in (0, 1, devices):
             raise PlanError(
                 f"{flag} gives {len(values)} values for --devices {devices}; give one per "
@@ -117,12 +118,9 @@ def _on_used(machine: CostModel, used: int) -> CostModel:
     """The cost model of the devices a plan uses, the first ``used`` of those searched (a plan
     may leave some out): per-device values cut to them."""
     cut = {
-        name: values[:used]
-        for name, values in (
-            ("memory_limit", machine.memory_limit),
-            ("device_speed", machine.device_speed),
-        )
-        if len(values) > 1
+        name: getattr(machine, name)[:used]
+        for _, name in _PER_DEVICE
+        if len(getattr(machine, name)) > 1
     }
     return replace(machine, **cut) if cut else machine
 

@@ -27,7 +27,7 @@ from pipecompile.ir.recompute_policy import policy_counts, with_recompute
 from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_problem
-from pipecompile.passes.partition_search import Solution, fits_under, solve
+from pipecompile.passes.partition_search import Problem, Solution, fits_under, solve
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.schedules import generate
@@ -48,7 +48,6 @@ class Predictor:
 
     def __post_init__(self) -> None:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
-        self._within: dict[tuple[object, ...], int] = {}  # bounds ``beyond`` found met
         self._facts: dict[int, AtomFacts] = {}
 
     def program(self, plan: Plan) -> Program:
@@ -62,9 +61,7 @@ class Predictor:
         """``plan`` predicted; None if no split of it fits the memory limits. ``workers``:
         devices the partitioner spreads the stages over (choosing replicas), or None."""
         size = self.batch // plan.microbatches
-        if size not in self._facts:
-            self._facts[size] = self.facts.at(size, self.model)
-        facts = self._facts[size]
+        facts = self._facts_at(size)
         free = replace(self.model, memory_limit=(), workers=workers)
         found = self._split(size, free, program)
         if found is None:
@@ -87,18 +84,22 @@ class Predictor:
         return Predicted(plan, step, bubble, memory, found.starts)
 
     def beyond(self, plan: Plan, workers: int | None, step: float) -> bool:
-        """Whether no split of ``plan`` (one stage per device, no memory limit) can bring its
-        step to ``step`` seconds or under: its slowest stage's m micro-batches alone (with its
-        replicas' share and all-reduce, as the split prices them) take longer. The simulated
-        step is never shorter than that, so a search keeping its best plans skips this one
-        after one probe of the partitioner, before generating its program."""
+        """Whether ``plan`` (one stage per device, no memory limit) cannot reach ``step``
+        seconds, by two bounds the simulated step never undercuts; a search keeping its best
+        plans then neither generates nor simulates its program.
+
+        1. Its slowest stage's m micro-batches alone (with its replicas' share and all-reduce,
+           as the split prices them) take longer: one probe of the partitioner.
+        2. Split exactly, some stage j, which starts after micro-batch 0's forwards before it
+           and runs its m forwards and backwards, ends no sooner than sum(F_i, i < j) +
+           m (F_j + B_j), and (gpipe, 1f1b, whose backwards are whole) the last micro-batch's
+           backwards before it follow: + sum(B_i, i < j).
+        """
         size = self.batch // plan.microbatches
-        if size not in self._facts:
-            self._facts[size] = self.facts.at(size, self.model)
         shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
         free = replace(self.model, memory_limit=(), workers=workers)
         problem, unit = build_problem(
-            self._facts[size],
+            self._facts_at(size),
             kind="flops",
             model=free,
             program=shape,
@@ -109,25 +110,45 @@ class Predictor:
         cutoff = int(step / (plan.microbatches * unit / _FS)) + 1
         if not fits_under(problem, cutoff):
             return True
-        self._within[size, plan.stages, plan.microbatches, workers] = cutoff
-        return False
+        found = self._split(size, free, shape, within=cutoff, problem=problem)  # type: ignore[arg-type]
+        assert found is not None  # no memory limit, and a split fits under the cutoff
+        costs = self.stage_costs(self._facts_at(size), free, shape, found)
+        m, before, bound = plan.microbatches, 0.0, 0.0
+        whole = plan.schedule in ("gpipe", "1f1b")
+        for f, b in zip(costs.forward, costs.backward):
+            bound = max(bound, before + m * (f + b))
+            before += f + (b if whole else 0.0)
+        return bound > step
+
+    def _facts_at(self, size: int) -> AtomFacts:
+        """The model's atoms at micro-batches of ``size`` samples, gathered once per size."""
+        if size not in self._facts:
+            self._facts[size] = self.facts.at(size, self.model)
+        return self._facts[size]
 
     def _split(
-        self, size: int, model: CostModel, program: Program, within: int | None = None
+        self,
+        size: int,
+        model: CostModel,
+        program: Program,
+        within: int | None = None,
+        problem: Problem | None = None,
     ) -> Solution | None:
         """The exact split of ``program``'s stages at micro-batches of ``size`` samples (the
-        memory limits, when ``model`` has some, depend on the whole program)."""
+        memory limits, when ``model`` has some, depend on the whole program). ``within``: a
+        bound some split meets; ``problem``: the partition problem, when the caller built it."""
         speeds = tuple(model.speed(d) for d in program.stage_device)
         limited = program if model.memory_limit else None
         key = (size, speeds, program.microbatches, model.workers, limited)
         if key not in self._splits:
-            facts = self._facts[size]
+            facts = self._facts_at(size)
             found = None
             if program.num_stages <= len(facts.cost):
-                problem, _ = build_problem(
-                    facts, kind="flops", model=model, program=program,
-                    forced=self.facts.forced, resolution=_US,
-                )  # fmt: skip
+                if problem is None:
+                    problem, _ = build_problem(
+                        facts, kind="flops", model=model, program=program,
+                        forced=self.facts.forced, resolution=_US,
+                    )  # fmt: skip
                 found = solve(problem, within)
             self._splits[key] = found
         return self._splits[key]
@@ -152,28 +173,6 @@ class Predictor:
             backward.append(2 * work * seconds / 3 * share)
             extra.append(sum(walk[a:b]) * share)  # half of the backward's non-matmul work
         return Costs(tuple(forward), tuple(backward), self.model.instr_overhead, tuple(extra))
-
-    def beyond_split(self, plan: Plan, workers: int | None, step: float) -> bool:
-        """Whether ``plan`` (one stage per device, no memory limit), split exactly, cannot
-        reach ``step`` seconds: some stage j, which starts after micro-batch 0's forwards
-        before it and runs its m forwards and backwards, ends no sooner than
-        sum(F_i, i < j) + m (F_j + B_j), and (gpipe, 1f1b, whose backwards are whole) the
-        last micro-batch's backwards before it follow: + sum(B_i, i < j). The simulated step
-        is never shorter; its program is then neither generated nor simulated."""
-        size = self.batch // plan.microbatches
-        shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
-        free = replace(self.model, memory_limit=(), workers=workers)
-        within = self._within.get((size, plan.stages, plan.microbatches, workers))
-        found = self._split(size, free, shape, within)  # type: ignore[arg-type]
-        if found is None:
-            return False
-        costs = self.stage_costs(self._facts[size], free, shape, found)
-        m, before, bound = plan.microbatches, 0.0, 0.0
-        whole = plan.schedule in ("gpipe", "1f1b")
-        for f, b in zip(costs.forward, costs.backward):
-            bound = max(bound, before + m * (f + b))
-            before += f + (b if whole else 0.0)
-        return bound > step
 
     def _step(
         self, facts: AtomFacts, model: CostModel, program: Program, found: Solution

@@ -79,10 +79,10 @@ def search(
 ) -> SearchResult:
     """Predict every plan of ``space`` for ``batch`` samples and rank those that fit. With
     ``keep`` (the plans a caller shows), a one-stage-per-device plan that cannot beat the
-    ``keep``-th best step found so far is bounded out (not under a memory limit): first when
-    its slowest stage alone takes longer (one probe of the partitioner, ``Predictor.beyond``),
-    then when its exact split's fill-and-drain bound does (``Predictor.beyond_split``),
-    before its program is generated or simulated. The best ``keep`` plans are the same,
+    ``keep``-th best step found so far is bounded out (not under a memory limit): when its
+    slowest stage alone takes longer (one probe of the partitioner), or its exact split's
+    fill-and-drain bound does (``Predictor.beyond``), before its program is generated or
+    simulated. The best ``keep`` plans are the same,
     found without predicting the rest.
 
     Raises:
@@ -107,10 +107,7 @@ def search(
             and len(best) >= keep
             and plan.schedule in _REPLICABLE
             and not model.memory_limit
-            and (
-                predictor.beyond(plan, workers, best[keep - 1])
-                or predictor.beyond_split(plan, workers, best[keep - 1])
-            )
+            and predictor.beyond(plan, workers, best[keep - 1])
         ):
             bounded += 1
             continue
