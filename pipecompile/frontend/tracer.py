@@ -20,6 +20,7 @@ from pipecompile.frontend.inline_regions import (
     detach_no_grad_values,
     inline_grad_regions,
 )
+from pipecompile.frontend.layout_free import views_as_reshapes
 from pipecompile.frontend.quiet_logs import held_stderr, quiet_logs
 from pipecompile.ir.leaf_modules import is_rebuildable_leaf
 from pipecompile.ir.split_point import recording
@@ -209,6 +210,7 @@ def _trace_export(
     module.graph.set_codegen(fx.graph.CodeGen())
     type(module).__name__ = type(model).__name__  # each GraphModule has a class of its own
     inline_grad_regions(module)
+    views_as_reshapes(module)  # a traced layout is not the one every device makes
     missing = [n.name for n in module.graph.nodes if n.op != "output" and "val" not in n.meta]
     if missing:
         raise RuntimeError(f"export left nodes without values: {missing[:5]}")
