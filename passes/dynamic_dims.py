@@ -14,20 +14,23 @@ symbol impossible, and each is named with the op, its module and its line: the m
 fixes the size itself (a ``view`` with a constant), or a number computed from it by other
 means than sizes and arithmetic crosses a boundary (the split writes such numbers into the
 consumer stage as constants; numbers of sizes it computes again there, ``split_stages``'s
-``sizes_follow``). A symbol asked for is then an error; without ``asked`` the default,
-``batch``, is dropped instead (batches must then have the traced size under ``--nproc``).
+``sizes_follow``). A symbol asked for is then an error. ``batch`` (dim 0 of every input) is
+probed on every compile, asked or not: one that was not asked for is dropped instead when the
+model fixes it, and the result says why (``fixed``; the compile prints it: batches must then
+have the traced size under ``--nproc``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from pipecompile.errors import ShapeError
-from pipecompile.ir.dynamic import DynamicDims, Exponents
+from pipecompile.ir.dynamic import DynamicDims, Exponents, with_batch
 from pipecompile.ir.layers import node_module_path
 from pipecompile.ir.node_info import info
 from pipecompile.ir.size_values import size_sources
@@ -46,38 +49,50 @@ def dynamic_dims(
     asked: dict[str, dict[int, str]] | None,
     evaluate: Evaluate,
     batch_dim: int = 0,
+    batch: bool = True,
 ) -> DynamicDims:
-    """Probe the symbols of ``asked`` (input -> dim -> symbol; None: ``batch`` on every
-    input's ``batch_dim``) on ``balanced``, traced on the micro-batch ``micro``.
-    ``evaluate(module, [(shape, dtype)])``: every node's fake value on inputs of those shapes,
-    with the node that failed and its error (the front end's ``fake_values``).
+    """Probe the symbols of ``asked`` (input -> dim -> symbol), and with ``batch`` also
+    ``batch`` on every input's ``batch_dim`` that ``asked`` leaves free, on ``balanced``,
+    traced on the micro-batch ``micro``. ``evaluate(module, [(shape, dtype)])``: every node's
+    fake value on inputs of those shapes, with the node that failed and its error (the front
+    end's ``fake_values``). A batch the model fixes is dropped, and the result's ``fixed``
+    says why.
 
     Raises:
-        ShapeError: a symbol the model file asked for cannot change (named with its op).
+        ShapeError: a symbol ``asked`` for cannot change (named with its op).
     """
-    default = asked is None
-    wanted = (
-        asked
-        if asked is not None
-        else {name: {batch_dim: "batch"} for name, t in micro.items() if t.dim() > batch_dim}
-    )
-    sizes = _sizes(wanted, micro, strict=not default)
+    asked = asked or {}
+    wanted = with_batch(asked, micro, batch_dim) if batch else asked
+    probe = (balanced, graph, micro, evaluate, batch_dim)
+    found, problem = _probed(*probe, wanted, strict=asked)
+    if problem is None or wanted == asked:
+        if problem is not None:
+            raise ShapeError(problem)
+        return found
+    alone, own = _probed(*probe, asked, strict=asked)
+    if own is not None:
+        raise ShapeError(own)  # what was asked for fails on its own
+    return replace(alone, fixed=problem)
+
+
+def _probed(  # type: ignore[no-untyped-def]
+    balanced, graph, micro, evaluate, batch_dim, wanted, *, strict
+) -> tuple[DynamicDims, str | None]:
+    """The dimensions of ``wanted``, and why one cannot change or None (the sizes of the
+    symbols ``strict`` asks for must agree between inputs)."""
+    sizes = _sizes(wanted, micro, strict={s for dims in strict.values() for s in dims.values()})
     if not sizes:
-        return DynamicDims()
+        return DynamicDims(), None
     edges, problem = _measure(balanced, graph, micro, wanted, sizes, evaluate)
-    if problem is not None:
-        if default:
-            return DynamicDims()
-        raise ShapeError(problem)
     inputs = {n: dict(dims) for n, dims in wanted.items() if dims}
     split = tuple(
         sorted({s for dims in inputs.values() for d, s in dims.items() if d == batch_dim})
     )
-    return DynamicDims(inputs, sizes, edges, split)
+    return DynamicDims(inputs, sizes, edges, split), problem
 
 
 def _sizes(
-    wanted: dict[str, dict[int, str]], micro: dict[str, torch.Tensor], *, strict: bool
+    wanted: dict[str, dict[int, str]], micro: dict[str, torch.Tensor], *, strict: set[str]
 ) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for name, dims in wanted.items():
@@ -94,7 +109,7 @@ def _sizes(
                     f"{tensor.dim()} dims (shape {tuple(tensor.shape)})"
                 )
             size = tensor.shape[d]
-            if sizes.setdefault(symbol, size) != size and strict:
+            if sizes.setdefault(symbol, size) != size and symbol in strict:
                 raise ShapeError(
                     f"{symbol!r} is dim {d} of input {name!r} (size {size}) and another input's "
                     f"of size {sizes[symbol]}: one symbol, one size in the example batch"

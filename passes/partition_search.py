@@ -18,10 +18,12 @@ given for it, and no part may contain a forced boundary strictly inside.
 
 ``solve`` finds the least integer bound B with ``time_j <= B`` for every part (so B is the
 exact optimum rounded up to one unit) by binary search on B; a probe decides feasibility
-exactly with a sweep over parts: the positions reachable after j parts with w workers, and
-for each part a vectorised "interval maximum" (every start a reaches the ends b in
-(a, last_end(a)] whose threshold is at most a's key). Cost per probe:
-O(parts · Σr · n log n) array work.
+exactly with a sweep over parts: after j parts, each position with the fewest workers that
+reach it (more are dominated), and for each part the ends every start reaches (those b in
+(a, last_end(a)] whose threshold is at most a's key). Without a memory limit that is one
+running maximum over an array with a row per (workers used, replica count) pair; with one,
+a vectorised "interval maximum" per pair. Cost per probe: O(parts · W · R · n) array work
+for W distinct worker counts and R replica choices (O(parts · n) without replication).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 __all__ = ["Limit", "Problem", "Solution", "solve", "fits_under", "part_times", "interval_max"]
 
 _NEG = np.iinfo(np.int64).min // 4
+_FAR = np.iinfo(np.int64).max // 4  # workers used to reach a position no split reaches
 
 
 @dataclass(frozen=True)
@@ -162,14 +165,20 @@ def _last_end(problem: Problem, j: int) -> np.ndarray:
     return end
 
 
-def _choices(problem: Problem, j: int, used: int) -> Sequence[int]:
+def _choices(problem: Problem, j: int, used: int, bases: dict) -> Sequence[int]:
+    """Part j's replica counts when ``used`` workers hold the parts before it (kept in
+    ``bases``)."""
     if problem.workers is None:
         return range(1, 2)
-    most = problem.workers - used - (problem.parts - 1 - j)
-    m = problem.microbatches
-    # a replica past the m-th would idle, and r replicas whose busiest runs no fewer
-    # micro-batches than r - 1 would only add an all-reduce share: the least r of each share
-    return [r for r in range(1, min(most, m) + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)]
+    most = min(problem.workers - used - (problem.parts - 1 - j), problem.microbatches)
+    if ("choices", most) not in bases:
+        m = problem.microbatches
+        # a replica past the m-th would idle, and r replicas whose busiest runs no fewer
+        # micro-batches than r - 1 would only add an all-reduce share: the least r of each
+        bases["choices", most] = [
+            r for r in range(1, most + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)
+        ]
+    return bases["choices", most]
 
 
 def _step(
@@ -201,78 +210,92 @@ def _base(problem: Problem, j: int, r: int, bases: dict) -> tuple[np.ndarray, np
 def fits_under(problem: Problem, bound: int) -> bool:
     """Whether some split has every part's time within ``bound`` (one probe of ``solve``'s
     search: a caller that only needs to know the optimum is above a bound stops there)."""
+    if bound < _lower_bound(problem):
+        return False
     last_end = [_last_end(problem, j) for j in range(problem.parts)]
     return _probe(problem, last_end, bound, {}) is not None
 
 
 def _probe(problem: Problem, last_end: list[np.ndarray], bound: int, bases: dict) -> list | None:
-    """The reachable positions per (parts, workers used) if a split under ``bound`` exists."""
+    """If a split under ``bound`` exists, per number of parts the fewest workers with which
+    each position is reachable (``_FAR`` where it is not)."""
     n, p = problem.items, problem.parts
-    start = np.zeros(n + 1, dtype=bool)
-    start[0] = True
-    layers: list[dict[int, np.ndarray]] = [{0: start}]
+    fewest = np.full(n + 1, _FAR, dtype=np.int64)
+    fewest[0] = 0
+    layers = [fewest]
     free = _segments(problem)  # without a memory limit a part may end anywhere before a cut
     for j in range(p):
-        nxt: dict[int, np.ndarray] = {}
-        segments = None if problem.limits and problem.limits[j] else free
-        for used, reach in layers[-1].items():
-            choices = _choices(problem, j, used)
-            if segments is not None:  # every replica count at once, one row each
-                rows = _rows_reachable(problem, j, choices, reach, bound, bases, segments)
-                found = [(r, row) for r, row in zip(choices, rows) if row.any()]
-            else:
-                found = []
-                for r in choices:
+        if not (problem.limits and problem.limits[j]):  # every (used, replicas) at once
+            fewest = _layer_reachable(problem, j, fewest, bound, bases, free)
+        else:
+            nxt: dict[int, np.ndarray] = {}
+            for used, reach in _masks(fewest).items():
+                for r in _choices(problem, j, used, bases):
                     key, threshold = _step(problem, j, r, reach, bound, bases)
                     got = _reachable(key, threshold, last_end[j])
-                    if got.any():
-                        found.append((r, got))
-            for r, got in found:
-                nxt[used + r] = nxt[used + r] | got if used + r in nxt else got
-        if not nxt:
+                    nxt[used + r] = nxt[used + r] | got if used + r in nxt else got
+            fewest = _fewest(nxt, n)
+        if fewest.min() == _FAR:
             return None
-        layers.append(_fewest(nxt))
-    return layers if any(mask[n] for mask in layers[-1].values()) else None
+        layers.append(fewest)
+    return layers if fewest[n] < _FAR else None
 
 
-def _fewest(layer: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Each position only under the fewest workers that reach it: a continuation from it with
+def _fewest(layer: dict[int, np.ndarray], n: int) -> np.ndarray:
+    """Each position under the fewest workers that reach it: a continuation from it with
     more workers used is also open with fewer (a part's replica choices only shrink as
     workers are used), so the rest are dominated. A position's predecessor on a path of
     fewest workers is itself reached with its fewest, so ``_walk_back`` still finds it."""
-    seen: np.ndarray | None = None
-    out = {}
-    for used in sorted(layer):
-        mask = layer[used] if seen is None else layer[used] & ~seen
-        if mask.any():
-            out[used] = mask
-            seen = mask.copy() if seen is None else seen | mask
+    out = np.full(n + 1, _FAR, dtype=np.int64)
+    for used in sorted(layer, reverse=True):
+        out[layer[used]] = used
     return out
 
 
-def _rows_reachable(
+def _masks(fewest: np.ndarray) -> dict[int, np.ndarray]:
+    """The positions of each workers count of a layer, fewest first."""
+    return {int(u): fewest == u for u in np.unique(fewest[fewest < _FAR])}
+
+
+def _layer_reachable(
     problem: Problem,
     j: int,
-    choices: Sequence[int],
-    reach: np.ndarray,
+    fewest: np.ndarray,
     bound: int,
     bases: dict,
     segments: list[tuple[int, int]],
 ) -> np.ndarray:
-    """``_reachable`` where every start a of a segment [s, e) may end anywhere in (a, e] (no
-    memory limit), for each replica count of ``choices`` at once: row i holds the ends part j
-    reaches from ``reach`` with ``choices[i]`` replicas under ``bound``. The best key over the
-    starts before each end is a running maximum (linear, no sparse table)."""
-    if not len(choices):
-        return np.zeros((0, len(reach)), dtype=bool)
-    keys, thresholds = zip(*(_base(problem, j, r, bases) for r in choices))
-    counts = np.array(list(choices), dtype=np.int64)[:, None]
-    key2 = np.where(reach[None, :], np.stack(keys), _NEG)
-    threshold2 = np.stack(thresholds) - counts * problem.microbatches * bound
+    """The ends part j reaches under ``bound``, each with the fewest workers used after it,
+    from the starts of ``fewest`` (workers used before it), where every start a of a
+    segment [s, e) may end anywhere in (a, e] (no memory limit): one row per (workers
+    used, replica count) pair, all in one array. The best key over the starts before each
+    end is a running maximum (linear, no sparse table)."""
+    pairs = [
+        (used, r)
+        for used in np.unique(fewest[fewest < _FAR]).tolist()
+        for r in _choices(problem, j, used, bases)
+    ]
+    if not pairs:
+        return np.full_like(fewest, _FAR)
+    used, rs = (np.array(column, dtype=np.int64) for column in zip(*pairs))
+    keys, thresholds = _stacked(problem, j, int(rs.max()), bases)
+    key2 = np.where(fewest[None, :] == used[:, None], keys[rs], _NEG)
+    threshold2 = thresholds[rs] - rs[:, None] * problem.microbatches * bound
     best = np.full(key2.shape, _NEG, dtype=np.int64)
     for s, e in segments:
         best[:, s + 1 : e + 1] = np.maximum.accumulate(key2[:, s:e], axis=1)
-    return best >= threshold2
+    return np.where(best >= threshold2, (used + rs)[:, None], _FAR).min(axis=0)
+
+
+def _stacked(problem: Problem, j: int, most: int, bases: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Part j's keys and bound-free thresholds for 0..``most`` replicas as two arrays (row r:
+    r replicas; row 0 unused), made once and kept in ``bases``."""
+    have = bases.get(("stacked", j))
+    if have is None or len(have[0]) <= most:
+        rows = [_base(problem, j, max(r, 1), bases) for r in range(most + 1)]
+        have = np.stack([k for k, _ in rows]), np.stack([t for _, t in rows])
+        bases["stacked", j] = have
+    return have
 
 
 def _segments(problem: Problem) -> list[tuple[int, int]]:
@@ -312,13 +335,13 @@ def _walk_back(
     """Recover one split under ``bound`` from the reachable sets, last part first."""
     n, p = problem.items, problem.parts
     end = n
-    used = next(w for w, mask in sorted(layers[p].items()) if mask[end])
+    used = int(layers[p][end])
     starts: list[int] = []
     replicas: list[int] = []
     for j in range(p - 1, -1, -1):
-        for before, reach in sorted(layers[j].items()):
+        for before, reach in _masks(layers[j]).items():
             r = used - before
-            if r not in _choices(problem, j, before):
+            if r not in _choices(problem, j, before, bases):
                 continue
             key, threshold = _step(problem, j, r, reach, bound, bases)
             ok = (key >= threshold[end]) & (np.arange(n + 1) < end) & (last_end[j] >= end)

@@ -41,6 +41,7 @@ from pipecompile.files.names import INIT, INIT_CONSTANTS, stage_weights
 from pipecompile.ir.manifest import WeightsRecord, write_manifest
 from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
+from pipecompile.model.model_configs import model_configs
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.option_fields import declared
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
@@ -145,7 +146,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     emit(
         compiled,
         out,
-        model=ModelRef(None, type(model).__name__, type(model).__name__),
+        model=ModelRef(None, type(model).__name__, type(model).__name__, model_configs(model)),
         force=force,
         weights=plan,
         notes=notes,

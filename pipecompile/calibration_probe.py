@@ -4,7 +4,8 @@ in fresh processes, each printing its figures as the last line of stdout:
 - ``python -m pipecompile.calibration_probe THREADS``: the runtime's own seconds per compute
   instruction: a tiny model compiled into 4 stages and trained for a step with 32
   micro-batches on the local backend, less the same model's eager forwards and backwards,
-  over its 256 compute instructions;
+  over its 256 compute instructions (JSON: ``instr_overhead``, and ``spread``, the larger
+  of the two timings' spreads);
 - ``torchrun --nproc-per-node N -m pipecompile.calibration_probe --ranks THREADS``: what N
   ranks on this machine pay for messages (gloo): the latency of a small message (neighbour
   pairs ping-ponging at once) and the bandwidth of a 4 MiB all-reduce over all of them. The
@@ -22,13 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipecompile.planner.calibrate import best_of
+from pipecompile.planner.calibration_timing import repeats, spread
 
 __all__ = ["per_instruction", "rank_figures", "rank_main"]
 
 
-def per_instruction() -> float:
-    """Seconds pipecompile's runtime adds per compute instruction (see the module doc)."""
+def per_instruction() -> dict[str, float]:
+    """Seconds pipecompile's runtime adds per compute instruction (``instr_overhead``), and
+    how far its timings' repeats spread (``spread``; see the module doc)."""
     from pipecompile.api import compile as compile_pipeline
 
     torch.manual_seed(0)
@@ -44,7 +46,9 @@ def per_instruction() -> float:
         for chunk, t in zip(x.split(1), target.split(1)):
             F.mse_loss(model(chunk), t).backward()
 
-    return max(0.0, (best_of(step, 3) - best_of(eager, 3)) / (2 * 4 * 32))
+    piped, alone = repeats(step, 3), repeats(eager, 3)
+    seconds = max(0.0, (min(piped) - min(alone)) / (2 * 4 * 32))
+    return {"instr_overhead": seconds, "spread": max(spread(piped), spread(alone))}
 
 
 def rank_figures() -> dict[str, float] | None:
@@ -108,4 +112,4 @@ if __name__ == "__main__":
         if found is not None:
             print(json.dumps(found))
     else:
-        print(per_instruction())
+        print(json.dumps(per_instruction()))

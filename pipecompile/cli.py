@@ -35,7 +35,7 @@ from pipecompile.schedules import generate
 
 __all__ = ["main"]
 
-COMMANDS = ("compile", "run", "show", "export", "viz", "onnx", "plot")
+COMMANDS = ("compile", "run", "show", "export", "viz", "onnx", "plot", "calibration")
 
 
 def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
@@ -92,6 +92,12 @@ def _with_command(args: list[str]) -> list[str]:
 def _unknown(extra: list[str], command: str) -> str:
     """The usage error for arguments ``command`` does not take: a flag of the other command
     (a compile option given to `run`, a run option to `compile`) is named as such."""
+    if command == "calibration" and not extra[0].startswith("-"):
+        return (
+            f"`pipecompile calibration` takes no model or directory (got {extra[0]}): the "
+            "calibration is this machine's, shared by every search; `pipecompile calibration` "
+            "shows it, `pipecompile calibration --clear` removes it"
+        )
     flags = [a.split("=", 1)[0] for a in extra if a.startswith("--")]
     compile_flags = {o.flag for _, o in declared(CompileOptions)}
     run_flags = {o.flag for cls in (RunFlags, TrainFlags) for _, o in declared(cls)}
@@ -209,7 +215,25 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", help="the .svg to write (default: DIRECTORY/training.svg)")
     plot.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     plot.set_defaults(handler=_plot)
+
+    calibration = commands.add_parser(
+        "calibration", help="show or clear this machine's calibration of the plan search"
+    )
+    calibration.add_argument(
+        "--clear",
+        action="store_true",
+        help="remove the kept calibrations: the next search (--devices N) measures the "
+        "machine again",
+    )
+    calibration.set_defaults(handler=_calibration)
     return parser
+
+
+def _calibration(args: argparse.Namespace) -> int:
+    from pipecompile.planner.calibration_store import clear_records, describe
+
+    print(clear_records() if args.clear else describe())
+    return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -284,6 +308,8 @@ def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.weight_sources import weight_plan
     from pipecompile.errors import WeightsError
     from pipecompile.ir.compiled import Compiled
+    from pipecompile.ir.dynamic import merged_dynamic
+    from pipecompile.model.model_configs import model_configs
     from pipecompile.model.model_file import dynamic_shapes, load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
     from pipecompile.planner.choose import check_search, open_choices
@@ -302,7 +328,16 @@ def _compile(args: argparse.Namespace) -> int:
         )
     if searching or args.stages is None:
         replicas = () if args.replicate else None
-        check_search(args.devices, args.stages, replicas, args.balance, args.memory_budget, machine)
+        check_search(
+            args.devices,
+            args.stages,
+            replicas,
+            args.balance,
+            args.memory_budget,
+            machine,
+            args.schedule,
+            args.virtual_stages,
+        )
     else:
         schedule = {"virtual_stages": args.virtual_stages, "vertical_sync": args.vertical_sync}
         generate(args.schedule, args.stages, args.microbatches, **schedule)  # and bad schedules
@@ -330,7 +365,7 @@ def _compile(args: argparse.Namespace) -> int:
         replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
         machine=machine,
         progress=not args.quiet,
-        dynamic=args.dynamic or dynamic_shapes(spec),
+        dynamic=merged_dynamic(args.dynamic, dynamic_shapes(spec), spec.inputs),
     )
     compiled = compile_model(
         spec.model,
@@ -343,7 +378,7 @@ def _compile(args: argparse.Namespace) -> int:
         verify_each=args.verify_each,
         **options,
     )
-    model_ref = ModelRef(path, name, f"{path.name}:{name}")
+    model_ref = ModelRef(path, name, f"{path.name}:{name}", model_configs(spec.model))
     if args.tune:
         from pipecompile.planner.tune import tune
 

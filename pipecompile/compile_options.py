@@ -109,8 +109,9 @@ class CompileOptions:
         "--dynamic",
         metavar="DIMS",
         help="batch,seq: dimensions batches may vary in, traced as symbols (batch: dim 0 of "
-        "every input; seq: dim 1 of every 2-dim input; the model file's dynamic_shapes() "
-        "names any others)",
+        "every input, which varies without the flag unless the model fixes it; seq: dim 1 of "
+        "every 2-dim input; the model file's dynamic_shapes() names any others and is merged "
+        "with the flag); none: every size as traced",
     )
     memory_budget: int | None = option(
         "--memory-budget",

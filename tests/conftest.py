@@ -18,6 +18,7 @@ import torch
 
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
+from pipecompile.model.model_configs import model_configs
 from pipecompile.model.model_file import ModelSpec, load_model_file
 
 # One intra-op thread for this process and every command it starts (the ranks of a launch
@@ -77,7 +78,7 @@ def compile_example(name: str, stages: int, root: Path) -> Path:
     spec = example_spec(name)
     compiled = compile_model(spec.model, spec.inputs, stages=stages, microbatches=2)
     target = root / f"{name}_{stages}"
-    emit(compiled, target, model=ModelRef(spec.path, spec.name, name))
+    emit(compiled, target, model=ModelRef(spec.path, spec.name, name, model_configs(spec.model)))
     return target
 
 

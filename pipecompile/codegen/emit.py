@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,8 +36,9 @@ from pipecompile.codegen.weight_sources import (
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files import names as files
 from pipecompile.files.disk import disk_message, os_error
-from pipecompile.files.names import INIT, INIT_CONSTANTS, PROGRAM
+from pipecompile.files.names import INIT, INIT_CONSTANTS, MODEL_CONFIGS, PROGRAM
 from pipecompile.ir.compiled import Compiled
+from pipecompile.ir.dynamic import fixed_batch_note
 from pipecompile.ir.layers import layer_groups
 from pipecompile.ir.lower import lower_stage
 from pipecompile.ir.manifest import (
@@ -60,11 +61,14 @@ __all__ = ["ModelRef", "emit", "build_manifest", "WeightPlan"]
 
 @dataclass(frozen=True)
 class ModelRef:
-    """Where the model came from: its file and factory name (None when compiled from Python)."""
+    """Where the model came from: its file and factory name (None when compiled from Python);
+    ``configs``: a Hugging Face model's own configs (``model.model_configs``), written beside
+    the stages for ``export``."""
 
     file: Path | None
     name: str
     label: str
+    configs: dict[str, str] = field(default_factory=dict)
 
 
 def emit(
@@ -153,12 +157,20 @@ def _write_all(
         cls = class_name(stage.index)
         written.append(StageFiles(stage, source, cls, whole, lowered, bool(randoms[-1])))
     (tmp / PROGRAM).write_text(str(compiled.program))
+    for name, text in model.configs.items():
+        (tmp / MODEL_CONFIGS[name]).write_text(text)
     init = _write_init(tmp, plan, sources)
     weights = _weights_entry(plan, sources, init, out)
     manifest = build_manifest(compiled, model, out, sources, randoms, weights)
     write_manifest(tmp, replace(manifest, compile=compile_stages))
     if notes is not None:
         notes.extend(_notes(plan, sources))
+        if compiled.dynamic.fixed:
+            notes.append(
+                fixed_batch_note(
+                    compiled.dynamic, compiled.microbatch_size, compiled.program.microbatches
+                )
+            )
     return written
 
 
@@ -282,8 +294,9 @@ def build_manifest(
     if model.file is not None:
         model_file = os.path.relpath(Path(model.file).resolve(), Path(out).resolve())
         file_sha = file_fingerprint(model.file)
+    configs = {name: MODEL_CONFIGS[name] for name in model.configs} or None
     record = ModelRecord(
-        model_file, model.name, graph.tracer, file_sha, compiled.fingerprint or None
+        model_file, model.name, graph.tracer, file_sha, compiled.fingerprint or None, configs
     )
     stages = zip(graph.stages, sources, randoms)
     return Manifest(

@@ -3,12 +3,12 @@ other file.
 
 A directory is pipecompile's only if its ``manifest.json`` parses and carries pipecompile's
 format marker; even then, pipecompile owns only the files that manifest names (stage sources,
-weights, ONNX graphs, the program, the manifest) and the pictures. Anything else in the
-directory is the user's: a compile refuses to replace a directory holding such files, and with
-``force`` writes its own files beside them, never deleting or replacing one it did not write
-(a user's file named as one pipecompile writes, such as ``stage_0.py``, is refused). What `run`
-and `plot` write there (``RUN_RECORDS``) is pipecompile's too, but it is the history of
-training runs, not part of the compiled model: a recompile carries it over.
+weights, ONNX graphs, the program, the model's configs, the manifest) and the pictures.
+Anything else in the directory is the user's: a compile refuses to replace a directory holding
+such files, and with ``force`` writes its own files beside them, never deleting or replacing
+one it did not write (a user's file named as one pipecompile writes, such as ``stage_0.py``, is
+refused). What `run` and `plot` write there (``RUN_RECORDS``) is pipecompile's too, but it is
+the history of training runs, not part of the compiled model: a recompile carries it over.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def owned_names(manifest: Manifest) -> set[str]:
         names.update(n for n in (manifest.weights.init, manifest.weights.init_constants) if n)
     for stage in manifest.stages:
         names.update(n for n in (stage.file, stage.weights, stage.onnx) if n)
+    if manifest.model is not None and manifest.model.configs:
+        names.update(manifest.model.configs.values())
     return names
 
 

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from pipecompile.compiler import checks
-from pipecompile.errors import InternalError, PipecompileError
+from pipecompile.errors import InternalError, PipecompileError, TraceError
 from pipecompile.frontend.fake_prop import fake_values
-from pipecompile.frontend.tracer import trace
+from pipecompile.frontend.tracer import fixed_batch_view, trace
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.dynamic import DynamicDims, asked_dims, asked_maxima
+from pipecompile.ir.dynamic import DynamicDims, asked_dims, asked_maxima, with_batch
 from pipecompile.ir.microbatch import check_divides, split_microbatches
 from pipecompile.ir.program import Program
 from pipecompile.ir.recompute_policy import check_policy, chosen_policy
@@ -70,6 +70,13 @@ class Request:
     progress: bool
     dynamic: dict[str, dict[int, str]] | None = None  # input -> dim -> symbol (--dynamic)
     maxima: dict[str, int] | None = None  # symbol -> the largest size the model file states
+    batch: bool = True  # also try to let the batch vary (not with --dynamic none)
+
+    @property
+    def varying(self) -> dict[str, dict[int, str]]:
+        """The dimensions traced as symbols: those asked for, and the batch."""
+        asked = self.dynamic or {}
+        return with_batch(asked, self.micro) if self.batch else asked
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,15 @@ def _schedule(r: Request, ir: IR) -> Program:
 
 def _trace(r: Request, ir: IR) -> Traced:
     shown = {k: v.to("meta") for k, v in r.micro.items()} if r.meta else r.micro
-    return trace(r.model, shown, r.dynamic)
+    # a view hard-coding the example batch is looked for only on the try whose error shows
+    first = r.microbatches if r.dynamic or not r.varying else 1
+    try:
+        return trace(r.model, shown, r.varying or None, microbatches=first)
+    except TraceError:
+        if r.dynamic or not r.varying:
+            raise
+    # the batch alone was not asked for: dynamic_dims says
+    return trace(r.model, shown, None, microbatches=r.microbatches)
 
 
 def _annotate(r: Request, ir: IR) -> Any:
@@ -118,16 +133,15 @@ def _balance(r: Request, ir: IR) -> Any:
 
 
 def _split(r: Request, ir: IR) -> StageGraph:
-    return split_stages(ir["balanced"], traced=ir["traced"], sizes_follow=r.dynamic is not None)
+    return split_stages(ir["balanced"], traced=ir["traced"], sizes_follow=bool(r.varying))
 
 
 def _dynamic(r: Request, ir: IR) -> DynamicDims:
-    if r.dynamic is None:
-        return DynamicDims()
     found = dynamic_dims(
-        ir["balanced"], ir["graph"], r.micro, asked=r.dynamic, evaluate=fake_values
+        ir["balanced"], ir["graph"], r.micro, asked=r.dynamic, evaluate=fake_values, batch=r.batch
     )
-    return replace(found, maxima=dict(r.maxima or {}))
+    view = fixed_batch_view(r.model, r.micro) if found.fixed and not r.meta else None
+    return replace(found, maxima=dict(r.maxima or {}), fixed=view or found.fixed)
 
 
 def _memory(r: Request, ir: IR) -> Any:
@@ -172,7 +186,7 @@ TABLE: tuple[Pass, ...] = (
     Pass("split_stages", _split, ("balanced", "traced"), ("graph",), checks.check_stage_graph,
          lambda ir: checks.lint_stages(ir["graph"])),
     Pass("dynamic_dims", _dynamic, ("balanced", "graph"), ("dynamic",), lambda ir: None,
-         when=lambda r: r.dynamic is not None),
+         when=lambda r: bool(r.varying)),
     Pass("activation_memory", _memory, ("graph",), ("memory",), checks.check_memory),
     Pass("insert_recompute", _recompute, ("compute", "memory", "graph"), ("recomputed",),
          _program_check("recomputed"), lambda ir: checks.verify_compute(ir["recomputed"])),
@@ -250,7 +264,10 @@ def compile_model(
         checkpoint: the old name of ``recompute`` (still accepted).
         dynamic: the input dimensions batches may vary in: input -> dim -> symbol (the model
             file's ``dynamic_shapes()``), or symbol names (``--dynamic batch,seq``: dim 0 of
-            every input, dim 1 of every two-dimensional one); probed on fake tensors.
+            every input, dim 1 of every two-dimensional one); probed on fake tensors. The
+            batch (dim 0) varies too unless the model fixes it (the result's
+            ``dynamic.fixed`` then says where) or ``dynamic`` is ``"none"``: every size as
+            traced.
 
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
@@ -284,7 +301,7 @@ def compile_model(
         model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
         microbatches, schedule, balance, cuts, pinned, virtual_stages, vertical_sync,
         chosen_policy(recompute, checkpoint), memory_budget, replicas, machine, progress,
-        asked_dims(dynamic, inputs), asked_maxima(dynamic),
+        asked_dims(dynamic, inputs), asked_maxima(dynamic), asked_dims(dynamic, inputs) != {},
     )  # fmt: skip
     ir, timings = run_passes(request, print_after=print_after, verify_each=verify_each)
     micro = request.micro

@@ -2,7 +2,8 @@
 
 An emitted directory holds ``MANIFEST``, ``PROGRAM``, per stage ``stage_source(j)``,
 ``stage_weights(j)`` and, once exported, ``stage_onnx(j)``; with a meta-device model also
-``INIT`` and ``INIT_CONSTANTS``; and the pictures ``PICTURES``. ``run`` adds ``METRICS`` and
+``INIT`` and ``INIT_CONSTANTS``; with a Hugging Face model, its configs (``MODEL_CONFIGS``);
+and the pictures ``PICTURES``. ``run`` adds ``METRICS`` and
 ``plot`` adds ``TRAINING_PICTURE`` beside them. A train state directory (``run --save DIR``)
 holds ``step_name(n)`` folders, each with ``STEP_META`` and per stage
 ``stage_weights(j)`` and ``stage_optimizer(j)``, and the pointer ``LATEST``.
@@ -17,6 +18,7 @@ __all__ = [
     "PROGRAM",
     "INIT",
     "INIT_CONSTANTS",
+    "MODEL_CONFIGS",
     "METRICS",
     "TRAINING_PICTURE",
     "PICTURES",
@@ -34,6 +36,12 @@ MANIFEST = "manifest.json"
 PROGRAM = "program.txt"
 INIT = "init.json"  # the initialisation recipes of a meta-device model
 INIT_CONSTANTS = "init_constants.safetensors"  # the real tensors those recipes copy
+# A Hugging Face model's own configs, saved by the compile under these names (values); export
+# writes each beside the weights under the name from_pretrained reads (keys).
+MODEL_CONFIGS = {
+    "config.json": "model_config.json",
+    "generation_config.json": "model_generation_config.json",
+}
 METRICS = "metrics.jsonl"  # what `pipecompile run` writes in the emitted directory
 TRAINING_PICTURE = "training.svg"  # what `pipecompile plot DIR` writes next to it
 # Every picture `pipecompile viz` may draw into an emitted directory.
@@ -72,5 +80,8 @@ def step_name(n: int) -> str:
 # Every name a compile (or --onnx, or viz) may write into an emitted directory.
 EMITTED = re.compile(
     r"stage_\d+\.(py|safetensors|onnx)"
-    + "".join(f"|{re.escape(name)}" for name in (PROGRAM, INIT, INIT_CONSTANTS, MANIFEST))
+    + "".join(
+        f"|{re.escape(name)}"
+        for name in (PROGRAM, INIT, INIT_CONSTANTS, MANIFEST, *MODEL_CONFIGS.values())
+    )
 )

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import TraceError
+from pipecompile.frontend.batch_views import BatchView, batch_view, constant_view
 from pipecompile.frontend.dtype_check import check_dtypes
 from pipecompile.frontend.fake_prop import propagate_fake
 from pipecompile.frontend.fx_wrapped import inlining_wrapped, opaque_calls
@@ -55,24 +56,32 @@ def trace(
     model: nn.Module,
     inputs: dict[str, torch.Tensor],
     dynamic: dict[str, dict[int, str]] | None = None,
+    *,
+    microbatches: int = 1,
 ) -> Traced:
     """Trace ``model`` called as ``model(**inputs)``; raise TraceError with both tracers' reasons.
     ``dynamic`` (input -> dim -> symbol): dimensions torch.export keeps symbolic (torch.fx
-    keeps every size it reads symbolic anyway).
+    keeps every size it reads symbolic anyway). ``inputs`` is one of ``microbatches``
+    micro-batches of the example: where both tracers fail because a view hard-codes the
+    example's rows, the error names that view.
 
     Example:
         >>> traced = trace(torch.nn.Linear(4, 2), {"input": torch.randn(3, 4)})
         >>> traced.tracer, traced.input_names
         ('torch.fx', ('input',))
     """
-    with tracing():
-        traced = _trace(model, inputs, dynamic)
+    # fake_tensor logs each failing op's traceback; a failure is reported in one error here
+    with tracing(), quiet_logs("torch._subclasses.fake_tensor"):
+        traced = _trace(model, inputs, dynamic, microbatches)
     check_dtypes(traced.module)
     return traced
 
 
 def _trace(
-    model: nn.Module, inputs: dict[str, torch.Tensor], dynamic: dict[str, dict[int, str]] | None
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    dynamic: dict[str, dict[int, str]] | None,
+    microbatches: int,
 ) -> Traced:
     try:
         return _trace_fx_inlining(model, inputs, lines=dynamic is not None)
@@ -91,6 +100,9 @@ def _trace(
         raise TraceError(f"{err} (torch.fx: {fx_reason})") from None
     except Exception as export_err:
         export_reason = _reason(export_err, model)
+    found = batch_view(model, inputs, microbatches)
+    if found is not None:
+        raise TraceError(_batch_view_message(found, model, microbatches)) from None
     raise TraceError(
         f"cannot trace {type(model).__name__}:\n"
         f"  torch.fx:     {fx_reason}\n"
@@ -98,6 +110,31 @@ def _trace(
         "Make forward() traceable: avoid Python control flow that depends on tensor values "
         "(use torch.where or torch.cond), keep example inputs static, and check that "
         "model(**example_inputs()) runs eagerly."
+    )
+
+
+def fixed_batch_view(model: nn.Module, micro: dict[str, torch.Tensor]) -> str | None:
+    """Where ``model`` writes the traced micro-batch's rows as a constant (a view that
+    still asks for them at twice the rows), for the compile's note; None if nowhere."""
+    rows = next((t.shape[0] for t in micro.values() if t.dim()), 0)
+    found = constant_view(model, micro, rows, 2 * rows) if rows else None
+    if found is None:
+        return None
+    where = _where(found.error, model)
+    sizes = list(found.sizes)
+    return f"the {found.call} at {where} asks for {sizes}, {rows} rows written as a constant"
+
+
+def _batch_view_message(found: BatchView, model: nn.Module, microbatches: int) -> str:
+    where = _where(found.error, model)
+    view = f"the {found.call} at {where}" if where else f"a {found.call}"
+    n = found.example_rows
+    return (
+        f"cannot trace {type(model).__name__}: {view} asks for "
+        f"{list(found.sizes)}, the example batch's {n} rows written as a constant, but the "
+        f"model is traced on one micro-batch of {found.rows} rows (--microbatches "
+        f"{microbatches} splits the {n} rows): take the batch's size from the tensor "
+        f"(x.shape[0], or -1, or x.flatten(1)) instead of {n}, or compile with --microbatches 1"
     )
 
 
@@ -210,6 +247,12 @@ def _trace_export(
     module.graph.set_codegen(fx.graph.CodeGen())
     type(module).__name__ = type(model).__name__  # each GraphModule has a class of its own
     inline_grad_regions(module)
+    for node in module.graph.nodes:  # export's stand-in for the size ops of a symbolic batch
+        stack = node.meta.get("nn_module_stack") or {}
+        if any(str(key).startswith("_empty_nn_module_stack") for key in stack):
+            node.meta["nn_module_stack"] = {
+                k: v for k, v in stack.items() if not str(k).startswith("_empty_nn_module_stack")
+            }
     views_as_reshapes(module)  # a traced layout is not the one every device makes
     missing = [n.name for n in module.graph.nodes if n.op != "output" and "val" not in n.meta]
     if missing:
@@ -252,19 +295,25 @@ def _reason(err: BaseException, model: nn.Module | None = None) -> str:
     if isinstance(err, _OpaqueCall):
         return str(err)
     text = (str(err).strip().splitlines() or [""])[0][:240]
+    where = _where(err, model)
+    return f"{type(err).__name__}: {text}{f' (at {where})' if where else ''}"
+
+
+def _where(err: BaseException, model: nn.Module | None) -> str:
+    """``FILE:LINE, in module PATH: `code``` of the innermost frame of ``err``'s traceback
+    outside torch and pipecompile; empty when there is none."""
     frames = [
         (frame, line)
         for frame, line in traceback.walk_tb(err.__traceback__)
         if "site-packages" not in frame.f_code.co_filename
         and "/pipecompile/" not in frame.f_code.co_filename
     ]
-    where = ""
-    if frames:
-        frame, line = frames[-1]
-        code = linecache.getline(frame.f_code.co_filename, line).strip()
-        shown = f": `{code}`" if code else ""
-        where = f" (at {frame.f_code.co_filename}:{line}{_in_module(frame, model)}{shown})"
-    return f"{type(err).__name__}: {text}{where}"
+    if not frames:
+        return ""
+    frame, line = frames[-1]
+    code = linecache.getline(frame.f_code.co_filename, line).strip()
+    shown = f": `{code}`" if code else ""
+    return f"{frame.f_code.co_filename}:{line}{_in_module(frame, model)}{shown}"
 
 
 def _in_module(frame: Any, model: nn.Module | None) -> str:

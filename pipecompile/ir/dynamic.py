@@ -11,7 +11,16 @@ from typing import Any
 from pipecompile.errors import ShapeError
 from pipecompile.ir.microbatch import even_sizes
 
-__all__ = ["DynamicDims", "Exponents", "SHORTHANDS", "asked_dims", "asked_maxima"]
+__all__ = [
+    "DynamicDims",
+    "Exponents",
+    "SHORTHANDS",
+    "asked_dims",
+    "asked_maxima",
+    "fixed_batch_note",
+    "merged_dynamic",
+    "with_batch",
+]
 
 Exponents = dict[str, int]  # symbol -> its power in one dimension's size
 
@@ -22,13 +31,16 @@ class DynamicDims:
     traced micro-batch; ``edges``: value name -> dimension -> the symbols' exponents in its
     size (dimensions that follow no symbol are left out); ``split``: the symbols of the batch
     dimension, which the micro-batches divide; ``maxima``: the largest size of a symbol the
-    model file states (``dynamic_shapes()``: ``{1: ("seq", 128)}``), a whole batch's."""
+    model file states (``dynamic_shapes()``: ``{1: ("seq", 128)}``), a whole batch's;
+    ``fixed``: why the batch dimension, which every compile tries to let vary, could not
+    (the op that fixes it), or empty."""
 
     inputs: dict[str, dict[int, str]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     edges: dict[str, dict[int, Exponents]] = field(default_factory=dict)
     split: tuple[str, ...] = ()
     maxima: dict[str, int] = field(default_factory=dict)
+    fixed: str = ""
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -91,6 +103,7 @@ class DynamicDims:
             },
             "split": list(self.split),
             "maxima": dict(self.maxima),
+            "fixed": self.fixed,
         }
 
     @classmethod
@@ -103,6 +116,7 @@ class DynamicDims:
             {v: {int(d): dict(e) for d, e in dims.items()} for v, dims in raw["edges"].items()},
             tuple(raw.get("split", ())),
             {s: int(n) for s, n in raw.get("maxima", {}).items()},
+            str(raw.get("fixed", "")),
         )
 
 
@@ -120,6 +134,12 @@ def asked_dims(dynamic: Any, inputs: dict[str, Any]) -> dict[str, dict[int, str]
         return None
     if isinstance(dynamic, str):
         dynamic = [s.strip() for s in dynamic.split(",") if s.strip()]
+    if "none" in dynamic:
+        if len(dynamic) > 1:
+            raise ShapeError(
+                f"--dynamic {','.join(dynamic)}: none keeps every size as traced; give it alone"
+            )
+        return {}
     if isinstance(dynamic, dict):
         return {
             str(n): {int(d): str(s if isinstance(s, str) else s[0]) for d, s in dims.items()}
@@ -129,8 +149,8 @@ def asked_dims(dynamic: Any, inputs: dict[str, Any]) -> dict[str, dict[int, str]
     if unknown:
         raise ShapeError(
             f"--dynamic {unknown[0]}: no such dimension to vary; give batch "
-            f"({SHORTHANDS['batch']}) and/or seq ({SHORTHANDS['seq']}), or define "
-            "dynamic_shapes() in the model file"
+            f"({SHORTHANDS['batch']}) and/or seq ({SHORTHANDS['seq']}), none (every size as "
+            "traced), or define dynamic_shapes() in the model file"
         )
     asked: dict[str, dict[int, str]] = {}
     for name, tensor in inputs.items():
@@ -154,3 +174,66 @@ def asked_maxima(dynamic: Any) -> dict[str, int]:
         for s in dims.values()
         if not isinstance(s, str)
     }
+
+
+def merged_dynamic(flag: str | None, stated: Any, inputs: dict[str, Any]) -> Any:
+    """``--dynamic``'s dimensions together with those the model file's ``dynamic_shapes()``
+    states (its maxima kept), as one mapping; either alone as it is.
+
+    Raises:
+        ShapeError: the two give one dimension different symbols, or ``--dynamic none``
+            would drop what the file states.
+    """
+    if flag is None or stated is None:
+        return stated if flag is None else flag
+    laid = asked_dims(flag, inputs)
+    if laid == {}:
+        raise ShapeError(
+            f"--dynamic none keeps every size as traced, but the model file's dynamic_shapes() "
+            f"lets {_listed(stated)} vary; drop --dynamic none, or the hook"
+        )
+    out = {name: dict(dims) for name, dims in stated.items()}
+    for name, dims in (laid or {}).items():
+        for d, symbol in dims.items():
+            have = out.setdefault(name, {}).setdefault(d, symbol)
+            if _symbol_name(have) != symbol:
+                raise ShapeError(
+                    f"--dynamic {flag} makes dim {d} of input {name!r} {symbol!r}, and the "
+                    f"model file's dynamic_shapes() makes it {_symbol_name(have)!r}: drop the "
+                    "flag (the hook already lets it vary), or give the hook the same name"
+                )
+    return out
+
+
+def with_batch(
+    asked: dict[str, dict[int, str]], inputs: dict[str, Any], batch_dim: int = 0
+) -> dict[str, dict[int, str]]:
+    """``asked`` with ``batch`` added on every input's batch dimension that names nothing:
+    what every compile tries to let vary."""
+    out = {name: dict(dims) for name, dims in asked.items()}
+    for name, tensor in inputs.items():
+        if tensor.dim() > batch_dim and batch_dim not in out.get(name, {}):
+            out.setdefault(name, {})[batch_dim] = "batch"
+    return out
+
+
+def _symbol_name(entry: Any) -> str:
+    return str(entry if isinstance(entry, str) else entry[0])
+
+
+def _listed(stated: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{name!r} dim {d} ({_symbol_name(s)})"
+        for name, dims in stated.items()
+        for d, s in dims.items()
+    )
+
+
+def fixed_batch_note(dynamic: DynamicDims, rows: int, microbatches: int) -> str:
+    """What a compile says when the model fixes its batch size (``dynamic.fixed``)."""
+    return (
+        f"the batch size is fixed at {rows * microbatches} rows ({microbatches} "
+        f"micro-batch{'es' if microbatches > 1 else ''} of {rows}): {dynamic.fixed}. Every "
+        "batch must have that many rows (a last partial batch, evaluation and inference "
+        "included); write the size from the tensor (x.shape[0], or -1 in a view) to let it vary"
+    )

@@ -47,13 +47,16 @@ Json = dict[str, Any]
 @dataclass(frozen=True)
 class ModelRecord:
     """Where the model came from: ``file`` relative to the directory (None when compiled from
-    Python), its factory ``name``, the ``tracer``, and the fingerprints of the file and graph."""
+    Python), its factory ``name``, the ``tracer``, and the fingerprints of the file and graph;
+    ``configs``: a Hugging Face model's own configs, name ``from_pretrained`` reads -> file in
+    the directory (None for another model)."""
 
     file: str | None
     name: str
     tracer: str
     file_sha256: str | None = None
     graph_sha256: str | None = None
+    configs: dict[str, str] | None = None
 
     @classmethod
     def from_json(cls, raw: Json) -> ModelRecord:
@@ -63,16 +66,18 @@ class ModelRecord:
             raw.get("tracer", ""),
             raw.get("file_sha256"),
             raw.get("graph_sha256"),
+            raw.get("configs"),
         )
 
     def to_json(self) -> Json:
-        return {
+        raw: Json = {
             "file": self.file,
             "name": self.name,
             "tracer": self.tracer,
             "file_sha256": self.file_sha256,
             "graph_sha256": self.graph_sha256,
         }
+        return raw | ({"configs": self.configs} if self.configs else {})
 
 
 @dataclass(frozen=True)
@@ -336,7 +341,7 @@ class Manifest:
             "weights": self.weights,
             "compile": self.compile,
             "plan": self.plan,
-            "dynamic": self.dynamic.to_json() if self.dynamic.sizes else None,
+            "dynamic": self.dynamic.to_json() if self.dynamic.sizes or self.dynamic.fixed else None,
         }
         raw: Json = {
             "format": self.format,

@@ -164,12 +164,14 @@ def input_mismatch(
     exact: bool = False,
     where: str = "the pipeline",
     free: Mapping[str, Mapping[int, str]] | None = None,
+    fixed: str = "",
 ) -> str | None:
     """Why ``inputs`` do not fit the micro-batch shapes and dtypes ``compiled`` for, or None.
 
     The size along the batch dimension ``dim`` may differ unless ``exact`` (a distributed
     run's messages, and torch.export stages, have the compiled sizes); so may the dimensions
-    ``free`` names per input (``--dynamic``: dim -> its symbol)."""
+    ``free`` names per input (``--dynamic``: dim -> its symbol). ``fixed``: why the compile
+    fixed the batch (the model does), for the message."""
     for name, tensor in inputs.items():
         if name not in compiled:
             continue
@@ -186,7 +188,7 @@ def input_mismatch(
             return (
                 f"input {name!r} has shape {have} but {where} was compiled for {want} "
                 f"({counted(count, 'micro-batch')} of {tuple(shape)}, batch first)"
-                f"{_shape_hint(have, want, dim, exact)}; pass inputs of that shape, or "
+                f"{_shape_hint(have, want, dim, exact, fixed)}; pass inputs of that shape, or "
                 "recompile with these"
             )
         have_dtype = str(tensor.dtype).removeprefix("torch.")
@@ -239,14 +241,18 @@ def _sizes(sizes: set[int], scale: int) -> str:
     return " or ".join(str(n * scale) for n in sorted(sizes)) or "none"
 
 
-def _shape_hint(have: tuple[int, ...], want: tuple[int, ...], dim: int, exact: bool) -> str:
+def _shape_hint(
+    have: tuple[int, ...], want: tuple[int, ...], dim: int, exact: bool, fixed: str
+) -> str:
     if len(have) == len(want) - 1 and have == want[:dim] + want[dim + 1 :]:
         return ": it lacks the batch dimension"
     if exact and len(have) == len(want) and have[dim] != want[dim]:
-        return (
-            f": its batch size differs ({have[dim]}, not {want[dim]}): compile with --dynamic "
-            "batch for batches of any size"
+        why = (
+            f"the compile found that the model fixes it: {fixed}"
+            if fixed
+            else "it was compiled with --dynamic none; recompile without it"
         )
+        return f": its batch size differs ({have[dim]}, not {want[dim]}), and {why}"
     return ""
 
 

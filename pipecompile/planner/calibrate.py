@@ -1,28 +1,18 @@
 """Calibrate the plan search's cost model on this machine: a few seconds of timing, once,
 remembered per machine (host, torch version, device kind, threads per process).
 
-What is measured, each forward plus backward, the best of several repeats:
-
-- contractions: ``F.linear`` at several sizes; a least-squares line through time against
-  FLOPs, weighted so that each size's relative error counts alike, gives ``flops_rate``
-  (its slope) and ``half_work`` (the part of its intercept that is not the per-op
-  overhead): small micro-batches run matmuls less efficiently (unweighted, the largest
-  sizes decide the line and the intercept came out anywhere from 0 to 5e6 FLOPs between
-  runs);
-- ``op_overhead``: a chain of views, which do no work;
-- ``elementwise_rate``: a chain of ``tanh`` over a million elements;
-- ``instr_overhead``: a tiny model compiled into 4 stages, trained for a step with 32
-  micro-batches on the local backend, less the same model's eager time: what the runtime
-  adds per compute instruction (in a fresh process, ``pipecompile.calibration_probe``);
-- ``optimizer_rate``: parameter bytes per second an AdamW step takes;
-- for N > 1 ranks, once per N: ``message_latency`` (neighbour pairs ping-ponging a small
-  tensor at once) and ``bandwidth`` (a 4 MiB all-reduce over the N), under torchrun with
-  gloo (``calibration_probe --ranks``). A ``--bandwidth`` you give is kept.
+What is measured is ``calibration_timing``'s; where it is kept, ``calibration_store``'s.
+Each calibration records the load other programs put on the cores while it was measured
+and the spread of its repeated timings; one beyond a bound (``calibration_quality``) is
+measured once more, and if still beyond, used with a note that the predictions may be off
+and why, and kept with its figures, so that a later search on a quiet machine measures it
+again. `pipecompile calibration` shows what is kept; `--clear` forgets it.
 
 Ranks share the machine's cores: for N ranks each measures with its fair share of threads,
 and when N ranks need more cores than there are, the model's ``concurrency`` says how many
 compute at full speed at once (a step then lasts at least the ranks' summed work over it:
-a pipeline's idle ranks leave their cores to the busy ones).
+a pipeline's idle ranks leave their cores to the busy ones). A ``--flops-rate`` or
+``--bandwidth`` you give is kept.
 ``--tune`` adds ``step_scale``: the median of measured over predicted steps of the plans it
 ran, by which later predictions of the same model (its traced graph's fingerprint) for that
 many devices are multiplied.
@@ -30,35 +20,34 @@ many devices are multiplied.
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-from pipecompile.errors import PlanError
 from pipecompile.ir.cost_model import DEFAULT_BANDWIDTH, DEFAULT_FLOPS_RATE, CostModel
+from pipecompile.planner.calibration_quality import (
+    AGAIN_AFTER_S,
+    Quality,
+    load_now,
+    until_trusted,
+    watched,
+    why_measure,
+)
+from pipecompile.planner.calibration_store import (
+    METHOD,
+    machine_key,
+    read_records,
+    record_path,
+    write_records,
+)
+from pipecompile.planner.calibration_timing import FIELDS, measure, rank_figures
+from pipecompile.runtime.notes import note
 from pipecompile.runtime.threads import cores, fair_share
 
-__all__ = ["Calibration", "best_of", "calibrated", "measure", "record_path", "remember_scale"]
+__all__ = ["Calibration", "calibrated", "record_path", "remember_scale"]
 
-METHOD = 2  # a record measured another way is measured again
-_RANK_PROBE = "pipecompile.calibration_probe:rank_main"  # what the message probe's ranks run
-_PROBE_S = 600.0  # the most a probe may take: a hang guard
-_FIELDS = (
-    "flops_rate", "half_work", "op_overhead", "elementwise_rate", "instr_overhead",
-    "optimizer_rate",
-)  # fmt: skip
+Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -73,7 +62,7 @@ class Calibration:
     instr_overhead: float
     optimizer_rate: float
     step_scale: dict[str, float] | None = None  # "devices/model" -> measured / predicted
-    ranks: dict[str, dict[str, float]] | None = None  # devices -> message figures
+    ranks: dict[str, dict[str, Any]] | None = None  # devices -> message figures, quality
 
     def applied(self, model: CostModel, devices: int, model_key: str = "") -> CostModel:
         """``model`` with these constants (and, where ``devices`` ranks oversubscribe the
@@ -97,74 +86,27 @@ class Calibration:
         )
 
 
-def record_path() -> Path:
-    """Where calibrations are kept: ``$PIPECOMPILE_CACHE/calibration.json`` (default
-    ``~/.cache/pipecompile``)."""
-    root = os.environ.get("PIPECOMPILE_CACHE") or Path.home() / ".cache" / "pipecompile"
-    return Path(root) / "calibration.json"
-
-
-def _key(threads: int) -> str:
-    kind = "cuda" if torch.cuda.is_available() else "cpu"
-    return f"{platform.node()}/torch-{torch.__version__}/{kind}/{cores()}cores/{threads}threads"
-
-
-def _records() -> dict[str, Any]:
-    try:
-        raw = json.loads(record_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return raw if isinstance(raw, dict) else {}
-
-
-def _write(records: dict[str, Any]) -> None:
-    path = record_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)
-    except OSError as err:  # a read-only home: the calibration is used, not kept
-        print(f"pipecompile: note: calibration not saved to {path}: {err}", file=sys.stderr)
-
-
 def calibrated(
     model: CostModel,
     devices: int,
-    say: Callable[[str], None] | None = None,
+    say: Say | None = None,
     model_key: str = "",
 ) -> tuple[CostModel, str]:
     """``model`` calibrated for ``devices`` ranks on this machine (measured now, and kept,
-    when no calibration is recorded; with ``--tune``'s ratio for the model ``model_key``
-    when one was learned) and a line saying which calibration it is."""
+    when no trusted calibration is kept; with ``--tune``'s ratio for the model
+    ``model_key`` when one was learned) and the key of the calibration used.
+
+    ``say`` gets the progress lines; a calibration measured now beyond a bound is noted on
+    stderr, a kept one only where ``say`` is given (one command's later searches are
+    silent)."""
     threads = fair_share(devices)
-    records = _records()
-    key = _key(threads)
-    if (
-        key not in records
-        or records[key].get("method") != METHOD
-        or any(f not in records[key] for f in _FIELDS)
-    ):
-        if say is not None:
-            say(f"calibrating the cost model at {threads} threads (once; kept in {record_path()})")
-        found = measure(threads)
-        records = _records()  # another process may have written meanwhile
-        records[key] = {f: getattr(found, f) for f in _FIELDS} | {
-            "threads": threads,
-            "method": METHOD,
-        }
-        _write(records)
-    if devices > 1 and str(devices) not in records[key].get("ranks", {}):
-        if say is not None:
-            say(f"calibrating messages between {devices} ranks (once)")
-        found_ranks = _rank_figures(devices, threads)
-        records = _records()
-        records[key].setdefault("ranks", {})[str(devices)] = found_ranks
-        _write(records)
-    entry = records[key]
+    key = machine_key(threads)
+    entry = _constants(key, threads, say)
+    if devices > 1:
+        entry = _messages(key, entry, devices, threads, say)
     calibration = Calibration(
         threads=threads,
-        **{f: float(entry[f]) for f in _FIELDS},
+        **{f: float(entry[f]) for f in FIELDS},
         step_scale=entry.get("step_scale"),
         ranks=entry.get("ranks"),
     )
@@ -175,134 +117,102 @@ def remember_scale(devices: int, scale: float, model_key: str = "") -> None:
     """Fold ``--tune``'s measured / predicted ratio for the model ``model_key`` on
     ``devices`` ranks of this machine into the one kept (a model's own: a ratio learned on
     one model says little about another's)."""
-    records = _records()
-    key = _key(fair_share(devices))
+    records = read_records()
+    key = machine_key(fair_share(devices))
     if key in records:  # the tuned predictions were already scaled by the kept ratio
         kept = records[key].setdefault("step_scale", {})
         name = _scale_key(devices, model_key)
         kept[name] = round(kept.get(name, 1.0) * scale, 4)
-        _write(records)
+        write_records(records)
 
 
 def _scale_key(devices: int, model_key: str) -> str:
     return f"{devices}/{model_key[:16]}" if model_key else str(devices)
 
 
-def measure(threads: int) -> Calibration:
-    """Time the machine at ``threads`` intra-op threads (see the module docstring)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            op = _per_op()
-            rate, half = _contractions(op)
-            elementwise = _elementwise(op)
-            instr = _per_instruction(threads)
-            optimizer = _optimizer()
-    finally:
-        torch.set_num_threads(before)
-    return Calibration(threads, rate, half, op, elementwise, instr, optimizer)
+def _constants(key: str, threads: int, say: Say | None) -> dict[str, Any]:
+    """The record of ``key``, its constants measured now when none is kept or the kept one
+    should be measured again (``_why_measure``)."""
+    entry = read_records().get(key)
+    why = _why_measure(entry)
+    what = f"the cost model's calibration at {threads} threads"
+    if why is None:
+        assert entry is not None
+        _doubt(Quality.from_json(entry), what, measured_now=False, say=say)
+        return entry
+    if say is not None:
+        say(f"calibrating the cost model at {threads} threads ({why}; kept in {record_path()})")
+    constants, quality = until_trusted(
+        lambda: _measured_constants(threads),
+        f"calibrating the cost model at {threads} threads",
+        say,
+    )
+    records = read_records()  # another process may have written meanwhile
+    records[key] = {**constants, "threads": threads, "method": METHOD, **quality.as_json()}
+    write_records(records)
+    _doubt(quality, what, measured_now=True, say=say)
+    return records[key]
 
 
-def best_of(run: Callable[[], object], repeats: int = 5) -> float:
-    """The fastest of ``repeats`` timed calls of ``run``, after one untimed call."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def _messages(
+    key: str, entry: dict[str, Any], devices: int, threads: int, say: Say | None
+) -> dict[str, Any]:
+    """``entry`` with the message figures of ``devices`` ranks, measured now when none are
+    kept or the kept ones should be measured again."""
+    kept = (entry.get("ranks") or {}).get(str(devices))
+    why = "none kept yet" if kept is None else _why_again(Quality.from_json(kept))
+    what = f"the calibration of messages between {devices} ranks"
+    if why is None:
+        _doubt(Quality.from_json(kept), what, measured_now=False, say=say)
+        return entry
+    if say is not None:
+        say(f"calibrating messages between {devices} ranks ({why})")
+    figures, quality = until_trusted(
+        lambda: _measured_messages(devices, threads),
+        f"calibrating messages between {devices} ranks",
+        say,
+    )
+    records = read_records()
+    mine = records.setdefault(key, entry)
+    mine.setdefault("ranks", {})[str(devices)] = {**figures, **quality.as_json()}
+    write_records(records)
+    _doubt(quality, what, measured_now=True, say=say)
+    return mine
 
 
-def _per_op() -> float:
-    """Seconds per op beyond its work: a chain of views, forward and backward, per view and
-    per pass (a third of the three passes' worth the cost model counts)."""
-    x = torch.randn(4, 4, requires_grad=True)
-    chain = 64
-
-    def run() -> None:
-        y = x
-        for _ in range(chain):
-            y = y.transpose(0, 1)
-        y.backward(torch.ones(4, 4))
-
-    return best_of(run, 9) / chain / 3
+def _why_measure(entry: dict[str, Any] | None) -> str | None:
+    """Why the constants of a kept record should be measured now (None: use them)."""
+    if entry is None:
+        return "once"
+    if entry.get("method") != METHOD or any(f not in entry for f in FIELDS):
+        return "the one kept was measured by an older pipecompile"
+    return _why_again(Quality.from_json(entry))
 
 
-def _contractions(op: float) -> tuple[float, float]:
-    """``flops_rate`` and ``half_work`` from F.linear at several sizes."""
-    flops, seconds = [], []
-    for width in (128, 384):
-        weight = torch.randn(width, width, requires_grad=True)
-        for rows in (4, 32, 256, 1024):
-            x = torch.randn(rows, width, requires_grad=True)
-            grad = torch.ones(rows, width)
-            flops.append(2.0 * rows * width * width)
-            seconds.append(best_of(lambda x=x, w=weight, g=grad: F.linear(x, w).backward(g)))
-    times = np.array(seconds)
-    slope, intercept = np.polyfit(np.array(flops), times, 1, w=1 / times)
-    rate = 3 / max(slope, 1e-15)
-    half = max(0.0, (intercept / 3 - op) * rate)
-    return float(rate), float(half)
+def _why_again(quality: Quality | None) -> str | None:
+    return why_measure(quality, time.time(), load_now, cores())
 
 
-def _elementwise(op: float) -> float:
-    x = torch.randn(1 << 20, requires_grad=True)
-    grad = torch.ones(1 << 20)
-
-    def run() -> None:
-        torch.tanh(torch.tanh(x)).backward(grad)
-
-    per_op = best_of(run) / 2
-    return float(3 * x.numel() / max(per_op - 3 * op, 1e-9))
+def _measured_constants(threads: int) -> tuple[dict[str, float], Quality]:
+    return watched(lambda: measure(threads))
 
 
-def _optimizer() -> float:
-    """Parameter bytes per second AdamW steps (pipecompile run's default optimizer)."""
-    params = [torch.zeros(256, 1024, requires_grad=True) for _ in range(4)]
-    for p in params:
-        p.grad = torch.ones_like(p)
-    adamw = torch.optim.AdamW(params, lr=1e-3)
-    nbytes = sum(p.numel() * p.element_size() for p in params)
-    return nbytes / best_of(adamw.step)
+def _measured_messages(devices: int, threads: int) -> tuple[dict[str, float], Quality]:
+    """The message figures, and the load just before (the ranks' own CPU time is not this
+    process's, so it cannot be told from others' during the probe)."""
+    load = load_now()
+    figures = rank_figures(devices, threads)
+    return figures, Quality(load, {}, float(int(time.time())))
 
 
-def _rank_figures(devices: int, threads: int) -> dict[str, float]:
-    """Message latency and all-reduce bandwidth of ``devices`` ranks on this machine, by
-    ``pipecompile.calibration_probe.rank_main`` on ranks started as `run --nproc` starts
-    them (forked by this process's rank starter)."""
-    from pipecompile.runtime.distributed.local_ranks import LocalRanks, tied_to_us
-
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    with tempfile.TemporaryDirectory(prefix="pipecompile-calibration-") as tmp:
-        out = Path(tmp) / "ranks.json"
-        with LocalRanks(devices, [str(threads), str(out)], env, preexec=tied_to_us(),
-                        entry=_RANK_PROBE) as ranks:  # fmt: skip
-            deadline = time.monotonic() + _PROBE_S
-            while ranks.running() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            ranks.kill()
-            said = ranks.stderr.read()  # to its end: every rank has ended
-        try:
-            found = json.loads(out.read_text())
-            return {k: float(found[k]) for k in ("message_latency", "bandwidth")}
-        except (OSError, ValueError, KeyError, TypeError):
-            tail = (said.strip().splitlines() or ["no output"])[-1]
-            why = f"calibrating messages between {devices} ranks failed: {tail}"
-            raise PlanError(why) from None
-
-
-def _per_instruction(threads: int) -> float:
-    """The runtime's own seconds per compute instruction, measured in a fresh process by
-    ``pipecompile.calibration_probe`` (it compiles and trains a tiny pipeline, which this
-    layer may not do itself)."""
-    argv = [sys.executable, "-m", "pipecompile.calibration_probe", str(threads)]
-    env = {**os.environ, "PIPECOMPILE_CALIBRATION": "off"}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-    try:
-        return max(0.0, float(done.stdout.strip().splitlines()[-1]))
-    except (IndexError, ValueError):
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise PlanError(f"calibrating the runtime's overhead failed: {tail}") from None
+def _doubt(quality: Quality | None, what: str, *, measured_now: bool, say: Say | None) -> None:
+    """Note that ``what`` may be off, and why, when its quality is beyond a bound."""
+    why = quality.doubt() if quality is not None else None
+    if quality is None or why is None or not (measured_now or say is not None):
+        return
+    when = "measured now" if measured_now else f"kept from {quality.when()}"
+    note(
+        f"{what} ({when}) is in doubt: {why}. The plan search's predictions may be off; a "
+        f"search on a quiet machine from {AGAIN_AFTER_S / 60:.0f} minutes on measures it "
+        "again, or run `pipecompile calibration --clear` and search once the machine is quiet"
+    )

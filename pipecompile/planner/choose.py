@@ -21,7 +21,14 @@ from pipecompile.passes import annotate_costs
 from pipecompile.planner.calibrate import calibrated
 from pipecompile.planner.model_facts import ModelFacts, model_facts
 from pipecompile.planner.plan import Plan
-from pipecompile.planner.search import ORDER, SearchResult, Space, divisors, search
+from pipecompile.planner.search import (
+    ORDER,
+    SearchResult,
+    Space,
+    check_placing,
+    divisors,
+    search,
+)
 from pipecompile.schedules import LOOPED, SYNCHRONOUS, V_SHAPED
 
 __all__ = [
@@ -70,18 +77,13 @@ def choose_plan(
     Raises:
         PlanError: options the search cannot take, or no plan that fits (see ``search``).
     """
-    check_search(devices, stages, replicas, balance, memory_budget, machine, schedule)
-    auto = tuple(s for s in ORDER if s in SYNCHRONOUS)
+    check_search(
+        devices, stages, replicas, balance, memory_budget, machine, schedule, virtual_stages
+    )
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
-    if devices is None:  # --stages with a searched part: the devices the schedule puts them on
-        devices = _devices_for(stages or 0, schedule, virtual_stages)
-    _check_per_device(machine, devices)
-    space = Space(
-        devices=devices,
-        stages=(stages,) if stages is not None else (),
-        schedules=auto if schedule == "auto" else (schedule,),
+    space = replace(
+        _space(devices, stages, schedule, virtual_stages),
         microbatches=_counts(model, batch) if microbatches == "auto" else (int(microbatches),),
-        virtual_stages=(virtual_stages,) if virtual_stages is not None else (2, 4),
         recompute=(recompute,) if recompute != "never" else (),
     )
     facts, key = traced_facts(model, inputs, split_at, meta=is_meta_model(model))
@@ -153,8 +155,11 @@ def check_search(
     memory_budget: int | None,
     machine: CostModel,
     schedule: str = "auto",
+    virtual_stages: int | None = None,
 ) -> None:
-    """Raise PlanError for options the plan search cannot take (before any tracing)."""
+    """Raise PlanError for options the plan search cannot take (before any tracing): a
+    schedule it does not price, a stage count no schedule places on the devices, per-device
+    values for another device count."""
     if schedule != "auto" and schedule not in SYNCHRONOUS:
         raise PlanError(
             f"--schedule {schedule} updates weights asynchronously (weight stashing), and the "
@@ -184,6 +189,26 @@ def check_search(
             "model; drop --balance, or fix the plan with --stages, --microbatches and "
             "--schedule"
         )
+    space = _space(devices, stages, schedule, virtual_stages)
+    check_placing(space)
+    _check_per_device(machine, space.devices)
+
+
+def _space(
+    devices: int | None, stages: int | None, schedule: str, virtual_stages: int | None
+) -> Space:
+    """The search's devices, stage count, schedules and virtual stages (without
+    ``devices``: those the schedule puts ``stages`` on)."""
+    if devices is None:  # --stages with a searched part: the devices the schedule puts them on
+        devices = _devices_for(stages or 0, schedule, virtual_stages)
+    return Space(
+        devices=devices,
+        stages=(stages,) if stages is not None else (),
+        schedules=tuple(s for s in ORDER if s in SYNCHRONOUS)
+        if schedule == "auto"
+        else (schedule,),
+        virtual_stages=(virtual_stages,) if virtual_stages is not None else (2, 4),
+    )
 
 
 def traced_facts(

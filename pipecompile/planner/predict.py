@@ -49,6 +49,8 @@ class Predictor:
     def __post_init__(self) -> None:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
         self._facts: dict[int, AtomFacts] = {}
+        self._problems: dict[tuple[object, ...], tuple[Problem, float]] = {}
+        self._unmet: dict[tuple[object, ...], int] = {}  # the highest cutoff no split meets
 
     def program(self, plan: Plan) -> Program:
         """The plan's compute program with its recomputed forwards marked."""
@@ -98,20 +100,19 @@ class Predictor:
         size = self.batch // plan.microbatches
         shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
         free = replace(self.model, memory_limit=(), workers=workers)
-        problem, unit = build_problem(
-            self._facts_at(size),
-            kind="flops",
-            model=free,
-            program=shape,
-            forced=self.facts.forced,
-            resolution=_US,
-        )
+        key = self._key(size, free, shape)
+        problem, unit = self._problem(key, size, free, shape)
         # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units
         cutoff = int(step / (plan.microbatches * unit / _FS)) + 1
-        if not fits_under(problem, cutoff):
+        found = self._splits.get(key)
+        if found is None:  # not solved yet: one probe, unless a higher cutoff failed one
+            if cutoff <= self._unmet.get(key, -1) or not fits_under(problem, cutoff):
+                self._unmet[key] = max(cutoff, self._unmet.get(key, -1))
+                return True
+            found = self._split(size, free, shape, within=cutoff, problem=problem)  # type: ignore[arg-type]
+            assert found is not None  # no memory limit, and a split fits under the cutoff
+        elif found.bottleneck > cutoff:
             return True
-        found = self._split(size, free, shape, within=cutoff, problem=problem)  # type: ignore[arg-type]
-        assert found is not None  # no memory limit, and a split fits under the cutoff
         costs = self.stage_costs(self._facts_at(size), free, shape, found)
         m, before, bound = plan.microbatches, 0.0, 0.0
         whole = plan.schedule in ("gpipe", "1f1b")
@@ -137,9 +138,7 @@ class Predictor:
         """The exact split of ``program``'s stages at micro-batches of ``size`` samples (the
         memory limits, when ``model`` has some, depend on the whole program). ``within``: a
         bound some split meets; ``problem``: the partition problem, when the caller built it."""
-        speeds = tuple(model.speed(d) for d in program.stage_device)
-        limited = program if model.memory_limit else None
-        key = (size, speeds, program.microbatches, model.workers, limited)
+        key = self._key(size, model, program)
         if key not in self._splits:
             facts = self._facts_at(size)
             found = None
@@ -152,6 +151,29 @@ class Predictor:
                 found = solve(problem, within)
             self._splits[key] = found
         return self._splits[key]
+
+    def _key(self, size: int, model: CostModel, program: Program | StageShape) -> tuple:
+        """What a split depends on (the memory limits, when ``model`` has some, depend on
+        the whole program)."""
+        speeds = tuple(model.speed(d) for d in program.stage_device)
+        limited = program if model.memory_limit else None
+        return (size, speeds, program.microbatches, model.workers, limited)
+
+    def _problem(
+        self, key: tuple, size: int, model: CostModel, shape: StageShape
+    ) -> tuple[Problem, float]:
+        """The partition problem of a split without memory limits (and its unit), built once
+        for every schedule that shares it."""
+        if key not in self._problems:
+            self._problems[key] = build_problem(
+                self._facts_at(size),
+                kind="flops",
+                model=model,
+                program=shape,
+                forced=self.facts.forced,
+                resolution=_US,
+            )
+        return self._problems[key]
 
     def stage_costs(
         self, facts: AtomFacts, model: CostModel, shape: Program | StageShape, found: Solution

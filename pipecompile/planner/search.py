@@ -98,7 +98,7 @@ def search(
     best: list[float] = []  # the best steps so far, at most ``keep``
     tried = bounded = 0
     said = start
-    for plan in _plans(facts, batch, space, model):
+    for plan in sorted(_plans(facts, batch, space, model), key=lambda p: _promise(p, space)):
         workers = space.devices if plan.schedule in _REPLICABLE else None
         if workers == plan.stages:
             workers = None
@@ -136,6 +136,17 @@ def search(
             f"{time.perf_counter() - start:.1f} s"
         )
     return SearchResult(tuple(ranked), tried, time.perf_counter() - start, bounded)
+
+
+def _promise(plan: Plan, space: Space) -> float:
+    """A rough step of ``plan`` in units of the batch's work, to try the likely best plans
+    first: the sooner the kept plans are good, the more of the rest the bound skips (the
+    plans kept are the same in any order). A stage of s runs ceil(m / r) of the m
+    micro-batches on each of its r replicas, and s - 1 more wait to fill and drain."""
+    stages = plan.stages
+    replicas = max(1, space.devices // stages) if plan.schedule in _REPLICABLE else 1
+    m = plan.microbatches
+    return (-(-m // replicas) + stages - 1) / (m * stages) + 1e-3 * stages * m / space.devices
 
 
 def _rank(p: Predicted) -> tuple[float, int, int, int]:
@@ -213,6 +224,19 @@ def _verb(names: Sequence[str], verb: str) -> str:
     return verb + "s" if len(names) == 1 else verb
 
 
+def check_placing(space: Space) -> None:
+    """Raise PlanError when no schedule of ``space`` places its stage count on its devices
+    (a V takes two stages a device, a loop its virtual stages)."""
+    if space.stages and not any(
+        s in space.stages
+        for sched in space.schedules
+        for s, _ in _shapes(sched, space.devices, space.virtual_stages)
+    ):
+        stages = space.stages[0]
+        why = _placing(space.schedules, stages, space)
+        raise PlanError(f"--stages {stages} cannot run on --devices {space.devices}: {why}")
+
+
 def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
     if space.devices < 1:
         raise PlanError(f"--devices must be at least 1, got {space.devices}")
@@ -232,14 +256,7 @@ def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
         ),
         default=0,
     )
-    if space.stages and not any(
-        s in space.stages
-        for sched in space.schedules
-        for s, _ in _shapes(sched, space.devices, space.virtual_stages)
-    ):
-        stages = space.stages[0]
-        why = _placing(space.schedules, stages, space)
-        raise PlanError(f"--stages {stages} cannot run on --devices {space.devices}: {why}")
+    check_placing(space)
     needed = len(facts.forced) + 1
     if needed > most:
         raise PlanError(

@@ -8,7 +8,9 @@ plan's run does not pay for importing torch again), when it needs D > 1 devices,
 ``pipecompile run DIR`` in a subprocess. Its
 step is the median ``step_ms`` of the steps after the first (which warms up). The ratio of
 measured to predicted steps (their median) is kept with this machine's calibration, so the
-next search of this model for as many devices predicts in measured terms.
+next search of this model for as many devices predicts in measured terms. A plan measured
+more than ``FAR``-fold off its prediction (either way) is warned of: the calibration, not
+the plan, is then likely at fault (one measured on a busy machine).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from typing import Any
 from pipecompile.errors import PlanError
 from pipecompile.ir.compiled import Compiled
 from pipecompile.planner.calibrate import remember_scale
+from pipecompile.runtime.notes import warning
 
-__all__ = ["tune", "measure_step"]
+__all__ = ["FAR", "far_off", "measure_step", "tune"]
+
+FAR = 2.0  # a measured step this many times the predicted one, or 1/FAR of it, is warned of
 
 Rebuild = Callable[[dict[str, Any]], Compiled]  # a plan's record -> its compiled form
 Write = Callable[[Compiled, Path], None]  # write a compiled plan into a directory
@@ -67,6 +72,9 @@ def tune(
                     f"tune {k + 1}/{len(plans)}: {_label(plan)}: predicted "
                     f"{plan['predicted_step_s'] * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms"
                 )
+            off = far_off(f"{k + 1} ({_label(plan)})", plan["predicted_step_s"], measured)
+            if off is not None:
+                warning(off)
             if best is None or measured < best[0]:
                 best = (measured, candidate, k)
     assert best is not None
@@ -80,6 +88,23 @@ def tune(
     tuned["tuned"] = rows
     tuned["measured_step_s"] = round(measured, 6)
     return replace(chosen, plan=tuned)
+
+
+def far_off(plan: str, predicted_s: float, measured_s: float) -> str | None:
+    """The warning for ``plan`` when its measured step is more than ``FAR`` times its
+    predicted one or less than 1/``FAR`` of it (None: closer, or nothing predicted)."""
+    if predicted_s <= 0 or measured_s <= 0:
+        return None
+    ratio = measured_s / predicted_s
+    if 1 / FAR <= ratio <= FAR:
+        return None
+    more = f"{ratio:.1f}x more" if ratio > 1 else f"{1 / ratio:.1f}x less"
+    return (
+        f"--tune: plan {plan} was predicted at {predicted_s * 1e3:.1f} ms a step but measured "
+        f"{measured_s * 1e3:.1f} ms, {more} than predicted: the machine's calibration is "
+        "likely off (one measured on a busy machine?). See it with `pipecompile calibration`; "
+        "clear it with `pipecompile calibration --clear` and search again on a quiet machine"
+    )
 
 
 def measure_step(directory: Path, ranks: int, steps: int) -> float:

@@ -1,7 +1,9 @@
 """`pipecompile show OUT --measured TRACE`: where each rank's step went, next to the prediction.
 
 Per rank (per device when one process ran them all), in ms per step over the traced steps
-after the first (the first warms up; with one traced step, that one):
+after the first (the first warms up; with one traced step, that one, and the report says so).
+A span counts for the step whose span on its row holds it (a trace written before evaluations
+went untraced recorded them after their step, under its number):
 
 * compute: forwards, backwards, weight gradients (with the loss and the recomputation inside);
 * waiting: blocked in a receive for a message not yet there, or at the end of the step for
@@ -11,13 +13,15 @@ after the first (the first warms up; with one traced step, that one):
 * data: reading the mini-batch;
 * other: the rest of the step (the interpreter, gradient scaling, metrics).
 
-Next to it: the bubble the simulator predicts for the device from the compile-time costs, and
-the step simulated with the stage times this trace measured, against the measured step.
+Next to it: the bubble the simulator predicts for the row's device from the compile-time costs
+(under ``--dp``, every copy's rank of a device gets that device's), and the step simulated with
+the stage times this trace measured, against the measured step.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -95,18 +99,11 @@ def measured_report(directory: str | Path, trace: str | Path) -> dict[str, Any]:
     if not steps:
         raise PipecompileError(f"{trace} holds no complete step; trace a run of at least one")
     used = steps[1:] or steps
-    rows: dict[int, dict[str, float]] = {}
-    for row in sorted({s["row"] for s in spans}):
-        mine = [s for s in spans if s["row"] == row and s["step"] in used]
-        figures = {k: v / len(used) / 1e6 for k, v in _breakdown(mine).items()}
-        if info.get("one_process"):  # the device was not running: another one was
-            figures["waiting"] += figures["other"]
-            figures["other"] = 0.0
-        rows[row] = figures
+    rows, counted, outside = _rows(spans, used, one_process=info.get("one_process", False))
     topology = topology_from_manifest(manifest)
     costs, unit = stage_costs(manifest)
     predicted = simulate(program, topology, costs)
-    measured = measured_costs(spans, program.num_stages, steps[-1])
+    measured = measured_costs(counted, program.num_stages, steps[-1])
     simulated_ms = simulate(program, topology, measured).makespan / 1e6 if measured else None
     step_ms = max(r["step"] for r in rows.values())
     return {
@@ -114,7 +111,10 @@ def measured_report(directory: str | Path, trace: str | Path) -> dict[str, Any]:
         "schedule": program.schedule,
         "one_process": info.get("one_process", False),
         "steps": used,
+        "warm_up_only": len(steps) == 1,
         "rows": rows,
+        "row_devices": _row_devices(document),
+        "spans_outside_steps": outside,
         "predicted_bubble": [
             1 - predicted.busy(d) / predicted.makespan if predicted.makespan else 0.0
             for d in range(len(program.devices))
@@ -145,6 +145,50 @@ def _check_same_program(
         )
 
 
+def _rows(
+    spans: list[dict[str, Any]], used: list[int], *, one_process: bool
+) -> tuple[dict[int, dict[str, float]], list[dict[str, Any]], int]:
+    """Each row's figures in ms per step over the steps ``used``; the spans counted; how many
+    were left out, lying outside their step."""
+    rows: dict[int, dict[str, float]] = {}
+    counted: list[dict[str, Any]] = []
+    outside = 0
+    for row in sorted({s["row"] for s in spans}):
+        mine, left = _inside_steps([s for s in spans if s["row"] == row and s["step"] in used])
+        counted += mine
+        outside += left
+        figures = {k: v / len(used) / 1e6 for k, v in _breakdown(mine).items()}
+        if one_process:  # the device was not running: another one was
+            figures["waiting"] += figures["other"]
+            figures["other"] = 0.0
+        rows[row] = figures
+    return rows, counted, outside
+
+
+def _inside_steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The spans of one row that lie inside their step's span, and how many do not."""
+    windows = {s["step"]: (s["start"], s["end"]) for s in spans if s["category"] == "step"}
+    bounds = [windows.get(s["step"], (0, -1)) for s in spans]  # no step span: none inside
+    inside = [
+        s for s, (begin, end) in zip(spans, bounds) if begin <= s["start"] and s["end"] <= end
+    ]
+    return inside, len(spans) - len(inside)
+
+
+def _row_devices(document: dict[str, Any]) -> dict[int, int]:
+    """The device each row ran: the trace's ``row_devices``, or in a trace written before it
+    had them, the device its row's name gives (``rank 2, device 0``)."""
+    recorded = document["otherData"].get("row_devices")
+    if recorded is not None:
+        return {int(row): device for row, device in recorded.items()}
+    names = {
+        e["pid"]: re.search(r"device (\d+)", e["args"]["name"])
+        for e in document["traceEvents"]
+        if e.get("ph") == "M" and e.get("name") == "process_name" and e["pid"] < SIMULATED_PID
+    }
+    return {row: int(found.group(1)) for row, found in names.items() if found}
+
+
 def _breakdown(spans: list[dict[str, Any]]) -> dict[str, float]:
     """Summed ns per column, and the step's own length, over ``spans`` of one row."""
     total: dict[str, float] = defaultdict(float)
@@ -173,22 +217,35 @@ def format_measured(report: dict[str, Any]) -> str:
     steps = report["steps"]
     which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
     who = "device" if report["one_process"] else "rank"
-    lines = [
-        f"measured: {report['trace']}, {report['schedule']}, ms per step over {which}",
+    lines = [f"measured: {report['trace']}, {report['schedule']}, ms per step over {which}"]
+    if report.get("warm_up_only"):
+        lines.append(
+            f"step {steps[0]} is the only traced step, the warm-up one (first calls, "
+            "allocations): these are not a steady step's figures; trace 2 steps or more "
+            "(run --steps and --trace-steps, default 3), and the first is left out"
+        )
+    lines += [
         "",
         f"{who:>6} {'step':>9} " + " ".join(f"{c:>13}" for c in COLUMNS) + "   bubble  predicted",
     ]
+    devices = {int(row): device for row, device in report.get("row_devices", {}).items()}
+    predicted = report["predicted_bubble"]
     for row, figures in report["rows"].items():
         step = figures["step"]
         cells = " ".join(f"{figures[c]:>13.3f}" for c in COLUMNS)
         bubble = figures["waiting"] / step if step else 0.0
-        predicted = report["predicted_bubble"]
-        guess = f"{predicted[row]:>9.1%}" if row < len(predicted) else f"{'-':>9}"
+        device = devices.get(int(row))
+        guess = f"{predicted[device]:>9.1%}" if device is not None else f"{'-':>9}"
         lines.append(f"{row:>6} {step:>9.3f} {cells}   {bubble:>6.1%}  {guess}")
     if report["one_process"]:
         lines.append(
             "one process ran every device in turn: a device's waiting is the time the others "
             "ran, not a bubble (trace with --nproc for that)"
+        )
+    if report.get("spans_outside_steps"):
+        lines.append(
+            f"{report['spans_outside_steps']} spans outside their step (recorded between "
+            "steps, an evaluation) are left out"
         )
     simulated = report["simulated_step_ms"]
     if simulated:

@@ -32,11 +32,28 @@ def summary(out: Path) -> str:
         f"{manifest.microbatch_size}"
     )
     rows.append(_schedule_line(manifest, program, *stage_costs(manifest)))
+    rows.append(_sizes_line(manifest, program.microbatches))
     weights = _weights_line(manifest.weights)
     if weights:
         rows.append(weights)
     rows.append(f"wrote {out}")
     return "\n".join(rows)
+
+
+def _sizes_line(manifest: Manifest, microbatches: int) -> str:
+    """Which sizes a batch may have: ``sizes: batch, seq (at most 128) vary``, or why the
+    batch is fixed (the model fixes it, or ``--dynamic none``)."""
+    dynamic = manifest.dynamic
+    rows = manifest.microbatch_size * microbatches
+    if dynamic.fixed:
+        return f"sizes: the batch is fixed at {rows} rows (the note above says where)"
+    if not dynamic.symbols:
+        return f"sizes: every size as traced (--dynamic none), a batch of {rows} rows"
+    named = [
+        f"{s} (at most {dynamic.maxima[s]})" if s in dynamic.maxima else s
+        for s in (*dynamic.split, *(s for s in dynamic.symbols if s not in dynamic.split))
+    ]
+    return f"sizes: {', '.join(named)} may vary from batch to batch"
 
 
 def _weights_line(weights: WeightsRecord | None) -> str | None:

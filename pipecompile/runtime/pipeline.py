@@ -303,6 +303,7 @@ class Pipeline:
         compiled = {v.value: (v.shape, v.dtype) for v in self.manifest.input_values or ()}
         model = self.manifest.model
         exact = exact or (model is not None and model.tracer == "torch.export")
+        exact = exact or bool(self.manifest.dynamic.fixed)  # the model fixes the batch
         tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         return input_mismatch(
             tensors,
@@ -312,6 +313,7 @@ class Pipeline:
             exact=exact,
             where=self.name,
             free=self.manifest.dynamic.inputs,
+            fixed=self.manifest.dynamic.fixed,
         )
 
     @property
@@ -330,7 +332,7 @@ class Pipeline:
         above = self.manifest.dynamic.above_maximum(ordered)
         if above is not None:
             raise InputError(above)
-        if self.device is not None:
+        if self.device is not None or self.manifest.dynamic.fixed:
             problem = self.input_problem(ordered, exact=True)
             if problem is not None:
                 raise InputError(problem)
@@ -371,11 +373,20 @@ class Pipeline:
         self.last_rng_base = executor.rng_base
         self._run(self._own_program(forward_only(self.program)), executor, inputs or {})
         backend.finish()
-        if len(executor.results) < count:  # the last stage runs elsewhere
+        self.last_results = executor.results
+        if len(executor.results) < count:  # the last stage runs elsewhere, or in part here
             return None
         results = [executor.results[i] for i in range(count)]
         joined = join_microbatches(results, names=self.manifest.outputs)
         return pytree.tree_unflatten(joined, self.layout.output_spec)
+
+    def held_outputs(self) -> dict[int, Any]:
+        """The model's output structure of each micro-batch whose last stage the last step or
+        inference ran in this process: every one, except on a rank of a distributed run that
+        does not hold the last stage (none) or holds replica k of r of it (the micro-batches
+        i with i mod r == k, for which ``__call__`` returns None)."""
+        spec, held = self.layout.output_spec, sorted(self.last_results.items())
+        return {i: pytree.tree_unflatten(list(r), spec) for i, r in held}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer under each of the original model's names for it."""

@@ -6,7 +6,10 @@ for the ranks ``run --nproc`` starts when the caller set it. A run in one proces
 backend, ``fit()``) without ``--threads`` follows the idle cores instead (``IdleCores``):
 torch's threads wait for each other at every op, so one thread that shares its core with
 another program's work holds all of them back; on a 2-core machine with one core busy, a
-step with 2 threads took 2.5x the step with 1.
+step with 2 threads took 2.5x the step with 1. Compiled stages (``--compile``) fix the count
+before their first call instead (``IdleCores.settle``): Dynamo guards compiled code on the
+thread count, so a change between steps would compile every stage again (under Inductor, a
+step of 23 ms took 4142 ms after the threads changed).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ __all__ = ["cores", "fair_share", "launch_threads", "use_threads", "IdleCores"]
 
 _STAT = Path("/proc/stat")
 _given = False  # the last use_threads set a count (--threads, a rank's share): IdleCores is off
+SETTLE_S = 0.25  # how long IdleCores.settle watches the other programs before compiled stages
 
 
 def cores() -> int:
@@ -74,32 +78,63 @@ class IdleCores:
         self.say = say
         self.most = cores()
         self.start = torch.get_num_threads()
+        self.settled = False  # settle() chose the count for the rest of the run
         self._last = _sample() if self.on else None
 
     def between_steps(self) -> int:
         """Measure the step just ended and set the threads for the next; returns the count."""
-        now = _sample() if self.on else None
+        now = _sample() if self.on and not self.settled else None
         if now is None or self._last is None:
             return torch.get_num_threads()
         others = _others(self._last, now)
         if others is None:  # a short step: measure over the next ones too
             return torch.get_num_threads()
         self._last = now
-        # a thread less for each core others use, counting from 0.3 (a step's own noise)
-        want = max(1, min(self.most, self.most - math.ceil(others - 0.3)))
+        want = self._want(others)
         if want != torch.get_num_threads():
             torch.set_num_threads(want)
             if self.say is not None:
                 self.say(
                     f"other programs keep {others:.1f} of {self.most} cores busy: "
-                    f"{want} thread{'s' * (want != 1)} from the next step"
+                    f"{_threads(want)} from the next step"
                 )
         return want
+
+    def settle(self) -> int:
+        """Before compiled stages' first call: measure the cores others use over ``SETTLE_S``
+        seconds, set the threads to the cores left, say so, and keep that count for the rest
+        of the run (``between_steps`` then changes nothing): Dynamo guards compiled code on the
+        thread count, so a change would compile every stage again. Returns the count."""
+        if not self.on or self.settled:
+            return torch.get_num_threads()
+        self.settled = True
+        before = _sample()
+        time.sleep(SETTLE_S)
+        after = _sample()
+        others = _others(before, after) if before is not None and after is not None else None
+        want = self._want(others) if others is not None else torch.get_num_threads()
+        if want != torch.get_num_threads():
+            torch.set_num_threads(want)
+        if self.say is not None:
+            busy = f"other programs keep {others:.1f} of {self.most} cores busy; " if others else ""
+            self.say(
+                f"{busy}{_threads(want)} for the whole run: compiled stages keep the thread "
+                "count they are compiled with (a change would compile them again)"
+            )
+        return want
+
+    def _want(self, others: float) -> int:
+        """A thread less for each core others use, counting from 0.3 (a step's own noise)."""
+        return max(1, min(self.most, self.most - math.ceil(others - 0.3)))
 
     def restore(self) -> None:
         """Put back the thread count the run started with (``fit()`` returns to its caller)."""
         if self.on and torch.get_num_threads() != self.start:
             torch.set_num_threads(self.start)
+
+
+def _threads(count: int) -> str:
+    return f"{count} thread{'s' * (count != 1)}"
 
 
 def _sample() -> tuple[float, float, float] | None:

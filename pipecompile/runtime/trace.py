@@ -6,8 +6,9 @@ kept per device on two tracks, ``compute`` (forwards, backwards, the loss, the o
 data) and ``communication`` (sends, receives, all-reduces), plus one ``step`` span per step.
 Spans inside an instruction's are kept too: the ``loss`` inside the last stage's forward, the
 ``recompute`` of a dropped forward (FC) inside its backward, the ``wait`` inside a receive.
-Times are ``time.time_ns()`` based, so the spans of ranks on one machine share a clock.
-``trace_file`` turns them into a Chrome/Perfetto trace."""
+Nothing is recorded between steps (an evaluation after a step is no part of it, and its spans
+would count for the step). Times are ``time.time_ns()`` based, so the spans of ranks on one
+machine share a clock. ``trace_file`` turns them into a Chrome/Perfetto trace."""
 
 from __future__ import annotations
 
@@ -71,13 +72,15 @@ class Tracer:
         self.stage_device = tuple(stage_device)
         self.steps, self.first = steps, first
         self.step = 0
+        self.running = False  # inside ``step_span``: between steps nothing is traced
         self.spans: list[Span] = []
         self._offset = time.time_ns() - time.perf_counter_ns()
 
     @property
     def active(self) -> bool:
+        """Whether a traced step runs now."""
         after = self.step - self.first
-        return after >= 1 and (self.steps is None or after <= self.steps)
+        return self.running and after >= 1 and (self.steps is None or after <= self.steps)
 
     def now(self) -> int:
         return time.perf_counter_ns() + self._offset
@@ -105,21 +108,19 @@ class Tracer:
             return nullcontext()
         return self.span(device, track, name, category, **args)
 
-    def step_span(self, step: int, devices: Sequence[int]) -> AbstractContextManager:
-        """Step ``step`` of the run, on each of ``devices``: the spans inside it count for it."""
-        self.step = step
-        if not self.active:
-            return nullcontext()
-        return self._step(devices)
-
     @contextmanager
-    def _step(self, devices: Sequence[int]) -> Iterator[None]:
+    def step_span(self, step: int, devices: Sequence[int]) -> Iterator[None]:
+        """Step ``step`` of the run, on each of ``devices``: the spans inside it count for it
+        (and only those: what runs after it, before the next, is not traced)."""
+        self.step, self.running = step, True
         start = self.now()
         try:
             yield
         finally:
-            for d in devices:
-                self.record(d, "step", f"step {self.step}", "step", start)
+            if self.active:
+                for d in devices:
+                    self.record(d, "step", f"step {self.step}", "step", start)
+            self.running = False
 
     # -- wrapping the step's handlers and backend ------------------------------------------
 

@@ -6,7 +6,8 @@ complete event (``ph: X``, microseconds) per span with its category, step, stage
 micro-batch in ``args``. The last traced step is also simulated with the stage times this
 trace measured (each stage's mean forward and backward over that step's micro-batches) and
 drawn as its own process rows, starting where that step started. ``otherData`` says what was
-traced; ``pipecompile show OUT --measured FILE`` reads it back.
+traced and which device each row ran (``row_devices``: under ``--dp``, the ranks of every copy
+share the devices); ``pipecompile show OUT --measured FILE`` reads it back.
 """
 
 from __future__ import annotations
@@ -92,8 +93,10 @@ def trace_document(
     origin = min((s["start"] for s in spans), default=0)
     events: list[dict[str, Any]] = []
     rows: dict[int, str] = {}
+    row_devices: dict[str, int] = {}
     for s in spans:
         pid = s["device"] if one_process else s["rank"]
+        row_devices[str(pid)] = s["device"]
         count = threads.get(s["rank"])
         using = f" ({count} thread{'s' * (count != 1)})" if count else ""
         where = (
@@ -126,6 +129,7 @@ def trace_document(
             "microbatches": program.microbatches,
             "traced_steps": list(traced_steps),
             "one_process": one_process,
+            "row_devices": dict(sorted(row_devices.items(), key=lambda item: int(item[0]))),
             "simulated": note,
         },
     }

@@ -18,7 +18,8 @@ from pipecompile.runtime.load import load_stages
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import example_spec, named_inputs
 
-# The optional keys an emitted mlp lacks: the pretrained weights (--weights), exported ONNX files.
+# The optional keys an emitted mlp lacks: the pretrained weights (--weights), exported ONNX files,
+# a Hugging Face model's configs.
 CHECKPOINT_WEIGHTS = {
     "source": "checkpoint", "init": "init.json", "seed": 0,
     "shards": ["model.safetensors"], "checkpoint": "../ck", "loaded": 9, "model_tensors": 10,
@@ -46,6 +47,7 @@ def test_an_emitted_manifest_round_trips_byte_for_byte(mlp):
 def test_optional_keys_round_trip(mlp):
     raw = json.loads((mlp / MANIFEST).read_text())
     raw["weights"] = CHECKPOINT_WEIGHTS
+    raw["model"]["configs"] = {"config.json": "model_config.json"}  # a Hugging Face model's
     for j, stage in enumerate(raw["stages"]):
         stage |= {"weights": None, "from_checkpoint": {"fc1.weight": "fc1.weight"},
                   "onnx": f"stage_{j}.onnx"}  # fmt: skip

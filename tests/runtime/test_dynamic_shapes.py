@@ -16,7 +16,7 @@ from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
-from tests.conftest import SAMPLED_OUT, TINY_LM, write_model_file
+from tests.conftest import SAMPLED_OUT, TINY_LM, example_spec, write_model_file
 
 VARYING_LM = (
     TINY_LM.format(dropout=0.0)
@@ -229,3 +229,56 @@ def test_a_hugging_face_model_traced_by_export_takes_any_batch_and_length(tmp_pa
         targets = (target.repeat(2, 2)[:rows, :length],)
         report = check_step(pipe, spec.model, inputs, targets, spec.loss_fn, atol=1e-5)
         assert report.ok, f"{rows}x{length}\n{report}"
+
+
+def test_every_example_lets_the_batch_vary_without_a_flag(compiled_examples):
+    """The batch is symbolic by default: each bundled example compiled without --dynamic
+    takes other batch sizes (the Hugging Face one through torch.export) and equals eager."""
+    from pipecompile.runtime.load import read_manifest
+
+    for (name, stages), out in compiled_examples.items():
+        dynamic = read_manifest(out).dynamic
+        assert dynamic.split == ("batch",) and not dynamic.fixed, (name, stages, dynamic)
+    spec = example_spec("hf_gpt2")
+    pipe = Pipeline.load(compiled_examples[("hf_gpt2", 2)])
+    ids = spec.inputs["input_ids"]
+    for rows in (2, ids.shape[0] + 2):  # fewer and more rows than traced
+        inputs = {"input_ids": ids.repeat(2, 1)[:rows]}
+        report = check_step(pipe, spec.model, inputs, (spec.targets[0].repeat(2, 1)[:rows],),
+                            spec.loss_fn, atol=1e-5)  # fmt: skip
+        assert report.ok, f"{rows} rows\n{report}"
+
+
+def test_a_model_that_fixes_its_batch_is_told_at_compile_time(tmp_path, capsys):
+    model = write_model_file(tmp_path, SPECIALISED)
+    argv = [str(model), "--stages", "2", "--microbatches", "2", "-q", "-o", str(tmp_path / "o")]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "note: the batch size is fixed at 8 rows (2 micro-batches of 4): " in err, err
+    assert "the view at " in err and "asks for [4, 2, 4], 4 rows written as a constant" in err
+    pipe = Pipeline.load(tmp_path / "o")
+    assert "view" in pipe.manifest.dynamic.fixed
+    with pytest.raises(InputError, match=r"input 'x' has shape \(6, 8\)"):
+        pipe.train_step({"x": torch.randn(6, 8)}, (torch.randn(6, 8),), torch.nn.MSELoss())
+    argv[-1] = str(tmp_path / "none")
+    assert main([*argv, "--dynamic", "none"]) == 0
+    assert "note:" not in capsys.readouterr().err  # asked for: nothing to say
+    assert not Pipeline.load(tmp_path / "none").manifest.dynamic.symbols
+
+
+def test_dynamic_flag_and_hook_merge_or_refuse_their_conflict() -> None:
+    from pipecompile.ir.dynamic import asked_maxima, merged_dynamic
+
+    inputs = {"ids": torch.zeros(4, 8, dtype=torch.long)}
+    stated = {"ids": {1: ("seq", 12)}}
+    merged = merged_dynamic("batch", stated, inputs)
+    assert merged == {"ids": {1: ("seq", 12), 0: "batch"}} and asked_maxima(merged) == {"seq": 12}
+    assert merged_dynamic("seq", stated, inputs) == stated  # the same name: nothing new
+    assert merged_dynamic(None, stated, inputs) is stated
+    assert merged_dynamic("batch", None, inputs) == "batch"
+    with pytest.raises(ShapeError, match=r"makes dim 1 of input 'ids' 'seq', and the model "):
+        merged_dynamic("seq", {"ids": {1: "length"}}, inputs)
+    with pytest.raises(ShapeError, match=r"--dynamic none keeps every size .* 'ids' dim 1 \(seq"):
+        merged_dynamic("none", stated, inputs)
+    with pytest.raises(ShapeError, match=r"none keeps every size as traced; give it alone"):
+        merged_dynamic("none,seq", stated, inputs)

@@ -5,12 +5,12 @@ names that resume into another split at another scale.
 One chain of runs of a small language model (dropout, a tied embedding, a train_batches()
 hook of 31 batches that differ) serves every claim, against one local reference with
 ``--accumulate 2`` over the whole epoch:
-2 stages x dp 2 from scratch (same seed, same losses), saved, resumed by 4 stages in one
-process (another split, dp 1), saved, resumed by 2 stages x dp 2 with the optimizer sharded;
-and the 4-stage state resumed under FSDP2 (``--shard grads``) by 4 interleaved stages on 2
-devices x dp 2 (two FSDP stages a rank, one without weights) to the end of the data, whose last
-round leaves copy 1 without a batch. ``--shard params`` resumes the ZeRO-1 state in a
-sampled-out test of its own.
+2 stages x dp 2 from scratch (same seed, same losses; traced, for ``show --measured``), saved,
+resumed by 4 stages in one process (another split, dp 1), saved, resumed by 2 stages x dp 2
+with the optimizer sharded; and the 4-stage state resumed under FSDP2 (``--shard grads``) by 4
+interleaved stages on 2 devices x dp 2 (two FSDP stages a rank, one without weights) to the end
+of the data, whose last round leaves copy 1 without a batch. ``--shard params`` resumes the
+ZeRO-1 state in a sampled-out test of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from pipecompile.cli import main
+from pipecompile.reports.measured import COLUMNS, measured_report
 from pipecompile.runtime.training.model_keyed import read_model_keyed
 from tests.conftest import EXAMPLES, SAMPLED_OUT, write_model_file
 from tests.conftest import TINY_LM as SHARED_LM
@@ -86,7 +87,7 @@ def chain(tmp_path_factory):  # type: ignore[no-untyped-def]
     made = {
         "reference": run("reference", c4, "--epochs", "1", "--accumulate", "2"),
         "dp": run("dp", c2, "--nproc", "4", "--dp", "2", "--steps", "2", "--save",
-                  str(root / "ck_dp")),
+                  str(root / "ck_dp"), "--trace", str(root / "dp_trace.json")),
         "back": run("back", c4, "--steps", "4", "--accumulate", "2", "--resume",
                     str(root / "ck_dp"), "--save", str(root / "ck_back")),
         "sharded": run("sharded", c2, "--nproc", "4", "--dp", "2", "--shard", "optimizer",
@@ -107,6 +108,20 @@ def test_dp_gives_the_losses_of_one_pipeline_accumulating(chain):
         assert loss == pytest.approx(reference[step], rel=1e-6, abs=0)
     start = records(made["dp"])[0]
     assert start["data_parallel"] == 2 and start["accumulate"] == 1
+
+
+def test_show_measured_of_a_dp_trace_gives_every_copys_ranks_their_prediction(chain, capsys):
+    root, _, _ = chain
+    report = measured_report(root / "c2", root / "dp_trace.json")
+    assert report["row_devices"] == {0: 0, 1: 1, 2: 0, 3: 1}  # copy 1: ranks 2 and 3
+    assert report["steps"] == [2] and report["spans_outside_steps"] == 0
+    for figures in report["rows"].values():
+        assert all(figures[c] >= 0 for c in COLUMNS)
+        assert sum(figures[c] for c in COLUMNS) == pytest.approx(figures["step"])
+    assert main(["show", str(root / "c2"), "--measured", str(root / "dp_trace.json")]) == 0
+    rows = capsys.readouterr().out.splitlines()[3:7]
+    predicted = [f"{report['predicted_bubble'][d]:.1%}" for d in (0, 1, 0, 1)]
+    assert [row.split()[-1] for row in rows] == predicted
 
 
 def test_a_train_state_resumes_at_another_scale_and_back(chain):

@@ -48,14 +48,19 @@ def test_inputs_of_another_shape_are_named(mlp):
         pipe({"y": torch.randn(8, 32)})
 
 
-def test_another_batch_size_still_runs_locally_but_not_on_a_rank(mlp):
+def test_another_batch_size_runs_unless_compiled_fixed(mlp, tmp_path):
     pipe = Pipeline.load(mlp)
     loss, _ = pipe.train_step({"x": torch.randn(16, 32)}, (torch.randn(16, 10),), mse)
     assert torch.isfinite(loss)
-    manifest = read_manifest(mlp)
-    rank = Pipeline(manifest, [pipe.modules[0], None], read_program(mlp / "program.txt"),
-                    device=0)  # fmt: skip
-    with pytest.raises(InputError, match=r"its batch size differs \(16, not 8\)"):
+    program = read_program(mlp / "program.txt")
+    rank = Pipeline(read_manifest(mlp), [pipe.modules[0], None], program, device=0)
+    assert rank.input_problem({"x": torch.randn(16, 32)}, exact=True) is None  # the batch varies
+    spec = example_spec("mlp")
+    fixed = emit(compile_model(spec.model, spec.inputs, stages=2, microbatches=2, dynamic="none"),
+                 tmp_path / "fixed", model=ModelRef(spec.path, spec.name, "mlp"))  # fmt: skip
+    rank = Pipeline(read_manifest(fixed), [pipe.modules[0], None], program, device=0)
+    with pytest.raises(InputError, match=r"its batch size differs \(16, not 8\), and it was "
+                       r"compiled with --dynamic none; recompile without it"):  # fmt: skip
         rank.train_step({"x": torch.randn(16, 32)}, (torch.randn(16, 10),), mse)
 
 

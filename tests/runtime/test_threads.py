@@ -1,4 +1,5 @@
-"""Each process of a run takes its share of the cores (``--threads N`` sets it)."""
+"""Each process of a run takes its share of the cores (``--threads N`` sets it); a local run
+follows the idle cores, and with compiled stages chooses its threads once."""
 
 from __future__ import annotations
 
@@ -6,9 +7,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
+from torch import nn
+from torch._dynamo.utils import counters
 
 from pipecompile.cli import main
-from pipecompile.runtime import threads
+from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.compiler import compile_model
+from pipecompile.model.data_hooks import iterable_source
+from pipecompile.runtime import notes, threads
+from pipecompile.runtime.compiled import CompiledStages
+from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.training.loop import TrainOptions, train
 from tests.conftest import EXAMPLES
 
 
@@ -97,3 +107,55 @@ def test_a_given_thread_count_is_kept_however_busy_the_machine(monkeypatch, rest
     threads.use_threads(None)  # a later run without --threads follows the cores again
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # ... unless the user fixed them
     assert not threads.IdleCores().on
+
+
+def _two_stages(tmp_path: Path) -> Pipeline:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+    compiled = compile_model(model, {"input": torch.randn(4, 8)}, stages=2, microbatches=2)
+    return Pipeline.load(emit(compiled, tmp_path / "o", model=ModelRef(None, "m", "m")))
+
+
+def test_compiled_stages_keep_the_thread_count_they_are_compiled_with(
+    tmp_path, monkeypatch, restored
+):
+    """Dynamo guards compiled code on the thread count: the threads are chosen once, before the
+    first compiled call, so each stage compiles once however busy the machine gets."""
+    monkeypatch.setattr(threads, "cores", lambda: 4)
+    monkeypatch.setattr(threads, "_given", False)
+    monkeypatch.setattr(threads, "SETTLE_S", 0.0)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_STAT", Path(__file__))  # exists
+    _samples(monkeypatch, [0.0, 2.6, 0.0, 0.0, 3.0, 0.0])  # idle, busy, idle, busy
+    said: list[str] = []
+    monkeypatch.setattr(notes, "note", said.append)
+    seen: list[int] = []  # the threads in effect at each compiled stage call
+    call = CompiledStages.call
+    monkeypatch.setattr(
+        CompiledStages,
+        "call",
+        lambda *a, **k: seen.append(torch.get_num_threads()) or call(*a, **k),
+    )
+    g = torch.Generator().manual_seed(1)
+    batches = [
+        ((torch.randn(4, 8, generator=g),), (torch.randn(4, 4, generator=g),)) for _ in range(4)
+    ]
+    torch.set_num_threads(4)
+    torch._dynamo.reset()
+    counters.clear()
+    train(
+        _two_stages(tmp_path),
+        lambda out, target: nn.functional.mse_loss(out, target),
+        iterable_source(batches, ["input"], "batches"),
+        TrainOptions(steps=4, compile="eager"),
+        eval_data=iterable_source(batches[:2], ["input"], "eval batches"),
+    )
+    torch._dynamo.reset()
+    # each stage: once with gradients (training), once without (evaluation)
+    assert counters["stats"]["unique_graphs"] == 4
+    assert set(seen) == {1} and len(seen) > 8  # every step and the evaluations
+    chosen = [line for line in said if "for the whole run" in line]
+    assert chosen == [
+        "other programs keep 2.6 of 4 cores busy; 1 thread for the whole run: compiled stages "
+        "keep the thread count they are compiled with (a change would compile them again)"
+    ]

@@ -158,8 +158,30 @@ def test_tracing_off_leaves_the_handlers_alone(compiled):
     assert not pipe.tracer.active
     wrapped = pipe._handlers(executor)
     assert all(wrapped[op].__qualname__ == plain[op].__qualname__ for op in plain)
-    pipe.tracer.step = 1
-    assert all(pipe._handlers(executor)[op].__qualname__.endswith("run") for op in plain)
+    with pipe.tracer.step_span(1, [0, 1]):
+        assert all(pipe._handlers(executor)[op].__qualname__.endswith("run") for op in plain)
+    assert not pipe.tracer.active  # between steps (an evaluation after one): nothing is traced
+    assert all(pipe._handlers(executor)[op].__qualname__ == plain[op].__qualname__ for op in plain)
+
+
+def test_an_evaluation_between_traced_steps_is_not_traced(compiled, tmp_path, capsys):
+    """Its forwards ran after the step under the step's number: they made "other" negative."""
+    model = tmp_path / "mlp_eval.py"
+    hook = "\n\ndef eval_batches():\n    return [(example_inputs(), example_targets())]\n"
+    model.write_text(Path(MLP).read_text() + hook)
+    trace = tmp_path / "t.json"
+    argv = ["run", str(compiled), "--model", str(model), "--steps", "2", "--eval-every", "1"]
+    assert main([*argv, "-q", "--trace", str(trace)]) == 0
+    measured = [e for e in _events(trace) if e["pid"] < SIMULATED_PID]
+    steps = {(e["pid"], e["args"]["step"]): e for e in measured if e["cat"] == "step"}
+    for e in measured:
+        step = steps[(e["pid"], e["args"]["step"])]
+        assert step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"] + 1e-3
+    forwards = Counter(e["args"]["step"] for e in measured if e["cat"] == "forward")
+    assert forwards == {1: 2 * 4, 2: 2 * 4}  # the program's: 2 stages x 4 micro-batches
+    report = measured_report(compiled, trace)
+    assert report["spans_outside_steps"] == 0
+    assert all(figures["other"] >= 0 for figures in report["rows"].values())
 
 
 def test_resumed_runs_trace_their_own_first_steps(compiled, tmp_path):

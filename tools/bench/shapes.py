@@ -85,7 +85,7 @@ def options() -> argparse.Namespace:
 
 
 def compile_all(root: Path, quick: bool) -> None:
-    """The four compiles, 2 stages x 4 micro-batches, 1f1b (``--quick``: 1 layer)."""
+    """The five compiles, 2 stages x 4 micro-batches, 1f1b (``--quick``: 1 layer)."""
     (root / "padded.py").write_text(PADDED.format(examples=str(EXAMPLES)))
     factory = ":build_model_1" if quick else ""
     if quick:  # a 1-layer twin of each model, in model files of their own
@@ -101,7 +101,8 @@ def compile_all(root: Path, quick: bool) -> None:
     models = {
         "varying": (f"{where / 'char_lm_varlen.py'}{factory}", []),
         "padded": (f"{root / 'padded.py'}{':build_model_1' if quick else ''}", []),
-        "fixed": (f"{where / 'char_lm.py'}{factory}", []),
+        "fixed": (f"{where / 'char_lm.py'}{factory}", ["--dynamic", "none"]),
+        "default": (f"{where / 'char_lm.py'}{factory}", []),
         "fixed-dynamic": (f"{where / 'char_lm.py'}{factory}", ["--dynamic", "batch,seq"]),
     }
     for name, (model, extra) in models.items():
@@ -183,6 +184,26 @@ def sizing_cost(directory: Path, repeats: int = 2000) -> float:
     return (time.perf_counter() - start) / repeats * 1e6
 
 
+def probe_cost(quick: bool) -> tuple[float, float]:
+    """Seconds the ``dynamic_dims`` pass takes in a compile of char_lm (as above) that lets
+    the batch vary, and the whole compile's: the median of 5 compiles."""
+    import statistics
+
+    import char_lm
+
+    from pipecompile.compiler import compile_model
+
+    model = char_lm.build_char_gpt(n_layer=1) if quick else char_lm.build_model()
+    (idx,) = char_lm.example_inputs()
+    probes, wholes = [], []
+    for _ in range(5):
+        start = time.perf_counter()
+        compiled = compile_model(model, {"idx": idx}, stages=2, microbatches=4, schedule="1f1b")
+        wholes.append(time.perf_counter() - start)
+        probes.append(dict(compiled.timings)["dynamic_dims"])
+    return statistics.median(probes), statistics.median(wholes)
+
+
 def worker(args: argparse.Namespace) -> None:
     import char_lm
     import char_lm_varlen
@@ -200,7 +221,10 @@ def worker(args: argparse.Namespace) -> None:
             char_lm_varlen.padded_train_batches(), steps + 1)),
     }, 1, steps, summary=sum)  # fmt: skip
     fixed = alternate({
-        "fixed shapes": ours(root / "fixed", _batches(char_lm.train_batches(), steps + 1)),
+        "--dynamic none (every size fixed)": ours(root / "fixed", _batches(
+            char_lm.train_batches(), steps + 1)),
+        "no flag (the batch varies)": ours(root / "default", _batches(
+            char_lm.train_batches(), steps + 1)),
         "--dynamic batch,seq": ours(root / "fixed-dynamic", _batches(
             char_lm.train_batches(), steps + 1)),
     }, 1, steps)  # fmt: skip
@@ -210,6 +234,7 @@ def worker(args: argparse.Namespace) -> None:
             "varying": varying,
             "fixed": fixed,
             "sizing_us": sizing_cost(root / "fixed-dynamic"),
+            "batch_sizing_us": sizing_cost(root / "default"),
         }
         print("RESULT " + json.dumps(found), flush=True)
     dist.barrier()
@@ -268,7 +293,7 @@ def main() -> None:
     print(f"command: {command()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        log("compiling the four layouts ...")
+        log("compiling the five layouts ...")
         compile_all(root, args.quick)
         log(f"timing {args.steps} steps of each, two ranks, taking turns ...")
         flags = ["--directory", str(root), "--steps", str(args.steps)]
@@ -286,13 +311,18 @@ def main() -> None:
     for name, seconds in found["varying"].items():
         print(f"| {name} | {seconds:.2f} | {useful / seconds:.0f} | {padded / seconds:.2f}x |")
     fixed = found["fixed"]
-    base = fixed["fixed shapes"]
+    base = fixed["--dynamic none (every size fixed)"]
     print(f"\nchar_lm (16 x 64), 2 stages x 2 ranks, median step of {args.steps}:")
     for name, seconds in fixed.items():
         print(f"  {name}: {seconds * 1000:.1f} ms ({seconds / base - 1:+.1%})")
-    sizing = found["sizing_us"]
-    print(f"  sizing a step's messages under --dynamic: {sizing:.1f} us "
-          f"({sizing / 1e6 / base:.3%} of the fixed step)")  # fmt: skip
+    for name, key in (("the batch", "batch_sizing_us"), ("batch and seq", "sizing_us")):
+        sizing = found[key]
+        print(f"  sizing a step's messages when {name} may vary: {sizing:.1f} us "
+              f"({sizing / 1e6 / base:.3%} of the fixed step)")  # fmt: skip
+    probe, whole = probe_cost(args.quick)
+    print(f"  probing the batch at compile (the dynamic_dims pass): {probe * 1000:.1f} ms of a "
+          f"{whole * 1000:.0f} ms compile ({probe / whole:.1%}; {probe / base:.1%} of the "
+          "fixed step)")  # fmt: skip
     log("checking every synchronous schedule at each shape, locally and on 2 ranks ...")
     with tempfile.TemporaryDirectory() as tmp:
         checks = gradient_checks(Path(tmp), args.quick)

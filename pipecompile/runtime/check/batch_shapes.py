@@ -35,8 +35,9 @@ def parse_batch_shapes(text: str, dynamic: DynamicDims, count: int) -> list[dict
     order = symbol_order(dynamic)
     if not order:
         raise PipecompileError(
-            f"--batch-shapes {text}: the compile has no dimension that varies; recompile with "
-            "--dynamic batch (or batch,seq), or define dynamic_shapes() in the model file"
+            f"--batch-shapes {text}: the compile has no dimension that varies (the model fixes "
+            "the batch, or it was compiled with --dynamic none: its manifest's dynamic.fixed "
+            "says which); recompile without --dynamic none, or with --dynamic seq"
         )
     shapes = []
     for item in text.split(","):
@@ -47,8 +48,26 @@ def parse_batch_shapes(text: str, dynamic: DynamicDims, count: int) -> list[dict
                 f"--batch-shapes: {item.strip()!r} is not {len(order)} positive "
                 f"size{'s' if len(order) > 1 else ''} ({'x'.join(order)}), e.g. {like}"
             )
-        shapes.append(dict(zip(order, map(int, parts))))
+        sizes = dict(zip(order, map(int, parts)))
+        _within_maxima(item.strip(), sizes, dynamic)
+        shapes.append(sizes)
     return shapes
+
+
+def _within_maxima(item: str, sizes: dict[str, int], dynamic: DynamicDims) -> None:
+    for symbol, size in sizes.items():
+        top = dynamic.maxima.get(symbol)
+        if top is not None and size > top:
+            where = ", ".join(
+                f"input {name!r} dim {d}"
+                for name, dims in dynamic.inputs.items()
+                for d, s in dims.items()
+                if s == symbol
+            )
+            raise PipecompileError(
+                f"--batch-shapes {item}: its {symbol} ({where}) is {size}, above the maximum of "
+                f"{top} that the model file's dynamic_shapes() states; check sizes up to {top}"
+            )
 
 
 def at_shape(spec: Any, dynamic: DynamicDims, sizes: dict[str, int], count: int) -> Any:

@@ -57,7 +57,7 @@ def _why(dynamic: bool) -> str:
         )
     return (
         " (the compiled shape): the batch differs from the example in a dimension the compile "
-        "fixed; recompile with --dynamic batch,seq (or dynamic_shapes()) to let it vary"
+        "fixed; recompile with --dynamic seq (or dynamic_shapes()) to let another one vary"
     )
 
 

@@ -3,9 +3,10 @@ train state ``run --save`` wrote, ``--train-state DIR``) under the original mode
 
 ``TARGET.safetensors`` is one state dict that ``model.load_state_dict`` accepts; any other
 ``TARGET`` is a directory in the Hugging Face layout (``model-0000k-of-0000n.safetensors``
-shards of at most ``shard_size`` bytes and ``model.safetensors.index.json``), which
-``from_pretrained`` and ``pipecompile --weights`` read. Files are written under temporary
-names and renamed into place, so an interrupted export leaves no half-written file.
+shards of at most ``shard_size`` bytes and ``model.safetensors.index.json``, with the model's
+``config.json`` when it has one), which ``from_pretrained`` and ``pipecompile --weights``
+read. Files are written under temporary names and renamed into place, so an interrupted export
+leaves no half-written file.
 
 Every file written carries pipecompile's marker (``files.owned``), and only a marked file is
 ever replaced or deleted: a user's pretrained weights in ``TARGET`` are refused, ``--force`` or not.
@@ -23,6 +24,7 @@ from safetensors.torch import save_file
 
 from pipecompile.errors import EmitError
 from pipecompile.files.disk import writing
+from pipecompile.files.names import MANIFEST, MODEL_CONFIGS
 from pipecompile.files.owned import (
     EXPORT_MARK,
     EXPORT_METADATA,
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 SHARD_SIZE = 5_000_000_000  # Hugging Face's default max_shard_size, "5GB"
-CONFIGS = ("config.json", "generation_config.json")  # copied from a --weights directory
+CONFIGS = tuple(MODEL_CONFIGS)  # config.json, generation_config.json: from_pretrained reads them
 SINGLE = "model.safetensors"  # Hugging Face pretrained weights in one file
 
 
@@ -86,17 +88,20 @@ def export_sharded(
 ) -> tuple[int, int]:
     """Write the weights as a Hugging Face weights directory ``target``; returns (tensors,
     shards). Tensors are packed in name order; one larger than ``shard_size`` gets a shard of
-    its own. The compile's ``--weights`` directory's ``config.json`` (and
-    ``generation_config.json``) are copied beside them when ``target`` has none. A previous
+    its own. The model's ``config.json`` (and ``generation_config.json``) are copied beside
+    them when ``target`` has none: the compile's ``--weights`` directory's, else those it kept
+    of a Hugging Face model (so ``from_pretrained(target)`` builds the model's sizes). A previous
     export's shards are replaced; what else ``force`` wrote beside is named in ``notes``.
 
     Raises:
-        EmitError: see ``check_dir_target``; or ``target`` cannot be written.
+        EmitError: see ``check_dir_target``; a config the compile kept is missing; or
+            ``target`` cannot be written.
     """
     kept = check_dir_target(target, force)
     _check_not_source(directory, target)
     if kept and notes is not None:
         notes.append(f"kept {_names(kept)} in {target}: an export did not write them")
+    configs = _config_sources(directory)
     state = _state(directory, train_state)
     shards = _pack(state, shard_size)
     names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
@@ -109,7 +114,7 @@ def export_sharded(
                 lambda tmp, shard=shard: save_file(shard, str(tmp), metadata=EXPORT_METADATA),
             )
             weight_map.update(dict.fromkeys(shard, name))
-        copied = _copy_configs(directory, target)
+        copied = _copy_configs(configs, target)
         total = sum(t.numel() * t.element_size() for t in state.values())
         metadata = {"total_size": total, "written_by": EXPORT_MARK, "copied": copied}
         index = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
@@ -234,20 +239,40 @@ def _pack(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Te
     return shards
 
 
-def _copy_configs(directory: Path, target: Path) -> dict[str, str]:
-    """Copy the ``--weights`` directory's configs where ``target`` has none; returns the
-    sha256 of each config in ``target`` an export wrote (this one or an earlier one)."""
+def _copy_configs(configs: dict[str, Path], target: Path) -> dict[str, str]:
+    """Copy the model's ``configs`` (name -> file, ``_config_sources``) where ``target`` has
+    none; returns the sha256 of each config in ``target`` an export wrote (this one or an
+    earlier one)."""
     earlier = copied_digests(target / INDEX)
     ours = {n: d for n, d in earlier.items() if (target / n).is_file() and sha256(target / n) == d}
-    source = _weights_source(directory)
-    if source is None:
-        return ours
-    source = source if source.is_dir() else source.parent
-    for name in CONFIGS:
-        if (source / name).is_file() and not (target / name).exists():
-            _atomic(target / name, lambda tmp, name=name: shutil.copyfile(source / name, tmp))
+    for name, source in configs.items():
+        if not (target / name).exists():
+            _atomic(target / name, lambda tmp, source=source: shutil.copyfile(source, tmp))
             ours[name] = sha256(target / name)
     return ours
+
+
+def _config_sources(directory: Path) -> dict[str, Path]:
+    """Each config to export (``CONFIGS``) and its file: the ``--weights`` directory's, else
+    the one the compile kept of a Hugging Face model (``MODEL_CONFIGS``).
+
+    Raises:
+        EmitError: the manifest names a kept config that is not in ``directory``.
+    """
+    model = read_manifest(directory).model
+    found = {}
+    for name, kept in (model.configs or {}).items() if model is not None else ():
+        if not (Path(directory) / kept).is_file():
+            raise EmitError(
+                f"{Path(directory) / kept} is missing (the model's {name}, which {MANIFEST} "
+                "names): recompile the model"
+            )
+        found[name] = Path(directory) / kept
+    source = _weights_source(directory)
+    if source is not None:
+        source = source if source.is_dir() else source.parent
+        found |= {name: source / name for name in CONFIGS if (source / name).is_file()}
+    return found
 
 
 def _atomic(path: Path, write) -> None:  # type: ignore[no-untyped-def]

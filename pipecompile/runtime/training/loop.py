@@ -32,9 +32,9 @@ from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime import notes
-from pipecompile.runtime.executor import LossFn, call_loss_fn
+from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
-from pipecompile.runtime.precision import PRECISIONS, LossScaler, autocast, device_of
+from pipecompile.runtime.precision import PRECISIONS, LossScaler
 from pipecompile.runtime.random_state import draw_base, step_base
 from pipecompile.runtime.threads import IdleCores
 from pipecompile.runtime.trace import Tracer, traced
@@ -43,6 +43,7 @@ from pipecompile.runtime.training.batch_agreement import agree_on_batch
 from pipecompile.runtime.training.copy_share import SIT_OUT, CopyShare
 from pipecompile.runtime.training.data_parallel import DataParallel
 from pipecompile.runtime.training.divergence import check_losses, skipped_line
+from pipecompile.runtime.training.eval_loss import batch_loss
 from pipecompile.runtime.training.grad_ops import (
     add_grads,
     all_finite,
@@ -296,9 +297,17 @@ def train(
             f"--eval-every {options.eval_every}: there is no eval_batches() to evaluate on; "
             "define eval_batches() in the model file, or drop --eval-every"
         )
-    if has_eval:  # its first batch, through the pipeline, before any training
-        probe = _Feed(_first_only(eval_data), None, group, epochs=1, skip=0, device=device)
-        _evaluate(pipe, loss_fn, probe, group, reads, "checked before training")
+    idle = IdleCores(None if options.quiet else notes.note) if one_process else None
+    try:
+        if idle is not None and pipe.compiled is not None:  # before the first compiled call
+            idle.settle()
+        if has_eval:  # its first batch, through the pipeline, before any training
+            probe = _Feed(_first_only(eval_data), None, group, epochs=1, skip=0, device=device)
+            _evaluate(pipe, loss_fn, probe, group, reads, "checked before training")
+    except BaseException:
+        if idle is not None:  # fit()'s caller gets its own thread count back
+            idle.restore()
+        raise
     state.done, state.epoch = first, feed.epoch
     reporter = Reporter(
         options.metrics if group.rank == 0 else None, total, quiet=options.quiet or group.rank != 0
@@ -325,7 +334,6 @@ def train(
         )
     saved_at = first
     tracer = pipe.tracer = _tracer(pipe, options, first)
-    idle = IdleCores(None if options.quiet else notes.note) if one_process else None
     try:
         step = first
         while total is None or step < total:
@@ -613,13 +621,9 @@ def _evaluate(
             sizes = _agree(batch, data, group, pipe.manifest.dynamic)
             try:
                 output = pipe(batch.inputs if reads[0] else None, sizes=sizes)
-                if output is not None and reads[1]:
-                    with (
-                        torch.no_grad(),
-                        autocast(pipe.precision, device_of(pipe.modules[pipe.layout.last])),
-                    ):
-                        total += float(call_loss_fn(loss_fn, output, batch.targets))
-                    count += 1
+                if reads[1]:
+                    part, counted = batch_loss(pipe, loss_fn, output, batch)
+                    total, count = total + part, count + counted
             except PipecompileError as err:
                 raise _in_batch(err, pipe, data, batch, when) from err
     finally:

@@ -1,5 +1,5 @@
 """The first catalogue: stage files, weights, inputs, losses, outputs, output directories,
-options, stale compiles, training runs and --weights (75 cases)."""
+options, stale compiles, training runs and --weights (89 cases)."""
 
 from __future__ import annotations
 
@@ -320,6 +320,11 @@ OPTION_CASES = [
          r"--stages: 'two'"),
     Case("options-before-model", "pipecompile -q mlp.py --stages 2 (a flag first)", nothing,
          ("-q", "mlp.py", "--stages", "2", "-o", "o"), r"^$", status=0),
+    Case("calibration-of-a-directory", "calibration --clear out (the machine's calibration, "
+         "taken for the directory's)", nothing, ("calibration", "--clear", "out"),
+         r"`pipecompile calibration` takes no model or directory \(got out\): the calibration "
+         r"is this machine's.*`pipecompile calibration --clear` removes it",
+         intact=("out/manifest.json",)),
 ]  # fmt: skip
 
 OTHER_MODEL = '''"""Another model: a train state of out/ is not its."""
@@ -476,6 +481,17 @@ TRAINING_RUN_CASES = [
     Case("plan-replicate-with-devices", "--devices 2 --replicate 1,1", nothing,
          ("mlp.py", "--devices", "2", "--replicate", "1,1", "-o", "o"),
          r"--replicate fixes how stages are replicated.*drop --replicate or the search"),
+    Case("plan-async-schedule", "--devices 2 --schedule pipedream (the search is synchronous)",
+         nothing, ("mlp.py", "--devices", "2", "--schedule", "pipedream", "-o", "o"),
+         r"--schedule pipedream updates weights asynchronously .* prices synchronous schedules "
+         r"only: fix the plan with --stages N"),
+    Case("plan-v-stages-per-device", "--devices 3 --stages 3 --schedule zbv", nothing,
+         ("mlp.py", "--devices", "3", "--stages", "3", "--schedule", "zbv", "-o", "o"),
+         r"--stages 3 cannot run on --devices 3: zbv puts two stages on each device \(a V\), "
+         r"so 3 devices take --stages 6"),
+    Case("plan-memory-limit-count", "--devices 2 --memory-limit 1MB,1MB,1MB", nothing,
+         ("mlp.py", "--devices", "2", "--memory-limit", "1MB,1MB,1MB", "-o", "o"),
+         r"--memory-limit gives 3 values for --devices 2; give one per device"),
 ]  # fmt: skip
 
 

@@ -223,6 +223,10 @@ METRICS_CASES = [
                ran("mlp.py", "--stages", "3", "-q", "-o", "three")),
          ("show", "three", "--measured", "t.json"),
          r"t\.json traced a \w+ program of 2 devices.*but three holds .* of 3"),
+    Case("measured-warm-up-only", "show --measured of a trace whose one step is the warm-up",
+         ran("run", "out", "-q", "--steps", "1", "--trace", "t.json"),
+         ("show", "out", "--measured", "t.json"),
+         r"step 1 is the only traced step, the warm-up one .* trace 2 steps or more", status=0),
 ]  # fmt: skip
 
 PICTURE_CASES = [

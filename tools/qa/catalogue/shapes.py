@@ -39,9 +39,29 @@ SHAPES: list[Case] = [
     Case("batch-shapes-without-check", "run --batch-shapes 4 without --check", nothing,
          (*RUN, "--batch-shapes", "4"), r"--batch-shapes lists the shapes --check checks"),
     Case("batch-shapes-fixed-compile",
-         "run --check --batch-shapes 4 of a compile without --dynamic", nothing,
-         (*CHECK, "--batch-shapes", "4"),
-         r"--batch-shapes 4: the compile has no dimension that varies; recompile with --dynamic"),
+         "run --check --batch-shapes 4 of a --dynamic none compile",
+         compiled(mlp_variant(), flags=("--dynamic", "none")), (*CHECK, "--batch-shapes", "4"),
+         r"--batch-shapes 4: the compile has no dimension that varies .*recompile without "
+         r"--dynamic none"),
+    Case("batch-shapes-above-maximum", "run --check --batch-shapes 10 when dynamic_shapes() "
+         "states at most 8", compiled(mlp_variant(hook(MAXIMUM))),
+         (*CHECK, "--batch-shapes", "10"),
+         r"--batch-shapes 10: its batch \(input 'x' dim 0\) is 10, above the maximum of 8"),
+    Case("dynamic-flag-conflicts-hook", "compile --dynamic seq of a model whose "
+         "dynamic_shapes() names dim 1 'width'",
+         mlp_variant(hook('def dynamic_shapes():\n    return {"x": {1: "width"}}')),
+         (*MODEL, "--dynamic", "seq", "-o", "o"),
+         r"--dynamic seq makes dim 1 of input 'x' 'seq', and the model file's dynamic_shapes\(\) "
+         r"makes it 'width'"),
+    Case("dynamic-none-drops-hook", "compile --dynamic none of a model with dynamic_shapes()",
+         mlp_variant(hook(MAXIMUM)), (*MODEL, "--dynamic", "none", "-o", "o"),
+         r"--dynamic none keeps every size as traced, but the model file's dynamic_shapes\(\) "
+         r"lets 'x' dim 0 \(batch\) vary"),
+    Case("batch-fixed-by-model", "compile, no flag, a model whose view fixes the batch "
+         "(compiles, with a note)", mlp_variant(FIXED_VIEW), (*MODEL, "-o", "o"),
+         r"note: the batch size is fixed at 8 rows \(1 micro-batch of 8\): the view at model\.py"
+         r":\d+.* asks for \[8, -1\], 8 rows written as a constant.*write the size from the "
+         r"tensor", status=0),
     Case("batch-shapes-arity", "run --check --batch-shapes 4x3 of a --dynamic batch compile",
          compiled(mlp_variant(), flags=("--dynamic", "batch")), (*CHECK, "--batch-shapes", "4x3"),
          r"--batch-shapes: '4x3' is not 1 positive size \(batch\), e\.g\. 8"),

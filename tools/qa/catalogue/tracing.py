@@ -1,6 +1,7 @@
-"""Models neither tracer can take: data-dependent control flow in forward, and a helper that
-torch.fx.wrap keeps opaque and that cannot be traced through. Each error names the file's
-line, the module and what to do."""
+"""Models neither tracer can take: data-dependent control flow in forward, a helper that
+torch.fx.wrap keeps opaque and that cannot be traced through, and a view that hard-codes the
+example batch, traced on a micro-batch. Each error names the file's line, the module and what
+to do."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ HELPER = (
     "def build_model(",
 )
 CALL = (FIRST_LAYER, FIRST_LAYER + "        x = flip(x)\n")
+FIXED_VIEW = ("x = self.act1(self.fc1(x))", "x = self.act1(self.fc1(x)).view(8, -1)")
 
 TRACING: list[Case] = [
     Case("trace-data-dependent", "forward branches on a tensor's value (if x.sum() > 0)",
@@ -26,4 +28,9 @@ TRACING: list[Case] = [
          r"the model's forward calls flip \(model\.py:\d+\), which torch\.fx\.wrap keeps "
          r"opaque .*traced through, they fail.*model\.py:\d+.*`return -x if x\.sum\(\) > 0 "
          r"else x`", max_lines=4),
+    Case("trace-view-fixes-batch", "a view hard-codes the example's 8 rows; --microbatches 2",
+         mlp_variant(FIXED_VIEW), (*MODEL, "--microbatches", "2"),
+         r"cannot trace MLP: the view at .*model\.py:\d+, in the model's forward: "
+         r"`x = self\.act1\(self\.fc1\(x\)\)\.view\(8, -1\)` asks for \[8, -1\], the example "
+         r"batch's 8 rows .* one micro-batch of 4 rows .*x\.shape\[0\].*--microbatches 1"),
 ]  # fmt: skip
