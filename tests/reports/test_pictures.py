@@ -121,7 +121,7 @@ def test_gpt2_24_layers_stay_a_small_picture(tmp_path):
     finally:
         sys.path.remove(str(EXAMPLES))
     model = build_gpt2(n_layer=24, n_embd=32, n_head=2)
-    compiled = compile_model(model, example_inputs(), stages=4, microbatches=2)
+    compiled = compile_model(model, example_inputs(), stages=4, microbatches=2, dynamic="none")
     out = emit(compiled, tmp_path / "gpt2", model=ModelRef(None, "gpt2", "gpt2"))
     manifest, program = _read(out)
     layers = [path for s in manifest.stages for path, _ in s.layers]
