@@ -98,7 +98,12 @@ def search(
     best: list[float] = []  # the best steps so far, at most ``keep``
     tried = bounded = 0
     said = start
-    for plan in sorted(_plans(facts, batch, space, model), key=lambda p: _promise(p, space)):
+    work = 3 * sum(facts.flops) * batch / max(facts.size, 1) / model.flops_rate
+    order = sorted(
+        _plans(facts, batch, space, model),
+        key=lambda p: _promise(p, space, work, model.instr_overhead),
+    )
+    for plan in order:
         workers = space.devices if plan.schedule in _REPLICABLE else None
         if workers == plan.stages:
             workers = None
@@ -138,15 +143,17 @@ def search(
     return SearchResult(tuple(ranked), tried, time.perf_counter() - start, bounded)
 
 
-def _promise(plan: Plan, space: Space) -> float:
-    """A rough step of ``plan`` in units of the batch's work, to try the likely best plans
-    first: the sooner the kept plans are good, the more of the rest the bound skips (the
-    plans kept are the same in any order). A stage of s runs ceil(m / r) of the m
-    micro-batches on each of its r replicas, and s - 1 more wait to fill and drain."""
-    stages = plan.stages
+def _promise(plan: Plan, space: Space, work: float, overhead: float) -> float:
+    """A rough step of ``plan`` in seconds, to try the likely best plans first: the sooner the
+    kept plans are good, the more of the rest the bound skips (the plans kept are the same in
+    any order). ``work``: the batch's forward and backward seconds on one device;
+    ``overhead``: the runtime's seconds per instruction. A stage of s runs ceil(m / r) of the
+    m micro-batches on each of its r replicas, each a 1 / (m s) share of the work and two
+    instructions, and s - 1 more such slots fill and drain the pipeline."""
+    stages, m = plan.stages, plan.microbatches
     replicas = max(1, space.devices // stages) if plan.schedule in _REPLICABLE else 1
-    m = plan.microbatches
-    return (-(-m // replicas) + stages - 1) / (m * stages) + 1e-3 * stages * m / space.devices
+    slot = work / (m * stages) + 2 * overhead
+    return (-(-m // replicas) + stages - 1) * slot
 
 
 def _rank(p: Predicted) -> tuple[float, int, int, int]:
