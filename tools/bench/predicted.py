@@ -57,14 +57,17 @@ class Model:
     body: str
 
 
-GPT = Model(
-    "gpt",
-    "GPT (8 layers, width 64, 16 x 32 tokens)",
-    """
+def _gpt(layers: int, width: int, heads: int, batch: int, seq: int, vocab: int) -> Model:
+    """examples/gpt.py's GPT at these sizes, on random tokens."""
+    return Model(
+        "gpt",
+        f"GPT ({layers} layers, width {width}, {batch} x {seq} tokens)",
+        f"""
     import gpt
-    BATCH, SEQ, VOCAB = 16, 32, 256
+    BATCH, SEQ, VOCAB = {batch}, {seq}, {vocab}
     def build_model():
-        return gpt.build_gpt(n_layer=8, n_embd=64, n_head=4, block_size=SEQ, vocab_size=VOCAB)
+        return gpt.build_gpt(n_layer={layers}, n_embd={width}, n_head={heads}, block_size=SEQ,
+                             vocab_size=VOCAB)
     def _ids():
         return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
     def example_inputs():
@@ -73,7 +76,10 @@ GPT = Model(
         return (_ids()[:, 1:].contiguous(),)
     loss_fn = gpt.loss_fn
     """,
-)
+    )
+
+
+GPT = _gpt(8, 64, 4, 16, 32, 256)
 LLAMA = Model(
     "hf_llama",
     "Hugging Face Llama (6 layers, hidden 64, 16 x 16 tokens)",
@@ -107,23 +113,7 @@ RESNET = Model(
     loss_fn = resnet.loss_fn
     """,
 )
-TINY_GPT = Model(
-    "gpt",
-    "GPT (2 layers, width 32, 8 x 16 tokens)",
-    """
-    import gpt
-    BATCH, SEQ, VOCAB = 8, 16, 128
-    def build_model():
-        return gpt.build_gpt(n_layer=2, n_embd=32, n_head=2, block_size=SEQ, vocab_size=VOCAB)
-    def _ids():
-        return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
-    def example_inputs():
-        return (_ids()[:, :-1].contiguous(),)
-    def example_targets():
-        return (_ids()[:, 1:].contiguous(),)
-    loss_fn = gpt.loss_fn
-    """,
-)
+TINY_GPT = _gpt(2, 32, 2, 8, 16, 128)
 MODELS = (GPT, LLAMA, RESNET)
 
 

@@ -177,11 +177,19 @@ NPROC_CASES = [
          truncate("out/stage_1.safetensors", 0.5),
          (*RUN, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.safetensors.*recompile",
          max_lines=4),
-    Case("nproc-input-batch", "ran --nproc 2 with inputs of another batch size than compiled",
-         mlp_variant(("BATCH_SIZE = 8", "BATCH_SIZE = 16")),
+    Case("nproc-input-batch", "ran --nproc 2 with inputs of another batch size than a "
+         "--dynamic none compile", steps(
+             ran("mlp.py", "--stages", "2", "--microbatches", "2", "--dynamic", "none", "-q",
+                 "-o", "out", "--force"),
+             mlp_variant(("BATCH_SIZE = 8", "BATCH_SIZE = 16"))),
          (*RUN, "--nproc", "2", "--model", "model.py"),
-         r"input 'x' has shape \(16, 32\).*compiled for \(8, 32\).*batch size differs",
-         max_lines=4),
+         r"input 'x' has shape \(16, 32\).*compiled for \(8, 32\).*batch size differs "
+         r"\(16, not 8\), and it was compiled with --dynamic none", max_lines=4),
+    Case("nproc-other-batch-default", "ran --nproc 2 with inputs of another batch size than "
+         "compiled (no flag: the batch varies)", mlp_variant(("BATCH_SIZE = 8", "BATCH_SIZE = 16")),
+         ("run", "out", "--nproc", "2", "--model", "model.py", "--steps", "1"),
+         r"step 1/1  loss \d",
+         status=0),
     Case("nproc-weights-swapped", "copied stage_0's weights over stage_1's; --nproc 2 --check",
          copy("out/stage_0.safetensors", "out/stage_1.safetensors"),
          (*CHECK, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.safetensors.*recompile",
