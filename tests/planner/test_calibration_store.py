@@ -11,15 +11,8 @@ import pytest
 from pipecompile.cli import main
 from pipecompile.planner.calibration_quality import Quality
 from pipecompile.planner.calibration_store import METHOD, read_records, write_records
+from tests.planner.test_calibrate import CONSTANTS
 
-CONSTANTS = {
-    "flops_rate": 5e10,
-    "half_work": 2e6,
-    "op_overhead": 4e-6,
-    "elementwise_rate": 4e8,
-    "instr_overhead": 1.2e-4,
-    "optimizer_rate": 1e9,
-}
 TAKEN = 1_764_000_000.0  # 2025-11-24 16:00 UTC
 BUSY = Quality(0.6, {"op_overhead": 0.1, "instr_overhead": 0.3}, TAKEN).as_json()
 QUIET = Quality(0.01, {}, TAKEN).as_json()
