@@ -297,11 +297,12 @@ def compile_model(
             machine = replace(machine, memory_limit=())
     assert isinstance(stages, int) and isinstance(microbatches, int)
     check_divides(inputs, microbatches)
+    asked = asked_dims(dynamic, inputs)  # {}: --dynamic none, every size as traced
     request = Request(
         model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
         microbatches, schedule, balance, cuts, pinned, virtual_stages, vertical_sync,
         chosen_policy(recompute, checkpoint), memory_budget, replicas, machine, progress,
-        asked_dims(dynamic, inputs), asked_maxima(dynamic), asked_dims(dynamic, inputs) != {},
+        asked, asked_maxima(dynamic), asked != {},
     )  # fmt: skip
     ir, timings = run_passes(request, print_after=print_after, verify_each=verify_each)
     micro = request.micro

@@ -101,7 +101,7 @@ class Predictor:
         shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
         free = replace(self.model, memory_limit=(), workers=workers)
         key = self._key(size, free, shape)
-        problem, unit = self._problem(key, size, free, shape)
+        problem, unit = self._problem(size, free, shape)
         # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units
         cutoff = int(step / (plan.microbatches * unit / _FS)) + 1
         found = self._splits.get(key)
@@ -109,11 +109,11 @@ class Predictor:
             if cutoff <= self._unmet.get(key, -1) or not fits_under(problem, cutoff):
                 self._unmet[key] = max(cutoff, self._unmet.get(key, -1))
                 return True
-            found = self._split(size, free, shape, within=cutoff, problem=problem)  # type: ignore[arg-type]
+            found = self._split(size, free, shape, within=cutoff)  # type: ignore[arg-type]
             assert found is not None  # no memory limit, and a split fits under the cutoff
         elif found.bottleneck > cutoff:
             return True
-        costs = self.stage_costs(self._facts_at(size), free, shape, found)
+        costs = self.stage_costs(size, free, shape, found)
         m, before, bound = plan.microbatches, 0.0, 0.0
         whole = plan.schedule in ("gpipe", "1f1b")
         for f, b in zip(costs.forward, costs.backward):
@@ -128,27 +128,16 @@ class Predictor:
         return self._facts[size]
 
     def _split(
-        self,
-        size: int,
-        model: CostModel,
-        program: Program,
-        within: int | None = None,
-        problem: Problem | None = None,
+        self, size: int, model: CostModel, program: Program, within: int | None = None
     ) -> Solution | None:
         """The exact split of ``program``'s stages at micro-batches of ``size`` samples (the
         memory limits, when ``model`` has some, depend on the whole program). ``within``: a
-        bound some split meets; ``problem``: the partition problem, when the caller built it."""
+        bound some split meets."""
         key = self._key(size, model, program)
         if key not in self._splits:
-            facts = self._facts_at(size)
             found = None
-            if program.num_stages <= len(facts.cost):
-                if problem is None:
-                    problem, _ = build_problem(
-                        facts, kind="flops", model=model, program=program,
-                        forced=self.facts.forced, resolution=_US,
-                    )  # fmt: skip
-                found = solve(problem, within)
+            if program.num_stages <= len(self._facts_at(size).cost):
+                found = solve(self._problem(size, model, program)[0], within)
             self._splits[key] = found
         return self._splits[key]
 
@@ -160,10 +149,11 @@ class Predictor:
         return (size, speeds, program.microbatches, model.workers, limited)
 
     def _problem(
-        self, key: tuple, size: int, model: CostModel, shape: StageShape
+        self, size: int, model: CostModel, shape: Program | StageShape
     ) -> tuple[Problem, float]:
-        """The partition problem of a split without memory limits (and its unit), built once
-        for every schedule that shares it."""
+        """The partition problem of a split (and its unit), built once for every schedule,
+        probe, split and stage-cost reading that shares it."""
+        key = self._key(size, model, shape)
         if key not in self._problems:
             self._problems[key] = build_problem(
                 self._facts_at(size),
@@ -176,16 +166,15 @@ class Predictor:
         return self._problems[key]
 
     def stage_costs(
-        self, facts: AtomFacts, model: CostModel, shape: Program | StageShape, found: Solution
+        self, size: int, model: CostModel, shape: Program | StageShape, found: Solution
     ) -> Costs:
-        """Each stage's forward, backward and extra seconds per micro-batch under the split
-        ``found`` (a replicated stage's at its busiest replica's share)."""
-        problem, unit = build_problem(
-            facts, kind="flops", model=model, program=shape, resolution=_US
-        )
-        ends = [*found.starts[1:], len(facts.cost)]
+        """Each stage's forward, backward and extra seconds per micro-batch of ``size``
+        samples under the split ``found`` (a replicated stage's at its busiest replica's
+        share)."""
+        problem, unit = self._problem(size, model, shape)
+        ends = [*found.starts[1:], problem.items]
         seconds = unit / _FS
-        walk = self.facts.walk_seconds(self.batch // shape.microbatches, self.model)
+        walk = self.facts.walk_seconds(size, self.model)
         forward, backward, extra = [], [], []
         for j, (a, b) in enumerate(zip(found.starts, ends)):
             r = found.replicas[j] if model.workers is not None else 1
@@ -200,7 +189,7 @@ class Predictor:
         self, facts: AtomFacts, model: CostModel, program: Program, found: Solution
     ) -> tuple[float, float]:
         ends = [*found.starts[1:], len(facts.cost)]
-        costs = self.stage_costs(facts, model, program, found)
+        costs = self.stage_costs(self.batch // program.microbatches, model, program, found)
         timeline = simulate(program, Topology.chain(program.num_stages), costs)
         sync = max(
             (
