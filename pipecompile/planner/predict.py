@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.cost_model import CostModel, scaled_speeds
 from pipecompile.ir.memory_model import device_peak_bytes, peak_weight_copies
 from pipecompile.ir.program import Program
 from pipecompile.ir.recompute_policy import policy_counts, with_recompute
@@ -30,7 +30,7 @@ from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_pr
 from pipecompile.passes.partition_search import Problem, Solution, fits_under, solve
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
-from pipecompile.schedules import generate
+from pipecompile.schedules import V_SHAPED, generate
 
 __all__ = ["Predictor"]
 
@@ -91,19 +91,29 @@ class Predictor:
         plans then neither generates nor simulates its program.
 
         1. Its slowest stage's m micro-batches alone (with its replicas' share and all-reduce,
-           as the split prices them) take longer: one probe of the partitioner.
+           as the split prices them) and their instructions' overhead take longer: one probe
+           of the partitioner.
         2. Split exactly, some stage j, which starts after micro-batch 0's forwards before it
-           and runs its m forwards and backwards, ends no sooner than sum(F_i, i < j) +
-           m (F_j + B_j), and (gpipe, 1f1b, whose backwards are whole) the last micro-batch's
-           backwards before it follow: + sum(B_i, i < j).
+           and runs its m forwards and backwards, ends no sooner than sum(F_i + o, i < j) +
+           m (F_j + B_j + k o), and (gpipe, 1f1b, whose backwards are whole) the last
+           micro-batch's backwards before it follow: + sum(B_i + o, i < j). o: the runtime's
+           overhead per instruction, k: a micro-batch's instructions on a stage (2, or 3 with
+           the backward split in I and W).
+
+        The optimizer step after the drain adds at least its share (``_optimizer_floor``).
         """
         size = self.batch // plan.microbatches
         shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
         free = replace(self.model, memory_limit=(), workers=workers)
         key = self._key(size, free, shape)
         problem, unit = self._problem(size, free, shape)
-        # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units
-        cutoff = int(step / (plan.microbatches * unit / _FS)) + 1
+        m, o = plan.microbatches, self.model.instr_overhead
+        whole = plan.schedule in ("gpipe", "1f1b")
+        k = 2 if whole else 3
+        step -= self._optimizer_floor(plan.stages)
+        # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units, and
+        # its stage's m k instructions each cost o more
+        cutoff = int((step - m * k * o) / (m * unit / _FS)) + 1
         found = self._splits.get(key)
         if found is None:  # not solved yet: one probe, unless a higher cutoff failed one
             if cutoff <= self._unmet.get(key, -1) or not fits_under(problem, cutoff):
@@ -114,12 +124,65 @@ class Predictor:
         elif found.bottleneck > cutoff:
             return True
         costs = self.stage_costs(size, free, shape, found)
-        m, before, bound = plan.microbatches, 0.0, 0.0
-        whole = plan.schedule in ("gpipe", "1f1b")
+        before, bound = 0.0, 0.0
         for f, b in zip(costs.forward, costs.backward):
-            bound = max(bound, before + m * (f + b))
-            before += f + (b if whole else 0.0)
+            bound = max(bound, before + m * (f + b + k * o))
+            before += f + o + (b + o if whole else 0.0)
         return bound > step
+
+    def floor(self, plan: Plan, workers: int | None) -> float:
+        """Seconds under which no split of ``plan`` simulates a step (``predict`` never
+        undercuts it), from the model's total work alone: no split, no program. With T one
+        micro-batch's forward and backward over every stage (the atoms' work on the fastest
+        device, plus a message each way over each of the S - 1 boundaries at their cheapest),
+        m micro-batches, P devices of the program and o the runtime's overhead per
+        instruction:
+
+        - one micro-batch's forwards then backwards run one after another: 2T / 3 (the
+          forward and a split backward's I) + 2 S o; with replicas each stage's share of it
+          is at least T_j / r_j, r_j <= min(m, D - S + 1) for D workers;
+        - the busiest device runs at least its share of every instruction: (m T + 2 m S o) /
+          P, or m T / D + 2 m o over D workers (sum r_j <= D);
+        - ranks that share cores: (m T + 2 m S o) over their concurrency;
+        - then the optimizer step of the largest device: every parameter's over P.
+
+        Each split's stage works are floored to the problem's unit (a microsecond): 2 S units
+        less is the margin."""
+        m, s = plan.microbatches, plan.stages
+        total = self._least_work(self.batch // m, s) - 2 * s * _US / _FS
+        o = self.model.instr_overhead
+        per = plan.virtual_stages or (2 if plan.schedule in V_SHAPED else 1)
+        held = max(1, s // per)
+        if workers is None:
+            path = 2 * total / 3 + 2 * s * o
+            load = (m * total + 2 * m * s * o) / held
+        else:
+            path = 2 * total / 3 / min(m, workers - s + 1) + 2 * s * o
+            load = m * total / workers + 2 * m * o
+        step = max(path, load)
+        if self.model.concurrency:
+            step = max(step, (m * total + 2 * m * s * o) / self.model.concurrency)
+        return step + self._optimizer_floor(held)
+
+    def _optimizer_floor(self, devices: int) -> float:
+        """The least optimizer step after the drain over ``devices`` devices: the largest
+        device's share of every parameter."""
+        if not self.model.optimizer_rate:
+            return 0.0
+        return sum(self.facts.params) / self.model.optimizer_rate / devices
+
+    def _least_work(self, size: int, stages: int) -> float:
+        """One micro-batch of ``size`` samples' forward and backward seconds over ``stages``
+        stages at the least: every atom on the fastest device, each boundary's messages at
+        the cheapest boundary's."""
+        facts = self._facts_at(size)
+        speeds = scaled_speeds(self.model, range(max(1, len(self.model.device_speed))))
+        work = sum(facts.cost) * min(speeds) / _FS
+        comm = (facts.forward + facts.backward)[1:-1]
+        if stages < 2 or not len(comm):
+            return work
+        cut = float(comm.min()) / self.model.bandwidth + self.model.message_latency
+        return work + 2 * (stages - 1) * cut
 
     def _facts_at(self, size: int) -> AtomFacts:
         """The model's atoms at micro-batches of ``size`` samples, gathered once per size."""

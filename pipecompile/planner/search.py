@@ -31,6 +31,7 @@ from pipecompile.schedules import LOOPED, SYNCHRONOUS, V_SHAPED
 __all__ = ["Space", "SearchResult", "search", "divisors"]
 
 _REPLICABLE = ("gpipe", "1f1b", "zb1p", "zb2p")
+_TIE = 1e-9  # steps equal to this many seconds rank by their other keys (``_rank``)
 _PROGRESS_S = 3.0  # a search running longer says how far it got this often
 ORDER = (
     "gpipe", "1f1b", "zb1p", "zb2p", "interleaved", "looped_bfs", "zbv", "v_half", "v_min",
@@ -110,9 +111,14 @@ def search(
         if (
             keep
             and len(best) >= keep
-            and plan.schedule in _REPLICABLE
-            and not model.memory_limit
-            and predictor.beyond(plan, workers, best[keep - 1])
+            and (
+                predictor.floor(plan, workers) > best[keep - 1] + _TIE
+                or (
+                    plan.schedule in _REPLICABLE
+                    and not model.memory_limit
+                    and predictor.beyond(plan, workers, best[keep - 1])
+                )
+            )
         ):
             bounded += 1
             continue
