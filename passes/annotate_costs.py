@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 
 from pipecompile.ir.graph_copy import copy_graph_module
 from pipecompile.ir.node_info import with_info
-from pipecompile.passes.flops import is_contraction, node_flops
+from pipecompile.passes.flops import is_contraction, is_convolution, node_flops
 
 __all__ = ["annotate_costs"]
 
@@ -35,6 +35,7 @@ def annotate_costs(module: fx.GraphModule, *, root: nn.Module) -> fx.GraphModule
             node,
             flops=node_flops(node, out),
             contraction=is_contraction(node, out),
+            convolution=is_convolution(node, out),
             param_bytes=_param_bytes(node, out),
             activation_bytes=_value_bytes(node.meta.get("val")) if node.op != "get_attr" else 0,
         )

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipecompile.ir.swapped_call import functional_call
 
-__all__ = ["node_flops", "is_contraction"]
+__all__ = ["node_flops", "is_contraction", "is_convolution"]
 
 aten = torch.ops.aten
 
@@ -37,6 +37,16 @@ _CONTRACTION_ATEN = {
     aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention,
     aten._scaled_dot_product_efficient_attention, aten.bilinear,
 }  # fmt: skip
+_CONVOLUTION_FUNCTIONS = {
+    F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
+}  # fmt: skip
+_CONVOLUTION_ATEN = {
+    aten.conv1d, aten.conv2d, aten.conv3d, aten.convolution, aten._convolution,
+    aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d,
+}  # fmt: skip
+_CONVOLUTION_MODULES = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+)  # fmt: skip
 _CONTRACTION_METHODS = {"matmul", "mm", "bmm", "addmm", "baddbmm", "__matmul__"}
 _CONTRACTION_MODULES = (
     nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
@@ -64,6 +74,17 @@ def is_contraction(node: fx.Node, root: nn.Module) -> bool:
     if node.op == "call_function":
         packet = getattr(node.target, "overloadpacket", None)
         return node.target in _CONTRACTION_FUNCTIONS or packet in _CONTRACTION_ATEN
+    return False
+
+
+def is_convolution(node: fx.Node, root: nn.Module) -> bool:
+    """Whether the node is a convolution (a contraction the cost model prices at its own,
+    calibrated, efficiency)."""
+    if node.op == "call_module":
+        return isinstance(root.get_submodule(str(node.target)), _CONVOLUTION_MODULES)
+    if node.op == "call_function":
+        packet = getattr(node.target, "overloadpacket", None)
+        return node.target in _CONVOLUTION_FUNCTIONS or packet in _CONVOLUTION_ATEN
     return False
 
 

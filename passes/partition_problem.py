@@ -27,7 +27,7 @@ import torch.fx as fx
 from pipecompile.errors import BalanceError
 from pipecompile.ir.cost_model import CostModel, scaled_speeds
 from pipecompile.ir.memory_model import peak_weight_copies, stored_counts
-from pipecompile.ir.node_info import info
+from pipecompile.ir.node_info import CONVOLUTION, ELEMENTWISE, MATMUL, info
 from pipecompile.ir.program import Program
 from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.partition_search import Limit, Problem
@@ -63,10 +63,7 @@ def atom_facts(
     """Gather the per-atom figures; ``costs`` are in the balance unit (ns, FLOPs, bytes)."""
     forward, backward = cut_bytes(graph, atoms)
     return AtomFacts(
-        cost=[
-            atom_cost([(costs[n], info(n).contraction) for n in atom], kind, model)
-            for atom in atoms
-        ],
+        cost=[atom_cost([(costs[n], info(n).kind) for n in atom], kind, model) for atom in atoms],
         params=[sum(params.get(n, 0) for n in atom) for atom in atoms],
         saved=[sum(saved.get(n, 0) for n in atom) for atom in atoms],
         forward=forward,
@@ -74,14 +71,18 @@ def atom_facts(
     )
 
 
-def atom_cost(costs: Sequence[tuple[float, bool]], kind: str, model: CostModel) -> int:
-    """An atom's cost in ps (bytes for params) from its ops' (cost, contraction?) pairs:
-    measured ns, or their FLOPs under the model."""
+def atom_cost(costs: Sequence[tuple[float, int]], kind: str, model: CostModel) -> int:
+    """An atom's cost in ps (bytes for params) from its ops' (cost, ``NodeInfo.kind``)
+    pairs: measured ns, or their FLOPs under the model."""
     if kind == "flops":
-        matmul = sum(c for c, contraction in costs if contraction)
-        other = sum(c for c, contraction in costs if not contraction)
-        matmuls = sum(1 for c, contraction in costs if contraction and c > 0)
-        return round(model.op_seconds(matmul, other, len(costs), matmuls) * _PS)
+        flops = {k: sum(c for c, op in costs if op == k) for k in (MATMUL, CONVOLUTION)}
+        counts = {k: sum(1 for c, op in costs if op == k and c > 0) for k in (MATMUL, CONVOLUTION)}
+        other = sum(c for c, op in costs if op == ELEMENTWISE)
+        matmul, conv = flops[MATMUL], flops[CONVOLUTION]
+        seconds = model.op_seconds(
+            matmul, other, len(costs), counts[MATMUL], conv, counts[CONVOLUTION]
+        )
+        return round(seconds * _PS)
     return round(sum(c for c, _ in costs) * (1000.0 if kind == "time" else 1.0))
 
 

@@ -48,6 +48,8 @@ class CostModel:
             N ranks).
         optimizer_rate: parameter bytes per second the optimizer steps (0: free); the
             plan search adds each device's step after the pipeline drains.
+        conv_rate, conv_half_work: ``flops_rate`` and ``half_work`` for convolutions, which
+            run at their own efficiency (0: the contractions' figures). Calibrated.
     """
 
     bandwidth: float = DEFAULT_BANDWIDTH
@@ -63,13 +65,27 @@ class CostModel:
     concurrency: float = 0.0
     message_latency: float = 0.0
     optimizer_rate: float = 0.0
+    conv_rate: float = 0.0
+    conv_half_work: float = 0.0
 
-    def op_seconds(self, matmul: float, other: float, ops: int, matmuls: int) -> float:
-        """Forward plus backward seconds (three forwards' worth) of ``ops`` ops, ``matmuls``
-        of them contractions doing ``matmul`` forward FLOPs in all, the others writing
-        ``other`` elements."""
+    def op_seconds(
+        self,
+        matmul: float,
+        other: float,
+        ops: int,
+        matmuls: int,
+        conv: float = 0.0,
+        convs: int = 0,
+    ) -> float:
+        """Forward plus backward seconds (three forwards' worth) of ``ops`` ops: ``matmuls``
+        contractions doing ``matmul`` forward FLOPs in all, ``convs`` convolutions doing
+        ``conv``, the others writing ``other`` elements."""
         rate = self.elementwise_rate or self.flops_rate
         own = (matmul + self.half_work * matmuls) / self.flops_rate + other / rate
+        if convs:
+            conv_rate = self.conv_rate or self.flops_rate
+            half = self.conv_half_work if self.conv_rate else self.half_work
+            own += (conv + half * convs) / conv_rate
         return 3 * (own + self.op_overhead * ops)
 
     def validate(self, devices: int, stages: int) -> None:

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-__all__ = ["NodeInfo", "META_KEY", "info", "with_info"]
+__all__ = [
+    "CONVOLUTION", "ELEMENTWISE", "MATMUL", "META_KEY", "NodeInfo", "info", "with_info",
+]  # fmt: skip
 
 META_KEY = "pipecompile"
+ELEMENTWISE, MATMUL, CONVOLUTION = 0, 1, 2  # an op's kind for the cost model
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,16 @@ class NodeInfo:
     activation_bytes: int = 0
     time_ns: int = 0  # measured forward + backward time (``--balance time``), else 0
     contraction: bool = False  # a matmul-like op (its FLOPs exact), not an elementwise one
+    convolution: bool = False  # a contraction that is a convolution (its own efficiency)
     stage: int | None = None
+
+    @property
+    def kind(self) -> int:
+        """How the cost model prices the op's FLOPs: ``ELEMENTWISE``, ``MATMUL`` or
+        ``CONVOLUTION``."""
+        if self.convolution:
+            return CONVOLUTION
+        return MATMUL if self.contraction else ELEMENTWISE
 
 
 def info(node: fx.Node) -> NodeInfo:

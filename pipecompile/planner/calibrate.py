@@ -61,6 +61,8 @@ class Calibration:
     elementwise_rate: float
     instr_overhead: float
     optimizer_rate: float
+    conv_rate: float
+    conv_half_work: float
     step_scale: dict[str, float] | None = None  # "devices/model" -> measured / predicted
     ranks: dict[str, dict[str, Any]] | None = None  # devices -> message figures, quality
 
@@ -79,6 +81,9 @@ class Calibration:
             optimizer_rate=self.optimizer_rate / scale,
             flops_rate=rate / scale,
             half_work=self.half_work,
+            # a --flops-rate you give prices convolutions too (0: the contractions' figures)
+            conv_rate=self.conv_rate / scale if rate == self.flops_rate else 0.0,
+            conv_half_work=self.conv_half_work,
             op_overhead=self.op_overhead * scale,
             elementwise_rate=self.elementwise_rate / scale,
             instr_overhead=self.instr_overhead * scale,

@@ -28,7 +28,8 @@ from pipecompile.runtime.threads import cores
 
 __all__ = ["METHOD", "clear_records", "describe", "machine_key", "read_records", "record_path"]
 
-METHOD = 3  # a record measured another way is measured again (3: with its load and spread)
+METHOD = 4  # a record measured another way is measured again (3: with its load and spread,
+# 4: with convolutions)
 
 
 def record_path() -> Path:
@@ -143,7 +144,8 @@ def _constants(entry: dict[str, Any]) -> str:
     value = {name: float(entry[name]) for name in FIELDS}
     return (
         f"{value['flops_rate'] / 1e9:.1f} GFLOP/s (half that for {value['half_work']:.2g}-FLOP "
-        f"matmuls), {value['op_overhead'] * 1e6:.1f} us an op, "
+        f"matmuls), convolutions {value['conv_rate'] / 1e9:.1f} GFLOP/s (half for "
+        f"{value['conv_half_work']:.2g}-FLOP ones), {value['op_overhead'] * 1e6:.1f} us an op, "
         f"{value['instr_overhead'] * 1e6:.0f} us an instruction, "
         f"{value['elementwise_rate'] / 1e9:.2f} G elements/s, "
         f"AdamW {value['optimizer_rate'] / 1e9:.2f} GB/s"

@@ -9,6 +9,9 @@ What is measured, each forward plus backward, the best of several repeats:
   overhead): small micro-batches run matmuls less efficiently (unweighted, the largest
   sizes decide the line and the intercept came out anywhere from 0 to 5e6 FLOPs between
   runs);
+- convolutions: ``F.conv2d`` (3 x 3 over 16 x 16 images) at several batch and channel
+  sizes, the same line: ``conv_rate`` and ``conv_half_work`` (a small convolution's fixed
+  cost on a CPU is several times a matmul's of the same FLOPs);
 - ``op_overhead``: a chain of views, which do no work;
 - ``elementwise_rate``: a chain of ``tanh`` over a million elements;
 - ``instr_overhead``: a tiny model compiled into 4 stages, trained for a step with 32
@@ -52,6 +55,8 @@ FIELDS = (
     "elementwise_rate",
     "instr_overhead",
     "optimizer_rate",
+    "conv_rate",
+    "conv_half_work",
 )
 _RANK_PROBE = "pipecompile.calibration_probe:rank_main"  # what the message probe's ranks run
 _PROBE_S = 600.0  # the most a probe may take: a hang guard
@@ -73,11 +78,14 @@ def measure(threads: int) -> tuple[Constants, Spreads]:
             elementwise, elementwise_spread = _elementwise(op)
             instr, instr_spread = _per_instruction(threads)
             optimizer, optimizer_spread = _optimizer()
+            conv, conv_half, conv_spread = _convolutions(op)
     finally:
         torch.set_num_threads(before)
-    constants = dict(zip(FIELDS, (rate, half, op, elementwise, instr, optimizer)))
+    figures = (rate, half, op, elementwise, instr, optimizer, conv, conv_half)
+    constants = dict(zip(FIELDS, figures))
     spreads = {
         "flops_rate": rate_spread,
+        "conv_rate": conv_spread,
         "op_overhead": op_spread,
         "elementwise_rate": elementwise_spread,
         "instr_overhead": instr_spread,
@@ -127,21 +135,44 @@ def _per_op() -> tuple[float, float]:
 def _contractions(op: float) -> tuple[float, float, float]:
     """``flops_rate`` and ``half_work`` from F.linear at several sizes, and the median
     spread of the sizes' repeats."""
-    flops, seconds, spreads = [], [], []
+    flops, times = [], []
     for width in (128, 384):
         weight = torch.randn(width, width, requires_grad=True)
         for rows in (4, 32, 256, 1024):
             x = torch.randn(rows, width, requires_grad=True)
             grad = torch.ones(rows, width)
-            times = repeats(lambda x=x, w=weight, g=grad: F.linear(x, w).backward(g))
+            times.append(repeats(lambda x=x, w=weight, g=grad: F.linear(x, w).backward(g)))
             flops.append(2.0 * rows * width * width)
-            seconds.append(min(times))
-            spreads.append(spread(times))
-    times = np.array(seconds)
-    slope, intercept = np.polyfit(np.array(flops), times, 1, w=1 / times)
+    return _line(flops, times, op)
+
+
+def _convolutions(op: float) -> tuple[float, float, float]:
+    """``conv_rate`` and ``conv_half_work`` from F.conv2d (3 x 3, 16 x 16 images) at several
+    batch and channel sizes, and the median spread of the sizes' repeats."""
+    flops, times = [], []
+    for channels in (16, 32):
+        weight = torch.randn(channels, channels, 3, 3, requires_grad=True)
+        for batch in (1, 4, 16):
+            x = torch.randn(batch, channels, 16, 16, requires_grad=True)
+            grad = torch.ones(batch, channels, 16, 16)
+            run = lambda x=x, w=weight, g=grad: F.conv2d(x, w, padding=1).backward(g)  # noqa: E731
+            times.append(repeats(run))
+            flops.append(2.0 * batch * channels * channels * 9 * 16 * 16)
+    return _line(flops, times, op)
+
+
+def _line(
+    flops: Sequence[float], times: Sequence[Sequence[float]], op: float
+) -> tuple[float, float, float]:
+    """A contraction's rate and half work from the best of each size's forward plus
+    backward ``times`` against its forward ``flops`` (weighted so that each size's relative
+    error counts alike; ``op``: the per-op overhead the intercept also holds), and the
+    median spread of the sizes' repeats."""
+    best = np.array([min(t) for t in times])
+    slope, intercept = np.polyfit(np.array(flops), best, 1, w=1 / best)
     rate = 3 / max(slope, 1e-15)
     half = max(0.0, (intercept / 3 - op) * rate)
-    return float(rate), float(half), statistics.median(spreads)
+    return float(rate), float(half), statistics.median(spread(t) for t in times)
 
 
 def _elementwise(op: float) -> tuple[float, float]:

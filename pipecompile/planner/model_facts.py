@@ -33,7 +33,7 @@ class ModelFacts:
 
     size: int
     flops: tuple[int, ...]
-    op_costs: tuple[tuple[tuple[int, bool], ...], ...]  # per atom: (FLOPs, contraction?) per op
+    op_costs: tuple[tuple[tuple[int, int], ...], ...]  # per atom: (FLOPs, NodeInfo.kind) per op
     params: tuple[int, ...]
     saved: tuple[int, ...]
     forward: np.ndarray
@@ -79,7 +79,7 @@ def model_facts(module: fx.GraphModule, size: int, split_at: Sequence[str] = ())
     out.recompile()
     saved = node_memory(out)
     forward, backward = cut_bytes(out.graph, atoms)
-    op_costs = tuple(tuple((info(n).flops, info(n).contraction) for n in atom) for atom in atoms)
+    op_costs = tuple(tuple((info(n).flops, info(n).kind) for n in atom) for atom in atoms)
     return ModelFacts(
         size=size,
         flops=tuple(sum(c for c, _ in ops) for ops in op_costs),

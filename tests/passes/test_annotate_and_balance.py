@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.fx as fx
@@ -9,10 +11,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipecompile.errors import BalanceError
 from pipecompile.frontend.tracer import trace
-from pipecompile.ir.node_info import info
+from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.node_info import CONVOLUTION, ELEMENTWISE, MATMUL, info
 from pipecompile.passes import annotate_costs, balance_stages
 from pipecompile.passes.balance_stages import compute_nodes
 from pipecompile.passes.flops import is_contraction
+from pipecompile.passes.partition_problem import atom_cost
 from tests.conftest import example_spec
 
 
@@ -25,6 +29,26 @@ def test_contraction_flops_equal_torch_flop_counter(name):
     with FlopCounterMode(display=False) as counter:
         spec.model(**spec.inputs)
     assert ours == counter.get_total_flops() > 0
+
+
+def test_convolutions_are_priced_at_their_own_calibrated_efficiency():
+    """A ResNet's convolutions are their own kind (the linear head a matmul); an atom of
+    convolutions costs (FLOPs + conv_half_work) / conv_rate each, of matmuls the contractions'
+    figures, and without a convolution calibration the contractions' figures price both."""
+    spec = example_spec("resnet")
+    traced = trace(spec.model, spec.inputs)
+    annotated = annotate_costs(traced.module, root=traced.root)
+    kinds = {info(n).kind for n in annotated.graph.nodes if is_contraction(n, annotated)}
+    assert kinds == {MATMUL, CONVOLUTION}
+    model = CostModel(flops_rate=1e10, half_work=1e6, conv_rate=5e9, conv_half_work=4e6)
+    conv = atom_cost([(2e6, CONVOLUTION), (1e3, ELEMENTWISE)], "flops", model)
+    matmul = atom_cost([(2e6, MATMUL), (1e3, ELEMENTWISE)], "flops", model)
+    elementwise = 3 * 1e3 / 1e10
+    assert conv == round((3 * (2e6 + 4e6) / 5e9 + elementwise) * 1e12)
+    assert matmul == round((3 * (2e6 + 1e6) / 1e10 + elementwise) * 1e12)
+    plain = replace(model, conv_rate=0.0)
+    as_conv = atom_cost([(2e6, CONVOLUTION)], "flops", plain)
+    assert as_conv == atom_cost([(2e6, MATMUL)], "flops", plain)
 
 
 def test_annotation_records_bytes_and_leaves_input_untouched():

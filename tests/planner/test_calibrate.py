@@ -37,19 +37,22 @@ def on(monkeypatch):  # type: ignore[no-untyped-def]
 def test_measured_once_and_applied(on, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     model, key = calibrated(CostModel(), 2)
     entry = json.loads(record_path().read_text())[key]
-    for field in ("flops_rate", "elementwise_rate", "optimizer_rate", "instr_overhead"):
+    positive = ("flops_rate", "elementwise_rate", "optimizer_rate", "instr_overhead", "conv_rate")
+    for field in positive:
         assert math.isfinite(entry[field]) and entry[field] > 0, field
-    assert entry["op_overhead"] >= 0 and entry["half_work"] >= 0
+    for field in ("op_overhead", "half_work", "conv_half_work"):
+        assert math.isfinite(entry[field]) and entry[field] >= 0, field
     ranks = entry["ranks"]["2"]
     assert ranks["message_latency"] > 0 and ranks["bandwidth"] > 0
     # with how it was measured: others' load, each constant's spread, when
     measured = Quality.from_json(entry)
     assert measured is not None and measured.load >= 0 and abs(time.time() - measured.taken) < 600
-    assert set(measured.spread) == set(FIELDS) - {"half_work"}
+    assert set(measured.spread) == set(FIELDS) - {"half_work", "conv_half_work"}
     assert all(math.isfinite(s) and s >= 0 for s in measured.spread.values()), measured
     assert entry["method"] == METHOD and Quality.from_json(ranks) is not None
     # applied: the measured rates, and the cores shared when 2 ranks need more than there are
     assert model.flops_rate == pytest.approx(entry["flops_rate"] / _scale(entry, 2))
+    assert model.conv_rate == pytest.approx(entry["conv_rate"] / _scale(entry, 2))
     assert model.message_latency > 0 and model.bandwidth != CostModel().bandwidth
     assert (model.concurrency > 0) == (2 * fair_share(2) > cores())
     # kept: a second call measures nothing
@@ -60,6 +63,7 @@ def test_measured_once_and_applied(on, monkeypatch) -> None:  # type: ignore[no-
     # a --flops-rate the user gave is theirs; a --bandwidth too
     given, _ = calibrated(CostModel(flops_rate=3e9, bandwidth=1e9), 2)
     assert given.flops_rate == pytest.approx(3e9 / _scale(entry, 2)) and given.bandwidth == 1e9
+    assert given.conv_rate == 0  # convolutions priced at the rate given too
 
 
 def test_tune_ratios_fold_into_the_kept_scale(on) -> None:  # type: ignore[no-untyped-def]
@@ -100,6 +104,8 @@ CONSTANTS = {
     "elementwise_rate": 4e8,
     "instr_overhead": 1.2e-4,
     "optimizer_rate": 1e9,
+    "conv_rate": 3e10,
+    "conv_half_work": 6e6,
 }
 MESSAGES = {"message_latency": 1e-4, "bandwidth": 1e9}
 

@@ -49,7 +49,10 @@ def test_show_prints_each_record_with_its_load_and_spread(cache: Path, capsys) -
         f"{KEY}: measured 2025-11-24 16:00:00 UTC, others kept 60% of the cores busy, worst "
         "spread 30% (instr_overhead)"
     )
-    assert out[3].startswith("  50.0 GFLOP/s (half that for 2e+06-FLOP matmuls), 4.0 us an op")
+    assert out[3].startswith(
+        "  50.0 GFLOP/s (half that for 2e+06-FLOP matmuls), convolutions 30.0 GFLOP/s (half for "
+        "6e+06-FLOP ones), 4.0 us an op"
+    )
     assert out[4] == (
         "  2 ranks: message latency 150 us, bandwidth 0.40 GB/s; measured 2025-11-24 16:00:00 "
         "UTC, others kept 1% of the cores busy"
