@@ -79,10 +79,13 @@ class Solution:
     times: tuple[int, ...] = field(default=())
 
 
-def solve(problem: Problem, within: int | None = None) -> Solution | None:
+def solve(
+    problem: Problem, within: int | None = None, guess: int | None = None
+) -> Solution | None:
     """The split with the least bottleneck, or None when no split meets the memory limits.
     ``within``: a bound some split is known to meet (a caller's probe), which narrows the
-    search; the result is the same."""
+    search; ``guess``: a bottleneck the optimum is likely near (a similar problem's), from
+    which the search gallops before it bisects. The result is the same."""
     n, p = problem.items, problem.parts
     if not 1 <= p <= n:
         raise ValueError(f"cannot split {n} items into {p} non-empty parts")
@@ -94,6 +97,8 @@ def solve(problem: Problem, within: int | None = None) -> Solution | None:
     if within is None and _probe(problem, last_end, hi, bases) is None:
         return None
     lo = _lower_bound(problem)
+    if guess is not None and lo <= guess < hi:
+        lo, hi = _gallop(problem, last_end, bases, lo, hi, guess)
     while lo < hi:
         mid = (lo + hi) // 2
         if _probe(problem, last_end, mid, bases) is None:
@@ -105,6 +110,28 @@ def solve(problem: Problem, within: int | None = None) -> Solution | None:
     starts, replicas = _walk_back(problem, last_end, lo, reach, bases)
     times = part_times(problem, starts, replicas)
     return Solution(starts, replicas, max(times), times)
+
+
+def _gallop(
+    problem: Problem, last_end: list[np.ndarray], bases: dict, lo: int, hi: int, guess: int
+) -> tuple[int, int]:
+    """Narrow [lo, hi] (the optimum inside, hi met) around ``guess``: probe it, then step
+    away from it by 1, 2, 4, ... until the answer turns. Probes: about twice the log of
+    the optimum's distance from the guess, so a guess within a few units settles the
+    search in two or three."""
+    if _probe(problem, last_end, guess, bases) is not None:
+        hi, step = guess, 1
+        while hi - step >= lo:
+            if _probe(problem, last_end, hi - step, bases) is None:
+                return hi - step + 1, hi
+            hi, step = hi - step, step * 2
+        return lo, hi
+    lo, step = guess + 1, 1
+    while lo + step < hi:
+        if _probe(problem, last_end, lo + step, bases) is not None:
+            return lo, lo + step
+        lo, step = lo + step + 1, step * 2
+    return lo, hi
 
 
 def part_times(

@@ -51,6 +51,9 @@ class Predictor:
         self._facts: dict[int, AtomFacts] = {}
         self._problems: dict[tuple[object, ...], tuple[Problem, float]] = {}
         self._unmet: dict[tuple[object, ...], int] = {}  # the highest cutoff no split meets
+        # per (size, micro-batches, workers): the last split's bottleneck, which the next
+        # stage count's is often equal or near to (the search gallops from it)
+        self._near: dict[tuple[object, ...], int] = {}
 
     def program(self, plan: Plan) -> Program:
         """The plan's compute program with its recomputed forwards marked."""
@@ -200,7 +203,11 @@ class Predictor:
         if key not in self._splits:
             found = None
             if program.num_stages <= len(self._facts_at(size).cost):
-                found = solve(self._problem(size, model, program)[0], within)
+                near = (size, program.microbatches, model.workers)
+                problem = self._problem(size, model, program)[0]
+                found = solve(problem, within, guess=self._near.get(near))
+                if found is not None:
+                    self._near[near] = found.bottleneck
             self._splits[key] = found
         return self._splits[key]
 

@@ -84,6 +84,10 @@ def test_solver_matches_brute_force(seed):
         if found:
             assert max(part_times(problem, found.starts, found.replicas)) == best
             assert all(f in found.starts for f in problem.forced)
+            # a guess anywhere (at, near or far from the optimum) leaves the result alone
+            for guess in {0, best - 2, best - 1, best, best + 1, best + 3, 3 * best + 7}:
+                again = solve(problem, guess=guess)
+                assert again is not None and again.bottleneck == best, (guess, problem)
 
 
 def test_communication_moves_the_cut_to_the_thin_boundary():
