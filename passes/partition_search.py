@@ -115,23 +115,16 @@ def solve(
 def _gallop(
     problem: Problem, last_end: list[np.ndarray], bases: dict, lo: int, hi: int, guess: int
 ) -> tuple[int, int]:
-    """Narrow [lo, hi] (the optimum inside, hi met) around ``guess``: probe it, then step
-    away from it by 1, 2, 4, ... until the answer turns. Probes: about twice the log of
-    the optimum's distance from the guess, so a guess within a few units settles the
-    search in two or three."""
+    """Narrow [lo, hi] (the optimum inside, hi met) by probing ``guess`` and its neighbour
+    toward the optimum: two probes settle a guess that is exact or one off, and leave the
+    bisection at most one probe more than it had without a guess."""
     if _probe(problem, last_end, guess, bases) is not None:
-        hi, step = guess, 1
-        while hi - step >= lo:
-            if _probe(problem, last_end, hi - step, bases) is None:
-                return hi - step + 1, hi
-            hi, step = hi - step, step * 2
-        return lo, hi
-    lo, step = guess + 1, 1
-    while lo + step < hi:
-        if _probe(problem, last_end, lo + step, bases) is not None:
-            return lo, lo + step
-        lo, step = lo + step + 1, step * 2
-    return lo, hi
+        if guess == lo or _probe(problem, last_end, guess - 1, bases) is None:
+            return guess, guess
+        return lo, guess - 1
+    if guess + 1 >= hi or _probe(problem, last_end, guess + 1, bases) is not None:
+        return guess + 1, guess + 1
+    return guess + 2, hi
 
 
 def part_times(

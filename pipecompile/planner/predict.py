@@ -17,6 +17,7 @@ replica's) over that concurrency.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -28,6 +29,7 @@ from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_problem
 from pipecompile.passes.partition_search import Problem, Solution, fits_under, solve
+from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.schedules import V_SHAPED, generate
@@ -94,14 +96,12 @@ class Predictor:
         plans then neither generates nor simulates its program.
 
         1. Its slowest stage's m micro-batches alone (with its replicas' share and all-reduce,
-           as the split prices them) and their instructions' overhead take longer: one probe
-           of the partitioner.
-        2. Split exactly, some stage j, which starts after micro-batch 0's forwards before it
-           and runs its m forwards and backwards, ends no sooner than sum(F_i + o, i < j) +
-           m (F_j + B_j + k o), and (gpipe, 1f1b, whose backwards are whole) the last
-           micro-batch's backwards before it follow: + sum(B_i + o, i < j). o: the runtime's
-           overhead per instruction, k: a micro-batch's instructions on a stage (2, or 3 with
-           the backward split in I and W).
+           as the split prices them) and their instructions' overhead take longer, or its
+           m backwards (two thirds of it) after micro-batch 0's forwards through every stage
+           (a third of the least work, over the most replicas a stage can have, and S
+           instructions' overhead) do: one probe of the partitioner at the lower of the
+           two bottlenecks these allow.
+        2. Split exactly, its fill-and-drain bound (``bounds.fill_and_drain``).
 
         The optimizer step after the drain adds at least its share (``_optimizer_floor``).
         """
@@ -116,22 +116,73 @@ class Predictor:
         step -= self._optimizer_floor(plan.stages)
         # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units, and
         # its stage's m k instructions each cost o more
-        cutoff = int((step - m * k * o) / (m * unit / _FS)) + 1
+        seconds = unit / _FS
+        cutoff = int((step - m * k * o) / (m * seconds)) + 1
+        window = self._window(plan, workers, seconds, k, step, cutoff)
+        if window is None:
+            return True
+        least, cutoff = window
         found = self._splits.get(key)
         if found is None:  # not solved yet: one probe, unless a higher cutoff failed one
             if cutoff <= self._unmet.get(key, -1) or not fits_under(problem, cutoff):
                 self._unmet[key] = max(cutoff, self._unmet.get(key, -1))
                 return True
+            if least > 1 and fits_under(problem, least - 1):
+                return True
             found = self._split(size, free, shape, within=cutoff)  # type: ignore[arg-type]
             assert found is not None  # no memory limit, and a split fits under the cutoff
-        elif found.bottleneck > cutoff:
+        elif not least <= found.bottleneck <= cutoff:
             return True
-        costs = self.stage_costs(size, free, shape, found)
-        before, bound = 0.0, 0.0
-        for f, b in zip(costs.forward, costs.backward):
-            bound = max(bound, before + m * (f + b + k * o))
-            before += f + o + (b + o if whole else 0.0)
-        return bound > step
+        return fill_and_drain(self.stage_costs(size, free, shape, found), m, whole) > step
+
+    def _window(
+        self, plan: Plan, workers: int | None, seconds: float, k: int, step: float, most: int
+    ) -> tuple[int, int] | None:
+        """The bottlenecks (in units of ``seconds``, at most ``most``) with which ``plan``
+        could still simulate a step within ``step``, as [least, most]; None if none could.
+        A bottleneck B's stage runs its m backwards (2/3 m (B - 1) units and (k - 1) m
+        instructions' overhead, or as much in replica all-reduce) after micro-batch 0's
+        forwards through every stage (S instructions and a third of the least work, each
+        stage's over its replicas, no stage's over B: ``bounds.least_forwards``). That is
+        convex in B: the forwards shrink as B lets more work onto the replicated stages,
+        the backwards grow."""
+        m, s, o = plan.microbatches, plan.stages, self.model.instr_overhead
+        total = self._least_work(self.batch // m, s) - 2 * s * _US / _FS
+        counts = replica_counts(s, workers, m) if workers is not None else [1] * s
+
+        def least_step(b: int) -> float:
+            forwards = s * o + least_forwards(total, b * seconds, counts) / 3
+            return forwards + 2 / 3 * m * (b - 1) * seconds + m * (k - 1) * o
+
+        first = max(1, math.ceil(total / (seconds * sum(counts))))  # the least work fits
+        if first > most:
+            return None
+        lo, hi = first, most
+        while lo < hi:  # the lowest point of the convex least_step over [first, most]
+            mid = (lo + hi) // 2
+            if least_step(mid + 1) >= least_step(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        bottom = lo
+        if least_step(bottom) > step:
+            return None
+        lo, hi = first, bottom  # the least B within step, where least_step falls
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if least_step(mid) <= step:
+                hi = mid
+            else:
+                lo = mid + 1
+        least = lo if lo > first else 1  # below first no split fits: no probe needed
+        lo, hi = bottom, most  # the most B within step, where least_step rises
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if least_step(mid) <= step:
+                lo = mid
+            else:
+                hi = mid - 1
+        return least, lo
 
     def floor(self, plan: Plan, workers: int | None) -> float:
         """Seconds under which no split of ``plan`` simulates a step (``predict`` never

@@ -100,14 +100,17 @@ def search(
     tried = bounded = 0
     said = start
     work = 3 * sum(facts.flops) * batch / max(facts.size, 1) / model.flops_rate
+    # the likely best first (the kept plans get good sooner, the bounds skip more): a
+    # rough step, or the plan's floor where that is higher
     order = sorted(
         _plans(facts, batch, space, model),
-        key=lambda p: _promise(p, space, work, model.instr_overhead),
+        key=lambda p: max(
+            _promise(p, space, work, model.instr_overhead),
+            predictor.floor(p, _workers(p, space)),
+        ),
     )
     for plan in order:
-        workers = space.devices if plan.schedule in _REPLICABLE else None
-        if workers == plan.stages:
-            workers = None
+        workers = _workers(plan, space)
         if (
             keep
             and len(best) >= keep
@@ -147,6 +150,14 @@ def search(
             f"{time.perf_counter() - start:.1f} s"
         )
     return SearchResult(tuple(ranked), tried, time.perf_counter() - start, bounded)
+
+
+def _workers(plan: Plan, space: Space) -> int | None:
+    """The devices the partitioner spreads ``plan``'s stages over as replicas, or None
+    (one stage per device, or several)."""
+    if plan.schedule in _REPLICABLE and plan.stages != space.devices:
+        return space.devices
+    return None
 
 
 def _promise(plan: Plan, space: Space, work: float, overhead: float) -> float:
