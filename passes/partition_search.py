@@ -17,7 +17,8 @@ Part j must also satisfy every memory constraint ``mem[b] - mem[a] + at_start[a]
 given for it, and no part may contain a forced boundary strictly inside.
 
 ``solve`` finds the least integer bound B with ``time_j <= B`` for every part (so B is the
-exact optimum rounded up to one unit) by binary search on B; a probe decides feasibility
+exact optimum rounded up to one unit) by binary search on B (after a guess and its
+neighbour, where the caller has a guess); a probe decides feasibility
 exactly with a sweep over parts: after j parts, each position with the fewest workers that
 reach it (more are dominated), and for each part the ends every start reaches (those b in
 (a, last_end(a)] whose threshold is at most a's key). Without a memory limit that is one
