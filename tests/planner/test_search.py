@@ -240,16 +240,26 @@ def test_per_device_limits_follow_a_plan_that_uses_fewer_devices() -> None:
     assert compiled.plan["devices"] == 3
 
 
-@pytest.mark.parametrize("devices", [4, 6])
-def test_bounding_keeps_the_best_plans(facts, devices) -> None:  # type: ignore[no-untyped-def]
+RICH = replace(
+    MACHINE,
+    message_latency=200e-6,
+    optimizer_rate=1e9,
+    bandwidth=1e8,
+    concurrency=2.0,
+    device_speed=(1.0, 2.0, 0.5, 1.0),
+)  # latency, an optimizer, slow links, shared cores and uneven speeds
+
+
+@pytest.mark.parametrize(("devices", "machine"), [(4, MACHINE), (6, MACHINE), (4, RICH)])
+def test_bounding_keeps_the_best_plans(facts, devices, machine) -> None:  # type: ignore[no-untyped-def]
     """With ``keep``, plans whose slowest stage alone outlasts the keep-th best step are
     skipped after one probe, and plans whose floor does before their program is generated
     (some of those a schedule could not have generated: counted as bounded, where the full
     search drops them untried); the best ``keep`` plans, and their predictions, are
     unchanged."""
     space = Space(devices=devices)
-    every = search(facts, batch=8, space=space, model=MACHINE)
-    kept = search(facts, batch=8, space=space, model=MACHINE, keep=5)
+    every = search(facts, batch=8, space=space, model=machine)
+    kept = search(facts, batch=8, space=space, model=machine, keep=5)
     assert kept.bounded > 0 and kept.tried < every.tried <= kept.tried + kept.bounded
     assert kept.ranked[:5] == every.ranked[:5]
 
@@ -257,31 +267,24 @@ def test_bounding_keeps_the_best_plans(facts, devices) -> None:  # type: ignore[
 @pytest.mark.parametrize(
     "machine",
     [
-        replace(
-            MACHINE,
-            message_latency=200e-6,
-            optimizer_rate=1e9,
-            bandwidth=1e8,
-            concurrency=2.0,
-            device_speed=(1.0, 2.0, 0.5, 1.0, 1.0, 1.0),
-        ),
+        RICH,
         replace(MACHINE, memory_limit=(1 << 30,)),
     ],
     ids=["latency-optimizer-shared-cores-speeds", "memory-limit"],
 )
 def test_the_floor_never_exceeds_a_predicted_step(facts, machine) -> None:  # type: ignore[no-untyped-def]
     """``Predictor.floor`` (the bound that skips a plan before its split and program) is at or
-    under the step ``predict`` gives every plan of 6 devices, on machines with message
+    under the step ``predict`` gives every plan of 4 devices, on machines with message
     latency, an optimizer, shared cores, uneven device speeds and a memory limit; and the
     bound is not vacuous (it is within 2x of some plans' steps)."""
-    space = Space(devices=6)
+    space = Space(devices=4)
     result = search(facts, batch=8, space=space, model=machine)
     predictor = Predictor(facts, 8, machine)
     ratios = []
     for got in result.ranked:
         plan = got.plan
         replicable = plan.schedule in ("gpipe", "1f1b", "zb1p", "zb2p")
-        workers = 6 if replicable and plan.stages != 6 else None
+        workers = 4 if replicable and plan.stages != 4 else None
         floor = predictor.floor(replace(plan, replicas=()), workers)
         assert floor <= got.step * (1 + 1e-9), plan.flags
         ratios.append(floor / got.step)

@@ -114,23 +114,23 @@ def test_older_manifest_without_layers_draws_one_node_per_stage(gpt3):
     ]
 
 
-def test_gpt2_24_layers_stay_a_small_picture(tmp_path):
+def test_gpt2_12_layers_stay_a_small_picture(tmp_path):
     sys.path.insert(0, str(EXAMPLES))
     try:
         from hf_gpt2 import build_gpt2, example_inputs
     finally:
         sys.path.remove(str(EXAMPLES))
-    model = build_gpt2(n_layer=24, n_embd=32, n_head=2)
+    model = build_gpt2(n_layer=12, n_embd=32, n_head=2)
     compiled = compile_model(model, example_inputs(), stages=4, microbatches=2, dynamic="none")
     out = emit(compiled, tmp_path / "gpt2", model=ModelRef(None, "gpt2", "gpt2"))
     manifest, program = _read(out)
     layers = [path for s in manifest.stages for path, _ in s.layers]
-    assert [f"transformer.h.{k}" for k in range(24)] == [p for p in layers if ".h." in p]
-    # 24 blocks, a handful of embeddings, norms and heads, and the symbolic batch's sizes
-    assert len(layers) <= 35
+    assert [f"transformer.h.{k}" for k in range(12)] == [p for p in layers if ".h." in p]
+    # 12 blocks, a handful of embeddings, norms and heads, and the symbolic batch's sizes
+    assert len(layers) <= 23
     source = stage_dot(manifest, program).source
     nodes = re.findall(r"^\t+(\w+) \[label=", source, flags=re.M)
-    assert len(nodes) < 60, len(nodes)  # not ~1,000 ops
+    assert len(nodes) < 60, len(nodes)  # not ~500 ops
 
 
 def test_schedule_dot_has_a_row_per_device_and_a_colour_per_kind(tmp_path):
