@@ -80,9 +80,7 @@ class Solution:
     times: tuple[int, ...] = field(default=())
 
 
-def solve(
-    problem: Problem, within: int | None = None, guess: int | None = None
-) -> Solution | None:
+def solve(problem: Problem, within: int | None = None, guess: int | None = None) -> Solution | None:
     """The split with the least bottleneck, or None when no split meets the memory limits.
     ``within``: a bound some split is known to meet (a caller's probe), which narrows the
     search; ``guess``: a bottleneck the optimum is likely near (a similar problem's), from
