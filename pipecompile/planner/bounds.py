@@ -5,9 +5,11 @@ plan it predicts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pipecompile.ir.simulate import Costs
 
-__all__ = ["fill_and_drain", "least_forwards", "replica_counts"]
+__all__ = ["fill_and_drain", "least_forwards", "replica_counts", "within"]
 
 
 def fill_and_drain(costs: Costs, m: int, whole: bool) -> float:
@@ -68,3 +70,29 @@ def least_forwards(total: float, bottleneck: float, counts: list[int]) -> float:
         if left <= 0:
             return out
     return float("inf")
+
+
+def within(
+    convex: Callable[[int], float], lo: int, hi: int, limit: float
+) -> tuple[int, int] | None:
+    """The integers x in [lo, hi] with ``convex(x) <= limit`` (an interval, ``convex`` being
+    convex), as (least, most); None when there are none. Three bisections: its lowest
+    point, then either side's crossing of ``limit``."""
+    bottom = _least_true(lo, hi, lambda x: x == hi or convex(x + 1) >= convex(x))
+    if convex(bottom) > limit:
+        return None
+    least = _least_true(lo, bottom, lambda x: convex(x) <= limit)
+    most = _least_true(bottom, hi, lambda x: x == hi or convex(x + 1) > limit)
+    return least, most
+
+
+def _least_true(lo: int, hi: int, holds: Callable[[int], bool]) -> int:
+    """The least x in [lo, hi] where ``holds`` (false, then true from some x on; true at
+    ``hi``)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -29,7 +29,7 @@ from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_problem
 from pipecompile.passes.partition_search import Problem, Solution, fits_under, solve
-from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts
+from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts, within
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.schedules import V_SHAPED, generate
@@ -157,32 +157,11 @@ class Predictor:
         first = max(1, math.ceil(total / (seconds * sum(counts))))  # the least work fits
         if first > most:
             return None
-        lo, hi = first, most
-        while lo < hi:  # the lowest point of the convex least_step over [first, most]
-            mid = (lo + hi) // 2
-            if least_step(mid + 1) >= least_step(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        bottom = lo
-        if least_step(bottom) > step:
+        window = within(least_step, first, most, step)
+        if window is None:
             return None
-        lo, hi = first, bottom  # the least B within step, where least_step falls
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if least_step(mid) <= step:
-                hi = mid
-            else:
-                lo = mid + 1
-        least = lo if lo > first else 1  # below first no split fits: no probe needed
-        lo, hi = bottom, most  # the most B within step, where least_step rises
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if least_step(mid) <= step:
-                lo = mid
-            else:
-                hi = mid - 1
-        return least, lo
+        least, highest = window
+        return (least if least > first else 1), highest  # below first no split fits
 
     def floor(self, plan: Plan, workers: int | None) -> float:
         """Seconds under which no split of ``plan`` simulates a step (``predict`` never

@@ -10,7 +10,7 @@ import pytest
 
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import Topology
-from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts
+from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts, within
 from pipecompile.schedules import generate
 
 
@@ -56,3 +56,18 @@ def test_fill_and_drain_never_exceeds_the_simulated_makespan(schedule) -> None: 
         bound = fill_and_drain(costs, m, schedule in ("gpipe", "1f1b"))
         assert bound <= makespan * (1 + 1e-9), (stages, m)
         assert bound >= 0.5 * makespan  # not vacuous
+
+
+def test_within_finds_every_point_of_a_convex_function_under_a_limit() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        lines = [(rng.uniform(-5, 5), rng.uniform(-50, 50)) for _ in range(rng.randint(1, 4))]
+
+        def convex(x: int, lines=lines) -> float:  # noqa: E306 - a max of lines is convex
+            return max(a * x + b for a, b in lines)
+
+        lo = rng.randint(-20, 20)
+        hi = lo + rng.randint(0, 40)
+        limit = rng.uniform(-30, 60)
+        under = [x for x in range(lo, hi + 1) if convex(x) <= limit]
+        assert within(convex, lo, hi, limit) == ((under[0], under[-1]) if under else None)
