@@ -21,8 +21,8 @@ exact optimum rounded up to one unit) by binary search on B (after a guess and i
 neighbour, where the caller has a guess); a probe decides feasibility
 exactly with a sweep over parts: after j parts, each position with the fewest workers that
 reach it (more are dominated), and for each part the ends every start reaches (those b in
-(a, last_end(a)] whose threshold is at most a's key). Without a memory limit that is one
-running maximum over an array with a row per (workers used, replica count) pair; with one,
+(a, last_end(a)] whose threshold is at most a's key). Without a memory limit that is, per
+replica count, one running maximum over an array with a row per workers count; with one,
 a vectorised "interval maximum" per pair. Cost per probe: O(parts · W · R · n) array work
 for W distinct worker counts and R replica choices (O(parts · n) without replication).
 """
@@ -286,24 +286,29 @@ def _layer_reachable(
 ) -> np.ndarray:
     """The ends part j reaches under ``bound``, each with the fewest workers used after it,
     from the starts of ``fewest`` (workers used before it), where every start a of a
-    segment [s, e) may end anywhere in (a, e] (no memory limit): one row per (workers
-    used, replica count) pair, all in one array. The best key over the starts before each
-    end is a running maximum (linear, no sparse table)."""
-    pairs = [
-        (used, r)
-        for used in np.unique(fewest[fewest < _FAR]).tolist()
-        for r in _choices(problem, j, used, bases)
-    ]
-    if not pairs:
-        return np.full_like(fewest, _FAR)
-    used, rs = (np.array(column, dtype=np.int64) for column in zip(*pairs))
-    keys, thresholds = _stacked(problem, j, int(rs.max()), bases)
-    key2 = np.where(fewest[None, :] == used[:, None], keys[rs], _NEG)
-    threshold2 = thresholds[rs] - rs[:, None] * problem.microbatches * bound
-    best = np.full(key2.shape, _NEG, dtype=np.int64)
-    for s, e in segments:
-        best[:, s + 1 : e + 1] = np.maximum.accumulate(key2[:, s:e], axis=1)
-    return np.where(best >= threshold2, (used + rs)[:, None], _FAR).min(axis=0)
+    segment [s, e) may end anywhere in (a, e] (no memory limit): per replica count, one row
+    per workers count that may choose it, all in one array (the keys and thresholds are the
+    replica count's, shared by its rows). The best key over the starts before each end is a
+    running maximum (linear, no sparse table); the first row that reaches an end has the
+    fewest workers."""
+    useds = np.unique(fewest[fewest < _FAR])
+    choices = {int(u): set(_choices(problem, j, int(u), bases)) for u in useds}
+    counts = sorted(set().union(*choices.values()))
+    out = np.full_like(fewest, _FAR)
+    if not counts:
+        return out
+    keys, thresholds = _stacked(problem, j, counts[-1], bases)
+    masks = fewest[None, :] == useds[:, None]  # a row per workers count, fewest first
+    for r in counts:  # per replica count, the workers counts that may choose it at once
+        rows = np.array([r in choices[int(u)] for u in useds])
+        key2 = np.where(masks[rows], keys[r], _NEG)
+        best = np.full(key2.shape, _NEG, dtype=np.int64)
+        for s, e in segments:
+            best[:, s + 1 : e + 1] = np.maximum.accumulate(key2[:, s:e], axis=1)
+        hit = best >= thresholds[r] - r * problem.microbatches * bound
+        first = useds[rows][hit.argmax(axis=0)] + r  # the fewest used that reach each end
+        np.minimum(out, np.where(hit.any(axis=0), first, _FAR), out=out)
+    return out
 
 
 def _stacked(problem: Problem, j: int, most: int, bases: dict) -> tuple[np.ndarray, np.ndarray]:
