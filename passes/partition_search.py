@@ -22,7 +22,9 @@ neighbour, where the caller has a guess); a probe decides feasibility
 exactly with a sweep over parts: after j parts, each position with the fewest workers that
 reach it (more are dominated), and for each part the ends every start reaches (those b in
 (a, last_end(a)] whose threshold is at most a's key). Without a memory limit that is, per
-replica count, one running maximum over an array with a row per workers count; with one,
+replica count, one running maximum over an array with a row per workers count (or, where
+the fewest workers never fall along the positions, one running maximum and a binary search
+on it: the earliest start that reaches an end has the fewest workers); with one,
 a vectorised "interval maximum" per pair. Cost per probe: O(parts · W · R · n) array work
 for W distinct worker counts and R replica choices (O(parts · n) without replication).
 """
@@ -38,6 +40,7 @@ __all__ = ["Limit", "Problem", "Solution", "solve", "fits_under", "part_times", 
 
 _NEG = np.iinfo(np.int64).min // 4
 _FAR = np.iinfo(np.int64).max // 4  # workers used to reach a position no split reaches
+MONOTONE_PATH = True  # ``_monotone_layer`` where it applies (tests also check without it)
 
 
 @dataclass(frozen=True)
@@ -291,13 +294,16 @@ def _layer_reachable(
     replica count's, shared by its rows). The best key over the starts before each end is a
     running maximum (linear, no sparse table); the first row that reaches an end has the
     fewest workers."""
-    useds = np.unique(fewest[fewest < _FAR])
+    reached = fewest < _FAR
+    useds = np.unique(fewest[reached])
     choices = {int(u): set(_choices(problem, j, int(u), bases)) for u in useds}
     counts = sorted(set().union(*choices.values()))
     out = np.full_like(fewest, _FAR)
     if not counts:
         return out
     keys, thresholds = _stacked(problem, j, counts[-1], bases)
+    if MONOTONE_PATH and np.all(np.diff(fewest[reached]) >= 0):
+        return _monotone_layer(problem, j, fewest, bound, counts, (keys, thresholds), segments)
     masks = fewest[None, :] == useds[:, None]  # a row per workers count, fewest first
     for r in counts:  # per replica count, the workers counts that may choose it at once
         rows = np.array([r in choices[int(u)] for u in useds])
@@ -308,6 +314,40 @@ def _layer_reachable(
         hit = best >= thresholds[r] - r * problem.microbatches * bound
         first = useds[rows][hit.argmax(axis=0)] + r  # the fewest used that reach each end
         np.minimum(out, np.where(hit.any(axis=0), first, _FAR), out=out)
+    return out
+
+
+def _monotone_layer(
+    problem: Problem,
+    j: int,
+    fewest: np.ndarray,
+    bound: int,
+    counts: Sequence[int],
+    stacked: tuple[np.ndarray, np.ndarray],
+    segments: list[tuple[int, int]],
+) -> np.ndarray:
+    """``_layer_reachable`` where the fewest workers never fall along the positions (most
+    layers: more atoms covered take more workers): the earliest start that reaches an end
+    then has the fewest workers of all that do, and it is where the running maximum of the
+    keys first meets the end's threshold (a binary search on that non-decreasing maximum).
+    Per replica count one array pass, not one per workers count."""
+    keys, thresholds = stacked
+    reached = fewest < _FAR
+    out = np.full_like(fewest, _FAR)
+    if problem.workers is None:  # no replication: one replica, always open
+        most = np.full_like(fewest, 1)
+    else:  # the most replicas part j may have after u workers (``_choices``)
+        most = np.minimum(problem.workers - fewest - (problem.parts - 1 - j), problem.microbatches)
+    for r in counts:
+        key = np.where(reached, keys[r], _NEG)
+        threshold = thresholds[r] - r * problem.microbatches * bound
+        for s, e in segments:
+            ends = np.arange(s + 1, e + 1)
+            first = s + np.searchsorted(np.maximum.accumulate(key[s:e]), threshold[s + 1 : e + 1])
+            start = np.minimum(first, e - 1)
+            ok = (first < ends) & reached[start] & (r <= most[start])
+            got = np.where(ok, fewest[start] + r, _FAR)
+            np.minimum(out[s + 1 : e + 1], got, out=out[s + 1 : e + 1])
     return out
 
 
