@@ -22,9 +22,10 @@ neighbour, where the caller has a guess); a probe decides feasibility
 exactly with a sweep over parts: after j parts, each position with the fewest workers that
 reach it (more are dominated), and for each part the ends every start reaches (those b in
 (a, last_end(a)] whose threshold is at most a's key). Without a memory limit that is, per
-replica count, one running maximum over an array with a row per workers count (or, where
-the fewest workers never fall along the positions, one running maximum and a binary search
-on it: the earliest start that reaches an end has the fewest workers); with one,
+replica count, one running maximum over an array with a row per workers count (or, split
+into a few chains along which the fewest workers never fall, per chain one running maximum
+and a binary search on it: the earliest start that reaches an end has the chain's fewest
+workers); with one,
 a vectorised "interval maximum" per pair. Cost per probe: O(parts · W · R · n) array work
 for W distinct worker counts and R replica choices (O(parts · n) without replication).
 """
@@ -41,6 +42,7 @@ __all__ = ["Limit", "Problem", "Solution", "solve", "fits_under", "part_times", 
 _NEG = np.iinfo(np.int64).min // 4
 _FAR = np.iinfo(np.int64).max // 4  # workers used to reach a position no split reaches
 MONOTONE_PATH = True  # ``_monotone_layer`` where it applies (tests also check without it)
+_CHAINS = 4  # monotone chains a layer may split into before the rows are cheaper
 
 
 @dataclass(frozen=True)
@@ -302,8 +304,10 @@ def _layer_reachable(
     if not counts:
         return out
     keys, thresholds = _stacked(problem, j, counts[-1], bases)
-    if MONOTONE_PATH and np.all(np.diff(fewest[reached]) >= 0):
-        return _monotone_layer(problem, j, fewest, bound, counts, (keys, thresholds), segments)
+    chains = _chains(fewest, reached) if MONOTONE_PATH else None
+    if chains is not None:
+        stacked = (keys, thresholds)
+        return _monotone_layer(problem, j, fewest, chains, bound, counts, stacked, segments)
     masks = fewest[None, :] == useds[:, None]  # a row per workers count, fewest first
     for r in counts:  # per replica count, the workers counts that may choose it at once
         rows = np.array([r in choices[int(u)] for u in useds])
@@ -317,37 +321,57 @@ def _layer_reachable(
     return out
 
 
+def _chains(fewest: np.ndarray, reached: np.ndarray) -> list[np.ndarray] | None:
+    """The reached positions as a few chains along which the fewest workers never fall
+    (each chain: the positions at or above the highest count before them among those
+    left), or None where that takes more than ``_CHAINS`` (the rows are then cheaper)."""
+    left, out = reached.copy(), []
+    while left.any():
+        if len(out) == _CHAINS:
+            return None
+        highest = np.maximum.accumulate(np.where(left, fewest, -1))
+        chain = left & (highest == fewest)
+        out.append(chain)
+        left &= ~chain
+    return out
+
+
 def _monotone_layer(
     problem: Problem,
     j: int,
     fewest: np.ndarray,
+    chains: list[np.ndarray],
     bound: int,
     counts: Sequence[int],
     stacked: tuple[np.ndarray, np.ndarray],
     segments: list[tuple[int, int]],
 ) -> np.ndarray:
-    """``_layer_reachable`` where the fewest workers never fall along the positions (most
-    layers: more atoms covered take more workers): the earliest start that reaches an end
-    then has the fewest workers of all that do, and it is where the running maximum of the
-    keys first meets the end's threshold (a binary search on that non-decreasing maximum).
-    Per replica count one array pass, not one per workers count."""
+    """``_layer_reachable`` over ``chains`` of positions along which the fewest workers never
+    fall (``_chains``; most layers are one chain: more atoms covered take more workers):
+    along a chain the earliest start that reaches an end has the fewest workers of the
+    chain's that do, and it is where the running maximum of the chain's keys first meets
+    the end's threshold (a binary search on that non-decreasing maximum). One row per
+    (chain, replica count), not one per (workers count, replica count)."""
     keys, thresholds = stacked
-    reached = fewest < _FAR
     out = np.full_like(fewest, _FAR)
+    rs = np.tile(np.array(counts, dtype=np.int64), len(chains))[:, None]
+    members = np.repeat(np.stack(chains), len(counts), axis=0)  # row: (chain, count)
     if problem.workers is None:  # no replication: one replica, always open
         most = np.full_like(fewest, 1)
     else:  # the most replicas part j may have after u workers (``_choices``)
         most = np.minimum(problem.workers - fewest - (problem.parts - 1 - j), problem.microbatches)
-    for r in counts:
-        key = np.where(reached, keys[r], _NEG)
-        threshold = thresholds[r] - r * problem.microbatches * bound
-        for s, e in segments:
-            ends = np.arange(s + 1, e + 1)
-            first = s + np.searchsorted(np.maximum.accumulate(key[s:e]), threshold[s + 1 : e + 1])
-            start = np.minimum(first, e - 1)
-            ok = (first < ends) & reached[start] & (r <= most[start])
-            got = np.where(ok, fewest[start] + r, _FAR)
-            np.minimum(out[s + 1 : e + 1], got, out=out[s + 1 : e + 1])
+    key = np.where(members, keys[rs[:, 0]], _NEG)
+    threshold = thresholds[rs[:, 0]] - rs * problem.microbatches * bound
+    for s, e in segments:
+        highest = np.maximum.accumulate(key[:, s:e], axis=1)
+        first = s + np.stack(
+            [np.searchsorted(row, t) for row, t in zip(highest, threshold[:, s + 1 : e + 1])]
+        )
+        start = np.minimum(first, e - 1)
+        ours = np.take_along_axis(members, start, axis=1)
+        ok = (first < np.arange(s + 1, e + 1)) & ours & (rs <= most[start])
+        got = np.where(ok, fewest[start] + rs, _FAR).min(axis=0)
+        np.minimum(out[s + 1 : e + 1], got, out=out[s + 1 : e + 1])
     return out
 
 

@@ -148,3 +148,19 @@ def test_interval_max_against_a_loop():
     for b in range(size):
         covering = [v for lo_, hi_, v in zip(lo, hi, value) if lo_ <= b <= hi_]
         assert (got[b] == max(covering)) if covering else got[b] < -(10**15)
+
+
+def test_chains_cover_the_reached_positions_without_a_fall():
+    """``_chains`` splits a layer's reached positions into chains along which the fewest
+    workers never fall (each position in exactly one), or gives up past the cap."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        fewest = rng.integers(0, 6, size=rng.integers(1, 30))
+        reached = rng.random(len(fewest)) < 0.7
+        fewest = np.where(reached, fewest, partition_search._FAR)
+        chains = partition_search._chains(fewest, reached)
+        if chains is None:  # more than the cap: a strictly falling run longer than it
+            assert len(set(fewest[reached].tolist())) > partition_search._CHAINS
+            continue
+        assert (np.sum(chains, axis=0) == reached).all()
+        assert all((np.diff(fewest[c]) >= 0).all() for c in chains)
