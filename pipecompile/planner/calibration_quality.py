@@ -29,15 +29,13 @@ and of injected measuring functions (``until_trusted``), so tests give them made
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, TypeVar
 
-from pipecompile.runtime.threads import cores
+from pipecompile.runtime.machine_load import Reading, cores, others_load, read_machine
 
 __all__ = [
     "AGAIN_AFTER_S",
@@ -60,19 +58,8 @@ SPREAD_BOUND = 1.0
 TRIES = 2
 AGAIN_AFTER_S = 600.0
 GLANCE_S = 0.2  # how long ``load_now`` watches the machine
-_STAT = Path("/proc/stat")
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Reading:
-    """The machine at one moment, enough to tell how busy others kept it between two."""
-
-    at: float  # time.monotonic()
-    busy: float | None  # core-seconds this process's cores were busy since boot (None: unknown)
-    ours: float  # CPU seconds of this process and of the children it waited for
-    load_average: float  # the 1-minute load average per core
 
 
 @dataclass(frozen=True)
@@ -110,17 +97,6 @@ class Quality:
             return cls(float(entry["load"]), spread, taken)
         except (KeyError, TypeError, ValueError):
             return None
-
-
-def others_load(before: Reading, after: Reading, cores_here: int) -> float:
-    """The share of ``cores_here`` cores other programs kept busy between two readings (0:
-    none; 1: all): the cores' busy time less our own, over the time between; without
-    /proc/stat, the load average per core at ``before`` (which ours had not yet raised)."""
-    wall = after.at - before.at
-    if before.busy is None or after.busy is None or wall <= 0:
-        return max(0.0, before.load_average)
-    others = (after.busy - before.busy) - (after.ours - before.ours)
-    return max(0.0, others / (wall * max(cores_here, 1)))
 
 
 def doubt(load: float, spread: Mapping[str, float], cores_here: int) -> str | None:
@@ -198,31 +174,3 @@ def load_now(read: Callable[[], Reading] | None = None, wait: float = GLANCE_S) 
     before = read()
     time.sleep(wait)
     return others_load(before, read(), cores())
-
-
-def read_machine() -> Reading:
-    """Now: the busy time of this process's cores (/proc/stat), our own CPU time, the load
-    average per core."""
-    own = os.times()
-    ours = own.user + own.system + own.children_user + own.children_system
-    try:
-        load = os.getloadavg()[0] / cores()
-    except OSError:  # no load average on this system
-        load = 0.0
-    return Reading(time.monotonic(), _busy_seconds(), ours, load)
-
-
-def _busy_seconds() -> float | None:
-    """Core-seconds the cores this process may run on have been busy since boot."""
-    try:
-        lines = _STAT.read_text().splitlines()
-        mine = os.sched_getaffinity(0)
-    except (OSError, AttributeError):
-        return None
-    ticks = 0
-    for line in lines:
-        name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in mine:
-            counts = [int(f) for f in fields[:8]]
-            ticks += sum(counts) - counts[3] - counts[4]  # less idle and iowait
-    return ticks / os.sysconf("SC_CLK_TCK") if ticks else None

@@ -18,23 +18,16 @@ import math
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from pipecompile.runtime.machine_load import STAT, Reading, cores, others_load, read_machine
+
 __all__ = ["cores", "fair_share", "launch_threads", "use_threads", "IdleCores"]
 
-_STAT = Path("/proc/stat")
+_STAT = STAT  # IdleCores is on where the system has it
 _given = False  # the last use_threads set a count (--threads, a rank's share): IdleCores is off
 SETTLE_S = 0.25  # how long IdleCores.settle watches the other programs before compiled stages
-
-
-def cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this system
-        return os.cpu_count() or 1
 
 
 def fair_share(ranks_here: int) -> int:
@@ -137,23 +130,15 @@ def _threads(count: int) -> str:
     return f"{count} thread{'s' * (count != 1)}"
 
 
-def _sample() -> tuple[float, float, float] | None:
-    """(wall seconds, machine busy core-seconds, this process's CPU seconds)."""
-    try:
-        fields = _STAT.read_text().splitlines()[0].split()[1:]
-    except (OSError, IndexError):
-        return None
-    ticks = [int(f) for f in fields]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    busy = (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-    own = os.times()
-    return time.monotonic(), busy, own.user + own.system
+def _sample() -> Reading | None:
+    """The machine now (``machine_load.read_machine``), or None where /proc/stat is not
+    readable."""
+    now = read_machine()
+    return now if now.busy is not None else None
 
 
-def _others(before: tuple[float, float, float], after: tuple[float, float, float]) -> float | None:
-    """Cores kept busy by other programs between two samples (None: too short to tell)."""
-    wall = after[0] - before[0]
-    if wall < 0.05:
+def _others(before: Reading, after: Reading) -> float | None:
+    """Cores kept busy by other programs between two readings (None: too short to tell)."""
+    if after.at - before.at < 0.05:
         return None
-    others = (after[1] - before[1]) - (after[2] - before[2])
-    return max(0.0, others / wall)
+    return others_load(before, after, 1)  # over one core: a count of cores

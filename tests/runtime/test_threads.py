@@ -17,6 +17,7 @@ from pipecompile.compiler import compile_model
 from pipecompile.model.data_hooks import iterable_source
 from pipecompile.runtime import notes, threads
 from pipecompile.runtime.compiled import CompiledStages
+from pipecompile.runtime.machine_load import Reading
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.loop import TrainOptions, train
 from tests.conftest import EXAMPLES
@@ -74,7 +75,7 @@ def _samples(monkeypatch, others_per_step: list[float]) -> None:
             clock["own"] += 1.0
             clock["busy"] += 1.0 + others_per_step[k - 1]
         clock["k"] += 1
-        return clock["wall"], clock["busy"], clock["own"]
+        return Reading(clock["wall"], clock["busy"], clock["own"], 0.0)
 
     monkeypatch.setattr(threads, "_sample", sample)
 
