@@ -35,14 +35,14 @@ import os
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from common import EXAMPLES, machine, pipecompile_here, use_examples
+from common import machine, pipecompile_here, use_examples
 from forked import run_ranks
+from model_files import gpt_body, llama_body, resnet_body, write_model_file
 
 use_examples()
 
@@ -58,68 +58,18 @@ class Bench:
     peer_split: tuple[str, ...]
 
 
-GPT = Bench(
-    "gpt",
-    """
-    import gpt
-    BATCH, SEQ, VOCAB = 16, 64, 256
-    def build_model():
-        return gpt.build_gpt(n_layer=8, n_embd=128, n_head=4, block_size=64, vocab_size=VOCAB)
-    def _ids():
-        g = torch.Generator().manual_seed(0)
-        return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
-    def example_inputs():
-        return (_ids()[:, :-1].contiguous(),)
-    def example_targets():
-        return (_ids()[:, 1:].contiguous(),)
-    loss_fn = gpt.loss_fn
-""",
-    ("h.2", "h.4", "h.6"),
-)
+GPT = Bench("gpt", gpt_body(8, 128, 4, 16, 64, 256), ("h.2", "h.4", "h.6"))
 LLAMA = Bench(
     "hf_llama",
-    """
-    import hf_llama
-    BATCH, SEQ, VOCAB = 16, 32, 256
-    def build_model():
-        return hf_llama.build_llama(num_hidden_layers=8, hidden_size=128, num_attention_heads=4,
-                                    num_key_value_heads=2, intermediate_size=256, vocab_size=VOCAB)
-    def _ids():
-        g = torch.Generator().manual_seed(0)
-        return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
-    def example_inputs():
-        return {"input_ids": _ids()[:, :-1].contiguous()}
-    def example_targets():
-        return (_ids()[:, 1:].contiguous(),)
-    loss_fn = hf_llama.loss_fn
-""",
+    llama_body(8, 128, 256, 16, 32),
     ("model.layers.2", "model.layers.4", "model.layers.6"),
 )
-RESNET = Bench(
-    "resnet",
-    """
-    import resnet
-    BATCH = 16
-    def build_model():
-        return resnet.build_resnet(depth_per_group=2, width=32)
-    def example_inputs():
-        g = torch.Generator().manual_seed(0)
-        return (torch.randn(BATCH, 3, 32, 32, generator=g),)
-    def example_targets():
-        g = torch.Generator().manual_seed(1)
-        return (torch.randint(0, 10, (BATCH,), generator=g),)
-    loss_fn = resnet.loss_fn
-""",
-    ("layer1", "layer2", "layer3"),
-)
+RESNET = Bench("resnet", resnet_body(2, 32, 16), ("layer1", "layer2", "layer3"))
 BENCHES = (GPT, LLAMA, RESNET)
 
 
 def model_file(root: Path, bench: Bench) -> Path:
-    head = f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nimport torch\n"
-    path = root / f"{bench.name}_bench.py"
-    path.write_text(head + textwrap.dedent(bench.body))
-    return path
+    return write_model_file(root / f"{bench.name}_bench.py", bench.body)
 
 
 def search_models(quick: bool) -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:

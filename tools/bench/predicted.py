@@ -35,13 +35,13 @@ import argparse
 import json
 import statistics
 import tempfile
-import textwrap
 import time
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-from common import EXAMPLES, command, log, machine, pipecompile_done
+from common import command, log, machine, pipecompile_done
+from model_files import gpt_body, llama_body, resnet_body, write_model_file
 
 from pipecompile.runtime.distributed.local_ranks import fork_a_starter
 
@@ -58,60 +58,20 @@ class Model:
 
 
 def _gpt(layers: int, width: int, heads: int, batch: int, seq: int, vocab: int) -> Model:
-    """examples/gpt.py's GPT at these sizes, on random tokens."""
-    return Model(
-        "gpt",
-        f"GPT ({layers} layers, width {width}, {batch} x {seq} tokens)",
-        f"""
-    import gpt
-    BATCH, SEQ, VOCAB = {batch}, {seq}, {vocab}
-    def build_model():
-        return gpt.build_gpt(n_layer={layers}, n_embd={width}, n_head={heads}, block_size=SEQ,
-                             vocab_size=VOCAB)
-    def _ids():
-        return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
-    def example_inputs():
-        return (_ids()[:, :-1].contiguous(),)
-    def example_targets():
-        return (_ids()[:, 1:].contiguous(),)
-    loss_fn = gpt.loss_fn
-    """,
-    )
+    title = f"GPT ({layers} layers, width {width}, {batch} x {seq} tokens)"
+    return Model("gpt", title, gpt_body(layers, width, heads, batch, seq, vocab))
 
 
 GPT = _gpt(8, 64, 4, 16, 32, 256)
 LLAMA = Model(
     "hf_llama",
     "Hugging Face Llama (6 layers, hidden 64, 16 x 16 tokens)",
-    """
-    import hf_llama
-    BATCH, SEQ, VOCAB = 16, 16, 256
-    def build_model():
-        return hf_llama.build_llama(num_hidden_layers=6, hidden_size=64, num_attention_heads=4,
-                                    num_key_value_heads=2, intermediate_size=128, vocab_size=VOCAB)
-    def _ids():
-        return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
-    def example_inputs():
-        return {"input_ids": _ids()[:, :-1].contiguous()}
-    def example_targets():
-        return (_ids()[:, 1:].contiguous(),)
-    loss_fn = hf_llama.loss_fn
-    """,
+    llama_body(6, 64, 128, 16, 16),
 )
 RESNET = Model(
     "resnet",
     "ResNet (2 blocks a group, width 16, 16 images of 32 x 32)",
-    """
-    import resnet
-    BATCH = 16
-    def build_model():
-        return resnet.build_resnet(depth_per_group=2, width=16)
-    def example_inputs():
-        return (torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
-    def example_targets():
-        return (torch.randint(0, 10, (BATCH,), generator=torch.Generator().manual_seed(1)),)
-    loss_fn = resnet.loss_fn
-    """,
+    resnet_body(2, 16, 16),
 )
 TINY_GPT = _gpt(2, 32, 2, 8, 16, 128)
 MODELS = (GPT, LLAMA, RESNET)
@@ -187,10 +147,7 @@ class Row:
 
 
 def model_file(root: Path, model: Model) -> Path:
-    head = f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nimport torch\n"
-    path = root / f"{model.name}_model.py"
-    path.write_text(head + textwrap.dedent(model.body))
-    return path
+    return write_model_file(root / f"{model.name}_model.py", model.body)
 
 
 def compiled(path: Path, fixed: Fixed, out: Path) -> dict:
