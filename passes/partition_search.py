@@ -194,7 +194,7 @@ def _choices(problem: Problem, j: int, used: int, bases: dict) -> Sequence[int]:
     ``bases``)."""
     if problem.workers is None:
         return range(1, 2)
-    most = min(problem.workers - used - (problem.parts - 1 - j), problem.microbatches)
+    most = int(_most(problem, j, used))
     if ("choices", most) not in bases:
         m = problem.microbatches
         # a replica past the m-th would idle, and r replicas whose busiest runs no fewer
@@ -203,6 +203,14 @@ def _choices(problem: Problem, j: int, used: int, bases: dict) -> Sequence[int]:
             r for r in range(1, most + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)
         ]
     return bases["choices", most]
+
+
+def _most(problem: Problem, j: int, used: int | np.ndarray) -> int | np.ndarray:
+    """The most replicas part j may have (with replication) when ``used`` workers (a count,
+    or an array of them) hold the parts before it: one worker is left for each part after
+    it, and a replica past the m-th micro-batch would idle."""
+    assert problem.workers is not None
+    return np.minimum(problem.workers - used - (problem.parts - 1 - j), problem.microbatches)
 
 
 def _step(
@@ -297,17 +305,22 @@ def _layer_reachable(
     running maximum (linear, no sparse table); the first row that reaches an end has the
     fewest workers."""
     reached = fewest < _FAR
+    out = np.full_like(fewest, _FAR)
+    if not reached.any():
+        return out
+    chains = _chains(fewest, reached) if MONOTONE_PATH else None
+    if chains is not None:  # the fewest used have the most choices: every other's among them
+        counts = list(_choices(problem, j, int(fewest[reached].min()), bases))
+        if not counts:
+            return out
+        stacked = _stacked(problem, j, counts[-1], bases)
+        return _monotone_layer(problem, j, fewest, chains, bound, counts, stacked, segments)
     useds = np.unique(fewest[reached])
     choices = {int(u): set(_choices(problem, j, int(u), bases)) for u in useds}
     counts = sorted(set().union(*choices.values()))
-    out = np.full_like(fewest, _FAR)
     if not counts:
         return out
     keys, thresholds = _stacked(problem, j, counts[-1], bases)
-    chains = _chains(fewest, reached) if MONOTONE_PATH else None
-    if chains is not None:
-        stacked = (keys, thresholds)
-        return _monotone_layer(problem, j, fewest, chains, bound, counts, stacked, segments)
     masks = fewest[None, :] == useds[:, None]  # a row per workers count, fewest first
     for r in counts:  # per replica count, the workers counts that may choose it at once
         rows = np.array([r in choices[int(u)] for u in useds])
@@ -358,8 +371,8 @@ def _monotone_layer(
     members = np.repeat(np.stack(chains), len(counts), axis=0)  # row: (chain, count)
     if problem.workers is None:  # no replication: one replica, always open
         most = np.full_like(fewest, 1)
-    else:  # the most replicas part j may have after u workers (``_choices``)
-        most = np.minimum(problem.workers - fewest - (problem.parts - 1 - j), problem.microbatches)
+    else:
+        most = _most(problem, j, fewest)
     key = np.where(members, keys[rs[:, 0]], _NEG)
     threshold = thresholds[rs[:, 0]] - rs * problem.microbatches * bound
     for s, e in segments:

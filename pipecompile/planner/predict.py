@@ -51,6 +51,7 @@ class Predictor:
     def __post_init__(self) -> None:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
         self._facts: dict[int, AtomFacts] = {}
+        self._walks: dict[int, list[float]] = {}  # per size: ``ModelFacts.walk_seconds``
         self._problems: dict[tuple[object, ...], tuple[Problem, float]] = {}
         self._unmet: dict[tuple[object, ...], int] = {}  # the highest cutoff no split meets
         # per (size, micro-batches, workers): the last split's bottleneck, which the next
@@ -147,7 +148,7 @@ class Predictor:
         convex in B: the forwards shrink as B lets more work onto the replicated stages,
         the backwards grow."""
         m, s, o = plan.microbatches, plan.stages, self.model.instr_overhead
-        total = self._least_work(self.batch // m, s) - 2 * s * _US / _FS
+        total = self._least_work(self.batch // m, s)
         counts = replica_counts(s, workers, m) if workers is not None else [1] * s
 
         def least_step(b: int) -> float:
@@ -177,12 +178,9 @@ class Predictor:
         - the busiest device runs at least its share of every instruction: (m T + 2 m S o) /
           P, or m T / D + 2 m o over D workers (sum r_j <= D);
         - ranks that share cores: (m T + 2 m S o) over their concurrency;
-        - then the optimizer step of the largest device: every parameter's over P.
-
-        Each split's stage works are floored to the problem's unit (a microsecond): 2 S units
-        less is the margin."""
+        - then the optimizer step of the largest device: every parameter's over P."""
         m, s = plan.microbatches, plan.stages
-        total = self._least_work(self.batch // m, s) - 2 * s * _US / _FS
+        total = self._least_work(self.batch // m, s)
         o = self.model.instr_overhead
         per = plan.virtual_stages or (2 if plan.schedule in V_SHAPED else 1)
         held = max(1, s // per)
@@ -207,10 +205,11 @@ class Predictor:
     def _least_work(self, size: int, stages: int) -> float:
         """One micro-batch of ``size`` samples' forward and backward seconds over ``stages``
         stages at the least: every atom on the fastest device, each boundary's messages at
-        the cheapest boundary's."""
+        the cheapest boundary's. A split's stage works are floored to the problem's unit (a
+        microsecond): 2 units a stage less is the margin."""
         facts = self._facts_at(size)
         speeds = scaled_speeds(self.model, range(max(1, len(self.model.device_speed))))
-        work = sum(facts.cost) * min(speeds) / _FS
+        work = sum(facts.cost) * min(speeds) / _FS - 2 * stages * _US / _FS
         comm = (facts.forward + facts.backward)[1:-1]
         if stages < 2 or not len(comm):
             return work
@@ -274,7 +273,9 @@ class Predictor:
         problem, unit = self._problem(size, model, shape)
         ends = [*found.starts[1:], problem.items]
         seconds = unit / _FS
-        walk = self.facts.walk_seconds(size, self.model)
+        if size not in self._walks:
+            self._walks[size] = self.facts.walk_seconds(size, self.model)
+        walk = self._walks[size]
         forward, backward, extra = [], [], []
         for j, (a, b) in enumerate(zip(found.starts, ends)):
             r = found.replicas[j] if model.workers is not None else 1

@@ -102,12 +102,10 @@ def search(
     work = 3 * sum(facts.flops) * batch / max(facts.size, 1) / model.flops_rate
     # the likely best first (the kept plans get good sooner, the bounds skip more): a
     # rough step, or the plan's floor where that is higher
+    plans = list(_plans(facts, batch, space, model))
+    floors = {p: predictor.floor(p, _workers(p, space)) for p in plans}  # each once
     order = sorted(
-        _plans(facts, batch, space, model),
-        key=lambda p: max(
-            _promise(p, space, work, model.instr_overhead),
-            predictor.floor(p, _workers(p, space)),
-        ),
+        plans, key=lambda p: max(_promise(p, space, work, model.instr_overhead), floors[p])
     )
     for plan in order:
         workers = _workers(plan, space)
@@ -115,7 +113,7 @@ def search(
             keep
             and len(best) >= keep
             and (
-                predictor.floor(plan, workers) > best[keep - 1] + _TIE
+                floors[plan] > best[keep - 1] + _TIE
                 or (
                     plan.schedule in _REPLICABLE
                     and not model.memory_limit
