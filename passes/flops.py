@@ -24,19 +24,6 @@ __all__ = ["node_flops", "is_contraction", "is_convolution"]
 
 aten = torch.ops.aten
 
-_CONTRACTION_FUNCTIONS = {
-    F.linear, torch._C._nn.linear, torch.matmul, operator.matmul, torch.mm, torch.bmm,
-    torch.addmm, torch.baddbmm, torch.einsum, F.conv1d, F.conv2d, F.conv3d,
-    F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.scaled_dot_product_attention,
-    F.bilinear,
-}  # fmt: skip
-_CONTRACTION_ATEN = {
-    aten.linear, aten.matmul, aten.mm, aten.bmm, aten.addmm, aten.baddbmm, aten.einsum,
-    aten.conv1d, aten.conv2d, aten.conv3d, aten.convolution, aten._convolution,
-    aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d,
-    aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention,
-    aten._scaled_dot_product_efficient_attention, aten.bilinear,
-}  # fmt: skip
 _CONVOLUTION_FUNCTIONS = {
     F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
 }  # fmt: skip
@@ -47,10 +34,18 @@ _CONVOLUTION_ATEN = {
 _CONVOLUTION_MODULES = (
     nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
 )  # fmt: skip
+_CONTRACTION_FUNCTIONS = _CONVOLUTION_FUNCTIONS | {
+    F.linear, torch._C._nn.linear, torch.matmul, operator.matmul, torch.mm, torch.bmm,
+    torch.addmm, torch.baddbmm, torch.einsum, F.scaled_dot_product_attention, F.bilinear,
+}  # fmt: skip
+_CONTRACTION_ATEN = _CONVOLUTION_ATEN | {
+    aten.linear, aten.matmul, aten.mm, aten.bmm, aten.addmm, aten.baddbmm, aten.einsum,
+    aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention, aten.bilinear,
+}  # fmt: skip
 _CONTRACTION_METHODS = {"matmul", "mm", "bmm", "addmm", "baddbmm", "__matmul__"}
 _CONTRACTION_MODULES = (
-    nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
-    nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.MultiheadAttention,
+    *_CONVOLUTION_MODULES, nn.Linear, nn.Bilinear, nn.MultiheadAttention,
 )  # fmt: skip
 _FREE_METHODS = {
     "view", "reshape", "transpose", "permute", "expand", "size", "dim", "flatten",
