@@ -5,7 +5,8 @@ Each script is found by a glob of both rooms (a new one is covered without touch
 and run as a user runs it, ``python tools/ROOM/X.py --quick``, in a subprocess with a time limit;
 it must exit 0 and print something. A missing optional peer (torchgpipe, DeepSpeed) or Graphviz
 is skipped by the script itself with a note. tools/qa/bad_inputs.py has its own test
-(tests/test_bad_inputs.py); tools/bench/common.py is the benchmarks' shared helpers, no script.
+(tests/test_bad_inputs.py); tools/bench/common.py, forked.py and
+model_files.py are the benchmarks' shared helpers, no scripts.
 
 The selected scripts run in the background from the moment collection ends
 (tests/tools/background.py), overlapping the rest of the suite; the tests here read the results.
@@ -21,7 +22,7 @@ from tests.conftest import ROOT
 from tests.tools.background import RUNS
 
 ROOMS = ("bench", "qa")
-NOT_RUN = {"bad_inputs.py", "common.py", "forked.py"}  # tests/test_bad_inputs.py; helpers
+NOT_RUN = {"bad_inputs.py", "common.py", "forked.py", "model_files.py"}  # test_bad_inputs; helpers
 FOUND = sorted(p for room in ROOMS for p in (ROOT / "tools" / room).glob("*.py"))
 SCRIPTS = [p for p in FOUND if p.name not in NOT_RUN]
 
