@@ -32,12 +32,21 @@ for W distinct worker counts and R replica choices (O(parts · n) without replic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Limit", "Problem", "Solution", "solve", "fits_under", "part_times", "interval_max"]
+__all__ = [
+    "Limit",
+    "Problem",
+    "Solution",
+    "solve",
+    "fits_under",
+    "forget",
+    "part_times",
+    "interval_max",
+]
 
 _NEG = np.iinfo(np.int64).min // 4
 _FAR = np.iinfo(np.int64).max // 4  # workers used to reach a position no split reaches
@@ -67,6 +76,10 @@ class Problem:
     workers: int | None = None  # replication: total ranks to spread over the parts
     param: np.ndarray | None = None  # prefix sums of parameter sync costs (with workers)
     microbatches: int = 1
+    # the bound-free arrays every probe of this problem reuses (``_stacked``, ``_choices``,
+    # the last ends), kept from a caller's ``fits_under`` to its ``solve``; ``solve`` and
+    # ``forget`` empty it
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def parts(self) -> int:
@@ -95,38 +108,49 @@ def solve(problem: Problem, within: int | None = None, guess: int | None = None)
         raise ValueError(f"cannot split {n} items into {p} non-empty parts")
     if problem.workers is not None and problem.workers < p:
         raise ValueError(f"{problem.workers} workers cannot hold {p} parts")
-    last_end = [_last_end(problem, j) for j in range(p)]
-    bases: dict = {}
+    bases = problem.cache
+    last_end = _last_ends(problem)
+    seen: dict[int, list | None] = {}
+
+    def probe(bound: int) -> list | None:  # each bound once: the last met one is walked back
+        if bound not in seen:
+            seen[bound] = _probe(problem, last_end, bound, bases)
+        return seen[bound]
+
     hi = _upper_bound(problem) if within is None else within
-    if within is None and _probe(problem, last_end, hi, bases) is None:
+    if within is None and probe(hi) is None:
         return None
     lo = _lower_bound(problem)
     if guess is not None and lo <= guess < hi:
-        lo, hi = _gallop(problem, last_end, bases, lo, hi, guess)
+        lo, hi = _gallop(probe, lo, hi, guess)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _probe(problem, last_end, mid, bases) is None:
+        if probe(mid) is None:
             lo = mid + 1
         else:
             hi = mid
-    reach = _probe(problem, last_end, lo, bases)
+    reach = probe(lo)
     assert reach is not None
     starts, replicas = _walk_back(problem, last_end, lo, reach, bases)
+    forget(problem)  # the caller keeps the solution
     times = part_times(problem, starts, replicas)
     return Solution(starts, replicas, max(times), times)
 
 
-def _gallop(
-    problem: Problem, last_end: list[np.ndarray], bases: dict, lo: int, hi: int, guess: int
-) -> tuple[int, int]:
+def forget(problem: Problem) -> None:
+    """Drop what probes of ``problem`` kept (a caller done with it)."""
+    problem.cache.clear()
+
+
+def _gallop(probe: Callable[[int], list | None], lo: int, hi: int, guess: int) -> tuple[int, int]:
     """Narrow [lo, hi] (the optimum inside, hi met) by probing ``guess`` and its neighbour
     toward the optimum: two probes settle a guess that is exact or one off, and leave the
     bisection at most one probe more than it had without a guess."""
-    if _probe(problem, last_end, guess, bases) is not None:
-        if guess == lo or _probe(problem, last_end, guess - 1, bases) is None:
+    if probe(guess) is not None:
+        if guess == lo or probe(guess - 1) is None:
             return guess, guess
         return lo, guess - 1
-    if guess + 1 >= hi or _probe(problem, last_end, guess + 1, bases) is not None:
+    if guess + 1 >= hi or probe(guess + 1) is not None:
         return guess + 1, guess + 1
     return guess + 2, hi
 
@@ -224,19 +248,9 @@ def _step(
 
 
 def _base(problem: Problem, j: int, r: int, bases: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Part j's key and bound-free threshold with r replicas, made once and kept in
-    ``bases``."""
-    if (j, r) in bases:
-        return bases[j, r]
-    m, work, cut = problem.microbatches, problem.work[j], problem.cut
-    slots = _slots(m, r)
-    key = slots * (work - cut)
-    threshold = slots * (work + cut)
-    if problem.param is not None and r > 1:
-        key = key + 2 * (r - 1) * problem.param
-        threshold = threshold + 2 * (r - 1) * problem.param
-    bases[j, r] = key, threshold
-    return key, threshold
+    """Part j's key and bound-free threshold with r replicas (a row of ``_stacked``)."""
+    keys, thresholds = _stacked(problem, j, r, bases)
+    return keys[r], thresholds[r]
 
 
 def fits_under(problem: Problem, bound: int) -> bool:
@@ -244,8 +258,13 @@ def fits_under(problem: Problem, bound: int) -> bool:
     search: a caller that only needs to know the optimum is above a bound stops there)."""
     if bound < _lower_bound(problem):
         return False
-    last_end = [_last_end(problem, j) for j in range(problem.parts)]
-    return _probe(problem, last_end, bound, {}) is not None
+    return _probe(problem, _last_ends(problem), bound, problem.cache) is not None
+
+
+def _last_ends(problem: Problem) -> list[np.ndarray]:
+    if "last_end" not in problem.cache:
+        problem.cache["last_end"] = [_last_end(problem, j) for j in range(problem.parts)]
+    return problem.cache["last_end"]
 
 
 def _probe(problem: Problem, last_end: list[np.ndarray], bound: int, bases: dict) -> list | None:
@@ -367,36 +386,60 @@ def _monotone_layer(
     (chain, replica count), not one per (workers count, replica count)."""
     keys, thresholds = stacked
     out = np.full_like(fewest, _FAR)
-    rs = np.tile(np.array(counts, dtype=np.int64), len(chains))[:, None]
-    members = np.repeat(np.stack(chains), len(counts), axis=0)  # row: (chain, count)
-    if problem.workers is None:  # no replication: one replica, always open
-        most = np.full_like(fewest, 1)
-    else:
-        most = _most(problem, j, fewest)
-    key = np.where(members, keys[rs[:, 0]], _NEG)
-    threshold = thresholds[rs[:, 0]] - rs * problem.microbatches * bound
+    counts_ = np.asarray(counts, dtype=np.int64)
+    c, k = len(chains), len(counts_)
+    rs = np.tile(counts_, c)[:, None]  # row: (chain, count)
+    member = np.stack(chains)  # a row per chain
+    # r replicas are open after u workers while u + r leaves a worker for each later part
+    # (r <= m holds for every count)
+    room = _FAR - 1 if problem.workers is None else problem.workers - (problem.parts - 1 - j)
+    key = np.where(member[:, None, :], keys[counts_][None], _NEG).reshape(c * k, -1)
+    # no threshold at or under _NEG: the first start meeting one is a chain's member
+    wanted = thresholds[counts_] - counts_[:, None] * problem.microbatches * bound
+    threshold = np.tile(np.maximum(wanted, _NEG + 1), (c, 1))
     for s, e in segments:
         highest = np.maximum.accumulate(key[:, s:e], axis=1)
         first = s + np.stack(
             [np.searchsorted(row, t) for row, t in zip(highest, threshold[:, s + 1 : e + 1])]
         )
-        start = np.minimum(first, e - 1)
-        ours = np.take_along_axis(members, start, axis=1)
-        ok = (first < np.arange(s + 1, e + 1)) & ours & (rs <= most[start])
-        got = np.where(ok, fewest[start] + rs, _FAR).min(axis=0)
+        used = fewest[np.minimum(first, e - 1)] + rs
+        ok = (first < np.arange(s + 1, e + 1)) & (used <= room)
+        got = np.where(ok, used, _FAR).min(axis=0)
         np.minimum(out[s + 1 : e + 1], got, out=out[s + 1 : e + 1])
     return out
 
 
 def _stacked(problem: Problem, j: int, most: int, bases: dict) -> tuple[np.ndarray, np.ndarray]:
     """Part j's keys and bound-free thresholds for 0..``most`` replicas as two arrays (row r:
-    r replicas; row 0 unused), made once and kept in ``bases``."""
-    have = bases.get(("stacked", j))
+    r replicas; row 0 unused, as 1), made once per distinct work array (parts on equally
+    fast devices share theirs) and kept in ``bases``; at least the replicas part j may
+    ever have are made at once."""
+    work = problem.work[j]
+    kind = _kind(problem, j, bases)
+    have = bases.get(("stacked", kind))
     if have is None or len(have[0]) <= most:
-        rows = [_base(problem, j, max(r, 1), bases) for r in range(most + 1)]
-        have = np.stack([k for k, _ in rows]), np.stack([t for _, t in rows])
-        bases["stacked", j] = have
+        top = max(most, min(problem.microbatches, problem.workers or 1))
+        r = np.maximum(np.arange(top + 1, dtype=np.int64), 1)[:, None]
+        slots = r * -(-problem.microbatches // r)
+        keys = slots * (work - problem.cut)[None, :]
+        thresholds = slots * (work + problem.cut)[None, :]
+        if problem.param is not None:
+            sync = 2 * (r - 1) * problem.param[None, :]
+            keys, thresholds = keys + sync, thresholds + sync
+        have = keys, thresholds
+        bases["stacked", kind] = have
     return have
+
+
+def _kind(problem: Problem, j: int, bases: dict) -> int:
+    """The first part whose work array equals part j's."""
+    if "kinds" not in bases:
+        kinds: list[int] = []
+        for i, w in enumerate(problem.work):
+            same = (k for k in sorted(set(kinds)) if np.array_equal(problem.work[k], w))
+            kinds.append(next(same, i))
+        bases["kinds"] = kinds
+    return bases["kinds"][j]
 
 
 def _segments(problem: Problem) -> list[tuple[int, int]]:

@@ -28,7 +28,7 @@ from pipecompile.ir.recompute_policy import policy_counts, with_recompute
 from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_problem
-from pipecompile.passes.partition_search import Problem, Solution, fits_under, solve
+from pipecompile.passes.partition_search import Problem, Solution, fits_under, forget, solve
 from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts, within
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
@@ -127,8 +127,10 @@ class Predictor:
         if found is None:  # not solved yet: one probe, unless a higher cutoff failed one
             if cutoff <= self._unmet.get(key, -1) or not fits_under(problem, cutoff):
                 self._unmet[key] = max(cutoff, self._unmet.get(key, -1))
+                forget(problem)
                 return True
             if least > 1 and fits_under(problem, least - 1):
+                forget(problem)
                 return True
             found = self._split(size, free, shape, within=cutoff)  # type: ignore[arg-type]
             assert found is not None  # no memory limit, and a split fits under the cutoff
@@ -146,12 +148,19 @@ class Predictor:
         forwards through every stage (S instructions and a third of the least work, each
         stage's over its replicas, no stage's over B: ``bounds.least_forwards``). That is
         convex in B: the forwards shrink as B lets more work onto the replicated stages,
-        the backwards grow."""
+        the backwards grow. With whole backwards (k = 2) every stage's backward of one
+        micro-batch is on that path too (``bounds.fill_and_drain``: the last micro-batch's
+        backwards before B's stage and the first gradient's way to it), so the whole least
+        work is, with 2S + m - 1 instructions' overhead and B's stage's m - 1 backwards
+        more."""
         m, s, o = plan.microbatches, plan.stages, self.model.instr_overhead
         total = self._least_work(self.batch // m, s)
         counts = replica_counts(s, workers, m) if workers is not None else [1] * s
 
         def least_step(b: int) -> float:
+            if k == 2:
+                path = (2 * s + m - 1) * o + least_forwards(total, b * seconds, counts)
+                return path + 2 / 3 * (m - 1) * (b - 1) * seconds
             forwards = s * o + least_forwards(total, b * seconds, counts) / 3
             return forwards + 2 / 3 * m * (b - 1) * seconds + m * (k - 1) * o
 

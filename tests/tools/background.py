@@ -196,14 +196,14 @@ class QuickRuns:
             self.seconds[key] = time.perf_counter() - began
         return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
-    def summary(self, most: int = 8) -> str:
-        """One line: how many runs, their total wall time, and the slowest ``most``."""
+    def summary(self) -> str:
+        """One line: how many runs, their total wall time, and each run's, slowest first."""
         if not self.seconds:
             return ""
-        slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:most]
+        slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])
         named = ", ".join(f"{Path(str(k)).stem} {s:.0f} s" for k, s in slowest)
         total = sum(self.seconds.values())
-        return f"background runs: {len(self.seconds)} in {total:.0f} s; slowest: {named}"
+        return f"background runs: {len(self.seconds)} in {total:.0f} s: {named}"
 
 
 RUNS = QuickRuns()
