@@ -389,19 +389,23 @@ def _monotone_layer(
     counts_ = np.asarray(counts, dtype=np.int64)
     c, k = len(chains), len(counts_)
     rs = np.tile(counts_, c)[:, None]  # row: (chain, count)
-    member = np.stack(chains)  # a row per chain
     # r replicas are open after u workers while u + r leaves a worker for each later part
     # (r <= m holds for every count)
     room = _FAR - 1 if problem.workers is None else problem.workers - (problem.parts - 1 - j)
-    key = np.where(member[:, None, :], keys[counts_][None], _NEG).reshape(c * k, -1)
-    # no threshold at or under _NEG: the first start meeting one is a chain's member
-    wanted = thresholds[counts_] - counts_[:, None] * problem.microbatches * bound
-    threshold = np.tile(np.maximum(wanted, _NEG + 1), (c, 1))
+    # thresholds stay far above _NEG (they are sums of costs, less r m bound): the first
+    # start that meets one has a key, so it is a member of the row's chain
+    threshold = thresholds[counts_] - counts_[:, None] * (problem.microbatches * bound)
+    if c == 1:
+        key = np.where(chains[0], keys[counts_], _NEG)
+    else:
+        key = np.where(np.stack(chains)[:, None, :], keys[counts_][None], _NEG).reshape(c * k, -1)
+        threshold = np.tile(threshold, (c, 1))
     for s, e in segments:
         highest = np.maximum.accumulate(key[:, s:e], axis=1)
-        first = s + np.stack(
-            [np.searchsorted(row, t) for row, t in zip(highest, threshold[:, s + 1 : e + 1])]
-        )
+        first = np.empty((len(key), e - s), dtype=np.int64)
+        for row, (most, least) in enumerate(zip(highest, threshold[:, s + 1 : e + 1])):
+            first[row] = np.searchsorted(most, least)
+        first += s
         used = fewest[np.minimum(first, e - 1)] + rs
         ok = (first < np.arange(s + 1, e + 1)) & (used <= room)
         got = np.where(ok, used, _FAR).min(axis=0)

@@ -54,9 +54,10 @@ class Predictor:
         self._walks: dict[int, list[float]] = {}  # per size: ``ModelFacts.walk_seconds``
         self._problems: dict[tuple[object, ...], tuple[Problem, float]] = {}
         self._unmet: dict[tuple[object, ...], int] = {}  # the highest cutoff no split meets
-        # per (size, micro-batches, workers): the last split's bottleneck, which the next
-        # stage count's is often equal or near to (the search gallops from it)
-        self._near: dict[tuple[object, ...], int] = {}
+        # per (size, micro-batches, workers): each stage count's split's bottleneck; the
+        # nearest stage count's is often equal or near to another's (the search gallops
+        # from it)
+        self._near: dict[tuple[object, ...], dict[int, int]] = {}
 
     def program(self, plan: Plan) -> Program:
         """The plan's compute program with its recomputed forwards marked."""
@@ -211,6 +212,11 @@ class Predictor:
             return 0.0
         return sum(self.facts.params) / self.model.optimizer_rate / devices
 
+    def micro_batch_seconds(self, plan: Plan) -> float:
+        """One micro-batch's forward and backward seconds under ``plan`` at the least (every
+        atom on the fastest device; ``_least_work``)."""
+        return self._least_work(self.batch // plan.microbatches, plan.stages)
+
     def _least_work(self, size: int, stages: int) -> float:
         """One micro-batch of ``size`` samples' forward and backward seconds over ``stages``
         stages at the least: every atom on the fastest device, each boundary's messages at
@@ -241,11 +247,13 @@ class Predictor:
         if key not in self._splits:
             found = None
             if program.num_stages <= len(self._facts_at(size).cost):
-                near = (size, program.microbatches, model.workers)
+                near = self._near.setdefault((size, program.microbatches, model.workers), {})
+                stages = program.num_stages
+                closest = min(near, key=lambda s: (abs(s - stages), s), default=None)
                 problem = self._problem(size, model, program)[0]
-                found = solve(problem, within, guess=self._near.get(near))
+                found = solve(problem, within, guess=near.get(closest))  # type: ignore[arg-type]
                 if found is not None:
-                    self._near[near] = found.bottleneck
+                    near[stages] = found.bottleneck
             self._splits[key] = found
         return self._splits[key]
 

@@ -99,13 +99,16 @@ def search(
     best: list[float] = []  # the best steps so far, at most ``keep``
     tried = bounded = 0
     said = start
-    work = 3 * sum(facts.flops) * batch / max(facts.size, 1) / model.flops_rate
     # the likely best first (the kept plans get good sooner, the bounds skip more): a
     # rough step, or the plan's floor where that is higher
     plans = list(_plans(facts, batch, space, model))
     floors = {p: predictor.floor(p, _workers(p, space)) for p in plans}  # each once
     order = sorted(
-        plans, key=lambda p: max(_promise(p, space, work, model.instr_overhead), floors[p])
+        plans,
+        key=lambda p: max(
+            _promise(p, space, predictor.micro_batch_seconds(p), model, sum(facts.params)),
+            floors[p],
+        ),
     )
     for plan in order:
         workers = _workers(plan, space)
@@ -158,17 +161,24 @@ def _workers(plan: Plan, space: Space) -> int | None:
     return None
 
 
-def _promise(plan: Plan, space: Space, work: float, overhead: float) -> float:
+def _promise(plan: Plan, space: Space, micro: float, model: CostModel, params: int) -> float:
     """A rough step of ``plan`` in seconds, to try the likely best plans first: the sooner the
     kept plans are good, the more of the rest the bound skips (the plans kept are the same in
-    any order). ``work``: the batch's forward and backward seconds on one device;
-    ``overhead``: the runtime's seconds per instruction. A stage of s runs ceil(m / r) of the
-    m micro-batches on each of its r replicas, each a 1 / (m s) share of the work and two
-    instructions, and s - 1 more such slots fill and drain the pipeline."""
+    any order). ``micro``: one micro-batch's forward and backward seconds on one device (its
+    operators' fixed costs included: many small micro-batches cost more than their FLOPs);
+    ``params``: the model's parameter bytes. A stage of s with r replicas is priced as one
+    device that runs each of the m micro-batches at its busiest replica's share,
+    ceil(m / r) / m of a 1 / s share of a micro-batch's work, and two instructions of the
+    runtime's overhead; s - 1 more such slots fill and drain the pipeline; then its replicas
+    all-reduce a 1 / s share of the parameters and the optimizer steps it."""
     stages, m = plan.stages, plan.microbatches
     replicas = max(1, space.devices // stages) if plan.schedule in _REPLICABLE else 1
-    slot = work / (m * stages) + 2 * overhead
-    return (-(-m // replicas) + stages - 1) * slot
+    slot = micro / stages * -(-m // replicas) / m + 2 * model.instr_overhead
+    share = params / stages
+    after = 2 * (replicas - 1) / replicas * share / model.bandwidth
+    if model.optimizer_rate:
+        after += share / model.optimizer_rate
+    return (m + stages - 1) * slot + after
 
 
 def _rank(p: Predicted) -> tuple[float, int, int, int]:
