@@ -98,11 +98,17 @@ class Solution:
     times: tuple[int, ...] = field(default=())
 
 
-def solve(problem: Problem, within: int | None = None, guess: int | None = None) -> Solution | None:
+def solve(
+    problem: Problem,
+    within: int | None = None,
+    guess: int | None = None,
+    least: int | None = None,
+) -> Solution | None:
     """The split with the least bottleneck, or None when no split meets the memory limits.
-    ``within``: a bound some split is known to meet (a caller's probe), which narrows the
-    search; ``guess``: a bottleneck the optimum is likely near (a similar problem's), from
-    which the search gallops before it bisects. The result is the same."""
+    ``within``: a bound some split is known to meet, and ``least`` one under which none is
+    (a caller's probes), which narrow the search; ``guess``: a bottleneck the optimum is
+    likely near (a similar problem's), from which the search gallops before it bisects. The
+    result is the same."""
     n, p = problem.items, problem.parts
     if not 1 <= p <= n:
         raise ValueError(f"cannot split {n} items into {p} non-empty parts")
@@ -120,7 +126,7 @@ def solve(problem: Problem, within: int | None = None, guess: int | None = None)
     hi = _upper_bound(problem) if within is None else within
     if within is None and probe(hi) is None:
         return None
-    lo = _lower_bound(problem)
+    lo = max(_lower_bound(problem), least or 0)
     if guess is not None and lo <= guess < hi:
         lo, hi = _gallop(probe, lo, hi, guess)
     while lo < hi:

@@ -133,7 +133,8 @@ class Predictor:
             if least > 1 and fits_under(problem, least - 1):
                 forget(problem)
                 return True
-            found = self._split(size, free, shape, within=cutoff)  # type: ignore[arg-type]
+            known = least if least > 1 else None  # no split under least - 1, probed
+            found = self._split(size, free, shape, cutoff, known)  # type: ignore[arg-type]
             assert found is not None  # no memory limit, and a split fits under the cutoff
         elif not least <= found.bottleneck <= cutoff:
             return True
@@ -238,11 +239,16 @@ class Predictor:
         return self._facts[size]
 
     def _split(
-        self, size: int, model: CostModel, program: Program, within: int | None = None
+        self,
+        size: int,
+        model: CostModel,
+        program: Program,
+        within: int | None = None,
+        least: int | None = None,
     ) -> Solution | None:
         """The exact split of ``program``'s stages at micro-batches of ``size`` samples (the
         memory limits, when ``model`` has some, depend on the whole program). ``within``: a
-        bound some split meets."""
+        bound some split meets; ``least``: one under which none does."""
         key = self._key(size, model, program)
         if key not in self._splits:
             found = None
@@ -251,7 +257,8 @@ class Predictor:
                 stages = program.num_stages
                 closest = min(near, key=lambda s: (abs(s - stages), s), default=None)
                 problem = self._problem(size, model, program)[0]
-                found = solve(problem, within, guess=near.get(closest))  # type: ignore[arg-type]
+                guess = near.get(closest)  # type: ignore[arg-type]
+                found = solve(problem, within, guess, least)
                 if found is not None:
                     near[stages] = found.bottleneck
             self._splits[key] = found

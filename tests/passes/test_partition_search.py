@@ -95,6 +95,11 @@ def test_solver_matches_brute_force(seed, monotone, monkeypatch):
             for guess in guesses if monotone else ():
                 again = solve(problem, guess=guess)
                 assert again is not None and again.bottleneck == best, (guess, problem)
+            # so does a caller's bracket: a bound met (within) and one not met (least - 1)
+            for least, within in ((best, best), (best - 3, best + 5), (1, 2 * best + 1)):
+                again = solve(problem, within=max(within, best), least=max(least, 1))
+                assert again is not None and again.bottleneck == best, (least, within, problem)
+                assert max(part_times(problem, again.starts, again.replicas)) == best
 
 
 def test_communication_moves_the_cut_to_the_thin_boundary():
