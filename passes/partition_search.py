@@ -123,8 +123,10 @@ def solve(
             seen[bound] = _probe(problem, last_end, bound, bases)
         return seen[bound]
 
-    hi = _upper_bound(problem) if within is None else within
-    if within is None and probe(hi) is None:
+    known = [b for b in (within, _even_bound(problem)) if b is not None]
+    met = min(known, default=None)  # a bound some split meets, if one is known
+    hi = _upper_bound(problem) if met is None else met
+    if met is None and probe(hi) is None:
         return None
     lo = max(_lower_bound(problem), least or 0)
     if guess is not None and lo <= guess < hi:
@@ -195,6 +197,29 @@ def _upper_bound(problem: Problem) -> int:
     if problem.param is not None and problem.workers:
         total += 2 * problem.workers * int(problem.param[-1])
     return total
+
+
+def _even_bound(problem: Problem) -> int | None:
+    """The bottleneck of a split into parts of about equal work with the workers spread
+    evenly (at most m replicas a part), which some split meets; None under memory limits or
+    forced cuts (it may break them), or where equal work leaves a part empty. The probes
+    only offer the replica counts that shorten a part's busiest replica's share, and the
+    least of those that run as many micro-batches as r does is no slower, so a split the
+    probe sees meets it too."""
+    n, p = problem.items, problem.parts
+    if problem.forced or any(problem.limits):
+        return None
+    work = problem.work[0]
+    targets = work[-1] * np.arange(1, p) / p
+    starts = [0, *np.searchsorted(work, targets, side="left").tolist()]
+    if any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= n:
+        return None
+    replicas = None
+    if problem.workers is not None:
+        each, left = divmod(problem.workers, p)
+        spread = [each + (j < left) for j in range(p)]
+        replicas = [min(r, problem.microbatches) for r in spread]
+    return max(part_times(problem, starts, replicas))
 
 
 def _lower_bound(problem: Problem) -> int:
