@@ -2,8 +2,9 @@
 `--tune` picks against an exhaustive measured grid, and torch.distributed.pipelining's default
 user setup on the same model, data and processes. Prints Markdown tables.
 
-1. Search time: a 32-layer GPT (width 128, 64 tokens, batch 32) and an 8-layer MLP (width
-   256, batch 32) over 8, 16, 32 and 64 devices (goal: under 10 s each).
+1. Search time: a 32-layer GPT (width 128, 64 tokens, batch 32), an 8-layer MLP (width
+   256, batch 32), and models of 200 layers: a GPT (width 64, 32 tokens) and an MLP, over 8,
+   16, 32 and 64 devices (goal: under 10 s each).
 2. For a GPT, a Hugging Face Llama and a ResNet on 4 processes (CPU, gloo; `--processes 2`: 2):
    - `pipecompile MODEL --devices 4 --tune 3`: the plan chosen, re-measured;
    - a grid over stages (1, 2, 4; replicas fill the 4 devices) x micro-batches (2, 4, 8) x
@@ -74,18 +75,34 @@ def model_file(root: Path, bench: Bench) -> Path:
 
 def search_models(quick: bool) -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
     """The search-time models: a GPT (32 layers, width 128, 64 tokens, batch 32; 8 layers
-    under --quick) and an 8-layer MLP (width 256, batch 32)."""
+    under --quick) and an 8-layer MLP (width 256, batch 32); then (not under --quick) 200
+    layers of each: a GPT of width 64 over 32 tokens and an MLP."""
     from gpt import build_gpt
 
+    def mlp(layers: int) -> torch.nn.Module:
+        widths = [torch.nn.Linear(256, 256) for _ in range(layers)]
+        return torch.nn.Sequential(*(m for lin in widths for m in (lin, torch.nn.ReLU())))
+
     layers = 8 if quick else 32
-    gpt = build_gpt(n_layer=layers, n_embd=128, n_head=4, block_size=64)
-    widths = [torch.nn.Linear(256, 256) for _ in range(8)]
-    mlp = torch.nn.Sequential(*(m for lin in widths for m in (lin, torch.nn.ReLU())))
     g = torch.Generator().manual_seed(0)
-    return [
-        (f"GPT {layers} layers", gpt, {"idx": torch.randint(0, 128, (32, 64), generator=g)}),
-        ("MLP 8 layers", mlp, {"input": torch.randn(32, 256, generator=g)}),
+    models = [
+        (
+            f"GPT {layers} layers",
+            build_gpt(n_layer=layers, n_embd=128, n_head=4, block_size=64),
+            {"idx": torch.randint(0, 128, (32, 64), generator=g)},
+        ),
+        ("MLP 8 layers", mlp(8), {"input": torch.randn(32, 256, generator=g)}),
     ]
+    if not quick:
+        models += [
+            (
+                "GPT 200 layers",
+                build_gpt(n_layer=200, n_embd=64, n_head=2, block_size=32),
+                {"idx": torch.randint(0, 128, (32, 32), generator=g)},
+            ),
+            ("MLP 200 layers", mlp(200), {"input": torch.randn(32, 256, generator=g)}),
+        ]
+    return models
 
 
 def search_time(devices: tuple[int, ...], quick: bool) -> None:
