@@ -363,8 +363,8 @@ def _layer_reachable(
         counts = list(_choices(problem, j, int(fewest[reached].min()), bases))
         if not counts:
             return out
-        stacked = _stacked(problem, j, counts[-1], bases)
-        return _monotone_layer(problem, j, fewest, chains, bound, counts, stacked, segments)
+        chosen = _chosen(problem, j, counts, bases)
+        return _monotone_layer(problem, j, fewest, chains, bound, counts, chosen, segments)
     useds = np.unique(fewest[reached])
     choices = {int(u): set(_choices(problem, j, int(u), bases)) for u in useds}
     counts = sorted(set().union(*choices.values()))
@@ -406,42 +406,69 @@ def _monotone_layer(
     chains: list[np.ndarray],
     bound: int,
     counts: Sequence[int],
-    stacked: tuple[np.ndarray, np.ndarray],
+    chosen: tuple[np.ndarray, np.ndarray, np.ndarray],
     segments: list[tuple[int, int]],
 ) -> np.ndarray:
     """``_layer_reachable`` over ``chains`` of positions along which the fewest workers never
     fall (``_chains``; most layers are one chain: more atoms covered take more workers):
     along a chain the earliest start that reaches an end has the fewest workers of the
     chain's that do, and it is where the running maximum of the chain's keys first meets
-    the end's threshold (a binary search on that non-decreasing maximum). One row per
-    (chain, replica count), not one per (workers count, replica count)."""
-    keys, thresholds = stacked
+    the end's threshold (a binary search on that non-decreasing maximum, over the chain's
+    starts alone). One row per (chain, replica count), not one per (workers count, replica
+    count); each chain's ends only from its first start to the farthest end its greatest
+    key could meet (``_chosen``'s least thresholds from each end on: a second chain of a
+    few starts looks at a few ends)."""
+    keys, thresholds, least = chosen
     out = np.full_like(fewest, _FAR)
     counts_ = np.asarray(counts, dtype=np.int64)
-    c, k = len(chains), len(counts_)
-    rs = np.tile(counts_, c)[:, None]  # row: (chain, count)
+    rs = counts_[:, None]
     # r replicas are open after u workers while u + r leaves a worker for each later part
     # (r <= m holds for every count)
     room = _FAR - 1 if problem.workers is None else problem.workers - (problem.parts - 1 - j)
-    # thresholds stay far above _NEG (they are sums of costs, less r m bound): the first
-    # start that meets one has a key, so it is a member of the row's chain
-    threshold = thresholds[counts_] - counts_[:, None] * (problem.microbatches * bound)
-    if c == 1:
-        key = np.where(chains[0], keys[counts_], _NEG)
-    else:
-        key = np.where(np.stack(chains)[:, None, :], keys[counts_][None], _NEG).reshape(c * k, -1)
-        threshold = np.tile(threshold, (c, 1))
-    for s, e in segments:
-        highest = np.maximum.accumulate(key[:, s:e], axis=1)
-        first = np.empty((len(key), e - s), dtype=np.int64)
-        for row, (most, least) in enumerate(zip(highest, threshold[:, s + 1 : e + 1])):
-            first[row] = np.searchsorted(most, least)
-        first += s
-        used = fewest[np.minimum(first, e - 1)] + rs
-        ok = (first < np.arange(s + 1, e + 1)) & (used <= room)
-        got = np.where(ok, used, _FAR).min(axis=0)
-        np.minimum(out[s + 1 : e + 1], got, out=out[s + 1 : e + 1])
+    lowered = rs * (problem.microbatches * bound)
+    for chain in chains:
+        at = np.flatnonzero(chain)
+        for s, e in segments:
+            lo, hi = np.searchsorted(at, (s, e))
+            if lo == hi:
+                continue
+            starts = at[lo:hi]
+            highest = np.maximum.accumulate(keys[:, starts], axis=1)
+            # no end past the last whose least threshold from it on some row's greatest key
+            # meets, none at or before the first start
+            first_end = int(starts[0]) + 1
+            met = least[:, first_end : e + 1] <= highest[:, -1:] + lowered
+            last_end = first_end + int(met.sum(axis=1).max()) - 1
+            if last_end < first_end:
+                continue
+            wanted = thresholds[:, first_end : last_end + 1] - lowered
+            first = np.empty(wanted.shape, dtype=np.int64)
+            for row, (most, needed) in enumerate(zip(highest, wanted)):
+                first[row] = np.searchsorted(most, needed)  # len(starts): none meets it
+            start = starts[np.minimum(first, len(starts) - 1)]
+            used = fewest[start] + rs
+            ends = np.arange(first_end, last_end + 1)
+            ok = (first < len(starts)) & (start < ends) & (used <= room)
+            got = np.where(ok, used, _FAR).min(axis=0)
+            span = out[first_end : last_end + 1]
+            np.minimum(span, got, out=span)
     return out
+
+
+def _chosen(
+    problem: Problem, j: int, counts: Sequence[int], bases: dict
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Part j's keys, bound-free thresholds and least thresholds from each end on (the
+    minimum over the ends after it) for the replica counts ``counts``, a row each, made once
+    per distinct work array and kept in ``bases``."""
+    kind, counts = _kind(problem, j, bases), tuple(counts)
+    if ("chosen", kind, counts) not in bases:
+        keys, thresholds = _stacked(problem, j, counts[-1], bases)
+        rows = np.asarray(counts, dtype=np.int64)
+        picked = thresholds[rows]
+        least = np.minimum.accumulate(picked[:, ::-1], axis=1)[:, ::-1].copy()
+        bases["chosen", kind, counts] = keys[rows], picked, least
+    return bases["chosen", kind, counts]
 
 
 def _stacked(problem: Problem, j: int, most: int, bases: dict) -> tuple[np.ndarray, np.ndarray]:
