@@ -14,7 +14,9 @@ torch.distributed.pipelining.
 
 Compiles and the runs of one process go through ``pipecompile.cli.main`` in this process (their
 time is not reported; a fresh interpreter would spend seconds importing torch); the two
-throughput runs, whose whole-command time is reported, start processes of their own.
+throughput runs, whose whole-command time is reported, start processes of their own (under
+--quick, which judges no figure, the peer's ranks are forked from a warm process instead of
+started by torchrun: tools/bench/forked.py).
 
     python tools/bench/training.py            # the figures in docs/BENCHMARKS.md
     python tools/bench/training.py --quick    # fewer steps and configurations
@@ -43,6 +45,7 @@ from common import (
     torchrun_command,
     use_examples,
 )
+from forked import run_ranks
 
 GPT = EXAMPLES / "gpt.py"
 CHAR = EXAMPLES / "char_lm.py"
@@ -132,8 +135,7 @@ def throughput(root: Path, quick: bool) -> None:
         records = train_records(out / "metrics.jsonl")[-steps:]
         ours = max(ours, statistics.median(r["samples_per_s"] for r in records[1:] or records))
         result = root / "peer.json"
-        launch = torchrun_command(2, __file__, "--peer-worker", str(steps), str(result))
-        peer_wall, _ = timed(run_checked, [*launch, "--model-ref", model])
+        peer_wall, _ = timed(peer_run, steps, result, model, quick)
         peer = max(peer, json.loads(result.read_text())["samples_per_s"])
     print(f"\n## Training throughput, char_lm, 2 processes, {steps} steps\n")
     print("| | samples/s (median step) | whole command (s) |")
@@ -141,6 +143,19 @@ def throughput(root: Path, quick: bool) -> None:
     print(f"| pipecompile run --nproc 2 | {ours:.1f} | {ours_wall:.1f} |")
     print(f"| torch.distributed.pipelining | {peer:.1f} | {peer_wall:.1f} |")
     print(f"\nRatio: {ours / peer:.2f}x")
+
+
+def peer_run(steps: int, result: Path, model: str, quick: bool) -> None:
+    """The torch.distributed.pipelining loop on 2 ranks under torchrun; under --quick (its
+    whole-command time not judged) its ranks forked from a warm process (``forked``)."""
+    args = ("--peer-worker", str(steps), str(result), "--model-ref", model)
+    if not quick:
+        run_checked(torchrun_command(2, __file__, *args))
+        return
+    done = run_ranks(2, __file__, *args, timeout=600)
+    if done.returncode:
+        tail = done.stderr[-3000:]
+        raise SystemExit(f"the peer's ranks failed (exit {done.returncode}):\n{tail}")
 
 
 def peer_worker(steps: int, result: Path, model_ref: str) -> None:
