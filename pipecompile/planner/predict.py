@@ -103,9 +103,12 @@ class Predictor:
            (a third of the least work, over the most replicas a stage can have, and S
            instructions' overhead) do: one probe of the partitioner at the lower of the
            two bottlenecks these allow.
-        2. Split exactly, its fill-and-drain bound (``bounds.fill_and_drain``).
+        2. Split exactly, its fill-and-drain bound (``bounds.fill_and_drain``) and then the
+           split's own optimizer step and largest all-reduce, which the step adds after the
+           drain.
 
-        The optimizer step after the drain adds at least its share (``_optimizer_floor``).
+        Before the split the optimizer step after the drain adds at least its share
+        (``_optimizer_floor``).
         """
         size = self.batch // plan.microbatches
         shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
@@ -115,6 +118,7 @@ class Predictor:
         m, o = plan.microbatches, self.model.instr_overhead
         whole = plan.schedule in ("gpipe", "1f1b")
         k = 2 if whole else 3
+        target = step
         step -= self._optimizer_floor(plan.stages)
         # a bottleneck B (rounded up to a unit) makes the step at least m (B - 1) units, and
         # its stage's m k instructions each cost o more
@@ -138,7 +142,10 @@ class Predictor:
             assert found is not None  # no memory limit, and a split fits under the cutoff
         elif not least <= found.bottleneck <= cutoff:
             return True
-        return fill_and_drain(self.stage_costs(size, free, shape, found), m, whole) > step
+        # split: the split's own optimizer step and all-reduce after the drain
+        facts = self._facts_at(size)
+        after = self._optimizer(facts, shape.stage_device, found, free) + _sync(facts, found, free)
+        return fill_and_drain(self.stage_costs(size, free, shape, found), m, whole) + after > target
 
     def _window(
         self, plan: Plan, workers: int | None, seconds: float, k: int, step: float, most: int
@@ -313,17 +320,9 @@ class Predictor:
     def _step(
         self, facts: AtomFacts, model: CostModel, program: Program, found: Solution
     ) -> tuple[float, float]:
-        ends = [*found.starts[1:], len(facts.cost)]
         costs = self.stage_costs(self.batch // program.microbatches, model, program, found)
         timeline = simulate(program, Topology.chain(program.num_stages), costs)
-        sync = max(
-            (
-                2 * (r - 1) / r * sum(facts.params[a:b]) / model.bandwidth
-                for r, a, b in zip(found.replicas, found.starts, ends)
-                if model.workers is not None
-            ),
-            default=0.0,
-        )
+        sync = _sync(facts, found, model)
         step = timeline.makespan
         if self.model.concurrency:  # ranks share cores: no faster than their work over them
             replicas = found.replicas if model.workers is not None else ()
@@ -331,12 +330,16 @@ class Predictor:
             work = sum(timeline.busy(d) * (busy[d] if busy else 1)
                        for d in range(timeline.devices))  # fmt: skip
             step = max(step, work / self.model.concurrency)
-        step += self._optimizer(facts, program, found, model)
+        step += self._optimizer(facts, program.stage_device, found, model)
         replicas = found.replicas if model.workers is not None else ()
         return float(step + sync), _bubble(timeline, program.microbatches, replicas)
 
     def _optimizer(
-        self, facts: AtomFacts, program: Program, found: Solution, model: CostModel
+        self,
+        facts: AtomFacts,
+        stage_device: Sequence[int],
+        found: Solution,
+        model: CostModel,
     ) -> float:
         """Seconds of the optimizer step after the drain: the largest device's, or every
         rank's over the cores' concurrency where they share them."""
@@ -344,9 +347,9 @@ class Predictor:
             return 0.0
         ends = [*found.starts[1:], len(facts.cost)]
         replicas = found.replicas if model.workers is not None else (1,) * len(ends)
-        per_device = [0.0] * len(program.devices)
+        per_device = [0.0] * (max(stage_device) + 1)
         for j, (a, b) in enumerate(zip(found.starts, ends)):
-            per_device[program.stage_device[j]] += sum(facts.params[a:b])
+            per_device[stage_device[j]] += sum(facts.params[a:b])
         seconds = [nbytes / self.model.optimizer_rate for nbytes in per_device]
         if not self.model.concurrency:
             return max(seconds)
@@ -354,6 +357,21 @@ class Predictor:
         return max(
             max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.model.concurrency
         )
+
+
+def _sync(facts: AtomFacts, found: Solution, model: CostModel) -> float:
+    """Seconds of the largest replicated stage's gradient all-reduce after the drain (none
+    without replication)."""
+    if model.workers is None:
+        return 0.0
+    ends = [*found.starts[1:], len(facts.cost)]
+    return max(
+        (
+            2 * (r - 1) / r * sum(facts.params[a:b]) / model.bandwidth
+            for r, a, b in zip(found.replicas, found.starts, ends)
+        ),
+        default=0.0,
+    )
 
 
 @dataclass(frozen=True)
