@@ -42,11 +42,11 @@ from common import (
     pipecompile_here,
     run_checked,
     timed,
-    torchrun_command,
     use_examples,
 )
 from forked import run_ranks
 
+WAIT_S = 900  # the most the peer's ranks may take
 GPT = EXAMPLES / "gpt.py"
 CHAR = EXAMPLES / "char_lm.py"
 
@@ -135,7 +135,7 @@ def throughput(root: Path, quick: bool) -> None:
         records = train_records(out / "metrics.jsonl")[-steps:]
         ours = max(ours, statistics.median(r["samples_per_s"] for r in records[1:] or records))
         result = root / "peer.json"
-        peer_wall, _ = timed(peer_run, steps, result, model, quick)
+        peer_wall, _ = timed(peer_run, steps, result, model)
         peer = max(peer, json.loads(result.read_text())["samples_per_s"])
     print(f"\n## Training throughput, char_lm, 2 processes, {steps} steps\n")
     print("| | samples/s (median step) | whole command (s) |")
@@ -145,17 +145,14 @@ def throughput(root: Path, quick: bool) -> None:
     print(f"\nRatio: {ours / peer:.2f}x")
 
 
-def peer_run(steps: int, result: Path, model: str, quick: bool) -> None:
-    """The torch.distributed.pipelining loop on 2 ranks under torchrun; under --quick (its
-    whole-command time not judged) its ranks forked from a warm process (``forked``)."""
+def peer_run(steps: int, result: Path, model: str) -> None:
+    """The torch.distributed.pipelining loop on 2 ranks (``forked.run_ranks``: torchrun, one
+    thread a rank as torchrun gives it; under --quick, whose whole-command time is not
+    judged, ranks forked from a warm process)."""
     args = ("--peer-worker", str(steps), str(result), "--model-ref", model)
-    if not quick:
-        run_checked(torchrun_command(2, __file__, *args))
-        return
-    done = run_ranks(2, __file__, *args, timeout=600)
+    done = run_ranks(2, __file__, *args, timeout=WAIT_S)
     if done.returncode:
-        tail = done.stderr[-3000:]
-        raise SystemExit(f"the peer's ranks failed (exit {done.returncode}):\n{tail}")
+        raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
 
 
 def peer_worker(steps: int, result: Path, model_ref: str) -> None:
