@@ -249,7 +249,7 @@ def _choices(problem: Problem, j: int, used: int, bases: dict) -> Sequence[int]:
     ``bases``)."""
     if problem.workers is None:
         return range(1, 2)
-    most = int(_most(problem, j, used))
+    most = _most(problem, j, used)
     if ("choices", most) not in bases:
         m = problem.microbatches
         # a replica past the m-th would idle, and r replicas whose busiest runs no fewer
@@ -260,12 +260,13 @@ def _choices(problem: Problem, j: int, used: int, bases: dict) -> Sequence[int]:
     return bases["choices", most]
 
 
-def _most(problem: Problem, j: int, used: int | np.ndarray) -> int | np.ndarray:
-    """The most replicas part j may have (with replication) when ``used`` workers (a count,
-    or an array of them) hold the parts before it: one worker is left for each part after
-    it, and a replica past the m-th micro-batch would idle."""
+def _most(problem: Problem, j: int, used: int) -> int:
+    """The most replicas part j may have (with replication) when ``used`` workers hold the
+    parts before it: one worker is left for each part after it, and a replica past the m-th
+    micro-batch would idle (``_monotone_layer``'s ``room`` is the same limit on the workers
+    used, read once per layer)."""
     assert problem.workers is not None
-    return np.minimum(problem.workers - used - (problem.parts - 1 - j), problem.microbatches)
+    return min(problem.workers - used - (problem.parts - 1 - j), problem.microbatches)
 
 
 def _step(

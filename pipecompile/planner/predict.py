@@ -263,8 +263,8 @@ class Predictor:
                 near = self._near.setdefault((size, program.microbatches, model.workers), {})
                 stages = program.num_stages
                 closest = min(near, key=lambda s: (abs(s - stages), s), default=None)
+                guess = None if closest is None else near[closest]
                 problem = self._problem(size, model, program)[0]
-                guess = near.get(closest)  # type: ignore[arg-type]
                 found = solve(problem, within, guess, least)
                 if found is not None:
                     near[stages] = found.bottleneck
