@@ -497,10 +497,13 @@ def _stacked(problem: Problem, j: int, most: int, bases: dict) -> tuple[np.ndarr
 def _kind(problem: Problem, j: int, bases: dict) -> int:
     """The first part whose work array equals part j's."""
     if "kinds" not in bases:
-        kinds: list[int] = []
+        firsts: list[int] = []  # the first part of each distinct work array
+        kinds = []
         for i, w in enumerate(problem.work):
-            same = (k for k in sorted(set(kinds)) if np.array_equal(problem.work[k], w))
-            kinds.append(next(same, i))
+            kind = next((k for k in firsts if np.array_equal(problem.work[k], w)), None)
+            if kind is None:
+                firsts.append(kind := i)
+            kinds.append(kind)
         bases["kinds"] = kinds
     return bases["kinds"][j]
 
