@@ -161,7 +161,10 @@ class Predictor:
         micro-batch is on that path too (``bounds.fill_and_drain``: the last micro-batch's
         backwards before B's stage and the first gradient's way to it), so the whole least
         work is, with 2S + m - 1 instructions' overhead and B's stage's m - 1 backwards
-        more."""
+        more. With split backwards (k = 3) the first stage's path bounds it too: micro-batch
+        0's forwards through every stage and its gradient's inputs back to the first (a third
+        of each later stage's work), at least two thirds of the least work and 2S - 1
+        instructions; with many stages of few replicas that path is the longer."""
         m, s, o = plan.microbatches, plan.stages, self.model.instr_overhead
         total = self._least_work(self.batch // m, s)
         counts = replica_counts(s, workers, m) if workers is not None else [1] * s
@@ -170,8 +173,9 @@ class Predictor:
             if k == 2:
                 path = (2 * s + m - 1) * o + least_forwards(total, b * seconds, counts)
                 return path + 2 / 3 * (m - 1) * (b - 1) * seconds
-            forwards = s * o + least_forwards(total, b * seconds, counts) / 3
-            return forwards + 2 / 3 * m * (b - 1) * seconds + m * (k - 1) * o
+            least = least_forwards(total, b * seconds, counts)
+            busiest = s * o + least / 3 + 2 / 3 * m * (b - 1) * seconds + m * (k - 1) * o
+            return max(busiest, (2 * s - 1) * o + 2 / 3 * least)
 
         first = max(1, math.ceil(total / (seconds * sum(counts))))  # the least work fits
         if first > most:

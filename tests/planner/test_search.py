@@ -289,3 +289,22 @@ def test_the_floor_never_exceeds_a_predicted_step(facts, machine) -> None:  # ty
         assert floor <= got.step * (1 + 1e-9), plan.flags
         ratios.append(floor / got.step)
     assert max(ratios) > 0.5
+
+
+@pytest.mark.parametrize(("devices", "machine"), [(6, MACHINE), (4, RICH)], ids=["6", "rich-4"])
+def test_no_plan_is_bounded_out_of_its_own_step(facts, devices, machine) -> None:  # type: ignore[no-untyped-def]
+    """``Predictor.beyond`` (the window of bottlenecks, then the exact split's fill and
+    drain) never says a plan cannot reach the step ``predict`` gives it: every replicable
+    plan of the space, with and without replicas, under its own step is within reach, and
+    some are out of reach of a slightly shorter one (the bound is not vacuous)."""
+    result = search(facts, batch=8, space=Space(devices=devices), model=machine)
+    replicable = [p for p in result.ranked if p.plan.schedule in ("gpipe", "1f1b", "zb1p", "zb2p")]
+    assert {p.plan.schedule for p in replicable} == {"gpipe", "1f1b", "zb1p", "zb2p"}
+    predictor = Predictor(facts, 8, machine)
+    refused = 0
+    for got in replicable:
+        plan = replace(got.plan, replicas=())
+        workers = devices if plan.stages != devices else None
+        assert not predictor.beyond(plan, workers, got.step * (1 + 1e-9)), got.plan.flags
+        refused += predictor.beyond(plan, workers, got.step * 0.9)
+    assert refused > 0
