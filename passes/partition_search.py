@@ -28,10 +28,19 @@ and a binary search on it: the earliest start that reaches an end has the chain'
 workers); with one,
 a vectorised "interval maximum" per pair. Cost per probe: O(parts · W · R · n) array work
 for W distinct worker counts and R replica choices (O(parts · n) without replication).
+
+Without memory limits, a met probe's band narrows the probes under its bound: the fewest
+workers with which the later parts can finish from each position (a probe of the mirrored
+problem, ``_needs``) drop every position no split under that bound goes through, and each
+layer's ends are looked for only where they could still finish. Near the optimum the band
+holds a few percent of the positions or less. The search starts under the least bottleneck
+of a few splits of about even load (``_even_bound``), often within a few percent of the
+optimum, which also answers ``fits_under`` without a probe where it is under the bound.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +60,7 @@ __all__ = [
 _NEG = np.iinfo(np.int64).min // 4
 _FAR = np.iinfo(np.int64).max // 4  # workers used to reach a position no split reaches
 MONOTONE_PATH = True  # ``_monotone_layer`` where it applies (tests also check without it)
+BANDS = True  # probes within a met bound's band (``_banded_probe``; tests also check without)
 _CHAINS = 4  # monotone chains a layer may split into before the rows are cheaper
 
 
@@ -120,7 +130,7 @@ def solve(
 
     def probe(bound: int) -> list | None:  # each bound once: the last met one is walked back
         if bound not in seen:
-            seen[bound] = _probe(problem, last_end, bound, bases)
+            seen[bound] = _banded_probe(problem, last_end, bound)
         return seen[bound]
 
     known = [b for b in (within, _even_bound(problem)) if b is not None]
@@ -200,26 +210,57 @@ def _upper_bound(problem: Problem) -> int:
 
 
 def _even_bound(problem: Problem) -> int | None:
-    """The bottleneck of a split into parts of about equal work with the workers spread
-    evenly (at most m replicas a part), which some split meets; None under memory limits or
-    forced cuts (it may break them), or where equal work leaves a part empty. The probes
-    only offer the replica counts that shorten a part's busiest replica's share, and the
-    least of those that run as many micro-batches as r does is no slower, so a split the
-    probe sees meets it too."""
-    n, p = problem.items, problem.parts
+    """The least bottleneck of a few splits of about even load, which some split meets: equal
+    work with the workers spread evenly (at most m replicas a part), and work in proportion
+    to each part's capacity with the replica counts of the most capacity (``_spread``), the
+    most replicated parts first or last. None under memory limits or forced cuts (they may
+    break them), or where every such split leaves a part empty. The probes only offer the
+    replica counts that shorten a part's busiest replica's share, and the least of those
+    that run as many micro-batches as r does is no slower, so a split the probe sees meets
+    it too."""
+    p, m = problem.parts, problem.microbatches
     if problem.forced or any(problem.limits):
         return None
-    work = problem.work[0]
-    targets = work[-1] * np.arange(1, p) / p
-    starts = [0, *np.searchsorted(work, targets, side="left").tolist()]
+    if problem.workers is None:
+        return _balanced(problem, [1.0] * p, None)
+    each, left = divmod(problem.workers, p)
+    spread = [min(each + (j < left), m) for j in range(p)]
+    found = [_balanced(problem, [1.0] * p, spread)]
+    for counts in (most := _spread(p, problem.workers, m), most[::-1]):
+        found.append(_balanced(problem, [m / -(-m // r) for r in counts], list(counts)))
+    return min((b for b in found if b is not None), default=None)
+
+
+def _balanced(problem: Problem, shares: list[float], replicas: list[int] | None) -> int | None:
+    """The bottleneck of the split whose parts' work is in proportion to ``shares`` (None
+    where that leaves a part empty)."""
+    n, work = problem.items, problem.work[0]
+    ends = np.cumsum(shares)[:-1] / sum(shares)
+    starts = [0, *np.searchsorted(work, work[-1] * ends, side="left").tolist()]
     if any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= n:
         return None
-    replicas = None
-    if problem.workers is not None:
-        each, left = divmod(problem.workers, p)
-        spread = [each + (j < left) for j in range(p)]
-        replicas = [min(r, problem.microbatches) for r in spread]
     return max(part_times(problem, starts, replicas))
+
+
+@functools.lru_cache(maxsize=64)
+def _spread(parts: int, workers: int, m: int) -> tuple[int, ...]:
+    """Replica counts of ``parts`` parts over at most ``workers`` workers with the most
+    capacity, m / ceil(m / r) micro-batches' work a part, and of those the most even (the
+    least sum of squares: a part's all-reduce grows with its replicas), most first: the
+    least r of each busiest share, as the probes offer them."""
+    options = [r for r in range(1, min(m, workers) + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)]
+    # per workers used: (capacity, - sum of squares), the counts
+    best: dict[int, tuple[tuple[float, int], tuple[int, ...]]] = {0: ((0.0, 0), ())}
+    for _ in range(parts):
+        nxt: dict[int, tuple[tuple[float, int], tuple[int, ...]]] = {}
+        for used, ((capacity, squares), counts) in best.items():
+            for r in options:
+                score = (capacity + m / -(-m // r), squares - r * r)
+                if used + r <= workers and (used + r not in nxt or score > nxt[used + r][0]):
+                    nxt[used + r] = score, (*counts, r)
+        best = nxt
+    chosen = max(best, key=lambda used: (best[used][0], -used))
+    return tuple(sorted(best[chosen][1], reverse=True))
 
 
 def _lower_bound(problem: Problem) -> int:
@@ -290,7 +331,30 @@ def fits_under(problem: Problem, bound: int) -> bool:
     search: a caller that only needs to know the optimum is above a bound stops there)."""
     if bound < _lower_bound(problem):
         return False
-    return _probe(problem, _last_ends(problem), bound, problem.cache) is not None
+    even = _even_bound(problem)
+    if even is not None and even <= bound:  # a split meets it
+        return True
+    return _banded_probe(problem, _last_ends(problem), bound, narrow=False) is not None
+
+
+def _banded_probe(
+    problem: Problem, last_end: list[np.ndarray], bound: int, narrow: bool = True
+) -> list | None:
+    """``_probe`` within the band of the least met bound probed so far at or above ``bound``
+    (kept in ``problem.cache``). A met probe leaves its layers for the probes under it; with
+    ``narrow`` (a bisection, whose next probes are all under it) its band is made from them
+    (``_needs``, about a probe's work where the band is wide, little where it is narrow)."""
+    cache = problem.cache
+    met = cache.get("met")  # the least met bound probed, its layers and its band if made
+    if BANDS and narrow and met is not None and met[0] >= bound and met[2] is None:
+        met = cache["met"] = met[0], met[1], _needs(problem, met[0], met[1])
+    need = met[2] if BANDS and met is not None and met[0] >= bound else None
+    layers = _probe(problem, last_end, bound, cache, need)
+    if layers is not None and not any(problem.limits) and (met is None or bound < met[0]):
+        # a band made within 1/256 of this bound is about as narrow as this one's would be
+        if met is None or met[2] is None or met[0] - bound > bound >> 8:
+            cache["met"] = bound, layers, None
+    return layers
 
 
 def _last_ends(problem: Problem) -> list[np.ndarray]:
@@ -299,17 +363,30 @@ def _last_ends(problem: Problem) -> list[np.ndarray]:
     return problem.cache["last_end"]
 
 
-def _probe(problem: Problem, last_end: list[np.ndarray], bound: int, bases: dict) -> list | None:
+def _probe(
+    problem: Problem,
+    last_end: list[np.ndarray],
+    bound: int,
+    bases: dict,
+    need: list[np.ndarray] | None = None,
+) -> list | None:
     """If a split under ``bound`` exists, per number of parts the fewest workers with which
-    each position is reachable (``_FAR`` where it is not)."""
+    each position is reachable (``_FAR`` where it is not). ``need``: per number of parts, the
+    fewest workers with which the parts after them can cover the rest from each position
+    under some bound at or above ``bound`` (``_needs``); a position they cannot finish from
+    within the workers is dropped as soon as it is reached. The positions on a path that
+    finishes keep their fewest, so the result is the same, and a bound no split meets fails
+    at the layer where the reached positions and the finishing ones stop meeting."""
     n, p = problem.items, problem.parts
     fewest = np.full(n + 1, _FAR, dtype=np.int64)
     fewest[0] = 0
     layers = [fewest]
+    total = problem.workers if problem.workers is not None else p
     free = _segments(problem)  # without a memory limit a part may end anywhere before a cut
     for j in range(p):
         if not (problem.limits and problem.limits[j]):  # every (used, replicas) at once
-            fewest = _layer_reachable(problem, j, fewest, bound, bases, free)
+            window = (0, n) if need is None else _window(need[j + 1], fewest, total)
+            fewest = _layer_reachable(problem, j, fewest, bound, bases, free, window)
         else:
             nxt: dict[int, np.ndarray] = {}
             for used, reach in _masks(fewest).items():
@@ -318,10 +395,49 @@ def _probe(problem: Problem, last_end: list[np.ndarray], bound: int, bases: dict
                     got = _reachable(key, threshold, last_end[j])
                     nxt[used + r] = nxt[used + r] | got if used + r in nxt else got
             fewest = _fewest(nxt, n)
+        if need is not None:
+            fewest = np.where(fewest + need[j + 1] <= total, fewest, _FAR)
         if fewest.min() == _FAR:
             return None
         layers.append(fewest)
     return layers if fewest[n] < _FAR else None
+
+
+def _window(need: np.ndarray, fewest: np.ndarray, total: int) -> tuple[int, int]:
+    """The first and last end a part after ``fewest`` may reach and still be finished from
+    (``need``) within ``total`` workers, each part taking one at least ((n, 0): none)."""
+    finishing = np.flatnonzero(need <= total - 1 - fewest.min())
+    return (int(finishing[0]), int(finishing[-1])) if len(finishing) else (len(need) - 1, 0)
+
+
+def _needs(problem: Problem, bound: int, layers: list[np.ndarray]) -> list[np.ndarray]:
+    """Per number of parts j, the fewest workers with which the last p - j parts cover the
+    items from each position on under ``bound`` (``_FAR`` where they cannot): a probe of the
+    mirrored problem, within the positions ``layers`` (a met probe's) reached. A probe under a
+    lower bound reaches fewer positions, each with no fewer workers, and finishes from fewer,
+    with no fewer: what it drops by them (``_probe``'s ``need``) is on no split it meets."""
+    p = problem.parts
+    mirrored = _mirrored(problem)
+    reached = [layer[::-1] for layer in reversed(layers)]  # per mirrored part count
+    found = _probe(mirrored, _last_ends(mirrored), bound, mirrored.cache, reached)
+    assert found is not None, "a met probe's mirror is met"
+    return [found[p - j][::-1] for j in range(p + 1)]
+
+
+def _mirrored(problem: Problem) -> Problem:
+    """The problem read from its last item to its first (kept in ``problem.cache``): its part
+    j is the original's part p - 1 - j over the mirrored positions n - b .. n - a."""
+    if "mirrored" not in problem.cache:
+        n = problem.items
+        problem.cache["mirrored"] = Problem(
+            work=tuple(w[-1] - w[::-1] for w in reversed(problem.work)),
+            cut=problem.cut[::-1].copy(),
+            forced=tuple(n - f for f in problem.forced),
+            workers=problem.workers,
+            param=None if problem.param is None else problem.param[-1] - problem.param[::-1],
+            microbatches=problem.microbatches,
+        )
+    return problem.cache["mirrored"]
 
 
 def _fewest(layer: dict[int, np.ndarray], n: int) -> np.ndarray:
@@ -347,6 +463,7 @@ def _layer_reachable(
     bound: int,
     bases: dict,
     segments: list[tuple[int, int]],
+    window: tuple[int, int],
 ) -> np.ndarray:
     """The ends part j reaches under ``bound``, each with the fewest workers used after it,
     from the starts of ``fewest`` (workers used before it), where every start a of a
@@ -354,7 +471,8 @@ def _layer_reachable(
     per workers count that may choose it, all in one array (the keys and thresholds are the
     replica count's, shared by its rows). The best key over the starts before each end is a
     running maximum (linear, no sparse table); the first row that reaches an end has the
-    fewest workers."""
+    fewest workers. ``window``: the first and last end worth finding (``_window``; the
+    monotone path looks no further, the rows' ends outside it are dropped after)."""
     reached = fewest < _FAR
     out = np.full_like(fewest, _FAR)
     if not reached.any():
@@ -365,7 +483,7 @@ def _layer_reachable(
         if not counts:
             return out
         chosen = _chosen(problem, j, counts, bases)
-        return _monotone_layer(problem, j, fewest, chains, bound, counts, chosen, segments)
+        return _monotone_layer(problem, j, fewest, chains, bound, counts, chosen, segments, window)
     useds = np.unique(fewest[reached])
     choices = {int(u): set(_choices(problem, j, int(u), bases)) for u in useds}
     counts = sorted(set().union(*choices.values()))
@@ -409,6 +527,7 @@ def _monotone_layer(
     counts: Sequence[int],
     chosen: tuple[np.ndarray, np.ndarray, np.ndarray],
     segments: list[tuple[int, int]],
+    window: tuple[int, int],
 ) -> np.ndarray:
     """``_layer_reachable`` over ``chains`` of positions along which the fewest workers never
     fall (``_chains``; most layers are one chain: more atoms covered take more workers):
@@ -437,9 +556,9 @@ def _monotone_layer(
             highest = np.maximum.accumulate(keys[:, starts], axis=1)
             # no end past the last whose least threshold from it on some row's greatest key
             # meets, none at or before the first start
-            first_end = int(starts[0]) + 1
+            first_end = max(int(starts[0]) + 1, window[0])
             met = least[:, first_end : e + 1] <= highest[:, -1:] + lowered
-            last_end = first_end + int(met.sum(axis=1).max()) - 1
+            last_end = min(first_end + int(met.sum(axis=1).max()) - 1, window[1])
             if last_end < first_end:
                 continue
             wanted = thresholds[:, first_end : last_end + 1] - lowered

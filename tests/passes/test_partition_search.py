@@ -169,3 +169,48 @@ def test_chains_cover_the_reached_positions_without_a_fall():
             continue
         assert (np.sum(chains, axis=0) == reached).all()
         assert all((np.diff(fewest[c]) >= 0).all() for c in chains)
+
+
+def _larger_problem(rng: random.Random) -> Problem:
+    """A problem of up to 80 items, 8 parts and 24 workers: wide enough that a met bound's
+    band leaves most positions out."""
+    n = rng.randint(8, 80)
+    p = rng.randint(1, 8)
+    base = _prefix(rng.randint(1, 30) for _ in range(n))
+    work = tuple(base * rng.choice([1, 1, 2]) for _ in range(p))
+    cut = np.array([0, *(rng.randint(0, 10) for _ in range(n - 1)), 0], dtype=np.int64)
+    forced = (
+        tuple(sorted(rng.sample(range(1, n), rng.randint(0, p - 1)))) if rng.random() < 0.2 else ()
+    )
+    workers, param = None, None
+    if rng.random() < 0.7:
+        workers = rng.randint(p, 3 * p)
+        param = _prefix(rng.randint(0, 6) for _ in range(n))
+    return Problem(work, cut, (), forced, workers, param, rng.randint(1, 16))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bands_leave_every_result_alone(seed, monkeypatch):
+    """A probe within a met bound's band (the positions the later parts can still finish
+    from) gives the same answer and the same split as a probe over every position, under
+    every bound ``solve`` and ``fits_under`` try, also where a ``fits_under`` leaves its
+    layers to the ``solve`` after it (as the plan search does); and the bands are made."""
+    rng = random.Random(seed)
+    made = []
+    needs = partition_search._needs
+    monkeypatch.setattr(partition_search, "_needs", lambda *a: made.append(1) or needs(*a))
+    for _ in range(60):
+        problem = _larger_problem(rng) if rng.random() < 0.7 else _random_problem(rng)
+        monkeypatch.setattr(partition_search, "BANDS", False)
+        plain = solve(problem)
+        bounds = [] if plain is None else [plain.bottleneck + d for d in (5, 1, 0, -1, -2)]
+        fits = [partition_search.fits_under(problem, b) for b in bounds]
+        partition_search.forget(problem)
+        monkeypatch.setattr(partition_search, "BANDS", True)
+        assert solve(problem) == plain, problem
+        assert [partition_search.fits_under(problem, b) for b in bounds] == fits
+        partition_search.forget(problem)
+        if plain is not None:
+            assert partition_search.fits_under(problem, bounds[0])
+            assert solve(problem, within=bounds[0]) == plain, problem
+    assert len(made) > 20
