@@ -28,7 +28,14 @@ from pipecompile.ir.recompute_policy import policy_counts, with_recompute
 from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_problem
-from pipecompile.passes.partition_search import Problem, Solution, fits_under, forget, solve
+from pipecompile.passes.partition_search import (
+    Problem,
+    Solution,
+    even_bound,
+    fits_under,
+    forget,
+    solve,
+)
 from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts, within
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
@@ -52,12 +59,13 @@ class Predictor:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
         self._facts: dict[int, AtomFacts] = {}
         self._walks: dict[int, list[float]] = {}  # per size: ``ModelFacts.walk_seconds``
+        self._least: dict[int, tuple[float, float | None]] = {}  # per size: ``_least_work``'s
         self._problems: dict[tuple[object, ...], tuple[Problem, float]] = {}
         self._unmet: dict[tuple[object, ...], int] = {}  # the highest cutoff no split meets
-        # per (size, micro-batches, workers): each stage count's split's bottleneck; the
-        # nearest stage count's is often equal or near to another's (the search gallops
-        # from it)
-        self._near: dict[tuple[object, ...], dict[int, int]] = {}
+        # per (size, micro-batches, workers): each stage count's split's bottleneck and its
+        # even-load bound; the nearest stage count's, scaled by the ratio of their even-load
+        # bounds, is often equal or near to another's (the search gallops from it)
+        self._near: dict[tuple[object, ...], dict[int, tuple[int, int | None]]] = {}
 
     def program(self, plan: Plan) -> Program:
         """The plan's compute program with its recomputed forwards marked."""
@@ -234,13 +242,18 @@ class Predictor:
         stages at the least: every atom on the fastest device, each boundary's messages at
         the cheapest boundary's. A split's stage works are floored to the problem's unit (a
         microsecond): 2 units a stage less is the margin."""
-        facts = self._facts_at(size)
-        speeds = scaled_speeds(self.model, range(max(1, len(self.model.device_speed))))
-        work = sum(facts.cost) * min(speeds) / _FS - 2 * stages * _US / _FS
-        comm = (facts.forward + facts.backward)[1:-1]
-        if stages < 2 or not len(comm):
+        if size not in self._least:  # the work of every atom, the cheapest boundary's
+            facts = self._facts_at(size)
+            speeds = scaled_speeds(self.model, range(max(1, len(self.model.device_speed))))
+            comm = (facts.forward + facts.backward)[1:-1]
+            cut = None
+            if len(comm):
+                cut = float(comm.min()) / self.model.bandwidth + self.model.message_latency
+            self._least[size] = sum(facts.cost) * min(speeds) / _FS, cut
+        total, cut = self._least[size]
+        work = total - 2 * stages * _US / _FS
+        if stages < 2 or cut is None:
             return work
-        cut = float(comm.min()) / self.model.bandwidth + self.model.message_latency
         return work + 2 * (stages - 1) * cut
 
     def _facts_at(self, size: int) -> AtomFacts:
@@ -267,11 +280,12 @@ class Predictor:
                 near = self._near.setdefault((size, program.microbatches, model.workers), {})
                 stages = program.num_stages
                 closest = min(near, key=lambda s: (abs(s - stages), s), default=None)
-                guess = None if closest is None else near[closest]
                 problem = self._problem(size, model, program)[0]
+                even = even_bound(problem)
+                guess = None if closest is None else _scaled(*near[closest], even)
                 found = solve(problem, within, guess, least)
                 if found is not None:
-                    near[stages] = found.bottleneck
+                    near[stages] = found.bottleneck, even
             self._splits[key] = found
         return self._splits[key]
 
@@ -361,6 +375,15 @@ class Predictor:
         return max(
             max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.model.concurrency
         )
+
+
+def _scaled(bottleneck: int, even: int | None, here: int | None) -> int:
+    """A guess at a split's bottleneck from a similar problem's (``bottleneck``): scaled by
+    the ratio of their splits of even load (``even_bound``) where both have one; the
+    optimum is often the same fraction under it."""
+    if even is None or here is None or even <= 0:
+        return bottleneck
+    return round(bottleneck * here / even)
 
 
 def _sync(facts: AtomFacts, found: Solution, model: CostModel) -> float:
