@@ -34,7 +34,7 @@ workers with which the later parts can finish from each position (a probe of the
 problem, ``_needs``) drop every position no split under that bound goes through, and each
 layer's ends are looked for only where they could still finish. Near the optimum the band
 holds a few percent of the positions or less. The search starts under the least bottleneck
-of a few splits of about even load (``even_bound``), often within a few percent of the
+of a few splits of about even load (``_even_bound``), often within a few percent of the
 optimum, which also answers ``fits_under`` without a probe where it is under the bound.
 """
 
@@ -52,7 +52,6 @@ __all__ = [
     "Solution",
     "solve",
     "fits_under",
-    "even_bound",
     "forget",
     "part_times",
     "interval_max",
@@ -134,7 +133,7 @@ def solve(
             seen[bound] = _banded_probe(problem, last_end, bound)
         return seen[bound]
 
-    known = [b for b in (within, even_bound(problem)) if b is not None]
+    known = [b for b in (within, _even_bound(problem)) if b is not None]
     met = min(known, default=None)  # a bound some split meets, if one is known
     hi = _upper_bound(problem) if met is None else met
     if met is None and probe(hi) is None:
@@ -210,7 +209,7 @@ def _upper_bound(problem: Problem) -> int:
     return total
 
 
-def even_bound(problem: Problem) -> int | None:
+def _even_bound(problem: Problem) -> int | None:
     """The least bottleneck of a few splits of about even load, which some split meets: equal
     work with the workers spread evenly (at most m replicas a part), and work in proportion
     to each part's capacity with the replica counts of the most capacity (``_spread``), the
@@ -332,7 +331,7 @@ def fits_under(problem: Problem, bound: int) -> bool:
     search: a caller that only needs to know the optimum is above a bound stops there)."""
     if bound < _lower_bound(problem):
         return False
-    even = even_bound(problem)
+    even = _even_bound(problem)
     if even is not None and even <= bound:  # a split meets it
         return True
     return _banded_probe(problem, _last_ends(problem), bound, narrow=False) is not None

@@ -28,14 +28,7 @@ from pipecompile.ir.recompute_policy import policy_counts, with_recompute
 from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.topology import Topology
 from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_problem
-from pipecompile.passes.partition_search import (
-    Problem,
-    Solution,
-    even_bound,
-    fits_under,
-    forget,
-    solve,
-)
+from pipecompile.passes.partition_search import Problem, Solution, fits_under, forget, solve
 from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts, within
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
@@ -62,10 +55,10 @@ class Predictor:
         self._least: dict[int, tuple[float, float | None]] = {}  # per size: ``_least_work``'s
         self._problems: dict[tuple[object, ...], tuple[Problem, float]] = {}
         self._unmet: dict[tuple[object, ...], int] = {}  # the highest cutoff no split meets
-        # per (size, micro-batches, workers): each stage count's split's bottleneck and its
-        # even-load bound; the nearest stage count's, scaled by the ratio of their even-load
-        # bounds, is often equal or near to another's (the search gallops from it)
-        self._near: dict[tuple[object, ...], dict[int, tuple[int, int | None]]] = {}
+        # per (size, micro-batches, workers): each stage count's split's bottleneck; the
+        # nearest stage count's is often equal or near to another's (the search gallops
+        # from it)
+        self._near: dict[tuple[object, ...], dict[int, int]] = {}
 
     def program(self, plan: Plan) -> Program:
         """The plan's compute program with its recomputed forwards marked."""
@@ -280,12 +273,11 @@ class Predictor:
                 near = self._near.setdefault((size, program.microbatches, model.workers), {})
                 stages = program.num_stages
                 closest = min(near, key=lambda s: (abs(s - stages), s), default=None)
+                guess = None if closest is None else near[closest]
                 problem = self._problem(size, model, program)[0]
-                even = even_bound(problem)
-                guess = None if closest is None else _scaled(*near[closest], even)
                 found = solve(problem, within, guess, least)
                 if found is not None:
-                    near[stages] = found.bottleneck, even
+                    near[stages] = found.bottleneck
             self._splits[key] = found
         return self._splits[key]
 
@@ -375,15 +367,6 @@ class Predictor:
         return max(
             max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.model.concurrency
         )
-
-
-def _scaled(bottleneck: int, even: int | None, here: int | None) -> int:
-    """A guess at a split's bottleneck from a similar problem's (``bottleneck``): scaled by
-    the ratio of their splits of even load (``even_bound``) where both have one; the
-    optimum is often the same fraction under it."""
-    if even is None or here is None or even <= 0:
-        return bottleneck
-    return round(bottleneck * here / even)
 
 
 def _sync(facts: AtomFacts, found: Solution, model: CostModel) -> float:
