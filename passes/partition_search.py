@@ -221,14 +221,18 @@ def _even_bound(problem: Problem) -> int | None:
     p, m = problem.parts, problem.microbatches
     if problem.forced or any(problem.limits):
         return None
-    if problem.workers is None:
-        return _balanced(problem, [1.0] * p, None)
-    each, left = divmod(problem.workers, p)
-    spread = [min(each + (j < left), m) for j in range(p)]
-    found = [_balanced(problem, [1.0] * p, spread)]
-    for counts in (most := _spread(p, problem.workers, m), most[::-1]):
-        found.append(_balanced(problem, [m / -(-m // r) for r in counts], list(counts)))
-    return min((b for b in found if b is not None), default=None)
+    if "even" not in problem.cache:  # kept from a caller's ``fits_under`` to its ``solve``
+        if problem.workers is None:
+            found = [_balanced(problem, [1.0] * p, None)]
+        else:
+            each, left = divmod(problem.workers, p)
+            spread = [min(each + (j < left), m) for j in range(p)]
+            found = [_balanced(problem, [1.0] * p, spread)]
+            for counts in (most := _spread(p, problem.workers, m), most[::-1]):
+                shares = [m / -(-m // r) for r in counts]
+                found.append(_balanced(problem, shares, list(counts)))
+        problem.cache["even"] = min((b for b in found if b is not None), default=None)
+    return problem.cache["even"]
 
 
 def _balanced(problem: Problem, shares: list[float], replicas: list[int] | None) -> int | None:
@@ -242,25 +246,33 @@ def _balanced(problem: Problem, shares: list[float], replicas: list[int] | None)
     return max(part_times(problem, starts, replicas))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=1024)
 def _spread(parts: int, workers: int, m: int) -> tuple[int, ...]:
     """Replica counts of ``parts`` parts over at most ``workers`` workers with the most
     capacity, m / ceil(m / r) micro-batches' work a part, and of those the most even (the
     least sum of squares: a part's all-reduce grows with its replicas), most first: the
     least r of each busiest share, as the probes offer them."""
     options = [r for r in range(1, min(m, workers) + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)]
-    # per workers used: (capacity, - sum of squares), the counts
-    best: dict[int, tuple[tuple[float, int], tuple[int, ...]]] = {0: ((0.0, 0), ())}
+    # per part count and workers used: the best (capacity, - sum of squares), and the
+    # replica count of the last part on the way to it
+    best: list[dict[int, tuple[float, int]]] = [{0: (0.0, 0)}]
+    came: list[dict[int, int]] = [{}]
     for _ in range(parts):
-        nxt: dict[int, tuple[tuple[float, int], tuple[int, ...]]] = {}
-        for used, ((capacity, squares), counts) in best.items():
+        score: dict[int, tuple[float, int]] = {}
+        last: dict[int, int] = {}
+        for used, (capacity, squares) in best[-1].items():
             for r in options:
-                score = (capacity + m / -(-m // r), squares - r * r)
-                if used + r <= workers and (used + r not in nxt or score > nxt[used + r][0]):
-                    nxt[used + r] = score, (*counts, r)
-        best = nxt
-    chosen = max(best, key=lambda used: (best[used][0], -used))
-    return tuple(sorted(best[chosen][1], reverse=True))
+                got = (capacity + m / -(-m // r), squares - r * r)
+                if used + r <= workers and (used + r not in score or got > score[used + r]):
+                    score[used + r], last[used + r] = got, r
+        best.append(score)
+        came.append(last)
+    used = max(best[-1], key=lambda u: (best[-1][u], -u))
+    counts = []
+    for k in range(parts, 0, -1):
+        counts.append(came[k][used])
+        used -= counts[-1]
+    return tuple(sorted(counts, reverse=True))
 
 
 def _lower_bound(problem: Problem) -> int:
@@ -557,8 +569,8 @@ def _monotone_layer(
             # no end past the last whose least threshold from it on some row's greatest key
             # meets, none at or before the first start
             first_end = max(int(starts[0]) + 1, window[0])
-            met = least[:, first_end : e + 1] <= highest[:, -1:] + lowered
-            last_end = min(first_end + int(met.sum(axis=1).max()) - 1, window[1])
+            met = least[:, first_end : min(e, window[1]) + 1] <= highest[:, -1:] + lowered
+            last_end = first_end + int(met.sum(axis=1).max()) - 1
             if last_end < first_end:
                 continue
             wanted = thresholds[:, first_end : last_end + 1] - lowered
