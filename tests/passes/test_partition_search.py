@@ -214,3 +214,17 @@ def test_bands_leave_every_result_alone(seed, monkeypatch):
             assert partition_search.fits_under(problem, bounds[0])
             assert solve(problem, within=bounds[0]) == plain, problem
     assert len(made) > 20
+
+
+def test_the_even_load_replicas_have_the_most_capacity_and_are_the_most_even():
+    """``_spread`` against every replica vector: the most micro-batch capacity (m / ceil(m /
+    r) a part), then the least sum of squares, with replica counts the probes offer."""
+    for parts, workers, m in itertools.product(range(1, 5), range(1, 10), (1, 2, 3, 4, 6, 8)):
+        if workers < parts:
+            continue
+        offered = [r for r in range(1, m + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)]
+        vectors = [v for v in itertools.product(offered, repeat=parts) if sum(v) <= workers]
+        score = max((sum(m / -(-m // r) for r in v), -sum(r * r for r in v)) for v in vectors)
+        got = partition_search._spread(parts, workers, m)
+        assert len(got) == parts and sum(got) <= workers and set(got) <= set(offered)
+        assert (sum(m / -(-m // r) for r in got), -sum(r * r for r in got)) == score
