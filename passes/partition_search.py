@@ -340,7 +340,8 @@ def _base(problem: Problem, j: int, r: int, bases: dict) -> tuple[np.ndarray, np
 
 def fits_under(problem: Problem, bound: int) -> bool:
     """Whether some split has every part's time within ``bound`` (one probe of ``solve``'s
-    search: a caller that only needs to know the optimum is above a bound stops there)."""
+    search, or none where a split of even load meets it: a caller that only needs to know
+    the optimum is above a bound stops there)."""
     if bound < _lower_bound(problem):
         return False
     even = _even_bound(problem)
