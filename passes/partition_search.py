@@ -235,7 +235,7 @@ def _even_bound(problem: Problem) -> int | None:
             spread = [min(each + (j < left), m) for j in range(p)]
             found = [_balanced(problem, [1.0] * p, spread)]
             for counts in (most := _spread(p, problem.workers, m), most[::-1]):
-                shares = [m / -(-m // r) for r in counts]
+                shares = [_capacity(m, r) for r in counts]
                 found.append(_balanced(problem, shares, list(counts)))
         problem.cache["even"] = min((b for b in found if b is not None), default=None)
     return problem.cache["even"]
@@ -258,7 +258,7 @@ def _spread(parts: int, workers: int, m: int) -> tuple[int, ...]:
     capacity, m / ceil(m / r) micro-batches' work a part, and of those the most even (the
     least sum of squares: a part's all-reduce grows with its replicas), most first: the
     least r of each busiest share, as the probes offer them."""
-    options = [r for r in range(1, min(m, workers) + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)]
+    options = _offered(m, workers)
     # per part count and workers used: the best (capacity, - sum of squares), and the
     # replica count of the last part on the way to it
     best: list[dict[int, tuple[float, int]]] = [{0: (0.0, 0)}]
@@ -268,7 +268,7 @@ def _spread(parts: int, workers: int, m: int) -> tuple[int, ...]:
         last: dict[int, int] = {}
         for used, (capacity, squares) in best[-1].items():
             for r in options:
-                got = (capacity + m / -(-m // r), squares - r * r)
+                got = (capacity + _capacity(m, r), squares - r * r)
                 if used + r <= workers and (used + r not in score or got > score[used + r]):
                     score[used + r], last[used + r] = got, r
         best.append(score)
@@ -310,13 +310,20 @@ def _choices(problem: Problem, j: int, used: int, bases: dict) -> Sequence[int]:
         return range(1, 2)
     most = _most(problem, j, used)
     if ("choices", most) not in bases:
-        m = problem.microbatches
-        # a replica past the m-th would idle, and r replicas whose busiest runs no fewer
-        # micro-batches than r - 1 would only add an all-reduce share: the least r of each
-        bases["choices", most] = [
-            r for r in range(1, most + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)
-        ]
+        bases["choices", most] = _offered(problem.microbatches, most)
     return bases["choices", most]
+
+
+def _offered(m: int, most: int) -> list[int]:
+    """The replica counts up to ``most`` a part of m micro-batches may have: a replica past
+    the m-th would idle, and r replicas whose busiest runs no fewer micro-batches than r - 1
+    would only add an all-reduce share, so the least r of each busiest share."""
+    return [r for r in range(1, min(most, m) + 1) if r == 1 or -(-m // (r - 1)) > -(-m // r)]
+
+
+def _capacity(m: int, r: int) -> float:
+    """Micro-batches' work r replicas of a part take in the time one runs m: m / ceil(m / r)."""
+    return m / -(-m // r)
 
 
 def _most(problem: Problem, j: int, used: int) -> int:
