@@ -15,6 +15,7 @@ from pipecompile.codegen.prove import proof_example
 from pipecompile.compile_options import CompileOptions
 from pipecompile.compiler import compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError, PlanError
+from pipecompile.frontend.kept_traces import traces_kept
 from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
 from pipecompile.ir.sizes import counted
 from pipecompile.passes.insert_replication import parse_replicas
@@ -367,33 +368,36 @@ def _compile(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         dynamic=merged_dynamic(args.dynamic, dynamic_shapes(spec), spec.inputs),
     )
-    compiled = compile_model(
-        spec.model,
-        spec.inputs,
-        stages=args.stages,
-        microbatches=args.microbatches,
-        schedule=args.schedule,
-        devices=args.devices,
-        print_after=frozenset(args.print_after),
-        verify_each=args.verify_each,
-        **options,
-    )
-    model_ref = ModelRef(path, name, f"{path.name}:{name}", model_configs(spec.model))
-    if args.tune:
-        from pipecompile.planner.tune import tune
+    with traces_kept():  # --tune's candidates trace once per micro-batch size
+        compiled = compile_model(
+            spec.model,
+            spec.inputs,
+            stages=args.stages,
+            microbatches=args.microbatches,
+            schedule=args.schedule,
+            devices=args.devices,
+            print_after=frozenset(args.print_after),
+            verify_each=args.verify_each,
+            **options,
+        )
+        model_ref = ModelRef(path, name, f"{path.name}:{name}", model_configs(spec.model))
+        if args.tune:
+            from pipecompile.planner.tune import tune
 
-        def rebuild(p: dict) -> Compiled:  # the same search, every choice fixed to p's
-            fixed = {"stages": p["stages"], "microbatches": p["microbatches"],
-                     "schedule": p["schedule"], "virtual_stages": p["virtual_stages"],
-                     "recompute": p["recompute"], "progress": False}  # fmt: skip
-            return compile_model(spec.model, spec.inputs, devices=args.devices or args.stages,
-                                 **(options | fixed))  # fmt: skip
+            def rebuild(p: dict) -> Compiled:  # the same search, every choice fixed to p's
+                fixed = {"stages": p["stages"], "microbatches": p["microbatches"],
+                         "schedule": p["schedule"], "virtual_stages": p["virtual_stages"],
+                         "recompute": p["recompute"], "progress": False}  # fmt: skip
+                return compile_model(spec.model, spec.inputs, devices=args.devices or args.stages,
+                                     **(options | fixed))  # fmt: skip
 
-        def write(c: Compiled, directory: Path) -> None:
-            emit(c, directory, model=model_ref, weights=plan, compile_stages=args.compile_stages)
+            def write(c: Compiled, directory: Path) -> None:
+                emit(
+                    c, directory, model=model_ref, weights=plan, compile_stages=args.compile_stages
+                )
 
-        say = None if args.quiet else lambda line: _say(args, f"  {line}")
-        compiled = tune(compiled, args.tune, rebuild=rebuild, write=write, say=say)
+            say = None if args.quiet else lambda line: _say(args, f"  {line}")
+            compiled = tune(compiled, args.tune, rebuild=rebuild, write=write, say=say)
     start = time.perf_counter()
     notes: list[str] = []
     timings: list[tuple[str, float]] = []

@@ -73,9 +73,10 @@ def named_inputs(model: torch.nn.Module, raw: object) -> dict[str, torch.Tensor]
     return dict(zip(inspect.signature(model.forward).parameters, raw))  # type: ignore[arg-type]
 
 
-def compile_example(name: str, stages: int, root: Path) -> Path:
-    """``root/<name>_<stages>``: the example compiled into ``stages`` stages, 2 micro-batches."""
-    spec = example_spec(name)
+def compile_example(name: str, stages: int, root: Path, spec: ModelSpec | None = None) -> Path:
+    """``root/<name>_<stages>``: the example (``spec`` when given, loaded once for several
+    stage counts) compiled into ``stages`` stages, 2 micro-batches."""
+    spec = spec or example_spec(name)
     compiled = compile_model(spec.model, spec.inputs, stages=stages, microbatches=2)
     target = root / f"{name}_{stages}"
     emit(compiled, target, model=ModelRef(spec.path, spec.name, name, model_configs(spec.model)))

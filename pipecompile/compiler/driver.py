@@ -15,6 +15,7 @@ from torch import nn
 from pipecompile.compiler import checks
 from pipecompile.errors import InternalError, PipecompileError, TraceError
 from pipecompile.frontend.fake_prop import fake_values
+from pipecompile.frontend.kept_traces import kept_trace
 from pipecompile.frontend.tracer import fixed_batch_view, trace
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.compiled import Compiled
@@ -105,6 +106,15 @@ def _schedule(r: Request, ir: IR) -> Program:
 
 def _trace(r: Request, ir: IR) -> Traced:
     shown = {k: v.to("meta") for k, v in r.micro.items()} if r.meta else r.micro
+    options = (_frozen(r.varying), _frozen(r.dynamic or {}), r.microbatches)
+    return kept_trace(r.model, shown, options, lambda: _trace_now(r, shown))
+
+
+def _frozen(dims: dict[str, dict[int, str]]) -> tuple:
+    return tuple((name, tuple(sorted(d.items()))) for name, d in sorted(dims.items()))
+
+
+def _trace_now(r: Request, shown: dict[str, torch.Tensor]) -> Traced:
     # a view hard-coding the example batch is looked for only on the try whose error shows
     first = r.microbatches if r.dynamic or not r.varying else 1
     try:
