@@ -42,7 +42,7 @@ from pipecompile.passes import (
     split_stages,
 )
 from pipecompile.planner.choose import choose_plan, open_choices
-from pipecompile.schedules import devices_for, generate
+from pipecompile.schedules import REPLICABLE, devices_for, generate, listed, schedule_of
 
 __all__ = ["PASSES", "PASS_ALIASES", "TABLE", "Pass", "Compiled", "compile_model"]
 
@@ -410,11 +410,11 @@ def _check_machine(
     if (
         machine.workers is not None
         and machine.workers > compute.num_stages
-        and (compute.schedule.startswith("pipedream") or len(compute.devices) < compute.num_stages)
+        and not schedule_of(compute.schedule).replicable
     ):
         raise PipecompileError(
             f"--workers {machine.workers}: the {compute.schedule} schedule cannot replicate "
-            f"stages; use --workers {compute.num_stages} or gpipe, 1f1b or zb1p"
+            f"stages; use --workers {compute.num_stages} or {listed(REPLICABLE)}"
         )
     if machine.memory_limit and memory_budget is not None:
         raise PipecompileError(

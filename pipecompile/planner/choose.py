@@ -22,14 +22,13 @@ from pipecompile.planner.calibrate import calibrated
 from pipecompile.planner.model_facts import ModelFacts, model_facts
 from pipecompile.planner.plan import Plan
 from pipecompile.planner.search import (
-    ORDER,
     SearchResult,
     Space,
     check_placing,
     divisors,
     search,
 )
-from pipecompile.schedules import LOOPED, SYNCHRONOUS, V_SHAPED
+from pipecompile.schedules import ORDER, SYNCHRONOUS, schedule_of
 
 __all__ = [
     "check_search",
@@ -129,7 +128,7 @@ def _on_used(machine: CostModel, used: int) -> CostModel:
 
 def _devices_for(stages: int, schedule: str, virtual_stages: int | None) -> int:
     """The devices ``stages`` stages take under ``schedule`` (``auto``: one stage each)."""
-    each = 2 if schedule in V_SHAPED else (virtual_stages or 2) if schedule in LOOPED else 1
+    each = 1 if schedule == "auto" else schedule_of(schedule).stages_a_device(virtual_stages)
     if stages % each:
         raise PlanError(
             f"--schedule {schedule} puts {each} stages on each device: --stages {stages} is "

@@ -32,7 +32,7 @@ from pipecompile.passes.partition_search import Problem, Solution, fits_under, f
 from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts, within
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
-from pipecompile.schedules import V_SHAPED, generate
+from pipecompile.schedules import generate, schedule_of
 
 __all__ = ["Predictor"]
 
@@ -117,7 +117,8 @@ class Predictor:
         key = self._key(size, free, shape)
         problem, unit = self._problem(size, free, shape)
         m, o = plan.microbatches, self.model.instr_overhead
-        whole = plan.schedule in ("gpipe", "1f1b")
+        record = schedule_of(plan.schedule)  # whole backwards, one stage a device: F and B
+        whole = record.placement == "one" and not record.split_backward
         k = 2 if whole else 3
         target = step
         step -= self._optimizer_floor(plan.stages)
@@ -205,7 +206,7 @@ class Predictor:
         m, s = plan.microbatches, plan.stages
         total = self._least_work(self.batch // m, s)
         o = self.model.instr_overhead
-        per = plan.virtual_stages or (2 if plan.schedule in V_SHAPED else 1)
+        per = schedule_of(plan.schedule).stages_a_device(plan.virtual_stages)
         held = max(1, s // per)
         if workers is None:
             path = 2 * total / 3 + 2 * s * o

@@ -26,17 +26,12 @@ from pipecompile.ir.sizes import format_size
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.planner.predict import Predictor
-from pipecompile.schedules import LOOPED, SYNCHRONOUS, V_SHAPED
+from pipecompile.schedules import LOOPED, ORDER, REPLICABLE, SYNCHRONOUS, V_SHAPED
 
-__all__ = ["Space", "SearchResult", "search", "divisors"]
+__all__ = ["ORDER", "Space", "SearchResult", "search", "divisors"]
 
-_REPLICABLE = ("gpipe", "1f1b", "zb1p", "zb2p")
 _TIE = 1e-9  # steps equal to this many seconds rank by their other keys (``_rank``)
 _PROGRESS_S = 3.0  # a search running longer says how far it got this often
-ORDER = (
-    "gpipe", "1f1b", "zb1p", "zb2p", "interleaved", "looped_bfs", "zbv", "v_half", "v_min",
-    "dualpipev",
-)  # fmt: skip  # table tie-break
 
 
 @dataclass(frozen=True)
@@ -118,7 +113,7 @@ def search(
             and (
                 floors[plan] > best[keep - 1] + _TIE
                 or (
-                    plan.schedule in _REPLICABLE
+                    plan.schedule in REPLICABLE
                     and not model.memory_limit
                     and predictor.beyond(plan, workers, best[keep - 1])
                 )
@@ -156,7 +151,7 @@ def search(
 def _workers(plan: Plan, space: Space) -> int | None:
     """The devices the partitioner spreads ``plan``'s stages over as replicas, or None
     (one stage per device, or several)."""
-    if plan.schedule in _REPLICABLE and plan.stages != space.devices:
+    if plan.schedule in REPLICABLE and plan.stages != space.devices:
         return space.devices
     return None
 
@@ -172,7 +167,7 @@ def _promise(plan: Plan, space: Space, micro: float, model: CostModel, params: i
     runtime's overhead; s - 1 more such slots fill and drain the pipeline; then its replicas
     all-reduce a 1 / s share of the parameters and the optimizer steps it."""
     stages, m = plan.stages, plan.microbatches
-    replicas = max(1, space.devices // stages) if plan.schedule in _REPLICABLE else 1
+    replicas = max(1, space.devices // stages) if plan.schedule in REPLICABLE else 1
     slot = micro / stages * -(-m // replicas) / m + 2 * model.instr_overhead
     share = params / stages
     after = 2 * (replicas - 1) / replicas * share / model.bandwidth
@@ -216,7 +211,7 @@ def _shapes(
             yield devices * v, v
     elif schedule in V_SHAPED:
         yield 2 * devices, None
-    elif schedule in _REPLICABLE:
+    elif schedule in REPLICABLE:
         for stages in range(1, devices + 1):
             yield stages, None
     else:
@@ -228,7 +223,7 @@ def _placing(schedules: Sequence[str], stages: int, space: Space) -> str:
     devices, said = space.devices, []
     one = [s for s in schedules if s not in LOOPED and s not in V_SHAPED]
     if one:
-        more = " or more" if all(s in _REPLICABLE for s in one) else ""
+        more = " or more" if all(s in REPLICABLE for s in one) else ""
         said.append(
             f"{', '.join(one)} {_verb(one, 'run')} one stage per device (give --devices "
             f"{stages}{more})"

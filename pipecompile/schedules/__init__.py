@@ -6,46 +6,80 @@ docstring draws its timetable.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pipecompile.errors import ProgramError
 from pipecompile.ir.program import Program
-from pipecompile.schedules.dualpipev import dualpipev
-from pipecompile.schedules.gpipe import gpipe
-from pipecompile.schedules.interleaved import interleaved
-from pipecompile.schedules.looped_bfs import looped_bfs
-from pipecompile.schedules.one_f_one_b import one_f_one_b
-from pipecompile.schedules.pipedream import pipedream
-from pipecompile.schedules.pipedream_2bw import pipedream_2bw
-from pipecompile.schedules.v_half import v_half
-from pipecompile.schedules.v_min import v_min
-from pipecompile.schedules.zb1p import zb1p
-from pipecompile.schedules.zb2p import zb2p
-from pipecompile.schedules.zbv import zbv
+from pipecompile.schedules import (
+    dualpipev,
+    gpipe,
+    interleaved,
+    looped_bfs,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    v_half,
+    v_min,
+    zb1p,
+    zb2p,
+    zbv,
+)
+from pipecompile.schedules.record import Schedule
 
-__all__ = ["SCHEDULES", "SYNCHRONOUS", "V_SHAPED", "generate", "devices_for"]
+__all__ = [
+    "LOOPED",
+    "ORDER",
+    "REGISTRY",
+    "REPLICABLE",
+    "SCHEDULES",
+    "SYNCHRONOUS",
+    "V_SHAPED",
+    "Schedule",
+    "devices_for",
+    "generate",
+    "schedule_of",
+]
 
-SCHEDULES: dict[str, Callable[..., Program]] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "pipedream": pipedream,
-    "pipedream_2bw": pipedream_2bw,
-    "interleaved": interleaved,
-    "zb1p": zb1p,
-    "zb2p": zb2p,
-    "looped_bfs": looped_bfs,
-    "zbv": zbv,
-    "v_half": v_half,
-    "v_min": v_min,
-    "dualpipev": dualpipev,
+# Every schedule, in the plan search's order of preference (a tie goes to the earlier one):
+# the synchronous ones it searches, then the asynchronous ones it never chooses.
+REGISTRY: dict[str, Schedule] = {
+    s.name: s
+    for s in (
+        gpipe.SCHEDULE,
+        one_f_one_b.SCHEDULE,
+        zb1p.SCHEDULE,
+        zb2p.SCHEDULE,
+        interleaved.SCHEDULE,
+        looped_bfs.SCHEDULE,
+        zbv.SCHEDULE,
+        v_half.SCHEDULE,
+        v_min.SCHEDULE,
+        dualpipev.SCHEDULE,
+        pipedream.SCHEDULE,
+        pipedream_2bw.SCHEDULE,
+    )
 }
+SCHEDULES: dict[str, Callable[..., Program]] = {n: s.build for n, s in REGISTRY.items()}
+ORDER = tuple(REGISTRY)
 # Schedules whose step equals single-device training on the mini-batch.
-SYNCHRONOUS = frozenset(
-    {"gpipe", "1f1b", "interleaved", "zb1p", "zb2p", "looped_bfs", "zbv", "v_half", "v_min",
-     "dualpipev"}
-)  # fmt: skip
-V_SHAPED = ("zbv", "v_half", "v_min", "dualpipev")  # two stages per device, in a V
-LOOPED = ("interleaved", "looped_bfs")  # v stages per device, stage j on device j mod p
+SYNCHRONOUS = frozenset(n for n, s in REGISTRY.items() if s.synchronous)
+V_SHAPED = tuple(n for n, s in REGISTRY.items() if s.placement == "v")
+LOOPED = tuple(n for n, s in REGISTRY.items() if s.placement == "looped")
+REPLICABLE = tuple(n for n, s in REGISTRY.items() if s.replicable)
+_BY_PROGRAM = {a: s for s in REGISTRY.values() for a in (s.name, *s.aliases)}
+
+
+def schedule_of(name: str) -> Schedule:
+    """The record of the schedule a program or ``--schedule`` names (a variant's name too)."""
+    if name not in _BY_PROGRAM:
+        raise ProgramError(f"unknown schedule {name!r}; available: {', '.join(REGISTRY)}")
+    return _BY_PROGRAM[name]
+
+
+def listed(names: Iterable[str], last: str = "or") -> str:
+    """``names`` in a message: "a, b or c"."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
 def generate(
@@ -68,29 +102,28 @@ def generate(
     Raises:
         ProgramError: unknown schedule, or options the schedule cannot take.
     """
-    if name not in SCHEDULES:
+    schedule = schedule_of(name) if name in SCHEDULES else None
+    if schedule is None:
         raise ProgramError(f"unknown schedule {name!r}; available: {', '.join(SCHEDULES)}")
     if microbatches < 1:
         raise ProgramError(f"--microbatches must be at least 1, got {microbatches}")
     if stages < 1:
         raise ProgramError(f"--stages must be at least 1, got {stages}")
-    if virtual_stages is not None and name not in LOOPED:
+    given = {"virtual_stages": virtual_stages is not None, "vertical_sync": vertical_sync}
+    for option in (o for o, on in given.items() if on and o not in schedule.takes):
+        takers = [n for n, s in REGISTRY.items() if option in s.takes]
+        flag = "--" + option.replace("_", "-")
         raise ProgramError(
-            f"--virtual-stages applies to the {' and '.join(LOOPED)} schedules, not {name}"
+            f"{flag} applies to the {listed(takers, 'and')} schedule{'s' * (len(takers) > 1)}, "
+            f"not {name}"
         )
-    if vertical_sync and name != "pipedream":
-        raise ProgramError(f"--vertical-sync applies to the pipedream schedule, not {name}")
-    if name in LOOPED:
-        v = 2 if virtual_stages is None else virtual_stages
-        return SCHEDULES[name](stages, microbatches, v)
-    if name == "pipedream":
-        return pipedream(stages, microbatches, vertical_sync)
-    return SCHEDULES[name](stages, microbatches)
+    values = {
+        "virtual_stages": schedule.stages_a_device(virtual_stages),
+        "vertical_sync": vertical_sync,
+    }
+    return schedule.build(stages, microbatches, *(values[o] for o in schedule.takes))
 
 
 def devices_for(name: str, stages: int, virtual_stages: int | None = None) -> int:
     """How many devices schedule ``name`` places ``stages`` stages on."""
-    v = 2 if virtual_stages is None else max(virtual_stages, 1)
-    if name in V_SHAPED:
-        return stages // 2
-    return stages // v if name in LOOPED else stages
+    return stages // schedule_of(name).stages_a_device(virtual_stages)

@@ -11,9 +11,10 @@ from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.schedules.list_scheduler import stepped
-from pipecompile.schedules.zbv import v_placement, v_stages
+from pipecompile.schedules.record import Schedule
+from pipecompile.schedules.zbv import v_bubble, v_placement, v_stages
 
-__all__ = ["dualpipev"]
+__all__ = ["SCHEDULE", "dualpipev"]
 
 
 def dualpipev(stages: int, microbatches: int) -> Program:
@@ -107,3 +108,14 @@ def _device(d: int, p: int, m: int) -> list[Instr]:
     for _ in range(d + 1):
         weight()
     return out
+
+
+SCHEDULE = Schedule(
+    "dualpipev",
+    dualpipev,
+    synchronous=True,
+    placement="v",
+    split_backward=True,
+    replicable=False,
+    bubble=v_bubble,
+)

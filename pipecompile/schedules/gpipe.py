@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
+from pipecompile.schedules.record import Schedule, fill_drain
 
-__all__ = ["gpipe"]
+__all__ = ["SCHEDULE", "gpipe"]
 
 
 def gpipe(stages: int, microbatches: int) -> Program:
@@ -25,3 +26,14 @@ def gpipe(stages: int, microbatches: int) -> Program:
         backward = [Instr(Op.B, j, i) for i in reversed(range(microbatches))]
         devices.append(tuple(forward + backward + [Instr(Op.STEP, j)]))
     return Program("gpipe", microbatches, tuple(range(stages)), tuple(devices))
+
+
+SCHEDULE = Schedule(
+    "gpipe",
+    gpipe,
+    synchronous=True,
+    placement="one",
+    split_backward=False,
+    replicable=True,
+    bubble=fill_drain,
+)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
+from pipecompile.schedules.record import Schedule
 
-__all__ = ["interleaved", "looped_devices"]
+__all__ = ["SCHEDULE", "interleaved", "looped_devices"]
 
 
 def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Program:
@@ -69,3 +70,19 @@ def _slot(k: int, d: int, p: int, v: int, *, backward: bool) -> Instr:
     if backward:
         chunk = v - 1 - chunk
     return Instr(Op.B if backward else "F", chunk * p + d, group * p + r % p)
+
+
+def _bubble(p: int, m: int, v: int) -> float | None:
+    return (p - 1) / (v * m + p - 1)
+
+
+SCHEDULE = Schedule(
+    "interleaved",
+    interleaved,
+    synchronous=True,
+    placement="looped",
+    split_backward=False,
+    replicable=False,
+    bubble=_bubble,
+    takes=("virtual_stages",),
+)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.schedules.interleaved import looped_devices
+from pipecompile.schedules.record import Schedule
 
-__all__ = ["looped_bfs"]
+__all__ = ["SCHEDULE", "looped_bfs"]
 
 
 def looped_bfs(stages: int, microbatches: int, virtual_stages: int = 2) -> Program:
@@ -34,3 +35,20 @@ def looped_bfs(stages: int, microbatches: int, virtual_stages: int = 2) -> Progr
         order += [Instr(Op.B, j, i) for j in reversed(mine) for i in range(microbatches)]
         devices.append(tuple(order + [Instr(Op.STEP, j) for j in mine]))
     return Program("looped_bfs", microbatches, tuple(j % p for j in range(stages)), tuple(devices))
+
+
+def _bubble(p: int, m: int, v: int) -> float | None:
+    """Interleaved 1F1B's, where every device holds m >= p micro-batches at once."""
+    return (p - 1) / (v * m + p - 1) if m >= p else None
+
+
+SCHEDULE = Schedule(
+    "looped_bfs",
+    looped_bfs,
+    synchronous=True,
+    placement="looped",
+    split_backward=False,
+    replicable=False,
+    bubble=_bubble,
+    takes=("virtual_stages",),
+)

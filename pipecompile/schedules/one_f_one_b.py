@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
+from pipecompile.schedules.record import Schedule, fill_drain
 
-__all__ = ["one_f_one_b", "order_1f1b"]
+__all__ = ["SCHEDULE", "one_f_one_b", "order_1f1b"]
 
 
 def order_1f1b(j: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
@@ -41,3 +42,14 @@ def one_f_one_b(stages: int, microbatches: int) -> Program:
         instrs = [Instr(op, j, i) for op, i in order_1f1b(j, stages, microbatches)]
         devices.append(tuple(instrs + [Instr(Op.STEP, j)]))
     return Program("1f1b", microbatches, tuple(range(stages)), tuple(devices))
+
+
+SCHEDULE = Schedule(
+    "1f1b",
+    one_f_one_b,
+    synchronous=True,
+    placement="one",
+    split_backward=False,
+    replicable=True,
+    bubble=fill_drain,
+)

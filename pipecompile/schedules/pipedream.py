@@ -6,8 +6,9 @@ from __future__ import annotations
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.schedules.one_f_one_b import order_1f1b
+from pipecompile.schedules.record import Schedule, fill_drain
 
-__all__ = ["pipedream"]
+__all__ = ["SCHEDULE", "pipedream"]
 
 
 def pipedream(stages: int, microbatches: int, vertical_sync: bool = False) -> Program:
@@ -49,3 +50,16 @@ def pipedream(stages: int, microbatches: int, vertical_sync: bool = False) -> Pr
         devices.append(tuple(instrs))
     name = "pipedream-vsync" if vertical_sync else "pipedream"
     return Program(name, microbatches, tuple(range(stages)), tuple(devices))
+
+
+SCHEDULE = Schedule(
+    "pipedream",
+    pipedream,
+    synchronous=False,
+    placement="one",
+    split_backward=False,
+    replicable=False,
+    bubble=fill_drain,
+    takes=("vertical_sync",),
+    aliases=("pipedream-vsync",),
+)

@@ -8,8 +8,9 @@ from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.schedules.one_f_one_b import order_1f1b
+from pipecompile.schedules.record import Schedule, fill_drain
 
-__all__ = ["pipedream_2bw"]
+__all__ = ["SCHEDULE", "pipedream_2bw"]
 
 
 def pipedream_2bw(stages: int, microbatches: int) -> Program:
@@ -52,3 +53,14 @@ def pipedream_2bw(stages: int, microbatches: int) -> Program:
                     instrs += [Instr(Op.STASH, j, x) for x in range((k + 2) * w, (k + 3) * w)]
         devices.append(tuple(instrs))
     return Program("pipedream_2bw", microbatches, tuple(range(stages)), tuple(devices))
+
+
+SCHEDULE = Schedule(
+    "pipedream_2bw",
+    pipedream_2bw,
+    synchronous=False,
+    placement="one",
+    split_backward=False,
+    replicable=False,
+    bubble=fill_drain,
+)

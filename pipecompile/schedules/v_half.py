@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pipecompile.ir.program import Program
 from pipecompile.schedules.building_block import play_blocks
+from pipecompile.schedules.record import Schedule
 from pipecompile.schedules.zbv import v_stages
 
-__all__ = ["v_half", "v_half_block", "v_half_idle"]
+__all__ = ["SCHEDULE", "v_half", "v_half_block", "v_half_idle"]
 
 
 def v_half_block(p: int) -> list[tuple[int, int, int, int]]:
@@ -44,3 +45,18 @@ def v_half(stages: int, microbatches: int) -> Program:
     """
     p = v_stages(stages, "v_half") // 2
     return play_blocks("v_half", stages, microbatches, v_half_block(p))
+
+
+def _bubble(p: int, m: int, v: int) -> float | None:
+    return v_half_idle(p) / (6 * m + v_half_idle(p)) if m >= p else None
+
+
+SCHEDULE = Schedule(
+    "v_half",
+    v_half,
+    synchronous=True,
+    placement="v",
+    split_backward=True,
+    replicable=False,
+    bubble=_bubble,
+)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pipecompile.ir.program import Program
 from pipecompile.schedules.building_block import play_blocks
+from pipecompile.schedules.record import Schedule
 from pipecompile.schedules.zbv import v_stages
 
-__all__ = ["v_min", "v_min_block", "v_min_idle"]
+__all__ = ["SCHEDULE", "v_min", "v_min_block", "v_min_idle"]
 
 
 def v_min_block(p: int) -> list[tuple[int, int, int, int]]:
@@ -42,3 +43,18 @@ def v_min(stages: int, microbatches: int) -> Program:
     """
     p = v_stages(stages, "v_min") // 2
     return play_blocks("v_min", stages, microbatches, v_min_block(p))
+
+
+def _bubble(p: int, m: int, v: int) -> float | None:
+    return v_min_idle(p) / (6 * m + v_min_idle(p)) if m >= p else None
+
+
+SCHEDULE = Schedule(
+    "v_min",
+    v_min,
+    synchronous=True,
+    placement="v",
+    split_backward=True,
+    replicable=False,
+    bubble=_bubble,
+)

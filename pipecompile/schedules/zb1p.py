@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
+from pipecompile.schedules.record import Schedule, zero_bubble
 
-__all__ = ["zb1p"]
+__all__ = ["SCHEDULE", "zb1p"]
 
 
 def zb1p(stages: int, microbatches: int) -> Program:
@@ -40,3 +41,14 @@ def zb1p(stages: int, microbatches: int) -> Program:
         instrs += [Instr(Op.W, j, i) for i in range(weights, microbatches)]
         devices.append(tuple(instrs + [Instr(Op.STEP, j)]))
     return Program("zb1p", microbatches, tuple(range(stages)), tuple(devices))
+
+
+SCHEDULE = Schedule(
+    "zb1p",
+    zb1p,
+    synchronous=True,
+    placement="one",
+    split_backward=True,
+    replicable=True,
+    bubble=zero_bubble,
+)

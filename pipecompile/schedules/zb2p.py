@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pipecompile.ir.program import Program
 from pipecompile.schedules.list_scheduler import list_schedule
+from pipecompile.schedules.record import Schedule, zero_bubble
 from pipecompile.schedules.zbv import shorter
 
-__all__ = ["zb2p"]
+__all__ = ["SCHEDULE", "zb2p"]
 
 
 def zb2p(stages: int, microbatches: int) -> Program:
@@ -40,3 +41,14 @@ def zb2p(stages: int, microbatches: int) -> Program:
         for first in (True, False)
     ]
     return shorter(plays)
+
+
+SCHEDULE = Schedule(
+    "zb2p",
+    zb2p,
+    synchronous=True,
+    placement="one",
+    split_backward=True,
+    replicable=True,
+    bubble=zero_bubble,
+)

@@ -7,8 +7,9 @@ from __future__ import annotations
 from pipecompile.errors import ProgramError
 from pipecompile.ir.program import Program
 from pipecompile.schedules.list_scheduler import list_schedule
+from pipecompile.schedules.record import Schedule
 
-__all__ = ["zbv", "v_placement", "v_stages", "shorter"]
+__all__ = ["SCHEDULE", "v_bubble", "zbv", "v_placement", "v_stages", "shorter"]
 
 
 def v_placement(stages: int) -> tuple[int, ...]:
@@ -67,3 +68,19 @@ def _makespan(program: Program) -> float:
 
     stages = program.num_stages
     return simulate(program, Topology.chain(stages), Costs.uniform(stages)).makespan
+
+
+def v_bubble(p: int, m: int, v: int) -> float | None:
+    """A V's of stages of half a device's work each: (p - 1) / (6m + p - 1), for m >= p."""
+    return (p - 1) / (6 * m + p - 1) if m >= p else None
+
+
+SCHEDULE = Schedule(
+    "zbv",
+    zbv,
+    synchronous=True,
+    placement="v",
+    split_backward=True,
+    replicable=False,
+    bubble=v_bubble,
+)
