@@ -32,7 +32,7 @@ from pipecompile.runtime.option_fields import (
 )
 from pipecompile.runtime.training.loop import TrainOptions
 from pipecompile.runtime.training.options import RunFlags, TrainFlags, given, train_options
-from pipecompile.schedules import generate
+from pipecompile.schedules import ORDER, REGISTRY, SYNCHRONOUS, generate, listed
 
 __all__ = ["main"]
 
@@ -733,10 +733,11 @@ def _check_mesh(args: argparse.Namespace, program, width: int) -> None:  # type:
             f"of the pipeline needs {width} ranks; run --nproc {width * args.dp}"
         )
     if args.dp > 1 and program.asynchronous:
+        synchronous = listed(o for o in ORDER if o in SYNCHRONOUS)
         raise PipecompileError(
             f"--dp {args.dp} needs a synchronous schedule: {program.schedule} updates the weights "
             "after each micro-batch, before the copies could average their gradients; compile "
-            "with --schedule gpipe, 1f1b, zb1p or interleaved"
+            f"with a synchronous schedule (--schedule {synchronous})"
         )
     if args.dp > 1 and args.check:
         raise PipecompileError(
@@ -762,8 +763,9 @@ def _check_fully_sharded(args: argparse.Namespace, program, placement, manifest)
     if any(instr.op in (Op.I, Op.W) for _, _, instr in program.instructions()):
         raise PipecompileError(
             f"{flag}: {program.schedule} splits each backward in two (I and W), and FSDP "
-            "reduces a stage's gradients in one backward; compile with --schedule gpipe, 1f1b "
-            "or interleaved, or use --shard optimizer"
+            "reduces a stage's gradients in one backward; compile with --schedule "
+            f"{listed(n for n, s in REGISTRY.items() if s.synchronous and not s.split_backward)}, "
+            "or use --shard optimizer"
         )
     if placement.world != len(program.devices):
         raise PipecompileError(
