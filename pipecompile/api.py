@@ -292,7 +292,8 @@ class CompiledPipeline:
                 ``skip_nonfinite``, ``save``, ``save_every``, ...; and ``loss_scale``.
         """
         from pipecompile.model.data_hooks import iterable_source
-        from pipecompile.runtime.training.loop import TrainOptions, train
+        from pipecompile.runtime.training.loop import train
+        from pipecompile.runtime.training.loop_options import TrainOptions
 
         _check_keywords(CompiledPipeline.fit, options, _keywords(TrainFlags) | _LOOP_ONLY)
         chosen = TrainOptions(
@@ -330,7 +331,7 @@ class CompiledPipeline:
     def _check_places(self, options: Any, force: bool) -> None:
         """Where ``fit`` writes, checked before it trains: not in this pipeline's temporary
         directory (it goes with the object), writable, and not another run's train state."""
-        from pipecompile.runtime.training.loop import check_places
+        from pipecompile.runtime.training.loop_options import check_places
 
         for name in ("save", "metrics"):
             path = getattr(options, name)

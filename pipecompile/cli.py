@@ -30,7 +30,7 @@ from pipecompile.runtime.option_fields import (
     size,
     to_argv,
 )
-from pipecompile.runtime.training.loop import TrainOptions
+from pipecompile.runtime.training.loop_options import TrainOptions
 from pipecompile.runtime.training.options import RunFlags, TrainFlags, given, train_options
 from pipecompile.schedules import ORDER, REGISTRY, SYNCHRONOUS, generate, listed
 
@@ -595,7 +595,7 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
 
 def _check_run_places(args: argparse.Namespace, directory: Path) -> None:
     """Where the run writes (--save, --metrics), checked before it starts."""
-    from pipecompile.runtime.training.loop import check_places
+    from pipecompile.runtime.training.loop_options import check_places
 
     if args.force and not args.save:
         raise PipecompileError("--force lets --save replace another run's train state; drop it")
@@ -618,7 +618,7 @@ def _check_program_options(args: argparse.Namespace, directory: Path) -> None:
     """Options this run would ignore, and training options the program's schedule cannot
     honour (see training.check_options)."""
     from pipecompile.runtime.load import read_manifest, read_program
-    from pipecompile.runtime.training.loop import check_options
+    from pipecompile.runtime.training.loop_options import check_options
 
     manifest = read_manifest(directory)
     program = read_program(Path(args.program) if args.program else directory / manifest.program)

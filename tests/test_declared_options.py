@@ -29,7 +29,7 @@ from pipecompile.runtime.option_fields import (
     size,
     to_argv,
 )
-from pipecompile.runtime.training.loop import TrainOptions
+from pipecompile.runtime.training.loop_options import TrainOptions
 from pipecompile.runtime.training.options import RunFlags, TrainFlags
 
 COMMAND = {CompileOptions: "compile", RunFlags: "run", TrainFlags: "run"}

@@ -19,7 +19,8 @@ from pipecompile.runtime import notes, threads
 from pipecompile.runtime.compiled import CompiledStages
 from pipecompile.runtime.machine_load import Reading
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.training.loop import TrainOptions, train
+from pipecompile.runtime.training.loop import train
+from pipecompile.runtime.training.loop_options import TrainOptions
 from tests.conftest import EXAMPLES
 
 

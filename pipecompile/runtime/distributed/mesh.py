@@ -59,7 +59,7 @@ def sharded_optimizer(options: Any, data_parallel: DataParallel) -> Any:
     updates the parameters a rank owns and broadcasts them to the other copies."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from pipecompile.runtime.training.loop import OPTIMIZERS
+    from pipecompile.runtime.training.loop_options import OPTIMIZERS
 
     kind, lr, group = OPTIMIZERS[options.optimizer], options.lr, data_parallel.group
 

@@ -21,7 +21,7 @@ from pipecompile.runtime.option_fields import (
     positive_int,
 )
 from pipecompile.runtime.precision import PRECISIONS
-from pipecompile.runtime.training.loop import OPTIMIZERS, TrainOptions
+from pipecompile.runtime.training.loop_options import OPTIMIZERS, TrainOptions
 from pipecompile.runtime.training.lr_schedule import SCHEDULES
 
 __all__ = ["RunFlags", "TrainFlags", "given", "train_options"]

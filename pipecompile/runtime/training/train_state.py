@@ -49,13 +49,7 @@ from safetensors.torch import load_model
 
 from pipecompile.errors import EmitError
 from pipecompile.files.disk import disk_message, os_error, writing
-from pipecompile.files.names import (
-    LATEST,
-    STEP_META,
-    stage_optimizer,
-    stage_weights,
-    step_name,
-)
+from pipecompile.files.names import LATEST, STEP_META, stage_optimizer, stage_weights, step_name
 from pipecompile.files.owned import TRAIN_STATE_FORMAT, is_our_latest, is_our_step_dir
 from pipecompile.files.writable import check_directory
 from pipecompile.ir.manifest import Manifest

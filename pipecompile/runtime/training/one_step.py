@@ -1,0 +1,202 @@
+"""One optimizer step of the training loop: ``accumulate`` mini-batches through the program,
+then the decisions every rank takes alike on the summed loss (a non-finite one stops the run
+or drops the step; fp16 overflow skips it and halves the scale), unscaling, clipping, the
+step, and its record."""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+
+import torch
+
+from pipecompile.errors import PipecompileError, RuntimeFailure
+from pipecompile.ir.microbatch import batch_rows
+from pipecompile.runtime.executor import LossFn
+from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.precision import LossScaler
+from pipecompile.runtime.random_state import step_base
+from pipecompile.runtime.trace import traced
+from pipecompile.runtime.training.copy_share import SIT_OUT
+from pipecompile.runtime.training.data_parallel import DataParallel
+from pipecompile.runtime.training.diagnosis import in_batch
+from pipecompile.runtime.training.divergence import check_losses
+from pipecompile.runtime.training.feed import Feed, agreed_sizes
+from pipecompile.runtime.training.grad_ops import (
+    add_grads,
+    all_finite,
+    scale_grads,
+    squared_norm,
+    take_grads,
+)
+from pipecompile.runtime.training.group import Group
+from pipecompile.runtime.training.loop_options import TrainOptions
+from pipecompile.runtime.training.metrics import (
+    batch_counts,
+    local_bubble,
+    optimizer_state_bytes,
+    peak_memory,
+)
+from pipecompile.runtime.training.records import StepRecord
+
+__all__ = ["one_step"]
+
+
+def one_step(
+    pipe: Pipeline,
+    loss_fn: LossFn,
+    feed: Feed,
+    options: TrainOptions,
+    group: Group,
+    scaler: LossScaler | None,
+    seed: int,
+    step: int,
+    reads: tuple[bool, bool],
+    one_process: bool,
+    dp: DataParallel,
+) -> tuple[StepRecord, str] | None:
+    """One optimizer step and the note its line ends with; None if the data ended before it
+    began. With data-parallel copies, this copy's parts are its share of D x ``accumulate``
+    mini-batches (part a of copy k is mini-batch a*D + k of the step)."""
+    sync = not pipe.asynchronous
+    dynamic = pipe.manifest.dynamic
+    m, parts = pipe.program.microbatches, options.accumulate
+    loss_scale = (scaler.scale if scaler else 1.0) / (m * parts * dp.loss_copies) if sync else 1.0
+    began = time.perf_counter()
+    busy_ns = sent = 0
+    total_loss = 0.0
+    bad: dict[int, torch.Tensor] | None = None  # the first non-finite part's losses
+    samples = tokens = used = 0
+    home = pipe.device if pipe.device is not None else pipe.program.stage_device[0]
+    for part in range(parts):
+        with traced(pipe.tracer, home, "compute", "data", "data"):
+            batch = feed.next()
+        if batch is None:
+            if part == 0:
+                return None
+            break  # a last, shorter accumulation at the end of the data
+        with traced(pipe.tracer, home, "communication", "batch agreement", "all-reduce"):
+            sizes = agreed_sizes(None if batch is SIT_OUT else batch, feed, group, dynamic)
+        replay = batch is SIT_OUT  # the data ended in this round before this copy's turn
+        if replay and not dp.sharded:
+            break
+        if replay:  # FSDP pairs every copy's collectives: it runs the part, at weight 0
+            batch, sizes = feed.replay(), feed.last_sizes
+        else:
+            used += 1
+            if dp.size > 1:
+                feed.last_sizes = sizes  # what a replay of this batch sizes its messages by
+        taken = take_grads(pipe) if sync and part > 0 else None
+        inputs = batch.inputs if reads[0] else None
+        targets = batch.targets if reads[1] else None
+        try:
+            pipe.train_step(
+                inputs,
+                targets,
+                loss_fn,
+                keep_grads=sync,
+                loss_scale=0.0 if replay else loss_scale,
+                rng_base=step_base(seed, step, part * dp.size + dp.index),
+                measure_memory=options.measure_memory,
+                on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
+                on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
+                rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
+                sizes=sizes,
+            )
+        except PipecompileError as err:
+            raise in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
+        if taken is not None:
+            add_grads(pipe, taken)
+        stats = pipe.last_stats
+        busy_ns += sum(stats.compute_ns.values()) if stats else 0
+        sent += pipe.last_sent_bytes
+        if replay:
+            continue
+        losses = pipe.last_losses
+        part_sum = float(sum(v.detach().double() for v in losses.values())) / loss_scale
+        if bad is None and not math.isfinite(part_sum):
+            bad = dict(losses)
+        total_loss += part_sum
+        counts = batch_counts(pipe.manifest, batch.inputs if reads[0] else None)
+        samples, tokens = samples + counts[0], tokens + (counts[1] or 0)
+    if sync:
+        with traced(pipe.tracer, home, "communication", "data-parallel sum", "all-reduce"):
+            dp.finish(pipe.modules)
+    overflow = 1.0 if sync and scaler is not None and not all_finite(pipe) else 0.0
+    counted = sync and options.clip_grad_norm is not None and dp.counts_norm
+    sq = squared_norm(pipe) if counted else 0.0
+    mine = [float(used), float(samples), float(tokens)] if dp.lead else [0.0, 0.0, 0.0]
+    with traced(pipe.tracer, home, "communication", "loss sum", "all-reduce"):
+        summed = group.sum([total_loss, overflow, sq, sent, *mine])
+    summed_loss, overflows, sq_norm, sent_total = summed[:4]
+    used, samples, tokens = (int(v) for v in summed[4:])
+    loss = summed_loss / (m * used)
+    note, skipped, grad_norm = "", False, None
+    if overflows > 0:  # before the loss: a scaled loss may overflow where the loss did not
+        assert scaler is not None
+        pipe.drop_step()
+        scaler.update(True)
+        note = f"  skipped: fp16 gradients overflowed; loss scale now {scaler.scale:g}"
+        skipped = True
+    elif not math.isfinite(loss):
+        if not options.skip_nonfinite:
+            if bad is not None:
+                check_losses(bad, step + 1)  # names the micro-batch on the rank that has it
+            raise RuntimeFailure(f"step {step + 1}: the loss is {loss}; training stops here")
+        pipe.drop_step()
+        note, skipped = "  skipped: the loss is not finite", True
+    elif sync:
+        unscale = (1.0 / scaler.scale if scaler is not None else 1.0) * parts * dp.size / used
+        if options.clip_grad_norm is not None:
+            grad_norm = math.sqrt(sq_norm) * unscale
+            if grad_norm > options.clip_grad_norm:
+                unscale *= options.clip_grad_norm / (grad_norm + 1e-6)
+        if unscale != 1.0:
+            scale_grads(pipe, unscale)
+        if scaler is not None:
+            scaler.update(False)
+        pipe.apply_step()
+    seconds = time.perf_counter() - began
+    with traced(pipe.tracer, home, "communication", "metrics gather", "all-reduce"):
+        busy = group.gather(
+            [
+                busy_ns / 1e9 / seconds,
+                optimizer_state_bytes(pipe),
+                *peak_memory(pipe, one_process=one_process),
+            ]
+        )
+    record = StepRecord(
+        step=step + 1,
+        epoch=feed.epoch,
+        loss=loss,
+        lr=_lr(pipe),
+        step_ms=seconds * 1000,
+        samples_per_s=samples / seconds,
+        tokens_per_s=tokens / seconds if tokens else None,
+        bubble=local_bubble(pipe) if one_process else 1 - sum(b[0] for b in busy) / len(busy),
+        peak_memory=[int(v) for b in busy for v in b[2:]],
+        sent_bytes=int(sent_total),
+        grad_norm=grad_norm,
+        loss_scale=scaler.scale if scaler is not None else None,
+        skipped=skipped,
+        optimizer_state_bytes=[int(b[1]) for b in busy],
+    )
+    return record, note
+
+
+def _last_backward(
+    pipe: Pipeline, dp: DataParallel, taken: dict[int, list] | None, stage: int
+) -> None:
+    """At ``stage``'s STEP in the step's last part: its gradients are complete once the
+    earlier parts' are added back, and their sum over the data-parallel copies starts."""
+    if taken is not None:
+        add_grads(pipe, taken, stage)
+    dp.start(pipe.modules, stage)
+
+
+def _lr(pipe: Pipeline) -> float | None:
+    for optimizer in pipe.optimizers or []:
+        if optimizer is not None:
+            return float(optimizer.param_groups[0]["lr"])
+    return None
