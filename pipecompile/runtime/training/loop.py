@@ -14,7 +14,8 @@ pass None and never call the model file's hooks.
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,72 @@ def train(
     check_options(options, pipe.program)
     if data is not None and data.peek() is None:  # before anything is built or trained
         raise PipecompileError(empty_data(data, 1, 0))
+    _prepare(pipe, options)
+    length = epoch_length(data, group)
+    state.total = total = total_steps(options, length)
+    schedulers, scaler, first, saved = _resumed(pipe, options, total, group)
+    seed = options.seed if options.seed is not None else saved.get("seed")
+    if seed is None:
+        seed = int(group.max([draw_base()])[0])
+    skip = saved.get("batches", first * options.accumulate * dp.size)
+    feed: Any = Feed(data, length, group, epochs=options.epochs, skip=skip, device=device)
+    if dp.size > 1:
+        feed = CopyShare(feed, dp.index, dp.size)
+    has_eval = group.max([1.0 if eval_data is not None else 0.0])[0] > 0
+    if options.eval_every and not has_eval:
+        raise PipecompileError(
+            f"--eval-every {options.eval_every}: there is no eval_batches() to evaluate on; "
+            "define eval_batches() in the model file, or drop --eval-every"
+        )
+    idle = IdleCores(None if options.quiet else notes.note) if one_process else None
+    run = _Run(pipe, loss_fn, options, group, feed, has_eval, eval_data, reads, one_process,
+               device, dp, scaler, seed, schedulers, idle)  # fmt: skip
+    with _restoring(idle):
+        if idle is not None and pipe.compiled is not None:  # before the first compiled call
+            idle.settle()
+        if has_eval:  # its first batch, through the pipeline, before any training
+            probe = Feed(first_only(eval_data), None, group, epochs=1, skip=0, device=device)
+            evaluate(pipe, loss_fn, probe, group, reads, "checked before training")
+        state.done, state.epoch = first, feed.epoch
+        _steps(run, state, first, length, data)
+    if state.skipped and group.rank == 0 and not options.quiet:
+        print(skipped_line(state.skipped, (state.done or 0) - first), file=sys.stderr)
+    return state
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every step of one run reads."""
+
+    pipe: Pipeline
+    loss_fn: LossFn
+    options: TrainOptions
+    group: Group
+    feed: Any  # a Feed, or this copy's share of one (CopyShare)
+    evaluates: bool  # some rank has eval_batches(): every rank takes part in evaluating
+    eval_data: BatchSource | None  # None on a rank that reads none
+    reads: tuple[bool, bool]
+    one_process: bool
+    device: torch.device | None
+    dp: DataParallel
+    scaler: LossScaler | None
+    seed: int
+    schedulers: list
+    idle: IdleCores | None
+
+
+@contextmanager
+def _restoring(idle: IdleCores | None) -> Iterator[None]:
+    """The caller of ``fit()`` gets its own thread count back, however the run ends."""
+    try:
+        yield
+    finally:
+        if idle is not None:
+            idle.restore()
+
+
+def _prepare(pipe: Pipeline, options: TrainOptions) -> None:
+    """The pipeline's precision, compiled stages and optimizers for this run."""
     pipe.precision = PRECISIONS[options.precision]
     pipe.compile_stages(options.compile)
     kind = OPTIMIZERS[options.optimizer]
@@ -99,9 +166,13 @@ def train(
                 rates["lr"] = rates["initial_lr"] = options.lr
     else:
         pipe.set_optimizer(options.optimizer_factory or (lambda ps: kind(ps, lr=options.lr)))
-    length = epoch_length(data, group)
-    total = total_steps(options, length)
-    state.total = total
+
+
+def _resumed(
+    pipe: Pipeline, options: TrainOptions, total: int | None, group: Group
+) -> tuple[list, LossScaler | None, int, dict[str, Any]]:
+    """The run's rate schedulers and fp16 loss scaler, at the step it starts from (``--resume``:
+    the saved one), that step, and the saved train state ({} when not resuming)."""
     if total is not None and options.warmup_steps > total:
         raise PipecompileError(
             f"--warmup-steps {options.warmup_steps} is longer than the run ({total} steps): the "
@@ -123,47 +194,39 @@ def train(
             f"--resume {options.resume}: the saved step is {first} and the run ends at "
             f"step {total}, so there is nothing to train; pass --steps greater than {first}"
         )
-    seed = options.seed if options.seed is not None else saved.get("seed")
-    if seed is None:
-        seed = int(group.max([draw_base()])[0])
-    skip = saved.get("batches", first * options.accumulate * dp.size)
-    feed: Any = Feed(data, length, group, epochs=options.epochs, skip=skip, device=device)
-    if dp.size > 1:
-        feed = CopyShare(feed, dp.index, dp.size)
-    has_eval = group.max([1.0 if eval_data is not None else 0.0])[0] > 0
-    if options.eval_every and not has_eval:
-        raise PipecompileError(
-            f"--eval-every {options.eval_every}: there is no eval_batches() to evaluate on; "
-            "define eval_batches() in the model file, or drop --eval-every"
-        )
-    idle = IdleCores(None if options.quiet else notes.note) if one_process else None
-    try:
-        if idle is not None and pipe.compiled is not None:  # before the first compiled call
-            idle.settle()
-        if has_eval:  # its first batch, through the pipeline, before any training
-            probe = Feed(first_only(eval_data), None, group, epochs=1, skip=0, device=device)
-            evaluate(pipe, loss_fn, probe, group, reads, "checked before training")
-    except BaseException:
-        if idle is not None:  # fit()'s caller gets its own thread count back
-            idle.restore()
-        raise
-    state.done, state.epoch = first, feed.epoch
+    return schedulers, scaler, first, saved
+
+
+def _reporter(run: _Run, total: int | None, first: int) -> Reporter:
+    """The run's reporter, its start record written."""
+    options, group = run.options, run.group
     reporter = Reporter(
         options.metrics if group.rank == 0 else None, total, quiet=options.quiet or group.rank != 0
     )
     reporter.record(
         {
             "kind": "start",
-            "directory": pipe.name,
+            "directory": run.pipe.name,
             "steps": total,
             "first": first,
             "precision": options.precision,
-            "seed": seed,
-            "microbatches": pipe.program.microbatches,
+            "seed": run.seed,
+            "microbatches": run.pipe.program.microbatches,
             "accumulate": options.accumulate,
-            "data_parallel": dp.size,
+            "data_parallel": run.dp.size,
         }
     )
+    return reporter
+
+
+def _steps(
+    run: _Run, state: TrainState, first: int, length: int | None, data: BatchSource | None
+) -> None:
+    """The optimizer steps from ``first`` until the run's total or the data's end, each
+    reported, evaluated and saved when due; the trace written after them."""
+    pipe, options, group, feed = run.pipe, run.options, run.group, run.feed
+    total = state.total
+    reporter = _reporter(run, total, first)
     per_epoch = f", {length} batches an epoch" if length and length > 1 else ""
     if group.rank == 0 and not options.quiet:
         print(
@@ -171,56 +234,60 @@ def train(
             file=sys.stderr,
             flush=True,
         )
-    saved_at = first
+    saved_at = step = first
     tracer = pipe.tracer = step_tracer(pipe, options, first)
     try:
-        step = first
         while total is None or step < total:
-            if idle is not None:
-                idle.between_steps()
+            if run.idle is not None:
+                run.idle.between_steps()
             with tracer.step_span(step + 1, devices_here(pipe)) if tracer else nullcontext():
-                done = one_step(
-                    pipe, loss_fn, feed, options, group, scaler, seed, step, reads, one_process, dp
-                )
+                done = one_step(pipe, run.loss_fn, feed, options, group, run.scaler, run.seed,
+                                step, run.reads, run.one_process, run.dp)  # fmt: skip
             if done is None:  # the data ran out (--epochs)
                 break
-            record, note = done
-            for scheduler in schedulers:
-                scheduler.step()
             step += 1
-            state.done, state.epoch = step, record.epoch
-            if record.skipped:
-                state.skipped.append(step)
-            record.first = first
-            state.records.append(record)
-            reporter.step(record, note)
-            if has_eval and eval_due(options, step, total, feed):
-                evaluation = Feed(eval_data, None, group, epochs=1, skip=0, device=device)
-                loss = evaluate(
-                    pipe, loss_fn, evaluation, group, reads, f"the evaluation after step {step}"
-                )
-                reporter.eval(EvalRecord(step, feed.epoch, loss))
+            _finished(run, state, reporter, step, first, *done)
             if options.save and save_due(step, total or -1, options.save_every):
-                train = {"epoch": feed.epoch, "batches": feed.read, "seed": seed}
-                if scaler is not None:
-                    train["loss_scale"] = scaler.state_dict()
-                save(pipe, options.save, step, group.rank, train)
+                _save(run, step)
                 saved_at = step
         if options.save and state.done is not None and state.done != saved_at:
-            save(
-                pipe,
-                options.save,
-                state.done,
-                group.rank,
-                {"epoch": feed.epoch, "batches": feed.read, "seed": seed},
-            )
+            _save(run, state.done, with_scale=False)
         if tracer is not None:
-            write_step_trace(pipe, tracer, group, options.trace, one_process)  # type: ignore[arg-type]
+            write_step_trace(pipe, tracer, group, options.trace, run.one_process)  # type: ignore[arg-type]
     finally:
         pipe.tracer = None
         reporter.close()
-        if idle is not None:
-            idle.restore()
-    if state.skipped and group.rank == 0 and not options.quiet:
-        print(skipped_line(state.skipped, (state.done or 0) - first), file=sys.stderr)
-    return state
+
+
+def _finished(
+    run: _Run,
+    state: TrainState,
+    reporter: Reporter,
+    step: int,
+    first: int,
+    record: StepRecord,
+    note: str,
+) -> None:
+    """Step ``step`` done: the schedulers step, the state and the report record it, and an
+    evaluation runs if one is due."""
+    for scheduler in run.schedulers:
+        scheduler.step()
+    state.done, state.epoch = step, record.epoch
+    if record.skipped:
+        state.skipped.append(step)
+    record.first = first
+    state.records.append(record)
+    reporter.step(record, note)
+    if run.evaluates and eval_due(run.options, step, state.total, run.feed):
+        evaluation = Feed(run.eval_data, None, run.group, epochs=1, skip=0, device=run.device)
+        loss = evaluate(run.pipe, run.loss_fn, evaluation, run.group, run.reads,
+                        f"the evaluation after step {step}")  # fmt: skip
+        reporter.eval(EvalRecord(step, run.feed.epoch, loss))
+
+
+def _save(run: _Run, step: int, *, with_scale: bool = True) -> None:
+    """The run's train state at ``step``, for ``--resume``."""
+    train = {"epoch": run.feed.epoch, "batches": run.feed.read, "seed": run.seed}
+    if with_scale and run.scaler is not None:
+        train["loss_scale"] = run.scaler.state_dict()
+    save(run.pipe, run.options.save, step, run.group.rank, train)  # type: ignore[arg-type]

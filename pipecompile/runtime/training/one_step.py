@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from pipecompile.errors import PipecompileError, RuntimeFailure
 from pipecompile.ir.microbatch import batch_rows
+from pipecompile.model.data_hooks import Batch
 from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.precision import LossScaler
@@ -43,6 +45,20 @@ from pipecompile.runtime.training.records import StepRecord
 __all__ = ["one_step"]
 
 
+@dataclass
+class _Parts:
+    """What this rank's parts of one step gave: compute time, bytes sent, the summed loss,
+    the first non-finite part's losses, and the samples, tokens and mini-batches used."""
+
+    busy_ns: int = 0
+    sent: int = 0
+    loss: float = 0.0
+    bad: dict[int, torch.Tensor] | None = None
+    samples: int = 0
+    tokens: int = 0
+    used: int = 0
+
+
 def one_step(
     pipe: Pipeline,
     loss_fn: LossFn,
@@ -60,108 +76,34 @@ def one_step(
     began. With data-parallel copies, this copy's parts are its share of D x ``accumulate``
     mini-batches (part a of copy k is mini-batch a*D + k of the step)."""
     sync = not pipe.asynchronous
-    dynamic = pipe.manifest.dynamic
     m, parts = pipe.program.microbatches, options.accumulate
     loss_scale = (scaler.scale if scaler else 1.0) / (m * parts * dp.loss_copies) if sync else 1.0
     began = time.perf_counter()
-    busy_ns = sent = 0
-    total_loss = 0.0
-    bad: dict[int, torch.Tensor] | None = None  # the first non-finite part's losses
-    samples = tokens = used = 0
     home = pipe.device if pipe.device is not None else pipe.program.stage_device[0]
-    for part in range(parts):
-        with traced(pipe.tracer, home, "compute", "data", "data"):
-            batch = feed.next()
-        if batch is None:
-            if part == 0:
-                return None
-            break  # a last, shorter accumulation at the end of the data
-        with traced(pipe.tracer, home, "communication", "batch agreement", "all-reduce"):
-            sizes = agreed_sizes(None if batch is SIT_OUT else batch, feed, group, dynamic)
-        replay = batch is SIT_OUT  # the data ended in this round before this copy's turn
-        if replay and not dp.sharded:
-            break
-        if replay:  # FSDP pairs every copy's collectives: it runs the part, at weight 0
-            batch, sizes = feed.replay(), feed.last_sizes
-        else:
-            used += 1
-            if dp.size > 1:
-                feed.last_sizes = sizes  # what a replay of this batch sizes its messages by
-        taken = take_grads(pipe) if sync and part > 0 else None
-        inputs = batch.inputs if reads[0] else None
-        targets = batch.targets if reads[1] else None
-        try:
-            pipe.train_step(
-                inputs,
-                targets,
-                loss_fn,
-                keep_grads=sync,
-                loss_scale=0.0 if replay else loss_scale,
-                rng_base=step_base(seed, step, part * dp.size + dp.index),
-                measure_memory=options.measure_memory,
-                on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
-                on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
-                rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
-                sizes=sizes,
-            )
-        except PipecompileError as err:
-            raise in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
-        if taken is not None:
-            add_grads(pipe, taken)
-        stats = pipe.last_stats
-        busy_ns += sum(stats.compute_ns.values()) if stats else 0
-        sent += pipe.last_sent_bytes
-        if replay:
-            continue
-        losses = pipe.last_losses
-        part_sum = float(sum(v.detach().double() for v in losses.values())) / loss_scale
-        if bad is None and not math.isfinite(part_sum):
-            bad = dict(losses)
-        total_loss += part_sum
-        counts = batch_counts(pipe.manifest, batch.inputs if reads[0] else None)
-        samples, tokens = samples + counts[0], tokens + (counts[1] or 0)
+    done = _parts(pipe, loss_fn, feed, options, group, seed, step, reads, dp, loss_scale, home)
+    if done is None:
+        return None
     if sync:
         with traced(pipe.tracer, home, "communication", "data-parallel sum", "all-reduce"):
             dp.finish(pipe.modules)
     overflow = 1.0 if sync and scaler is not None and not all_finite(pipe) else 0.0
     counted = sync and options.clip_grad_norm is not None and dp.counts_norm
     sq = squared_norm(pipe) if counted else 0.0
-    mine = [float(used), float(samples), float(tokens)] if dp.lead else [0.0, 0.0, 0.0]
+    mine = [float(done.used), float(done.samples), float(done.tokens)] if dp.lead else [0.0] * 3
     with traced(pipe.tracer, home, "communication", "loss sum", "all-reduce"):
-        summed = group.sum([total_loss, overflow, sq, sent, *mine])
+        summed = group.sum([done.loss, overflow, sq, done.sent, *mine])
     summed_loss, overflows, sq_norm, sent_total = summed[:4]
     used, samples, tokens = (int(v) for v in summed[4:])
     loss = summed_loss / (m * used)
-    note, skipped, grad_norm = "", False, None
-    if overflows > 0:  # before the loss: a scaled loss may overflow where the loss did not
-        assert scaler is not None
-        pipe.drop_step()
-        scaler.update(True)
-        note = f"  skipped: fp16 gradients overflowed; loss scale now {scaler.scale:g}"
-        skipped = True
-    elif not math.isfinite(loss):
-        if not options.skip_nonfinite:
-            if bad is not None:
-                check_losses(bad, step + 1)  # names the micro-batch on the rank that has it
-            raise RuntimeFailure(f"step {step + 1}: the loss is {loss}; training stops here")
-        pipe.drop_step()
-        note, skipped = "  skipped: the loss is not finite", True
-    elif sync:
-        unscale = (1.0 / scaler.scale if scaler is not None else 1.0) * parts * dp.size / used
-        if options.clip_grad_norm is not None:
-            grad_norm = math.sqrt(sq_norm) * unscale
-            if grad_norm > options.clip_grad_norm:
-                unscale *= options.clip_grad_norm / (grad_norm + 1e-6)
-        if unscale != 1.0:
-            scale_grads(pipe, unscale)
-        if scaler is not None:
-            scaler.update(False)
-        pipe.apply_step()
+    unscale = (1.0 / scaler.scale if scaler is not None else 1.0) * parts * dp.size / used
+    note, skipped, grad_norm = _decide(
+        pipe, options, scaler, step, loss, overflows > 0, done.bad, sq_norm, unscale
+    )
     seconds = time.perf_counter() - began
     with traced(pipe.tracer, home, "communication", "metrics gather", "all-reduce"):
         busy = group.gather(
             [
-                busy_ns / 1e9 / seconds,
+                done.busy_ns / 1e9 / seconds,
                 optimizer_state_bytes(pipe),
                 *peak_memory(pipe, one_process=one_process),
             ]
@@ -183,6 +125,124 @@ def one_step(
         optimizer_state_bytes=[int(b[1]) for b in busy],
     )
     return record, note
+
+
+def _parts(
+    pipe: Pipeline,
+    loss_fn: LossFn,
+    feed: Feed,
+    options: TrainOptions,
+    group: Group,
+    seed: int,
+    step: int,
+    reads: tuple[bool, bool],
+    dp: DataParallel,
+    loss_scale: float,
+    home: int,
+) -> _Parts | None:
+    """This rank's ``accumulate`` parts of the step through the program, their gradients
+    summed; None if the data ended before the first."""
+    sync, parts = not pipe.asynchronous, options.accumulate
+    dynamic = pipe.manifest.dynamic
+    done = _Parts()
+    for part in range(parts):
+        with traced(pipe.tracer, home, "compute", "data", "data"):
+            batch = feed.next()
+        if batch is None:
+            if part == 0:
+                return None
+            break  # a last, shorter accumulation at the end of the data
+        with traced(pipe.tracer, home, "communication", "batch agreement", "all-reduce"):
+            sizes = agreed_sizes(None if batch is SIT_OUT else batch, feed, group, dynamic)
+        replay = batch is SIT_OUT  # the data ended in this round before this copy's turn
+        if replay and not dp.sharded:
+            break
+        if replay:  # FSDP pairs every copy's collectives: it runs the part, at weight 0
+            batch, sizes = feed.replay(), feed.last_sizes
+        else:
+            done.used += 1
+            if dp.size > 1:
+                feed.last_sizes = sizes  # what a replay of this batch sizes its messages by
+        taken = take_grads(pipe) if sync and part > 0 else None
+        try:
+            pipe.train_step(
+                batch.inputs if reads[0] else None,
+                batch.targets if reads[1] else None,
+                loss_fn,
+                keep_grads=sync,
+                loss_scale=0.0 if replay else loss_scale,
+                rng_base=step_base(seed, step, part * dp.size + dp.index),
+                measure_memory=options.measure_memory,
+                on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
+                on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
+                rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
+                sizes=sizes,
+            )
+        except PipecompileError as err:
+            raise in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
+        if taken is not None:
+            add_grads(pipe, taken)
+        stats = pipe.last_stats
+        done.busy_ns += sum(stats.compute_ns.values()) if stats else 0
+        done.sent += pipe.last_sent_bytes
+        if not replay:
+            _count(pipe, done, batch, reads, loss_scale)
+    return done
+
+
+def _count(
+    pipe: Pipeline, done: _Parts, batch: Batch, reads: tuple[bool, bool], loss_scale: float
+) -> None:
+    """A part's loss (the first non-finite one kept to name), samples and tokens."""
+    losses = pipe.last_losses
+    part_sum = float(sum(v.detach().double() for v in losses.values())) / loss_scale
+    if done.bad is None and not math.isfinite(part_sum):
+        done.bad = dict(losses)
+    done.loss += part_sum
+    counts = batch_counts(pipe.manifest, batch.inputs if reads[0] else None)
+    done.samples, done.tokens = done.samples + counts[0], done.tokens + (counts[1] or 0)
+
+
+def _decide(
+    pipe: Pipeline,
+    options: TrainOptions,
+    scaler: LossScaler | None,
+    step: int,
+    loss: float,
+    overflowed: bool,
+    bad: dict[int, torch.Tensor] | None,
+    sq_norm: float,
+    unscale: float,
+) -> tuple[str, bool, float | None]:
+    """What every rank does alike with the step's summed figures: skip it (fp16 overflow, or
+    a non-finite loss under ``skip_nonfinite``), stop the run (a non-finite loss), or unscale,
+    clip and apply it (a synchronous program). Returns the line's note, whether the step was
+    skipped and the gradients' norm (when clipping)."""
+    if overflowed:  # before the loss: a scaled loss may overflow where the loss did not
+        assert scaler is not None
+        pipe.drop_step()
+        scaler.update(True)
+        return f"  skipped: fp16 gradients overflowed; loss scale now {scaler.scale:g}", True, None
+    if not math.isfinite(loss):
+        if not options.skip_nonfinite:
+            if bad is not None:
+                check_losses(bad, step + 1)  # names the micro-batch on the rank that has it
+            raise RuntimeFailure(f"step {step + 1}: the loss is {loss}; training stops here")
+        pipe.drop_step()
+        return "  skipped: the loss is not finite", True, None
+    if pipe.asynchronous:
+        return "", False, None
+    grad_norm = None
+    if options.clip_grad_norm is not None:
+        grad_norm = math.sqrt(sq_norm) * unscale
+        if grad_norm > options.clip_grad_norm:
+            unscale *= options.clip_grad_norm / (grad_norm + 1e-6)
+    if unscale != 1.0:
+        scale_grads(pipe, unscale)
+    if scaler is not None:
+        scaler.update(False)
+    pipe.apply_step()
+    return "", False, grad_norm
 
 
 def _last_backward(
