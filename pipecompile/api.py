@@ -249,7 +249,7 @@ class CompiledPipeline:
             self._factory = optimizer
             self._fitted_with = None  # fit() would go on with these, not its own
         named = inputs if isinstance(inputs, dict) else self._named(_as_tuple(inputs), {})
-        loss, _ = self.pipeline.train_step(named, _as_tuple(targets), loss_fn)
+        loss = self.pipeline.train_step(named, _as_tuple(targets), loss_fn).loss
         return loss
 
     def fit(

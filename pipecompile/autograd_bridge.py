@@ -32,9 +32,10 @@ def pipelined_forward(pipe: Pipeline, model: nn.Module, inputs: dict[str, torch.
         )
     with torch.no_grad():
         output = pipe(inputs)
+    assert pipe.last is not None
     leaves, spec = pytree.tree_flatten(output)
     anchor = torch.zeros((), requires_grad=True)  # puts the outputs on autograd's tape
-    context = _Context(pipe, model, inputs, leaves, pipe.last_rng_base)
+    context = _Context(pipe, model, inputs, leaves, pipe.last.rng_base)
     flat = _Bridge.apply(anchor, context, *leaves)
     return pytree.tree_unflatten(list(flat), spec)
 

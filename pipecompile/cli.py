@@ -534,7 +534,7 @@ def _run(args: argparse.Namespace) -> int:
             remove_partial(options.save)
         print(interrupted_line(state.done, state.total, options.save), file=sys.stderr)
         return EXIT_INTERRUPTED
-    if args.stats and pipe.last_stats is not None:
+    if args.stats and pipe.last is not None:
         print(_stats_table(pipe, directory, args.program))
     return 0
 
@@ -669,7 +669,8 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
     from pipecompile.reports.show import schedule_report
 
     predicted, _ = schedule_report(directory, program_path=program, uniform=True)
-    stats = pipe.last_stats
+    assert pipe.last is not None
+    stats = pipe.last.stats
     rows = [
         "device   peak in-flight (measured / predicted)   peak activations (measured / predicted)"
     ]

@@ -33,7 +33,7 @@ from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stages, read_manifest, read_program
 from pipecompile.runtime.local_backend import LocalBackend
-from pipecompile.runtime.stats import RunStats
+from pipecompile.runtime.step_result import StepResult
 from pipecompile.runtime.trace import Tracer, traced
 
 __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
@@ -55,7 +55,7 @@ class Pipeline:
     Example:
         >>> pipe = Pipeline.load("out/gpt")                     # doctest: +SKIP
         >>> pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=0.1))  # doctest: +SKIP
-        >>> loss = pipe.train_step(inputs, targets, loss_fn)     # doctest: +SKIP
+        >>> loss = pipe.train_step(inputs, targets, loss_fn).loss  # doctest: +SKIP
     """
 
     def __init__(
@@ -89,15 +89,11 @@ class Pipeline:
         self.after_step = after_step
         self.replica = replica
         self.default_device = default_device
-        self.last_losses: dict[int, torch.Tensor] = {}
-        self.last_rng_base = 0  # the base seed of the last step or inference (random_state)
-        self.last_results: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.last: StepResult | None = None  # what the last step or inference gave
         self.layout = Layout.from_manifest(manifest, program.stage_device)
         self.optimizers: list[torch.optim.Optimizer | None] | None = None
         self.asynchronous = program.asynchronous
-        self.last_stats: RunStats | None = None
         self.precision: torch.dtype | None = None  # autocast and traffic dtype (precision.py)
-        self.last_sent_bytes = 0  # bytes the last step sent between devices
         self.name = "the pipeline"  # how messages call it; Pipeline.load: its directory
         self.tracer: Tracer | None = None  # records the traced steps (runtime/trace.py)
         self.compiled: CompiledStages | None = None  # --compile (runtime/compiled.py)
@@ -163,20 +159,21 @@ class Pipeline:
         rows: int | None = None,
         weigh_rows: bool = True,
         sizes: dict[str, int] | None = None,
-    ) -> tuple[torch.Tensor, list[Any]]:
-        """Run the program on one mini-batch; returns (mean loss over micro-batches, outputs
-        per micro-batch). ``on_step(j)`` is called before each optimizer step of stage j,
+    ) -> StepResult:
+        """Run the program on one mini-batch; returns what it gave (``StepResult``: the mean
+        loss over micro-batches, the outputs per micro-batch, the run's figures), also kept
+        as ``last``. ``on_step(j)`` is called before each optimizer step of stage j,
         ``on_backward(j, last)`` before each backward of stage j (``last``: its last of the step).
 
         Synchronous programs (one STEP per stage) scale each micro-batch's loss by 1/m, so
         the step's gradient is the mini-batch mean's; asynchronous ones (UPDATE per
         micro-batch) apply each micro-batch's own gradient. ``measure_memory`` records the
-        activation bytes held per device in ``last_stats`` (``peak_inflight`` always is).
+        activation bytes held per device in its ``stats`` (``peak_inflight`` always is).
         ``loss_scale`` overrides the per-micro-batch loss scale; ``keep_grads`` leaves the
         gradients on the stages' parameters instead of stepping and zeroing them.
         ``rng_base`` seeds every stage forward's random ops per (stage, micro-batch), and a
-        recomputed forward the same (default: drawn from torch's global generator; kept in
-        ``last_rng_base``), so dropout masks do not depend on the schedule's order.
+        recomputed forward the same (default: drawn from torch's global generator; kept as
+        its ``rng_base``), so dropout masks do not depend on the schedule's order.
         On a rank of a distributed run, ``inputs`` may be None unless it holds the first
         stage, and ``targets`` unless it holds the last: other ranks never read the data.
         A batch of N rows (``rows``: N where ``inputs`` is None) splits into micro-batches as
@@ -218,19 +215,25 @@ class Pipeline:
             span=tracer.span if tracer is not None else None,
             compiled=self.compiled,
         )
-        self.last_rng_base = executor.rng_base
         self._run(self._own_program(self.program), executor, inputs or {})
         backend.finish()
-        self.last_sent_bytes = getattr(backend, "sent_bytes", 0)
         if self.after_step is not None:
             self.after_step()
-        self.last_stats = executor.stats
-        self.last_losses, self.last_results = executor.losses, executor.results
         if len(executor.losses) < count:  # the last stage runs elsewhere
-            return torch.tensor(float("nan")), []
-        total = sum(executor.losses[i].detach() for i in range(count))
-        loss = total / (count * scale)
-        return loss, [executor.results[i] for i in range(count)]  # type: ignore[return-value]
+            loss, outputs = torch.tensor(float("nan")), []
+        else:
+            loss = sum(executor.losses[i].detach() for i in range(count)) / (count * scale)
+            outputs = [executor.results[i] for i in range(count)]
+        self.last = StepResult(
+            loss,
+            outputs,
+            executor.losses,
+            executor.results,
+            executor.stats,
+            getattr(backend, "sent_bytes", 0),
+            executor.rng_base,
+        )
+        return self.last
 
     def _sized(self, backend: Any, inputs: dict[str, Any] | None, sizes: Any) -> Any:
         """``backend``, told each micro-batch's sizes of the dimensions compiled ``--dynamic``
@@ -370,10 +373,18 @@ class Pipeline:
             precision=self.precision,
             compiled=self.compiled,
         )
-        self.last_rng_base = executor.rng_base
         self._run(self._own_program(forward_only(self.program)), executor, inputs or {})
         backend.finish()
-        self.last_results = executor.results
+        held = [executor.results[i] for i in range(count) if i in executor.results]
+        self.last = StepResult(
+            torch.tensor(float("nan")),
+            held if len(held) == count else [],
+            {},
+            executor.results,
+            executor.stats,
+            getattr(backend, "sent_bytes", 0),
+            executor.rng_base,
+        )
         if len(executor.results) < count:  # the last stage runs elsewhere, or in part here
             return None
         results = [executor.results[i] for i in range(count)]
@@ -385,7 +396,8 @@ class Pipeline:
         inference ran in this process: every one, except on a rank of a distributed run that
         does not hold the last stage (none) or holds replica k of r of it (the micro-batches
         i with i mod r == k, for which ``__call__`` returns None)."""
-        spec, held = self.layout.output_spec, sorted(self.last_results.items())
+        results = self.last.results if self.last is not None else {}
+        spec, held = self.layout.output_spec, sorted(results.items())
         return {i: pytree.tree_unflatten(list(r), spec) for i, r in held}
 
     def state_dict(self) -> dict[str, torch.Tensor]:

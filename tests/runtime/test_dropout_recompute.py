@@ -39,7 +39,7 @@ def _grads(model: nn.Module, tmp_path, **options) -> tuple[float, dict[str, torc
     out = tmp_path / "-".join(f"{k}{v}" for k, v in options.items())
     emit(compiled, out, model=ModelRef(None, "m", "m"))
     pipe = Pipeline.load(out)
-    loss, _ = pipe.train_step({"x": x}, (y,), _loss, keep_grads=True, rng_base=1234)
+    loss = pipe.train_step({"x": x}, (y,), _loss, keep_grads=True, rng_base=1234).loss
     grads = {**pipe.named_grads(0), **pipe.named_grads(1)}
     return float(loss), grads
 
@@ -92,12 +92,12 @@ def test_decorator_backward_recomputes_the_forward_it_differentiates():
     grad_out = torch.randn_like(out)
     (out * grad_out).sum().backward()
     pipe = model.pipeline.pipeline
-    recomputed = torch.cat([pipe.last_results[i][0] for i in range(2)])
+    recomputed = torch.cat([pipe.last.results[i][0] for i in range(2)])
     assert torch.equal(recomputed, out.detach())  # the backward saw the forward's masks
     # and the gradient is the VJP of that forward: against the stored-activation backward
     reference = model.pipeline.pipeline
     reference.train_step({"x": x}, (grad_out,), lambda o, g: (o * g).sum(), loss_scale=1.0,
-                         keep_grads=True, rng_base=pipe.last_rng_base)  # fmt: skip
+                         keep_grads=True, rng_base=pipe.last.rng_base)  # fmt: skip
     want = {**reference.named_grads(0), **reference.named_grads(1)}
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, want[name], atol=1e-6), name

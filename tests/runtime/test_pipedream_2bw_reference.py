@@ -99,7 +99,7 @@ def test_pipedream_2bw_matches_the_papers_rule(tmp_path: Path, p: int, m: int) -
     pipe = Pipeline.load(out)
     pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=LR))
     for step, ((x, y), (ref_weights, ref_loss)) in enumerate(zip(batches, expected)):
-        loss, _ = pipe.train_step({"x": x}, (y,), loss_fn)
+        loss = pipe.train_step({"x": x}, (y,), loss_fn).loss
         got = {n: pipe.state_dict()[n] for n in ref_weights}
         diff = max_diff(got, ref_weights)
         assert diff <= TOL, f"step {step}: weights differ from the reference by {diff:.3g}"
@@ -147,7 +147,7 @@ def test_tied_weights_stay_one_parameter(tmp_path: Path) -> None:
     pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=LR))
     weights = {n: t.detach().clone() for n, t in model.named_parameters()}
     for x, y in batches:
-        loss, _ = pipe.train_step({"x": x}, (y,), loss_fn)
+        loss = pipe.train_step({"x": x}, (y,), loss_fn).loss
         weights, ref_loss = reference_step(model, weights, 3, 6, 1, x, y)
         state = pipe.state_dict()
         assert max_diff({n: state[n] for n in weights}, weights) <= TOL

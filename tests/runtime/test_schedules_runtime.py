@@ -87,17 +87,17 @@ def test_schedule_equals_eager_and_measures_as_predicted(tmp_path, name, config,
     )
     assert report.ok, str(report)
     timeline = simulate(compiled.program, topology(compiled.graph), Costs.uniform(4))
-    assert pipe.last_stats is not None
-    assert pipe.last_stats.peak_inflight == timeline.peak_inflight
-    assert pipe.last_stats.peak_stored == predicted_bytes(compiled)
+    assert pipe.last.stats is not None
+    assert pipe.last.stats.peak_inflight == timeline.peak_inflight
+    assert pipe.last.stats.peak_stored == predicted_bytes(compiled)
 
 
 def test_1f1b_device_j_holds_min_p_minus_j_m(tmp_path):
     compiled, pipe = build(tmp_path, "mlp", schedule="1f1b")
     spec = example_spec("mlp")
     pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
-    assert pipe.last_stats is not None
-    assert pipe.last_stats.peak_inflight == (4, 3, 2, 1)
+    assert pipe.last.stats is not None
+    assert pipe.last.stats.peak_inflight == (4, 3, 2, 1)
 
 
 @pytest.mark.parametrize("name", ["gpt", "resnet"])
@@ -112,8 +112,8 @@ def test_recompute_changes_memory_not_gradients(tmp_path, name):
             spec.inputs, spec.targets, spec.loss_fn,
             on_step=lambda j, p=pipe, g=got: g.update(p.named_grads(j)), measure_memory=True,
         )  # fmt: skip
-        assert pipe.last_stats is not None
-        grads[policy], measured[policy] = got, pipe.last_stats.peak_stored
+        assert pipe.last.stats is not None
+        grads[policy], measured[policy] = got, pipe.last.stats.peak_stored
         assert measured[policy] == predicted_bytes(compiled)
         if policy == "always":
             buffers = {k: v for k, v in pipe.state_dict().items() if "running" in k}
@@ -142,7 +142,7 @@ def test_memory_budget_picks_the_least_recomputation_that_fits(tmp_path):
     # one fewer recomputed forward on the most loaded device would not fit
     spec = example_spec("gpt")
     pipe.train_step(spec.inputs, spec.targets, spec.loss_fn, measure_memory=True)
-    assert pipe.last_stats is not None and pipe.last_stats.peak_stored == peaks
+    assert pipe.last.stats is not None and pipe.last.stats.peak_stored == peaks
     report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6)
     assert report.ok, str(report)
 

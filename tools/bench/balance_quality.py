@@ -68,7 +68,7 @@ def measure(directory: Path, steps: int) -> tuple[list[float], list[float], list
     backward: list[list[float]] = []
     for step in range(steps + 2):
         pipe.train_step(spec.inputs, spec.targets, spec.loss_fn)
-        stats = pipe.last_stats
+        stats = pipe.last.stats
         assert stats is not None
         if step >= 2:
             forward.append([stats.forward_ns[j] / m for j in sorted(stats.forward_ns)])

@@ -131,7 +131,7 @@ def inflight(tmp: Path, sizes: Sizes) -> None:
             pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=1e-3))
             pipe.train_step({"input": x}, (y,), nn.functional.mse_loss)
             predicted = simulate(compiled.program, topology(compiled.graph), Costs.uniform(n))
-            measured = pipe.last_stats.peak_inflight  # type: ignore[union-attr]
+            measured = pipe.last.stats.peak_inflight  # type: ignore[union-attr]
             print(
                 f"| {label} | {p} | {m} | {list(measured)} | {list(predicted.peak_inflight)} "
                 f"| {'yes' if measured == predicted.peak_inflight else 'NO'} |"
@@ -161,7 +161,7 @@ def recompute_memory(tmp: Path, sizes: Sizes) -> None:
         pipe = Pipeline.load(out)
         pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=1e-3))
         pipe.train_step(inputs, targets, loss_fn, measure_memory=True)
-        stats = pipe.last_stats
+        stats = pipe.last.stats
         seconds = []
         for _ in range(4):  # the first is a warm-up; median of the other three
             start = time.perf_counter()

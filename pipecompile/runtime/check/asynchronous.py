@@ -83,7 +83,8 @@ def check_async_step(
     )
     ref_outs = join_outputs(pipe, ref_parts)
     pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=lr))
-    loss, outs = pipe.train_step(inputs, targets, loss_fn)
+    step = pipe.train_step(inputs, targets, loss_fn)
+    loss, outs = step.loss, step.outputs
     what = (
         "SGD on each window's mean gradient, one version stale (PipeDream-2BW)"
         if two_versions

@@ -100,7 +100,7 @@ def check_distributed(
     if pipe.asynchronous:
         pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=args.lr))
     grads: dict[str, torch.Tensor] = {}
-    pipe.train_step(
+    step = pipe.train_step(
         inputs,
         targets,
         spec.loss_fn,
@@ -109,8 +109,8 @@ def check_distributed(
     values = pipe.state_dict() if pipe.asynchronous else grads
     mine: dict[str, Any] = {
         "values": {k: v.cpu() for k, v in values.items()},
-        "losses": {i: float(v) for i, v in pipe.last_losses.items()},
-        "outputs": {i: tuple(t.cpu() for t in r) for i, r in pipe.last_results.items()},
+        "losses": {i: float(v) for i, v in step.losses.items()},
+        "outputs": {i: tuple(t.cpu() for t in r) for i, r in step.results.items()},
         "gpu": pipe.default_device is not None,
     }
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -138,13 +138,13 @@ def _compare_on_rank0(
         local_loss, local_outs = None, None
     else:
         local_values = {}
-        local_loss, outs = local.train_step(
+        local_step = local.train_step(
             spec.inputs,
             spec.targets,
             spec.loss_fn,
             on_step=lambda j: local_values.update(local.named_grads(j)),
         )
-        local_outs = join_microbatches(outs)
+        local_loss, local_outs = local_step.loss, join_microbatches(local_step.outputs)
     values: dict[str, torch.Tensor] = {}
     for part in gathered:
         values.update(part["values"])

@@ -133,13 +133,14 @@ def check_step(
     )
     ref_outs = join_outputs(pipe, ref_parts)
     grads: dict[str, torch.Tensor] = {}
-    loss, outs = pipe.train_step(
+    step = pipe.train_step(
         inputs,
         targets,
         loss_fn,
         on_step=lambda j: grads.update(pipe.named_grads(j)),
         measure_memory=measure_memory,
     )
+    loss, outs = step.loss, step.outputs
     report = CheckReport(reference)
     joined = join_outputs(pipe, outs, ref_outs)
     pairs = [(loss, ref_loss), *zip(joined, ref_outs)]

@@ -109,8 +109,23 @@ def train(
             "define eval_batches() in the model file, or drop --eval-every"
         )
     idle = IdleCores(None if options.quiet else notes.note) if one_process else None
-    run = _Run(pipe, loss_fn, options, group, feed, has_eval, eval_data, reads, one_process,
-               device, dp, scaler, seed, schedulers, idle)  # fmt: skip
+    run = _Run(
+        pipe,
+        loss_fn,
+        options,
+        group,
+        feed,
+        has_eval,
+        eval_data,
+        reads,
+        one_process,
+        device,
+        dp,
+        scaler,
+        seed,
+        schedulers,
+        idle,
+    )
     with _restoring(idle):
         if idle is not None and pipe.compiled is not None:  # before the first compiled call
             idle.settle()
@@ -241,8 +256,19 @@ def _steps(
             if run.idle is not None:
                 run.idle.between_steps()
             with tracer.step_span(step + 1, devices_here(pipe)) if tracer else nullcontext():
-                done = one_step(pipe, run.loss_fn, feed, options, group, run.scaler, run.seed,
-                                step, run.reads, run.one_process, run.dp)  # fmt: skip
+                done = one_step(
+                    pipe,
+                    run.loss_fn,
+                    feed,
+                    options,
+                    group,
+                    run.scaler,
+                    run.seed,
+                    step,
+                    run.reads,
+                    run.one_process,
+                    run.dp,
+                )
             if done is None:  # the data ran out (--epochs)
                 break
             step += 1
@@ -280,8 +306,14 @@ def _finished(
     reporter.step(record, note)
     if run.evaluates and eval_due(run.options, step, state.total, run.feed):
         evaluation = Feed(run.eval_data, None, run.group, epochs=1, skip=0, device=run.device)
-        loss = evaluate(run.pipe, run.loss_fn, evaluation, run.group, run.reads,
-                        f"the evaluation after step {step}")  # fmt: skip
+        loss = evaluate(
+            run.pipe,
+            run.loss_fn,
+            evaluation,
+            run.group,
+            run.reads,
+            f"the evaluation after step {step}",
+        )
         reporter.eval(EvalRecord(step, run.feed.epoch, loss))
 
 

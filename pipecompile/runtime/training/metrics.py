@@ -64,7 +64,7 @@ def local_bubble(pipe: Any) -> float | None:
     """The idle share of the devices' time when the program runs with the stage times the
     last step measured (the local backend runs every device in one thread, so its wall time
     says nothing about overlap)."""
-    stats = pipe.last_stats
+    stats = pipe.last.stats if pipe.last is not None else None
     if stats is None or not stats.forward_ns:
         return None
     m, count = pipe.program.microbatches, len(pipe.modules)
@@ -98,7 +98,7 @@ def peak_memory(pipe: Any, *, one_process: bool) -> list[int]:
     if not one_process:
         scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, else KiB
         return [int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale]
-    stats = pipe.last_stats
+    stats = pipe.last.stats if pipe.last is not None else None
     peaks = [0] * (max(pipe.program.stage_device) + 1)
     for j, module in enumerate(pipe.modules):
         if module is None:

@@ -19,6 +19,7 @@ from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.precision import LossScaler
 from pipecompile.runtime.random_state import step_base
+from pipecompile.runtime.step_result import StepResult
 from pipecompile.runtime.trace import traced
 from pipecompile.runtime.training.copy_share import SIT_OUT
 from pipecompile.runtime.training.data_parallel import DataParallel
@@ -165,7 +166,7 @@ def _parts(
                 feed.last_sizes = sizes  # what a replay of this batch sizes its messages by
         taken = take_grads(pipe) if sync and part > 0 else None
         try:
-            pipe.train_step(
+            result = pipe.train_step(
                 batch.inputs if reads[0] else None,
                 batch.targets if reads[1] else None,
                 loss_fn,
@@ -182,19 +183,23 @@ def _parts(
             raise in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
         if taken is not None:
             add_grads(pipe, taken)
-        stats = pipe.last_stats
-        done.busy_ns += sum(stats.compute_ns.values()) if stats else 0
-        done.sent += pipe.last_sent_bytes
+        done.busy_ns += sum(result.stats.compute_ns.values())
+        done.sent += result.sent_bytes
         if not replay:
-            _count(pipe, done, batch, reads, loss_scale)
+            _count(pipe, done, result, batch, reads, loss_scale)
     return done
 
 
 def _count(
-    pipe: Pipeline, done: _Parts, batch: Batch, reads: tuple[bool, bool], loss_scale: float
+    pipe: Pipeline,
+    done: _Parts,
+    result: StepResult,
+    batch: Batch,
+    reads: tuple[bool, bool],
+    loss_scale: float,
 ) -> None:
     """A part's loss (the first non-finite one kept to name), samples and tokens."""
-    losses = pipe.last_losses
+    losses = result.losses
     part_sum = float(sum(v.detach().double() for v in losses.values())) / loss_scale
     if done.bad is None and not math.isfinite(part_sum):
         done.bad = dict(losses)
