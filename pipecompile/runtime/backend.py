@@ -39,7 +39,18 @@ def tie_of(key: Hashable) -> Hashable:
 
 
 class Backend(Protocol):
-    """Point-to-point messages and gradient sums for one training or inference step."""
+    """Point-to-point messages and gradient sums for one training or inference step: what
+    the executor and the pipeline call, and nothing else."""
+
+    sent_bytes: int  # tensor bytes sent between devices so far this step
+
+    def resize(self, sizes: list[dict[str, int]]) -> None:
+        """Each micro-batch's sizes of the dimensions compiled ``--dynamic``, before the step:
+        what a backend that allocates its receives sizes them by."""
+
+    def post(self, keys: Sequence[MessageKey]) -> None:
+        """Start receiving ``keys`` ahead of the instruction that takes them (a backend whose
+        receives complete at once does nothing)."""
 
     def send(self, key: MessageKey, value: torch.Tensor | None) -> None:
         """Post ``value`` for the receiver of ``key`` (None: no gradient); never waits."""

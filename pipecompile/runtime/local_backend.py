@@ -66,6 +66,12 @@ class LocalBackend:
     def finish(self) -> None:
         """Nothing to wait for: a local send completes at once."""
 
+    def resize(self, sizes: list[dict[str, int]]) -> None:
+        """Nothing to size: a local message is the tensor itself."""
+
+    def post(self, keys: Sequence[Hashable]) -> None:
+        """Nothing to start: a local receive takes a message already there."""
+
     def pending(self) -> list[Hashable]:
         """Messages sent but never received (a correct program leaves none)."""
         return list(self._mailbox)

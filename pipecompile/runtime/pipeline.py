@@ -230,7 +230,7 @@ class Pipeline:
             executor.losses,
             executor.results,
             executor.stats,
-            getattr(backend, "sent_bytes", 0),
+            backend.sent_bytes,
             executor.rng_base,
         )
         return self.last
@@ -239,7 +239,7 @@ class Pipeline:
         """``backend``, told each micro-batch's sizes of the dimensions compiled ``--dynamic``
         (from ``inputs``, else ``sizes``) where it sizes messages (DistBackend.resize)."""
         dynamic = self.manifest.dynamic
-        if dynamic.sizes and hasattr(backend, "resize"):
+        if dynamic.sizes:
             if inputs is not None:
                 sizes = dynamic.sizes_of(self._ordered(inputs))
             if sizes:
@@ -283,7 +283,7 @@ class Pipeline:
         """Run ``program``; a failure that inputs of another shape or dtype than compiled
         explain is reported as that."""
         handlers = self._handlers(executor)
-        if self.device is not None and hasattr(executor.backend, "post"):
+        if self.device is not None:  # a rank: its receives can start ahead
             handlers = _receiving_ahead(handlers, executor, program.devices[self.device])
         try:
             with self.default_device or contextlib.nullcontext():
@@ -382,7 +382,7 @@ class Pipeline:
             {},
             executor.results,
             executor.stats,
-            getattr(backend, "sent_bytes", 0),
+            backend.sent_bytes,
             executor.rng_base,
         )
         if len(executor.results) < count:  # the last stage runs elsewhere, or in part here
