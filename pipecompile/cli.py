@@ -20,6 +20,7 @@ from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse
 from pipecompile.ir.sizes import counted
 from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.passes.split_requests import parse_pins
+from pipecompile.runtime.load import Emitted
 from pipecompile.runtime.notes import note
 from pipecompile.runtime.option_fields import (
     HONOURED,
@@ -494,18 +495,19 @@ def _run(args: argparse.Namespace) -> int:
 
         fork_a_starter()
     from pipecompile.model.model_file import recorded_model
-    from pipecompile.runtime.load import read_manifest
+    from pipecompile.runtime.load import open_emitted
     from pipecompile.runtime.pipeline import Pipeline
 
     directory = Path(args.directory)
-    manifest = read_manifest(directory)
-    _check_run_options(args, directory)
+    emitted = open_emitted(directory, args.program)
+    manifest = emitted.manifest
+    _check_run_options(args, emitted)
     # None until here, where what was given is known: each option not given takes its default
     vars(args).update(vars(settled(from_args(RunFlags, args))))
     if args.nproc:
         if args.stats:
             raise PipecompileError("--stats measures the local backend; drop it with --nproc")
-        return _run_distributed(args)
+        return _run_distributed(args, emitted)
     from pipecompile.runtime.threads import use_threads
 
     use_threads(args.threads)
@@ -515,7 +517,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     if spec.loss_fn is None:
         raise ModelFileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")
-    pipe = Pipeline.load(directory, args.program)
+    pipe = Pipeline.opened(emitted)
     if args.check:
         return _check(args, pipe, spec)
     from pipecompile.model.data_hooks import EVAL, batch_source, example_source
@@ -558,8 +560,9 @@ def _check(args: argparse.Namespace, pipe, spec) -> int:  # type: ignore[no-unty
     return 0
 
 
-def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
+def _check_run_options(args: argparse.Namespace, emitted: Emitted) -> None:
     """Options that contradict each other or the directory, refused before anything runs."""
+    directory = emitted.directory
     from pipecompile.codegen.output_dir import inside
     from pipecompile.runtime.training.train_state import latest_step_dir, read_meta
 
@@ -571,7 +574,7 @@ def _check_run_options(args: argparse.Namespace, directory: Path) -> None:
             "--precision fp16 needs a GPU (run --nproc N --device cuda): on the CPU, use "
             "--precision bf16"
         )
-    _check_program_options(args, directory)
+    _check_program_options(args, emitted)
     if args.save and inside(Path(args.save), directory):
         raise PipecompileError(
             f"--save {args.save} lies inside {directory}, which a recompile replaces; "
@@ -614,16 +617,13 @@ def _uses_cuda(args: argparse.Namespace) -> bool:
     return device_kind(args.device or "auto", args.nproc) == "cuda"
 
 
-def _check_program_options(args: argparse.Namespace, directory: Path) -> None:
+def _check_program_options(args: argparse.Namespace, emitted: Emitted) -> None:
     """Options this run would ignore, and training options the program's schedule cannot
     honour (see training.check_options)."""
-    from pipecompile.runtime.load import read_manifest, read_program
     from pipecompile.runtime.training.loop_options import check_options
 
-    manifest = read_manifest(directory)
-    program = read_program(Path(args.program) if args.program else directory / manifest.program)
     _refuse_ignored(args)
-    check_options(_train_options(args, directory), program)
+    check_options(_train_options(args, emitted.directory), emitted.program)
 
 
 def _train_options(args: argparse.Namespace, directory: Path) -> TrainOptions:
@@ -700,15 +700,12 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
     return "\n".join(rows)
 
 
-def _run_distributed(args: argparse.Namespace) -> int:
+def _run_distributed(args: argparse.Namespace, emitted: Emitted) -> int:
     from pipecompile.files.names import METRICS
     from pipecompile.runtime.distributed.launch import launch
     from pipecompile.runtime.distributed.placement import Placement
-    from pipecompile.runtime.load import read_manifest, read_program
 
-    directory = Path(args.directory)
-    manifest = read_manifest(directory)
-    program = read_program(Path(args.program) if args.program else directory / manifest.program)
+    directory, manifest, program = emitted
     placement = Placement.from_manifest(manifest, program.stage_device)
     _check_mesh(args, program, placement.world)
     if args.shard in ("grads", "params"):

@@ -31,7 +31,7 @@ from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import simulate
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.reports.balance_table import stage_costs
-from pipecompile.runtime.load import read_manifest, read_program
+from pipecompile.runtime.load import open_emitted
 from pipecompile.runtime.trace_file import SIMULATED_PID, is_trace_document, measured_costs
 
 __all__ = ["measured_report", "format_measured", "COLUMNS"]
@@ -89,8 +89,7 @@ def measured_report(directory: str | Path, trace: str | Path) -> dict[str, Any]:
         PipecompileError: the trace is unreadable or of another program.
     """
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    program = read_program(directory / manifest.program)
+    _, manifest, program = open_emitted(directory)
     document = read_trace(Path(trace))
     info = document["otherData"]
     _check_same_program(info, program, Path(trace), directory)

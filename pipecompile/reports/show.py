@@ -14,7 +14,7 @@ from pipecompile.ir.verify_program import verify_program
 from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
 from pipecompile.reports.plan_table import plan_table
 from pipecompile.reports.timeline_text import timeline_text
-from pipecompile.runtime.load import read_manifest, read_program
+from pipecompile.runtime.load import open_emitted
 from pipecompile.schedules.closed_forms import uniform_bubble
 
 __all__ = ["schedule_report", "format_report"]
@@ -36,8 +36,7 @@ def schedule_report(
     ``uniform``, F = 1 and B = 2 per stage. Returns the JSON-ready figures and the timeline.
     """
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    program = read_program(Path(program_path) if program_path else directory / manifest.program)
+    _, manifest, program = open_emitted(directory, program_path)
     topology = topology_from_manifest(manifest)
     verify_program(program, topology)
     stages = manifest.stages

@@ -14,7 +14,7 @@ from pipecompile.ir.sizes import counted, format_size
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
 from pipecompile.reports.plan_table import plan_table, seconds_text
-from pipecompile.runtime.load import read_manifest, read_program
+from pipecompile.runtime.load import open_emitted
 
 __all__ = ["summary"]
 
@@ -22,8 +22,7 @@ __all__ = ["summary"]
 def summary(out: Path) -> str:
     """A few lines a person reads after `pipecompile MODEL --stages N -o OUT`, read from the
     emitted directory ``out``."""
-    manifest = read_manifest(Path(out))
-    program = read_program(Path(out) / manifest.program)
+    _, manifest, program = open_emitted(out)
     rows = [plan_table(manifest.plan)] if manifest.plan else []
     rows += balance_lines(manifest.balance, stage_rows(manifest, program))
     rows.append(

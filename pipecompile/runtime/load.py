@@ -11,6 +11,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -25,6 +26,8 @@ from pipecompile.runtime.materialise import allocate, fill_stage, needs_material
 from pipecompile.runtime.op_seeds import seed_random_ops
 
 __all__ = [
+    "Emitted",
+    "open_emitted",
     "read_manifest",
     "read_program",
     "load_stage",
@@ -32,6 +35,23 @@ __all__ = [
     "load_weights",
     "recompile_hint",
 ]
+
+
+class Emitted(NamedTuple):
+    """An emitted directory opened: its manifest and the program a run follows."""
+
+    directory: Path
+    manifest: Manifest
+    program: Program
+
+
+def open_emitted(directory: str | Path, program: str | Path | None = None) -> Emitted:
+    """The directory ``pipecompile MODEL -o DIR`` wrote, its manifest and program each read
+    once (``program``: another program file to run instead, ``run --program``)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    path = Path(program) if program else directory / manifest.program
+    return Emitted(directory, manifest, read_program(path))
 
 
 def read_program(path: Path) -> Program:

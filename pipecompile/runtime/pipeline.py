@@ -31,7 +31,7 @@ from pipecompile.runtime.compiled import CompiledStages, resolve_backend
 from pipecompile.runtime.executor import LossFn, StepExecutor
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.load import load_stages, read_manifest, read_program
+from pipecompile.runtime.load import Emitted, load_stages, open_emitted
 from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.step_result import StepResult
 from pipecompile.runtime.trace import Tracer, traced
@@ -112,10 +112,13 @@ class Pipeline:
     def load(cls, directory: str | Path, program: str | Path | None = None) -> Pipeline:
         """Load the directory written by ``pipecompile MODEL -o DIR`` (and optionally another
         program file, verified before use)."""
-        directory = Path(directory)
-        manifest = read_manifest(directory)
-        prog = read_program(Path(program) if program else directory / manifest.program)
-        pipe = cls(manifest, load_stages(directory, manifest), prog)
+        return cls.opened(open_emitted(directory, program))
+
+    @classmethod
+    def opened(cls, emitted: Emitted) -> Pipeline:
+        """The pipeline of a directory already opened (``runtime.load.open_emitted``)."""
+        directory, manifest, program = emitted
+        pipe = cls(manifest, load_stages(directory, manifest), program)
         pipe.name = str(directory)
         return pipe
 

@@ -15,7 +15,7 @@ from pipecompile.files.owned import record, unrecorded
 from pipecompile.reports.pictures.render import dot_available, render
 from pipecompile.reports.pictures.schedule_picture import schedule_dot, simulated_timeline
 from pipecompile.reports.pictures.stage_picture import stage_dot
-from pipecompile.runtime.load import read_manifest, read_program
+from pipecompile.runtime.load import open_emitted
 
 __all__ = ["Pictures", "write_pictures"]
 
@@ -45,8 +45,7 @@ def write_pictures(directory: Path, *, out: Path | None = None, fmt: str = "svg"
     """
     directory = Path(directory)
     out = directory if out is None else Path(out)
-    manifest = read_manifest(directory)
-    program = read_program(directory / manifest.program)
+    _, manifest, program = open_emitted(directory)
     timeline, unit = simulated_timeline(manifest, program)
     graphs = {
         "stages": (stage_dot(manifest, program), "dot"),

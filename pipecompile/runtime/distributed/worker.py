@@ -46,7 +46,7 @@ from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.distributed.rank_output import say, user_output
 from pipecompile.runtime.distributed.watchdog import Watchdog
 from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.load import load_stage, read_manifest, read_program
+from pipecompile.runtime.load import load_stage, open_emitted
 from pipecompile.runtime.option_fields import add_options, from_args, settled
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.threads import use_threads
@@ -162,8 +162,7 @@ def _run(
     from pipecompile.runtime.check.distributed import check_distributed
 
     directory = Path(args.directory)
-    manifest = read_manifest(directory)
-    program = read_program(Path(args.program) if args.program else directory / manifest.program)
+    _, manifest, program = open_emitted(directory, args.program)
     placement = Placement.from_manifest(manifest, program.stage_device)
     copies = args.dp
     if placement.world * copies != world:
