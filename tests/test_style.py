@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 
@@ -31,3 +32,27 @@ def test_the_package_keeps_under_the_fmt_skip_budget():
         if line.rstrip().endswith("# fmt: skip")
     ]
     assert len(where) < FMT_SKIP_BUDGET, "\n".join(where)
+
+
+def test_the_fuzzers_modules_import_without_a_circle():
+    """Each module of tools/qa/fuzzing imports only modules below it (type-only imports too)."""
+    folder = ROOT / "tools" / "qa" / "fuzzing"
+    graph = {}
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        graph[path.stem] = {
+            node.module.split(".")[1]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fuzzing.")
+        }
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, " -> ".join((*path, name))
+        if name not in done:
+            for used in graph.get(name, ()):
+                visit(used, (*path, name))
+            done.add(name)
+
+    for name in graph:
+        visit(name, ())

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzzing.generate import Case
-from fuzzing.run import Timeout, _causes, _words, time_limit
+from fuzzing.limits import Timeout, causes, failure_words, time_limit
 
 PEER = "torch.distributed.pipelining"
 PEER_TIMEOUT_S = 120
@@ -291,7 +291,7 @@ def _compare_buffers(gm: Any, model: Any) -> list[str]:
 
 def _mismatch(outcome: PeerOutcome, failures: list[str]) -> None:
     outcome.verdict = "mismatch"
-    outcome.key = _words(failures[0], 6)
+    outcome.key = failure_words(failures[0], 6)
     outcome.detail = "\n".join(f"  MISMATCH {f}" for f in failures)
 
 
@@ -299,11 +299,11 @@ def _set(outcome: PeerOutcome, verdict: str, err: BaseException) -> None:
     """The verdict, and the reason: the class and first words of ``err`` (and of the
     torch.export error under ``pipeline()``'s generic one)."""
     outcome.verdict = verdict
-    key = f"{type(err).__name__}: {_words(str(err), 10 if verdict == 'refused' else 8)}"
-    causes = _causes(err)
-    if _EXPORT_WRAPPER in str(err) and causes:
-        cause = causes[0]
-        key = f"torch.export: {type(cause).__name__}: {_words(str(cause), 10)}"
+    key = f"{type(err).__name__}: {failure_words(str(err), 10 if verdict == 'refused' else 8)}"
+    chain_of = causes(err)
+    if _EXPORT_WRAPPER in str(err) and chain_of:
+        cause = chain_of[0]
+        key = f"torch.export: {type(cause).__name__}: {failure_words(str(cause), 10)}"
     outcome.key = re.sub(r"\b(submod(_pp)?)_\d+\b", r"\1_N", key)
-    chain = f"{type(err).__name__}: {err}" + "".join(f"\n{type(e).__name__}: {e}" for e in causes)
+    chain = f"{type(err).__name__}: {err}" + "".join(f"\n{type(e).__name__}: {e}" for e in chain_of)
     outcome.detail = chain + "\n" + "".join(traceback.format_exception(err))[-6000:]

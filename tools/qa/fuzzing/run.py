@@ -3,21 +3,18 @@ matched, refused, internal, mismatch or invalid."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fuzzing.generate import Case, Config, generate
+from fuzzing.limits import Timeout, causes, failure_words, time_limit
 
 if TYPE_CHECKING:
     from fuzzing.peer import PeerOutcome
@@ -48,29 +45,6 @@ class Outcome:
     source: str = field(default="", repr=False)
 
 
-class Timeout(Exception):
-    """A case that gave no result within its time limit (a hang?)."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: int) -> Iterator[None]:
-    """Raise ``Timeout`` in the block after ``seconds`` (SIGALRM: main thread only; elsewhere
-    the block runs unbounded)."""
-
-    def alarm(signum: int, frame: object) -> None:
-        raise Timeout(f"no result within {seconds} s (a hang?)")
-
-    old = signal.signal(signal.SIGALRM, alarm) if _main_thread() else None
-    if old is not None:
-        signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        if old is not None:
-            signal.alarm(0)
-            signal.signal(signal.SIGALRM, old)
-
-
 def run_case(
     seed: int, *, inplace: bool = True, distributed: bool = False, workdir: Path | None = None
 ) -> Outcome:
@@ -92,12 +66,6 @@ def run_case(
             classify(outcome, "internal", outcome.phase, err)
     outcome.seconds = time.perf_counter() - start
     return outcome
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def _run(case: Case, tmp: Path, outcome: Outcome, distributed: bool) -> None:
@@ -149,7 +117,7 @@ def _run(case: Case, tmp: Path, outcome: Outcome, distributed: bool) -> None:
         failures += _compare_buffers(pipe.state_dict(), buffers)
     if failures:
         outcome.verdict, outcome.phase = "mismatch", "check"
-        outcome.key = "check failed: " + _words(failures[0], 6)
+        outcome.key = "check failed: " + failure_words(failures[0], 6)
         outcome.detail = "\n".join([str(report), *(f"  MISMATCH {f}" for f in failures)])
         return None
     if distributed:
@@ -224,7 +192,7 @@ def _run_distributed(out: Path, config: Config, outcome: Outcome) -> None:
     outcome.distributed = outcome.verdict = "mismatch" if mismatch else "internal"
     lines = [line for line in text.splitlines() if line.strip()]
     reason = next((line for line in lines if line.startswith("pipecompile")), lines[-1:] or [""])
-    outcome.key = f"distributed (exit {result.returncode}): " + _words(str(reason), 8)
+    outcome.key = f"distributed (exit {result.returncode}): " + failure_words(str(reason), 8)
     outcome.detail = text[-4000:]
 
 
@@ -232,41 +200,21 @@ def classify(outcome: Outcome, verdict: str, phase: str, err: BaseException) -> 
     outcome.verdict, outcome.phase = verdict, phase
     text = f"{type(err).__name__}: {err}"
     chain = text + "".join(
-        f"\n{type(e).__name__}: {e}" for e in _causes(err)
+        f"\n{type(e).__name__}: {e}" for e in causes(err)
     )  # the wrapped errors name the cause
     known = next((name for name, phrase in KNOWN.items() if phrase in chain), None)
     if known:
         outcome.key = f"known: {known}"
     elif verdict == "refused":
-        outcome.key = f"{type(err).__name__}: {_words(str(err), 10)}"
+        outcome.key = f"{type(err).__name__}: {failure_words(str(err), 10)}"
     else:
-        outcome.key = f"{type(err).__name__}: {_words(str(err), 8)}{_where(err)}"
+        outcome.key = f"{type(err).__name__}: {failure_words(str(err), 8)}{_where(err)}"
     outcome.detail = chain + "\n" + "".join(traceback.format_exception(err))[-6000:]
-
-
-def _causes(err: BaseException) -> list[BaseException]:
-    found, seen = [], {id(err)}
-    cause = err.__cause__ or err.__context__
-    while cause is not None and id(cause) not in seen:
-        found.append(cause)
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return found
-
-
-def _words(text: str, count: int) -> str:
-    """The first ``count`` words of ``text``'s first line, names and numbers blanked out,
-    so that the same failure on different models has the same key."""
-    first = (text.strip().splitlines() or [""])[0]
-    first = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`", "'_'", first)
-    first = re.sub(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b", "N", first)
-    first = re.sub(r"\b(v|q|k|val|scores|lin|conv|norm|bn|emb|p|buf|stat)\d+\b", "_", first)
-    return " ".join(first.split()[:count])
 
 
 def _where(err: BaseException) -> str:
     """`` (at FILE:FUNCTION)``: the innermost frame in pipecompile of the deepest cause."""
-    deepest = ([err, *_causes(err)])[-1]
+    deepest = ([err, *causes(err)])[-1]
     frames = traceback.extract_tb(deepest.__traceback__)
     ours = [f for f in frames if "/pipecompile/" in f.filename or "/passes/" in f.filename]
     if not ours:
