@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -145,3 +146,20 @@ def torchrun_options(description: str, quick: str, repeats: int) -> argparse.Nam
     if parser.parse_known_args()[0].quick:  # smaller defaults; options given still count
         parser.set_defaults(warmup=0, repeats=1)
     return parser.parse_args()
+
+
+@dataclass(frozen=True)
+class GPT2Sizes:
+    """The GPT-2 (or Llama) the throughput benchmarks train, and its batch: layers, width,
+    attention heads, vocabulary, tokens a sample, samples a mini-batch. Each tool's own
+    ``Sizes`` adds its run's fields to it."""
+
+    layers: int = 24
+    width: int = 256
+    heads: int = 8
+    vocab: int = 1024
+    tokens: int = 64
+    batch: int = 16
+
+
+QUICK_GPT2 = {"layers": 2, "width": 32, "heads": 2, "vocab": 64, "tokens": 8}  # --quick's

@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from common import (
     EXAMPLES,
+    QUICK_GPT2,
+    GPT2Sizes,
     command,
     log,
     machine,
@@ -50,20 +52,15 @@ WAIT_S = 900  # the most one torchrun of the full benchmark may take
 
 
 @dataclass(frozen=True)
-class Sizes:
-    """The model, the batch and which process counts to run."""
+class Sizes(GPT2Sizes):
+    """The model and the batch (``GPT2Sizes``), the micro-batches and which process counts
+    to run."""
 
-    layers: int = 24
-    width: int = 256
-    heads: int = 8
-    vocab: int = 1024
-    tokens: int = 64
-    batch: int = 16
     micro: int = 8
     procs: tuple[int, ...] = (2, 4)
 
 
-QUICK = Sizes(layers=4, width=32, heads=2, vocab=64, tokens=8, batch=4, micro=2, procs=(2,))
+QUICK = Sizes(**{**QUICK_GPT2, "layers": 4}, batch=4, micro=2, procs=(2,))
 SCHEDULES = ("gpipe", "1f1b")
 
 

@@ -43,6 +43,8 @@ import torch
 import torch.distributed as dist
 from common import (
     EXAMPLES,
+    QUICK_GPT2,
+    GPT2Sizes,
     command,
     log,
     machine,
@@ -69,13 +71,10 @@ COPIES = 2  # data-parallel copies of the 2-stage layouts
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(GPT2Sizes):
+    """The model (``GPT2Sizes``, 12 layers), its global mini-batch, and the run."""
+
     layers: int = 12
-    width: int = 256
-    heads: int = 8
-    vocab: int = 1024
-    tokens: int = 64
-    batch: int = 16  # global mini-batch
     micro_size: int = 2  # samples per micro-batch
     resume_steps: int = 5  # steps before and after each resume
     procs: int = 4  # P/2 stages x dp 2 against P stages x 1
@@ -87,7 +86,7 @@ class Sizes:
                 f"pipelining {half} x DDP 2", f"pipelining {p} x 1")  # fmt: skip
 
 
-QUICK = Sizes(layers=2, width=32, heads=2, vocab=64, tokens=8, batch=8, resume_steps=1, procs=2)
+QUICK = Sizes(**QUICK_GPT2, batch=8, resume_steps=1, procs=2)
 
 
 def batch_of(sizes: Sizes, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,8 +43,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import command, log, machine, use_examples
-from distributed import Sizes as GPT2Sizes
+from common import QUICK_GPT2, command, log, machine, use_examples
+from distributed import Sizes as DistributedSizes
 from distributed import alternate, data, loss_of, ours, theirs
 from forked import run_ranks
 from torch import nn
@@ -56,7 +56,7 @@ WAIT_S = 3000  # the most one torchrun of the full benchmark may take (Inductor 
 
 
 @dataclass(frozen=True)
-class Sizes(GPT2Sizes):
+class Sizes(DistributedSizes):
     """distributed.py's model and batch (the same GPT-2, 2 and 4 processes), and this run's."""
 
     model: str = "gpt2"  # or "llama"
@@ -66,8 +66,8 @@ class Sizes(GPT2Sizes):
     schedules: tuple[str, ...] = SCHEDULES
 
 
-QUICK = Sizes(layers=2, width=32, heads=2, vocab=64, tokens=8, batch=4, micro=2, procs=(2,),
-              backend="eager", warmup=1, repeats=1, schedules=("1f1b",))  # fmt: skip
+QUICK = Sizes(**QUICK_GPT2, batch=4, micro=2, procs=(2,), backend="eager", warmup=1, repeats=1,
+              schedules=("1f1b",))  # fmt: skip
 
 
 def build(sizes: Sizes) -> nn.Module:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from common import (
     EXAMPLES,
+    QUICK_GPT2,
+    GPT2Sizes,
     command,
     log,
     machine,
@@ -72,22 +74,17 @@ def example_targets():
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(GPT2Sizes):
+    """The model (``GPT2Sizes``) and the run."""
+
     model: str = "gpt2"  # or "llama" (HF Llama: grouped-query attention, SwiGLU)
     procs: int = 2
-    layers: int = 24
-    width: int = 256
-    heads: int = 8
-    vocab: int = 1024
-    tokens: int = 64
-    batch: int = 16
     micro: int = 8
     steps: int = 6
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "zb1p")
 
 
-QUICK = Sizes(layers=2, width=32, heads=2, vocab=64, tokens=8, batch=4, micro=2, steps=2,
-              schedules=("gpipe",))  # fmt: skip
+QUICK = Sizes(**QUICK_GPT2, batch=4, micro=2, steps=2, schedules=("gpipe",))
 
 
 def step_ms(metrics: Path) -> float:
