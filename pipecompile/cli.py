@@ -353,9 +353,15 @@ def _compile(args: argparse.Namespace) -> int:
     plan = weight_plan(
         spec.model, pretrained, args.init_seed or 0, spec.module, allow_missing=args.allow_missing
     )
-    _say(args, f"compiling {type(spec.model).__name__} into " + (
-        f"{args.stages} stages" if not searching else
-        f"the best plan for {args.devices or args.stages} devices"))  # fmt: skip
+    _say(
+        args,
+        f"compiling {type(spec.model).__name__} into "
+        + (
+            f"{args.stages} stages"
+            if not searching
+            else f"the best plan for {args.devices or args.stages} devices"
+        ),
+    )
     options = dict(
         balance=args.balance,
         split_at=tuple(args.split_at),
@@ -386,11 +392,20 @@ def _compile(args: argparse.Namespace) -> int:
             from pipecompile.planner.tune import tune
 
             def rebuild(p: dict) -> Compiled:  # the same search, every choice fixed to p's
-                fixed = {"stages": p["stages"], "microbatches": p["microbatches"],
-                         "schedule": p["schedule"], "virtual_stages": p["virtual_stages"],
-                         "recompute": p["recompute"], "progress": False}  # fmt: skip
-                return compile_model(spec.model, spec.inputs, devices=args.devices or args.stages,
-                                     **(options | fixed))  # fmt: skip
+                fixed = {
+                    "stages": p["stages"],
+                    "microbatches": p["microbatches"],
+                    "schedule": p["schedule"],
+                    "virtual_stages": p["virtual_stages"],
+                    "recompute": p["recompute"],
+                    "progress": False,
+                }
+                return compile_model(
+                    spec.model,
+                    spec.inputs,
+                    devices=args.devices or args.stages,
+                    **(options | fixed),
+                )
 
             def write(c: Compiled, directory: Path) -> None:
                 emit(

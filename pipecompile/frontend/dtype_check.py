@@ -17,12 +17,28 @@ __all__ = ["check_dtypes"]
 _aten = torch.ops.aten
 # Ops whose floating operands must share one dtype (elementwise ops promote instead).
 _PRODUCTS: set[Any] = {
-    F.linear, F.conv1d, F.conv2d, F.conv3d, F.bilinear, torch.matmul, torch.mm, torch.bmm,
-    torch.addmm, torch.baddbmm, torch.einsum, _aten.linear.default, _aten.mm.default,
-    _aten.bmm.default, _aten.addmm.default, _aten.matmul.default, _aten.baddbmm.default,
-    _aten.convolution.default, _aten.conv1d.default, _aten.conv2d.default,
+    F.linear,
+    F.conv1d,
+    F.conv2d,
+    F.conv3d,
+    F.bilinear,
+    torch.matmul,
+    torch.mm,
+    torch.bmm,
+    torch.addmm,
+    torch.baddbmm,
+    torch.einsum,
+    _aten.linear.default,
+    _aten.mm.default,
+    _aten.bmm.default,
+    _aten.addmm.default,
+    _aten.matmul.default,
+    _aten.baddbmm.default,
+    _aten.convolution.default,
+    _aten.conv1d.default,
+    _aten.conv2d.default,
     _aten.conv3d.default,
-}  # fmt: skip
+}
 
 
 def check_dtypes(module: fx.GraphModule) -> None:

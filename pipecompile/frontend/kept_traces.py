@@ -59,10 +59,17 @@ def _state(model: nn.Module) -> Hashable:
     """What a trace of ``model`` depends on besides its code and its tensors' values. The
     objects' ids are unique while the kept trace holds them (it references the model)."""
     modules = tuple(
-        (name, id(m), type(m), m.training, id(m.__dict__.get("forward")),
-         tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
+        (
+            name,
+            id(m),
+            type(m),
+            m.training,
+            id(m.__dict__.get("forward")),
+            tuple(m._forward_hooks),
+            tuple(m._forward_pre_hooks),
+        )
         for name, m in model.named_modules(remove_duplicate=False)
-    )  # fmt: skip
+    )
     tensors = tuple(
         (name, id(t), tuple(t.shape), t.dtype, t.device, t.requires_grad)
         for name, t in (

@@ -65,7 +65,22 @@ class BalanceReport:
 
 # The manifest's key order, as the balancer has always written it.
 _JSON_ORDER = (
-    "cost", "unit", "stage_costs", "stage_compute", "stage_comm", "stage_comm_bytes",
-    "stage_params", "bottleneck", "lower_bound", "unconstrained_optimum", "replicas", "model",
-    "stage_memory", "stage_balanced", "order", "orders", "stage_ops", "requested_boundaries",
-)  # fmt: skip
+    "cost",
+    "unit",
+    "stage_costs",
+    "stage_compute",
+    "stage_comm",
+    "stage_comm_bytes",
+    "stage_params",
+    "bottleneck",
+    "lower_bound",
+    "unconstrained_optimum",
+    "replicas",
+    "model",
+    "stage_memory",
+    "stage_balanced",
+    "order",
+    "orders",
+    "stage_ops",
+    "requested_boundaries",
+)

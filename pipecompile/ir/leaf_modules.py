@@ -28,8 +28,11 @@ __all__ = ["leaf_constructor", "is_rebuildable_leaf", "constructor_source"]
 _MODULE_KEYS = frozenset(vars(nn.Module()))
 _MISSING = object()
 _HOOKS = (
-    "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-)  # fmt: skip
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
 
 
 def leaf_constructor(module: nn.Module) -> str | None:

@@ -95,7 +95,7 @@ def split_microbatches(
                     f"{counted(size, 'row')} along dim {dim} cannot fill"
                     if size is not None
                     else f"it has no dim {dim} to split into"
-                )  # fmt: skip
+                )
                 + f" {counted(count, 'micro-batch')}; pass batches of at least {count} rows "
                 "(drop a last, smaller batch), or compile with fewer --microbatches"
             )

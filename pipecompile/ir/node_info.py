@@ -8,8 +8,14 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 __all__ = [
-    "CONVOLUTION", "ELEMENTWISE", "MATMUL", "META_KEY", "NodeInfo", "info", "with_info",
-]  # fmt: skip
+    "CONVOLUTION",
+    "ELEMENTWISE",
+    "MATMUL",
+    "META_KEY",
+    "NodeInfo",
+    "info",
+    "with_info",
+]
 
 META_KEY = "pipecompile"
 ELEMENTWISE, MATMUL, CONVOLUTION = 0, 1, 2  # an op's kind for the cost model

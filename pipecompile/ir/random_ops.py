@@ -19,21 +19,55 @@ from torch import nn
 
 __all__ = ["is_random", "random_nodes"]
 
-RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-                  nn.FeatureAlphaDropout, nn.RReLU)  # fmt: skip
+RANDOM_MODULES = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+    nn.RReLU,
+)
 
 RANDOM_FUNCTIONS = {
-    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
-    F.rrelu, F.gumbel_softmax, F.scaled_dot_product_attention,
-    torch.dropout, torch.bernoulli, torch.rand, torch.rand_like, torch.randn, torch.randn_like,
-    torch.randint, torch.randint_like, torch.randperm, torch.normal, torch.poisson,
-    torch.multinomial, torch.alpha_dropout, torch.feature_alpha_dropout, torch.rrelu,
-}  # fmt: skip
+    F.dropout,
+    F.dropout1d,
+    F.dropout2d,
+    F.dropout3d,
+    F.alpha_dropout,
+    F.feature_alpha_dropout,
+    F.rrelu,
+    F.gumbel_softmax,
+    F.scaled_dot_product_attention,
+    torch.dropout,
+    torch.bernoulli,
+    torch.rand,
+    torch.rand_like,
+    torch.randn,
+    torch.randn_like,
+    torch.randint,
+    torch.randint_like,
+    torch.randperm,
+    torch.normal,
+    torch.poisson,
+    torch.multinomial,
+    torch.alpha_dropout,
+    torch.feature_alpha_dropout,
+    torch.rrelu,
+}
 
 RANDOM_METHODS = {
-    "bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
-    "cauchy_", "log_normal_", "multinomial",
-}  # fmt: skip
+    "bernoulli",
+    "bernoulli_",
+    "uniform_",
+    "normal_",
+    "random_",
+    "exponential_",
+    "geometric_",
+    "cauchy_",
+    "log_normal_",
+    "multinomial",
+}
 
 
 DROPOUT_FUNCTIONS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout}

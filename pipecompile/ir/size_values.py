@@ -16,10 +16,22 @@ _aten = torch.ops.aten
 SIZE_FUNCTIONS = {_aten.sym_size.int, _aten.sym_size.default, _aten.sym_numel.default}
 SIZE_METHODS = {"size", "dim", "numel"}
 ARITHMETIC = {
-    operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
-    operator.mod, operator.neg, operator.getitem, operator.pow, math.floor, math.ceil,
-    torch.sym_int, torch.sym_float, torch.sym_max, torch.sym_min,
-}  # fmt: skip
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.floordiv,
+    operator.truediv,
+    operator.mod,
+    operator.neg,
+    operator.getitem,
+    operator.pow,
+    math.floor,
+    math.ceil,
+    torch.sym_int,
+    torch.sym_float,
+    torch.sym_max,
+    torch.sym_min,
+}
 
 
 def size_sources(node: fx.Node) -> list[fx.Node] | None:

@@ -141,8 +141,9 @@ def _devices_for(stages: int, schedule: str, virtual_stages: int | None) -> int:
 def _counts(model: nn.Module, batch: int) -> tuple[int, ...]:
     """The micro-batch counts to search: the batch's divisors, but none that leaves one
     sample per micro-batch when a BatchNorm trains (its statistics need two)."""
-    norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
-                for m in model.modules())  # fmt: skip
+    norms = any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
+    )
     return tuple(m for m in divisors(batch) if not (norms and batch // m < 2)) or (1,)
 
 

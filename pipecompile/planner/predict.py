@@ -338,8 +338,7 @@ class Predictor:
         if self.model.concurrency:  # ranks share cores: no faster than their work over them
             replicas = found.replicas if model.workers is not None else ()
             busy = [min(r, program.microbatches) for r in replicas]  # a replica may idle
-            work = sum(timeline.busy(d) * (busy[d] if busy else 1)
-                       for d in range(timeline.devices))  # fmt: skip
+            work = sum(timeline.busy(d) * (busy[d] if busy else 1) for d in range(timeline.devices))
             step = max(step, work / self.model.concurrency)
         step += self._optimizer(facts, program.stage_device, found, model)
         replicas = found.replicas if model.workers is not None else ()

@@ -65,8 +65,13 @@ def tune(
             replicated = any(r > 1 for r in candidate.replicas)
             ranks = sum(candidate.replicas) if replicated else len(candidate.program.devices)
             measured = measure_step(directory, ranks, steps)
-            rows.append({**_flags(plan), "predicted_step_s": plan["predicted_step_s"],
-                         "measured_step_s": round(measured, 6)})  # fmt: skip
+            rows.append(
+                {
+                    **_flags(plan),
+                    "predicted_step_s": plan["predicted_step_s"],
+                    "measured_step_s": round(measured, 6),
+                }
+            )
             if say is not None:
                 say(
                     f"tune {k + 1}/{len(plans)}: {_label(plan)}: predicted "

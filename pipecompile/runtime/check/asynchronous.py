@@ -125,8 +125,9 @@ def _reference(
     micro = zip(split_microbatches(inputs, m), split_targets(targets, m))
     for i, (batch, target) in enumerate(micro):
         weights = {n: history[n][versions[(owner[n], i)]] for n in names}
-        loss, grads, out = _micro_step(pipe, model, buffers, weights, batch, target, inputs,
-                                       loss_fn)  # fmt: skip
+        loss, grads, out = _micro_step(
+            pipe, model, buffers, weights, batch, target, inputs, loss_fn
+        )
         for n, g in zip(names, grads):
             latest = history[n][-1]
             history[n].append(latest - lr * g if g is not None else latest.clone())
@@ -159,8 +160,9 @@ def _reference_2bw(
         weights = versions[max(k - 1, 0)]
         summed: dict[str, torch.Tensor] = {}
         for batch, target in micro[k * w : (k + 1) * w]:
-            loss, grads, out = _micro_step(pipe, model, buffers, weights, batch, target,
-                                           inputs, loss_fn, share=w)  # fmt: skip
+            loss, grads, out = _micro_step(
+                pipe, model, buffers, weights, batch, target, inputs, loss_fn, share=w
+            )
             for n, g in zip(names, grads):
                 if g is not None:
                     summed[n] = summed[n] + g if n in summed else g
@@ -205,9 +207,10 @@ def _micro_step(
     check_targets(pipe, out, target, batch, inputs, scale=m)
     loss = call_loss_fn(loss_fn, out, target)
     grads = (
-        torch.autograd.grad(loss / share if share != 1 else loss, list(used.values()),
-                            allow_unused=True)
+        torch.autograd.grad(
+            loss / share if share != 1 else loss, list(used.values()), allow_unused=True
+        )
         if names and loss.requires_grad
         else (None,) * len(names)
-    )  # fmt: skip
+    )
     return loss, tuple(grads), [t.detach() for t in pytree.tree_leaves(out)]

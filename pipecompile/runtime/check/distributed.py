@@ -200,7 +200,7 @@ def _compare_on_rank0(
                 e,
                 "outputs",
                 floors.output(k) if floors else 0.0,
-            )  # fmt: skip
+            )
             for k, (have, want, e) in enumerate(zip(joined, local_outs, twins))
         )
         line += f", outputs {out_diff:.3e}"
