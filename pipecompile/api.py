@@ -113,7 +113,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     """
     from pipecompile.compile_options import CompileOptions
     from pipecompile.compiler import compile_model
-    from pipecompile.runtime.compiled import check_backend
+    from pipecompile.runtime.torch_compiled import check_backend
 
     _check_keywords(compile, options, _keywords(CompileOptions))
     check_backend(compile_stages, "compile_stages")

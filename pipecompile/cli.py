@@ -770,7 +770,7 @@ def _check_fully_sharded(args: argparse.Namespace, program, placement, manifest)
     """--shard grads|params: the stages run under FSDP2, which owns each stage's backward
     and gradients; what it cannot run with is refused before any rank starts."""
     from pipecompile.ir.instr import Op
-    from pipecompile.runtime.compiled import resolve_backend
+    from pipecompile.runtime.torch_compiled import resolve_backend
 
     flag = f"--shard {args.shard}"
     if any(instr.op in (Op.I, Op.W) for _, _, instr in program.instructions()):

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pipecompile.compiler import PASSES
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_recompute import POLICIES
-from pipecompile.runtime.compiled import BACKENDS
 from pipecompile.runtime.option_fields import (
     count_or_auto,
     nonnegative_int,
@@ -17,6 +16,7 @@ from pipecompile.runtime.option_fields import (
     positive_int,
     size,
 )
+from pipecompile.runtime.torch_compiled import BACKENDS
 from pipecompile.schedules import SCHEDULES
 
 __all__ = ["CompileOptions"]

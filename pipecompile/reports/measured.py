@@ -32,7 +32,7 @@ from pipecompile.ir.simulate import simulate
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.reports.balance_table import stage_costs
 from pipecompile.runtime.load import open_emitted
-from pipecompile.runtime.trace_file import SIMULATED_PID, is_trace_document, measured_costs
+from pipecompile.runtime.timeline_file import SIMULATED_PID, is_trace_document, measured_costs
 
 __all__ = ["measured_report", "format_measured", "COLUMNS"]
 

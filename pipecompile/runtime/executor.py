@@ -21,13 +21,13 @@ from pipecompile.ir.microbatch import check_target_rows
 from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
 from pipecompile.ir.swapped_call import functional_call
 from pipecompile.runtime.backend import Backend, MessageKey, tie_round
-from pipecompile.runtime.compiled import CompiledStages
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_part import laid_out_like, local_part
 from pipecompile.runtime.precision import autocast, device_of, for_wire
 from pipecompile.runtime.random_state import draw_base, seeded
 from pipecompile.runtime.stats import RunStats
+from pipecompile.runtime.torch_compiled import CompiledStages
 from pipecompile.runtime.weight_versions import WeightVersions
 
 __all__ = ["StepExecutor", "LossFn", "call_loss_fn"]
@@ -83,7 +83,7 @@ class Held:
     nbytes: int = 0
     roots: list[torch.Tensor] = field(default_factory=list)  # kept from I for W
     root_grads: list[torch.Tensor | None] = field(default_factory=list)
-    fused: bool = False  # compiled: I computes the weight gradients too (runtime/compiled)
+    fused: bool = False  # compiled: I computes the weight gradients too (runtime/torch_compiled)
 
 
 class StepExecutor:
@@ -115,7 +115,7 @@ class StepExecutor:
         compiled: CompiledStages | None = None,
     ) -> None:
         """``span(device, track, name, category, **args)``: a traced step's recorder of what
-        happens inside an instruction (the loss; see runtime/trace.py); ``compiled``: the
+        happens inside an instruction (the loss; see runtime/timeline.py); ``compiled``: the
         stages' compiled forwards (``--compile``); ``on_backward(stage, last)``: called before
         each B of a stage, ``last`` for its last micro-batch (FSDP's gradient sync)."""
         self.layout, self.modules, self.backend = layout, modules, backend

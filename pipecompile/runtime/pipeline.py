@@ -27,14 +27,14 @@ from pipecompile.ir.microbatch import (
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.ir.verify_program import verify_program
-from pipecompile.runtime.compiled import CompiledStages, resolve_backend
 from pipecompile.runtime.executor import LossFn, StepExecutor
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import Emitted, load_stages, open_emitted
 from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.step_result import StepResult
-from pipecompile.runtime.trace import Tracer, traced
+from pipecompile.runtime.timeline import Tracer, traced
+from pipecompile.runtime.torch_compiled import CompiledStages, resolve_backend
 
 __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
 
@@ -95,8 +95,8 @@ class Pipeline:
         self.asynchronous = program.asynchronous
         self.precision: torch.dtype | None = None  # autocast and traffic dtype (precision.py)
         self.name = "the pipeline"  # how messages call it; Pipeline.load: its directory
-        self.tracer: Tracer | None = None  # records the traced steps (runtime/trace.py)
-        self.compiled: CompiledStages | None = None  # --compile (runtime/compiled.py)
+        self.tracer: Tracer | None = None  # records the traced steps (runtime/timeline.py)
+        self.compiled: CompiledStages | None = None  # --compile (runtime/torch_compiled.py)
 
     def compile_stages(self, backend: str | None) -> None:
         """Run each held stage's forward through ``torch.compile`` with ``backend`` (None or

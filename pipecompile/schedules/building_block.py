@@ -24,16 +24,17 @@ micro-batches a device holds: a short-lived block is a low-memory schedule.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.memory_model import device_peak_bytes
 from pipecompile.ir.program import Program
 from pipecompile.schedules.list_scheduler import stepped
+from pipecompile.schedules.record import Bubble
 from pipecompile.schedules.zbv import v_placement
 
-__all__ = ["play_blocks", "Block"]
+__all__ = ["play_blocks", "Block", "idle_bubble"]
 
 # Per device d: clocks of (F of stage d, F of stage 2p-1-d, I of stage 2p-1-d, I of stage d).
 Block = Sequence[tuple[int, int, int, int]]
@@ -127,3 +128,13 @@ def _inputs(key: Key, stages: int) -> list[Key]:
     if op == Op.I:
         return before + [(Op.F, j, i)] + ([(Op.I, j + 1, i)] if j < stages - 1 else [])
     return before + [(Op.I, j, i)]
+
+
+def idle_bubble(idle: Callable[[int], int]) -> Bubble:
+    """The bubble of a schedule that repeats a block leaving ``idle(p)`` units of a device
+    idle: idle / (6m + idle), for m >= p (each micro-batch's F, B and W on two stages)."""
+
+    def bubble(p: int, m: int, v: int) -> float | None:
+        return idle(p) / (6 * m + idle(p)) if m >= p else None
+
+    return bubble

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pipecompile.ir.program import Program
 
-__all__ = ["Placement", "Schedule"]
+__all__ = ["Bubble", "Placement", "Schedule"]
 
 # "one": stage j on device j; "looped": v stages a device, stage j on device j mod p (the
 # option --virtual-stages, default 2); "v": two stages a device, in a V (stage j and 2p-1-j)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pipecompile.ir.program import Program
-from pipecompile.schedules.building_block import play_blocks
+from pipecompile.schedules.building_block import idle_bubble, play_blocks
 from pipecompile.schedules.record import Schedule
 from pipecompile.schedules.zbv import v_stages
 
@@ -47,10 +47,6 @@ def v_half(stages: int, microbatches: int) -> Program:
     return play_blocks("v_half", stages, microbatches, v_half_block(p))
 
 
-def _bubble(p: int, m: int, v: int) -> float | None:
-    return v_half_idle(p) / (6 * m + v_half_idle(p)) if m >= p else None
-
-
 SCHEDULE = Schedule(
     "v_half",
     v_half,
@@ -58,5 +54,5 @@ SCHEDULE = Schedule(
     placement="v",
     split_backward=True,
     replicable=False,
-    bubble=_bubble,
+    bubble=idle_bubble(v_half_idle),
 )

@@ -14,7 +14,7 @@ import pytest
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.reports.measured import COLUMNS, format_measured, measured_report
 from pipecompile.runtime.load import read_manifest, read_program
-from pipecompile.runtime.trace_file import trace_document
+from pipecompile.runtime.timeline_file import trace_document
 
 MS = 1_000_000  # ns
 

@@ -17,8 +17,8 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.ir.manifest import read_manifest
 from pipecompile.runtime.check.step import check_step
-from pipecompile.runtime.compiled import CompiledStages, resolve_backend
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.torch_compiled import CompiledStages, resolve_backend
 from tests.conftest import example_spec
 from tests.runtime.test_dropout_recompute import Dropped, _loss
 

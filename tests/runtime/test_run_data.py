@@ -11,7 +11,7 @@ import pytest
 
 from pipecompile.cli import main
 from pipecompile.runtime.load import read_manifest, read_program
-from pipecompile.runtime.trace_file import SIMULATED_PID
+from pipecompile.runtime.timeline_file import SIMULATED_PID
 from tests.conftest import write_model_file
 
 MODEL = """

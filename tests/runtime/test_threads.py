@@ -16,9 +16,9 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.model.data_hooks import iterable_source
 from pipecompile.runtime import notes, threads
-from pipecompile.runtime.compiled import CompiledStages
 from pipecompile.runtime.machine_load import Reading
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.torch_compiled import CompiledStages
 from pipecompile.runtime.training.loop import train
 from pipecompile.runtime.training.loop_options import TrainOptions
 from tests.conftest import EXAMPLES

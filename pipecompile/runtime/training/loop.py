@@ -46,7 +46,7 @@ from pipecompile.runtime.training.lr_schedule import make_schedulers, resume_at
 from pipecompile.runtime.training.metrics import Reporter
 from pipecompile.runtime.training.one_step import one_step
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
-from pipecompile.runtime.training.step_trace import devices_here, step_tracer, write_step_trace
+from pipecompile.runtime.training.step_timeline import devices_here, step_tracer, write_step_trace
 from pipecompile.runtime.training.train_state import resume, save, save_due, train_state
 
 __all__ = ["TrainState", "train"]

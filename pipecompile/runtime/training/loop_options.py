@@ -12,7 +12,7 @@ from pipecompile.errors import PipecompileError
 from pipecompile.ir.program import Program
 from pipecompile.runtime.pipeline import OptimizerFactory
 from pipecompile.runtime.precision import PRECISIONS
-from pipecompile.runtime.trace_file import check_trace_file
+from pipecompile.runtime.timeline_file import check_trace_file
 from pipecompile.runtime.training.metrics import check_metrics_file
 from pipecompile.runtime.training.train_state import check_save_dir
 
@@ -42,7 +42,7 @@ class TrainOptions:
     warmup_steps: int = 0
     clip_grad_norm: float | None = None
     precision: str = "fp32"
-    compile: str | None = None  # torch.compile backend of the stage forwards (runtime/compiled)
+    compile: str | None = None  # torch.compile backend of the stage forwards (torch_compiled)
     loss_scale: float = 2.0**16  # fp16: the initial dynamic loss scale
     seed: int | None = None
     skip_nonfinite: bool = False
@@ -53,7 +53,7 @@ class TrainOptions:
     eval_every: int = 0  # 0: after each epoch and at the end (when there is an eval hook)
     quiet: bool = False
     measure_memory: bool = False
-    trace: Path | None = None  # write the traced steps here (runtime/trace_file.py)
+    trace: Path | None = None  # write the traced steps here (runtime/timeline_file.py)
     trace_steps: int = 3  # trace steps 1..trace_steps
     optimizer_factory: OptimizerFactory | None = None  # API: over
     # a stage's parameters, instead of ``optimizer`` and ``lr``

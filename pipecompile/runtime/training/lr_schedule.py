@@ -16,16 +16,16 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pipecompile.errors import PipecompileError
 
-__all__ = ["SCHEDULES", "lr_factor", "make_schedulers", "resume_at"]
+__all__ = ["LR_SCHEDULES", "lr_factor", "make_schedulers", "resume_at"]
 
-SCHEDULES = ("constant", "cosine", "linear")
+LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
 def lr_factor(name: str, warmup: int, total: int | None) -> Callable[[int], float]:
     """The multiplier of the base rate at optimizer step ``s`` (from 0)."""
-    if name not in SCHEDULES:
+    if name not in LR_SCHEDULES:
         raise PipecompileError(
-            f"unknown learning-rate schedule {name!r}; choose one of {', '.join(SCHEDULES)}"
+            f"unknown learning-rate schedule {name!r}; choose one of {', '.join(LR_SCHEDULES)}"
         )
     if name != "constant" and total is None:
         raise PipecompileError(

@@ -20,7 +20,7 @@ from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.precision import LossScaler
 from pipecompile.runtime.random_state import step_base
 from pipecompile.runtime.step_result import StepResult
-from pipecompile.runtime.trace import traced
+from pipecompile.runtime.timeline import traced
 from pipecompile.runtime.training.copy_share import SIT_OUT
 from pipecompile.runtime.training.data_parallel import DataParallel
 from pipecompile.runtime.training.diagnosis import in_batch

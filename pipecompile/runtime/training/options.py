@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipecompile.files.names import METRICS
-from pipecompile.runtime.compiled import BACKENDS
 from pipecompile.runtime.option_fields import (
     HONOURED,
     declared,
@@ -21,8 +20,9 @@ from pipecompile.runtime.option_fields import (
     positive_int,
 )
 from pipecompile.runtime.precision import PRECISIONS
+from pipecompile.runtime.torch_compiled import BACKENDS
 from pipecompile.runtime.training.loop_options import OPTIMIZERS, TrainOptions
-from pipecompile.runtime.training.lr_schedule import SCHEDULES
+from pipecompile.runtime.training.lr_schedule import LR_SCHEDULES
 
 __all__ = ["RunFlags", "TrainFlags", "given", "train_options"]
 
@@ -166,7 +166,7 @@ class TrainFlags:
         "--lr-schedule",
         under_check="it runs no schedule",
         default="constant",
-        choices=SCHEDULES,
+        choices=LR_SCHEDULES,
         help="constant, or warm-up then cosine or linear decay to 0 at the last step",
     )
     warmup_steps: int = option(

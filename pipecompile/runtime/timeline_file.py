@@ -26,7 +26,7 @@ from pipecompile.ir.instr import Op
 from pipecompile.ir.program import Program
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import Topology
-from pipecompile.runtime.trace import CATEGORY, TRACKS
+from pipecompile.runtime.timeline import CATEGORY, TRACKS
 
 __all__ = [
     "FORMAT",

@@ -9,8 +9,8 @@ import torch
 
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.trace import Tracer
-from pipecompile.runtime.trace_file import trace_document, write_trace
+from pipecompile.runtime.timeline import Tracer
+from pipecompile.runtime.timeline_file import trace_document, write_trace
 from pipecompile.runtime.training.group import Group
 from pipecompile.runtime.training.loop_options import TrainOptions
 
