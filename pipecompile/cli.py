@@ -696,17 +696,18 @@ def _stats_table(pipe, directory: Path, program: str | None) -> str:  # type: ig
             f"                 {format_size(dev.peak_stored):>10} / "
             f"{format_size(want[d]) if want else '-'}"
         )
-    balance = pipe.manifest.balance or {}
-    predicted_ns = balance.get("stage_compute") if balance.get("unit") == "ns" else None
+    balance = pipe.manifest.balance
+    timed = balance is not None and balance.unit == "ns"
+    predicted_ns = balance.stage_compute if timed else None  # type: ignore[union-attr]
     m = pipe.program.microbatches
     rows.append("stage   compute per micro-batch, forward + backward (measured / predicted)")
     for j in sorted(stats.compute_ns):
         want_ns = predicted_ns[j] if predicted_ns else None
         ratio = ""
-        if want_ns and balance.get("cost") == "time":
+        if want_ns and balance.cost == "time":  # type: ignore[union-attr]
             ratio = f"  ({stats.compute_ns[j] / m / want_ns:.2f}x)"
         elif want_ns:
-            rate = balance["model"]["flops_rate"]
+            rate = (balance.model or {})["flops_rate"]  # type: ignore[union-attr]
             ratio = f"  (FLOPs at {rate:g}/s; compile with --balance time to compare)"
         rows.append(
             f"{j:>5}   {stats.compute_ns[j] / m / 1e3:>10.1f} us / "

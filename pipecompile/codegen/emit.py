@@ -313,7 +313,7 @@ def build_manifest(
         schedule=program.schedule,
         device_map=tuple(program.stage_device),
         replicas=tuple(compiled.replicas or [1] * len(graph.stages)),
-        balance=compiled.balance.as_json() if compiled.balance else {},
+        balance=compiled.balance,
         program=PROGRAM,
         stages=tuple(_stage_entry(compiled, s, found, names) for s, found, names in stages),
         edges=tuple(

@@ -18,14 +18,13 @@ class BalanceReport:
 
     ``starts`` and ``method`` describe the decision (the index, among the graph's ops, of each
     stage's first op; ``"min_max"`` for the plain summed-cost split, ``"modelled"`` for the
-    machine model's predicted times) and stay out of the manifest. The other fields are the
-    manifest's ``balance`` object, in its order; those of the modelled split only (``unit``
-    and the ``stage_*`` times, ``replicas``, ``model``, ``stage_memory`` under a memory limit,
-    ``stage_balanced``, ``order``, ``orders``) are None after a plain split and left out.
+    machine model's predicted times) and stay out of the manifest (read back, they are
+    empty). The other fields are the manifest's ``balance`` object, in its order; those of
+    the modelled split only (``unit`` and the ``stage_*`` times, ``replicas``, ``model``,
+    ``stage_memory`` under a memory limit, ``stage_balanced``, ``order``, ``orders``) are
+    None after a plain split and left out.
     """
 
-    starts: tuple[int, ...]
-    method: str
     cost: str
     stage_costs: tuple[float, ...]
     bottleneck: float
@@ -44,6 +43,26 @@ class BalanceReport:
     stage_balanced: tuple[int, ...] | None = None
     order: str | None = None
     orders: dict[str, float] | None = None
+    starts: tuple[int, ...] = ()  # not in the manifest: () when read back from one
+    method: str = ""  # not in the manifest: "" when read back from one
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any] | None) -> BalanceReport | None:
+        """The manifest's ``balance`` object read back (None for an empty or missing one;
+        keys an earlier pipecompile did not write take their defaults)."""
+        if not raw:
+            return None
+        known = {f.name for f in fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}
+        values.setdefault("unconstrained_optimum", values.get("bottleneck", 0.0))
+        values.setdefault("stage_ops", ())
+        values.setdefault("requested_boundaries", 0)
+        return cls(**values)
+
+    def at(self, key: str, j: int) -> Any:
+        """Stage ``j``'s value of the per-stage field ``key`` (None where it has none)."""
+        values = getattr(self, key)
+        return values[j] if values and j < len(values) else None
 
     def as_json(self) -> dict[str, Any]:
         """The manifest's ``balance`` object: every field set, in the manifest's key order."""

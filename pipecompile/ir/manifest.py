@@ -21,6 +21,7 @@ from typing import Any
 
 from pipecompile.errors import EmitError, ManifestVersionError
 from pipecompile.files.names import MANIFEST
+from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.ir.stage_graph import Edge  # the stage graph's, as the manifest lists it
 
@@ -246,7 +247,8 @@ class WeightsRecord:
 @dataclass(frozen=True)
 class Manifest:
     """An emitted directory's manifest (docs/FORMAT.md); None marks a key that a manifest
-    written by an earlier pipecompile lacks. ``balance`` is the balancer's report as written."""
+    written by an earlier pipecompile lacks; ``balance`` is the balancer's report
+    (``BalanceReport``)."""
 
     format: str
     pipecompile_version: str | None
@@ -261,7 +263,7 @@ class Manifest:
     schedule: str
     device_map: tuple[int, ...]
     replicas: tuple[int, ...] | None
-    balance: Json | None
+    balance: BalanceReport | None
     program: str
     stages: tuple[StageEntry, ...]
     edges: tuple[Edge, ...]
@@ -322,7 +324,7 @@ class Manifest:
             schedule=raw.get("schedule", "gpipe"),
             device_map=tuple(raw["device_map"]),
             replicas=tuple(replicas) if replicas is not None else None,
-            balance=raw.get("balance"),
+            balance=BalanceReport.from_json(raw.get("balance")),
             program=raw["program"],
             stages=tuple(map(StageEntry.from_json, raw["stages"])),
             edges=tuple(map(_edge_from_json, raw.get("edges", []))),
@@ -357,7 +359,7 @@ class Manifest:
             "schedule": self.schedule,
             "device_map": list(self.device_map),
             "replicas": list(self.replicas or ()),
-            "balance": self.balance,
+            "balance": self.balance.as_json() if self.balance is not None else None,
             "program": self.program,
             "stages": [s.to_json() for s in self.stages],
             "edges": [_edge_to_json(e) for e in self.edges],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.memory_model import peak_stored_bytes, peak_weight_copies
 from pipecompile.ir.program import Program
@@ -21,10 +22,10 @@ __all__ = ["stage_rows", "balance_lines", "stage_costs"]
 
 def stage_rows(manifest: Manifest, program: Program) -> list[dict[str, Any]]:
     """Per stage, the report's figures (None where the manifest lacks them)."""
-    balance = manifest.balance or {}
+    balance = manifest.balance
     edges, stages = manifest.edges, manifest.stages
-    states = 2 + int((balance.get("model") or {}).get("optimizer_states", 2))
-    timed = balance.get("unit") == "ns"
+    states = 2 + int(((balance.model if balance else None) or {}).get("optimizer_states", 2))
+    timed = balance is not None and balance.unit == "ns"
     saved = [s.activation_bytes.saved if s.activation_bytes else 0 for s in stages]
     inputs = [s.activation_bytes.inputs if s.activation_bytes else 0 for s in stages]
     replicas = manifest.replica_counts
@@ -40,12 +41,12 @@ def stage_rows(manifest: Manifest, program: Program) -> list[dict[str, Any]]:
                 "stage": j,
                 "device": d,
                 "replicas": replicas[j],
-                "ops": _at(balance, "stage_ops", j),
+                "ops": balance.at("stage_ops", j) if balance else None,
                 "param_bytes": s.param_bytes,
                 "flops": s.flops,
-                "time_ns": _at(balance, "stage_costs", j) if timed else None,
-                "compute_ns": _at(balance, "stage_compute", j) if timed else None,
-                "comm_ns": _at(balance, "stage_comm", j) if timed else None,
+                "time_ns": balance.at("stage_costs", j) if timed else None,  # type: ignore[union-attr]
+                "compute_ns": balance.at("stage_compute", j) if timed else None,  # type: ignore[union-attr]
+                "comm_ns": balance.at("stage_comm", j) if timed else None,  # type: ignore[union-attr]
                 "activation_bytes": saved[j],
                 "sent_bytes": sum(e.nbytes for e in edges if e.src == j),
                 "received_bytes": sum(e.nbytes for e in edges if e.dst == j),
@@ -59,16 +60,15 @@ def stage_costs(manifest: Manifest) -> tuple[Costs, str]:
     """The costs to simulate the program with, and their unit: the balancer's predicted
     stage times split one third forward, two thirds backward (``"ns"``), or, for manifests
     without them, the stages' forward FLOPs with a backward of twice that (``"flops"``)."""
-    balance = manifest.balance or {}
-    if balance.get("unit") != "ns":
+    balance = manifest.balance
+    if balance is None or balance.unit != "ns":
         return Costs.from_flops([s.flops for s in manifest.stages]), "flops"
-    times = [float(t) for t in balance["stage_costs"]]
+    times = [float(t) for t in balance.stage_costs]
     return Costs(tuple(t / 3 for t in times), tuple(2 * t / 3 for t in times)), "ns"
 
 
-def balance_lines(balance: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
+def balance_lines(balance: BalanceReport | None, rows: list[dict[str, Any]]) -> list[str]:
     """The report as text: ``balance`` is the manifest's (``Manifest.balance``)."""
-    balance = balance or {}
     header = (
         "stage",
         "device",
@@ -107,34 +107,29 @@ def balance_lines(balance: dict[str, Any] | None, rows: list[dict[str, Any]]) ->
     return lines
 
 
-def _verdict(balance: dict[str, Any]) -> str:
-    unit = balance.get("unit")
+def _verdict(balance: BalanceReport) -> str:
+    unit = balance.unit
     show = (lambda v: f"{v / 1000:.2f} us") if unit == "ns" else format_count
     if unit == "bytes":
         show = format_size
-    model = balance.get("model") or {}
-    what = f"balance on {balance['cost']}"
+    model = balance.model or {}
+    what = f"balance on {balance.cost}"
     if unit == "ns" and model.get("bandwidth"):
         what += f", links at {format_count(model['bandwidth'], 'B/s')}"
     elif unit == "ns":
         what += ", communication ignored"
     line = (
-        f"{what}: bottleneck {show(balance['bottleneck'])}, lower bound "
-        f"{show(balance['lower_bound'])} "
-        f"({balance['bottleneck'] / max(balance['lower_bound'], 1e-9):.3f}x), "
-        f"optimum {show(balance['bottleneck'])} (exact)"
+        f"{what}: bottleneck {show(balance.bottleneck)}, lower bound "
+        f"{show(balance.lower_bound)} "
+        f"({balance.bottleneck / max(balance.lower_bound, 1e-9):.3f}x), "
+        f"optimum {show(balance.bottleneck)} (exact)"
     )
-    if balance.get("requested_boundaries"):
+    if balance.requested_boundaries:
         line += (
-            f"; without the {balance['requested_boundaries']} requested boundaries "
-            f"{show(balance['unconstrained_optimum'])}"
+            f"; without the {balance.requested_boundaries} requested boundaries "
+            f"{show(balance.unconstrained_optimum)}"
         )
     return line
-
-
-def _at(balance: dict[str, Any], key: str, j: int) -> Any:
-    values = balance.get(key)
-    return values[j] if values and j < len(values) else None
 
 
 def _us(ns: float | None) -> str:

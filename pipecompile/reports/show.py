@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.instr import Op
 from pipecompile.ir.memory_model import peak_stored_bytes
 from pipecompile.ir.simulate import Costs, Timeline, simulate
@@ -63,7 +64,7 @@ def schedule_report(
         saved = [a.saved for a in held if a]
         inputs = [a.inputs for a in held if a]
         report["peak_activation_bytes"] = list(peak_stored_bytes(program, saved, inputs))
-    report["balance"] = manifest.balance or {}
+    report["balance"] = manifest.balance.as_json() if manifest.balance else {}
     report["stage_table"] = stage_rows(manifest, program)
     if manifest.plan:
         report["plan"] = manifest.plan
@@ -91,7 +92,7 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
         lines.append(
             f"{d:>6}   {report['busy'][d]:<10.6g}  {report['peak_inflight'][d]:>14}   {mem:>16}"
         )
-    lines += ["", *balance_lines(report["balance"], report["stage_table"])]
+    lines += ["", *balance_lines(BalanceReport.from_json(report["balance"]), report["stage_table"])]
     if report.get("plan"):
         lines += ["", plan_table(report["plan"])]
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:

@@ -69,7 +69,7 @@ def test_layer_of(path, layer):
 
 def test_manifest_layers_count_every_op(gpt3):
     manifest, _ = _read(gpt3)
-    ops = manifest.balance["stage_ops"]
+    ops = manifest.balance.stage_ops
     for j, stage in enumerate(manifest.stages):
         assert sum(count for _, count in stage.layers) == ops[j]
         assert len({path for path, _ in stage.layers}) == len(stage.layers)
@@ -110,7 +110,7 @@ def test_older_manifest_without_layers_draws_one_node_per_stage(gpt3):
     manifest = dataclasses.replace(manifest, stages=stages)
     source = stage_dot(manifest, program).source
     assert re.findall(r"s(\d)_l0 \[label=\"Stage\1\\n(\d+) ops", source) == [
-        (str(j), str(n)) for j, n in enumerate(manifest.balance["stage_ops"])
+        (str(j), str(n)) for j, n in enumerate(manifest.balance.stage_ops)
     ]
 
 

@@ -74,10 +74,11 @@ def measure(directory: Path, steps: int) -> tuple[list[float], list[float], list
             forward.append([stats.forward_ns[j] / m for j in sorted(stats.forward_ns)])
             backward.append([stats.backward_ns[j] / m for j in sorted(stats.backward_ns)])
     balance = manifest.balance
+    assert balance is not None and balance.stage_compute is not None
     return (
         [min(col) for col in zip(*forward)],  # noise only adds time: the fastest step
         [min(col) for col in zip(*backward)],
-        [float(x) for x in balance["stage_compute"]],
+        [float(x) for x in balance.stage_compute],
     )
 
 

@@ -174,7 +174,7 @@ def _layer_ids(
     """Add one node per layer group of stage ``j``; returns their ids in order."""
     groups: Sequence[tuple[str, int | None]] | None = stage.layers
     if not groups:  # an older manifest: one node for the whole stage
-        ops = ((manifest.balance or {}).get("stage_ops") or [None] * (j + 1))[j]
+        ops = manifest.balance.at("stage_ops", j) if manifest.balance else None
         groups = [(stage.class_name, ops)]
     ids = []
     for k, (path, ops) in enumerate(groups):
