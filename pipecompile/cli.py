@@ -26,6 +26,7 @@ from pipecompile.runtime.option_fields import (
     HONOURED,
     add_options,
     declared,
+    flag_of,
     from_args,
     settled,
     size,
@@ -520,8 +521,6 @@ def _run(args: argparse.Namespace) -> int:
     # None until here, where what was given is known: each option not given takes its default
     vars(args).update(vars(settled(from_args(RunFlags, args))))
     if args.nproc:
-        if args.stats:
-            raise PipecompileError("--stats measures the local backend; drop it with --nproc")
         return _run_distributed(args, emitted)
     from pipecompile.runtime.threads import use_threads
 
@@ -645,31 +644,29 @@ def _train_options(args: argparse.Namespace, directory: Path) -> TrainOptions:
     return train_options(from_args(TrainFlags, args), directory)
 
 
+def _is_not_given(value: object) -> bool:
+    return value is None or value is False  # 0 and 0.0 are given values
+
+
 def _refuse_ignored(args: argparse.Namespace) -> None:
-    """Options given that this run would accept and ignore, refused with the reason."""
-    for flag in ("timeout", "device", "dp", "shard"):
-        if getattr(args, flag) is not None and not args.nproc:
-            raise PipecompileError(
-                f"--{flag} applies to the ranks of --nproc N, which a run without --nproc "
-                f"does not start: drop --{flag}, or add --nproc"
-            )
+    """Options given that this run would accept and ignore, refused with the reason: each
+    option's declaration says which mode it needs (``needs``) and what `--check` or
+    `--nproc` cannot honour (``under_check``, ``under_nproc``)."""
+    run_given = [o for f, o in declared(RunFlags) if not _is_not_given(getattr(args, f.name))]
+    for o in run_given:
+        if o.needs and not getattr(args, o.needs):
+            mode = flag_of(RunFlags, o.needs)
+            raise PipecompileError(f"{o.flag} {o.needs_why}; drop {o.flag}, or add {mode}")
+    for o in run_given if args.nproc else ():
+        if o.under_nproc:
+            raise PipecompileError(f"{o.flag} {o.under_nproc}; drop it with --nproc")
     if not args.check:
-        for flag in ("atol", "rtol"):
-            if getattr(args, flag) is not None:
-                raise PipecompileError(
-                    f"--{flag} is a tolerance of --check; drop it, or add --check"
-                )
-        if args.batch_shapes is not None:
-            raise PipecompileError(
-                "--batch-shapes lists the shapes --check checks; drop it, or add --check"
-            )
         return
     # why `run --check` (one fp32 step of the compiled weights on the example batch, against
-    # the eager model) cannot honour a training option: each option's declaration says
+    # the eager model) cannot honour an option: each option's declaration says
     why = {f.name: o.under_check for f, o in declared(TrainFlags) if o.under_check != HONOURED}
     cannot = [(flag, why[name]) for flag, name in given(from_args(TrainFlags, args)) if name in why]
-    if args.stats:
-        cannot.append(("--stats", "it measures a training run"))
+    cannot += [(o.flag, o.under_check) for o in run_given if o.under_check]
     if cannot:
         listed = "; ".join(f"{flag}: {why}" for flag, why in cannot)
         them = "it" if len(cannot) == 1 else "them"

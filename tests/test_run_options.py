@@ -259,3 +259,48 @@ def test_a_damaged_checkpoint_names_the_file(model_and_out, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"train state {saved / 'step_1'} cannot be loaded" in err, err
     assert "a file of it is missing or damaged" in err and "Traceback" not in err
+
+
+# A value for each `run` option a mode decides about (None: a switch)
+RUN_SAMPLE = {"atol": "0.1", "rtol": "0", "batch_shapes": "4", "dp": "2", "shard": "optimizer",
+              "device": "cpu", "timeout": "5", "stats": None}  # fmt: skip
+MODES = {"plain": [], "check": ["--check"], "nproc": ["--nproc", "2"]}
+
+
+def _run_cases() -> list[tuple[str, str]]:
+    from pipecompile.runtime.option_fields import declared
+    from pipecompile.runtime.training.options import RunFlags
+
+    decided = [f.name for f, o in declared(RunFlags) if o.needs or o.under_check or o.under_nproc]
+    return [(name, mode) for name in decided for mode in MODES]
+
+
+@pytest.mark.parametrize(("name", "mode"), _run_cases())
+def test_every_run_option_against_every_mode_by_its_declaration(
+    model_and_out, tmp_path, capsys, monkeypatch, name, mode
+):
+    """Each `run` option declares the mode it needs and what `--check` and `--nproc` cannot
+    honour; given under each mode it is refused in one line with that reason, before anything
+    runs, or (where its declaration allows) reaches the run."""
+    from pipecompile.runtime.option_fields import declared, flag_of
+    from pipecompile.runtime.training.options import RunFlags
+
+    option = {f.name: o for f, o in declared(RunFlags)}[name]
+    assert option.needs in ("", "check", "nproc") and bool(option.needs) == bool(option.needs_why)
+    refusal = None
+    if option.needs and option.needs != mode:
+        mode_flag = flag_of(RunFlags, option.needs)
+        refusal = f"{option.flag} {option.needs_why}; drop {option.flag}, or add {mode_flag}"
+    elif mode == "nproc" and option.under_nproc:
+        refusal = f"{option.flag} {option.under_nproc}; drop it with --nproc"
+    elif mode == "check" and option.under_check:
+        refusal = f"{option.flag}: {option.under_check}"
+    if refusal is None:
+        pytest.skip("allowed under this mode: the run itself is other tests' (test_mesh, ...)")
+    monkeypatch.chdir(tmp_path)
+    value = [] if RUN_SAMPLE[name] is None else [RUN_SAMPLE[name]]
+    code = main(["run", str(model_and_out[1]), *MODES[mode], option.flag, *value])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert refusal in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -64,6 +64,13 @@ class Option:
     const: Any = None  # the value of the flag given without one (its value is then optional)
     # a training option under `run --check`: HONOURED, or why the check cannot honour it
     under_check: str = ""
+    # the mode (a `run` switch's field: "check", "nproc") without which the option applies to
+    # nothing, and what it is for there (the refusal says it)
+    needs: str = ""
+    needs_why: str = ""
+    # what it does that `run --nproc` cannot honour ("": nothing); the refusal reads
+    # "FLAG <this>; drop it with --nproc"
+    under_nproc: str = ""
 
     @property
     def flag(self) -> str:

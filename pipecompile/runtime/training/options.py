@@ -47,6 +47,8 @@ class RunFlags:
         api=None,
         help="--check absolute tolerance: with --rtol, atol + rtol * |eager| instead of the "
         "noise floor rule (default: within 16 noise floors, see docs/USAGE.md)",
+        needs="check",
+        needs_why="is a tolerance of --check",
     )
     batch_shapes: str | None = option(
         "--batch-shapes",
@@ -54,12 +56,16 @@ class RunFlags:
         api=None,
         help="--check also at these sizes of the compile's --dynamic dimensions, batch first "
         "(e.g. 16x128,5x17 for batch,seq)",
+        needs="check",
+        needs_why="lists the shapes --check checks",
     )
     rtol: float | None = option(
         "--rtol",
         check=nonnegative_float,
         api=None,
         help="--check relative tolerance (see --atol; 1e-5 when only --atol is given)",
+        needs="check",
+        needs_why="is a tolerance of --check",
     )
     nproc: int | None = option(
         "--nproc",
@@ -76,6 +82,8 @@ class RunFlags:
         metavar="D",
         help="--nproc: run D data-parallel copies of the pipeline on a (dp, pp) device mesh "
         "(--nproc = D x the program's ranks); copy k trains on batches k, k+D, ...",
+        needs="nproc",
+        needs_why="applies to the ranks of --nproc N, which a run without --nproc does not start",
     )
     shard: str | None = option(
         "--shard",
@@ -85,6 +93,8 @@ class RunFlags:
         "(ZeRO-1, torch's ZeroRedundancyOptimizer); grads = also the gradients, weights "
         "gathered once per part (ZeRO-2, FSDP2); params = also the weights at rest, gathered "
         "per forward and backward (ZeRO-3, FSDP2)",
+        needs="nproc",
+        needs_why="applies to the ranks of --nproc N, which a run without --nproc does not start",
     )
     device: str | None = option(
         "--device",
@@ -92,6 +102,8 @@ class RunFlags:
         then="auto",
         api=None,
         help="--nproc: cuda = a GPU per rank, NCCL (auto: cuda if every rank gets a GPU)",
+        needs="nproc",
+        needs_why="applies to the ranks of --nproc N, which a run without --nproc does not start",
     )
     timeout: float | None = option(
         "--timeout",
@@ -99,6 +111,8 @@ class RunFlags:
         then=60.0,
         api=None,
         help="--nproc: seconds a rank may wait on one instruction (default 60)",
+        needs="nproc",
+        needs_why="applies to the ranks of --nproc N, which a run without --nproc does not start",
     )
     allow_stale: bool = option(
         "--allow-stale",
@@ -120,6 +134,8 @@ class RunFlags:
         forwarded=False,
         api=None,
         help="print measured peak in-flight and activation bytes",
+        under_check="it measures a training run",
+        under_nproc="measures the local backend",
     )
 
 
