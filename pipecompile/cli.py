@@ -17,6 +17,7 @@ from pipecompile.compiler import compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError, PlanError
 from pipecompile.frontend.kept_traces import traces_kept
 from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
+from pipecompile.ir.plan_record import PlanRow
 from pipecompile.ir.sizes import counted
 from pipecompile.passes.insert_replication import parse_replicas
 from pipecompile.passes.split_requests import parse_pins
@@ -392,13 +393,13 @@ def _compile(args: argparse.Namespace) -> int:
         if args.tune:
             from pipecompile.planner.tune import tune
 
-            def rebuild(p: dict) -> Compiled:  # the same search, every choice fixed to p's
+            def rebuild(p: PlanRow) -> Compiled:  # the same search, every choice fixed to p's
                 fixed = {
-                    "stages": p["stages"],
-                    "microbatches": p["microbatches"],
-                    "schedule": p["schedule"],
-                    "virtual_stages": p["virtual_stages"],
-                    "recompute": p["recompute"],
+                    "stages": p.stages,
+                    "microbatches": p.microbatches,
+                    "schedule": p.schedule,
+                    "virtual_stages": p.virtual_stages,
+                    "recompute": p.recompute,
                     "progress": False,
                 }
                 return compile_model(

@@ -4,10 +4,10 @@ way (stored bytes per stage, replica counts, the balance report, pass timings)."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.dynamic import DynamicDims
+from pipecompile.ir.plan_record import PlanRecord
 from pipecompile.ir.program import Program
 from pipecompile.ir.saved_bytes import StageMemory
 from pipecompile.ir.stage_graph import StageGraph
@@ -32,5 +32,5 @@ class Compiled:
     balance: BalanceReport | None = None
     timings: tuple[tuple[str, float], ...] = ()
     fingerprint: str = ""  # of the traced graph, see ``graph_fingerprint``
-    plan: dict[str, Any] | None = None  # the plan search's choice (manifest key ``plan``)
+    plan: PlanRecord | None = None  # the plan search's choice (manifest key ``plan``)
     dynamic: DynamicDims = DynamicDims()  # the dimensions batches may vary in (``dynamic``)

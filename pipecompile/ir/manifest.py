@@ -23,6 +23,7 @@ from pipecompile.errors import EmitError, ManifestVersionError
 from pipecompile.files.names import MANIFEST
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.dynamic import DynamicDims
+from pipecompile.ir.plan_record import PlanRecord
 from pipecompile.ir.stage_graph import Edge  # the stage graph's, as the manifest lists it
 
 __all__ = [
@@ -269,7 +270,7 @@ class Manifest:
     edges: tuple[Edge, ...]
     weights: WeightsRecord | None
     compile: str | None = None  # `--compile`: the torch.compile backend runs use by default
-    plan: Json | None = None  # `--devices`: the plan the search chose and the runners-up
+    plan: PlanRecord | None = None  # `--devices`: the plan the search chose and the runners-up
     dynamic: DynamicDims = DynamicDims()  # `--dynamic`: dimensions batches may vary in
 
     @property
@@ -330,7 +331,7 @@ class Manifest:
             edges=tuple(map(_edge_from_json, raw.get("edges", []))),
             weights=WeightsRecord.from_json(weights) if weights is not None else None,
             compile=raw.get("compile"),
-            plan=raw.get("plan"),
+            plan=PlanRecord.from_json(raw.get("plan")),
             dynamic=DynamicDims.from_json(raw.get("dynamic")),
         )
 
@@ -365,7 +366,7 @@ class Manifest:
             "edges": [_edge_to_json(e) for e in self.edges],
             "weights": self.weights.to_json() if self.weights is not None else None,
             "compile": self.compile,
-            "plan": self.plan,
+            "plan": self.plan.as_json() if self.plan is not None else None,
             "dynamic": optional["dynamic"],
         }
         return {k: v for k, v in raw.items() if k not in optional or optional[k] is not None}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import asdict, replace
-from typing import Any
 
 import torch
 from torch import nn
@@ -15,6 +14,7 @@ from torch import nn
 from pipecompile.errors import PlanError
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.plan_record import PlanRecord, PlanRow
 from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import annotate_costs
@@ -68,7 +68,7 @@ def choose_plan(
     replicas: tuple[int, ...] | None = None,
     balance: str = "flops",
     memory_budget: int | None = None,
-) -> tuple[Plan, CostModel, dict[str, Any]]:
+) -> tuple[Plan, CostModel, PlanRecord]:
     """The best plan for ``devices`` (default: ``stages``, one stage each) with the given
     choices fixed (``"auto"``: searched), the cost model it was priced with (calibrated on
     this machine unless ``PIPECOMPILE_CALIBRATION=off``), and the manifest's record.
@@ -237,17 +237,17 @@ def plan_record(
     machine: CostModel,
     calibration: str | None = None,
     model_key: str = "",
-) -> dict[str, Any]:
+) -> PlanRecord:
     """The manifest's ``plan``: the chosen plan, its predicted step, the runners-up, how
     many plans were searched, and the cost model they were priced with."""
     model = {k: v for k, v in asdict(machine).items() if k != "workers"}
-    return {
-        "devices": space.devices,
-        **result.best.as_json(),
-        "plans_searched": result.tried + result.bounded,
-        "plans_bounded": result.bounded,
-        "search_seconds": round(result.seconds, 3),
-        "runners_up": [p.as_json() for p in result.ranked[1 : 1 + RUNNERS_UP]],
-        "cost_model": {k: list(v) if isinstance(v, tuple) else v for k, v in model.items()}
+    return PlanRecord(
+        devices=space.devices,
+        chosen=PlanRow.from_json(result.best.as_json()),
+        plans_searched=result.tried + result.bounded,
+        plans_bounded=result.bounded,
+        search_seconds=round(result.seconds, 3),
+        runners_up=tuple(PlanRow.from_json(p.as_json()) for p in result.ranked[1 : 1 + RUNNERS_UP]),
+        cost_model={k: list(v) if isinstance(v, tuple) else v for k, v in model.items()}
         | {"calibration": calibration, "model_key": model_key},
-    }
+    )

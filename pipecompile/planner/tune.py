@@ -24,10 +24,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from pipecompile.errors import PlanError
 from pipecompile.ir.compiled import Compiled
+from pipecompile.ir.plan_record import PlanRow, TunedRow
 from pipecompile.planner.calibrate import remember_scale
 from pipecompile.runtime.notes import warning
 
@@ -35,7 +35,7 @@ __all__ = ["FAR", "far_off", "measure_step", "tune"]
 
 FAR = 2.0  # a measured step this many times the predicted one, or 1/FAR of it, is warned of
 
-Rebuild = Callable[[dict[str, Any]], Compiled]  # a plan's record -> its compiled form
+Rebuild = Callable[[PlanRow], Compiled]  # a plan the search priced -> its compiled form
 Write = Callable[[Compiled, Path], None]  # write a compiled plan into a directory
 
 
@@ -53,9 +53,9 @@ def tune(
     record = compiled.plan
     if record is None:
         raise PlanError("--tune K measures the plans a search found: give --devices N too")
-    ranked = [_chosen(record), *record.get("runners_up", [])]
+    ranked = record.ranked
     plans = ranked[:count]
-    rows: list[dict[str, Any]] = []
+    rows: list[TunedRow] = []
     best: tuple[float, Compiled, int] | None = None
     with tempfile.TemporaryDirectory(prefix="pipecompile-tune-") as tmp:
         for k, plan in enumerate(plans):
@@ -65,34 +65,24 @@ def tune(
             replicated = any(r > 1 for r in candidate.replicas)
             ranks = sum(candidate.replicas) if replicated else len(candidate.program.devices)
             measured = measure_step(directory, ranks, steps)
-            rows.append(
-                {
-                    **_flags(plan),
-                    "predicted_step_s": plan["predicted_step_s"],
-                    "measured_step_s": round(measured, 6),
-                }
-            )
+            rows.append(TunedRow(plan.flags, plan.predicted_step_s, round(measured, 6)))
             if say is not None:
                 say(
-                    f"tune {k + 1}/{len(plans)}: {_label(plan)}: predicted "
-                    f"{plan['predicted_step_s'] * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms"
+                    f"tune {k + 1}/{len(plans)}: {plan.label()}: predicted "
+                    f"{plan.predicted_step_s * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms"
                 )
-            off = far_off(f"{k + 1} ({_label(plan)})", plan["predicted_step_s"], measured)
+            off = far_off(f"{k + 1} ({plan.label()})", plan.predicted_step_s, measured)
             if off is not None:
                 warning(off)
             if best is None or measured < best[0]:
                 best = (measured, candidate, k)
     assert best is not None
-    ratios = [r["measured_step_s"] / r["predicted_step_s"] for r in rows if r["predicted_step_s"]]
+    ratios = [r.measured_step_s / r.predicted_step_s for r in rows if r.predicted_step_s]
     if ratios:
-        model_key = str(record.get("cost_model", {}).get("model_key") or "")
-        remember_scale(int(record["devices"]), statistics.median(ratios), model_key)
+        model_key = str(record.cost_model.get("model_key") or "")
+        remember_scale(record.devices, statistics.median(ratios), model_key)
     measured, chosen, k = best
-    others = ranked[:k] + ranked[k + 1 :]
-    tuned = {**record, **ranked[k], "runners_up": others[: len(ranked) - 1]}
-    tuned["tuned"] = rows
-    tuned["measured_step_s"] = round(measured, 6)
-    return replace(chosen, plan=tuned)
+    return replace(chosen, plan=record.retuned(k, tuple(rows), measured))
 
 
 def far_off(plan: str, predicted_s: float, measured_s: float) -> str | None:
@@ -134,32 +124,3 @@ def measure_step(directory: Path, ranks: int, steps: int) -> float:
     if not times:
         raise PlanError(f"--tune: running {directory.name} recorded no step")
     return statistics.median(times[1:] or times)
-
-
-def _chosen(record: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "devices_used",
-        "stages",
-        "replicas",
-        "microbatches",
-        "schedule",
-        "virtual_stages",
-        "recompute",
-        "predicted_step_s",
-        "bubble",
-        "peak_memory",
-    )
-    return {k: record[k] for k in keys if k in record}
-
-
-def _flags(plan: dict[str, Any]) -> dict[str, Any]:
-    keys = ("stages", "replicas", "microbatches", "schedule", "virtual_stages", "recompute")
-    return {k: plan[k] for k in keys}
-
-
-def _label(plan: dict[str, Any]) -> str:
-    replicas = plan.get("replicas") or []
-    shape = f"{plan['stages']}" + (
-        f"x({','.join(map(str, replicas))})" if any(r > 1 for r in replicas) else ""
-    )
-    return f"{shape} stages, {plan['microbatches']} micro-batches, {plan['schedule']}"

@@ -8,6 +8,7 @@ from typing import Any
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.instr import Op
 from pipecompile.ir.memory_model import peak_stored_bytes
+from pipecompile.ir.plan_record import PlanRecord
 from pipecompile.ir.simulate import Costs, Timeline, simulate
 from pipecompile.ir.sizes import counted, format_size
 from pipecompile.ir.topology import topology_from_manifest
@@ -67,7 +68,7 @@ def schedule_report(
     report["balance"] = manifest.balance.as_json() if manifest.balance else {}
     report["stage_table"] = stage_rows(manifest, program)
     if manifest.plan:
-        report["plan"] = manifest.plan
+        report["plan"] = manifest.plan.as_json()
     return report, timeline
 
 
@@ -94,7 +95,8 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
         )
     lines += ["", *balance_lines(BalanceReport.from_json(report["balance"]), report["stage_table"])]
     if report.get("plan"):
-        lines += ["", plan_table(report["plan"])]
+        record = PlanRecord.from_json(report["plan"])
+        lines += ["", plan_table(record)] if record is not None else []
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:
         lines += ["", timeline_text(timeline)]
     return "\n".join(lines)

@@ -71,7 +71,7 @@ def _weights_line(weights: WeightsRecord | None) -> str | None:
 def _schedule_line(manifest: Manifest, program: Program, costs: Costs, unit: str) -> str:
     timeline = simulate(program, topology_from_manifest(manifest), costs)
     line = f"predicted: bubble {timeline.bubble_fraction:.3f}"
-    plan_step = (manifest.plan or {}).get("predicted_step_s")
+    plan_step = manifest.plan.chosen.predicted_step_s if manifest.plan else None
     if unit == "ns" and plan_step is not None:  # the plan table's step, and what of it computes
         line += f", step {seconds_text(plan_step)} ({timeline.makespan / 1e3:.1f} us of it "
         line += "the stages' compute; the rest the runtime's overheads and the optimizer)"

@@ -94,7 +94,7 @@ def test_a_model_without_calibration_keeps_the_flags(monkeypatch) -> None:  # ty
         virtual_stages=None, recompute="never", split_at=(), machine=CostModel(),
         progress=False,
     )  # fmt: skip
-    assert machine == CostModel() and record["cost_model"]["calibration"] is None
+    assert machine == CostModel() and record.cost_model["calibration"] is None
 
 
 CONSTANTS = {

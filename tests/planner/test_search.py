@@ -140,16 +140,17 @@ def test_the_chosen_plan_compiles_and_the_manifest_keeps_it(gpt) -> None:  # typ
     model, inputs = gpt
     compiled = compile_model(model, inputs, devices=4, machine=MACHINE)
     plan = compiled.plan
-    assert plan is not None and plan["devices"] == 4
-    assert compiled.program.schedule == plan["schedule"]
-    assert compiled.program.microbatches == plan["microbatches"]
-    assert len(compiled.graph.stages) == plan["stages"]
-    assert plan["predicted_step_s"] > 0 and len(plan["runners_up"]) == 4
-    assert all(r["predicted_step_s"] >= plan["predicted_step_s"] for r in plan["runners_up"])
+    assert plan is not None and plan.devices == 4
+    assert compiled.program.schedule == plan.chosen.schedule
+    assert compiled.program.microbatches == plan.chosen.microbatches
+    assert len(compiled.graph.stages) == plan.chosen.stages
+    step = plan.chosen.predicted_step_s
+    assert step > 0 and len(plan.runners_up) == 4
+    assert all(r.predicted_step_s >= step for r in plan.runners_up)
     # --schedule auto with the stages fixed searches the schedules only
     fixed = compile_model(model, inputs, stages=2, microbatches=4, schedule="auto", machine=MACHINE)
     assert fixed.plan is not None and len(fixed.graph.stages) == 2
-    assert fixed.program.microbatches == 4 and fixed.plan["devices"] == 2
+    assert fixed.program.microbatches == 4 and fixed.plan.devices == 2
 
 
 def test_show_and_the_summary_print_the_plan_table(gpt, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -170,8 +171,8 @@ def test_a_model_on_the_meta_device_is_planned_without_weights() -> None:
     """Traced on meta inputs as a --stages compile is: the search needs shapes and FLOPs only."""
     spec = example_spec("llama_meta")
     compiled = compile_model(spec.model, spec.inputs, devices=2, machine=MACHINE)
-    assert compiled.plan is not None and compiled.plan["predicted_step_s"] > 0
-    assert len(compiled.graph.stages) == compiled.plan["stages"]
+    assert compiled.plan is not None and compiled.plan.chosen.predicted_step_s > 0
+    assert len(compiled.graph.stages) == compiled.plan.chosen.stages
 
 
 def test_options_the_search_cannot_take_are_refused(gpt) -> None:  # type: ignore[no-untyped-def]
@@ -236,8 +237,8 @@ def test_per_device_limits_follow_a_plan_that_uses_fewer_devices() -> None:
     spec = example_spec("mlp")
     machine = replace(MACHINE, memory_limit=(1 << 30,) * 3)
     compiled = compile_model(spec.model, spec.inputs, devices=3, machine=machine)
-    assert compiled.plan is not None and compiled.plan["devices_used"] == 1
-    assert compiled.plan["devices"] == 3
+    assert compiled.plan is not None and compiled.plan.chosen.devices_used == 1
+    assert compiled.plan.devices == 3
 
 
 RICH = replace(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipecompile.cli import main
 from pipecompile.ir.manifest import read_manifest
+from pipecompile.ir.plan_record import PlanRecord
 from pipecompile.planner import calibration_quality
 from pipecompile.planner.calibrate import record_path
 from pipecompile.planner.tune import far_off
@@ -27,14 +28,14 @@ def test_tune_emits_the_measured_best_and_learns_the_scale(
     printed = capsys.readouterr()
     assert status == 0, printed.err
     plan = read_manifest(out).plan
-    assert plan is not None and len(plan["tuned"]) == 2
-    measured = [t["measured_step_s"] for t in plan["tuned"]]
+    assert plan is not None and len(plan.tuned) == 2
+    measured = [t.measured_step_s for t in plan.tuned]
     assert all(m > 0 for m in measured)
-    assert plan["measured_step_s"] == min(measured)
-    chosen = next(t for t in plan["tuned"] if t["measured_step_s"] == min(measured))
-    assert (chosen["stages"], chosen["schedule"], chosen["microbatches"]) == (
-        plan["stages"], plan["schedule"], plan["microbatches"],
-    )  # fmt: skip
+    assert plan.measured_step_s == min(measured)
+    chosen = next(t for t in plan.tuned if t.measured_step_s == min(measured))
+    assert chosen.flags == plan.chosen.flags
+    # the record reads back as it was written
+    assert PlanRecord.from_json(plan.as_json()) == plan
     assert "measured" in printed.out and "the measured best of the 2 tuned" in printed.out
     assert sum(line.startswith("  tune ") for line in printed.err.splitlines()) == 2
     # The calibration is kept where PIPECOMPILE_CACHE says, with the learned ratio.

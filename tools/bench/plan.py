@@ -135,7 +135,7 @@ def plan_of(directory: Path) -> dict:
 
     plan = read_manifest(directory).plan
     assert plan is not None
-    return plan
+    return plan.as_json()  # the manifest's JSON object, as this report writes it
 
 
 def ranks_of(plan: dict) -> int:
