@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pipecompile import __version__
 from pipecompile.codegen.prove import proof_example
@@ -16,6 +16,7 @@ from pipecompile.compile_options import CompileOptions
 from pipecompile.compiler import compile_model
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError, PlanError
 from pipecompile.frontend.kept_traces import traces_kept
+from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
 from pipecompile.ir.plan_record import PlanRow
 from pipecompile.ir.sizes import counted
@@ -307,47 +308,18 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from pipecompile.codegen.emit import ModelRef, emit
-    from pipecompile.codegen.output_dir import check_replaceable
+    from pipecompile.codegen.emit import ModelRef
     from pipecompile.codegen.weight_sources import weight_plan
-    from pipecompile.errors import WeightsError
-    from pipecompile.ir.compiled import Compiled
     from pipecompile.ir.dynamic import merged_dynamic
     from pipecompile.model.model_configs import model_configs
     from pipecompile.model.model_file import dynamic_shapes, load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
-    from pipecompile.planner.choose import check_search, open_choices
     from pipecompile.reports.summary import summary
 
     path, name = split_ref(args.model)
     out = Path(args.output or Path("pipecompile-out") / path.stem)
     machine = _machine(args)  # bad machine options fail before the model loads
-    args.schedule, args.microbatches, searching = open_choices(
-        args.devices, args.schedule, args.microbatches
-    )
-    if args.tune and not searching:
-        raise PlanError(
-            f"--tune {args.tune} measures the best plans a search found: give --devices N "
-            "(or --schedule auto / --microbatches auto)"
-        )
-    if searching or args.stages is None:
-        replicas = () if args.replicate else None
-        check_search(
-            args.devices,
-            args.stages,
-            replicas,
-            args.balance,
-            args.memory_budget,
-            machine,
-            args.schedule,
-            args.virtual_stages,
-        )
-    else:
-        schedule = {"virtual_stages": args.virtual_stages, "vertical_sync": args.vertical_sync}
-        generate(args.schedule, args.stages, args.microbatches, **schedule)  # and bad schedules
-    check_replaceable(out, force=args.force)  # and a refused -o before the work
-    if args.allow_missing and not args.weights:
-        raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
+    searching = _check_compile_options(args, out, machine)
     pretrained = open_pretrained(Path(args.weights)) if args.weights else None  # and --weights
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
@@ -391,31 +363,28 @@ def _compile(args: argparse.Namespace) -> int:
         )
         model_ref = ModelRef(path, name, f"{path.name}:{name}", model_configs(spec.model))
         if args.tune:
-            from pipecompile.planner.tune import tune
+            compiled = _tuned(args, spec, compiled, options, model_ref, plan)
+    _emit_proved(args, compiled, out, spec, model_ref, plan)
+    _compile_pictures(args, out)
+    if args.onnx:
+        _write_onnx(args, out)
+    if not args.quiet:
+        print(summary(out))
+    return 0
 
-            def rebuild(p: PlanRow) -> Compiled:  # the same search, every choice fixed to p's
-                fixed = {
-                    "stages": p.stages,
-                    "microbatches": p.microbatches,
-                    "schedule": p.schedule,
-                    "virtual_stages": p.virtual_stages,
-                    "recompute": p.recompute,
-                    "progress": False,
-                }
-                return compile_model(
-                    spec.model,
-                    spec.inputs,
-                    devices=args.devices or args.stages,
-                    **(options | fixed),
-                )
 
-            def write(c: Compiled, directory: Path) -> None:
-                emit(
-                    c, directory, model=model_ref, weights=plan, compile_stages=args.compile_stages
-                )
+def _emit_proved(
+    args: argparse.Namespace,
+    compiled: Compiled,
+    out: Path,
+    spec: Any,
+    model_ref: Any,
+    weights: Any,
+) -> None:
+    """Write ``compiled`` into ``out`` (proved against the model unless ``--no-verify``) and
+    print what the writing and the proof took, and the notes the writing left."""
+    from pipecompile.codegen.emit import emit
 
-            say = None if args.quiet else lambda line: _say(args, f"  {line}")
-            compiled = tune(compiled, args.tune, rebuild=rebuild, write=write, say=say)
     start = time.perf_counter()
     notes: list[str] = []
     timings: list[tuple[str, float]] = []
@@ -424,7 +393,7 @@ def _compile(args: argparse.Namespace) -> int:
         out,
         model=model_ref,
         force=args.force,
-        weights=plan,
+        weights=weights,
         notes=notes,
         compile_stages=args.compile_stages,
         prove=None if args.no_verify else proof_example(spec.model, spec.inputs, compiled),
@@ -436,12 +405,74 @@ def _compile(args: argparse.Namespace) -> int:
         _say(args, f"  {name:<22} {seconds * 1000:8.1f} ms")
     for line in notes:
         note(line)
-    _compile_pictures(args, out)
-    if args.onnx:
-        _write_onnx(args, out)
-    if not args.quiet:
-        print(summary(out))
-    return 0
+
+
+def _check_compile_options(args: argparse.Namespace, out: Path, machine: CostModel) -> bool:
+    """The compile's options checked before the model loads (the search's, the schedule's,
+    ``-o``'s, ``--allow-missing``'s); returns whether the plan is searched."""
+    from pipecompile.codegen.output_dir import check_replaceable
+    from pipecompile.errors import WeightsError
+    from pipecompile.planner.choose import check_search, open_choices
+
+    args.schedule, args.microbatches, searching = open_choices(
+        args.devices, args.schedule, args.microbatches
+    )
+    if args.tune and not searching:
+        raise PlanError(
+            f"--tune {args.tune} measures the best plans a search found: give --devices N "
+            "(or --schedule auto / --microbatches auto)"
+        )
+    if searching or args.stages is None:
+        replicas = () if args.replicate else None
+        check_search(
+            args.devices,
+            args.stages,
+            replicas,
+            args.balance,
+            args.memory_budget,
+            machine,
+            args.schedule,
+            args.virtual_stages,
+        )
+    else:
+        schedule = {"virtual_stages": args.virtual_stages, "vertical_sync": args.vertical_sync}
+        generate(args.schedule, args.stages, args.microbatches, **schedule)  # and bad schedules
+    check_replaceable(out, force=args.force)  # and a refused -o before the work
+    if args.allow_missing and not args.weights:
+        raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
+    return searching
+
+
+def _tuned(
+    args: argparse.Namespace,
+    spec: Any,
+    compiled: Compiled,
+    options: dict[str, Any],
+    model_ref: Any,
+    weights: Any,
+) -> Compiled:
+    """``--tune K``: the measured best of the search's K best plans, each compiled with the
+    same options, every choice fixed to the plan's."""
+    from pipecompile.codegen.emit import emit
+    from pipecompile.planner.tune import tune
+
+    def rebuild(p: PlanRow) -> Compiled:
+        fixed = {
+            "stages": p.stages,
+            "microbatches": p.microbatches,
+            "schedule": p.schedule,
+            "virtual_stages": p.virtual_stages,
+            "recompute": p.recompute,
+            "progress": False,
+        }
+        devices = args.devices or args.stages
+        return compile_model(spec.model, spec.inputs, devices=devices, **(options | fixed))
+
+    def write(c: Compiled, directory: Path) -> None:
+        emit(c, directory, model=model_ref, weights=weights, compile_stages=args.compile_stages)
+
+    say = None if args.quiet else lambda line: _say(args, f"  {line}")
+    return tune(compiled, args.tune, rebuild=rebuild, write=write, say=say)
 
 
 def _check_init_seed(seed: int | None, model: object) -> None:
