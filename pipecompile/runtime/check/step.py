@@ -146,19 +146,64 @@ def check_step(
     pairs = [(loss, ref_loss), *zip(joined, ref_outs)]
     pairs += [(grads[n], g) for n, g in ref_grads.items() if n in grads]
     near = all(_within_rounding(h, w) for h, w in pairs)
-    if near:  # within the least any noise floor allows: no float64 run needed
-        report.notes.append("  (every value within 8 units in the last place of eager's)")
-        exact: tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None = (
-            ref_loss,
-            ref_outs,
-            ref_grads,
+    exact = _twin(
+        report,
+        (ref_loss, ref_outs, ref_grads) if near else None,
+        atol is not None or rtol is not None,
+        lambda: _eager_float64(pipe, model, inputs, targets, loss_fn, count if per_micro else 1),
+    )
+    values = (loss, ref_loss, joined, ref_outs, grads, ref_grads)
+    _compare_values(report, values, exact, atol, rtol, model)
+    if near:
+        report.ratios.clear()  # measured against eager itself: no floor to state
+    randoms = [op for entry in pipe.manifest.stages for op in entry.random_ops or ()]
+    if not report.ok and not per_micro and count > 1 and atol is None and rtol is None:
+        whole = None if near else exact  # the float64 whole-batch run made above, if any
+        again = _split_again(report, pipe, model, inputs, targets, loss_fn, whole)
+        if again is not None:
+            return again
+    if randoms and not report.ok:
+        report.notes.append(
+            f"  (the model draws random numbers ({', '.join(randoms[:3])}"
+            f"{', ...' if len(randoms) > 3 else ''}), which the eager model draws in another "
+            "order: compare with them off - dropout and drop-path rates 0, or eval mode)"
         )
-    elif atol is not None or rtol is not None:
-        exact = None  # the tolerances given decide: no float64 run, no noise floor to state
-    else:
-        exact = _eager_float64(pipe, model, inputs, targets, loss_fn, count if per_micro else 1)
-        if exact is None:
-            report.notes.append("  (no float64 run of the model: fixed tolerances)")
+    return report
+
+
+def _twin(
+    report: CheckReport,
+    eager: tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None,
+    tolerances_given: bool,
+    float64: Callable[[], tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None],
+) -> tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None:
+    """The values each result's noise floor is measured against: eager's own (``eager``,
+    given when every value is within rounding of it: no float64 run needed), none where the
+    tolerances given decide, else the model run again in float64 (None, noted, where it
+    cannot run so)."""
+    if eager is not None:
+        report.notes.append("  (every value within 8 units in the last place of eager's)")
+        return eager
+    if tolerances_given:
+        return None  # no float64 run, no noise floor to state
+    exact = float64()
+    if exact is None:
+        report.notes.append("  (no float64 run of the model: fixed tolerances)")
+    return exact
+
+
+def _compare_values(
+    report: CheckReport,
+    values: tuple[Any, ...],
+    exact: tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None,
+    atol: float | None,
+    rtol: float | None,
+    model: nn.Module,
+) -> None:
+    """Compare the pipeline's loss, outputs and gradients with eager's (``values``: loss,
+    eager's loss, outputs, eager's, gradients, eager's) into ``report``, each against the
+    float64 run's value where ``exact`` holds one."""
+    loss, ref_loss, joined, ref_outs, grads, ref_grads = values
     twin = exact or _NO_TWIN
     report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol, twin[0], "loss")
     for k, (have, want, e) in enumerate(zip(joined, ref_outs, twin[1] or ref_outs)):
@@ -176,38 +221,40 @@ def check_step(
         diff = compare(report, f"gradient of {name}", found, want, atol, rtol, e, "grads")
         if not diff < report.grad_diff:  # NaN is the worst
             report.grad_diff, report.worst_grad = diff, name
-    if near:
-        report.ratios.clear()  # measured against eager itself: no floor to state
-    randoms = [op for entry in pipe.manifest.stages for op in entry.random_ops or ()]
-    if not report.ok and not per_micro and count > 1 and atol is None and rtol is None:
-        again = check_step(pipe, model, inputs, targets, loss_fn, split=True)
-        whole = None if near else exact  # the float64 whole-batch run made above, if any
-        moved = (
-            _split_moves(pipe, model, inputs, targets, loss_fn, count, whole) if again.ok else None
+
+
+def _split_again(
+    report: CheckReport,
+    pipe: Pipeline,
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    targets: tuple[torch.Tensor, ...],
+    loss_fn: LossFn,
+    whole: tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None,
+) -> CheckReport | None:
+    """A whole-batch check that failed, checked again against eager on the micro-batches:
+    that report where the split alone moves eager (a per-sample model at ReLU kinks); else
+    None, ``report`` noting when the model mixes the samples of a batch."""
+    count = pipe.program.microbatches
+    again = check_step(pipe, model, inputs, targets, loss_fn, split=True)
+    moved = _split_moves(pipe, model, inputs, targets, loss_fn, count, whole) if again.ok else None
+    if again.ok and moved is not None and moved <= SPLIT_FLOOR:
+        again.notes.append(
+            f"  (against eager on the whole mini-batch: {len(report.failures)} values beyond "
+            f"the noise floor, largest gradient difference {report.grad_diff:.3e}. The "
+            f"pipeline equals eager on its {count} micro-batches, and in float64 the split "
+            f"moves eager by {moved:.1e} of each value at most: a per-sample model whose "
+            "float32 result depends on how the batch is split, as at ReLU kinks)"
         )
-        if again.ok and moved is not None and moved <= SPLIT_FLOOR:
-            again.notes.append(
-                f"  (against eager on the whole mini-batch: {len(report.failures)} values beyond "
-                f"the noise floor, largest gradient difference {report.grad_diff:.3e}. The "
-                f"pipeline equals eager on its {count} micro-batches, and in float64 the split "
-                f"moves eager by {moved:.1e} of each value at most: a per-sample model whose "
-                "float32 result depends on how the batch is split, as at ReLU kinks)"
-            )
-            return again
-        if again.ok and moved is not None:
-            report.notes.append(
-                f"  (the pipeline equals eager on its {count} micro-batches, but the model "
-                f"mixes samples of a batch: in float64, splitting it in {count} moves eager by "
-                f"{moved:.1e} of a value. Micro-batching changes what it computes; compile "
-                "with --microbatches 1, or make its forward per-sample)"
-            )
-    if randoms and not report.ok:
+        return again
+    if again.ok and moved is not None:
         report.notes.append(
-            f"  (the model draws random numbers ({', '.join(randoms[:3])}"
-            f"{', ...' if len(randoms) > 3 else ''}), which the eager model draws in another "
-            "order: compare with them off - dropout and drop-path rates 0, or eval mode)"
+            f"  (the pipeline equals eager on its {count} micro-batches, but the model "
+            f"mixes samples of a batch: in float64, splitting it in {count} moves eager by "
+            f"{moved:.1e} of a value. Micro-batching changes what it computes; compile "
+            "with --microbatches 1, or make its forward per-sample)"
         )
-    return report
+    return None
 
 
 def fit_weights(pipe: Pipeline, model: nn.Module) -> dict[str, torch.Tensor]:
