@@ -94,29 +94,16 @@ def search(
     best: list[float] = []  # the best steps so far, at most ``keep``
     tried = bounded = 0
     said = start
-    # the likely best first (the kept plans get good sooner, the bounds skip more): a
-    # rough step, or the plan's floor where that is higher
-    plans = list(_plans(facts, batch, space, model))
-    floors = {p: predictor.floor(p, _workers(p, space)) for p in plans}  # each once
-    order = sorted(
-        plans,
-        key=lambda p: max(
-            _promise(p, space, predictor.micro_batch_seconds(p), model, sum(facts.params)),
-            floors[p],
-        ),
-    )
+    floors, order = _ordered(facts, batch, space, model, predictor)
     for plan in order:
         workers = _workers(plan, space)
-        if (
-            keep
-            and len(best) >= keep
-            and (
-                floors[plan] > best[keep - 1] + _TIE
-                or (
-                    plan.schedule in REPLICABLE
-                    and not model.memory_limit
-                    and predictor.beyond(plan, workers, best[keep - 1])
-                )
+        cutoff = best[keep - 1] if keep and len(best) >= keep else None
+        if cutoff is not None and (
+            floors[plan] > cutoff + _TIE
+            or (
+                plan.schedule in REPLICABLE
+                and not model.memory_limit
+                and predictor.beyond(plan, workers, cutoff)
             )
         ):
             bounded += 1
@@ -146,6 +133,22 @@ def search(
             f"{time.perf_counter() - start:.1f} s"
         )
     return SearchResult(tuple(ranked), tried, time.perf_counter() - start, bounded)
+
+
+def _ordered(
+    facts: ModelFacts, batch: int, space: Space, model: CostModel, predictor: Predictor
+) -> tuple[dict[Plan, float], list[Plan]]:
+    """Each plan's floor (a step it cannot beat), and the plans likely best first (the kept
+    plans get good sooner, the bounds skip more): by a rough step, or the plan's floor where
+    that is higher."""
+    plans = list(_plans(facts, batch, space, model))
+    floors = {p: predictor.floor(p, _workers(p, space)) for p in plans}  # each once
+    params = sum(facts.params)
+
+    def likely(p: Plan) -> float:
+        return max(_promise(p, space, predictor.micro_batch_seconds(p), model, params), floors[p])
+
+    return floors, sorted(plans, key=likely)
 
 
 def _workers(plan: Plan, space: Space) -> int | None:
