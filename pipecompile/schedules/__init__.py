@@ -102,9 +102,9 @@ def generate(
     Raises:
         ProgramError: unknown schedule, or options the schedule cannot take.
     """
-    schedule = schedule_of(name) if name in SCHEDULES else None
-    if schedule is None:
-        raise ProgramError(f"unknown schedule {name!r}; available: {', '.join(SCHEDULES)}")
+    if name not in REGISTRY:  # a program's variant name (pipedream-vsync) is no --schedule
+        raise ProgramError(f"unknown schedule {name!r}; available: {', '.join(REGISTRY)}")
+    schedule = REGISTRY[name]
     if microbatches < 1:
         raise ProgramError(f"--microbatches must be at least 1, got {microbatches}")
     if stages < 1:

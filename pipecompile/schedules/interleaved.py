@@ -8,7 +8,7 @@ from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
 from pipecompile.schedules.record import Schedule
 
-__all__ = ["SCHEDULE", "interleaved", "looped_devices"]
+__all__ = ["SCHEDULE", "interleaved", "looped_bubble", "looped_devices"]
 
 
 def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Program:
@@ -72,7 +72,8 @@ def _slot(k: int, d: int, p: int, v: int, *, backward: bool) -> Instr:
     return Instr(Op.B if backward else "F", chunk * p + d, group * p + r % p)
 
 
-def _bubble(p: int, m: int, v: int) -> float | None:
+def looped_bubble(p: int, m: int, v: int) -> float | None:
+    """Interleaved 1F1B's: (p - 1) / (vm + p - 1), v stages a device."""
     return (p - 1) / (v * m + p - 1)
 
 
@@ -83,6 +84,6 @@ SCHEDULE = Schedule(
     placement="looped",
     split_backward=False,
     replicable=False,
-    bubble=_bubble,
+    bubble=looped_bubble,
     takes=("virtual_stages",),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
-from pipecompile.schedules.interleaved import looped_devices
+from pipecompile.schedules.interleaved import looped_bubble, looped_devices
 from pipecompile.schedules.record import Schedule
 
 __all__ = ["SCHEDULE", "looped_bfs"]
@@ -39,7 +39,7 @@ def looped_bfs(stages: int, microbatches: int, virtual_stages: int = 2) -> Progr
 
 def _bubble(p: int, m: int, v: int) -> float | None:
     """Interleaved 1F1B's, where every device holds m >= p micro-batches at once."""
-    return (p - 1) / (v * m + p - 1) if m >= p else None
+    return looped_bubble(p, m, v) if m >= p else None
 
 
 SCHEDULE = Schedule(
