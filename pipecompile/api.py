@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_model
 from torch import nn
 
-from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.codegen.emit import ModelRef
 from pipecompile.codegen.output_dir import (
     check_replaceable,
     inside,
@@ -34,8 +34,6 @@ from pipecompile.codegen.output_dir import (
     owned_names,
     replace_output,
 )
-from pipecompile.codegen.prove import proof_example
-from pipecompile.codegen.weight_sources import weight_plan
 from pipecompile.errors import PipecompileError, WeightsError
 from pipecompile.files.names import INIT, INIT_CONSTANTS, stage_weights
 from pipecompile.ir.manifest import WeightsRecord, write_manifest
@@ -67,7 +65,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     progress: bool = False,
     weights: str | Path | None = None,
     allow_missing: bool = False,
-    init_seed: int = 0,
+    init_seed: int | None = None,
     force: bool = False,
     onnx: bool = False,
     checkpoint: str | None = None,
@@ -96,7 +94,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         allow_missing: initialise the model's tensors the pretrained weights lack (listed in a
             warning) instead of raising ``WeightsError``.
         init_seed: the seed of the initialisation of tensors on the meta device (a model
-            built under ``torch.device("meta")``), replayed per stage.
+            built under ``torch.device("meta")``), replayed per stage (default 0; refused for
+            a model built with its weights, which it would not change).
         force: write into a ``directory`` holding files pipecompile did not write (kept).
         onnx: also export every stage to ``stage_<j>.onnx`` (as ``pipe.onnx()``).
         no_verify: skip the proof that the written stages compute the model (``--no-verify``;
@@ -111,47 +110,30 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
     """
-    from pipecompile.compile_options import CompileOptions
-    from pipecompile.compiler import compile_model
+    from pipecompile.compile_job import check_options, compile_into
+    from pipecompile.compiler.options import CompileOptions
     from pipecompile.runtime.torch_compiled import check_backend
 
     _check_keywords(compile, options, _keywords(CompileOptions))
     check_backend(compile_stages, "compile_stages")
-    inputs = bind_inputs(model, example_inputs)
     if allow_missing and weights is None:
         raise WeightsError(
             "allow_missing applies to weights=; pass the pretrained weights or drop it"
         )
-    plan = weight_plan(model, weights, init_seed, allow_missing=allow_missing)
-    compiled = compile_model(
-        model,
-        inputs,
-        stages=stages,
-        microbatches=microbatches,
-        schedule=schedule,
-        devices=devices,
-        recompute=recompute,
-        checkpoint=checkpoint,
-        balance=balance,
-        progress=progress,
-        **options,
-    )
+    given = dict(
+        stages=stages, schedule=schedule, microbatches=microbatches, devices=devices,
+        recompute=recompute, balance=balance, directory=directory, progress=progress,
+        weights=weights, allow_missing=allow_missing, init_seed=init_seed, force=force,
+        onnx=onnx, checkpoint=checkpoint, compile_stages=compile_stages, no_verify=no_verify,
+    )  # fmt: skip
+    chosen = CompileOptions.from_keywords(**given, **options)
+    inputs = bind_inputs(model, example_inputs)
     temporary = directory is None
-    out = (
-        Path(tempfile.mkdtemp(prefix="pipecompile-")) / "out"
-        if directory is None
-        else Path(directory)
-    )
-    notes: list[str] = []
-    emit(
-        compiled,
-        out,
-        model=ModelRef(None, type(model).__name__, type(model).__name__, model_configs(model)),
-        force=force,
-        weights=plan,
-        notes=notes,
-        compile_stages=compile_stages,
-        prove=None if no_verify else proof_example(model, inputs, compiled),
+    out = Path(tempfile.mkdtemp(prefix="pipecompile-")) / "out" if temporary else Path(directory)
+    check_options(chosen, out)
+    name = type(model).__name__
+    _, notes = compile_into(
+        model, inputs, chosen, out, model_ref=ModelRef(None, name, name, model_configs(model))
     )
     for note in notes:
         warnings.warn(f"pipecompile: {note}", stacklevel=2)
@@ -293,10 +275,9 @@ class CompiledPipeline:
         """
         from pipecompile.model.data_hooks import iterable_source
         from pipecompile.runtime.training.loop import train
-        from pipecompile.runtime.training.loop_options import TrainOptions
 
         _check_keywords(CompiledPipeline.fit, options, _keywords(TrainFlags) | _LOOP_ONLY)
-        chosen = TrainOptions(
+        chosen = TrainFlags(
             epochs=None if steps is not None else epochs, steps=steps, quiet=not progress, **options
         )
         if isinstance(optimizer, str):

@@ -8,20 +8,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from pipecompile import __version__
-from pipecompile.codegen.prove import proof_example
-from pipecompile.compile_options import CompileOptions
-from pipecompile.compiler import compile_model
-from pipecompile.errors import CheckError, ModelFileError, PipecompileError, PlanError
-from pipecompile.frontend.kept_traces import traces_kept
-from pipecompile.ir.compiled import Compiled
-from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
-from pipecompile.ir.plan_record import PlanRow
+from pipecompile.compiler.options import CompileOptions
+from pipecompile.errors import CheckError, ModelFileError, PipecompileError
 from pipecompile.ir.sizes import counted
-from pipecompile.passes.insert_replication import parse_replicas
-from pipecompile.passes.split_requests import parse_pins
 from pipecompile.runtime.load import Emitted
 from pipecompile.runtime.notes import note
 from pipecompile.runtime.option_fields import (
@@ -34,9 +26,8 @@ from pipecompile.runtime.option_fields import (
     size,
     to_argv,
 )
-from pipecompile.runtime.training.loop_options import TrainOptions
-from pipecompile.runtime.training.options import RunFlags, TrainFlags, given, train_options
-from pipecompile.schedules import ORDER, REGISTRY, SYNCHRONOUS, generate, listed
+from pipecompile.runtime.training.options import RunFlags, TrainFlags, for_loop, given
+from pipecompile.schedules import ORDER, REGISTRY, SYNCHRONOUS, listed
 
 __all__ = ["main"]
 
@@ -309,183 +300,35 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def _compile(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef
-    from pipecompile.codegen.weight_sources import weight_plan
+    from pipecompile.compile_job import check_options, compile_into
     from pipecompile.ir.dynamic import merged_dynamic
     from pipecompile.model.model_configs import model_configs
     from pipecompile.model.model_file import dynamic_shapes, load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
     from pipecompile.reports.summary import summary
 
+    options = from_args(CompileOptions, args)
     path, name = split_ref(args.model)
-    out = Path(args.output or Path("pipecompile-out") / path.stem)
-    machine = _machine(args)  # bad machine options fail before the model loads
-    searching = _check_compile_options(args, out, machine)
-    pretrained = open_pretrained(Path(args.weights)) if args.weights else None  # and --weights
+    out = Path(options.output or Path("pipecompile-out") / path.stem)
+    searching = check_options(options, out)
+    pretrained = open_pretrained(Path(options.weights)) if options.weights else None
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
-    _check_init_seed(args.init_seed, spec.model)
-    plan = weight_plan(
-        spec.model, pretrained, args.init_seed or 0, spec.module, allow_missing=args.allow_missing
-    )
-    _say(
-        args,
-        f"compiling {type(spec.model).__name__} into "
-        + (
-            f"{args.stages} stages"
-            if not searching
-            else f"the best plan for {args.devices or args.stages} devices"
-        ),
-    )
-    options = dict(
-        balance=args.balance,
-        split_at=tuple(args.split_at),
-        pinned=parse_pins(args.pin_cost),
-        virtual_stages=args.virtual_stages,
-        vertical_sync=args.vertical_sync,
-        recompute=args.recompute,
-        memory_budget=args.memory_budget,
-        replicas=parse_replicas(args.replicate, args.stages) if args.replicate else None,
-        machine=machine,
-        progress=not args.quiet,
-        dynamic=merged_dynamic(args.dynamic, dynamic_shapes(spec), spec.inputs),
-    )
-    with traces_kept():  # --tune's candidates trace once per micro-batch size
-        compiled = compile_model(
-            spec.model,
-            spec.inputs,
-            stages=args.stages,
-            microbatches=args.microbatches,
-            schedule=args.schedule,
-            devices=args.devices,
-            print_after=frozenset(args.print_after),
-            verify_each=args.verify_each,
-            **options,
-        )
-        model_ref = ModelRef(path, name, f"{path.name}:{name}", model_configs(spec.model))
-        if args.tune:
-            compiled = _tuned(args, spec, compiled, options, model_ref, plan)
-    _emit_proved(args, compiled, out, spec, model_ref, plan)
-    _compile_pictures(args, out)
-    if args.onnx:
-        _write_onnx(args, out)
-    if not args.quiet:
-        print(summary(out))
-    return 0
-
-
-def _emit_proved(
-    args: argparse.Namespace,
-    compiled: Compiled,
-    out: Path,
-    spec: Any,
-    model_ref: Any,
-    weights: Any,
-) -> None:
-    """Write ``compiled`` into ``out`` (proved against the model unless ``--no-verify``) and
-    print what the writing and the proof took, and the notes the writing left."""
-    from pipecompile.codegen.emit import emit
-
-    start = time.perf_counter()
-    notes: list[str] = []
-    timings: list[tuple[str, float]] = []
-    emit(
-        compiled,
-        out,
-        model=model_ref,
-        force=args.force,
-        weights=weights,
-        notes=notes,
-        compile_stages=args.compile_stages,
-        prove=None if args.no_verify else proof_example(spec.model, spec.inputs, compiled),
-        timings=timings,
-    )
-    proving = sum(seconds for _, seconds in timings)
-    _say(args, f"  {'emit':<22} {(time.perf_counter() - start - proving) * 1000:8.1f} ms")
-    for name, seconds in timings:
-        _say(args, f"  {name:<22} {seconds * 1000:8.1f} ms")
+    what = f"the best plan for {options.devices or options.stages} devices"
+    _say(args, f"compiling {type(spec.model).__name__} into " + (
+        what if searching else f"{options.stages} stages"))  # fmt: skip
+    options.dynamic = merged_dynamic(options.dynamic, dynamic_shapes(spec), spec.inputs)
+    model_ref = ModelRef(path, name, f"{path.name}:{name}", model_configs(spec.model))
+    _, notes = compile_into(spec.model, spec.inputs, options, out, model_ref=model_ref,
+                            pretrained=pretrained, model_file=spec.module)  # fmt: skip
     for line in notes:
         note(line)
-
-
-def _check_compile_options(args: argparse.Namespace, out: Path, machine: CostModel) -> bool:
-    """The compile's options checked before the model loads (the search's, the schedule's,
-    ``-o``'s, ``--allow-missing``'s); returns whether the plan is searched."""
-    from pipecompile.codegen.output_dir import check_replaceable
-    from pipecompile.errors import WeightsError
-    from pipecompile.planner.choose import check_search, open_choices
-
-    args.schedule, args.microbatches, searching = open_choices(
-        args.devices, args.schedule, args.microbatches
-    )
-    if args.tune and not searching:
-        raise PlanError(
-            f"--tune {args.tune} measures the best plans a search found: give --devices N "
-            "(or --schedule auto / --microbatches auto)"
-        )
-    if searching or args.stages is None:
-        replicas = () if args.replicate else None
-        check_search(
-            args.devices,
-            args.stages,
-            replicas,
-            args.balance,
-            args.memory_budget,
-            machine,
-            args.schedule,
-            args.virtual_stages,
-        )
-    else:
-        schedule = {"virtual_stages": args.virtual_stages, "vertical_sync": args.vertical_sync}
-        generate(args.schedule, args.stages, args.microbatches, **schedule)  # and bad schedules
-    check_replaceable(out, force=args.force)  # and a refused -o before the work
-    if args.allow_missing and not args.weights:
-        raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
-    return searching
-
-
-def _tuned(
-    args: argparse.Namespace,
-    spec: Any,
-    compiled: Compiled,
-    options: dict[str, Any],
-    model_ref: Any,
-    weights: Any,
-) -> Compiled:
-    """``--tune K``: the measured best of the search's K best plans, each compiled with the
-    same options, every choice fixed to the plan's."""
-    from pipecompile.codegen.emit import emit
-    from pipecompile.planner.tune import tune
-
-    def rebuild(p: PlanRow) -> Compiled:
-        fixed = {
-            "stages": p.stages,
-            "microbatches": p.microbatches,
-            "schedule": p.schedule,
-            "virtual_stages": p.virtual_stages,
-            "recompute": p.recompute,
-            "progress": False,
-        }
-        devices = args.devices or args.stages
-        return compile_model(spec.model, spec.inputs, devices=devices, **(options | fixed))
-
-    def write(c: Compiled, directory: Path) -> None:
-        emit(c, directory, model=model_ref, weights=weights, compile_stages=args.compile_stages)
-
-    say = None if args.quiet else lambda line: _say(args, f"  {line}")
-    return tune(compiled, args.tune, rebuild=rebuild, write=write, say=say)
-
-
-def _check_init_seed(seed: int | None, model: object) -> None:
-    """--init-seed seeds the initialisation of meta tensors only: refused for a model
-    built with its weights, where it would change nothing."""
-    from pipecompile.model.init_recipe import is_meta_model
-
-    if seed is not None and not is_meta_model(model):
-        raise PipecompileError(
-            f"--init-seed {seed} seeds the initialisation of a model built on the meta "
-            f"device, but {type(model).__name__} was built with its weights, which it would "
-            "not change: drop it (seed build_model() itself, e.g. torch.manual_seed)"
-        )
+    _compile_pictures(args, out)
+    if options.onnx:
+        _write_onnx(args, out)
+    if not options.quiet:
+        print(summary(out))
+    return 0
 
 
 def _compile_pictures(args: argparse.Namespace, out: Path) -> None:
@@ -524,17 +367,6 @@ def _viz(args: argparse.Namespace) -> int:
         raise PipecompileError(f"wrote {written} but cannot draw them. {INSTALL_HINT}")
     _say(args, "wrote " + ", ".join(str(p) for p in pictures.drawn))
     return 0
-
-
-def _machine(args: argparse.Namespace) -> CostModel:
-    return CostModel(
-        bandwidth=parse_rate(args.bandwidth, "--bandwidth"),
-        flops_rate=args.flops_rate,
-        device_speed=parse_speeds(args.device_speed) if args.device_speed else (),
-        memory_limit=parse_limits(args.memory_limit) if args.memory_limit else (),
-        optimizer_states=args.optimizer_states,
-        workers=args.workers,
-    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -672,8 +504,8 @@ def _check_program_options(args: argparse.Namespace, emitted: Emitted) -> None:
     check_options(_train_options(args, emitted.directory), emitted.program)
 
 
-def _train_options(args: argparse.Namespace, directory: Path) -> TrainOptions:
-    return train_options(from_args(TrainFlags, args), directory)
+def _train_options(args: argparse.Namespace, directory: Path) -> TrainFlags:
+    return for_loop(from_args(TrainFlags, args), directory)
 
 
 def _is_not_given(value: object) -> bool:

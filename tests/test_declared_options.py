@@ -13,9 +13,9 @@ import torch
 import pipecompile
 from pipecompile.api import CompiledPipeline
 from pipecompile.cli import _parser
-from pipecompile.compile_options import CompileOptions
-from pipecompile.compiler import compile_model
+from pipecompile.compiler.options import CompileOptions
 from pipecompile.errors import PipecompileError
+from pipecompile.ir.cost_model import CostModel
 from pipecompile.runtime.distributed.worker import _parse, worker_parser
 from pipecompile.runtime.option_fields import (
     declared,
@@ -29,7 +29,6 @@ from pipecompile.runtime.option_fields import (
     size,
     to_argv,
 )
-from pipecompile.runtime.training.loop_options import TrainOptions
 from pipecompile.runtime.training.options import RunFlags, TrainFlags
 
 COMMAND = {CompileOptions: "compile", RunFlags: "run", TrainFlags: "run"}
@@ -56,21 +55,70 @@ COMMAND_LINE_ONLY = {"tune": "it trains each plan with `pipecompile run` from th
 
 def test_every_compile_option_is_a_keyword_of_compile():
     takes = set(inspect.signature(pipecompile.compile).parameters)
-    takes |= set(inspect.signature(compile_model).parameters)  # through **options
     for f, o in declared(CompileOptions):
         if f.name in COMMAND_LINE_ONLY:
             assert o.api is None and f.name not in takes
+            with pytest.raises(PipecompileError, match=f"unknown option.*{f.name}"):
+                CompileOptions.from_keywords(**{f.name: 1})
             continue
         assert o.api is not None, f"{f.name}: every compile option has an API keyword"
-        assert (o.api or f.name) in takes, f"--{f.name}: compile() takes no {o.api or f.name}"
+        if o.api == "machine":  # the machine flags are the API's one machine=CostModel(...)
+            continue
+        keyword = o.api or f.name
+        value = object()
+        # the keyword reaches its field (the one object compile() hands down), ...
+        if keyword != "progress":
+            assert getattr(CompileOptions.from_keywords(**{keyword: value}), f.name) is value
+        # ... and compile() takes it, by name or through **options
+        assert keyword in takes or "options" in takes, f"compile() takes no {keyword}"
+
+
+def test_the_api_keywords_settle_as_the_flags_do():
+    machine = CostModel(bandwidth=1e9, workers=3)
+    o = CompileOptions.from_keywords(
+        stages=2, pinned={"h.0": 5}, replicas=(2, 1), machine=machine, progress=True,
+        checkpoint="always", directory="out", split_at=("h.1",),
+    )  # fmt: skip
+    flags = _parser().parse_args(
+        ["compile", "m.py", "--stages", "2", "--pin-cost", "h.0=5", "--replicate", "2,1",
+         "--bandwidth", "1GB/s", "--workers", "3", "--checkpoint", "always", "-o", "out",
+         "--split-at", "h.1"]
+    )  # fmt: skip
+    f = from_args(CompileOptions, flags)
+    assert (o.pinned(), o.replicas(2), o.cost_model()) == (f.pinned(), f.replicas(2), machine)
+    assert (o.recompute, o.output, o.split_at, o.quiet) == (f.recompute, f.output, ["h.1"], False)
+    assert CompileOptions.from_keywords().quiet  # the API prints nothing unless asked
+    with pytest.raises(PipecompileError, match="checkpoint is the old name"):
+        CompileOptions.from_keywords(recompute="always", checkpoint="except_last")
 
 
 def test_every_training_option_is_a_keyword_of_fit():
-    takes = set(inspect.signature(CompiledPipeline.fit).parameters)
-    takes |= {f.name for f in dataclasses.fields(TrainOptions)}  # through **options
+    named = set(inspect.signature(CompiledPipeline.fit).parameters)
     for f, o in declared(TrainFlags):
         assert o.api is not None, f"{f.name}: every training option has an API keyword"
-        assert (o.api or f.name) in takes, f"--{f.name}: fit() takes no {o.api or f.name}"
+        # fit() names it, or hands it through **options to the TrainFlags field of that name
+        assert (o.api or f.name) in named | {f.name}, f"--{f.name}: fit() takes no {o.api}"
+
+
+def test_fit_hands_its_keywords_to_the_one_options_object(tmp_path):
+    pipe = pipecompile.compile(torch.nn.Linear(4, 2), torch.randn(4, 4), stages=1)
+    seen = {}
+
+    def train(pipeline, loss_fn, data, options, eval_data=None):
+        seen["options"] = options
+        raise StopIteration
+
+    import pipecompile.runtime.training.loop as loop
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "train", train)
+        with pytest.raises(StopIteration):
+            pipe.fit([(torch.randn(4, 4), torch.randn(4, 2))], torch.nn.functional.mse_loss,
+                     steps=2, accumulate=2, loss_scale=8.0, save=str(tmp_path / "ck"))  # fmt: skip
+    options = seen["options"]
+    assert isinstance(options, TrainFlags)
+    assert (options.steps, options.accumulate, options.loss_scale) == (2, 2, 8.0)
+    assert options.save == tmp_path / "ck" and options.quiet
 
 
 def test_runs_own_options_are_the_command_lines_only():

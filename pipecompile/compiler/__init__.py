@@ -1,7 +1,15 @@
 """The compiler driver: the pass list, run in order and verified after each pass."""
 
 from pipecompile.compiler.driver import PASSES, compile_model
+from pipecompile.compiler.options import CompileOptions
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.topology import topology, topology_from_manifest  # their former home
 
-__all__ = ["PASSES", "Compiled", "compile_model", "topology", "topology_from_manifest"]
+__all__ = [
+    "PASSES",
+    "CompileOptions",
+    "Compiled",
+    "compile_model",
+    "topology",
+    "topology_from_manifest",
+]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,8 +22,9 @@ from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.ir.dynamic import DynamicDims, asked_dims, asked_maxima, with_batch
 from pipecompile.ir.microbatch import check_divides, split_microbatches
+from pipecompile.ir.plan_record import PlanRecord
 from pipecompile.ir.program import Program
-from pipecompile.ir.recompute_policy import check_policy, chosen_policy
+from pipecompile.ir.recompute_policy import check_policy
 from pipecompile.ir.split_point import split_requests
 from pipecompile.ir.stage_graph import StageGraph
 from pipecompile.ir.topology import topology
@@ -44,6 +45,9 @@ from pipecompile.passes import (
 from pipecompile.planner.choose import choose_plan, open_choices
 from pipecompile.schedules import REPLICABLE, devices_for, generate, listed, schedule_of
 
+if TYPE_CHECKING:
+    from pipecompile.compiler.options import CompileOptions
+
 __all__ = ["PASSES", "PASS_ALIASES", "TABLE", "Pass", "Compiled", "compile_model"]
 
 IR = dict[str, Any]  # the IR values by name: what the passes take and give
@@ -51,27 +55,32 @@ IR = dict[str, Any]  # the IR values by name: what the passes take and give
 
 @dataclass(frozen=True)
 class Request:
-    """What compile_model was asked: the model, one micro-batch of inputs, the options."""
+    """What compile_model was asked: the model, one micro-batch of its inputs, the options
+    as given, and what they settle to (the plan search's choices where it ran, the parsed
+    pins, replicas and dimensions). A pass reads an option nothing settles from
+    ``options`` itself."""
 
     model: nn.Module
     micro: dict[str, torch.Tensor]
     meta: bool  # the model has no weights: traced on meta inputs, never run
+    options: CompileOptions
     stages: int
     microbatches: int
     schedule: str
-    balance: str
-    split_at: tuple[str, ...]
-    pinned: dict[str, int] | None
     virtual_stages: int | None
-    vertical_sync: bool
     recompute: str
-    memory_budget: int | None
     replicas: tuple[int, ...] | None
     machine: CostModel
-    progress: bool
+    split_at: tuple[str, ...]
+    pinned: dict[str, int] | None
     dynamic: dict[str, dict[int, str]] | None = None  # input -> dim -> symbol (--dynamic)
     maxima: dict[str, int] | None = None  # symbol -> the largest size the model file states
     batch: bool = True  # also try to let the batch vary (not with --dynamic none)
+    plan: PlanRecord | None = None  # the plan search's record, where it ran
+
+    @property
+    def progress(self) -> bool:
+        return not self.options.quiet
 
     @property
     def varying(self) -> dict[str, dict[int, str]]:
@@ -99,7 +108,7 @@ class Pass:
 def _schedule(r: Request, ir: IR) -> Program:
     # First: it needs no graph, so bad schedule options fail before tracing.
     compute = generate(r.schedule, r.stages, r.microbatches, virtual_stages=r.virtual_stages,
-                       vertical_sync=r.vertical_sync)  # fmt: skip
+                       vertical_sync=r.options.vertical_sync)  # fmt: skip
     _check_options(r, compute)
     return compute
 
@@ -137,7 +146,8 @@ def _profile(r: Request, ir: IR) -> Any:
 
 def _balance(r: Request, ir: IR) -> Any:
     return balance_stages(
-        ir["annotated"], stages=r.stages, cost=r.balance, split_at=r.split_at, pinned=r.pinned,
+        ir["annotated"], stages=r.stages, cost=r.options.balance, split_at=r.split_at,
+        pinned=r.pinned,
         model=r.machine, program=ir["compute"], recompute=r.recompute,
     )  # fmt: skip
 
@@ -161,7 +171,7 @@ def _memory(r: Request, ir: IR) -> Any:
 def _recompute(r: Request, ir: IR) -> Program:
     flops = [s.flops for s in ir["graph"].stages]
     return insert_recompute(ir["compute"], memory=ir["memory"], flops=flops,
-                            policy=r.recompute, budget=r.memory_budget)  # fmt: skip
+                            policy=r.recompute, budget=r.options.memory_budget)  # fmt: skip
 
 
 def _communicate(r: Request, ir: IR) -> Program:
@@ -190,7 +200,8 @@ TABLE: tuple[Pass, ...] = (
     Pass("annotate_costs", _annotate, ("traced",), ("annotated",), checks.lint_annotated,
          _graph_check("annotated")),
     Pass("profile_costs", _profile, ("traced", "annotated"), ("annotated",),
-         checks.lint_annotated, _graph_check("annotated"), when=lambda r: r.balance == "time"),
+         checks.lint_annotated, _graph_check("annotated"),
+         when=lambda r: r.options.balance == "time"),
     Pass("balance_stages", _balance, ("annotated", "compute"), ("balanced", "balance"),
          checks.check_balanced, _graph_check("balanced")),
     Pass("split_stages", _split, ("balanced", "traced"), ("graph",), checks.check_stage_graph,
@@ -213,114 +224,83 @@ PASS_ALIASES = {"insert_checkpoints": "insert_recompute"}  # --print-after's old
 def compile_model(
     model: nn.Module,
     inputs: dict[str, torch.Tensor],
-    *,
-    stages: int | None = None,
-    microbatches: int | str | None = None,
-    schedule: str | None = None,
-    devices: int | None = None,
-    balance: str = "flops",
-    split_at: Sequence[str] | Mapping[str, Any] = (),
-    pinned: dict[str, int] | None = None,
-    virtual_stages: int | None = None,
-    vertical_sync: bool = False,
-    recompute: str = "never",
-    memory_budget: int | None = None,
-    replicas: tuple[int, ...] | None = None,
-    machine: CostModel | None = None,
-    print_after: frozenset[str] = frozenset(),
-    progress: bool = False,
-    verify_each: bool = False,
-    checkpoint: str | None = None,
-    dynamic: Mapping[str, Mapping[int, str]] | Sequence[str] | None = None,
+    options: CompileOptions | None = None,
+    **keywords: Any,
 ) -> Compiled:
     """Trace ``model`` on one micro-batch of ``inputs`` and compile it into stages and a program.
 
     Args:
         model: the model; it is not modified.
         inputs: the model's example mini-batch, by forward() parameter name.
-        stages: how many pipeline stages to cut (None: the plan search chooses).
-        microbatches: how many micro-batches a mini-batch splits into (along dim 0), or
-            ``"auto"``: the plan search chooses among the batch's divisors (default 1, or
-            ``"auto"`` with ``devices``).
-        schedule: the schedule generator's name (see ``pipecompile.schedules``), or
-            ``"auto"``: the plan search chooses among the synchronous ones (default gpipe, or
-            ``"auto"`` with ``devices``).
-        devices: search the plans that use all these devices (stages and their replicas,
-            micro-batches, schedule, virtual stages, recomputation; see
-            ``pipecompile.planner``) for the least predicted step, and compile the best;
-            the options given fix their part of the plan. The result's ``plan`` records it.
-        balance: the cost the stages are balanced on: ``flops``, ``params``, or ``time``
-            (each op's forward + backward time measured on this machine, cached).
-        split_at: ``[before:|after:]MODULE_PATH`` boundaries where a stage must start (as do
-            ``pipecompile.split_point()`` and torch.distributed.pipelining's ``pipe_split()``
-            calls in forward); the rest is still balanced. A mapping is the peer's
-            ``split_spec``: module path -> ``SplitPoint.BEGINNING`` or ``SplitPoint.END``.
-        pinned: MODULE_PATH -> cost that replaces the module's measured cost.
-        virtual_stages: stages per device for the ``interleaved`` schedule.
-        vertical_sync: ``pipedream`` only: one weight version per micro-batch on all stages.
-        recompute: ``never``, ``except_last`` or ``always``: which micro-batches' forwards
-            keep only their inputs and are recomputed in backward (activation checkpointing).
-        memory_budget: bytes of stored activations a device may hold; the least
-            recomputation that fits is chosen (overrides ``recompute``).
-        replicas: ranks per stage (PipeDream's "2-1-1"); default one each.
-        machine: what the balancer assumes about the devices (bandwidth, speeds, memory
-            limits, workers to replicate over); default ``CostModel()``. With
-            ``machine.workers`` the balancer also chooses the replica counts.
-        print_after: pass names after which the IR is printed.
-        progress: print one line per pass (and per expensive check) to stderr.
-        verify_each: run the expensive checks (fake-tensor re-propagation of each graph,
-            ``verify_program`` with its simulation of each program) after every pass, not
-            only after the last; each is timed as ``verify NAME``.
-        checkpoint: the old name of ``recompute`` (still accepted).
-        dynamic: the input dimensions batches may vary in: input -> dim -> symbol (the model
-            file's ``dynamic_shapes()``), or symbol names (``--dynamic batch,seq``: dim 0 of
-            every input, dim 1 of every two-dimensional one); probed on fake tensors. The
-            batch (dim 0) varies too unless the model fixes it (the result's
-            ``dynamic.fixed`` then says where) or ``dynamic`` is ``"none"``: every size as
-            traced.
+        options: what to compile (``pipecompile.compiler.options.CompileOptions``, built once
+            from the command line or the API's keywords); the compiler reads its stages,
+            micro-batches, schedule, devices (the plan search), balance, split points, pins,
+            virtual stages, vertical sync, recomputation, memory budget, replicas, machine,
+            dynamic dimensions, ``print_after``, ``verify_each`` and ``quiet`` (progress
+            lines on stderr); writing the directory (weights, ``--compile``, the proof) is
+            ``pipecompile.compile_job``'s.
+        **keywords: instead of ``options``, its fields by their API names, as
+            ``pipecompile.compile`` takes them (``stages=4, microbatches=8, machine=...``).
 
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
         InternalError: a pass failed, or the IR it produced failed its check (a bug).
     """
-    print_after = frozenset(PASS_ALIASES.get(name, name) for name in print_after)
-    unknown = sorted(print_after - set(PASSES))
+    from pipecompile.compiler.options import CompileOptions
+
+    if options is not None and keywords:
+        raise PipecompileError("compile_model takes options or keywords, not both")
+    options = options if options is not None else CompileOptions.from_keywords(**keywords)
+    print_after = _print_after(options.print_after)
+    request = _request(model, inputs, options)
+    ir, timings = run_passes(request, print_after=print_after, verify_each=options.verify_each)
+    micro = request.micro
+    return Compiled(
+        ir["graph"], ir["program"], next(iter(micro.values())).shape[0] if micro else 0,
+        ir["memory"], _replica_counts(request, ir["balance"]), ir["balance"], timings,
+        fingerprint=graph_fingerprint(ir["traced"].module), plan=request.plan,
+        dynamic=ir.get("dynamic", DynamicDims()),
+    )  # fmt: skip
+
+
+def _print_after(names: Sequence[str]) -> frozenset[str]:
+    chosen = frozenset(PASS_ALIASES.get(name, name) for name in names)
+    unknown = sorted(chosen - set(PASSES))
     if unknown:
         raise PipecompileError(
             f"--print-after {unknown[0]}: no such pass; passes: {', '.join(PASSES)}"
         )
-    cuts = split_requests(split_at)
-    machine = machine or CostModel()
+    return chosen
+
+
+def _request(model: nn.Module, inputs: dict[str, torch.Tensor], o: CompileOptions) -> Request:
+    """The request ``o`` settles to: the plan search's choices where it runs, else the
+    options' own."""
+    cuts = split_requests(o.split_at)
+    machine = o.cost_model()
     plan = None
-    schedule, microbatches, searching = open_choices(devices, schedule, microbatches)
+    schedule, microbatches, searching = open_choices(o.devices, o.schedule, o.microbatches)
+    stages, virtual_stages, recompute = o.stages, o.virtual_stages, o.recompute
+    replicas = o.replicas(stages)
     if searching or stages is None:
         chosen, machine, plan = choose_plan(
-            model, inputs, devices=devices, stages=stages, microbatches=microbatches,
-            schedule=schedule, virtual_stages=virtual_stages,
-            recompute=chosen_policy(recompute, checkpoint), split_at=cuts, machine=machine,
-            progress=progress, replicas=replicas, balance=balance, memory_budget=memory_budget,
+            model, inputs, devices=o.devices, stages=stages, microbatches=microbatches,
+            schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
+            split_at=cuts, machine=machine, progress=not o.quiet, replicas=replicas,
+            balance=o.balance, memory_budget=o.memory_budget,
         )  # fmt: skip
         stages, microbatches, schedule = chosen.stages, chosen.microbatches, chosen.schedule
-        virtual_stages, recompute, checkpoint = chosen.virtual_stages, chosen.recompute, None
+        virtual_stages, recompute = chosen.virtual_stages, chosen.recompute
         replicas = chosen.replicas or None
         if devices_for(schedule, stages, virtual_stages) != stages:  # the search checked it
             machine = replace(machine, memory_limit=())
     assert isinstance(stages, int) and isinstance(microbatches, int)
     check_divides(inputs, microbatches)
-    asked = asked_dims(dynamic, inputs)  # {}: --dynamic none, every size as traced
-    request = Request(
-        model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), stages,
-        microbatches, schedule, balance, cuts, pinned, virtual_stages, vertical_sync,
-        chosen_policy(recompute, checkpoint), memory_budget, replicas, machine, progress,
-        asked, asked_maxima(dynamic), asked != {},
-    )  # fmt: skip
-    ir, timings = run_passes(request, print_after=print_after, verify_each=verify_each)
-    micro = request.micro
-    return Compiled(
-        ir["graph"], ir["program"], next(iter(micro.values())).shape[0] if micro else 0,
-        ir["memory"], _replica_counts(request, ir["balance"]), ir["balance"], timings,
-        fingerprint=graph_fingerprint(ir["traced"].module), plan=plan,
-        dynamic=ir.get("dynamic", DynamicDims()),
+    asked = asked_dims(o.dynamic, inputs)  # {}: --dynamic none, every size as traced
+    return Request(
+        model, split_microbatches(inputs, microbatches)[0], is_meta_model(model), o,
+        stages, microbatches, schedule, virtual_stages, recompute, replicas, machine, cuts,
+        o.pinned(), asked, asked_maxima(o.dynamic), asked != {}, plan,
     )  # fmt: skip
 
 
@@ -388,9 +368,9 @@ def _replica_counts(r: Request, report: BalanceReport) -> tuple[int, ...]:
 
 def _check_options(r: Request, compute: Program) -> None:
     """The options that contradict each other or the schedule, before any tracing."""
-    _check_machine(r.machine, compute, replicas=r.replicas, memory_budget=r.memory_budget)
+    _check_machine(r.machine, compute, replicas=r.replicas, memory_budget=r.options.memory_budget)
     check_policy(r.recompute)
-    if r.meta and r.balance == "time":
+    if r.meta and r.options.balance == "time":
         raise PipecompileError(
             f"--balance time measures each op on real weights, and {type(r.model).__name__} is "
             "on the meta device; balance on flops (the default) or params"

@@ -96,9 +96,11 @@ def option(
 
 
 def declared(cls: type) -> Iterator[tuple[dataclasses.Field, Option]]:
-    """Each field of the options dataclass ``cls`` with its declaration, in order."""
+    """Each field of the options dataclass ``cls`` with its declaration, in order (a field
+    declared without ``option``, which no flag sets, is not among them)."""
     for f in dataclasses.fields(cls):
-        yield f, f.metadata[_KEY]
+        if _KEY in f.metadata:
+            yield f, f.metadata[_KEY]
 
 
 def flag_of(cls: type, name: str) -> str:

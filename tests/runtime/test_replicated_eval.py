@@ -15,7 +15,7 @@ from pipecompile.model.data_hooks import iterable_source
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.loop import train
-from pipecompile.runtime.training.loop_options import TrainOptions
+from pipecompile.runtime.training.options import TrainFlags
 from tests.conftest import TINY_LM, write_model_file
 
 EVAL_ROWS = (8, 6, 5)  # 4 micro-batches: even, then 2,2,1,1 and 2,1,1,1 rows
@@ -90,7 +90,7 @@ def test_an_eval_batch_with_fewer_rows_than_microbatches_is_named(last_replicate
             Pipeline.load(out),
             spec.loss_fn,
             data,
-            TrainOptions(steps=1, quiet=True, metrics=out / "m.jsonl"),
+            TrainFlags(steps=1, quiet=True, metrics=out / "m.jsonl"),
             eval_data=iterable_source(batches, spec.input_names, label),
         )
     assert str(caught.value) == (

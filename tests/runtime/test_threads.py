@@ -20,7 +20,7 @@ from pipecompile.runtime.machine_load import Reading
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.torch_compiled import CompiledStages
 from pipecompile.runtime.training.loop import train
-from pipecompile.runtime.training.loop_options import TrainOptions
+from pipecompile.runtime.training.options import TrainFlags
 from tests.conftest import EXAMPLES
 
 
@@ -149,7 +149,7 @@ def test_compiled_stages_keep_the_thread_count_they_are_compiled_with(
         _two_stages(tmp_path),
         lambda out, target: nn.functional.mse_loss(out, target),
         iterable_source(batches, ["input"], "batches"),
-        TrainOptions(steps=4, compile="eager"),
+        TrainFlags(steps=4, compile="eager"),
         eval_data=iterable_source(batches[:2], ["input"], "eval batches"),
     )
     torch._dynamo.reset()

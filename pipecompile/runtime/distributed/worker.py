@@ -51,7 +51,7 @@ from pipecompile.runtime.option_fields import add_options, from_args, settled
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.threads import use_threads
 from pipecompile.runtime.training.loop import TrainState, train
-from pipecompile.runtime.training.options import RunFlags, TrainFlags, train_options
+from pipecompile.runtime.training.options import RunFlags, TrainFlags, for_loop
 
 __all__ = ["main", "worker_parser"]
 
@@ -238,7 +238,7 @@ def _run(
     reads = (0 in mine, len(modules) - 1 in mine)  # inputs, targets: only these ranks read
     data = (_hook(spec, TRAIN, watchdog) or example_source(spec)) if any(reads) else None
     eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
-    options = train_options(from_args(TrainFlags, args), directory)
+    options = for_loop(from_args(TrainFlags, args), directory)
     if args.shard == "optimizer":
         options.optimizer_factory = sharded_optimizer(options, data_parallel)
     train(

@@ -12,12 +12,12 @@ from pipecompile.runtime.training.diagnosis import in_batch
 from pipecompile.runtime.training.eval_loss import batch_loss
 from pipecompile.runtime.training.feed import Feed, agreed_sizes
 from pipecompile.runtime.training.group import Group
-from pipecompile.runtime.training.loop_options import TrainOptions
+from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["eval_due", "evaluate"]
 
 
-def eval_due(options: TrainOptions, step: int, total: int | None, feed: Feed) -> bool:
+def eval_due(options: TrainFlags, step: int, total: int | None, feed: Feed) -> bool:
     if options.eval_every:
         return step % options.eval_every == 0 or step == total
     return feed.at_epoch_end or step == total

@@ -14,7 +14,7 @@ from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime.training.batch_agreement import agree_on_batch
 from pipecompile.runtime.training.group import Group, LocalGroup
-from pipecompile.runtime.training.loop_options import TrainOptions
+from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["Feed", "agreed_sizes", "empty_data", "epoch_length", "first_only", "total_steps"]
 
@@ -145,7 +145,7 @@ def epoch_length(data: BatchSource | None, group: Group) -> int | None:
     return agreed if agreed >= 0 else None
 
 
-def total_steps(options: TrainOptions, length: int | None) -> int | None:
+def total_steps(options: TrainFlags, length: int | None) -> int | None:
     if options.epochs is None:
         return options.steps if options.steps is not None else 1
     if length is None:

@@ -41,10 +41,11 @@ from pipecompile.runtime.training.feed import (
     total_steps,
 )
 from pipecompile.runtime.training.group import Group, LocalGroup
-from pipecompile.runtime.training.loop_options import OPTIMIZERS, TrainOptions, check_options
+from pipecompile.runtime.training.loop_options import OPTIMIZERS, check_options
 from pipecompile.runtime.training.lr_schedule import make_schedulers, resume_at
 from pipecompile.runtime.training.metrics import Reporter
 from pipecompile.runtime.training.one_step import one_step
+from pipecompile.runtime.training.options import TrainFlags
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
 from pipecompile.runtime.training.step_timeline import devices_here, step_tracer, write_step_trace
 from pipecompile.runtime.training.train_state import resume, save, save_due, train_state
@@ -67,7 +68,7 @@ def train(
     pipe: Pipeline,
     loss_fn: LossFn,
     data: BatchSource | None,
-    options: TrainOptions,
+    options: TrainFlags,
     *,
     group: Group | None = None,
     eval_data: BatchSource | None = None,
@@ -145,7 +146,7 @@ class _Run:
 
     pipe: Pipeline
     loss_fn: LossFn
-    options: TrainOptions
+    options: TrainFlags
     group: Group
     feed: Any  # a Feed, or this copy's share of one (CopyShare)
     evaluates: bool  # some rank has eval_batches(): every rank takes part in evaluating
@@ -170,7 +171,7 @@ def _restoring(idle: IdleCores | None) -> Iterator[None]:
             idle.restore()
 
 
-def _prepare(pipe: Pipeline, options: TrainOptions) -> None:
+def _prepare(pipe: Pipeline, options: TrainFlags) -> None:
     """The pipeline's precision, compiled stages and optimizers for this run."""
     pipe.precision = PRECISIONS[options.precision]
     pipe.compile_stages(options.compile)
@@ -184,7 +185,7 @@ def _prepare(pipe: Pipeline, options: TrainOptions) -> None:
 
 
 def _resumed(
-    pipe: Pipeline, options: TrainOptions, total: int | None, group: Group
+    pipe: Pipeline, options: TrainFlags, total: int | None, group: Group
 ) -> tuple[list, LossScaler | None, int, dict[str, Any]]:
     """The run's rate schedulers and fp16 loss scaler, at the step it starts from (``--resume``:
     the saved one), that step, and the saved train state ({} when not resuming)."""

@@ -1,22 +1,24 @@
-"""What the training loop was asked for (``TrainOptions``) and the options a program cannot
-honour or the places a run cannot write, refused before anything runs."""
+"""The training options a program cannot honour, and the places a run cannot write, refused
+before anything runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.program import Program
-from pipecompile.runtime.pipeline import OptimizerFactory
 from pipecompile.runtime.precision import PRECISIONS
 from pipecompile.runtime.timeline_file import check_trace_file
 from pipecompile.runtime.training.metrics import check_metrics_file
 from pipecompile.runtime.training.train_state import check_save_dir
 
-__all__ = ["NEEDS_SYNC", "OPTIMIZERS", "TrainOptions", "check_options", "check_places"]
+if TYPE_CHECKING:
+    from pipecompile.runtime.training.options import TrainFlags
+
+__all__ = ["NEEDS_SYNC", "OPTIMIZERS", "check_options", "check_places"]
 
 
 NEEDS_SYNC = (
@@ -29,38 +31,7 @@ NEEDS_SYNC = (
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
-@dataclass
-class TrainOptions:
-    """What `run` was asked for (docs/USAGE.md, "Training")."""
-
-    steps: int | None = None  # optimizer steps; None: as many as --epochs give
-    epochs: int | None = None
-    accumulate: int = 1  # mini-batches per optimizer step
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    clip_grad_norm: float | None = None
-    precision: str = "fp32"
-    compile: str | None = None  # torch.compile backend of the stage forwards (torch_compiled)
-    loss_scale: float = 2.0**16  # fp16: the initial dynamic loss scale
-    seed: int | None = None
-    skip_nonfinite: bool = False
-    save: Path | None = None
-    save_every: int = 0
-    resume: Path | None = None
-    metrics: Path | None = None
-    eval_every: int = 0  # 0: after each epoch and at the end (when there is an eval hook)
-    quiet: bool = False
-    measure_memory: bool = False
-    trace: Path | None = None  # write the traced steps here (runtime/timeline_file.py)
-    trace_steps: int = 3  # trace steps 1..trace_steps
-    optimizer_factory: OptimizerFactory | None = None  # API: over
-    # a stage's parameters, instead of ``optimizer`` and ``lr``
-    keep_optimizer: bool = False  # API: go on with the pipeline's optimizers and their state
-
-
-def check_options(options: TrainOptions, program: Program) -> None:
+def check_options(options: TrainFlags, program: Program) -> None:
     """Options the program cannot honour, refused before anything runs."""
     if options.clip_grad_norm is not None and not options.clip_grad_norm > 0:
         raise PipecompileError(
@@ -72,7 +43,7 @@ def check_options(options: TrainOptions, program: Program) -> None:
         )
     if options.accumulate < 1:
         raise PipecompileError(f"--accumulate {options.accumulate}: give at least 1")
-    if options.trace is None and options.trace_steps != TrainOptions.trace_steps:
+    if options.trace is None and options.trace_steps != _default(options, "trace_steps"):
         raise PipecompileError(
             f"--trace-steps {options.trace_steps} is how many steps --trace FILE traces, and "
             "this run traces none; drop it, or add --trace FILE"
@@ -84,7 +55,7 @@ def check_options(options: TrainOptions, program: Program) -> None:
             f"unknown optimizer {options.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}, "
             "or pass a factory over parameters"
         )
-    if options.loss_scale != TrainOptions.loss_scale and options.precision != "fp16":
+    if options.loss_scale != _default(options, "loss_scale") and options.precision != "fp16":
         raise PipecompileError(
             f"loss_scale {options.loss_scale:g} is the initial scale of --precision fp16; this "
             f"run is {options.precision}, which scales no loss: drop it, or use fp16"
@@ -106,7 +77,7 @@ def check_options(options: TrainOptions, program: Program) -> None:
             )
 
 
-def check_places(options: TrainOptions, *, force: bool, force_flag: str = "--force") -> str | None:
+def check_places(options: TrainFlags, *, force: bool, force_flag: str = "--force") -> str | None:
     """Where a run writes (``options.metrics``, ``options.save``), checked before it trains;
     returns the note of what ``force`` lets the save replace, if anything."""
     if options.metrics is not None:
@@ -116,3 +87,7 @@ def check_places(options: TrainOptions, *, force: bool, force_flag: str = "--for
     if options.save is None:
         return None
     return check_save_dir(options.save, resume=options.resume, force=force, force_flag=force_flag)
+
+
+def _default(options: TrainFlags, name: str) -> object:
+    return next(f.default for f in dataclasses.fields(options) if f.name == name)

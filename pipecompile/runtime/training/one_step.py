@@ -34,13 +34,13 @@ from pipecompile.runtime.training.grad_ops import (
     take_grads,
 )
 from pipecompile.runtime.training.group import Group
-from pipecompile.runtime.training.loop_options import TrainOptions
 from pipecompile.runtime.training.metrics import (
     batch_counts,
     local_bubble,
     optimizer_state_bytes,
     peak_memory,
 )
+from pipecompile.runtime.training.options import TrainFlags
 from pipecompile.runtime.training.records import StepRecord
 
 __all__ = ["one_step"]
@@ -64,7 +64,7 @@ def one_step(
     pipe: Pipeline,
     loss_fn: LossFn,
     feed: Feed,
-    options: TrainOptions,
+    options: TrainFlags,
     group: Group,
     scaler: LossScaler | None,
     seed: int,
@@ -132,7 +132,7 @@ def _parts(
     pipe: Pipeline,
     loss_fn: LossFn,
     feed: Feed,
-    options: TrainOptions,
+    options: TrainFlags,
     group: Group,
     seed: int,
     step: int,
@@ -210,7 +210,7 @@ def _count(
 
 def _decide(
     pipe: Pipeline,
-    options: TrainOptions,
+    options: TrainFlags,
     scaler: LossScaler | None,
     step: int,
     loss: float,

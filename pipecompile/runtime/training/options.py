@@ -1,12 +1,13 @@
 """The options of `pipecompile run`, declared once (``RunFlags``, ``TrainFlags``) for the
-command, for each rank of `run --nproc` (which gets the forwarded ones) and for ``fit()``, and
-turned into ``TrainOptions``."""
+command, for each rank of `run --nproc` (which gets the forwarded ones) and for ``fit()``; the
+training loop takes the ``TrainFlags`` itself (``for_loop``: its paths as ``Path``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipecompile.files.names import METRICS
 from pipecompile.runtime.option_fields import (
@@ -21,10 +22,13 @@ from pipecompile.runtime.option_fields import (
 )
 from pipecompile.runtime.precision import PRECISIONS
 from pipecompile.runtime.torch_compiled import BACKENDS
-from pipecompile.runtime.training.loop_options import OPTIMIZERS, TrainOptions
+from pipecompile.runtime.training.loop_options import OPTIMIZERS
 from pipecompile.runtime.training.lr_schedule import LR_SCHEDULES
 
-__all__ = ["RunFlags", "TrainFlags", "given", "train_options"]
+if TYPE_CHECKING:
+    from pipecompile.runtime.pipeline import OptimizerFactory
+
+__all__ = ["RunFlags", "TrainFlags", "given", "for_loop"]
 
 
 @dataclass
@@ -142,7 +146,7 @@ class RunFlags:
 @dataclass
 class TrainFlags:
     """The training options (docs/USAGE.md, "Training"): `run`'s flags, forwarded to every
-    rank, and ``fit()``'s keywords."""
+    rank, and ``fit()``'s keywords; the last four fields are ``fit()``'s alone (no flag)."""
 
     steps: int | None = option(
         "--steps",
@@ -233,7 +237,7 @@ class TrainFlags:
         help="drop the update of a step whose loss is NaN or infinite "
         "and go on (default: stop there)",
     )
-    save: str | None = option(
+    save: str | Path | None = option(
         "--save",
         under_check="it trains nothing to save",
         path=True,
@@ -247,7 +251,7 @@ class TrainFlags:
         default=0,
         help="with --save: also save every N steps",
     )
-    resume: str | None = option(
+    resume: str | Path | None = option(
         "--resume",
         under_check="it checks the compiled weights, not a saved train state's",
         path=True,
@@ -261,7 +265,7 @@ class TrainFlags:
         "replace those of the steps this run saves (what pipecompile did not "
         "write is never replaced)",
     )
-    metrics: str | None = option(
+    metrics: str | Path | None = option(
         "--metrics",
         under_check="it records no steps",
         metavar="FILE",
@@ -277,7 +281,7 @@ class TrainFlags:
         help="with eval_batches(): evaluate every N steps (default: after "
         "each epoch and at the end)",
     )
-    trace: str | None = option(
+    trace: str | Path | None = option(
         "--trace",
         under_check="it compares one step, it does not time one",
         metavar="FILE",
@@ -301,6 +305,12 @@ class TrainFlags:
         under_check=HONOURED,
         help="print nothing but errors",
     )
+    loss_scale: float = dataclasses.field(default=2.0**16, metadata={})  # fp16's initial scale
+    measure_memory: bool = dataclasses.field(default=False, metadata={})
+    # over a stage's parameters, instead of ``optimizer`` and ``lr``
+    optimizer_factory: OptimizerFactory | None = dataclasses.field(default=None, metadata={})
+    # go on with the pipeline's optimizers and their state
+    keep_optimizer: bool = dataclasses.field(default=False, metadata={})
 
 
 def given(flags: TrainFlags) -> list[tuple[str, str]]:
@@ -313,11 +323,12 @@ def given(flags: TrainFlags) -> list[tuple[str, str]]:
     ]
 
 
-def train_options(flags: TrainFlags, directory: Path) -> TrainOptions:
-    """The loop's options for ``flags`` (--metrics defaults to DIRECTORY/metrics.jsonl)."""
-    known = {f.name for f in dataclasses.fields(TrainOptions)}
-    values = {f.name: getattr(flags, f.name) for f in dataclasses.fields(flags) if f.name in known}
-    for name in ("save", "resume", "metrics", "trace"):
-        values[name] = Path(values[name]) if values[name] else None
-    values["metrics"] = values["metrics"] or directory / METRICS
-    return TrainOptions(**values)
+def for_loop(flags: TrainFlags, directory: Path) -> TrainFlags:
+    """``flags`` as the training loop takes them: the paths as ``Path`` (``--metrics``
+    defaulting to DIRECTORY/metrics.jsonl)."""
+    paths = {
+        name: Path(getattr(flags, name)) if getattr(flags, name) else None
+        for name in ("save", "resume", "metrics", "trace")
+    }
+    paths["metrics"] = paths["metrics"] or directory / METRICS
+    return dataclasses.replace(flags, **paths)

@@ -12,12 +12,12 @@ from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.timeline import Tracer
 from pipecompile.runtime.timeline_file import trace_document, write_trace
 from pipecompile.runtime.training.group import Group
-from pipecompile.runtime.training.loop_options import TrainOptions
+from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["devices_here", "step_tracer", "write_step_trace"]
 
 
-def step_tracer(pipe: Pipeline, options: TrainOptions, first: int) -> Tracer | None:
+def step_tracer(pipe: Pipeline, options: TrainFlags, first: int) -> Tracer | None:
     if options.trace is None:
         return None
     return Tracer(pipe.program.stage_device, options.trace_steps, first)

@@ -1,16 +1,31 @@
 """The options of `pipecompile compile`, declared once (``CompileOptions``) for the command
 line's flags and ``pipecompile.compile``'s keywords (``api``: the keyword's name there; the
-machine's options are the API's one ``machine=CostModel(...)``)."""
+machine's options are the API's one ``machine=CostModel(...)``).
+
+One ``CompileOptions`` is built from the command line (``from_args``) or from the API's
+keywords (``from_keywords``) and handed whole to the compiler, the plan search's ``--tune``
+and the emitter; what a field's text means (``--pin-cost``, ``--replicate``, the machine's
+flags) is read by its method here, once.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from pipecompile.compiler import PASSES
+from pipecompile.compiler.driver import PASSES
+from pipecompile.errors import PipecompileError
+from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
+from pipecompile.ir.recompute_policy import chosen_policy
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_recompute import POLICIES
+from pipecompile.passes.insert_replication import parse_replicas
+from pipecompile.passes.split_requests import parse_pins
 from pipecompile.runtime.option_fields import (
     count_or_auto,
+    declared,
     nonnegative_int,
     option,
     positive_int,
@@ -68,13 +83,13 @@ class CompileOptions:
     balance: str = option(
         "--balance", default="flops", choices=COSTS, help="the cost the stages are balanced on"
     )
-    split_at: list[str] = option(
+    split_at: list[str] | Mapping[str, Any] = option(
         "--split-at",
         repeat=True,
         metavar="[before:|after:]PATH",
         help="start a stage at this submodule (repeatable)",
     )
-    pin_cost: list[str] = option(
+    pin_cost: list[str] | Mapping[str, int] = option(
         "--pin-cost",
         repeat=True,
         metavar="PATH=COST",
@@ -99,13 +114,13 @@ class CompileOptions:
         help="which micro-batches' forwards are recomputed in backward: "
         f"{', '.join(POLICIES)} (--checkpoint: its old name)",
     )
-    replicate: str | None = option(
+    replicate: str | tuple[int, ...] | None = option(
         "--replicate",
         metavar="R0,R1,...",
         api="replicas",
         help="ranks per stage, e.g. 2,1,1 (then --nproc their sum)",
     )
-    dynamic: str | None = option(
+    dynamic: str | Mapping[str, Any] | list[str] | None = option(
         "--dynamic",
         metavar="DIMS",
         help="batch,seq: dimensions batches may vary in, traced as symbols (batch: dim 0 of "
@@ -218,3 +233,65 @@ class CompileOptions:
     quiet: bool = option(
         "-q", "--quiet", switch=True, api="progress", help="print nothing but errors"
     )
+    # not a flag: the API's ``machine=CostModel(...)``, or the machine flags' (``cost_model``)
+    machine: CostModel | None = dataclasses.field(default=None, metadata={})
+
+    @classmethod
+    def from_keywords(cls, **keywords: Any) -> CompileOptions:
+        """The options of ``pipecompile.compile``'s keywords (each field's ``api`` name;
+        ``progress`` the opposite of ``quiet``, ``checkpoint`` the old name of ``recompute``).
+
+        Raises:
+            PipecompileError: a keyword no field declares, or recompute and checkpoint that
+                disagree.
+        """
+        flags = declared(cls)
+        names = {o.api or f.name: f.name for f, o in flags if o.api not in (None, "machine")}
+        names.update(machine="machine", progress="quiet")
+        recompute = chosen_policy(
+            keywords.pop("recompute", "never"), keywords.pop("checkpoint", None)
+        )
+        unknown = sorted(set(keywords) - set(names))
+        if unknown:
+            raise PipecompileError(
+                f"compile() got unknown option(s) {', '.join(unknown)}; it takes "
+                f"{', '.join(sorted({*names, 'recompute', 'checkpoint'}))}"
+            )
+        values = {names[k]: v for k, v in keywords.items()}
+        if "quiet" in values:
+            values["quiet"] = not values["quiet"]
+        else:
+            values["quiet"] = True  # the API prints nothing unless asked
+        for name in ("split_at", "print_after"):
+            if isinstance(values.get(name), (tuple, frozenset, set)):
+                values[name] = list(values[name])
+        return cls(recompute=recompute, **values)
+
+    def cost_model(self) -> CostModel:
+        """What the balancer and the plan search assume about the devices: the API's
+        ``machine``, else the machine flags' values."""
+        if self.machine is not None:
+            return self.machine
+        return CostModel(
+            bandwidth=parse_rate(self.bandwidth, "--bandwidth"),
+            flops_rate=self.flops_rate,
+            device_speed=parse_speeds(self.device_speed) if self.device_speed else (),
+            memory_limit=parse_limits(self.memory_limit) if self.memory_limit else (),
+            optimizer_states=self.optimizer_states,
+            workers=self.workers,
+        )
+
+    def pinned(self) -> dict[str, int] | None:
+        """``--pin-cost``'s module path -> cost (None: none pinned)."""
+        if isinstance(self.pin_cost, Mapping):
+            return dict(self.pin_cost) or None
+        return parse_pins(self.pin_cost) or None
+
+    def replicas(self, stages: int | None) -> tuple[int, ...] | None:
+        """``--replicate``'s ranks per stage (None: not given), checked against ``stages``
+        when that is known."""
+        if self.replicate is None or not isinstance(self.replicate, str):
+            return tuple(self.replicate) if self.replicate is not None else None
+        if stages is None:  # the plan search refuses fixed replicas with its own message
+            return tuple(int(t) for t in self.replicate.split(",") if t.strip().isdigit())
+        return parse_replicas(self.replicate, stages)

@@ -1,0 +1,182 @@
+"""One compile, from options to a proved directory: what `pipecompile MODEL` and
+``pipecompile.compile`` both run.
+
+``check_options`` refuses what is wrong with the options alone (before a model file loads);
+``compile_into`` compiles the model with them (the plan search and ``--tune`` included),
+writes the directory and proves it against the model unless ``no_verify``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from pipecompile.codegen.emit import ModelRef, emit
+from pipecompile.codegen.prove import proof_example
+from pipecompile.codegen.weight_sources import WeightPlan, weight_plan
+from pipecompile.compiler import compile_model
+from pipecompile.compiler.options import CompileOptions
+from pipecompile.errors import PipecompileError, PlanError, WeightsError
+from pipecompile.frontend.kept_traces import traces_kept
+from pipecompile.ir.compiled import Compiled
+from pipecompile.ir.plan_record import PlanRow
+from pipecompile.model.init_recipe import is_meta_model
+
+__all__ = ["check_options", "compile_into"]
+
+
+def check_options(options: CompileOptions, out: Path) -> bool:
+    """Refuse the options that are wrong whatever the model (the search's, the schedule's,
+    ``-o``'s, ``--allow-missing``'s); returns whether the plan is searched.
+
+    Raises:
+        PipecompileError: a subclass naming the option and what to give instead.
+    """
+    from pipecompile.codegen.output_dir import check_replaceable
+    from pipecompile.planner.choose import check_search, open_choices
+    from pipecompile.schedules import generate
+
+    o = options
+    schedule, microbatches, searching = open_choices(o.devices, o.schedule, o.microbatches)
+    if o.tune and not searching:
+        raise PlanError(
+            f"--tune {o.tune} measures the best plans a search found: give --devices N "
+            "(or --schedule auto / --microbatches auto)"
+        )
+    machine = o.cost_model()  # bad machine flags fail here, before the model loads
+    if searching or o.stages is None:
+        replicas = () if o.replicate else None
+        check_search(
+            o.devices, o.stages, replicas, o.balance, o.memory_budget, machine, schedule,
+            o.virtual_stages,
+        )  # fmt: skip
+    else:
+        assert isinstance(microbatches, int)
+        generate(schedule, o.stages, microbatches, virtual_stages=o.virtual_stages,
+                 vertical_sync=o.vertical_sync)  # fmt: skip
+    check_replaceable(out, force=o.force)
+    if o.allow_missing and o.weights is None:
+        raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
+    return searching
+
+
+def compile_into(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    options: CompileOptions,
+    out: Path,
+    *,
+    model_ref: ModelRef,
+    pretrained: Any = None,
+    model_file: object = None,
+) -> tuple[Compiled, list[str]]:
+    """Compile ``model`` on ``inputs`` as ``options`` ask, write it to ``out`` (proved against
+    the model unless ``options.no_verify``), and return it with the notes the writing left.
+
+    ``pretrained`` is ``options.weights`` already opened (or None: opened here);
+    ``model_file`` the module whose ``init_weights`` a meta model's recipe replays.
+
+    Raises:
+        PipecompileError: a subclass naming what is wrong with the model or the options.
+    """
+    _check_init_seed(options.init_seed, model)
+    weights = weight_plan(
+        model,
+        pretrained if pretrained is not None else options.weights,
+        options.init_seed or 0,
+        model_file,
+        allow_missing=options.allow_missing,
+    )
+    with traces_kept():  # --tune's candidates trace once per micro-batch size
+        compiled = compile_model(model, inputs, options)
+        if options.tune:
+            compiled = _tuned(model, inputs, options, compiled, model_ref, weights)
+    notes = _emit_proved(model, inputs, options, compiled, out, model_ref, weights)
+    return compiled, notes
+
+
+def _say(options: CompileOptions, text: str) -> None:
+    if not options.quiet:
+        print(text, file=sys.stderr)
+
+
+def _emit_proved(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    options: CompileOptions,
+    compiled: Compiled,
+    out: Path,
+    model_ref: ModelRef,
+    weights: WeightPlan | None,
+) -> list[str]:
+    """Write ``compiled`` into ``out`` (proved unless ``--no-verify``), print what the
+    writing and the proof took, and return the notes the writing left."""
+    start = time.perf_counter()
+    notes: list[str] = []
+    timings: list[tuple[str, float]] = []
+    emit(
+        compiled,
+        out,
+        model=model_ref,
+        force=options.force,
+        weights=weights,
+        notes=notes,
+        compile_stages=options.compile_stages,
+        prove=None if options.no_verify else proof_example(model, inputs, compiled),
+        timings=timings,
+    )
+    proving = sum(seconds for _, seconds in timings)
+    _say(options, f"  {'emit':<22} {(time.perf_counter() - start - proving) * 1000:8.1f} ms")
+    for name, seconds in timings:
+        _say(options, f"  {name:<22} {seconds * 1000:8.1f} ms")
+    return notes
+
+
+def _tuned(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    options: CompileOptions,
+    compiled: Compiled,
+    model_ref: ModelRef,
+    weights: WeightPlan | None,
+) -> Compiled:
+    """``--tune K``: the measured best of the search's K best plans, each compiled with the
+    same options, every choice fixed to the plan's."""
+    from pipecompile.planner.tune import tune
+
+    assert options.tune is not None
+
+    def rebuild(p: PlanRow) -> Compiled:
+        fixed = replace(
+            options,
+            devices=options.devices or options.stages,
+            stages=p.stages,
+            microbatches=p.microbatches,
+            schedule=p.schedule,
+            virtual_stages=p.virtual_stages,
+            recompute=p.recompute,
+            quiet=True,
+        )
+        return compile_model(model, inputs, fixed)
+
+    def write(c: Compiled, directory: Path) -> None:
+        emit(c, directory, model=model_ref, weights=weights, compile_stages=options.compile_stages)
+
+    say = None if options.quiet else lambda line: _say(options, f"  {line}")
+    return tune(compiled, options.tune, rebuild=rebuild, write=write, say=say)
+
+
+def _check_init_seed(seed: int | None, model: object) -> None:
+    """--init-seed seeds the initialisation of meta tensors only: refused for a model
+    built with its weights, where it would change nothing."""
+    if seed is not None and not is_meta_model(model):
+        raise PipecompileError(
+            f"--init-seed {seed} seeds the initialisation of a model built on the meta "
+            f"device, but {type(model).__name__} was built with its weights, which it would "
+            "not change: drop it (seed build_model() itself, e.g. torch.manual_seed)"
+        )
