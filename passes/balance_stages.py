@@ -101,28 +101,9 @@ def balance_stages(
         starts, report = plain_split(weights, stages, cuts)
     else:
         assert program is not None and program.num_stages == stages
-        model.validate(len(program.devices), stages)
-        program = with_recompute(program, policy_counts(recompute, program))
-        manual = bool(cuts) or len(ops) != len(compute_nodes(module.graph))
-        orders = candidate_orders(out.graph)[: 1 if manual else None]
-        solved = (
-            _modelled(
-                out if name == "graph" else reordered(out, order),
-                name,
-                stages,
-                cost,
-                cuts,
-                pinned,
-                model,
-                program,
-            )
-            for name, order in orders
+        out, atoms, starts, report = _best_order(
+            module, out, ops, atoms, stages, cost, cuts, pinned, model, program, recompute
         )
-        tried = [t for t in solved if t is not None]
-        if not tried:
-            _too_few_places(module, stages, len(ops), len(atoms))
-        out, atoms, starts, report = min(tried, key=lambda t: t[3]["bottleneck"])
-        report["orders"] = {t[3]["order"]: t[3]["bottleneck"] for t in tried}
     for j, (first, end) in enumerate(_spans(starts, len(atoms))):
         for atom in atoms[first:end]:
             for node in atom:
@@ -138,6 +119,47 @@ def balance_stages(
         requested_boundaries=len(cuts),
         **frozen,
     )
+
+
+def _best_order(
+    module: fx.GraphModule,
+    out: fx.GraphModule,
+    ops: list[fx.Node],
+    atoms: list[list[fx.Node]],
+    stages: int,
+    cost: str,
+    cuts: Any,
+    pinned: Mapping[str, int] | None,
+    model: CostModel,
+    program: Program,
+    recompute: str,
+) -> tuple[fx.GraphModule, list[list[fx.Node]], Any, dict[str, Any]]:
+    """The modelled split of the graph's best op order (each independent-branch order the
+    graph allows, unless boundaries were requested): the graph, its atoms, the stage
+    starts and the report, which records every order's bottleneck."""
+    model.validate(len(program.devices), stages)
+    program = with_recompute(program, policy_counts(recompute, program))
+    manual = bool(cuts) or len(ops) != len(compute_nodes(module.graph))
+    orders = candidate_orders(out.graph)[: 1 if manual else None]
+    solved = (
+        _modelled(
+            out if name == "graph" else reordered(out, order),
+            name,
+            stages,
+            cost,
+            cuts,
+            pinned,
+            model,
+            program,
+        )
+        for name, order in orders
+    )
+    tried = [t for t in solved if t is not None]
+    if not tried:
+        _too_few_places(module, stages, len(ops), len(atoms))
+    best = min(tried, key=lambda t: t[3]["bottleneck"])
+    best[3]["orders"] = {t[3]["order"]: t[3]["bottleneck"] for t in tried}
+    return best
 
 
 def _modelled(

@@ -59,18 +59,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     schedule: str | None = None,
     microbatches: int | str | None = None,
     devices: int | None = None,
-    recompute: str = "never",
-    balance: str = "flops",
     directory: str | Path | None = None,
     progress: bool = False,
-    weights: str | Path | None = None,
-    allow_missing: bool = False,
-    init_seed: int | None = None,
-    force: bool = False,
-    onnx: bool = False,
-    checkpoint: str | None = None,
-    compile_stages: str | None = None,
-    no_verify: bool = False,
     **options: Any,
 ) -> CompiledPipeline:
     """Compile ``model`` into ``stages`` pipeline stages and load them for running.
@@ -79,33 +69,24 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         model: the model; it is not modified.
         example_inputs: a mini-batch: a tensor, a tuple of positional tensors, or a dict of
             forward()'s keyword tensors; its batch splits into ``microbatches``.
-        stages, schedule, microbatches, recompute, balance: as the command line's options
-            (``recompute``: which forwards are recomputed in backward, ``--recompute``;
-            ``schedule`` and ``microbatches`` default to gpipe and 1, or are searched).
+        stages, schedule, microbatches: as the command line's options (``schedule`` and
+            ``microbatches`` default to gpipe and 1, or are searched).
         devices: search the plan for this many devices (``--devices``): stages and replicas,
             micro-batches, schedule and recomputation the other keywords leave open; the
             chosen plan is ``pipe.manifest.plan``.
         directory: where to write the stage modules (default: a temporary directory that
             lives as long as the returned object; ``save`` copies it elsewhere).
         progress: print one line per compiler pass to stderr.
-        weights: the pretrained weights (a ``.safetensors`` file, or a Hugging Face
-            directory, sharded or not) each stage loads its tensors from, by original name
-            (a prefix such as ``transformer.`` added or removed as ``from_pretrained`` does).
-        allow_missing: initialise the model's tensors the pretrained weights lack (listed in a
-            warning) instead of raising ``WeightsError``.
-        init_seed: the seed of the initialisation of tensors on the meta device (a model
-            built under ``torch.device("meta")``), replayed per stage (default 0; refused for
-            a model built with its weights, which it would not change).
-        force: write into a ``directory`` holding files pipecompile did not write (kept).
-        onnx: also export every stage to ``stage_<j>.onnx`` (as ``pipe.onnx()``).
-        no_verify: skip the proof that the written stages compute the model (``--no-verify``;
-            see ``pipecompile.codegen.prove``).
-        checkpoint: the old name of ``recompute`` (still accepted).
-        compile_stages: the torch.compile backend (``inductor``, ``aot_eager``, ``eager``)
-            that runs of the directory put each stage's forward through by default.
-        **options: the other options of ``pipecompile.compiler.compile_model`` (split_at,
-            pinned, virtual_stages, vertical_sync, memory_budget, replicas, machine,
-            print_after). The keywords are those ``CompileOptions``' fields declare.
+        **options: every other option of `pipecompile compile`, by the API name its
+            ``CompileOptions`` field declares (docs/API.md lists them): ``recompute``,
+            ``balance``, ``split_at``, ``pinned``, ``virtual_stages``, ``vertical_sync``,
+            ``memory_budget``, ``replicas``, ``machine`` (a ``CostModel``, for the machine's
+            flags), ``dynamic``, ``print_after``, ``verify_each``; ``weights`` (pretrained
+            tensors each stage loads by original name: a ``.safetensors`` file or a Hugging
+            Face directory) with ``allow_missing``; ``init_seed`` (a meta model's
+            initialisation, default 0); ``force``, ``onnx``, ``no_verify``,
+            ``compile_stages`` (the torch.compile backend runs use), and ``checkpoint``
+            (the old name of ``recompute``).
 
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
@@ -114,19 +95,16 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     from pipecompile.compiler.options import CompileOptions
     from pipecompile.runtime.torch_compiled import check_backend
 
-    _check_keywords(compile, options, _keywords(CompileOptions))
-    check_backend(compile_stages, "compile_stages")
-    if allow_missing and weights is None:
+    _check_keywords(compile, options, _keywords(CompileOptions) | {"checkpoint"})
+    named = {"stages": stages, "schedule": schedule, "microbatches": microbatches}
+    chosen = CompileOptions.from_keywords(
+        **named, devices=devices, directory=directory, progress=progress, **options
+    )
+    check_backend(chosen.compile_stages, "compile_stages")
+    if chosen.allow_missing and chosen.weights is None:
         raise WeightsError(
             "allow_missing applies to weights=; pass the pretrained weights or drop it"
         )
-    given = dict(
-        stages=stages, schedule=schedule, microbatches=microbatches, devices=devices,
-        recompute=recompute, balance=balance, directory=directory, progress=progress,
-        weights=weights, allow_missing=allow_missing, init_seed=init_seed, force=force,
-        onnx=onnx, checkpoint=checkpoint, compile_stages=compile_stages, no_verify=no_verify,
-    )  # fmt: skip
-    chosen = CompileOptions.from_keywords(**given, **options)
     inputs = bind_inputs(model, example_inputs)
     temporary = directory is None
     out = Path(tempfile.mkdtemp(prefix="pipecompile-")) / "out" if temporary else Path(directory)
@@ -141,7 +119,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     if temporary:
         pipe._temporary = out.parent
         weakref.finalize(pipe, shutil.rmtree, out.parent, True)
-    if onnx:
+    if chosen.onnx:
         pipe.onnx()
     return pipe
 

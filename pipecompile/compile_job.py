@@ -52,13 +52,24 @@ def check_options(options: CompileOptions, out: Path) -> bool:
     if searching or o.stages is None:
         replicas = () if o.replicate else None
         check_search(
-            o.devices, o.stages, replicas, o.balance, o.memory_budget, machine, schedule,
+            o.devices,
+            o.stages,
+            replicas,
+            o.balance,
+            o.memory_budget,
+            machine,
+            schedule,
             o.virtual_stages,
-        )  # fmt: skip
+        )
     else:
         assert isinstance(microbatches, int)
-        generate(schedule, o.stages, microbatches, virtual_stages=o.virtual_stages,
-                 vertical_sync=o.vertical_sync)  # fmt: skip
+        generate(
+            schedule,
+            o.stages,
+            microbatches,
+            virtual_stages=o.virtual_stages,
+            vertical_sync=o.vertical_sync,
+        )
     check_replaceable(out, force=o.force)
     if o.allow_missing and o.weights is None:
         raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")

@@ -34,6 +34,21 @@ def test_the_package_keeps_under_the_fmt_skip_budget():
     assert len(where) < FMT_SKIP_BUDGET, "\n".join(where)
 
 
+LONGEST_FUNCTION = 80  # lines, its docstring included
+
+
+def test_no_function_in_the_package_is_longer_than_a_screen():
+    files = [*(ROOT / "pipecompile").rglob("*.py"), *(ROOT / "passes").rglob("*.py")]
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)"
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (lines := node.end_lineno - node.lineno + 1) > LONGEST_FUNCTION
+    ]
+    assert not long, "\n".join(long)
+
+
 def test_the_fuzzers_modules_import_without_a_circle():
     """Each module of tools/qa/fuzzing imports only modules below it (type-only imports too)."""
     folder = ROOT / "tools" / "qa" / "fuzzing"

@@ -222,12 +222,18 @@ class Pipeline:
         backend.finish()
         if self.after_step is not None:
             self.after_step()
+        self.last = self._result(executor, backend, scale)
+        return self.last
+
+    def _result(self, executor: StepExecutor, backend: Any, scale: float) -> StepResult:
+        """The step's ``StepResult`` (the mean loss NaN on a rank without the last stage)."""
+        count = self.program.microbatches
         if len(executor.losses) < count:  # the last stage runs elsewhere
             loss, outputs = torch.tensor(float("nan")), []
         else:
             loss = sum(executor.losses[i].detach() for i in range(count)) / (count * scale)
             outputs = [executor.results[i] for i in range(count)]
-        self.last = StepResult(
+        return StepResult(
             loss,
             outputs,
             executor.losses,
@@ -236,7 +242,6 @@ class Pipeline:
             backend.sent_bytes,
             executor.rng_base,
         )
-        return self.last
 
     def _sized(self, backend: Any, inputs: dict[str, Any] | None, sizes: Any) -> Any:
         """``backend``, told each micro-batch's sizes of the dimensions compiled ``--dynamic``

@@ -234,7 +234,7 @@ def test_a_stop_the_writer_turns_into_its_own_error_is_still_a_stop(tmp_path, ml
 def test_any_command_stopped_inside_a_writer_ends_as_a_stop(monkeypatch, capsys):
     """The same at the top, for every command: an error raised while handling a stop is the
     stop (one line, 130); an error of its own is still a traceback."""
-    from pipecompile import cli
+    from pipecompile import cli, commands
 
     def stopped_writer(args: object) -> int:
         try:
@@ -242,10 +242,10 @@ def test_any_command_stopped_inside_a_writer_ends_as_a_stop(monkeypatch, capsys)
         except KeyboardInterrupt:
             raise RuntimeError("unexpected pos 2112 vs 2004")  # noqa: B904 - as torch's writer
 
-    monkeypatch.setattr(cli, "_show", stopped_writer)
+    monkeypatch.setattr(commands, "show", stopped_writer)
     assert cli.main(["show", "out"]) == 130
     assert capsys.readouterr().err == "pipecompile: interrupted\n"
-    monkeypatch.setattr(cli, "_show", lambda args: 1 / 0)
+    monkeypatch.setattr(commands, "show", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         cli.main(["show", "out"])
 

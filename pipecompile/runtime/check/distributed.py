@@ -133,18 +133,7 @@ def _compare_on_rank0(
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
     local = Pipeline.load(directory, args.program)
     report = check_against_eager(local, spec, lr=args.lr, atol=args.atol, rtol=args.rtol)
-    if asynchronous:
-        local_values = local.state_dict()
-        local_loss, local_outs = None, None
-    else:
-        local_values = {}
-        local_step = local.train_step(
-            spec.inputs,
-            spec.targets,
-            spec.loss_fn,
-            on_step=lambda j: local_values.update(local.named_grads(j)),
-        )
-        local_loss, local_outs = local_step.loss, join_microbatches(local_step.outputs)
+    local_values, local_loss, local_outs = _local_step(local, spec, asynchronous)
     values: dict[str, torch.Tensor] = {}
     for part in gathered:
         values.update(part["values"])
@@ -153,23 +142,7 @@ def _compare_on_rank0(
     # the distributed comparisons' own report: their noise ratios are printed on their line
     mine = CheckReport(report.reference)
     what = "weights after the step" if asynchronous else "gradient"
-    worst = 0.0
-    for name, want in local_values.items():
-        if name not in values:
-            mine.failures.append(f"distributed run has no {what} for {name}")
-            continue
-        found = compare(
-            mine,
-            f"distributed {what} of {name}",
-            values[name],
-            want,
-            args.atol,
-            args.rtol,
-            exact[2].get(name) if exact else None,
-            "grads",
-            floors.grads.get(name, 0.0) if floors else 0.0,
-        )
-        worst = max(worst, found)
+    worst = _compare_values(mine, what, values, local_values, args, exact, floors)
     line = f"  distributed ({len(gathered)} ranks) vs local backend: {what} max |diff| {worst:.3e}"
     losses = {i: v for part in gathered for i, v in part["losses"].items()}
     results = {i: v for part in gathered for i, v in part["outputs"].items()}
@@ -210,3 +183,52 @@ def _compare_on_rank0(
     report.notes.append(line)
     report.failures += mine.failures
     return report
+
+
+def _local_step(
+    local: Pipeline, spec: ModelSpec, asynchronous: bool
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, list[torch.Tensor] | None]:
+    """The one-process reference: its weights after the step (asynchronous), else its
+    gradients, loss and joined outputs."""
+    assert spec.targets is not None and spec.loss_fn is not None
+    if asynchronous:
+        return local.state_dict(), None, None
+    grads: dict[str, torch.Tensor] = {}
+    step = local.train_step(
+        spec.inputs,
+        spec.targets,
+        spec.loss_fn,
+        on_step=lambda j: grads.update(local.named_grads(j)),
+    )
+    return grads, step.loss, join_microbatches(step.outputs)
+
+
+def _compare_values(
+    mine: CheckReport,
+    what: str,
+    values: dict[str, torch.Tensor],
+    local_values: dict[str, torch.Tensor],
+    args: argparse.Namespace,
+    exact: Any,
+    floors: Any,
+) -> float:
+    """Each of the reference's gradients (or weights) against the ranks' (failures into
+    ``mine``); returns the largest difference."""
+    worst = 0.0
+    for name, want in local_values.items():
+        if name not in values:
+            mine.failures.append(f"distributed run has no {what} for {name}")
+            continue
+        found = compare(
+            mine,
+            f"distributed {what} of {name}",
+            values[name],
+            want,
+            args.atol,
+            args.rtol,
+            exact[2].get(name) if exact else None,
+            "grads",
+            floors.grads.get(name, 0.0) if floors else 0.0,
+        )
+        worst = max(worst, found)
+    return worst

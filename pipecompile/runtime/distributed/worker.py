@@ -49,9 +49,10 @@ from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, open_emitted
 from pipecompile.runtime.option_fields import add_options, from_args, settled
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.run_setup import check_shapes, check_world, run_flags, run_model
 from pipecompile.runtime.threads import use_threads
 from pipecompile.runtime.training.loop import TrainState, train
-from pipecompile.runtime.training.options import RunFlags, TrainFlags, for_loop
+from pipecompile.runtime.training.options import RunFlags, TrainFlags
 
 __all__ = ["main", "worker_parser"]
 
@@ -157,30 +158,19 @@ def _run(
     where: torch.device,
     progress: TrainState,
 ) -> int:
-    from pipecompile.model.model_file import recorded_model
-    from pipecompile.runtime.check.batch_shapes import checked_shapes
-    from pipecompile.runtime.check.distributed import check_distributed
-
     directory = Path(args.directory)
-    _, manifest, program = open_emitted(directory, args.program)
+    emitted = open_emitted(directory, args.program)
+    _, manifest, program = emitted
+    flags, options = run_flags(args, directory)
     placement = Placement.from_manifest(manifest, program.stage_device)
     copies = args.dp
-    if placement.world * copies != world:
-        raise PipecompileError(
-            f"the program runs on {len(program.devices)} devices with replicas "
-            f"{list(placement.device_replicas)}, {placement.world} ranks"
-            f"{f' per copy, {copies} copies (--dp {copies})' if copies > 1 else ''}, but "
-            f"{world} were started; start {placement.world * copies} (`pipecompile run "
-            f"--nproc {placement.world * copies}`, or torchrun with that many ranks in all)"
-        )
+    check_world(placement, copies, world, started=True)
     placement = placement.copy(rank // placement.world)
     device, replica = placement.role(rank)
     # First: it registers output types.
     watchdog.reading("the model file's import")  # bounded by --timeout, its prints shown
     with user_output(rank):
-        spec = recorded_model(
-            args.model, directory, manifest, allow_stale=args.allow_stale, build=args.check
-        )  # a rank builds only its stages
+        spec = run_model(flags, emitted)  # a rank builds only its stages
     watchdog.idle("setup")
     modules: list[Any] = [
         load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
@@ -214,31 +204,13 @@ def _run(
         after_step=lambda: watchdog.idle("between steps"),
         default_device=where if where.type == "cuda" else None,
     )
-    if spec.loss_fn is None:
-        raise PipecompileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")
     if args.check:
-        if where.type == "cuda":  # fp32 compared with fp32: no TensorFloat-32 kernels
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-        if spec.targets is None:
-            raise PipecompileError(f"{spec.path} needs example_targets() for `run --check`")
-        pipe.compile_stages(args.compile)
-        ok = True
-        for label, shaped in checked_shapes(spec, pipe, args.batch_shapes):
-            inputs = {k: v.to(where) for k, v in shaped.inputs.items()}
-            targets = tuple(t.to(where) for t in shaped.targets)
-            report = check_distributed(pipe, shaped, directory, args, inputs, targets)
-            if rank == 0:
-                print(f"{label}\n{report}" if label else report)
-            ok = ok and report.ok
-        if rank == 0 and not ok:
-            raise CheckError("distributed results differ (see above)")
+        _check(args, pipe, spec, where, rank)
         return 0
     mine = {j for j, m in enumerate(modules) if m is not None}
     reads = (0 in mine, len(modules) - 1 in mine)  # inputs, targets: only these ranks read
     data = (_hook(spec, TRAIN, watchdog) or example_source(spec)) if any(reads) else None
     eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
-    options = for_loop(from_args(TrainFlags, args), directory)
     if args.shard == "optimizer":
         options.optimizer_factory = sharded_optimizer(options, data_parallel)
     train(
@@ -255,6 +227,28 @@ def _run(
         data_parallel=data_parallel,
     )
     return 0
+
+
+def _check(
+    args: argparse.Namespace, pipe: Pipeline, spec: Any, where: torch.device, rank: int
+) -> None:
+    """`run --nproc N --check`: the ranks' step against the one-process run and the eager
+    model, on each batch shape; rank 0 prints the reports."""
+    from pipecompile.runtime.check.distributed import check_distributed
+
+    directory = Path(args.directory)
+    if where.type == "cuda":  # fp32 compared with fp32: no TensorFloat-32 kernels
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    pipe.compile_stages(args.compile)
+
+    def compare(shaped: Any) -> Any:
+        inputs = {k: v.to(where) for k, v in shaped.inputs.items()}
+        targets = tuple(t.to(where) for t in shaped.targets)
+        return check_distributed(pipe, shaped, directory, args, inputs, targets)
+
+    what = "distributed results differ"
+    check_shapes(spec, pipe, args.batch_shapes, compare, show=rank == 0, what=what)
 
 
 def _hook(spec: Any, hook: str, watchdog: Watchdog) -> BatchSource | None:
