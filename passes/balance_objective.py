@@ -53,23 +53,23 @@ def plain_split(
 
 
 def modelled_split(
-    facts: AtomFacts, *, kind: str, model: CostModel, program: Program, cuts: list[int]
+    facts: AtomFacts, *, kind: str, machine: CostModel, program: Program, cuts: list[int]
 ) -> tuple[list[int], dict[str, Any]]:
     """Stage starts minimising the slowest stage's predicted time, and the report: times in
     nanoseconds (bytes for ``--balance params``), the replica counts and the model used."""
-    problem, unit = build_problem(facts, kind=kind, model=model, program=program, forced=cuts)
+    problem, unit = build_problem(facts, kind=kind, machine=machine, program=program, forced=cuts)
     found = solve(problem)
     if found is None:
-        raise BalanceError(_no_fit(facts, model, program))
+        raise BalanceError(_no_fit(facts, machine, program))
     free = found
     if cuts:
-        free = solve(build_problem(facts, kind=kind, model=model, program=program)[0]) or found
+        free = solve(build_problem(facts, kind=kind, machine=machine, program=program)[0]) or found
     starts = list(found.starts)
     ends = [*starts[1:], len(facts.cost)]
     compute = part_times(replace(problem, cut=problem.cut * 0, param=None), starts, found.replicas)
     scale = unit / 1e6 if kind != "params" else unit  # one unit in ns (or bytes)
     comm = [int(problem.cut[a] + problem.cut[b]) for a, b in zip(starts, ends)]
-    lower = _lower_bound(facts.cost, _mults(kind, model, program), model.workers) / unit
+    lower = _lower_bound(facts.cost, _mults(kind, machine, program), machine.workers) / unit
     return starts, {
         "unit": "ns" if kind != "params" else "bytes",
         "stage_costs": [round(t * scale, 3) for t in found.times],
@@ -84,7 +84,7 @@ def modelled_split(
         "lower_bound": round(lower * scale, 3),
         "unconstrained_optimum": round(free.bottleneck * scale, 3),
         "replicas": list(found.replicas),
-        "model": {k: None if v == float("inf") else v for k, v in asdict(model).items()},
+        "model": {k: None if v == float("inf") else v for k, v in asdict(machine).items()},
         **({"stage_memory": _memory(problem.limits, starts, ends)} if problem.limits else {}),
     }
 
@@ -106,19 +106,19 @@ def _lower_bound(costs: list[int], mults: list[int], workers: int | None) -> int
     return max(biggest, int(np.ceil(sum(costs) / capacity)))
 
 
-def _mults(kind: str, model: CostModel, program: Program) -> list[int]:
+def _mults(kind: str, machine: CostModel, program: Program) -> list[int]:
     if kind == "params":
         return [1] * program.num_stages
-    return scaled_speeds(model, program.stage_device)
+    return scaled_speeds(machine, program.stage_device)
 
 
-def _no_fit(facts: AtomFacts, model: CostModel, program: Program) -> str:
+def _no_fit(facts: AtomFacts, machine: CostModel, program: Program) -> str:
     params = sum(facts.params)
-    limits = ", ".join(format_size(model.limit(d) or 0) for d in range(len(program.devices)))
+    limits = ", ".join(format_size(machine.limit(d) or 0) for d in range(len(program.devices)))
     return (
         f"no split into {program.num_stages} stages fits --memory-limit {limits}: the model "
         f"has {format_size(params)} of parameters (each stage keeps "
-        f"{2 + model.optimizer_states} copies: weights, gradients, optimizer state, plus any "
+        f"{2 + machine.optimizer_states} copies: weights, gradients, optimizer state, plus any "
         "stashed versions) and the schedule keeps activations of several micro-batches; "
         "raise the limit, use more stages or --recompute always"
         + (

@@ -51,7 +51,7 @@ def balance_stages(
     cost: str = "flops",
     split_at: Sequence[str] = (),
     pinned: Mapping[str, int] | None = None,
-    model: CostModel | None = None,
+    machine: CostModel | None = None,
     program: Program | None = None,
     recompute: str = "never",
 ) -> tuple[fx.GraphModule, BalanceReport]:
@@ -65,11 +65,12 @@ def balance_stages(
         split_at: ``[before:|after:]MODULE_PATH`` boundaries a stage must start at.
         pinned: MODULE_PATH -> cost: the whole module counts as this cost (on its first op)
             instead of the annotated one.
-        model: the machine model. Without one, the largest stage's summed cost is minimised;
-            with one, the slowest stage's predicted time (compute at its device's speed plus
-            communication, replicated over ``model.workers``) under the memory limits.
+        machine: the machine's cost model. Without one, the largest stage's summed cost is
+            minimised; with one, the slowest stage's predicted time (compute at its device's
+            speed plus communication, replicated over ``machine.workers``) under the memory
+            limits.
         program: the compute program of the chosen schedule (placement, micro-batches in
-            flight, weight copies); required with ``model``.
+            flight, weight copies); required with ``machine``.
         recompute: the ``--recompute`` policy whose stored activations the memory limits
             count (the forwards it recomputes store only their inputs).
 
@@ -93,16 +94,16 @@ def balance_stages(
     for node in [n for n in out.graph.nodes if is_split_point(n)]:
         out.graph.erase_node(node)
     out.recompile()
-    if stages > len(atoms) and (model is None or cuts):
+    if stages > len(atoms) and (machine is None or cuts):
         _too_few_places(module, stages, len(ops), len(atoms))
-    if model is None:
+    if machine is None:
         costs = pinned_costs(ops, {n: node_cost(n, out, cost) for n in ops}, pinned or {})
         weights = [sum(costs[n] for n in atom) for atom in atoms]
         starts, report = plain_split(weights, stages, cuts)
     else:
         assert program is not None and program.num_stages == stages
         out, atoms, starts, report = _best_order(
-            module, out, ops, atoms, stages, cost, cuts, pinned, model, program, recompute
+            module, out, ops, atoms, stages, cost, cuts, pinned, machine, program, recompute
         )
     for j, (first, end) in enumerate(_spans(starts, len(atoms))):
         for atom in atoms[first:end]:
@@ -113,7 +114,7 @@ def balance_stages(
     frozen = {k: tuple(v) if isinstance(v, list) else v for k, v in report.items()}
     return out, BalanceReport(
         starts=tuple(firsts),
-        method="min_max" if model is None else "modelled",
+        method="min_max" if machine is None else "modelled",
         cost=cost,
         stage_ops=tuple(stage_ops),
         requested_boundaries=len(cuts),
@@ -130,14 +131,14 @@ def _best_order(
     cost: str,
     cuts: Any,
     pinned: Mapping[str, int] | None,
-    model: CostModel,
+    machine: CostModel,
     program: Program,
     recompute: str,
 ) -> tuple[fx.GraphModule, list[list[fx.Node]], Any, dict[str, Any]]:
     """The modelled split of the graph's best op order (each independent-branch order the
     graph allows, unless boundaries were requested): the graph, its atoms, the stage
     starts and the report, which records every order's bottleneck."""
-    model.validate(len(program.devices), stages)
+    machine.validate(len(program.devices), stages)
     program = with_recompute(program, policy_counts(recompute, program))
     manual = bool(cuts) or len(ops) != len(compute_nodes(module.graph))
     orders = candidate_orders(out.graph)[: 1 if manual else None]
@@ -149,7 +150,7 @@ def _best_order(
             cost,
             cuts,
             pinned,
-            model,
+            machine,
             program,
         )
         for name, order in orders
@@ -169,7 +170,7 @@ def _modelled(
     cost: str,
     cuts: list[int],
     pinned: Mapping[str, int] | None,
-    model: CostModel,
+    machine: CostModel,
     program: Program,
 ) -> tuple[fx.GraphModule, list[list[fx.Node]], list[int], dict[str, Any]] | None:
     """The exact modelled split of ``module`` in its own op order; None if that order has
@@ -180,9 +181,9 @@ def _modelled(
         return None
     costs = pinned_costs(ops, {n: node_cost(n, module, cost) for n in ops}, pinned or {})
     params = {n: node_cost(n, module, "params") for n in ops}
-    saved = node_memory(module) if model.memory_limit else {}
-    facts = atom_facts(module.graph, atoms, costs, params, saved, kind=cost, model=model)
-    starts, report = modelled_split(facts, kind=cost, model=model, program=program, cuts=cuts)
+    saved = node_memory(module) if machine.memory_limit else {}
+    facts = atom_facts(module.graph, atoms, costs, params, saved, kind=cost, machine=machine)
+    starts, report = modelled_split(facts, kind=cost, machine=machine, program=program, cuts=cuts)
     weights = [sum(costs[n] for n in atom) for atom in atoms]
     report["stage_balanced"] = [sum(weights[a:b]) for a, b in _spans(starts, len(atoms))]
     report["order"] = order

@@ -58,12 +58,12 @@ def atom_facts(
     saved: Mapping[fx.Node, int],
     *,
     kind: str,
-    model: CostModel,
+    machine: CostModel,
 ) -> AtomFacts:
     """Gather the per-atom figures; ``costs`` are in the balance unit (ns, FLOPs, bytes)."""
     forward, backward = cut_bytes(graph, atoms)
     return AtomFacts(
-        cost=[atom_cost([(costs[n], info(n).kind) for n in atom], kind, model) for atom in atoms],
+        cost=[atom_cost([(costs[n], info(n).kind) for n in atom], kind, machine) for atom in atoms],
         params=[sum(params.get(n, 0) for n in atom) for atom in atoms],
         saved=[sum(saved.get(n, 0) for n in atom) for atom in atoms],
         forward=forward,
@@ -71,7 +71,7 @@ def atom_facts(
     )
 
 
-def atom_cost(costs: Sequence[tuple[float, int]], kind: str, model: CostModel) -> int:
+def atom_cost(costs: Sequence[tuple[float, int]], kind: str, machine: CostModel) -> int:
     """An atom's cost in ps (bytes for params) from its ops' (cost, ``NodeInfo.kind``)
     pairs: measured ns, or their FLOPs under the model."""
     if kind == "flops":
@@ -79,7 +79,7 @@ def atom_cost(costs: Sequence[tuple[float, int]], kind: str, model: CostModel) -
         counts = {k: sum(1 for c, op in costs if op == k and c > 0) for k in (MATMUL, CONVOLUTION)}
         other = sum(c for c, op in costs if op == ELEMENTWISE)
         matmul, conv = flops[MATMUL], flops[CONVOLUTION]
-        seconds = model.op_seconds(
+        seconds = machine.op_seconds(
             matmul, other, len(costs), counts[MATMUL], conv, counts[CONVOLUTION]
         )
         return round(seconds * _PS)
@@ -99,7 +99,7 @@ def build_problem(
     facts: AtomFacts,
     *,
     kind: str,
-    model: CostModel,
+    machine: CostModel,
     program: Program | StageShape,
     forced: Sequence[int] = (),
     resolution: int = 1,
@@ -109,36 +109,38 @@ def build_problem(
     for int64; for ``--balance params`` its unit is a byte)."""
     stages = program.num_stages
     timed = kind != "params"
-    speeds = scaled_speeds(model, program.stage_device) if timed else [1] * stages
+    speeds = scaled_speeds(machine, program.stage_device) if timed else [1] * stages
     base = np.array([0, *itertools.accumulate(facts.cost)], dtype=np.int64)  # ps (or bytes)
     comm = (facts.forward + facts.backward).astype(np.float64)
     grads = np.array([0, *itertools.accumulate(facts.params)], dtype=np.float64)
-    per_byte = _FS / model.bandwidth if timed else 0.0
+    per_byte = _FS / machine.bandwidth if timed else 0.0
     unit = resolution
     largest = int(base[-1]) * max(speeds) + per_byte * (2 * comm.max() + 2 * grads[-1])
-    while largest / unit * program.microbatches * (model.workers or 1) * 4 > 2**62:
+    while largest / unit * program.microbatches * (machine.workers or 1) * 4 > 2**62:
         unit *= 10
     param = None
-    if model.workers is not None:
+    if machine.workers is not None:
         param = np.rint(grads * (per_byte / unit)).astype(np.int64)
     cut = comm * (per_byte / unit)
-    if timed and model.message_latency and len(cut) > 2:
+    if timed and machine.message_latency and len(cut) > 2:
         # a message each way per boundary, each waited for once (by its receiver): the cut is
         # charged to both stages beside it, so half of each message's latency to each side
-        cut[1:-1] += model.message_latency * _FS / unit
+        cut[1:-1] += machine.message_latency * _FS / unit
     problem = Problem(
         work=tuple(base * s // unit for s in speeds),
         cut=np.rint(cut).astype(np.int64),
-        limits=_limits(facts, model, program) if model.memory_limit else (),  # type: ignore[arg-type]
+        limits=_limits(facts, machine, program) if machine.memory_limit else (),  # type: ignore[arg-type]
         forced=tuple(forced),
-        workers=model.workers,
+        workers=machine.workers,
         param=param,
         microbatches=program.microbatches,
     )
     return problem, unit
 
 
-def _limits(facts: AtomFacts, model: CostModel, program: Program) -> tuple[tuple[Limit, ...], ...]:
+def _limits(
+    facts: AtomFacts, machine: CostModel, program: Program
+) -> tuple[tuple[Limit, ...], ...]:
     if len(program.devices) != program.num_stages:
         raise BalanceError(
             "--memory-limit needs one stage per device; the interleaved schedule puts "
@@ -151,8 +153,8 @@ def _limits(facts: AtomFacts, model: CostModel, program: Program) -> tuple[tuple
     out = []
     for d in program.stage_device:
         instrs = program.devices[d]
-        copies = 2 + model.optimizer_states + peak_weight_copies(instrs)
-        limit = model.limit(d)
+        copies = 2 + machine.optimizer_states + peak_weight_copies(instrs)
+        limit = machine.limit(d)
         assert limit is not None
         out.append(
             tuple(

@@ -148,7 +148,7 @@ def _balance(r: Request, ir: IR) -> Any:
     return balance_stages(
         ir["annotated"], stages=r.stages, cost=r.options.balance, split_at=r.split_at,
         pinned=r.pinned,
-        model=r.machine, program=ir["compute"], recompute=r.recompute,
+        machine=r.machine, program=ir["compute"], recompute=r.recompute,
     )  # fmt: skip
 
 

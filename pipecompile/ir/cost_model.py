@@ -157,6 +157,6 @@ def parse_limits(text: str) -> tuple[int, ...]:
         raise BalanceError(f"--memory-limit: {err}") from None
 
 
-def scaled_speeds(model: CostModel, devices: Sequence[int]) -> list[int]:
+def scaled_speeds(machine: CostModel, devices: Sequence[int]) -> list[int]:
     """Per stage, an integer time multiplier (1000 at speed 1) for the device it runs on."""
-    return [max(1, round(1000 / model.speed(d))) for d in devices]
+    return [max(1, round(1000 / machine.speed(d))) for d in devices]

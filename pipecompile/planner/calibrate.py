@@ -66,17 +66,17 @@ class Calibration:
     step_scale: dict[str, float] | None = None  # "devices/model" -> measured / predicted
     ranks: dict[str, dict[str, Any]] | None = None  # devices -> message figures, quality
 
-    def applied(self, model: CostModel, devices: int, model_key: str = "") -> CostModel:
-        """``model`` with these constants (and, where ``devices`` ranks oversubscribe the
+    def applied(self, machine: CostModel, devices: int, model_key: str = "") -> CostModel:
+        """``machine`` with these constants (and, where ``devices`` ranks oversubscribe the
         cores, how many compute at once); a ``--flops-rate`` the user gave is kept."""
         shared = devices * self.threads > cores()
-        rate = model.flops_rate if model.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
+        rate = machine.flops_rate if machine.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
         scale = (self.step_scale or {}).get(_scale_key(devices, model_key), 1.0)
         messages = (self.ranks or {}).get(str(devices), {})
-        if messages and model.bandwidth == DEFAULT_BANDWIDTH:
-            model = replace(model, bandwidth=messages["bandwidth"] / scale)
+        if messages and machine.bandwidth == DEFAULT_BANDWIDTH:
+            machine = replace(machine, bandwidth=messages["bandwidth"] / scale)
         return replace(
-            model,
+            machine,
             message_latency=messages.get("message_latency", 0.0) * scale,
             optimizer_rate=self.optimizer_rate / scale,
             flops_rate=rate / scale,
@@ -92,12 +92,12 @@ class Calibration:
 
 
 def calibrated(
-    model: CostModel,
+    machine: CostModel,
     devices: int,
     say: Say | None = None,
     model_key: str = "",
 ) -> tuple[CostModel, str]:
-    """``model`` calibrated for ``devices`` ranks on this machine (measured now, and kept,
+    """``machine`` calibrated for ``devices`` ranks on this machine (measured now, and kept,
     when no trusted calibration is kept; with ``--tune``'s ratio for the model
     ``model_key`` when one was learned) and the key of the calibration used.
 
@@ -115,7 +115,7 @@ def calibrated(
         step_scale=entry.get("step_scale"),
         ranks=entry.get("ranks"),
     )
-    return calibration.applied(model, devices, model_key), key
+    return calibration.applied(machine, devices, model_key), key
 
 
 def remember_scale(devices: int, scale: float, model_key: str = "") -> None:

@@ -93,7 +93,7 @@ def choose_plan(
         facts,
         batch=batch,
         space=space,
-        model=machine,
+        machine=machine,
         progress=_say if progress else None,
         keep=1 + RUNNERS_UP,
     )

@@ -44,22 +44,24 @@ class ModelFacts:
     def atoms(self) -> int:
         return len(self.flops)
 
-    def walk_seconds(self, size: int, model: CostModel) -> list[float]:
+    def walk_seconds(self, size: int, machine: CostModel) -> list[float]:
         """Per atom, the forward seconds of its ops that are not contractions (elementwise
         work and every op's overhead) at ``size`` samples: what a split backward's W walks
         again after I."""
         s = size / self.size
-        rate = model.elementwise_rate or model.flops_rate
+        rate = machine.elementwise_rate or machine.flops_rate
         return [
-            sum(c * s / rate for c, k in ops if not k) + model.op_overhead * len(ops)
+            sum(c * s / rate for c, k in ops if not k) + machine.op_overhead * len(ops)
             for ops in self.op_costs
         ]
 
-    def at(self, size: int, model: CostModel) -> AtomFacts:
-        """The balancer's facts for micro-batches of ``size`` samples under ``model``."""
+    def at(self, size: int, machine: CostModel) -> AtomFacts:
+        """The balancer's facts for micro-batches of ``size`` samples under ``machine``."""
         s = size / self.size
         return AtomFacts(
-            cost=[atom_cost([(c * s, k) for c, k in ops], "flops", model) for ops in self.op_costs],
+            cost=[
+                atom_cost([(c * s, k) for c, k in ops], "flops", machine) for ops in self.op_costs
+            ],
             params=list(self.params),
             saved=[round(b * s) for b in self.saved],
             forward=np.rint(self.forward * s).astype(np.int64),

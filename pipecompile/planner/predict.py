@@ -46,7 +46,7 @@ class Predictor:
 
     facts: ModelFacts
     batch: int
-    model: CostModel
+    machine: CostModel
 
     def __post_init__(self) -> None:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
@@ -72,20 +72,20 @@ class Predictor:
         devices the partitioner spreads the stages over (choosing replicas), or None."""
         size = self.batch // plan.microbatches
         facts = self._facts_at(size)
-        free = replace(self.model, memory_limit=(), workers=workers)
+        free = replace(self.machine, memory_limit=(), workers=workers)
         found = self._split(size, free, program)
         if found is None:
             return None
-        memory = _memory(facts, self.model, program, found.starts)
+        memory = _memory(facts, self.machine, program, found.starts)
         over = any(
-            (limit := self.model.limit(d)) is not None and memory[d] > limit
+            (limit := self.machine.limit(d)) is not None and memory[d] > limit
             for d in range(len(memory))
         )
         if over and len(program.devices) == program.num_stages:
-            found = self._split(size, replace(self.model, workers=workers), program)
+            found = self._split(size, replace(self.machine, workers=workers), program)
             if found is None:
                 return None
-            memory = _memory(facts, self.model, program, found.starts)
+            memory = _memory(facts, self.machine, program, found.starts)
         elif over:
             return None
         replicas = found.replicas if workers is not None else ()
@@ -113,10 +113,10 @@ class Predictor:
         """
         size = self.batch // plan.microbatches
         shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
-        free = replace(self.model, memory_limit=(), workers=workers)
+        free = replace(self.machine, memory_limit=(), workers=workers)
         key = self._key(size, free, shape)
         problem, unit = self._problem(size, free, shape)
-        m, o = plan.microbatches, self.model.instr_overhead
+        m, o = plan.microbatches, self.machine.instr_overhead
         record = schedule_of(plan.schedule)  # whole backwards, one stage a device: F and B
         whole = record.placement == "one" and not record.split_backward
         k = 2 if whole else 3
@@ -167,7 +167,7 @@ class Predictor:
         0's forwards through every stage and its gradient's inputs back to the first (a third
         of each later stage's work), at least two thirds of the least work and 2S - 1
         instructions; with many stages of few replicas that path is the longer."""
-        m, s, o = plan.microbatches, plan.stages, self.model.instr_overhead
+        m, s, o = plan.microbatches, plan.stages, self.machine.instr_overhead
         total = self._least_work(self.batch // m, s)
         counts = replica_counts(s, workers, m) if workers is not None else [1] * s
 
@@ -205,7 +205,7 @@ class Predictor:
         - then the optimizer step of the largest device: every parameter's over P."""
         m, s = plan.microbatches, plan.stages
         total = self._least_work(self.batch // m, s)
-        o = self.model.instr_overhead
+        o = self.machine.instr_overhead
         per = schedule_of(plan.schedule).stages_a_device(plan.virtual_stages)
         held = max(1, s // per)
         if workers is None:
@@ -215,16 +215,16 @@ class Predictor:
             path = 2 * total / 3 / min(m, workers - s + 1) + 2 * s * o
             load = m * total / workers + 2 * m * o
         step = max(path, load)
-        if self.model.concurrency:
-            step = max(step, (m * total + 2 * m * s * o) / self.model.concurrency)
+        if self.machine.concurrency:
+            step = max(step, (m * total + 2 * m * s * o) / self.machine.concurrency)
         return step + self._optimizer_floor(held)
 
     def _optimizer_floor(self, devices: int) -> float:
         """The least optimizer step after the drain over ``devices`` devices: the largest
         device's share of every parameter."""
-        if not self.model.optimizer_rate:
+        if not self.machine.optimizer_rate:
             return 0.0
-        return sum(self.facts.params) / self.model.optimizer_rate / devices
+        return sum(self.facts.params) / self.machine.optimizer_rate / devices
 
     def micro_batch_seconds(self, plan: Plan) -> float:
         """One micro-batch's forward and backward seconds under ``plan`` at the least (every
@@ -238,11 +238,11 @@ class Predictor:
         microsecond): 2 units a stage less is the margin."""
         if size not in self._least:  # the work of every atom, the cheapest boundary's
             facts = self._facts_at(size)
-            speeds = scaled_speeds(self.model, range(max(1, len(self.model.device_speed))))
+            speeds = scaled_speeds(self.machine, range(max(1, len(self.machine.device_speed))))
             comm = (facts.forward + facts.backward)[1:-1]
             cut = None
             if len(comm):
-                cut = float(comm.min()) / self.model.bandwidth + self.model.message_latency
+                cut = float(comm.min()) / self.machine.bandwidth + self.machine.message_latency
             self._least[size] = sum(facts.cost) * min(speeds) / _FS, cut
         total, cut = self._least[size]
         work = total - 2 * stages * _US / _FS
@@ -253,13 +253,13 @@ class Predictor:
     def _facts_at(self, size: int) -> AtomFacts:
         """The model's atoms at micro-batches of ``size`` samples, gathered once per size."""
         if size not in self._facts:
-            self._facts[size] = self.facts.at(size, self.model)
+            self._facts[size] = self.facts.at(size, self.machine)
         return self._facts[size]
 
     def _split(
         self,
         size: int,
-        model: CostModel,
+        machine: CostModel,
         program: Program,
         within: int | None = None,
         least: int | None = None,
@@ -267,39 +267,39 @@ class Predictor:
         """The exact split of ``program``'s stages at micro-batches of ``size`` samples (the
         memory limits, when ``model`` has some, depend on the whole program). ``within``: a
         bound some split meets; ``least``: one under which none does."""
-        key = self._key(size, model, program)
+        key = self._key(size, machine, program)
         if key not in self._splits:
             found = None
             if program.num_stages <= len(self._facts_at(size).cost):
-                near = self._near.setdefault((size, program.microbatches, model.workers), {})
+                near = self._near.setdefault((size, program.microbatches, machine.workers), {})
                 stages = program.num_stages
                 closest = min(near, key=lambda s: (abs(s - stages), s), default=None)
                 guess = None if closest is None else near[closest]
-                problem = self._problem(size, model, program)[0]
+                problem = self._problem(size, machine, program)[0]
                 found = solve(problem, within, guess, least)
                 if found is not None:
                     near[stages] = found.bottleneck
             self._splits[key] = found
         return self._splits[key]
 
-    def _key(self, size: int, model: CostModel, program: Program | StageShape) -> tuple:
+    def _key(self, size: int, machine: CostModel, program: Program | StageShape) -> tuple:
         """What a split depends on (the memory limits, when ``model`` has some, depend on
         the whole program)."""
-        speeds = tuple(model.speed(d) for d in program.stage_device)
-        limited = program if model.memory_limit else None
-        return (size, speeds, program.microbatches, model.workers, limited)
+        speeds = tuple(machine.speed(d) for d in program.stage_device)
+        limited = program if machine.memory_limit else None
+        return (size, speeds, program.microbatches, machine.workers, limited)
 
     def _problem(
-        self, size: int, model: CostModel, shape: Program | StageShape
+        self, size: int, machine: CostModel, shape: Program | StageShape
     ) -> tuple[Problem, float]:
         """The partition problem of a split (and its unit), built once for every schedule,
         probe, split and stage-cost reading that shares it."""
-        key = self._key(size, model, shape)
+        key = self._key(size, machine, shape)
         if key not in self._problems:
             self._problems[key] = build_problem(
                 self._facts_at(size),
                 kind="flops",
-                model=model,
+                machine=machine,
                 program=shape,
                 forced=self.facts.forced,
                 resolution=_US,
@@ -307,41 +307,41 @@ class Predictor:
         return self._problems[key]
 
     def stage_costs(
-        self, size: int, model: CostModel, shape: Program | StageShape, found: Solution
+        self, size: int, machine: CostModel, shape: Program | StageShape, found: Solution
     ) -> Costs:
         """Each stage's forward, backward and extra seconds per micro-batch of ``size``
         samples under the split ``found`` (a replicated stage's at its busiest replica's
         share)."""
-        problem, unit = self._problem(size, model, shape)
+        problem, unit = self._problem(size, machine, shape)
         ends = [*found.starts[1:], problem.items]
         seconds = unit / _FS
         if size not in self._walks:
-            self._walks[size] = self.facts.walk_seconds(size, self.model)
+            self._walks[size] = self.facts.walk_seconds(size, self.machine)
         walk = self._walks[size]
         forward, backward, extra = [], [], []
         for j, (a, b) in enumerate(zip(found.starts, ends)):
-            r = found.replicas[j] if model.workers is not None else 1
+            r = found.replicas[j] if machine.workers is not None else 1
             share = -(-shape.microbatches // r) / shape.microbatches  # per replica
             work = problem.work[j][b] - problem.work[j][a] + problem.cut[a] + problem.cut[b]
             forward.append(work * seconds / 3 * share)
             backward.append(2 * work * seconds / 3 * share)
             extra.append(sum(walk[a:b]) * share)  # half of the backward's non-matmul work
-        return Costs(tuple(forward), tuple(backward), self.model.instr_overhead, tuple(extra))
+        return Costs(tuple(forward), tuple(backward), self.machine.instr_overhead, tuple(extra))
 
     def _step(
-        self, facts: AtomFacts, model: CostModel, program: Program, found: Solution
+        self, facts: AtomFacts, machine: CostModel, program: Program, found: Solution
     ) -> tuple[float, float]:
-        costs = self.stage_costs(self.batch // program.microbatches, model, program, found)
+        costs = self.stage_costs(self.batch // program.microbatches, machine, program, found)
         timeline = simulate(program, Topology.chain(program.num_stages), costs)
-        sync = _sync(facts, found, model)
+        sync = _sync(facts, found, machine)
         step = timeline.makespan
-        if self.model.concurrency:  # ranks share cores: no faster than their work over them
-            replicas = found.replicas if model.workers is not None else ()
+        if self.machine.concurrency:  # ranks share cores: no faster than their work over them
+            replicas = found.replicas if machine.workers is not None else ()
             busy = [min(r, program.microbatches) for r in replicas]  # a replica may idle
             work = sum(timeline.busy(d) * (busy[d] if busy else 1) for d in range(timeline.devices))
-            step = max(step, work / self.model.concurrency)
-        step += self._optimizer(facts, program.stage_device, found, model)
-        replicas = found.replicas if model.workers is not None else ()
+            step = max(step, work / self.machine.concurrency)
+        step += self._optimizer(facts, program.stage_device, found, machine)
+        replicas = found.replicas if machine.workers is not None else ()
         return float(step + sync), _bubble(timeline, program.microbatches, replicas)
 
     def _optimizer(
@@ -349,35 +349,35 @@ class Predictor:
         facts: AtomFacts,
         stage_device: Sequence[int],
         found: Solution,
-        model: CostModel,
+        machine: CostModel,
     ) -> float:
         """Seconds of the optimizer step after the drain: the largest device's, or every
         rank's over the cores' concurrency where they share them."""
-        if not self.model.optimizer_rate:
+        if not self.machine.optimizer_rate:
             return 0.0
         ends = [*found.starts[1:], len(facts.cost)]
-        replicas = found.replicas if model.workers is not None else (1,) * len(ends)
+        replicas = found.replicas if machine.workers is not None else (1,) * len(ends)
         per_device = [0.0] * (max(stage_device) + 1)
         for j, (a, b) in enumerate(zip(found.starts, ends)):
             per_device[stage_device[j]] += sum(facts.params[a:b])
-        seconds = [nbytes / self.model.optimizer_rate for nbytes in per_device]
-        if not self.model.concurrency:
+        seconds = [nbytes / self.machine.optimizer_rate for nbytes in per_device]
+        if not self.machine.concurrency:
             return max(seconds)
         ranks = [r for r in replicas] if len(replicas) == len(seconds) else [1] * len(seconds)
         return max(
-            max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.model.concurrency
+            max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.machine.concurrency
         )
 
 
-def _sync(facts: AtomFacts, found: Solution, model: CostModel) -> float:
+def _sync(facts: AtomFacts, found: Solution, machine: CostModel) -> float:
     """Seconds of the largest replicated stage's gradient all-reduce after the drain (none
     without replication)."""
-    if model.workers is None:
+    if machine.workers is None:
         return 0.0
     ends = [*found.starts[1:], len(facts.cost)]
     return max(
         (
-            2 * (r - 1) / r * sum(facts.params[a:b]) / model.bandwidth
+            2 * (r - 1) / r * sum(facts.params[a:b]) / machine.bandwidth
             for r, a, b in zip(found.replicas, found.starts, ends)
         ),
         default=0.0,
@@ -406,7 +406,7 @@ def _bubble(timeline: Timeline, microbatches: int, replicas: Sequence[int]) -> f
 
 
 def _memory(
-    facts: AtomFacts, model: CostModel, program: Program, starts: tuple[int, ...]
+    facts: AtomFacts, machine: CostModel, program: Program, starts: tuple[int, ...]
 ) -> tuple[int, ...]:
     """Per device, its stages' parameter copies plus its peak of stored activations."""
     ends = [*starts[1:], len(facts.cost)]
@@ -415,7 +415,7 @@ def _memory(
     saved = [sum(facts.saved[a:b]) + inputs[j] for j, (a, b) in enumerate(zip(starts, ends))]
     out = []
     for d, instrs in enumerate(program.devices):
-        copies = 2 + model.optimizer_states + peak_weight_copies(instrs)
+        copies = 2 + machine.optimizer_states + peak_weight_copies(instrs)
         mine = [j for j, dev in enumerate(program.stage_device) if dev == d]
         out.append(copies * sum(params[j] for j in mine) + device_peak_bytes(instrs, saved, inputs))
     return tuple(out)

@@ -69,7 +69,7 @@ def search(
     *,
     batch: int,
     space: Space,
-    model: CostModel,
+    machine: CostModel,
     progress: Callable[[str], None] | None = None,
     keep: int | None = None,
 ) -> SearchResult:
@@ -88,13 +88,13 @@ def search(
     """
     start = time.perf_counter()
     _check_space(facts, batch, space)
-    predictor = Predictor(facts, batch, model)
+    predictor = Predictor(facts, batch, machine)
     fits: list[Predicted] = []
     misfits: list[tuple[Plan, Program, int | None]] = []
     best: list[float] = []  # the best steps so far, at most ``keep``
     tried = bounded = 0
     said = start
-    floors, order = _ordered(facts, batch, space, model, predictor)
+    floors, order = _ordered(facts, batch, space, machine, predictor)
     for plan in order:
         workers = _workers(plan, space)
         cutoff = best[keep - 1] if keep and len(best) >= keep else None
@@ -102,7 +102,7 @@ def search(
             floors[plan] > cutoff + _TIE
             or (
                 plan.schedule in REPLICABLE
-                and not model.memory_limit
+                and not machine.memory_limit
                 and predictor.beyond(plan, workers, cutoff)
             )
         ):
@@ -125,7 +125,7 @@ def search(
             said = time.perf_counter()
             progress(f"searching: {tried} plans predicted, {bounded} bounded out so far")
     if not fits:
-        _none_fits(tried, _peaks(predictor, misfits), model, space)
+        _none_fits(tried, _peaks(predictor, misfits), machine, space)
     ranked = sorted(fits, key=_rank)
     if progress is not None:
         progress(
@@ -136,17 +136,17 @@ def search(
 
 
 def _ordered(
-    facts: ModelFacts, batch: int, space: Space, model: CostModel, predictor: Predictor
+    facts: ModelFacts, batch: int, space: Space, machine: CostModel, predictor: Predictor
 ) -> tuple[dict[Plan, float], list[Plan]]:
     """Each plan's floor (a step it cannot beat), and the plans likely best first (the kept
     plans get good sooner, the bounds skip more): by a rough step, or the plan's floor where
     that is higher."""
-    plans = list(_plans(facts, batch, space, model))
+    plans = list(_plans(facts, batch, space, machine))
     floors = {p: predictor.floor(p, _workers(p, space)) for p in plans}  # each once
     params = sum(facts.params)
 
     def likely(p: Plan) -> float:
-        return max(_promise(p, space, predictor.micro_batch_seconds(p), model, params), floors[p])
+        return max(_promise(p, space, predictor.micro_batch_seconds(p), machine, params), floors[p])
 
     return floors, sorted(plans, key=likely)
 
@@ -159,7 +159,7 @@ def _workers(plan: Plan, space: Space) -> int | None:
     return None
 
 
-def _promise(plan: Plan, space: Space, micro: float, model: CostModel, params: int) -> float:
+def _promise(plan: Plan, space: Space, micro: float, machine: CostModel, params: int) -> float:
     """A rough step of ``plan`` in seconds, to try the likely best plans first: the sooner the
     kept plans are good, the more of the rest the bound skips (the plans kept are the same in
     any order). ``micro``: one micro-batch's forward and backward seconds on one device (its
@@ -171,11 +171,11 @@ def _promise(plan: Plan, space: Space, micro: float, model: CostModel, params: i
     all-reduce a 1 / s share of the parameters and the optimizer steps it."""
     stages, m = plan.stages, plan.microbatches
     replicas = max(1, space.devices // stages) if plan.schedule in REPLICABLE else 1
-    slot = micro / stages * -(-m // replicas) / m + 2 * model.instr_overhead
+    slot = micro / stages * -(-m // replicas) / m + 2 * machine.instr_overhead
     share = params / stages
-    after = 2 * (replicas - 1) / replicas * share / model.bandwidth
-    if model.optimizer_rate:
-        after += share / model.optimizer_rate
+    after = 2 * (replicas - 1) / replicas * share / machine.bandwidth
+    if machine.optimizer_rate:
+        after += share / machine.optimizer_rate
     return (m + stages - 1) * slot + after
 
 
@@ -189,9 +189,9 @@ def _rank(p: Predicted) -> tuple[float, int, int, int]:
     )
 
 
-def _plans(facts: ModelFacts, batch: int, space: Space, model: CostModel) -> Iterator[Plan]:
+def _plans(facts: ModelFacts, batch: int, space: Space, machine: CostModel) -> Iterator[Plan]:
     counts = space.microbatches or divisors(batch)
-    policies = space.recompute or (POLICIES if model.memory_limit else ("never",))
+    policies = space.recompute or (POLICIES if machine.memory_limit else ("never",))
     n = space.devices
     for schedule in space.schedules:
         for stages, v in _shapes(schedule, n, space.virtual_stages):
@@ -303,7 +303,7 @@ def _peaks(
     """Each plan over the memory limit with its largest device peak without the limit (what
     the error names; worked out only when no plan fits)."""
     unlimited = Predictor(
-        predictor.facts, predictor.batch, replace(predictor.model, memory_limit=())
+        predictor.facts, predictor.batch, replace(predictor.machine, memory_limit=())
     )
     found = [
         (unlimited.predict(plan, program, workers), plan) for plan, program, workers in misfits
@@ -311,7 +311,9 @@ def _peaks(
     return [(max(got.memory) if got is not None else 0, plan) for got, plan in found]
 
 
-def _none_fits(tried: int, misfits: list[tuple[int, Plan]], model: CostModel, space: Space) -> None:
+def _none_fits(
+    tried: int, misfits: list[tuple[int, Plan]], machine: CostModel, space: Space
+) -> None:
     if not tried:
         raise PlanError(
             f"no plan of {', '.join(space.schedules)} on {space.devices} devices suits the "
@@ -320,7 +322,7 @@ def _none_fits(tried: int, misfits: list[tuple[int, Plan]], model: CostModel, sp
             "--schedule"
         )
     peak, plan = min(misfits, key=lambda t: t[0])
-    limit = ", ".join(format_size(b) for b in model.memory_limit)
+    limit = ", ".join(format_size(b) for b in machine.memory_limit)
     raise PlanError(
         f"no plan on {space.devices} devices fits --memory-limit {limit}: the smallest peak "
         f"found is {format_size(peak)} ({plan.flags}); raise --memory-limit to "

@@ -40,7 +40,7 @@ def facts(gpt):  # type: ignore[no-untyped-def]
 
 
 def test_every_plan_is_predicted_and_the_best_ranks_first(facts) -> None:  # type: ignore[no-untyped-def]
-    result = search(facts, batch=8, space=Space(devices=4), model=MACHINE)
+    result = search(facts, batch=8, space=Space(devices=4), machine=MACHINE)
     steps = [round(p.step, 9) for p in result.ranked]  # ties (to the ns) broken by simplicity
     assert steps == sorted(steps) and result.tried >= len(result.ranked) > 20
     # Each shape the search may use appears: pure data parallel, replicated pipelines, and
@@ -61,18 +61,18 @@ def test_every_plan_is_predicted_and_the_best_ranks_first(facts) -> None:  # typ
 
 def test_the_fixed_options_fix_their_part(facts) -> None:  # type: ignore[no-untyped-def]
     space = Space(devices=4, stages=(4,), schedules=("1f1b",), microbatches=(4,))
-    result = search(facts, batch=8, space=space, model=MACHINE)
+    result = search(facts, batch=8, space=space, machine=MACHINE)
     assert [(p.plan.stages, p.plan.schedule, p.plan.microbatches) for p in result.ranked] == [
         (4, "1f1b", 4)
     ]
 
 
 def test_a_memory_limit_drops_exactly_the_plans_over_it(facts) -> None:  # type: ignore[no-untyped-def]
-    free = search(facts, batch=8, space=Space(devices=2), model=MACHINE)
+    free = search(facts, batch=8, space=Space(devices=2), machine=MACHINE)
     peaks = sorted({max(p.memory) for p in free.ranked})
     limit = peaks[len(peaks) // 2]
     capped = search(
-        facts, batch=8, space=Space(devices=2), model=replace(MACHINE, memory_limit=(limit,))
+        facts, batch=8, space=Space(devices=2), machine=replace(MACHINE, memory_limit=(limit,))
     )
     assert all(max(p.memory) <= limit for p in capped.ranked)
     # Recomputation is searched under a limit; a plan that fit without it still fits.
@@ -86,7 +86,7 @@ def test_a_memory_limit_drops_exactly_the_plans_over_it(facts) -> None:  # type:
             facts,
             batch=8,
             space=Space(devices=2),
-            model=replace(MACHINE, memory_limit=(smallest // 4,)),
+            machine=replace(MACHINE, memory_limit=(smallest // 4,)),
         )
 
 
@@ -113,26 +113,29 @@ def test_the_prediction_is_the_simulated_step_of_the_exact_split(facts) -> None:
 
 def test_refusals(facts) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(PlanError, match=r"--microbatches 3 does not divide the batch of 8"):
-        search(facts, batch=8, space=Space(devices=2, microbatches=(3,)), model=MACHINE)
+        search(facts, batch=8, space=Space(devices=2, microbatches=(3,)), machine=MACHINE)
     with pytest.raises(PlanError, match=r"--stages 8 cannot run on --devices 2: gpipe runs one "
                        r"stage per device \(give --devices 8 or more\)"):  # fmt: skip
         search(
-            facts, batch=8, space=Space(devices=2, stages=(8,), schedules=("gpipe",)), model=MACHINE
+            facts,
+            batch=8,
+            space=Space(devices=2, stages=(8,), schedules=("gpipe",)),
+            machine=MACHINE,
         )
     v_message = r"--stages 3 cannot run on --devices 3: zbv puts two stages on each device"
     with pytest.raises(PlanError, match=v_message + r" \(a V\), so 3 devices take --stages 6$"):
         search(
-            facts, batch=8, space=Space(devices=3, stages=(3,), schedules=("zbv",)), model=MACHINE
+            facts, batch=8, space=Space(devices=3, stages=(3,), schedules=("zbv",)), machine=MACHINE
         )
     forced = replace(facts, forced=(10, 20, 30))
     with pytest.raises(PlanError, match=r"3 requested boundaries .* 4 stages.*--devices 4 or more"):
-        search(forced, batch=8, space=Space(devices=2, schedules=("1f1b",)), model=MACHINE)
+        search(forced, batch=8, space=Space(devices=2, schedules=("1f1b",)), machine=MACHINE)
     with pytest.raises(PlanError, match=r"interleaved needs a multiple of the devices"):
         search(
             facts,
             batch=8,
             space=Space(devices=4, schedules=("interleaved",), microbatches=(2,)),
-            model=MACHINE,
+            machine=MACHINE,
         )
 
 
@@ -194,7 +197,7 @@ def test_no_plan_leaves_a_device_it_uses_without_work(devices) -> None:  # type:
     spec = example_spec("mlp")
     traced = trace(spec.model, spec.inputs)
     facts = model_facts(annotate_costs(traced.module, root=traced.root), 8)
-    result = search(facts, batch=8, space=Space(devices=devices), model=MACHINE)
+    result = search(facts, batch=8, space=Space(devices=devices), machine=MACHINE)
     assert any(p.plan.replicas for p in result.ranked) or devices == 2
     for p in result.ranked:
         plan = p.plan
@@ -259,8 +262,8 @@ def test_bounding_keeps_the_best_plans(facts, devices, machine) -> None:  # type
     search drops them untried); the best ``keep`` plans, and their predictions, are
     unchanged."""
     space = Space(devices=devices)
-    every = search(facts, batch=8, space=space, model=machine)
-    kept = search(facts, batch=8, space=space, model=machine, keep=5)
+    every = search(facts, batch=8, space=space, machine=machine)
+    kept = search(facts, batch=8, space=space, machine=machine, keep=5)
     assert kept.bounded > 0 and kept.tried < every.tried <= kept.tried + kept.bounded
     assert kept.ranked[:5] == every.ranked[:5]
 
@@ -279,7 +282,7 @@ def test_the_floor_never_exceeds_a_predicted_step(facts, machine) -> None:  # ty
     latency, an optimizer, shared cores, uneven device speeds and a memory limit; and the
     bound is not vacuous (it is within 2x of some plans' steps)."""
     space = Space(devices=4)
-    result = search(facts, batch=8, space=space, model=machine)
+    result = search(facts, batch=8, space=space, machine=machine)
     predictor = Predictor(facts, 8, machine)
     ratios = []
     for got in result.ranked:
@@ -298,7 +301,7 @@ def test_no_plan_is_bounded_out_of_its_own_step(facts, devices, machine) -> None
     drain) never says a plan cannot reach the step ``predict`` gives it: every replicable
     plan of the space, with and without replicas, under its own step is within reach, and
     some are out of reach of a slightly shorter one (the bound is not vacuous)."""
-    result = search(facts, batch=8, space=Space(devices=devices), model=machine)
+    result = search(facts, batch=8, space=Space(devices=devices), machine=machine)
     replicable = [p for p in result.ranked if p.plan.schedule in ("gpipe", "1f1b", "zb1p", "zb2p")]
     assert {p.plan.schedule for p in replicable} == {"gpipe", "1f1b", "zb1p", "zb2p"}
     predictor = Predictor(facts, 8, machine)

@@ -123,7 +123,7 @@ def search_time(devices: tuple[int, ...], quick: bool) -> None:
         facts = model_facts(annotate_costs(traced.module, root=traced.root), 32)
         traced_s = time.perf_counter() - start
         for count in devices:
-            result = search(facts, batch=32, space=Space(devices=count), model=cost, keep=5)
+            result = search(facts, batch=32, space=Space(devices=count), machine=cost, keep=5)
             searched = f"{result.tried} (+{result.bounded} bounded out)"
             chosen = result.best.plan.flags
             print(f"| {label} | {count} | {facts.atoms} | {searched} | {traced_s:.2f} s "
