@@ -1,6 +1,6 @@
 """One `pipecompile run`: its options checked, then the run here (training, or ``--check``
 against the eager model) or its ranks launched (``--nproc``); each rank sets itself up with
-the same ``runtime.run_setup``."""
+the same ``runtime.distributed.run_setup``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ from typing import Any
 
 from pipecompile.model.model_file import ModelSpec
 from pipecompile.run_checks import check_fully_sharded, check_mesh, check_run_options
+from pipecompile.runtime.distributed.run_setup import (
+    check_shapes,
+    check_world,
+    run_flags,
+    run_model,
+)
 from pipecompile.runtime.load import Emitted
 from pipecompile.runtime.option_fields import to_argv
-from pipecompile.runtime.run_setup import check_shapes, check_world, run_flags, run_model
 from pipecompile.runtime.training.options import RunFlags, TrainFlags
 
 __all__ = ["run"]

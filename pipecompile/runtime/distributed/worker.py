@@ -44,12 +44,17 @@ from pipecompile.runtime.distributed.mesh import (
 )
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.distributed.rank_output import say, user_output
+from pipecompile.runtime.distributed.run_setup import (
+    check_shapes,
+    check_world,
+    run_flags,
+    run_model,
+)
 from pipecompile.runtime.distributed.watchdog import Watchdog
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, open_emitted
 from pipecompile.runtime.option_fields import add_options, from_args, settled
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.run_setup import check_shapes, check_world, run_flags, run_model
 from pipecompile.runtime.threads import use_threads
 from pipecompile.runtime.training.loop import TrainState, train
 from pipecompile.runtime.training.options import RunFlags, TrainFlags
