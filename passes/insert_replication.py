@@ -16,6 +16,7 @@ from dataclasses import replace
 from pipecompile.errors import ProgramError
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.ir.program import Program
+from pipecompile.schedules import ORDER, REPLICABLE, listed, schedule_of
 
 __all__ = ["insert_replication", "parse_replicas"]
 
@@ -39,14 +40,15 @@ def insert_replication(program: Program, *, replicas: Sequence[int]) -> Program:
     if all(r == 1 for r in replicas):
         return program
     if len(set(program.stage_device)) != program.num_stages:
+        several = listed((n for n in ORDER if schedule_of(n).placement != "one"), "and")
         raise ProgramError(
-            "replicated stages need one stage per device; the interleaved schedule puts "
-            "several stages on one device"
+            f"replicated stages need one stage per device; {several} put several stages on "
+            f"one device: use {listed(REPLICABLE)}"
         )
     if any(x.op == Op.UPDATE for _, _, x in program.instructions()):
         raise ProgramError(
-            "replicated stages need a synchronous schedule (gpipe, 1f1b, zb1p): replicas of "
-            "an asynchronously updated stage would drift apart"
+            f"replicated stages need a synchronous schedule ({listed(REPLICABLE)}): replicas "
+            "of an asynchronously updated stage would drift apart"
         )
     idle = [(j, r) for j, r in enumerate(replicas) if r > program.microbatches]
     if idle:

@@ -24,13 +24,13 @@ ALLOWED: dict[str, set[str]] = {
     "ir": {"files", "errors"},
     "model": {"ir", "errors"},
     "frontend": {"ir", "model", "errors"},
-    "passes": {"ir", "errors"},
+    "passes": {"schedules", "ir", "errors"},  # the registry's facts in messages
     "schedules": {"ir", "errors"},
     "planner": {"frontend", "passes", "schedules", "model", "runtime", "ir", "errors"},
     # compiler.options declares its flags with runtime.option_fields, as the run's options do
     "compiler": {"planner", "frontend", "passes", "schedules", "model", "runtime", "ir", "errors"},
     "codegen": {"ir", "model", "files", "errors", "version"},
-    "runtime": {"ir", "model", "files", "errors"},
+    "runtime": {"schedules", "ir", "model", "files", "errors"},  # the registry's facts
     "reports": {"runtime", "schedules", "ir", "files", "errors"},
     "interop": {"runtime", "ir", "files", "errors"},
 }

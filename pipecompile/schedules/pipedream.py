@@ -62,4 +62,5 @@ SCHEDULE = Schedule(
     bubble=fill_drain,
     takes=("vertical_sync",),
     aliases=("pipedream-vsync",),
+    weight_versions="stage",
 )

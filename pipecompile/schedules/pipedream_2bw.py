@@ -63,4 +63,5 @@ SCHEDULE = Schedule(
     split_backward=False,
     replicable=False,
     bubble=fill_drain,
+    weight_versions="window",
 )

@@ -38,6 +38,10 @@ class Schedule:
         takes: the options its generator takes after stages and micro-batches, in order
             (``virtual_stages``, ``vertical_sync``).
         aliases: other names its programs carry (a variant's, such as ``pipedream-vsync``).
+        weight_versions: the weights a micro-batch's forward and backward see: ``step``
+            (synchronous: the step's one version), ``stage`` (PipeDream: each stage the
+            version it stashed for that micro-batch, its own), ``window`` (PipeDream-2BW: one
+            version per window of micro-batches on every stage, one update stale).
     """
 
     name: str
@@ -49,6 +53,7 @@ class Schedule:
     bubble: Bubble
     takes: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    weight_versions: Literal["step", "stage", "window"] = "step"
 
     def stages_a_device(self, virtual_stages: int | None = None) -> int:
         """How many stages it places on one device (``virtual_stages``: a looped one's)."""

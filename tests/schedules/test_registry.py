@@ -64,6 +64,11 @@ def test_each_record_says_what_its_programs_do(name, p, m):
     assert (Op.UPDATE in ops) == program.asynchronous == (not record.synchronous)
     # only one stage a device, updated once a step, can be replicated
     assert not record.replicable or (record.placement == "one" and record.synchronous)
+    # the weight versions: one a step; an update after each micro-batch (a version per
+    # stage); or an update after each window of micro-batches (a version per window)
+    updates = sum(instr.op == Op.UPDATE for instr in program.devices[0])
+    versions = "step" if not updates else ("stage" if updates == m else "window")
+    assert record.weight_versions == versions
 
 
 def test_the_lists_come_from_the_records():

@@ -33,6 +33,7 @@ from pipecompile.runtime.check.step import (
 )
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.schedules import schedule_of
 
 __all__ = ["check_async_step", "weight_versions"]
 
@@ -76,7 +77,7 @@ def check_async_step(
         for original in originals
     }
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    two_versions = pipe.program.schedule == "pipedream_2bw"
+    two_versions = schedule_of(pipe.program.schedule).weight_versions == "window"
     reference = _reference_2bw if two_versions else _reference
     ref_loss, ref_parts, ref_weights = reference(
         pipe, model, start, owner, trainable, inputs, targets, loss_fn, lr

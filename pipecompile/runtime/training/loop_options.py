@@ -14,6 +14,7 @@ from pipecompile.runtime.precision import PRECISIONS
 from pipecompile.runtime.timeline_file import check_trace_file
 from pipecompile.runtime.training.metrics import check_metrics_file
 from pipecompile.runtime.training.train_state import check_save_dir
+from pipecompile.schedules import ORDER, SYNCHRONOUS, listed
 
 if TYPE_CHECKING:
     from pipecompile.runtime.training.options import TrainFlags
@@ -23,8 +24,9 @@ __all__ = ["NEEDS_SYNC", "OPTIMIZERS", "check_options", "check_places"]
 
 NEEDS_SYNC = (
     "{flags} needs a synchronous schedule: {schedule} applies each micro-batch's update "
-    "before the step's other losses are known; compile with --schedule gpipe, 1f1b, zb1p or "
-    "interleaved, or drop the option"
+    "before the step's other losses are known; compile with --schedule "
+    + listed(n for n in ORDER if n in SYNCHRONOUS)
+    + ", or drop the option"
 )
 
 
