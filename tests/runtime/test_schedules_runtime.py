@@ -3,6 +3,7 @@ and stored activation bytes it measures equal the simulator's and memory model's
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,15 @@ import torch
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import Compiled, compile_model
 from pipecompile.errors import MemoryBudgetError
+from pipecompile.frontend.kept_traces import traces_kept
 from pipecompile.ir.memory_model import peak_stored_bytes
 from pipecompile.ir.simulate import Costs, simulate
 from pipecompile.ir.topology import topology
+from pipecompile.model.model_file import ModelSpec
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
-from tests.conftest import EXAMPLE_NAMES, SAMPLED_OUT, example_spec
+from tests.conftest import EXAMPLE_NAMES, SAMPLED_OUT
+from tests.conftest import example_spec as fresh_spec
 
 CONFIGS = {
     "1f1b": {"schedule": "1f1b"},
@@ -36,6 +40,26 @@ PLACED = {
     "dualpipev": {"schedule": "dualpipev"},  # whole B's paired with F's, then I and W
 }
 PLACED_ON = ["gpt", "two_towers", "hf_llama"]
+
+
+_SPECS: dict[str, ModelSpec] = {}
+
+
+def example_spec(name: str) -> ModelSpec:
+    """The example, built once for this module: every schedule compiles the same model object
+    and is checked against it, and its trace is kept (see ``_traced_once``)."""
+    if name not in _SPECS:
+        _SPECS[name] = fresh_spec(name)
+    return _SPECS[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _traced_once() -> Iterator[None]:
+    """The schedules differ after the trace, so each example is traced once per tracing
+    option for the module (``traces_kept``), not once per schedule."""
+    with traces_kept():
+        yield
+    _SPECS.clear()
 
 
 def build(tmp: Path, name: str, **options: object) -> tuple[Compiled, Pipeline]:
