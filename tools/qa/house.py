@@ -7,13 +7,16 @@
 Prints: root modules of ``pipecompile/``, Python files per folder (``pipecompile/`` and
 ``passes/``), parameters typed as a manifest dict (``manifest...: dict``/``Mapping``), the
 ``# fmt: skip`` comments in the package, how many places spell ``"manifest.json"`` and
-``"metrics.jsonl"``, and the pairs of places in the package that share six or more
-consecutive lines (after stripping indentation, blank lines and comments).
+``"metrics.jsonl"``, the pairs of places in the package that share six or more
+consecutive lines (after stripping indentation, blank lines and comments), the lines of
+``cli.py``, the functions over 80 lines, ``compile_model``'s parameters, and the parameters
+named ``model`` that are a cost model.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import re
 import subprocess
@@ -62,6 +65,40 @@ def _meaningful(line: str) -> bool:
     return bool(text) and not text.startswith("#") and text not in (")", "]", "}", '"""')
 
 
+def functions(files: dict[Path, list[str]]) -> list[tuple[Path, ast.FunctionDef]]:
+    """Every function of the package (methods and nested ones included)."""
+    found = []
+    for path, lines in files.items():
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((path, node))
+    return found
+
+
+def _params(node: ast.FunctionDef) -> list[ast.arg]:
+    a = node.args
+    return [*a.posonlyargs, *a.args, *a.kwonlyargs]
+
+
+def shape_of_options(files: dict[Path, list[str]]) -> dict[str, object]:
+    """How options travel and how big the rooms are: the figures of one options object."""
+    defs = functions(files)
+    driver = [n for p, n in defs if n.name == "compile_model" and p.name == "driver.py"]
+    cli = next((lines for p, lines in files.items() if str(p) == "pipecompile/cli.py"), [])
+    return {
+        "lines of pipecompile/cli.py": len(cli),
+        "functions over 80 lines": sum(n.end_lineno - n.lineno + 1 > 80 for _, n in defs),
+        "compile_model's parameters": len(_params(driver[0])) if driver else "-",
+        "parameters `model` typed as a CostModel": sum(
+            a.arg == "model"
+            and a.annotation is not None
+            and "CostModel" in ast.unparse(a.annotation)
+            for _, n in defs
+            for a in _params(n)
+        ),
+    }
+
+
 def counts(tree: Path) -> dict[str, object]:
     files = sources(tree)
     folders = Counter(str(path.parent) for path in files)
@@ -80,6 +117,7 @@ def counts(tree: Path) -> dict[str, object]:
         ),
         "files spelling each name": spelled,
         f"copied regions ({WINDOW}+ lines)": copied_pairs(files),
+        **shape_of_options(files),
     }
 
 
