@@ -588,7 +588,9 @@ def _monotone_layer(
             if last_end < first_end:
                 continue
             wanted = thresholds[:, first_end : last_end + 1] - lowered
-            first = _first_meeting(highest, wanted)  # len(starts): none meets it
+            first = np.empty(wanted.shape, dtype=np.int64)
+            for row, (most, needed) in enumerate(zip(highest, wanted)):
+                first[row] = np.searchsorted(most, needed)  # len(starts): none meets it
             start = starts[np.minimum(first, len(starts) - 1)]
             used = fewest[start] + rs
             ends = np.arange(first_end, last_end + 1)
@@ -597,21 +599,6 @@ def _monotone_layer(
             span = out[first_end : last_end + 1]
             np.minimum(span, got, out=span)
     return out
-
-
-def _first_meeting(highest: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Per row, ``np.searchsorted(highest[row], wanted[row])`` (each row of ``highest``
-    non-decreasing): in one call, the rows laid end to end on disjoint integer ranges (each
-    shifted by its index times the values' span), so a row's values and queries never mix
-    with another's; row by row where those ranges would not fit in int64."""
-    rows, n = highest.shape
-    lo = min(int(highest.min()), int(wanted.min()))
-    span = max(int(highest.max()), int(wanted.max())) - lo + 1
-    if rows * span >= 2**62:
-        return np.stack([np.searchsorted(m, w) for m, w in zip(highest, wanted)])
-    shift = (np.arange(rows, dtype=np.int64) * span - lo)[:, None]
-    found = np.searchsorted((highest + shift).ravel(), (wanted + shift).ravel())
-    return found.reshape(wanted.shape) - (np.arange(rows, dtype=np.int64) * n)[:, None]
 
 
 def _chosen(

@@ -230,20 +230,3 @@ def test_the_even_load_replicas_have_the_most_capacity_and_are_the_most_even():
         got = partition_search._spread(parts, workers, m)
         assert len(got) == parts and sum(got) <= workers and set(got) <= set(offered)
         assert (sum(m / -(-m // r) for r in got), -sum(r * r for r in got)) == score
-
-
-def test_first_meeting_is_each_rows_own_binary_search():
-    """The rows' searches done at once (laid end to end on disjoint ranges) give what each
-    row's own ``searchsorted`` gives, ties and queries past a row's end included; spans too
-    wide for int64 go row by row."""
-    from pipecompile.passes.partition_search import _first_meeting
-
-    rng = np.random.default_rng(0)
-    for scale in (1, 10**3, 10**12, 2**61):
-        for _ in range(50):
-            rows, n, e = (int(x) for x in rng.integers(1, 9, size=3) * (1, 5, 6))
-            highest = np.sort(rng.integers(-scale, scale, size=(rows, n)), axis=1)
-            wanted = rng.integers(-scale, scale, size=(rows, e))
-            wanted[:, : min(e, n)] = highest[:, : min(e, n)]  # ties with the row's values
-            each = np.stack([np.searchsorted(h, w) for h, w in zip(highest, wanted)])
-            assert np.array_equal(_first_meeting(highest, wanted), each)
