@@ -58,7 +58,8 @@ temporary directories are removed. Rerun with::
                                                 # training part peaks at ~13 GB in all
     python tools/bench/big_models.py --parts compile7b hf_shards
     python tools/bench/big_models.py --quick    # every part on tiny sizes (llama_meta.py in 2
-                                                # stages, a 2-layer GPT-2 on 2 ranks, 1 step)
+                                                # stages, a 2-layer GPT-2 on 2 ranks, 1 step,
+                                                # the checkpoint compiled into 2 stages)
 """
 
 from __future__ import annotations
@@ -163,9 +164,10 @@ class ShardSizes:
     quick: bool = False
 
 
-QUICK_COMPILE = CompileSizes(model="llama_meta.py", stages=2, microbatches=8, every=1, quick=True)
-QUICK_TRAIN = TrainSizes(layers=2, width=64, heads=4, vocab=128, stages=2, steps=1, quick=True)
-QUICK_SHARDS = ShardSizes(quick=True)
+QUICK_COMPILE = CompileSizes(model="llama_meta.py", stages=2, microbatches=2, every=1, quick=True)
+QUICK_TRAIN = TrainSizes(layers=2, width=64, heads=4, vocab=128, tokens=16, stages=2,
+                         microbatches=2, steps=1, quick=True)  # fmt: skip
+QUICK_SHARDS = ShardSizes(stages=2, quick=True)
 NOT_JUDGED = "not judged (--quick)"
 
 

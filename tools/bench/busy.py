@@ -10,7 +10,7 @@ cores), ``--threads`` set to every core (what a run without the option did befor
 Rerun with::
 
     python tools/bench/busy.py            # the figures in docs/BENCHMARKS.md
-    python tools/bench/busy.py --quick    # a 2-layer GPT-2 of width 32, 3 steps, one round,
+    python tools/bench/busy.py --quick    # a 2-layer GPT-2 of width 32, 2 steps, one round,
                                           # the busy case with the threads following the cores
 """
 
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     os.environ.pop("OMP_NUM_THREADS", None)  # it would fix the runs' threads
-    sizes = (2, 32, 3, 1) if args.quick else (8, 256, args.steps, args.rounds)
+    sizes = (2, 32, 2, 1) if args.quick else (8, 256, args.steps, args.rounds)
     layers, width, steps, rounds = sizes
     cores = len(os.sched_getaffinity(0))
     busy = max(1, cores // 2)

@@ -13,7 +13,7 @@ Also measured: how long the other ranks take to stop after one is killed mid-ste
 cost of a checkpoint save. Rerun with::
 
     python tools/bench/distributed.py            # the figures in docs/BENCHMARKS.md
-    python tools/bench/distributed.py --quick    # a 4-layer GPT-2 of width 32, 2 processes,
+    python tools/bench/distributed.py --quick    # a 2-layer GPT-2 of width 32, 2 processes,
                                                  # one timed step: every path in seconds
 """
 
@@ -60,7 +60,7 @@ class Sizes(GPT2Sizes):
     procs: tuple[int, ...] = (2, 4)
 
 
-QUICK = Sizes(**{**QUICK_GPT2, "layers": 4}, batch=4, micro=2, procs=(2,))
+QUICK = Sizes(**QUICK_GPT2, batch=4, micro=2, procs=(2,))
 SCHEDULES = ("gpipe", "1f1b")
 
 

@@ -25,9 +25,10 @@ Rerun with::
 
     python tools/bench/gpu.py            # the figures in docs/BENCHMARKS.md (needs a GPU)
     python tools/bench/gpu.py --part profile   # the profile alone
-    python tools/bench/gpu.py --quick    # GPT example only, 3 steps, throughput in fp32 and the
-                                         # profile in bf16 at tiny sizes; on the CPU (gloo) where
-                                         # torch sees no GPU, so every path runs in the test suite
+    python tools/bench/gpu.py --quick    # GPT example only, 2 steps, throughput in fp32 and the
+                                         # profile in bf16 (one step) at tiny sizes; on the CPU
+                                         # (gloo) where torch sees no GPU, so every path runs in
+                                         # the test suite
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def eager_curve(device: str, precision: str, steps: int) -> list[float]:
 
 
 def precision(root: Path, device: str, quick: bool) -> None:
-    steps = 3 if quick else 20
+    steps = 2 if quick else 20
     out = compiled_example(root, "gpt")
     kinds = ("bf16", "fp16") if device == "cuda" else ("bf16",)  # fp16 needs a GPU
     print(f"\n## --precision on one {device} rank, GPT example, {steps} AdamW steps\n")
@@ -252,7 +253,7 @@ def peer_and_eager(model_file: Path, device: str, steps: int, micro: int, kind: 
 
 
 def throughput(root: Path, device: str, quick: bool, sizes: dict) -> None:
-    steps, micro = (3, 2) if quick else (20, 8)
+    steps, micro = (2, 2) if quick else (20, 8)
     model_file = root / "gpu_bench_model.py"
     model_file.write_text(MODEL_FILE.format(examples=str(EXAMPLES), sizes=sizes))
     out = root / "throughput"
@@ -391,7 +392,7 @@ def profile_ours(root: Path, model_file: Path, device: str, steps: int, micro: i
 
 
 def profile(root: Path, device: str, quick: bool, sizes: dict) -> None:
-    steps, micro = (2, 2) if quick else (6, 8)
+    steps, micro = (1, 2) if quick else (6, 8)
     model_file = root / "gpu_bench_model.py"
     model_file.write_text(MODEL_FILE.format(examples=str(EXAMPLES), sizes=sizes))
     runs = {"pipecompile": profile_ours(root, model_file, device, steps, micro),
@@ -418,7 +419,7 @@ def profile(root: Path, device: str, quick: bool, sizes: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 steps")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 steps")
     parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
@@ -439,7 +440,7 @@ def main() -> None:
     sizes = {"width": args.width, "layers": args.layers, "heads": max(args.width // 64, 1),
              "vocab": 8192, "batch": args.batch, "tokens": args.tokens}  # fmt: skip
     if args.quick:
-        sizes = {"width": 32, "layers": 4, "heads": 2, "vocab": 64, "batch": 4, "tokens": 8}
+        sizes = {"width": 32, "layers": 2, "heads": 2, "vocab": 64, "batch": 4, "tokens": 8}
     extra = [f"GPU {torch.cuda.get_device_name()}", f"CUDA {torch.version.cuda}"] if gpu else []
     print(f"machine: {machine(*extra)}")
     if device == "cpu":

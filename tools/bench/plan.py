@@ -24,8 +24,9 @@ Rerun with::
     python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
     python tools/bench/plan.py --processes 2   # the same on 2 processes (one core each here)
     python tools/bench/plan.py --search-only   # the search times alone (part 1)
-    python tools/bench/plan.py --quick    # 8 layers over 2 devices; one model on 2 processes,
-                                          # --tune 1, a 1-point grid, the peer on 2 stages
+    python tools/bench/plan.py --quick    # 4 layers over 2 devices; one small GPT on 2
+                                          # processes, --tune 1, a 1-point grid, the peer on
+                                          # 2 stages, 2 steps a measured run
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from model_files import gpt_body, llama_body, resnet_body, write_model_file
 use_examples()
 
 STEPS = 4  # per measured run: the first warms up, the median of the rest counts
+QUICK_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ LLAMA = Bench(
 )
 RESNET = Bench("resnet", resnet_body(2, 32, 16), ("layer1", "layer2", "layer3"))
 BENCHES = (GPT, LLAMA, RESNET)
+QUICK_GPT = Bench("gpt", gpt_body(4, 32, 2, 16, 16, 64), ("h.1", "h.2", "h.3"))  # --quick's
 
 
 def model_file(root: Path, bench: Bench) -> Path:
@@ -74,7 +77,7 @@ def model_file(root: Path, bench: Bench) -> Path:
 
 
 def search_models(quick: bool) -> list[tuple[str, torch.nn.Module, dict[str, torch.Tensor]]]:
-    """The search-time models: a GPT (32 layers, width 128, 64 tokens, batch 32; 8 layers
+    """The search-time models: a GPT (32 layers, width 128, 64 tokens, batch 32; 4 layers
     under --quick) and an 8-layer MLP (width 256, batch 32); then (not under --quick) 200
     layers of each: a GPT of width 64 over 32 tokens and an MLP."""
     from gpt import build_gpt
@@ -83,7 +86,7 @@ def search_models(quick: bool) -> list[tuple[str, torch.nn.Module, dict[str, tor
         widths = [torch.nn.Linear(256, 256) for _ in range(layers)]
         return torch.nn.Sequential(*(m for lin in widths for m in (lin, torch.nn.ReLU())))
 
-    layers = 8 if quick else 32
+    layers = 4 if quick else 32
     g = torch.Generator().manual_seed(0)
     models = [
         (
@@ -145,10 +148,10 @@ def ranks_of(plan: dict) -> int:
     return int(plan["devices"])
 
 
-def measured(directory: Path, ranks: int) -> float:
+def measured(directory: Path, ranks: int, steps: int = STEPS) -> float:
     from pipecompile.planner.tune import measure_step
 
-    return measure_step(directory, ranks, STEPS)
+    return measure_step(directory, ranks, steps)
 
 
 def grid_points(quick: bool, devices: int) -> list[tuple[int, int, str]]:
@@ -180,6 +183,7 @@ def one_model(root: Path, bench: Bench, quick: bool, processes: int) -> dict:
     path = model_file(root, bench)
     tuned = root / f"{bench.name}-tuned"
     devices = "2" if quick else str(processes)
+    steps = QUICK_STEPS if quick else STEPS
     pipecompile_here(str(path), "--devices", devices, "--tune", "1" if quick else "3", "-o",
                      str(tuned), "-q")  # fmt: skip
     chosen = plan_of(tuned)
@@ -194,28 +198,28 @@ def one_model(root: Path, bench: Bench, quick: bool, processes: int) -> dict:
         raw = predicted_untuned(cache, args, root / f"{out.name}-untuned")
         pipecompile_here(*args, "-o", str(out), "-q")
         plan = plan_of(out)
-        rows.append((plan, raw, measured(out, ranks_of(plan))))
-    peer = peer_step(root, bench, path, int(devices))
+        rows.append((plan, raw, measured(out, ranks_of(plan), steps)))
+    peer = peer_step(root, bench, path, int(devices), steps)
     return {"chosen": chosen, "chosen_s": chosen_s, "grid": rows, "peer_s": peer}
 
 
-def peer_step(root: Path, bench: Bench, path: Path, stages: int) -> float:
+def peer_step(root: Path, bench: Bench, path: Path, stages: int, steps: int = STEPS) -> float:
     """torch.distributed.pipelining's ScheduleGPipe on equal-layer stages (4, or 2: the middle
-    boundary), as many micro-batches as stages."""
+    boundary), as many micro-batches as stages, ``steps`` steps (the median after the first)."""
     out = root / f"{bench.name}-peer"
     boundaries = bench.peer_split if stages == 4 else bench.peer_split[1:2]
     splits = [a for s in boundaries for a in ("--split-at", s)]
     pipecompile_here(str(path), "--stages", str(stages), "--microbatches", str(stages), *splits,
                      "-o", str(out), "-q")  # fmt: skip
     done = run_ranks(stages, __file__, "--peer-worker", "--directory", str(out), "--model-file",
-                     str(path), timeout=900)  # fmt: skip
+                     str(path), "--steps", str(steps), timeout=900)  # fmt: skip
     found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode or not found:
         raise SystemExit(done.stdout[-2000:] + done.stderr[-3000:])
     return float(json.loads(found[0][7:]))
 
 
-def peer_worker(directory: Path, model_path: Path) -> None:
+def peer_worker(directory: Path, model_path: Path, steps: int = STEPS) -> None:
     """One rank of the peer's run over the emitted equal-layer stages."""
     import importlib.util
 
@@ -251,7 +255,7 @@ def peer_worker(directory: Path, model_path: Path) -> None:
     (target,) = user.example_targets()
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     times = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         dist.barrier()
         start = time.perf_counter()
         if rank == 0:
@@ -340,9 +344,10 @@ def main() -> None:
     parser.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
     parser.add_argument("--model-file", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=STEPS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer_worker:
-        peer_worker(Path(args.directory), Path(args.model_file))
+        peer_worker(Path(args.directory), Path(args.model_file), args.steps)
         return
     print(f"Machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -350,7 +355,9 @@ def main() -> None:
         search_time((2,) if args.quick else (8, 16, 32, 64), args.quick)
         if args.search_only:
             return
-        benches = [b for b in BENCHES if args.only in (None, b.name)][: 1 if args.quick else None]
+        benches = [b for b in BENCHES if args.only in (None, b.name)]
+        if args.quick:  # one model: the GPT at small sizes, unless --only names another
+            benches = [QUICK_GPT if benches[0] is GPT else benches[0]]
         tuned, calibrated = [], []
         for bench in benches:
             got = one_model(Path(tmp), bench, args.quick, args.processes)

@@ -11,8 +11,9 @@ and the interpreter's overhead per instruction. Prints Markdown tables.
 4. Interpreter overhead per instruction: the dispatch loop alone (no-op handlers), and a
    whole training step of a model whose arithmetic is negligible.
 
-Rerun with ``python tools/bench/schedules.py`` (``--quick``: every part on small sizes, p=4,
-m=8 only, a 2-layer GPT of width 32, one repeat; a few seconds).
+Rerun with ``python tools/bench/schedules.py`` (``--quick``: every part on small sizes, p=2,
+m=4 only, an 8-layer MLP, a 2-layer GPT of width 32 timed for one step, one repeat; a few
+seconds).
 """
 
 from __future__ import annotations
@@ -52,9 +53,12 @@ class Sizes:
     gpt_width: int = 256
     gpt_tokens: int = 128
     gpt_batch: int = 32
+    mlp_layers: int = 16  # part 2's MLP (a Linear and a Tanh a layer)
+    timed_steps: int = 3  # part 3's steps a policy, after a warm-up
 
 
-QUICK = Sizes(shapes=((4, 8),), gpt_layers=2, gpt_width=32, gpt_tokens=16, gpt_batch=8)
+QUICK = Sizes(shapes=((2, 4),), gpt_layers=2, gpt_width=32, gpt_tokens=16, gpt_batch=8,
+              mlp_layers=8, timed_steps=1)  # fmt: skip
 # (label, generator name, options, closed form of the bubble fraction)
 SCHEDULES = [
     ("gpipe", "gpipe", {}, lambda p, m: Fraction(p - 1, m + p - 1)),
@@ -116,10 +120,11 @@ def deep_mlp(layers: int = 16, width: int = 32) -> nn.Module:
 
 def inflight(tmp: Path, sizes: Sizes) -> None:
     print("\n### Peak in-flight micro-batches per device: measured / predicted\n")
-    print("16-layer MLP (width 32), batch = m, one row per schedule and shape.\n")
+    print(f"{sizes.mlp_layers}-layer MLP (width 32), batch = m, one row per schedule and "
+          "shape.\n")  # fmt: skip
     print("| schedule | p | m | measured | predicted (simulator) | equal |")
     print("|---|---:|---:|---|---|---|")
-    model = deep_mlp()
+    model = deep_mlp(layers=sizes.mlp_layers)
     for p, m in sizes.shapes:
         x, y = torch.randn(m, 32), torch.randn(m, 32)
         for label, name, options, _ in SCHEDULES:
@@ -163,7 +168,7 @@ def recompute_memory(tmp: Path, sizes: Sizes) -> None:
         pipe.train_step(inputs, targets, loss_fn, measure_memory=True)
         stats = pipe.last.stats
         seconds = []
-        for _ in range(4):  # the first is a warm-up; median of the other three
+        for _ in range(1 + sizes.timed_steps):  # a warm-up first; the median of the rest
             start = time.perf_counter()
             pipe.train_step(inputs, targets, loss_fn)
             seconds.append(time.perf_counter() - start)
@@ -181,9 +186,10 @@ def recompute_memory(tmp: Path, sizes: Sizes) -> None:
             f"| {always / never:.3f} |"
         )
     total_n, total_a = sum(rows["never"][0]), sum(rows["always"][0])
+    never_s, always_s = rows["never"][2], rows["always"][2]
     print(f"\nAll devices: {format_size(total_n)} -> {format_size(total_a)} "
-          f"({total_a / total_n:.3f}x). Step time (median of 3 after a warm-up): never "
-          f"{rows['never'][2]:.2f} s, always {rows['always'][2]:.2f} s.")  # fmt: skip
+          f"({total_a / total_n:.3f}x). Step time (median of {sizes.timed_steps} after a "
+          f"warm-up): never {never_s:.2f} s, always {always_s:.2f} s.")  # fmt: skip
 
 
 def overhead(tmp: Path, sizes: Sizes, repeats: int) -> None:

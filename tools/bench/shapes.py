@@ -25,8 +25,9 @@ step's time is the slowest rank's):
 Rerun with::
 
     python tools/bench/shapes.py            # the figures in docs/BENCHMARKS.md
-    python tools/bench/shapes.py --quick    # a 1-layer model, two steps of each, and the
-                                            # local gradient check of gpipe alone
+    python tools/bench/shapes.py --quick    # a 1-layer model, one timed step of each, one
+                                            # compile probed, and the local gradient check
+                                            # of gpipe alone
 """
 
 from __future__ import annotations
@@ -75,12 +76,12 @@ from char_lm_varlen import (  # noqa: E402,F401
 
 def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 1-layer model, two steps")
+    parser.add_argument("--quick", action="store_true", help="a 1-layer model, one step")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=None, help="steps of each run (default 30)")
     args = parser.parse_args()
-    args.steps = args.steps or (2 if args.quick else 30)
+    args.steps = args.steps or (1 if args.quick else 30)
     return args
 
 
@@ -186,7 +187,7 @@ def sizing_cost(directory: Path, repeats: int = 2000) -> float:
 
 def probe_cost(quick: bool) -> tuple[float, float]:
     """Seconds the ``dynamic_dims`` pass takes in a compile of char_lm (as above) that lets
-    the batch vary, and the whole compile's: the median of 5 compiles."""
+    the batch vary, and the whole compile's: the median of 5 compiles (``--quick``: one)."""
     import statistics
 
     import char_lm
@@ -196,7 +197,7 @@ def probe_cost(quick: bool) -> tuple[float, float]:
     model = char_lm.build_char_gpt(n_layer=1) if quick else char_lm.build_model()
     (idx,) = char_lm.example_inputs()
     probes, wholes = [], []
-    for _ in range(5):
+    for _ in range(1 if quick else 5):
         start = time.perf_counter()
         compiled = compile_model(model, {"idx": idx}, stages=2, microbatches=4, schedule="1f1b")
         wholes.append(time.perf_counter() - start)

@@ -27,7 +27,8 @@ Rerun with::
     python tools/bench/speed.py --model llama --procs 2
     python tools/bench/speed.py --quick              # a 2-layer GPT-2 of width 32, 2
                                                      # processes, 1f1b, torch.compile's eager
-                                                     # backend: every path but zb1p's skip
+                                                     # backend, one step and one pass of each
+                                                     # timing: every path but zb1p's skip
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ class Sizes(DistributedSizes):
     warmup: int = 2
     repeats: int = 5
     schedules: tuple[str, ...] = SCHEDULES
+    passes: int = 3  # of each stage alone and of the whole model alone: the median counts
 
 
-QUICK = Sizes(**QUICK_GPT2, batch=4, micro=2, procs=(2,), backend="eager", warmup=1, repeats=1,
-              schedules=("1f1b",))  # fmt: skip
+QUICK = Sizes(**QUICK_GPT2, batch=4, micro=2, procs=(2,), backend="eager", warmup=0, repeats=1,
+              schedules=("1f1b",), passes=1)  # fmt: skip
 
 
 def build(sizes: Sizes) -> nn.Module:
@@ -143,7 +145,7 @@ def one_schedule(directory: Path, module: nn.Module, schedule: str, sizes: Sizes
         runs["pipelining_compiled"] = theirs(manifest, module, schedule, sizes, sizes.backend)
     times = alternate(runs, sizes.warmup, sizes.repeats)
     alone: list[tuple[float, float]] = [(0.0, 0.0)] * dist.get_world_size()
-    dist.all_gather_object(alone, stage_alone(module, recorded))  # every stage's, in order
+    dist.all_gather_object(alone, stage_alone(module, recorded, sizes.passes))  # every stage's
     return {**times, "limit_f": [f for f, _ in alone], "limit_b": [b for _, b in alone]}
 
 
@@ -162,11 +164,11 @@ def record_inputs(module: nn.Module, run: Callable[[], None]) -> list[tuple]:
     return seen
 
 
-def stage_alone(module: nn.Module, recorded: list[tuple]) -> tuple[float, float]:
+def stage_alone(module: nn.Module, recorded: list[tuple], count: int = 3) -> tuple[float, float]:
     """Per micro-batch forward and backward seconds of this rank's stage, every rank at once,
-    no communication (median of three passes over the micro-batches)."""
+    no communication (median of ``count`` passes over the micro-batches)."""
     passes = []
-    for _ in range(3):
+    for _ in range(count):
         dist.barrier()
         forward = backward = 0.0
         for args in recorded:
@@ -189,7 +191,7 @@ def eager_alone(sizes: Sizes) -> float:
     model = build(sizes)
     inputs, target = data(sizes)
     runs = []
-    for _ in range(3):
+    for _ in range(sizes.passes):
         start = time.perf_counter()
         for x, y in zip(inputs.chunk(sizes.micro), target.chunk(sizes.micro)):
             loss_of(model(input_ids=x).logits, y).backward()

@@ -19,7 +19,8 @@ throughput runs, whose whole-command time is reported, start processes of their 
 started by torchrun: tools/bench/forked.py).
 
     python tools/bench/training.py            # the figures in docs/BENCHMARKS.md
-    python tools/bench/training.py --quick    # fewer steps and configurations
+    python tools/bench/training.py --quick    # 2 seed configurations, 2 bf16 and 2 throughput
+                                              # steps, one round
     python tools/bench/training.py --part throughput   # one part
 """
 
@@ -85,7 +86,7 @@ def seeds(root: Path, quick: bool) -> None:
 
 
 def bf16(root: Path, quick: bool) -> None:
-    steps = 5 if quick else 20
+    steps = 2 if quick else 20
     use_examples()
     import gpt  # examples/gpt.py
 
@@ -123,7 +124,7 @@ def bf16(root: Path, quick: bool) -> None:
 
 
 def throughput(root: Path, quick: bool) -> None:
-    steps = 4 if quick else 30
+    steps = 2 if quick else 30
     out = root / "char_lm"
     model = str(CHAR)
     pipecompile_here(model, "--stages", "2", "--microbatches", "4", "-q", "-o", str(out))
