@@ -95,7 +95,6 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     from pipecompile.compiler.options import CompileOptions
     from pipecompile.runtime.torch_compiled import check_backend
 
-    _check_keywords(compile, options, _keywords(CompileOptions) | {"checkpoint"})
     named = {"stages": stages, "schedule": schedule, "microbatches": microbatches}
     chosen = CompileOptions.from_keywords(
         **named, devices=devices, directory=directory, progress=progress, **options

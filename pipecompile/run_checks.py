@@ -26,6 +26,7 @@ def check_run_options(args: argparse.Namespace, emitted: Emitted) -> None:
     (``args`` as parsed: an option not given is still None)."""
     run, train = from_args(RunFlags, args), from_args(TrainFlags, args)
     directory = emitted.directory
+    loop = for_loop(train, directory)  # the training flags as the loop will take them
     from pipecompile.codegen.output_dir import inside
     from pipecompile.runtime.training.train_state import latest_step_dir, read_meta
 
@@ -37,7 +38,7 @@ def check_run_options(args: argparse.Namespace, emitted: Emitted) -> None:
             "--precision fp16 needs a GPU (run --nproc N --device cuda): on the CPU, use "
             "--precision bf16"
         )
-    _check_program_options(run, train, emitted)
+    _check_program_options(run, train, loop, emitted)
     if train.save and inside(Path(train.save), directory):
         raise PipecompileError(
             f"--save {train.save} lies inside {directory}, which a recompile replaces; "
@@ -56,16 +57,16 @@ def check_run_options(args: argparse.Namespace, emitted: Emitted) -> None:
                 f"ends there; pass --steps greater than {step}"
             )
     if not run.check:
-        _check_run_places(train, directory)
+        _check_run_places(train, loop)
 
 
-def _check_run_places(train: TrainFlags, directory: Path) -> None:
+def _check_run_places(train: TrainFlags, loop: TrainFlags) -> None:
     """Where the run writes (--save, --metrics), checked before it starts."""
     from pipecompile.runtime.training.loop_options import check_places
 
     if train.force and not train.save:
         raise PipecompileError("--force lets --save replace another run's train state; drop it")
-    replaced = check_places(for_loop(train, directory), force=train.force)
+    replaced = check_places(loop, force=train.force)
     if replaced:
         note(replaced)
 
@@ -80,13 +81,15 @@ def _uses_cuda(run: RunFlags) -> bool:
     return device_kind(run.device or "auto", run.nproc) == "cuda"
 
 
-def _check_program_options(run: RunFlags, train: TrainFlags, emitted: Emitted) -> None:
+def _check_program_options(
+    run: RunFlags, train: TrainFlags, loop: TrainFlags, emitted: Emitted
+) -> None:
     """Options this run would ignore, and training options the program's schedule cannot
     honour (see training.check_options)."""
     from pipecompile.runtime.training.loop_options import check_options
 
     _refuse_ignored(run, train)
-    check_options(for_loop(train, emitted.directory), emitted.program)
+    check_options(loop, emitted.program)
 
 
 def _is_not_given(value: object) -> bool:

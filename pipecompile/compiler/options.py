@@ -247,7 +247,7 @@ class CompileOptions:
         """
         flags = declared(cls)
         names = {o.api or f.name: f.name for f, o in flags if o.api not in (None, "machine")}
-        names.update(machine="machine", progress="quiet")
+        names["machine"] = "machine"  # the machine flags' one keyword
         recompute = chosen_policy(
             keywords.pop("recompute", "never"), keywords.pop("checkpoint", None)
         )
