@@ -6,12 +6,14 @@ refusals here read it."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.program import Program
 from pipecompile.runtime.distributed.placement import Placement
+from pipecompile.runtime.faults import FAULT_ENV, parse_faults
 from pipecompile.runtime.load import Emitted
 from pipecompile.runtime.notes import note
 from pipecompile.runtime.option_fields import HONOURED, declared, flag_of, from_args
@@ -32,6 +34,7 @@ def check_run_options(args: argparse.Namespace, emitted: Emitted) -> None:
 
     if train.save_every and not train.save:
         raise PipecompileError("--save-every needs --save DIR (where to write the train state)")
+    _check_faults()
     on_gpus = _uses_cuda(run)  # also refuses --device cuda with too few GPUs
     if train.precision == "fp16" and not on_gpus:
         raise PipecompileError(
@@ -39,6 +42,11 @@ def check_run_options(args: argparse.Namespace, emitted: Emitted) -> None:
             "--precision bf16"
         )
     _check_program_options(run, train, loop, emitted)
+    if run.max_restarts and not train.save:
+        raise PipecompileError(
+            f"--max-restarts {run.max_restarts} needs --save DIR: a restart resumes from the "
+            "newest step saved there (add --save-every N to lose at most N steps a failure)"
+        )
     if train.save and inside(Path(train.save), directory):
         raise PipecompileError(
             f"--save {train.save} lies inside {directory}, which a recompile replaces; "
@@ -179,3 +187,11 @@ def check_fully_sharded(
             f"{flag}: the stages' forwards run through torch.compile, which pipecompile does "
             "not combine with FSDP; add --compile off, or use --shard optimizer"
         )
+
+
+def _check_faults() -> None:
+    """A ``PIPECOMPILE_FAULT`` the ranks could not read, refused before they start."""
+    try:
+        parse_faults(os.environ.get(FAULT_ENV, ""))
+    except ValueError as err:
+        raise PipecompileError(str(err)) from None

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipecompile.files.held import holding
 from pipecompile.model.model_file import ModelSpec
 from pipecompile.run_checks import check_fully_sharded, check_mesh, check_run_options
 from pipecompile.runtime.distributed.run_setup import (
@@ -32,13 +33,22 @@ def run(args: argparse.Namespace) -> int:
 
         fork_a_starter()
     from pipecompile.runtime.load import open_emitted
-    from pipecompile.runtime.pipeline import Pipeline
-    from pipecompile.runtime.threads import use_threads
 
     emitted = open_emitted(Path(args.directory), args.program)
     check_run_options(args, emitted)
     # None until here, where what was given is known: each option not given takes its default
     flags, options = run_flags(args, emitted.directory)
+    if options.save is None or flags.check:
+        return _run_here(flags, options, emitted)
+    with holding(Path(options.save)):  # one run at a time saves there
+        return _run_here(flags, options, emitted)
+
+
+def _run_here(flags: RunFlags, options: TrainFlags, emitted: Emitted) -> int:
+    """The run, its options settled: launched (``--nproc``), checked or trained here."""
+    from pipecompile.runtime.pipeline import Pipeline
+    from pipecompile.runtime.threads import use_threads
+
     if flags.nproc:
         return _launch(flags, options, emitted)
     use_threads(flags.threads)
@@ -90,8 +100,8 @@ def _check(flags: RunFlags, options: TrainFlags, pipe: Any, spec: ModelSpec) -> 
 
 def _launch(flags: RunFlags, options: TrainFlags, emitted: Emitted) -> int:
     """``--nproc N``: the mesh checked, then N ranks started with the run's options."""
-    from pipecompile.runtime.distributed.launch import launch
     from pipecompile.runtime.distributed.placement import Placement
+    from pipecompile.runtime.distributed.restarts import launch_restarting
 
     directory, manifest, program = emitted
     assert flags.nproc is not None and flags.dp is not None
@@ -101,4 +111,11 @@ def _launch(flags: RunFlags, options: TrainFlags, emitted: Emitted) -> int:
         check_fully_sharded(flags, options, program, placement, manifest)
     check_world(placement, flags.dp, flags.nproc, started=False)  # before any rank starts
     ranks = to_argv(flags) + to_argv(options)  # --metrics: DIRECTORY/metrics.jsonl by default
-    return launch(flags.nproc, [str(directory), *ranks])
+    save = Path(options.save) if options.save else None
+    return launch_restarting(
+        flags.nproc,
+        [str(directory), *ranks],
+        save=save,
+        max_restarts=flags.max_restarts or 0,
+        metrics=options.metrics,  # type: ignore[arg-type]
+    )

@@ -167,7 +167,7 @@ def test_not_given_is_none_until_settled():
     """Refusals tell a default given from one not given; a rank settles as `run` does."""
     assert RunFlags().atol is None and RunFlags().device is None
     # --atol/--rtol stay None: not given, --check judges by the noise floor (docs/USAGE.md)
-    assert settled(RunFlags()) == RunFlags(device="auto", timeout=60.0, dp=1)
+    assert settled(RunFlags()) == RunFlags(device="auto", timeout=60.0, dp=1, max_restarts=0)
     assert settled(RunFlags(timeout=5.0)).timeout == 5.0
     args = _parse(["out"])
     assert (args.atol, args.rtol, args.timeout, args.device) == (None, None, 60.0, "auto")

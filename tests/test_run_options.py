@@ -96,7 +96,7 @@ SAMPLE = {"steps": "2", "epochs": "2", "accumulate": "2", "optimizer": "sgd", "l
           "precision": "bf16", "compile": "eager", "seed": "3", "skip_nonfinite": None,
           "save": "ck", "save_every": "2 --save ck", "resume": "ck", "force": None,
           "metrics": "m.jsonl", "eval_every": "2", "trace": "t.json", "trace_steps": "2",
-          "quiet": None}  # fmt: skip
+          "quiet": None, "async_save": None}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLE))
@@ -263,7 +263,7 @@ def test_a_damaged_checkpoint_names_the_file(model_and_out, tmp_path, capsys):
 
 # A value for each `run` option a mode decides about (None: a switch)
 RUN_SAMPLE = {"atol": "0.1", "rtol": "0", "batch_shapes": "4", "dp": "2", "shard": "optimizer",
-              "device": "cpu", "timeout": "5", "stats": None}  # fmt: skip
+              "device": "cpu", "timeout": "5", "stats": None, "max_restarts": "2"}  # fmt: skip
 MODES = {"plain": [], "check": ["--check"], "nproc": ["--nproc", "2"]}
 
 

@@ -52,11 +52,17 @@ _STATUS_ENV = "PIPECOMPILE_STATUS_DIR"
 _RANK_LINE = re.compile(r"(?=pipecompile: rank \d+: )")  # where a rank's line begins
 
 
-def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> int:
+def launch(
+    nproc: int,
+    worker_args: list[str],
+    *,
+    keep: list | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
     """Run the ranks; returns the worst rank status (0 ok, 1 check failed, 2 error, 3 stopped
     because another rank failed), or 130 after Ctrl-C or SIGTERM. ``keep`` receives each
-    rank's status record (status, end time, steps done, and for an injected kill the
-    instruction)."""
+    rank's status record (status, end time, steps done, the reason of a failure, and for an
+    injected kill the instruction); ``env``: more of the ranks' environment."""
     options = worker_parser().parse_known_args(worker_args)[0]
     save = Path(options.save) if options.save else None
     with _StopSignals() as stop:
@@ -64,8 +70,13 @@ def launch(nproc: int, worker_args: list[str], *, keep: list | None = None) -> i
             threads = launch_threads(options.threads, nproc)  # the OpenMP pool's size, too
             if not options.threads:  # each rank sets torch's count to it, not to its share
                 worker_args = [*worker_args, "--threads", str(threads)]
-            env = {**os.environ, _STATUS_ENV: status_dir, "OMP_NUM_THREADS": str(threads)}
-            returncode, stderr = _supervise(nproc, worker_args, env, status_dir, stop)
+            ranks_env = {
+                **os.environ,
+                **(env or {}),
+                _STATUS_ENV: status_dir,
+                "OMP_NUM_THREADS": str(threads),
+            }
+            returncode, stderr = _supervise(nproc, worker_args, ranks_env, status_dir, stop)
             entries = [json.loads(p.read_text()) for p in Path(status_dir).glob("rank*.json")]
         if keep is not None:
             keep.extend(entries)

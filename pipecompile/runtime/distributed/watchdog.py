@@ -39,7 +39,7 @@ class Watchdog:
         interval: float = 0.05,
         on_stop: Any = None,
     ) -> None:
-        """``on_stop(status)`` runs just before the watchdog ends the process."""
+        """``on_stop(status, problem)`` runs just before the watchdog ends the process."""
         self.on_stop = on_stop
         self.store, self.rank, self.world = store, rank, world
         self.timeout, self.interval = timeout, interval
@@ -191,7 +191,7 @@ class Watchdog:
                 line = f"stopping at instruction {self.current}: {problem}"
             say(f"pipecompile: rank {self.rank}: {line}", self._stderr)
             if self.on_stop is not None:
-                self.on_stop(EXIT_PEER_FAILED)
+                self.on_stop(EXIT_PEER_FAILED, problem)
         finally:
             # Whatever failed above (stderr is a pipe nobody reads once `pipecompile` was
             # killed), the rank ends: a thread that died here would leave it training.

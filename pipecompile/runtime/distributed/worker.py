@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
+from pipecompile.files.names import LATEST
 from pipecompile.ir.instr import Op
 from pipecompile.model.data_hooks import (
     EVAL,
@@ -51,12 +52,14 @@ from pipecompile.runtime.distributed.run_setup import (
     run_model,
 )
 from pipecompile.runtime.distributed.watchdog import Watchdog
+from pipecompile.runtime.faults import FAULT_ENV, fault_at
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, open_emitted
 from pipecompile.runtime.option_fields import add_options, from_args, settled
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.threads import use_threads
 from pipecompile.runtime.training.loop import TrainState, train
+from pipecompile.runtime.training.metrics import append_record
 from pipecompile.runtime.training.options import RunFlags, TrainFlags
 
 __all__ = ["main", "worker_parser"]
@@ -92,15 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     progress = TrainState()
     watchdog = Watchdog(
-        dist.distributed_c10d._get_default_store(),
+        # torchrun keeps its store across its restarts: each attempt's keys are its own
+        dist.PrefixStore(f"attempt{_restart_count()}/", dist.distributed_c10d._get_default_store()),
         rank,
         world,
         timeout=args.timeout,
-        on_stop=lambda status: _write_status(rank, status, step=progress.done),
+        on_stop=lambda status, why: _write_status(rank, status, step=progress.done, reason=why),
     )
     watchdog.start()
     threading.Thread(target=_stop_on_sigint, args=(watchdog,), daemon=True).start()
-    status = 0
+    status, reason = 0, None
     try:
         status = _run(args, rank, world, watchdog, where, progress)
     except CheckError as err:
@@ -116,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         if problem is not None:
             watchdog.blame(problem)
             _say_error(rank, f"stopping at instruction {watchdog.current}: {problem}")
-            status = 3
+            status, reason = 3, problem
         else:
             text = str(err) if isinstance(err, PipecompileError) else f"{type(err).__name__}: {err}"
             watchdog.report_failure(text)
             _say_error(rank, f"error: {text}")
-            status = 2
-    _write_status(rank, status, step=progress.done)
+            status, reason = 2, text
+    _write_status(rank, status, step=progress.done, reason=reason)
     finished = status in (0, 1)  # a check that found a mismatch still ends normally
     if finished:
         watchdog.idle("finishing")
@@ -167,6 +171,7 @@ def _run(
     emitted = open_emitted(directory, args.program)
     _, manifest, program = emitted
     flags, options = run_flags(args, directory)
+    _resume_after_torchrun_restart(options, rank)
     placement = Placement.from_manifest(manifest, program.stage_device)
     copies = args.dp
     check_world(placement, copies, world, started=True)
@@ -205,7 +210,7 @@ def _run(
             device=where,
             wire_dtype=pipe.precision,
         ),
-        wrap=lambda handlers: _tracked(handlers, watchdog),
+        wrap=lambda handlers: _tracked(handlers, watchdog, progress),
         after_step=lambda: watchdog.idle("between steps"),
         default_device=where if where.type == "cuda" else None,
     )
@@ -232,6 +237,27 @@ def _run(
         data_parallel=data_parallel,
     )
     return 0
+
+
+def _restart_count() -> int:
+    """How often torchrun has restarted this run's ranks (0 under `run --nproc`)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _resume_after_torchrun_restart(options: TrainFlags, rank: int) -> None:
+    """Under torchrun's ``--max-restarts``, a restarted rank (TORCHELASTIC_RESTART_COUNT > 0)
+    resumes from the newest step in ``--save`` by itself; rank 0 records the restart."""
+    count = _restart_count()
+    if not count or options.save is None or not (Path(options.save) / LATEST).is_file():
+        return
+    resumed = (Path(options.save) / LATEST).read_text().strip()
+    options.resume = Path(options.save)
+    if rank == 0:
+        step = int(resumed.removeprefix("step_"))
+        record = {"kind": "restart", "restart": count, "rank": None, "resumed_from": step}
+        record["reason"] = "restarted by torchrun"
+        append_record(Path(options.metrics) if options.metrics else None, record)
+        say(f"pipecompile: torchrun restart {count}: resuming from {resumed} in {options.save}")
 
 
 def _check(
@@ -330,30 +356,23 @@ def _peer_problem(watchdog: Watchdog, err: Exception) -> str | None:
         time.sleep(0.05)
 
 
-def _tracked(handlers: dict, watchdog: Watchdog) -> dict:
-    """Handlers that tell the watchdog which instruction runs (and obey a test's fault hook)."""
-    fault = _fault_hook()
+def _tracked(handlers: dict, watchdog: Watchdog, progress: TrainState) -> dict:
+    """Handlers that tell the watchdog which instruction runs (and obey a test's fault hook,
+    ``runtime.faults``: the step an instruction belongs to is the one after those done)."""
+    hooked = bool(os.environ.get(FAULT_ENV))
 
     def wrap(op: str, handler: Any) -> Any:
         def run(instr: Any) -> bool:
             watchdog.at(str(instr))
-            if fault is not None and str(instr) == fault[1]:
-                _inject(fault[0], watchdog)
+            if hooked:
+                fault = fault_at(watchdog.rank, (progress.done or 0) + 1, str(instr))
+                if fault is not None:
+                    _inject(fault.kind, watchdog)
             return handler(instr)
 
         return run
 
     return {op: wrap(op, h) for op, h in handlers.items()}
-
-
-def _fault_hook() -> tuple[str, str] | None:
-    """PIPECOMPILE_FAULT="RANK:INSTR:kill|raise|hang" makes that rank fail (or stop making
-    progress) at that instruction: a testing aid for the fault handling."""
-    spec = os.environ.get("PIPECOMPILE_FAULT")
-    if not spec:
-        return None
-    rank, instr, kind = spec.split(":")
-    return (kind, instr) if int(rank) == dist.get_rank() else None
 
 
 def _inject(kind: str, watchdog: Watchdog) -> None:

@@ -14,9 +14,11 @@ pass None and never call the model file's hooks.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +31,7 @@ from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.precision import PRECISIONS, LossScaler
 from pipecompile.runtime.random_state import draw_base
 from pipecompile.runtime.threads import IdleCores
+from pipecompile.runtime.training.background_save import BackgroundSaves
 from pipecompile.runtime.training.copy_share import CopyShare
 from pipecompile.runtime.training.data_parallel import DataParallel
 from pipecompile.runtime.training.divergence import skipped_line
@@ -126,6 +129,7 @@ def train(
         seed,
         schedulers,
         idle,
+        BackgroundSaves() if options.async_save else None,
     )
     with _restoring(idle):
         if idle is not None and pipe.compiled is not None:  # before the first compiled call
@@ -159,6 +163,7 @@ class _Run:
     seed: int
     schedulers: list
     idle: IdleCores | None
+    saves: BackgroundSaves | None  # --async-save
 
 
 @contextmanager
@@ -275,12 +280,18 @@ def _steps(
             step += 1
             _finished(run, state, reporter, step, first, *done)
             if options.save and save_due(step, total or -1, options.save_every):
-                _save(run, step)
+                _save(run, reporter, step)
                 saved_at = step
         if options.save and state.done is not None and state.done != saved_at:
-            _save(run, state.done, with_scale=False)
+            _save(run, reporter, state.done, with_scale=False)
+        if run.saves is not None:
+            run.saves.wait()  # the last save complete, and `latest` on it
         if tracer is not None:
             write_step_trace(pipe, tracer, group, options.trace, run.one_process)  # type: ignore[arg-type]
+    except BaseException:
+        if run.saves is not None:
+            run.saves.abandon()  # never published: `latest` stays on a complete step
+        raise
     finally:
         pipe.tracer = None
         reporter.close()
@@ -318,9 +329,19 @@ def _finished(
         reporter.eval(EvalRecord(step, run.feed.epoch, loss))
 
 
-def _save(run: _Run, step: int, *, with_scale: bool = True) -> None:
-    """The run's train state at ``step``, for ``--resume``."""
+def _save(run: _Run, reporter: Reporter, step: int, *, with_scale: bool = True) -> None:
+    """The run's train state at ``step``, for ``--resume`` (in the background with
+    ``--async-save``); the time the step waited for it is recorded."""
     train = {"epoch": run.feed.epoch, "batches": run.feed.read, "seed": run.seed}
     if with_scale and run.scaler is not None:
         train["loss_scale"] = run.scaler.state_dict()
-    save(run.pipe, run.options.save, step, run.group.rank, train)  # type: ignore[arg-type]
+    root = run.options.save
+    assert root is not None
+    began = time.perf_counter()
+    if run.saves is not None:
+        run.saves.submit(run.pipe, Path(root), step, run.group.rank, train)
+    else:
+        save(run.pipe, Path(root), step, run.group.rank, train)
+    stall = time.perf_counter() - began
+    record = {"step": step, "stall_ms": round(stall * 1e3, 3), "background": run.saves is not None}
+    reporter.record({"kind": "save", **record})

@@ -43,6 +43,11 @@ def check_options(options: TrainFlags, program: Program) -> None:
         raise PipecompileError(
             f"unknown precision {options.precision!r}; choose one of {', '.join(PRECISIONS)}"
         )
+    if options.async_save and options.save is None:
+        raise PipecompileError(
+            "--async-save writes the saves of --save DIR in the background, and this run saves "
+            "nothing; add --save DIR (and --save-every N), or drop --async-save"
+        )
     if options.accumulate < 1:
         raise PipecompileError(f"--accumulate {options.accumulate}: give at least 1")
     if options.trace is None and options.trace_steps != _default(options, "trace_steps"):

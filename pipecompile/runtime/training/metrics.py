@@ -26,7 +26,14 @@ from pipecompile.runtime.local_part import local_part
 from pipecompile.runtime.training.model_keyed import local_optimizer
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
 
-__all__ = ["Reporter", "batch_counts", "check_metrics_file", "local_bubble", "peak_memory"]
+__all__ = [
+    "Reporter",
+    "append_record",
+    "batch_counts",
+    "check_metrics_file",
+    "local_bubble",
+    "peak_memory",
+]
 
 
 def check_metrics_file(path: Path) -> None:
@@ -221,3 +228,10 @@ def _throughput(record: StepRecord) -> str:
 def _clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def append_record(metrics: Path | None, record: dict[str, Any]) -> None:
+    """One record appended to the metrics file outside a run's own reporter (a restart's)."""
+    reporter = Reporter(metrics, None, quiet=True)
+    reporter.record(record)
+    reporter.close()

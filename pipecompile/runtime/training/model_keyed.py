@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from pipecompile.runtime.local_part import is_dtensor
 __all__ = [
     "LAYOUT",
     "save_model_keyed",
+    "save_model_keyed_async",
     "load_model_keyed",
     "saved_entries",
     "read_model_keyed",
@@ -107,8 +109,7 @@ def save_model_keyed(pipe: Any, directory: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    weights = {key: tensors[0] for key, tensors in _weights(pipe).items()}
-    state = {**weights, **_optimizer_state(pipe)}
+    state = _train_state(pipe)
     writer = _writer_class()(str(directory))
     failed = None
     try:
@@ -118,6 +119,27 @@ def save_model_keyed(pipe: Any, directory: Path) -> None:
         failed = writer.failure or _cause(err)  # this rank's own, with what it was raised in
     if failed is not None:  # what failed (a full disk, a stop), as it was raised and chained
         raise failed
+
+
+def save_model_keyed_async(pipe: Any, directory: Path, group: Any) -> Future:
+    """Copy this rank's share of the train state off the training tensors now, and write it
+    under ``directory`` in the background (torch.distributed.checkpoint's ``async_save``, its
+    collectives on ``group``, not the training's); the future ends when it is written (on rank
+    0: every rank's share and the index), or raises what failed."""
+    import torch.distributed.checkpoint as dcp
+
+    writer = _writer_class()(str(directory))
+    with _one_process_quietly():
+        future = dcp.async_save(
+            _train_state(pipe), storage_writer=writer, process_group=group, no_dist=group is None
+        )
+    return future  # type: ignore[return-value]
+
+
+def _train_state(pipe: Any) -> dict[str, Any]:
+    """This rank's weights and optimizer state, keyed by the model's names."""
+    weights = {key: tensors[0] for key, tensors in _weights(pipe).items()}
+    return {**weights, **_optimizer_state(pipe)}
 
 
 def _writer_class() -> type:

@@ -118,6 +118,19 @@ class RunFlags:
         needs="nproc",
         needs_why="applies to the ranks of --nproc N, which a run without --nproc does not start",
     )
+    max_restarts: int | None = option(
+        "--max-restarts",
+        check=nonnegative_int,
+        then=0,
+        forwarded=False,
+        api=None,
+        metavar="K",
+        help="--nproc with --save: when a rank fails, stop every rank and start them all again "
+        "from the newest step saved, up to K times (default 0)",
+        under_check="it trains nothing a failure could interrupt",
+        needs="nproc",
+        needs_why="restarts the ranks of --nproc N, which a run without --nproc does not start",
+    )
     allow_stale: bool = option(
         "--allow-stale",
         switch=True,
@@ -250,6 +263,13 @@ class TrainFlags:
         check=nonnegative_int,
         default=0,
         help="with --save: also save every N steps",
+    )
+    async_save: bool = option(
+        "--async-save",
+        under_check="it trains nothing to save",
+        switch=True,
+        help="with --save: copy each save's state at its step and write it in the background "
+        "while training goes on (latest moves once the write is complete)",
     )
     resume: str | Path | None = option(
         "--resume",

@@ -53,6 +53,7 @@ from pipecompile.files.names import LATEST, STEP_META, stage_optimizer, stage_we
 from pipecompile.files.owned import TRAIN_STATE_FORMAT, is_our_latest, is_our_step_dir
 from pipecompile.files.writable import check_directory
 from pipecompile.ir.manifest import Manifest
+from pipecompile.runtime.faults import fail_save
 from pipecompile.runtime.interrupt import user_stop
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.model_keyed import (
@@ -72,6 +73,8 @@ __all__ = [
     "save_due",
     "remove_partial",
     "split_fingerprint",
+    "publish",
+    "step_meta",
 ]
 
 FORMAT = TRAIN_STATE_FORMAT
@@ -116,25 +119,39 @@ def _write(
 ) -> Path:
     _barrier()
     save_model_keyed(pipe, tmp)  # collective: every rank writes its share, rank 0 the index
+    fail_save(rank, step)  # a test's injected failure (runtime.faults), if one is set here
     _barrier()
     final = root / step_name(step)
     if rank == 0:
-        _check_replaceable(root, final)
-        meta = {
-            "format": FORMAT,
-            "step": step,
-            "stages": len(pipe.modules),
-            "layout": LAYOUT,
-            "train": train or {},
-            "optimizer": _optimizer_kind(pipe),
-        }
-        (tmp / STEP_META).write_text(json.dumps(meta) + "\n")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, root / LATEST)
+        publish(root, tmp, step_meta(pipe, step, train))
     _barrier()
+    return final
+
+
+def step_meta(pipe: Pipeline, step: int, train: dict[str, Any] | None) -> dict[str, Any]:
+    """What ``meta.json`` says of the step ``pipe`` is at."""
+    return {
+        "format": FORMAT,
+        "step": step,
+        "stages": len(pipe.modules),
+        "layout": LAYOUT,
+        "train": train or {},
+        "optimizer": _optimizer_kind(pipe),
+    }
+
+
+def publish(root: Path, tmp: Path, meta: dict[str, Any]) -> Path:
+    """Rank 0, once every rank's share is in ``tmp``: its ``meta.json`` written, ``tmp``
+    renamed into ``step_<n>`` and ``latest`` moved to it (a temporary file, then
+    ``os.replace``); returns the step's directory."""
+    final = root / step_name(meta["step"])
+    _check_replaceable(root, final)
+    (tmp / STEP_META).write_text(json.dumps(meta) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    pointer = root / f".{LATEST}.tmp"
+    pointer.write_text(final.name + "\n")
+    os.replace(pointer, root / LATEST)
     return final
 
 
