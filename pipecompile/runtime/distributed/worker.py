@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     use_threads(args.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     where = _device(args.device)
     backend = "nccl" if where.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=max(args.timeout, 1.0) * 2))
+    _init_process_group(backend, timedelta(seconds=max(args.timeout, 1.0) * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
     progress = TrainState()
     watchdog = Watchdog(
@@ -239,6 +239,23 @@ def _run(
     return 0
 
 
+def _init_process_group(backend: str, timeout: timedelta) -> None:
+    """The run's process group. After a torchrun restart, on torchrun's store under a prefix of
+    this attempt's: torch 2.13 keeps the agent's store across restarts, and the previous
+    attempt's addresses left there would otherwise be read by the new ranks, which then fail
+    to connect."""
+    count = _restart_count()
+    if not count or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, timeout=timeout
+    )
+    store = dist.PrefixStore(f"/pipecompile/attempt_{count}", agent)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
 def _restart_count() -> int:
     """How often torchrun has restarted this run's ranks (0 under `run --nproc`)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -246,18 +263,22 @@ def _restart_count() -> int:
 
 def _resume_after_torchrun_restart(options: TrainFlags, rank: int) -> None:
     """Under torchrun's ``--max-restarts``, a restarted rank (TORCHELASTIC_RESTART_COUNT > 0)
-    resumes from the newest step in ``--save`` by itself; rank 0 records the restart."""
+    resumes from the newest step in ``--save`` by itself (from the start, or the ``--resume``
+    given, while there is none); rank 0 records the restart."""
     count = _restart_count()
-    if not count or options.save is None or not (Path(options.save) / LATEST).is_file():
+    if not count or options.save is None:
         return
-    resumed = (Path(options.save) / LATEST).read_text().strip()
-    options.resume = Path(options.save)
+    pointer = Path(options.save) / LATEST
+    resumed = pointer.read_text().strip() if pointer.is_file() else None
+    if resumed is not None:
+        options.resume = Path(options.save)
     if rank == 0:
-        step = int(resumed.removeprefix("step_"))
+        step = int(resumed.removeprefix("step_")) if resumed else 0
         record = {"kind": "restart", "restart": count, "rank": None, "resumed_from": step}
         record["reason"] = "restarted by torchrun"
         append_record(Path(options.metrics) if options.metrics else None, record)
-        say(f"pipecompile: torchrun restart {count}: resuming from {resumed} in {options.save}")
+        where = f"{resumed} in {options.save}" if resumed else "the start (no step saved yet)"
+        say(f"pipecompile: torchrun restart {count}: resuming from {where}")
 
 
 def _check(

@@ -20,12 +20,17 @@ from typing import Any
 
 import torch.distributed as dist
 
-from pipecompile.files.disk import writing
+from pipecompile.files.disk import disk_message, writing
 from pipecompile.files.names import step_name
 from pipecompile.runtime.faults import fail_save
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.model_keyed import save_model_keyed_async
-from pipecompile.runtime.training.train_state import publish, remove_partial, step_meta
+from pipecompile.runtime.training.train_state import (
+    last_complete,
+    publish,
+    remove_partial,
+    step_meta,
+)
 
 __all__ = ["BackgroundSaves"]
 
@@ -86,11 +91,17 @@ class BackgroundSaves:
             self._thread = None
 
     def _finish(self, future: Any, root: Path, tmp: Path, meta: dict[str, Any], rank: int) -> None:
+        def failed(cause: OSError) -> str:
+            line = disk_message(f"write train state {step_name(meta['step'])} to", root, cause)
+            return f"{line}; {last_complete(root)}"
+
         try:
-            with writing("save the train state to", root):
+            with writing("save the train state to", root, message=failed):
                 future.result()
                 fail_save(rank, meta["step"])  # a test's injected failure, if one is set here
                 if rank == 0 and not self._abandoned:
                     publish(root, tmp, meta)
         except BaseException as err:  # raised on the training's thread at the next wait
             self._failure = err
+            if rank == 0:
+                remove_partial(root)  # what this save wrote; `latest` is untouched

@@ -74,6 +74,7 @@ __all__ = [
     "remove_partial",
     "split_fingerprint",
     "publish",
+    "last_complete",
     "step_meta",
 ]
 
@@ -181,11 +182,7 @@ def _failed_save(
     """What a save the disk refused tells the user; in one process, this step is saved to a
     fresh temporary directory first, so that the training done is not lost."""
     line = disk_message(f"write train state {step_name(step)} to", root, cause)
-    latest = root / LATEST
-    if is_our_latest(latest) and is_our_step_dir(root / latest.read_text().strip()):
-        kept = f"the last complete saved step there is {root / latest.read_text().strip()}"
-    else:
-        kept = f"no complete saved step is in {root}"
+    kept = last_complete(root)
     if dist.is_available() and dist.is_initialized():
         return f"{line}; {kept}"
     rescue = Path(tempfile.mkdtemp(prefix=f"pipecompile-rescue-step{step}-"))
@@ -199,6 +196,14 @@ def _failed_save(
         f"{line}\n{kept}; step {step} was saved to {rescue} instead: continue with --resume "
         f"{rescue} --save DIR (where there is room)"
     )
+
+
+def last_complete(root: Path) -> str:
+    """Which complete saved step ``root`` keeps, in words, for a failed save's message."""
+    latest = root / LATEST
+    if is_our_latest(latest) and is_our_step_dir(root / latest.read_text().strip()):
+        return f"the last complete saved step there is {root / latest.read_text().strip()}"
+    return f"no complete saved step is in {root}"
 
 
 def check_save_dir(
