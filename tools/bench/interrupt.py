@@ -203,6 +203,17 @@ def exit_status(code: int | None, killed_by_us: bool) -> str:
     return str(code)
 
 
+def _readable(step_dir: Path) -> bool:
+    """Whether every tensor of the saved step can be read back (its index and each shard)."""
+    from pipecompile.runtime.training.model_keyed import read_model_keyed
+
+    try:
+        read_model_keyed(step_dir)
+    except Exception:  # a missing index (EmitError) or shard (the checkpoint's own error)
+        return False
+    return True
+
+
 def checkpoint_state(ck: Path) -> str:
     """COMPLETE when CK/latest names a step whose files are all there and no temporary
     directory is left; otherwise what is wrong."""
@@ -212,8 +223,7 @@ def checkpoint_state(ck: Path) -> str:
         meta = json.loads((ck / name / "meta.json").read_text())
     except (OSError, ValueError) as err:
         return f"NO: {type(err).__name__}"
-    files = [ck / name / f"stage_{j}.safetensors" for j in range(meta["stages"])]
-    if meta.get("step") != int(name.removeprefix("step_")) or not all(map(Path.is_file, files)):
+    if meta.get("step") != int(name.removeprefix("step_")) or not _readable(ck / name):
         return f"NO: {name} incomplete"
     return f"NO: {', '.join(leftovers)} left" if leftovers else COMPLETE
 

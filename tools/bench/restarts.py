@@ -23,11 +23,18 @@ Three parts, in one run:
    for a save (the metrics file's ``save`` records, the first save of each run left out), and
    the asynchronous one's share of the synchronous one (goal: at most 20%).
 
+4. **Every schedule and training option.** The soak's model, 10 steps saving every 2, killed
+   inside the save after step 6 (``1:6:save:kill``) and restarted: every schedule of the
+   registry (2 stages on 2 ranks; the looped and V-shaped ones 4 stages on 2), and 1f1b with
+   ``--accumulate 2``, ``--precision bf16``, ``--dp 2 --shard optimizer`` and ``--dp 2 --shard
+   grads`` (4 ranks): the tensors that differ from the unfailed run (goal: 0 everywhere; the
+   asynchronous pipedream schedules drain every step, so their saved state is all there is).
+
 Rerun with::
 
     python tools/bench/restarts.py            # the figures in docs/BENCHMARKS.md
-    python tools/bench/restarts.py --quick    # 2 ranks, 12 steps, 2 faults, a tiny model: every
-                                              # path in seconds, no goal judged
+    python tools/bench/restarts.py --quick    # 2 ranks, 8 steps, 2 faults, a tiny model, one
+                                              # case of part 4: every path, no goal judged
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +64,12 @@ from gpt import build_gpt, loss_fn
 def build_model():
     return build_gpt(n_layer={layers}, n_embd={width}, n_head={heads}, vocab_size={vocab},
                      block_size={tokens}, dropout={dropout})
+
+
+def build_untied_model():  # PipeDream's per-stage updates refuse a tied weight
+    model = build_model()
+    model.lm_head.weight = torch.nn.Parameter(model.wte.weight.detach().clone())
+    return model
 
 
 def _tokens(n, seed):
@@ -183,8 +197,8 @@ def soak(root: Path, soak: Soak, model: Path) -> dict:
             "lines": shown}  # fmt: skip
 
 
-def peer(root: Path, soak: Soak, model: Path) -> dict:
-    """The same faults restarted by torchrun's elastic agent."""
+def peer(root: Path, soak: Soak, model: Path, faults: str) -> dict:
+    """``faults`` (the soak's, or under --quick its first) restarted by torchrun's agent."""
     out = compiled(root, model, soak.stages)
     save, metrics, fired = root / "torchrun", root / "torchrun.jsonl", root / "fired"
     fired.mkdir()
@@ -195,7 +209,7 @@ def peer(root: Path, soak: Soak, model: Path) -> dict:
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={soak.nproc}",
                 "--max-restarts", "10"]  # fmt: skip
     run_checked([sys.executable, *launcher, *worker], timeout=1800, OMP_NUM_THREADS="1",
-                PIPECOMPILE_FAULT=soak.faults, PIPECOMPILE_FAULT_FIRED=str(fired))  # fmt: skip
+                PIPECOMPILE_FAULT=faults, PIPECOMPILE_FAULT_FIRED=str(fired))  # fmt: skip
     tag = soak.label.split(",")[0].replace(" ", "")
     final = f"step_{soak.steps}"
     diff, total = differences(root / f"clean{tag}" / final, save / final)
@@ -223,6 +237,44 @@ def save_stalls(root: Path, quick: bool) -> dict[str, list[float]]:
     return got
 
 
+def matrix_cases(quick: bool) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(label, schedule, run options) of part 4."""
+    from pipecompile.schedules import ORDER
+
+    if quick:
+        return [("gpipe, --accumulate 2 --precision bf16", "gpipe",
+                 ("--accumulate", "2", "--precision", "bf16"))]  # fmt: skip
+    cases = [(name, name, ()) for name in ORDER]
+    cases += [(f"1f1b, {' '.join(extra)}", "1f1b", extra) for extra in (
+        ("--accumulate", "2"), ("--precision", "bf16"), ("--dp", "2", "--shard", "optimizer"),
+        ("--dp", "2", "--shard", "grads"))]  # fmt: skip
+    return cases
+
+
+def matrix(root: Path, model: Path, quick: bool) -> Iterator[tuple[str, int, int]]:
+    """Per case of part 4, as it ends: its label, the tensors that differ, those compared."""
+    from pipecompile.schedules import REGISTRY
+
+    for k, (label, schedule, extra) in enumerate(matrix_cases(quick)):
+        record = REGISTRY[schedule]
+        stages = 2 if record.placement == "one" else 4
+        builder = "" if record.synchronous else ":build_untied_model"
+        out = root / f"m_{schedule}"
+        if not out.exists():
+            pipecompile_done(f"{model}{builder}", "--stages", str(stages), "--microbatches", "4",
+                             "-q", "--schedule", schedule, "-o", str(out))  # fmt: skip
+        copies = int(extra[extra.index("--dp") + 1]) if "--dp" in extra else 1
+        common = ["run", str(out), "--nproc", str(2 * copies), "--steps", "10", "--save-every",
+                  "2", "--seed", "0", "-q", "--timeout", TIMEOUT, *extra]  # fmt: skip
+        pipecompile_done(*common, "--save", str(root / f"mc{k}"))
+        os.environ["PIPECOMPILE_FAULT"] = "1:6:save:kill"
+        try:
+            pipecompile_done(*common, "--save", str(root / f"mf{k}"), "--max-restarts", "2")
+        finally:
+            del os.environ["PIPECOMPILE_FAULT"]
+        yield (label, *differences(root / f"mc{k}" / "step_10", root / f"mf{k}" / "step_10"))
+
+
 def report_soak(label: str, got: dict, goal: bool) -> None:
     restarts = got["restarts"]
     verdict = ("met" if got["diff"] == 0 else "NOT met") if goal else "not judged (--quick)"
@@ -241,32 +293,50 @@ def report_soak(label: str, got: dict, goal: bool) -> None:
         print(f"    {line}")
 
 
+def report_stalls(root: Path, quick: bool) -> None:
+    stalls = save_stalls(root, quick)
+    sync, background = (statistics.median(v) for v in stalls.values())
+    share = background / sync
+    verdict = ("met" if share <= 0.2 else "NOT met") if not quick else "not judged"
+    print("\n24-layer GPT-2-sized model (2 stages, one process), a save after every step:")
+    for mode, values in stalls.items():
+        print(f"  {mode}: median stall per save {statistics.median(values):.1f} ms "
+              f"(runs: {', '.join(f'{v:.1f}' for v in values)})")  # fmt: skip
+    print(f"  background / synchronous: {share:.1%} (goal at most 20%: {verdict})")
+
+
+PARTS = ("soak", "peer", "matrix", "saves")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 ranks, 12 steps: every path")
+    parser.add_argument("--quick", action="store_true", help="2 ranks, 8 steps: every path")
+    parser.add_argument("--part", choices=PARTS, action="append", help="only these parts")
     args = parser.parse_args()
+    parts = set(args.part or PARTS)
     print(f"machine: {machine()}")
     print(f"command: {command()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = model_file(root, "soak", TINY if args.quick else SMALL)
         soaks = QUICK_SOAKS if args.quick else SOAKS
-        for case in soaks:
+        for case in soaks if parts & {"soak", "peer"} else ():  # the peer needs the clean run
             log(f"soak: {case.label}, {case.steps} steps, faults {case.faults} ...")
             report_soak(case.label, soak(root, case, model), not args.quick)
-        log("the same faults restarted by torchrun's elastic agent ...")
-        report_soak(f"torchrun --max-restarts 10, {soaks[0].label}", peer(root, soaks[0], model),
-                    not args.quick)  # fmt: skip
-        log("save stalls, synchronous and in the background ...")
-        stalls = save_stalls(root, args.quick)
-        sync, background = (statistics.median(v) for v in stalls.values())
-        share = background / sync
-        verdict = ("met" if share <= 0.2 else "NOT met") if not args.quick else "not judged"
-        print("\n24-layer GPT-2-sized model (2 stages, one process), a save after every step:")
-        for mode, values in stalls.items():
-            print(f"  {mode}: median stall per save {statistics.median(values):.1f} ms "
-                  f"(runs: {', '.join(f'{v:.1f}' for v in values)})")  # fmt: skip
-        print(f"  background / synchronous: {share:.1%} (goal at most 20%: {verdict})")
+        if "peer" in parts:
+            log("the same faults restarted by torchrun's elastic agent ...")
+            faults = soaks[0].faults.split(",")[0] if args.quick else soaks[0].faults
+            report_soak(f"torchrun --max-restarts 10, {soaks[0].label}",
+                        peer(root, soaks[0], model, faults), not args.quick)  # fmt: skip
+        if "matrix" in parts:
+            log("every schedule and training option, killed inside a save ...")
+            print("\n| schedule, options | tensors differing from the unfailed run |")
+            print("|---|---:|")
+            for label, diff, total in matrix(root, model, args.quick):
+                print(f"| {label} | {diff} of {total} |", flush=True)
+        if "saves" in parts:
+            log("save stalls, synchronous and in the background ...")
+            report_stalls(root, args.quick)
 
 
 if __name__ == "__main__":
