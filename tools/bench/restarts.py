@@ -30,6 +30,9 @@ Three parts, in one run:
    grads`` (4 ranks): the tensors that differ from the unfailed run (goal: 0 everywhere; the
    asynchronous pipedream schedules drain every step, so their saved state is all there is).
 
+A tensor that differs from the run that never failed makes the script exit non-zero, under
+``--quick`` too (its figures are not judged; its exactness is).
+
 Rerun with::
 
     python tools/bench/restarts.py            # the figures in docs/BENCHMARKS.md
@@ -275,7 +278,8 @@ def matrix(root: Path, model: Path, quick: bool) -> Iterator[tuple[str, int, int
         yield (label, *differences(root / f"mc{k}" / "step_10", root / f"mf{k}" / "step_10"))
 
 
-def report_soak(label: str, got: dict, goal: bool) -> None:
+def report_soak(label: str, got: dict, goal: bool) -> int:
+    """Print one faulted run's table; returns the tensors that differ."""
     restarts = got["restarts"]
     verdict = ("met" if got["diff"] == 0 else "NOT met") if goal else "not judged (--quick)"
     print(f"\n{label}: {len(restarts)} restarts; final state: {got['diff']} of {got['total']} "
@@ -291,6 +295,7 @@ def report_soak(label: str, got: dict, goal: bool) -> None:
               f"{r['seconds']:.1f} s |")  # fmt: skip
     for line in got.get("lines", [])[:12]:
         print(f"    {line}")
+    return got["diff"]
 
 
 def report_stalls(root: Path, quick: bool) -> None:
@@ -314,6 +319,7 @@ def main() -> None:
     parser.add_argument("--part", choices=PARTS, action="append", help="only these parts")
     args = parser.parse_args()
     parts = set(args.part or PARTS)
+    differing = 0  # a restart that changes the result fails the run, --quick or not
     print(f"machine: {machine()}")
     print(f"command: {command()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -322,21 +328,24 @@ def main() -> None:
         soaks = QUICK_SOAKS if args.quick else SOAKS
         for case in soaks if parts & {"soak", "peer"} else ():  # the peer needs the clean run
             log(f"soak: {case.label}, {case.steps} steps, faults {case.faults} ...")
-            report_soak(case.label, soak(root, case, model), not args.quick)
+            differing += report_soak(case.label, soak(root, case, model), not args.quick)
         if "peer" in parts:
             log("the same faults restarted by torchrun's elastic agent ...")
             faults = soaks[0].faults.split(",")[0] if args.quick else soaks[0].faults
-            report_soak(f"torchrun --max-restarts 10, {soaks[0].label}",
-                        peer(root, soaks[0], model, faults), not args.quick)  # fmt: skip
+            label = f"torchrun --max-restarts 10, {soaks[0].label}"
+            differing += report_soak(label, peer(root, soaks[0], model, faults), not args.quick)
         if "matrix" in parts:
             log("every schedule and training option, killed inside a save ...")
             print("\n| schedule, options | tensors differing from the unfailed run |")
             print("|---|---:|")
             for label, diff, total in matrix(root, model, args.quick):
                 print(f"| {label} | {diff} of {total} |", flush=True)
+                differing += diff
         if "saves" in parts:
             log("save stalls, synchronous and in the background ...")
             report_stalls(root, args.quick)
+    if differing:
+        raise SystemExit(f"{differing} saved tensors differ from the runs that never failed")
 
 
 if __name__ == "__main__":

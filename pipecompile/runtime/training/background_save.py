@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ class BackgroundSaves:
             if self._group is None:  # collective: every rank makes it at its first save
                 self._group = dist.new_group(backend="gloo")
             dist.barrier()
+        else:  # torch's note that one process saves alone, raised in its writing thread
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         meta = step_meta(pipe, step, train)
         with writing("save the train state to", root):
             future = save_model_keyed_async(pipe, tmp, self._group if distributed else None)
