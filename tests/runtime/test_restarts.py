@@ -148,3 +148,25 @@ def test_refusals_are_one_line(out, tmp_path, capfd, monkeypatch, argv, env, mes
         assert main(["run", str(out), *argv]) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_the_failure_named_is_the_first_cause():
+    """A rank's own error or injected kill comes before what the stopped ranks blame; a rank
+    that left no status is named with what the others saw of it."""
+    from pipecompile.runtime.distributed.restarts import failure_of
+
+    stopped = {
+        "rank": 0,
+        "status": 3,
+        "step": 4,
+        "reason": "rank 1 died (pid 7) at instruction 1B0",
+    }
+    own = {"rank": 1, "status": 2, "step": 4, "reason": "RuntimeError: boom"}
+    assert str(failure_of([stopped, own], 2)) == "rank 1 failed in step 5 (RuntimeError: boom)"
+    assert (
+        str(failure_of([stopped], 2)) == "rank 1 failed in step 5 (died (pid 7) at instruction 1B0)"
+    )
+    hung = {**stopped, "reason": "no progress for 3 s; rank 0 at 0F1"}
+    assert str(failure_of([hung, {**hung, "rank": 1}], 2)) == (
+        "a rank failed in step 5 (no progress for 3 s; rank 0 at 0F1)"
+    )

@@ -85,11 +85,13 @@ def failure_of(entries: list[dict], nproc: int) -> Failure:
             return Failure(entry["rank"], f"killed at instruction {entry.get('killed_at')}", step)
         if entry["status"] == 2:
             return Failure(entry["rank"], entry.get("reason") or "an error", step)
+    blamed = [e["reason"] for e in entries if e["status"] == 3 and e.get("reason")]
     missing = sorted(set(range(nproc)) - set(by_rank))
-    if missing:
-        return Failure(missing[0], "ended without a status (killed?)", step)
-    blamed = next((e.get("reason") for e in entries if e["status"] == 3 and e.get("reason")), None)
-    return Failure(None, blamed or "stopped", step)
+    if missing:  # what the ranks that stopped saw of it ("rank 1 died (pid ...) at ...")
+        seen = next((b for b in blamed if b.startswith(f"rank {missing[0]} ")), None)
+        reason = seen.removeprefix(f"rank {missing[0]} ") if seen else None
+        return Failure(missing[0], reason or "ended without a status (killed?)", step)
+    return Failure(None, blamed[0] if blamed else "stopped", step)
 
 
 def _latest(save: Path) -> str | None:
