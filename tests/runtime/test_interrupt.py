@@ -178,10 +178,16 @@ def test_a_killed_command_takes_the_run_with_it(tmp_path, mlp):
     assert (ck / latest / "meta.json").is_file()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
-def test_a_stopped_local_run_prints_one_line(tmp_path, mlp, sig):
+@pytest.mark.parametrize(
+    ("sig", "saves"),
+    [(signal.SIGINT, ()), (signal.SIGTERM, ("--async-save",))],
+    ids=["sigint", "sigterm-background-saves"],
+)
+def test_a_stopped_local_run_prints_one_line(tmp_path, mlp, sig, saves):
+    """Either signal ends the run with one line; with --async-save the save in flight is
+    never published: `latest` names a complete step and no temporary files are left."""
     ck = tmp_path.resolve() / "ck"  # as `run --nproc` passes it on
-    proc = start(mlp, ck)
+    proc = start(mlp, ck, *saves)
     err, seconds = stop(proc, ck, lambda: os.killpg(proc.pid, sig))
     assert_stopped_cleanly(proc, err, ck)
     assert seconds < STOP_S
