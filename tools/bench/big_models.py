@@ -20,9 +20,10 @@ counterpart.
    generated model file whose ``build_model()`` builds it under ``torch.device("meta")``;
    ``example_inputs`` is a batch of 4 x 64 tokens. ``python -m pipecompile MODEL --stages 4
    --microbatches 4 -q -o OUT``, then ``python -m pipecompile run OUT --nproc 4 --steps 3 -q``
-   (AdamW, lr 1e-3) while /proc is polled every 0.1 s for the ranks (``pipecompile.runtime
-   .worker`` in their command line, this run's marker and ``RANK=`` in their environment),
-   keeping each rank's latest ``VmHWM`` (its peak RSS so far). Eager reference: the same
+   (AdamW, lr 1e-3); each rank's peak RSS is what it records itself (``getrusage``'s
+   ``ru_maxrss``, the ``peak_memory`` of the metrics file's last step record: the ranks are
+   forked from one starter process, so /proc cannot tell them apart by command line; the
+   fork's peak includes the starter's own). Eager reference: the same
    model built for real on the CPU in one process, 3 AdamW steps (lr 1e-3) on the same batch,
    measured under the wrapper. Printed: per rank its peak RSS and its ratio to the eager
    process's (goal: at most 0.4), and both commands' wall times (process start to exit).
@@ -621,12 +622,17 @@ def part_train_memory(tmp: Path, sizes: TrainSizes, part: PartResult) -> None:
     require(compiled, "pipecompile compile", part)
 
     log("train_memory: pipecompile run --nproc ...")
-    worker = "pipecompile.runtime.distributed.worker"
-    run, ours = polled(pipecompile_command("run", str(out), "--nproc", str(sizes.stages),
-                                           "--steps", str(sizes.steps), "--lr", str(sizes.lr),
-                                           "-q"), worker, tmp)  # fmt: skip
+    # each rank records its own peak RSS (getrusage) in the metrics file's step records: the
+    # ranks are forked from one starter, so /proc cannot tell them from it by command line
+    metrics = tmp / "train_metrics.jsonl"
+    run = measured(pipecompile_command("run", str(out), "--nproc", str(sizes.stages), "--steps",
+                                       str(sizes.steps), "--lr", str(sizes.lr), "-q",
+                                       "--metrics", str(metrics)), tmp)  # fmt: skip
     print(f"run:     {shown(run.command)}: {run.wall:.1f} s")
     require(run, "pipecompile run --nproc", part)
+    steps = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    last = [r for r in steps if r["kind"] == "train"][-1]
+    ours = {rank: peak // 1024 for rank, peak in enumerate(last["peak_memory"])}
 
     reference = tmp / "eager.py"
     reference.write_text(EAGER_TRAIN)
