@@ -1,0 +1,68 @@
+"""The next token from the last stage's logits: greedy, or drawn with temperature, top-k and
+top-p (applied in that order, as Hugging Face's ``generate`` does) from a generator of the
+sequence's own, seeded by ``--seed`` and the sequence's number, so the tokens do not depend on
+how many stages, lanes or processes ran it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Sampling", "Sampler", "picked"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """``temperature`` 0: greedy (top-k and top-p then change nothing)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Sampler:
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self._generators: dict[int, torch.Generator] = {}
+
+    def _generator(self, sequence: int) -> torch.Generator:
+        found = self._generators.get(sequence)
+        if found is None:
+            seed = (self.sampling.seed * 1_000_003 + sequence) % (2**63)
+            found = self._generators[sequence] = torch.Generator().manual_seed(seed)
+        return found
+
+    def forget(self, sequence: int) -> None:
+        self._generators.pop(sequence, None)
+
+    def pick(self, logits: torch.Tensor, sequences: list[int]) -> list[int]:
+        """One token per row of ``logits`` (rows, vocabulary), row k of sequence ``sequences[k]``."""
+        s = self.sampling
+        if s.greedy:
+            return [int(t) for t in logits.argmax(dim=-1)]
+        scores = logits.float() / s.temperature
+        if s.top_k is not None and s.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, s.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if s.top_p is not None and s.top_p < 1.0:
+            ordered, order = torch.sort(scores, dim=-1, descending=False)
+            cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+            drop = cumulative <= 1 - s.top_p
+            drop[:, -1] = False  # the likeliest token always stays
+            scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        probs = scores.softmax(dim=-1)
+        return [
+            int(torch.multinomial(probs[k], 1, generator=self._generator(seq)))
+            for k, seq in enumerate(sequences)
+        ]
+
+
+def picked(sampler: Sampler, logits: list[torch.Tensor], sequences: list[list[int]]) -> list[int]:
+    """The tokens of a turn's calls, in the turn's row order."""
+    return [t for x, seqs in zip(logits, sequences) for t in sampler.pick(x, seqs)]
