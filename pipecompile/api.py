@@ -115,6 +115,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     for note in notes:
         warnings.warn(f"pipecompile: {note}", stacklevel=2)
     pipe = CompiledPipeline(out, model_type=type(model))
+    pipe._model = model if chosen.generate else None
     if temporary:
         pipe._temporary = out.parent
         weakref.finalize(pipe, shutil.rmtree, out.parent, True)
@@ -162,6 +163,7 @@ class CompiledPipeline:
         self._factory: OptimizerFactory | None = None
         self._fitted_with: OptimizerFactory | str | None = None  # the last fit()'s optimizer
         self._temporary: Path | None = None  # deleted with this object (compiled in memory)
+        self._model: nn.Module | None = None  # compiled from Python: its modules, to generate
 
     @property
     def program(self) -> Program:
@@ -300,6 +302,44 @@ class CompiledPipeline:
                     f"e.g. {name}={Path(path).name!r}, or compile with directory=..."
                 )
         check_places(options, force=force, force_flag="force=True")
+
+    def generate(
+        self,
+        input_ids: Any,
+        max_new_tokens: int = 20,
+        *,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        nproc: int | None = None,
+        train_state: str | Path | None = None,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Continue each prompt of ``input_ids`` by up to ``max_new_tokens`` tokens through
+        the decode stages (compiled with ``generate=True``): greedy unless ``temperature``,
+        ``top_k`` or ``top_p`` ask to sample (``seed``: the same tokens at any stage, lane
+        or process count). Returns a (B, P + T) LongTensor as Hugging Face's ``generate``
+        does (a sequence stopped at ``eos_token_id`` padded with ``pad_token_id``, default
+        the EOS id), or a list of 1-D tensors when the prompts differ in length.
+        ``nproc``: one rank per stage (the saved weights are the directory's);
+        ``train_state``: a `run --save` directory whose newest weights to use."""
+        from pipecompile.generation.runner import Request, as_output, run_generation, sampling_of
+        from pipecompile.generation.session import as_prompts
+
+        prompts = as_prompts(input_ids)
+        request = Request(
+            prompts,
+            max_new_tokens,
+            sampling_of(temperature, top_k, top_p, seed),
+            eos_token_id,
+            nproc,
+            Path(train_state) if train_state is not None else None,
+        )
+        new = run_generation(self.directory, request, weights=self.state_dict, model=self._model)
+        pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
+        return as_output(prompts, new, pad)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer under the original model's names."""

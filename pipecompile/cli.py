@@ -21,7 +21,7 @@ from pipecompile.runtime.training.options import RunFlags, TrainFlags
 
 __all__ = ["main"]
 
-COMMANDS = ("compile", "run", "show", "export", "viz", "onnx", "plot", "calibration")
+COMMANDS = ("compile", "run", "show", "export", "viz", "onnx", "plot", "calibration", "generate")
 
 
 def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
@@ -125,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     _compile_and_run(commands)
     _show_and_export(commands)
     _pictures_and_calibration(commands)
+    from pipecompile.generation.command import add_generate
+
+    add_generate(commands)
     return parser
 
 

@@ -71,6 +71,10 @@ def check_options(options: CompileOptions, out: Path) -> bool:
             vertical_sync=o.vertical_sync,
         )
     check_replaceable(out, force=o.force)
+    loose = [f for f, v in (("--max-length", o.max_length), ("--lanes", o.lanes),
+             ("--lane-rows", o.lane_rows)) if v is not None]  # fmt: skip
+    if loose and not o.generate:
+        raise PlanError(f"{', '.join(loose)} size the KV cache of --generate: add --generate")
     if o.allow_missing and o.weights is None:
         raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
     return searching
@@ -96,6 +100,10 @@ def compile_into(
         PipecompileError: a subclass naming what is wrong with the model or the options.
     """
     _check_init_seed(options.init_seed, model)
+    if options.generate:
+        from pipecompile.generation.families import decoder_family
+
+        decoder_family(model)  # a model that cannot generate is refused before the compile
     weights = weight_plan(
         model,
         pretrained if pretrained is not None else options.weights,
@@ -130,6 +138,7 @@ def _emit_proved(
     start = time.perf_counter()
     notes: list[str] = []
     timings: list[tuple[str, float]] = []
+    generate = _generation(model, inputs, options, compiled, timings)
     emit(
         compiled,
         out,
@@ -140,12 +149,43 @@ def _emit_proved(
         compile_stages=options.compile_stages,
         prove=None if options.no_verify else proof_example(model, inputs, compiled),
         timings=timings,
+        generate=generate,
     )
     proving = sum(seconds for _, seconds in timings)
     _say(options, f"  {'emit':<22} {(time.perf_counter() - start - proving) * 1000:8.1f} ms")
     for name, seconds in timings:
         _say(options, f"  {name:<22} {seconds * 1000:8.1f} ms")
     return notes
+
+
+def _generation(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    options: CompileOptions,
+    compiled: Compiled,
+    timings: list[tuple[str, float]],
+) -> dict[str, Any] | None:
+    """``--generate``: the decoding plan of ``compiled``, proved on the example's first
+    sequence unless ``--no-verify`` (or the model has no weights)."""
+    if not options.generate:
+        return None
+    import torch
+
+    from pipecompile.generation.plan import plan_generation, prove_generation
+
+    params = [[o for names in st.params.values() for o in names] for st in compiled.graph.stages]
+    plan = plan_generation(
+        model, params, max_length=options.max_length, lanes=options.lanes, rows=options.lane_rows
+    )
+    ids = next((v for v in inputs.values() if isinstance(v, torch.Tensor)
+                and v.dtype == torch.long and v.dim() == 2), None)  # fmt: skip
+    if not options.no_verify and ids is not None and not is_meta_model(model):
+        start = time.perf_counter()
+        prove_generation(model, plan, ids)
+        timings.append(("verify generation", time.perf_counter() - start))
+    for line in plan.lines():
+        _say(options, line)
+    return plan.to_json()
 
 
 def _tuned(

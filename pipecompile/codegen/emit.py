@@ -13,6 +13,7 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file, save_model
@@ -82,6 +83,7 @@ def emit(
     compile_stages: str | None = None,
     prove: Example | None = None,
     timings: list[tuple[str, float]] | None = None,
+    generate: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``compiled`` to directory ``out``, replacing a previous pipecompile output there
     (only the files it wrote; see ``output_dir``). ``weights`` says where tensors come from
@@ -106,7 +108,7 @@ def emit(
     tmp = new_temp_dir(out)
     try:
         written = _write_all(
-            compiled, tmp, model, out, weights or WeightPlan(), notes, compile_stages
+            compiled, tmp, model, out, weights or WeightPlan(), notes, compile_stages, generate
         )
         if prove is not None:
             start = time.perf_counter()
@@ -135,6 +137,7 @@ def _write_all(
     plan: WeightPlan,
     notes: list[str] | None,
     compile_stages: str | None,
+    generate: dict[str, Any] | None = None,
 ) -> list[StageFiles]:
     """Write every file; return each stage as written (what ``prove_stages`` reads)."""
     graph = compiled.graph
@@ -162,7 +165,7 @@ def _write_all(
     init = _write_init(tmp, plan, sources)
     weights = _weights_entry(plan, sources, init, out)
     manifest = build_manifest(compiled, model, out, sources, randoms, weights)
-    write_manifest(tmp, replace(manifest, compile=compile_stages))
+    write_manifest(tmp, replace(manifest, compile=compile_stages, generate=generate))
     if notes is not None:
         notes.extend(_notes(plan, sources))
         if compiled.dynamic.fixed:

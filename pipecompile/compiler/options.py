@@ -206,6 +206,32 @@ class CompileOptions:
         "BACKEND (default inductor; also aot_eager, eager) unless `run --compile off`",
     )
     onnx: bool = option("--onnx", switch=True, help="also export every stage to stage_<j>.onnx")
+    generate: bool = option(
+        "--generate",
+        switch=True,
+        help="a causal language model: also plan its decoding (a KV cache per stage, prefill "
+        "and decode programs) for `pipecompile generate OUT`",
+    )
+    max_length: int | None = option(
+        "--max-length",
+        check=positive_int,
+        metavar="L",
+        help="--generate: the longest sequence (prompt and new tokens) the KV cache holds "
+        "(default: the positions the model embeds, at most 2048)",
+    )
+    lanes: int | None = option(
+        "--lanes",
+        check=positive_int,
+        metavar="K",
+        help="--generate: groups of sequences in flight, each with a KV cache slot of its "
+        "own on every stage (default: the number of stages, so no stage idles)",
+    )
+    lane_rows: int | None = option(
+        "--lane-rows",
+        check=positive_int,
+        metavar="R",
+        help="--generate: sequences per lane, decoded together (default 1)",
+    )
     force: bool = option(
         "--force",
         switch=True,

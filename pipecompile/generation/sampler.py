@@ -42,7 +42,8 @@ class Sampler:
         self._generators.pop(sequence, None)
 
     def pick(self, logits: torch.Tensor, sequences: list[int]) -> list[int]:
-        """One token per row of ``logits`` (rows, vocabulary), row k of sequence ``sequences[k]``."""
+        """One token per row of ``logits`` (rows, vocabulary), row k being of sequence
+        ``sequences[k]``."""
         s = self.sampling
         if s.greedy:
             return [int(t) for t in logits.argmax(dim=-1)]

@@ -272,6 +272,7 @@ class Manifest:
     compile: str | None = None  # `--compile`: the torch.compile backend runs use by default
     plan: PlanRecord | None = None  # `--devices`: the plan the search chose and the runners-up
     dynamic: DynamicDims = DynamicDims()  # `--dynamic`: dimensions batches may vary in
+    generate: Json | None = None  # `--generate`: the decoding plan (generation.plan)
 
     @property
     def replica_counts(self) -> tuple[int, ...]:
@@ -333,6 +334,7 @@ class Manifest:
             compile=raw.get("compile"),
             plan=PlanRecord.from_json(raw.get("plan")),
             dynamic=DynamicDims.from_json(raw.get("dynamic")),
+            generate=raw.get("generate"),
         )
 
     def to_json(self) -> Json:
@@ -345,6 +347,7 @@ class Manifest:
             "compile": self.compile,
             "plan": self.plan,
             "dynamic": self.dynamic.to_json() if self.dynamic.sizes or self.dynamic.fixed else None,
+            "generate": self.generate,
         }
         raw: Json = {
             "format": self.format,
@@ -368,6 +371,7 @@ class Manifest:
             "compile": self.compile,
             "plan": self.plan.as_json() if self.plan is not None else None,
             "dynamic": optional["dynamic"],
+            "generate": self.generate,
         }
         return {k: v for k, v in raw.items() if k not in optional or optional[k] is not None}
 

@@ -69,6 +69,8 @@ def schedule_report(
     report["stage_table"] = stage_rows(manifest, program)
     if manifest.plan:
         report["plan"] = manifest.plan.as_json()
+    if manifest.generate:
+        report["generate"] = manifest.generate
     return report, timeline
 
 
@@ -97,6 +99,10 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
     if report.get("plan"):
         record = PlanRecord.from_json(report["plan"])
         lines += ["", plan_table(record)] if record is not None else []
+    if report.get("generate"):
+        from pipecompile.generation.plan import GenerationPlan
+
+        lines += ["", *GenerationPlan.from_json(report["generate"]).lines()]
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:
         lines += ["", timeline_text(timeline)]
     return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""`pipecompile generate OUT`: continue prompts through a directory compiled with
+``--generate``, printing each sequence's new tokens as they come.
+
+Prompts are token ids (``--prompt-ids 464,318,257``, repeatable), text (``--prompt TEXT``,
+repeatable) or a file of one prompt a line (``--prompts FILE``: ids, or text). Text needs a
+tokenizer: ``--tokenizer DIR`` (a Hugging Face tokenizer directory), or the model file's own
+``encode_text(text) -> ids`` and ``decode_tokens(ids) -> text`` functions. With one prompt its
+tokens are printed one by one as they come; with several, each sequence's line is printed as
+it ends, ``[k]`` its prompt's number. A line on stderr says how many tokens came how fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipecompile.generation.families import GenerateError
+
+__all__ = ["add_generate", "generate_command"]
+
+
+def add_generate(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("generate", help="continue prompts through a --generate pipeline")
+    p.add_argument("directory", help="a directory written by `pipecompile MODEL --generate`")
+    p.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
+                   help="a prompt's token ids, comma-separated (repeatable)")  # fmt: skip
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                   help="a prompt's text (needs a tokenizer; repeatable)")  # fmt: skip
+    p.add_argument("--prompts", metavar="FILE",
+                   help="one prompt a line: token ids, or text with a tokenizer")  # fmt: skip
+    p.add_argument("--tokenizer", metavar="DIR", help="a Hugging Face tokenizer directory")
+    p.add_argument("--max-new-tokens", type=int, default=20, metavar="T",
+                   help="new tokens per sequence at most (default 20)")  # fmt: skip
+    p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
+    p.add_argument("--top-k", type=int, help="sample among the K likeliest tokens")
+    p.add_argument("--top-p", type=float, help="sample among the likeliest tokens of mass P")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
+    p.add_argument("--eos", type=int, metavar="ID", help="a sequence ends at this token")
+    p.add_argument("--nproc", type=int, metavar="N", help="one rank per stage, N the stages")
+    p.add_argument("--train-state", metavar="DIR",
+                   help="the weights of a `run --save DIR` (its newest step) instead")  # fmt: skip
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the tokens")
+    p.set_defaults(handler=generate_command)
+
+
+def _ids(text: str, where: str) -> list[int]:
+    parts = [t for t in text.replace(",", " ").split() if t]
+    try:
+        return [int(t) for t in parts]
+    except ValueError:
+        raise GenerateError(
+            f"{where}: {text.strip()[:60]!r} is not token ids (comma-separated whole "
+            "numbers); for text use --prompt TEXT or --prompts FILE with --tokenizer DIR"
+        ) from None
+
+
+class _Text:
+    """Encoding and decoding of text: a tokenizer's, or the model file's functions."""
+
+    def __init__(self, directory: Path, tokenizer: str | None) -> None:
+        self.encode: Callable[[str], list[int]] | None = None
+        self.decode: Callable[[list[int]], str] | None = None
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            try:
+                tok = AutoTokenizer.from_pretrained(tokenizer)
+            except Exception as err:
+                raise GenerateError(
+                    f"--tokenizer {tokenizer} cannot be loaded ({type(err).__name__}: "
+                    f"{str(err).splitlines()[0][:160]}): give a tokenizer directory"
+                ) from None
+            self.encode = lambda text: list(tok.encode(text))
+            self.decode = lambda ids: tok.decode(ids)
+            return
+        module = _model_module(directory)
+        encode = getattr(module, "encode_text", None)
+        decode = getattr(module, "decode_tokens", None)
+        self.encode = encode if callable(encode) else None
+        self.decode = decode if callable(decode) else None
+
+    def encoded(self, text: str, where: str) -> list[int]:
+        if self.encode is None:
+            raise GenerateError(
+                f"{where} is text, and there is no tokenizer: pass --tokenizer DIR, or give "
+                "token ids (--prompt-ids)"
+            )
+        return [int(t) for t in self.encode(text)]
+
+
+def _model_module(directory: Path) -> Any:
+    from pipecompile.ir.manifest import read_manifest
+    from pipecompile.model.model_file import import_file
+
+    manifest = read_manifest(directory)
+    if manifest.model is None or not manifest.model.file:
+        return None
+    path = (directory / manifest.model.file).resolve()
+    return import_file(path) if path.is_file() else None
+
+
+def _prompts(args: argparse.Namespace, text: _Text) -> list[list[int]]:
+    prompts = [_ids(s, f"--prompt-ids {s}") for s in args.prompt_ids]
+    prompts += [text.encoded(s, f"--prompt {s[:30]!r}") for s in args.prompt]
+    if args.prompts:
+        path = Path(args.prompts)
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise GenerateError(f"--prompts {path}: cannot read it ({err})") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            numeric = all(t.isdigit() for t in line.replace(",", " ").split())
+            prompts.append(_ids(line, where) if numeric else text.encoded(line, where))
+    return prompts
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from pipecompile.api import load
+    from pipecompile.generation.runner import Request, run_generation, sampling_of
+
+    directory = Path(args.directory)
+    text = _Text(directory, args.tokenizer)
+    prompts = _prompts(args, text)
+    sampling = sampling_of(args.temperature, args.top_k, args.top_p, args.seed)
+    state = Path(args.train_state) if args.train_state else None
+    request = Request(prompts, args.max_new_tokens, sampling, args.eos, args.nproc, state)
+    show = _Printer(prompts, text.decode, args.max_new_tokens, args.eos, quiet=args.quiet)
+    new = run_generation(
+        directory, request, weights=lambda: load(directory).state_dict(), on_token=show.token
+    )
+    show.end(new)
+    return 0
+
+
+class _Printer:
+    """Streams one sequence's tokens, or prints each of several as it ends; the rate line."""
+
+    def __init__(
+        self,
+        prompts: list[list[int]],
+        decode: Callable[[list[int]], str] | None,
+        max_new_tokens: int,
+        eos: int | None,
+        *,
+        quiet: bool,
+    ) -> None:
+        self.prompts, self.decode, self.quiet = prompts, decode, quiet
+        self.max_new_tokens, self.eos = max_new_tokens, eos
+        self.single = len(prompts) == 1
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.count = 0
+        self.new: dict[int, list[int]] = {}
+        self.last_progress = self.start
+
+    def _text(self, ids: list[int]) -> str:
+        return self.decode(ids) if self.decode else " ".join(map(str, ids))
+
+    def token(self, sequence: int, token: int) -> None:
+        now = time.perf_counter()
+        self.first = self.first if self.first is not None else now - self.start
+        self.count += 1
+        mine = self.new.setdefault(sequence, [])
+        mine.append(token)
+        if not self.single and (token == self.eos or len(mine) >= self.max_new_tokens):
+            print(f"[{sequence}] {self._text(mine)}", flush=True)
+        if self.single:
+            piece = self.decode([token]) if self.decode else f"{token} "
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        elif not self.quiet and now - self.last_progress > 2.0:
+            self.last_progress = now
+            rate = self.count / (now - self.start)
+            print(f"pipecompile: {self.count} tokens, {rate:.1f} tokens/s", file=sys.stderr)
+
+    def end(self, new: dict[int, list[int]]) -> None:
+        if self.single:
+            print()
+        for k in sorted(new):
+            if not self.single and not new[k]:  # --max-new-tokens 0: nothing came
+                print(f"[{k}] ", flush=True)
+        seconds = time.perf_counter() - self.start
+        if not self.quiet:
+            first = f", first token after {self.first * 1000:.0f} ms" if self.first else ""
+            print(
+                f"pipecompile: {self.count} new tokens for {len(self.prompts)} sequence(s) in "
+                f"{seconds:.2f} s: {self.count / max(seconds, 1e-9):.1f} tokens/s{first}",
+                file=sys.stderr,
+            )

@@ -1,0 +1,266 @@
+"""What `pipecompile MODEL --generate` adds to a compiled directory: which blocks each decode
+stage runs (the training stages' own, so every stage keeps its weights), each stage's KV cache
+(shape and bytes), and the prefill and decode programs, recorded under the manifest's
+``generate`` key (docs/FORMAT.md) and printed by `show`.
+
+The plan is proved before it is written: the example's first sequence is prefilled through
+the decode stages and decoded a few tokens further, and every logit must equal the eager
+model's (``prove_generation``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipecompile.errors import VerifyError
+from pipecompile.generation.families import Family, GenerateError, decoder_family
+from pipecompile.generation.stages import DecodeStage
+
+__all__ = ["GenerationPlan", "plan_generation", "decode_stages", "prove_generation"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """The ``generate`` record: ``blocks[k]`` = (first, stop) of stage k's blocks."""
+
+    family: str
+    max_length: int
+    lanes: int
+    rows: int
+    dtype: str
+    blocks: tuple[tuple[int, int], ...]
+    kv_heads: int
+    head_size: int
+
+    @property
+    def stages(self) -> int:
+        return len(self.blocks)
+
+    def cache_shape(self) -> tuple[int, ...]:
+        """One block's keys (or values): lanes, rows, heads, max length, head size."""
+        return (self.lanes, self.rows, self.kv_heads, self.max_length, self.head_size)
+
+    def cache_bytes(self, stage: int) -> int:
+        first, stop = self.blocks[stage]
+        per = 1
+        for n in self.cache_shape():
+            per *= n
+        return 2 * (stop - first) * per * _DTYPES[self.dtype].itemsize
+
+    def programs(self) -> dict[str, list[list[str]]]:
+        """Per stage, the instructions of the first round (prefill: the lanes' prompts) and
+        of every later round (decode: stage 0 first waits for the lane's tokens)."""
+        out: dict[str, list[list[str]]] = {"prefill": [], "decode": []}
+        last = self.stages - 1
+        for kind in out:
+            for s in range(self.stages):
+                steps: list[str] = []
+                for lane in range(self.lanes):
+                    if s == 0 and kind == "decode":
+                        steps.append(f"recv_tokens {lane} from {last}")
+                    if s > 0:
+                        steps.append(f"recv {lane} from {s - 1}")
+                    steps.append(f"forward {lane}")
+                    if s < last:
+                        steps.append(f"send {lane} to {s + 1}")
+                    else:
+                        steps.append(f"sample {lane}")
+                        steps.append(f"send_tokens {lane} to 0")
+                out[kind].append(steps)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "max_length": self.max_length,
+            "lanes": self.lanes,
+            "rows": self.rows,
+            "dtype": self.dtype,
+            "kv_heads": self.kv_heads,
+            "head_size": self.head_size,
+            "stages": [
+                {
+                    "blocks": list(b),
+                    "cache_shape": list(self.cache_shape()),
+                    "cache_bytes": self.cache_bytes(k),
+                }
+                for k, b in enumerate(self.blocks)
+            ],
+            "programs": self.programs(),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> GenerationPlan:
+        return cls(
+            family=raw["family"],
+            max_length=int(raw["max_length"]),
+            lanes=int(raw["lanes"]),
+            rows=int(raw["rows"]),
+            dtype=raw["dtype"],
+            blocks=tuple((int(a), int(b)) for a, b in (s["blocks"] for s in raw["stages"])),
+            kv_heads=int(raw["kv_heads"]),
+            head_size=int(raw["head_size"]),
+        )
+
+    def lines(self) -> list[str]:
+        """What `show` prints."""
+        out = [
+            f"generate: {self.family} decoder, max length {self.max_length}, {self.lanes} "
+            f"lane(s) x {self.rows} row(s), KV cache {self.dtype} {list(self.cache_shape())} "
+            "per block (keys and values each)"
+        ]
+        for k, (a, b) in enumerate(self.blocks):
+            parts = ["embedding"] if k == 0 else []
+            parts.append(f"blocks {a}..{b - 1}" if b > a else "no blocks")
+            if k == self.stages - 1:
+                parts.append("head, sampling")
+            out.append(f"  stage {k}: {', '.join(parts)}; KV cache {_size(self.cache_bytes(k))}")
+        return out
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _position_limit(family: Family) -> int | None:
+    """The most positions the model embeds (learned position tables), None: no table."""
+    config = getattr(family.model, "config", None)
+    if family.name == "nanogpt":
+        return int(family.model.wpe.weight.shape[0])
+    if family.name == "gpt2":
+        return int(config.n_positions)
+    return getattr(config, "max_position_embeddings", None)
+
+
+def _stage_blocks(family: Family, stage_params: list[list[str]]) -> tuple[tuple[int, int], ...]:
+    """Each stage's blocks: block i goes where the training stages keep most of its
+    parameters (never before the previous block's stage)."""
+    count = len(stage_params)
+    owner: list[int] = []
+    for i in range(len(family.blocks)):
+        prefix = family.block_prefix(i)
+        held = [sum(n.startswith(prefix) for n in names) for names in stage_params]
+        best = max(range(count), key=lambda s: (held[s], -s)) if any(held) else 0
+        owner.append(max(best, owner[-1] if owner else 0))
+    bounds = []
+    for s in range(count):
+        mine = [i for i, o in enumerate(owner) if o == s]
+        start = mine[0] if mine else (bounds[-1][1] if bounds else 0)
+        bounds.append((start, mine[-1] + 1 if mine else start))
+    return tuple(bounds)
+
+
+def plan_generation(
+    model: nn.Module,
+    stage_params: list[list[str]],
+    *,
+    max_length: int | None,
+    lanes: int | None,
+    rows: int | None,
+) -> GenerationPlan:
+    """The plan for ``model`` compiled into stages holding ``stage_params`` (each stage's
+    parameters by the model's names).
+
+    Raises:
+        GenerateError: the model is no decoder pipecompile generates with, or
+            ``max_length`` is past the positions it embeds.
+    """
+    family = decoder_family(model)
+    limit = _position_limit(family)
+    if max_length is None:
+        max_length = min(limit or 2048, 2048)
+    elif limit is not None and family.name != "llama" and max_length > limit:
+        raise GenerateError(
+            f"--max-length {max_length} is past the {limit} positions "
+            f"{type(model).__name__} embeds: give --max-length {limit} or less"
+        )
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    name = str(dtype).removeprefix("torch.")
+    heads, size = family.kv_shape()
+    return GenerationPlan(
+        family=family.name,
+        max_length=max_length,
+        lanes=lanes or len(stage_params),
+        rows=rows or 1,
+        dtype=name if name in _DTYPES else "float32",
+        blocks=_stage_blocks(family, stage_params),
+        kv_heads=heads,
+        head_size=size,
+    )
+
+
+def decode_stages(
+    model: nn.Module, plan: GenerationPlan, which: list[int] | None = None
+) -> list[DecodeStage]:
+    """The decode stages ``which`` (default all) of ``plan`` on ``model`` (in eval mode)."""
+    model.eval()
+    family = decoder_family(model)
+    if family.name != plan.family or len(family.blocks) < plan.blocks[-1][1]:
+        raise GenerateError(
+            f"the model is a {family.name} decoder of {len(family.blocks)} blocks, but the "
+            f"directory's generation plan is for a {plan.family} decoder: recompile it"
+        )
+    return [
+        DecodeStage(
+            family,
+            k,
+            plan.stages,
+            range(*plan.blocks[k]),
+            lanes=plan.lanes,
+            rows=plan.rows,
+            max_length=plan.max_length,
+            dtype=_DTYPES[plan.dtype],
+        )
+        for k in (range(plan.stages) if which is None else which)
+    ]
+
+
+def prove_generation(model: nn.Module, plan: GenerationPlan, ids: torch.Tensor) -> None:
+    """Prefill the first row of ``ids`` but its last 2 tokens, decode those 2, and compare
+    every step's logits with the eager model's on the same tokens.
+
+    Raises:
+        VerifyError: a logit differs by more than 1e-5 (relative to the largest).
+    """
+    from pipecompile.generation.lanes import Lanes
+
+    was_training = model.training
+    stages = decode_stages(model, plan)
+    row = [int(t) for t in ids.reshape(-1, ids.shape[-1])[0][: plan.max_length]]
+    if len(row) < 3:
+        return
+    book = Lanes([row[:-2]], plan.lanes, plan.rows, 3)
+    forced = iter(row[-2:])
+    try:
+        for step in range(3):
+            turn = book.turn(0)
+            assert turn is not None
+            xs = turn.ids
+            for stage in stages:
+                xs = stage.run(0, turn.calls, xs)
+            known = len(row) - 2 + step
+            with torch.no_grad():
+                eager = model(torch.tensor([row[:known]]))
+            logits = eager.logits if hasattr(eager, "logits") else eager
+            want = logits[0, -1].float()
+            scale = max(1.0, float(want.abs().max()))
+            worst = float((xs[0][0] - want).abs().max())
+            if worst > 1e-5 * scale:
+                raise VerifyError(
+                    f"--generate: the {plan.family} decode path's logits differ from the "
+                    f"eager model's by {worst:.3g} at position {known - 1} (step {step}): "
+                    f"{type(model).__name__} does not compute what its family does; compile "
+                    "without --generate"
+                )
+            book.give(turn, [next(forced, 0)])
+    finally:
+        model.train(was_training)

@@ -1,0 +1,203 @@
+"""Generation from a compiled directory: the model the plan was made for, rebuilt (from the
+Hugging Face configs the directory keeps, else from the model file it records), its weights
+taken by the model's names (the compiled stages', or a train state's), and the prompts
+checked against the plan before any stage runs."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipecompile.generation.families import GenerateError
+from pipecompile.generation.plan import GenerationPlan, decode_stages
+from pipecompile.generation.sampler import Sampling
+from pipecompile.ir.manifest import Manifest
+
+__all__ = [
+    "as_prompts",
+    "check_prompts",
+    "generate_local",
+    "load_weights",
+    "model_of",
+    "plan_of",
+    "train_state_weights",
+    "vocab_size",
+]
+
+
+def plan_of(directory: Path, manifest: Manifest) -> GenerationPlan:
+    """The directory's generation plan.
+
+    Raises:
+        GenerateError: it was compiled without ``--generate``.
+    """
+    if not manifest.generate:
+        raise GenerateError(
+            f"{directory} was compiled without --generate, so it has no KV cache or decode "
+            f"program: recompile with --generate (`pipecompile MODEL --stages N --generate "
+            f"-o {directory}`)"
+        )
+    return GenerationPlan.from_json(manifest.generate)
+
+
+def model_of(directory: Path, manifest: Manifest, given: nn.Module | None = None) -> nn.Module:
+    """The model's modules to run the decode stages with (their weights are replaced):
+    a copy of ``given``, a Hugging Face model built from the directory's configs, or the
+    recorded model file's."""
+    if given is not None:
+        return copy.deepcopy(given)
+    configs = (manifest.model.configs or {}) if manifest.model is not None else {}
+    if "config.json" in configs:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        import json
+
+        raw = json.loads((directory / configs["config.json"]).read_text())
+        config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(config)
+    from pipecompile.model.model_file import recorded_model
+
+    spec = recorded_model(None, directory, manifest, allow_stale=True)
+    assert spec.model is not None
+    return spec.model
+
+
+def _aliases(model: nn.Module) -> dict[str, list[str]]:
+    """Each state entry's names: a tied weight has several."""
+    by_tensor: dict[int, list[str]] = {}
+    tensors = [*model.named_parameters(remove_duplicate=False)]
+    tensors += [*model.named_buffers(remove_duplicate=False)]
+    for name, t in tensors:
+        by_tensor.setdefault(id(t), []).append(name)
+    return {name: names for names in by_tensor.values() for name in names}
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Copy ``state`` (by the model's names, a tied weight under any of its names) into
+    ``model``.
+
+    Raises:
+        GenerateError: a weight of the model is missing from ``state``, or has another shape.
+    """
+    aliases = _aliases(model)
+    persistent = model.state_dict(keep_vars=True)
+    missing = []
+    with torch.no_grad():
+        for name, tensor in persistent.items():
+            found = next((state[n] for n in aliases.get(name, [name]) if n in state), None)
+            if found is None:
+                missing.append(name)
+                continue
+            if tuple(found.shape) != tuple(tensor.shape):
+                raise GenerateError(
+                    f"{source} holds {name} of shape {tuple(found.shape)}, the model's is "
+                    f"{tuple(tensor.shape)}: it was saved from another model"
+                )
+            tensor.copy_(found)
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise GenerateError(f"{source} lacks the model's {shown}: it was saved from another model")
+
+
+def train_state_weights(root: Path) -> dict[str, torch.Tensor]:
+    """The weights of the newest step saved under ``root`` (or of the step ``root`` is),
+    by the model's names."""
+    from pipecompile.runtime.training.model_keyed import read_model_keyed
+    from pipecompile.runtime.training.train_state import latest_step_dir
+
+    entries = read_model_keyed(latest_step_dir(root))
+    return {
+        k.removeprefix("model."): v
+        for k, v in entries.items()
+        if k.startswith("model.") and isinstance(v, torch.Tensor)
+    }
+
+
+def check_prompts(
+    plan: GenerationPlan,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    vocab: int,
+    eos: int | None,
+) -> None:
+    """Refuse what the plan cannot run, naming the prompt and the limit.
+
+    Raises:
+        GenerateError: no prompts, an empty prompt, a token id outside the vocabulary, a
+            prompt or prompt plus new tokens longer than the cache, an EOS id outside it.
+    """
+    L = plan.max_length
+    if not prompts:
+        raise GenerateError("no prompts given: pass --prompt-ids IDS or --prompts FILE")
+    if max_new_tokens < 0:
+        raise GenerateError(f"--max-new-tokens {max_new_tokens}: give 0 or more")
+    if eos is not None and not 0 <= eos < vocab:
+        raise GenerateError(
+            f"--eos {eos} is not a token of the model's vocabulary of {vocab} (0..{vocab - 1})"
+        )
+    for k, p in enumerate(prompts):
+        if not p:
+            raise GenerateError(f"prompt {k} is empty: give it at least one token")
+        bad = next((t for t in p if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise GenerateError(
+                f"prompt {k} holds token id {bad}, outside the model's vocabulary of {vocab} "
+                f"(0..{vocab - 1})"
+            )
+        if len(p) >= L:
+            raise GenerateError(
+                f"prompt {k} has {len(p)} tokens, but the KV cache holds {L} positions "
+                f"(--max-length {L} at compile): shorten it, or recompile with a larger "
+                "--max-length"
+            )
+        if len(p) + max_new_tokens > L:
+            raise GenerateError(
+                f"--max-new-tokens {max_new_tokens} is past --max-length {L}: prompt {k} has "
+                f"{len(p)} tokens, so at most {L - len(p)} new ones fit; ask for fewer or "
+                "recompile with a larger --max-length"
+            )
+
+
+def generate_local(
+    model: nn.Module,
+    plan: GenerationPlan,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: Sampling,
+    *,
+    eos: int | None = None,
+    on_token: Callable[[int, int], None] | None = None,
+) -> dict[int, list[int]]:
+    """Every stage in this process; each prompt's new tokens by its number."""
+    from pipecompile.generation.local import generate_here
+
+    stages = decode_stages(model, plan)
+    return generate_here(stages, prompts, max_new_tokens, sampling, eos=eos, on_token=on_token)
+
+
+def vocab_size(model: nn.Module) -> int:
+    from pipecompile.generation.families import decoder_family
+
+    return decoder_family(model).vocab_size
+
+
+def as_prompts(input_ids: Any) -> list[list[int]]:
+    """A (B, P) LongTensor, a 1-D one, or a list of token id lists/tensors."""
+    if isinstance(input_ids, torch.Tensor):
+        rows = input_ids.view(1, -1) if input_ids.dim() == 1 else input_ids
+        if rows.dim() != 2 or rows.dtype not in (torch.int64, torch.int32):
+            raise GenerateError(
+                f"input_ids must be token ids of shape (batch, length), got a "
+                f"{str(rows.dtype).removeprefix('torch.')} tensor of shape {tuple(input_ids.shape)}"
+            )
+        return [[int(t) for t in row] for row in rows]
+    return [[int(t) for t in p] for p in input_ids]
