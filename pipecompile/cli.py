@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     _compile_and_run(commands)
     _show_and_export(commands)
     _pictures_and_calibration(commands)
-    from pipecompile.generation.command import add_generate
+    from pipecompile.generate_command import add_generate
 
     add_generate(commands)
     return parser

@@ -71,8 +71,15 @@ def check_options(options: CompileOptions, out: Path) -> bool:
             vertical_sync=o.vertical_sync,
         )
     check_replaceable(out, force=o.force)
-    loose = [f for f, v in (("--max-length", o.max_length), ("--lanes", o.lanes),
-             ("--lane-rows", o.lane_rows)) if v is not None]  # fmt: skip
+    loose = [
+        f
+        for f, v in (
+            ("--max-length", o.max_length),
+            ("--lanes", o.lanes),
+            ("--lane-rows", o.lane_rows),
+        )
+        if v is not None
+    ]
     if loose and not o.generate:
         raise PlanError(f"{', '.join(loose)} size the KV cache of --generate: add --generate")
     if o.allow_missing and o.weights is None:
@@ -177,8 +184,14 @@ def _generation(
     plan = plan_generation(
         model, params, max_length=options.max_length, lanes=options.lanes, rows=options.lane_rows
     )
-    ids = next((v for v in inputs.values() if isinstance(v, torch.Tensor)
-                and v.dtype == torch.long and v.dim() == 2), None)  # fmt: skip
+    ids = next(
+        (
+            v
+            for v in inputs.values()
+            if isinstance(v, torch.Tensor) and v.dtype == torch.long and v.dim() == 2
+        ),
+        None,
+    )
     if not options.no_verify and ids is not None and not is_meta_model(model):
         start = time.perf_counter()
         prove_generation(model, plan, ids)

@@ -60,6 +60,11 @@ class Family:
     def vocab_size(self) -> int:
         return int(self.model.get_submodule(self.last[-1]).weight.shape[0])
 
+    @property
+    def width(self) -> int:
+        """The hidden states' width (what one stage sends the next per token)."""
+        return int(self.model.get_submodule(self.first[0]).weight.shape[1])
+
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -102,9 +107,13 @@ class Llama(Family):
         rotary = self.model.model.rotary_emb(h, positions)
         keyword = {_cache_keyword(layer): cache}
         out = layer(
-            h, attention_mask=mask, position_ids=positions, position_embeddings=rotary,
-            use_cache=True, **keyword,
-        )  # fmt: skip
+            h,
+            attention_mask=mask,
+            position_ids=positions,
+            position_embeddings=rotary,
+            use_cache=True,
+            **keyword,
+        )
         return out[0] if isinstance(out, tuple) else out
 
     def head(self, h: torch.Tensor) -> torch.Tensor:

@@ -68,7 +68,7 @@ def run_generation(
     if request.nproc is not None and request.nproc > 1:
         from pipecompile.generation.ranks import generate_on_ranks
 
-        return generate_on_ranks(directory, request, on_token=on_token)
+        return generate_on_ranks(directory, built, plan, request, weights, on_token)
     if request.train_state is not None:
         load_weights(built, train_state_weights(request.train_state), str(request.train_state))
     elif weights is not None:

@@ -100,7 +100,7 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
         record = PlanRecord.from_json(report["plan"])
         lines += ["", plan_table(record)] if record is not None else []
     if report.get("generate"):
-        from pipecompile.generation.plan import GenerationPlan
+        from pipecompile.ir.generation_plan import GenerationPlan
 
         lines += ["", *GenerationPlan.from_json(report["generate"]).lines()]
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:

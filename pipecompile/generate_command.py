@@ -26,23 +26,42 @@ __all__ = ["add_generate", "generate_command"]
 def add_generate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("generate", help="continue prompts through a --generate pipeline")
     p.add_argument("directory", help="a directory written by `pipecompile MODEL --generate`")
-    p.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
-                   help="a prompt's token ids, comma-separated (repeatable)")  # fmt: skip
-    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
-                   help="a prompt's text (needs a tokenizer; repeatable)")  # fmt: skip
-    p.add_argument("--prompts", metavar="FILE",
-                   help="one prompt a line: token ids, or text with a tokenizer")  # fmt: skip
+    p.add_argument(
+        "--prompt-ids",
+        action="append",
+        default=[],
+        metavar="IDS",
+        help="a prompt's token ids, comma-separated (repeatable)",
+    )
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a prompt's text (needs a tokenizer; repeatable)",
+    )
+    p.add_argument(
+        "--prompts", metavar="FILE", help="one prompt a line: token ids, or text with a tokenizer"
+    )
     p.add_argument("--tokenizer", metavar="DIR", help="a Hugging Face tokenizer directory")
-    p.add_argument("--max-new-tokens", type=int, default=20, metavar="T",
-                   help="new tokens per sequence at most (default 20)")  # fmt: skip
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=20,
+        metavar="T",
+        help="new tokens per sequence at most (default 20)",
+    )
     p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
     p.add_argument("--top-k", type=int, help="sample among the K likeliest tokens")
     p.add_argument("--top-p", type=float, help="sample among the likeliest tokens of mass P")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
     p.add_argument("--eos", type=int, metavar="ID", help="a sequence ends at this token")
     p.add_argument("--nproc", type=int, metavar="N", help="one rank per stage, N the stages")
-    p.add_argument("--train-state", metavar="DIR",
-                   help="the weights of a `run --save DIR` (its newest step) instead")  # fmt: skip
+    p.add_argument(
+        "--train-state",
+        metavar="DIR",
+        help="the weights of a `run --save DIR` (its newest step) instead",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the tokens")
     p.set_defaults(handler=generate_command)
 

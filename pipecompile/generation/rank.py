@@ -1,0 +1,50 @@
+"""One rank 1..N-1 of `generate --nproc N` (started by ``generation.ranks``): builds its
+stage with the weights it is given and runs turns until rank 0 says stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main(raw: str) -> None:
+    from pipecompile.generation.plan import decode_stages
+    from pipecompile.generation.ranks import run_stage
+    from pipecompile.generation.sampler import Sampler, Sampling
+    from pipecompile.generation.session import (
+        load_weights,
+        model_of,
+        plan_of,
+        train_state_weights,
+    )
+    from pipecompile.generation.wire import ring
+    from pipecompile.ir.manifest import read_manifest
+
+    spec = json.loads(raw)
+    rank = int(os.environ["PIPECOMPILE_GENERATE_RANK"])
+    directory = Path(spec["directory"])
+    manifest = read_manifest(directory)
+    plan = plan_of(directory, manifest)
+    model = model_of(directory, manifest)
+    if "train_state" in spec:
+        load_weights(model, train_state_weights(Path(spec["train_state"])), spec["train_state"])
+    else:
+        from safetensors.torch import load_file
+
+        load_weights(model, load_file(spec["weights"]), str(directory))
+    stage = decode_stages(model, plan, [rank])[0]
+    store = torch.distributed.TCPStore("127.0.0.1", spec["port"], spec["world"], False)
+    sampler = Sampler(Sampling(*spec["sampling"]))
+    run_stage(stage, ring(store, rank, spec["world"]), sampler)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1])
+    except Exception as err:  # rank 0 shows this last line
+        print(f"{type(err).__name__}: {err}", file=sys.stderr)
+        sys.exit(1)

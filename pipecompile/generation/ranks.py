@@ -1,0 +1,219 @@
+"""Generation with one rank per stage (`generate --nproc N`): this process is rank 0 (the
+prompt queue, the lanes' bookkeeping and stage 0), and starts ranks 1..N-1 on this machine.
+Each rank runs its stage's part of the prefill and decode programs: a lane's turn goes
+down the stages as hidden states, the last stage samples and sends only the token ids back
+to rank 0, and the KV cache never leaves its stage's rank. With as many lanes as stages in
+flight every stage has work while the others run theirs.
+
+The ranks talk over a ring of sockets (``generation.wire``) that meets through a TCP store of
+its own, so a caller that runs torch.distributed itself is not disturbed. A rank that fails
+ends the call with its last line; the others are stopped, and none outlives this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipecompile.errors import RuntimeFailure
+from pipecompile.generation.cache import Rows
+from pipecompile.generation.lanes import Lanes, Turn
+from pipecompile.generation.stages import Call, DecodeStage
+from pipecompile.generation.wire import Wire, ring
+
+__all__ = ["generate_on_ranks", "run_stage"]
+
+_TURN, _STOP = 1, 0
+
+
+def _describe(turn: Turn) -> torch.Tensor:
+    """A turn as int64s: lane, calls, then per call rows, tokens, its rows, sequences and
+    positions."""
+    out = [turn.lane, len(turn.calls)]
+    for call, seqs in zip(turn.calls, turn.sequences):
+        pos = call.rows.positions
+        out += [len(call.rows.rows), int(pos.shape[1]), *call.rows.rows, *seqs]
+        out += [int(p) for p in pos.flatten()]
+    return torch.tensor(out, dtype=torch.long)
+
+
+def _read(raw: torch.Tensor) -> tuple[int, list[Call], list[list[int]]]:
+    v = raw.tolist()
+    lane, count, k = v[0], v[1], 2
+    calls, sequences = [], []
+    for _ in range(count):
+        n, tokens = v[k], v[k + 1]
+        k += 2
+        rows, seqs = tuple(v[k : k + n]), v[k + n : k + 2 * n]
+        k += 2 * n
+        pos = torch.tensor(v[k : k + n * tokens], dtype=torch.long).view(n, tokens)
+        k += n * tokens
+        calls.append(Call(Rows(rows, pos)))
+        sequences.append(seqs)
+    return lane, calls, sequences
+
+
+def _send_turn(wire: Wire, description: torch.Tensor, hidden: list[torch.Tensor]) -> None:
+    wire.send([torch.tensor([_TURN]), description, *hidden])
+
+
+def run_stage(stage: DecodeStage, wire: Wire, sampler: Any) -> None:
+    """Ranks 1..N-1: run each turn that comes, until the stop comes (and pass it on)."""
+    from pipecompile.generation.sampler import picked
+
+    last = stage.index == stage.count - 1
+    while True:
+        kind, *rest = wire.recv()
+        if int(kind[0]) == _STOP:
+            if not last:
+                wire.send([torch.tensor([_STOP])])
+            return
+        description, *hidden = rest
+        lane, calls, sequences = _read(description)
+        outs = stage.run(lane, calls, hidden)
+        if last:
+            tokens = picked(sampler, outs, sequences)
+            wire.send([torch.tensor([lane, *tokens], dtype=torch.long)])
+        else:
+            _send_turn(wire, description, outs)
+
+
+def lead(stage: DecodeStage, wire: Wire, book: Lanes) -> None:
+    """Rank 0: every lane's turn in order, each lane's next turn once its tokens are back,
+    until every sequence ended; then the stop goes round."""
+    flying: dict[int, Turn] = {}
+    while not book.done() or flying:
+        for lane in range(stage.lanes):
+            if lane in flying:
+                turn = flying.pop(lane)
+                (got,) = wire.recv()
+                if int(got[0]) != lane:
+                    raise RuntimeFailure(f"tokens of lane {int(got[0])} came for lane {lane}")
+                book.give(turn, got[1:].tolist())
+            turn = book.turn(lane)
+            if turn is None:
+                continue
+            outs = stage.run(lane, turn.calls, turn.ids)
+            _send_turn(wire, _describe(turn), outs)
+            flying[lane] = turn
+    wire.send([torch.tensor([_STOP])])
+
+
+class _Children:
+    """Ranks 1..N-1 as processes of this one: started, checked, stopped."""
+
+    def __init__(self, spec: dict[str, Any], logs: Path) -> None:
+        from pipecompile.runtime.distributed.local_ranks import tied_to_us
+
+        self.procs: list[tuple[int, subprocess.Popen, Any]] = []
+        for rank in range(1, spec["world"]):
+            log = open(logs / f"rank{rank}.log", "w+")  # noqa: SIM115 - read on failure
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pipecompile.generation.rank", json.dumps(spec)],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env={**os.environ, "PIPECOMPILE_GENERATE_RANK": str(rank)},
+                preexec_fn=tied_to_us(),
+            )
+            self.procs.append((rank, proc, log))
+
+    def poll(self) -> None:
+        """Raise, naming the rank and its last line, if one of them failed."""
+        for rank, proc, log in self.procs:
+            if proc.poll() is not None and proc.returncode != 0:
+                self.stop()
+                log.seek(0)
+                lines = [x for x in log.read().splitlines() if x.strip()]
+                code = proc.returncode
+                said = lines[-1] if lines else f"exit status {code}"
+                if code < 0 and not lines:
+                    said = f"killed by {signal.Signals(-code).name}"
+                raise RuntimeFailure(f"generation rank {rank} (stage {rank}) failed: {said}")
+
+    def ended(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for every rank to exit, raising on a failed one."""
+        deadline = time.monotonic() + grace
+        for _, proc, _ in self.procs:
+            while proc.poll() is None and time.monotonic() < deadline:
+                self.poll()
+                time.sleep(0.01)
+        self.poll()
+
+    def stop(self) -> None:
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _weights_source(
+    request: Any, weights: Callable[[], dict[str, torch.Tensor]] | None, tmp: Path
+) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """Where the other ranks read the weights (a run's train state, or a file of these),
+    and the weights themselves."""
+    from safetensors.torch import save_file
+
+    from pipecompile.generation.session import train_state_weights
+
+    if request.train_state is not None:
+        return {"train_state": str(request.train_state)}, train_state_weights(request.train_state)
+    state = weights() if weights is not None else {}
+    path = tmp / "weights.safetensors"
+    save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path))
+    return {"weights": str(path)}, state
+
+
+def generate_on_ranks(
+    directory: Path,
+    model: Any,
+    plan: Any,
+    request: Any,
+    weights: Callable[[], dict[str, torch.Tensor]] | None,
+    on_token: Callable[[int, int], None] | None = None,
+) -> dict[int, list[int]]:
+    """Rank 0 here, ranks 1..N-1 started beside it; each prompt's new tokens by its number.
+
+    Raises:
+        RuntimeFailure: a rank failed or was killed: names it and its last line; the other
+            ranks are stopped.
+    """
+    from pipecompile.generation.plan import decode_stages
+    from pipecompile.generation.session import load_weights
+
+    n = plan.stages
+    with tempfile.TemporaryDirectory(prefix="pipecompile-generate-") as tmp:
+        source, state = _weights_source(request, weights, Path(tmp))
+        load_weights(model, state, str(request.train_state or directory))
+        store = torch.distributed.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False)
+        sampling = list(request.sampling.__dict__.values())
+        spec = {"directory": str(directory), "port": store.port, "world": n, **source}
+        children = _Children({**spec, "sampling": sampling}, Path(tmp))
+        try:
+            wire = ring(store, 0, n, children.poll)
+            stage = decode_stages(model, plan, [0])[0]
+            book = Lanes(
+                request.prompts,
+                plan.lanes,
+                plan.rows,
+                request.max_new_tokens,
+                request.eos,
+                on_token,
+            )
+            try:
+                lead(stage, wire, book)
+            except RuntimeFailure:
+                children.ended(grace=2.0)  # a rank that died is named, not the broken socket
+                raise
+            children.ended(grace=60.0)
+        finally:
+            children.stop()
+        return book.finished
