@@ -62,6 +62,13 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="the weights of a `run --save DIR` (its newest step) instead",
     )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="--nproc: stop when no tokens come back for S seconds (default 600)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the tokens")
     p.set_defaults(handler=generate_command)
 
@@ -149,7 +156,9 @@ def generate_command(args: argparse.Namespace) -> int:
     prompts = _prompts(args, text)
     sampling = sampling_of(args.temperature, args.top_k, args.top_p, args.seed)
     state = Path(args.train_state) if args.train_state else None
-    request = Request(prompts, args.max_new_tokens, sampling, args.eos, args.nproc, state)
+    request = Request(
+        prompts, args.max_new_tokens, sampling, args.eos, args.nproc, state, args.timeout
+    )
     show = _Printer(prompts, text.decode, args.max_new_tokens, args.eos, quiet=args.quiet)
     new = run_generation(
         directory, request, weights=lambda: load(directory).state_dict(), on_token=show.token

@@ -29,6 +29,7 @@ from pipecompile.generation.cache import Rows
 from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.stages import Call, DecodeStage
 from pipecompile.generation.wire import Wire, ring
+from pipecompile.runtime.faults import FAULT_ENV, fault_at
 
 __all__ = ["generate_on_ranks", "run_stage"]
 
@@ -71,8 +72,11 @@ def run_stage(stage: DecodeStage, wire: Wire, sampler: Any) -> None:
     from pipecompile.generation.sampler import picked
 
     last = stage.index == stage.count - 1
+    turns = 0
     while True:
         kind, *rest = wire.recv()
+        turns += 1
+        _fault(stage.index, turns)
         if int(kind[0]) == _STOP:
             if not last:
                 wire.send([torch.tensor([_STOP])])
@@ -85,6 +89,21 @@ def run_stage(stage: DecodeStage, wire: Wire, sampler: Any) -> None:
             wire.send([torch.tensor([lane, *tokens], dtype=torch.long)])
         else:
             _send_turn(wire, description, outs)
+
+
+def _fault(rank: int, turn: int) -> None:
+    """``PIPECOMPILE_FAULT=RANK:TURN:turn:KIND`` (runtime.faults) fails this rank at its
+    TURN-th message, as the tests kill or hang a rank."""
+    if not os.environ.get(FAULT_ENV):
+        return
+    fault = fault_at(rank, turn, "turn")
+    if fault is None:
+        return
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while fault.kind == "hang":
+        time.sleep(1)
+    raise RuntimeError(f"injected failure at turn {turn}")
 
 
 def lead(stage: DecodeStage, wire: Wire, book: Lanes) -> None:
@@ -127,17 +146,18 @@ class _Children:
             self.procs.append((rank, proc, log))
 
     def poll(self) -> None:
-        """Raise, naming the rank and its last line, if one of them failed."""
-        for rank, proc, log in self.procs:
-            if proc.poll() is not None and proc.returncode != 0:
-                self.stop()
-                log.seek(0)
-                lines = [x for x in log.read().splitlines() if x.strip()]
-                code = proc.returncode
-                said = lines[-1] if lines else f"exit status {code}"
-                if code < 0 and not lines:
-                    said = f"killed by {signal.Signals(-code).name}"
-                raise RuntimeFailure(f"generation rank {rank} (stage {rank}) failed: {said}")
+        """Raise, naming the rank and its last line, if one of them failed: the first that
+        failed of itself, not one that only saw its neighbour go (``PeerGone``)."""
+        if all(proc.poll() in (None, 0) for _, proc, _ in self.procs):
+            return
+        deadline = time.monotonic() + 1.0  # the others see it too and exit: let them
+        while any(p.poll() is None for _, p, _ in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.stop()
+        failed = [(rank, _last_words(proc, log)) for rank, proc, log in self.procs]
+        failed = [(rank, said) for rank, said in failed if said is not None]
+        rank, said = next(((r, w) for r, w in failed if not w.startswith("PeerGone")), failed[0])
+        raise RuntimeFailure(f"generation rank {rank} (stage {rank}) failed: {said}")
 
     def ended(self, grace: float) -> None:
         """Wait up to ``grace`` seconds for every rank to exit, raising on a failed one."""
@@ -153,6 +173,18 @@ class _Children:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _last_words(proc: subprocess.Popen, log: Any) -> str | None:
+    """What a rank that failed said last (None: it did not fail); SIGKILL for a killed one."""
+    code = proc.poll()
+    if code in (None, 0):
+        return None
+    log.seek(0)
+    lines = [x for x in log.read().splitlines() if x.strip()]
+    if lines:
+        return lines[-1]
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
 
 
 def _weights_source(
@@ -198,7 +230,7 @@ def generate_on_ranks(
         spec = {"directory": str(directory), "port": store.port, "world": n, **source}
         children = _Children({**spec, "sampling": sampling}, Path(tmp))
         try:
-            wire = ring(store, 0, n, children.poll)
+            wire = ring(store, 0, n, children.poll, request.timeout)
             stage = decode_stages(model, plan, [0])[0]
             book = Lanes(
                 request.prompts,

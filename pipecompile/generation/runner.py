@@ -37,6 +37,7 @@ class Request:
     eos: int | None = None
     nproc: int | None = None
     train_state: Path | None = None
+    timeout: float = 600.0  # --nproc: seconds rank 0 waits for the last stage's tokens
 
 
 def run_generation(
@@ -57,6 +58,8 @@ def run_generation(
     """
     manifest = read_manifest(directory)
     plan = plan_of(directory, manifest)
+    if not request.timeout > 0:
+        raise GenerateError(f"--timeout {request.timeout:g}: give a positive number of seconds")
     if request.nproc is not None and request.nproc != plan.stages:
         raise GenerateError(
             f"--nproc {request.nproc}: generation runs one rank per stage, and {directory} "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import select
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,21 +19,31 @@ import torch
 
 from pipecompile.errors import RuntimeFailure
 
-__all__ = ["Wire", "ring"]
+__all__ = ["Wire", "ring", "PeerGone"]
 
 _DTYPES = (torch.int64, torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _CODE = {d: k for k, d in enumerate(_DTYPES)}
 _LONG = struct.Struct("<q")
 
 
+class PeerGone(RuntimeFailure):
+    """A neighbour's end of the ring closed: it failed first (its own error says why)."""
+
+
 class Wire:
     """One rank's two ends of the ring: ``send`` to the next rank, ``recv`` from the one
-    before. ``poll`` (rank 0's check of its ranks) is called while a receive waits."""
+    before. ``poll`` (rank 0's check of its ranks) is called while a receive waits, and a
+    receive that waits past ``timeout`` seconds raises (rank 0: a rank stopped making
+    progress)."""
 
     def __init__(
-        self, inbox: socket.socket, outbox: socket.socket, poll: Callable[[], None] | None = None
+        self,
+        inbox: socket.socket,
+        outbox: socket.socket,
+        poll: Callable[[], None] | None = None,
+        timeout: float | None = None,
     ) -> None:
-        self.inbox, self.outbox, self.poll = inbox, outbox, poll
+        self.inbox, self.outbox, self.poll, self.timeout = inbox, outbox, poll, timeout
 
     def send(self, tensors: list[torch.Tensor]) -> None:
         head = [len(tensors)]
@@ -45,7 +56,7 @@ class Wire:
         try:
             self.outbox.sendall(raw + b"".join(blobs))
         except OSError as err:
-            raise RuntimeFailure(f"the next generation rank went away ({err})") from err
+            raise PeerGone(f"the next generation rank went away ({err})") from err
 
     def recv(self) -> list[torch.Tensor]:
         (size,) = _LONG.unpack(self._exactly(_LONG.size))
@@ -71,21 +82,36 @@ class Wire:
         parts, got = [], 0
         while got < n:
             if self.poll is not None:
-                while not select.select([self.inbox], [], [], 0.05)[0]:
-                    self.poll()
+                self._wait()
             chunk = self.inbox.recv(min(n - got, 1 << 20))
             if not chunk:
-                raise RuntimeFailure("the previous generation rank went away mid-message")
+                raise PeerGone("the previous generation rank went away mid-message")
             parts.append(chunk)
             got += len(chunk)
         return b"".join(parts)
+
+    def _wait(self) -> None:
+        start = time.monotonic()
+        while not select.select([self.inbox], [], [], 0.05)[0]:
+            self.poll()  # type: ignore[misc]
+            if self.timeout is not None and time.monotonic() - start > self.timeout:
+                raise RuntimeFailure(
+                    f"nothing came back from the last stage for {self.timeout:g} s (--timeout): "
+                    "a rank stopped making progress; the ranks were stopped"
+                )
 
     def close(self) -> None:
         for s in (self.inbox, self.outbox):
             s.close()
 
 
-def ring(store: Any, rank: int, world: int, poll: Callable[[], None] | None = None) -> Wire:
+def ring(
+    store: Any,
+    rank: int,
+    world: int,
+    poll: Callable[[], None] | None = None,
+    timeout: float | None = None,
+) -> Wire:
     """Connect ``rank`` to its neighbours: listen, publish the port in ``store``, connect to
     the next rank's port, accept the previous rank."""
     listener = socket.socket()
@@ -104,4 +130,4 @@ def ring(store: Any, rank: int, world: int, poll: Callable[[], None] | None = No
             poll()
     inbox, _ = listener.accept()
     listener.close()
-    return Wire(inbox, outbox, poll)
+    return Wire(inbox, outbox, poll, timeout)
