@@ -17,6 +17,14 @@ dropout (the pipeline draws its own masks), so check the dropout-free twin::
     pipecompile examples/char_lm.py:build_model_without_dropout --stages 2 -o out/char_lm_nodrop
     pipecompile run out/char_lm_nodrop --check
 
+Compile it with ``--generate`` too, train, and let the trained model write Python from a
+prompt (``encode_text`` and ``decode_tokens`` below turn text into tokens and back)::
+
+    pipecompile examples/char_lm.py --stages 2 --microbatches 4 --generate -o out/char_lm
+    pipecompile run out/char_lm --epochs 1 --save out/char_lm_state
+    pipecompile generate out/char_lm --train-state out/char_lm_state --prompt "def " \
+        --max-new-tokens 40 --temperature 0.8 --top-k 20
+
 Or train it eagerly and watch the loss fall from 4.8 to ~2.4 in the default 120 steps, or
 lower in more: ``python examples/char_lm.py [STEPS]``.
 """
@@ -273,6 +281,16 @@ def train_batches() -> CharBatches:
 def eval_batches() -> CharBatches:
     """``EVAL_BATCHES`` deterministic mini-batches of the held-out split."""
     return CharBatches(split("eval"), EVAL_BATCHES, EVAL_SEED)
+
+
+def encode_text(text: str) -> list[int]:
+    """Text as this model's tokens: ASCII codes (anything else becomes ``?``), as the corpus."""
+    return list(text.encode("ascii", errors="replace"))
+
+
+def decode_tokens(tokens: list[int]) -> str:
+    """Tokens back as text (`pipecompile generate` prints new tokens with it)."""
+    return bytes(t if 0 <= t < VOCAB_SIZE else ord("?") for t in tokens).decode("ascii")
 
 
 def example_inputs() -> tuple[torch.Tensor, ...]:

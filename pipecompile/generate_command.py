@@ -161,7 +161,11 @@ def generate_command(args: argparse.Namespace) -> int:
     )
     show = _Printer(prompts, text.decode, args.max_new_tokens, args.eos, quiet=args.quiet)
     new = run_generation(
-        directory, request, weights=lambda: load(directory).state_dict(), on_token=show.token
+        directory,
+        request,
+        weights=lambda: load(directory).state_dict(),
+        on_token=show.token,
+        on_start=show.begin,
     )
     show.end(new)
     return 0
@@ -187,9 +191,22 @@ class _Printer:
         self.count = 0
         self.new: dict[int, list[int]] = {}
         self.last_progress = self.start
+        self.shown = ""  # a single sequence's text printed so far
 
-    def _text(self, ids: list[int]) -> str:
-        return self.decode(ids) if self.decode else " ".join(map(str, ids))
+    def begin(self) -> None:
+        """The stages are built: the clocks start, and a text prompt is echoed."""
+        self.start = self.last_progress = time.perf_counter()
+        if self.single and self.decode is not None:
+            self.shown = "" if self.quiet else self.decode(self.prompts[0])
+            sys.stdout.write(self.shown)
+            sys.stdout.flush()
+
+    def _text(self, sequence: int, new: list[int]) -> str:
+        """A sequence as printed: its prompt and new tokens as text (the prompt only without
+        -q), or the new token ids."""
+        if self.decode is None:
+            return " ".join(map(str, new))
+        return self.decode(new if self.quiet else self.prompts[sequence] + new)
 
     def token(self, sequence: int, token: int) -> None:
         now = time.perf_counter()
@@ -198,9 +215,11 @@ class _Printer:
         mine = self.new.setdefault(sequence, [])
         mine.append(token)
         if not self.single and (token == self.eos or len(mine) >= self.max_new_tokens):
-            print(f"[{sequence}] {self._text(mine)}", flush=True)
-        if self.single:
-            piece = self.decode([token]) if self.decode else f"{token} "
+            print(f"[{sequence}] {self._text(sequence, mine)}", flush=True)
+        if self.single:  # the text so far, decoded whole: tokens that join stay joined
+            text = self._text(sequence, mine)
+            piece = text[len(self.shown) :] if self.decode else f"{token} "
+            self.shown = text if self.decode else ""
             sys.stdout.write(piece)
             sys.stdout.flush()
         elif not self.quiet and now - self.last_progress > 2.0:
@@ -210,7 +229,7 @@ class _Printer:
 
     def end(self, new: dict[int, list[int]]) -> None:
         if self.single:
-            print()
+            print(flush=True)
         for k in sorted(new):
             if not self.single and not new[k]:  # --max-new-tokens 0: nothing came
                 print(f"[{k}] ", flush=True)

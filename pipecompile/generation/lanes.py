@@ -43,7 +43,8 @@ class Turn:
 
 
 class Lanes:
-    """The queue and the lanes' slots; ``on_token(sequence, token)`` hears every new token,
+    """The queue and the lanes' slots; ``on_start()`` hears that generation begins (every
+    stage built), ``on_token(sequence, token)`` hears every new token,
     ``on_done(sequence, tokens)`` every sequence that stops."""
 
     def __init__(
@@ -54,6 +55,7 @@ class Lanes:
         max_new_tokens: int,
         eos: int | None = None,
         on_token: Callable[[int, int], None] | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self.waiting = deque(_Sequence(k, list(p)) for k, p in enumerate(prompts))
         self.slots: list[list[_Sequence | None]] = [[None] * rows for _ in range(lanes)]
@@ -64,6 +66,8 @@ class Lanes:
         if max_new_tokens == 0:
             self.finished = {s.number: [] for s in self.waiting}
             self.waiting.clear()
+        if on_start is not None:  # the stages are built: the clock of the first token starts
+            on_start()
 
     def done(self) -> bool:
         return len(self.finished) == self.count

@@ -20,10 +20,11 @@ def generate_here(
     *,
     eos: int | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:
     """Each prompt's new tokens, by its number."""
     lanes = stages[0].lanes
-    book = Lanes(prompts, lanes, stages[0].rows, max_new_tokens, eos, on_token)
+    book = Lanes(prompts, lanes, stages[0].rows, max_new_tokens, eos, on_token, on_start)
     sampler = Sampler(sampling)
     while not book.done():
         for lane in range(lanes):

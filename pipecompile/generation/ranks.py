@@ -211,6 +211,7 @@ def generate_on_ranks(
     request: Any,
     weights: Callable[[], dict[str, torch.Tensor]] | None,
     on_token: Callable[[int, int], None] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:
     """Rank 0 here, ranks 1..N-1 started beside it; each prompt's new tokens by its number.
 
@@ -239,6 +240,7 @@ def generate_on_ranks(
                 request.max_new_tokens,
                 request.eos,
                 on_token,
+                on_start,
             )
             try:
                 lead(stage, wire, book)

@@ -47,6 +47,7 @@ def run_generation(
     weights: Callable[[], dict[str, torch.Tensor]] | None = None,
     model: nn.Module | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:
     """Each prompt's new tokens by its number. ``weights``: the compiled stages' (by the
     model's names), read unless ``request.train_state`` gives others; ``model``: the
@@ -71,7 +72,7 @@ def run_generation(
     if request.nproc is not None and request.nproc > 1:
         from pipecompile.generation.ranks import generate_on_ranks
 
-        return generate_on_ranks(directory, built, plan, request, weights, on_token)
+        return generate_on_ranks(directory, built, plan, request, weights, on_token, on_start)
     if request.train_state is not None:
         load_weights(built, train_state_weights(request.train_state), str(request.train_state))
     elif weights is not None:
@@ -84,6 +85,7 @@ def run_generation(
         request.sampling,
         eos=request.eos,
         on_token=on_token,
+        on_start=on_start,
     )
 
 

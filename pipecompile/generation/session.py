@@ -176,12 +176,15 @@ def generate_local(
     *,
     eos: int | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:
     """Every stage in this process; each prompt's new tokens by its number."""
     from pipecompile.generation.local import generate_here
 
     stages = decode_stages(model, plan)
-    return generate_here(stages, prompts, max_new_tokens, sampling, eos=eos, on_token=on_token)
+    return generate_here(
+        stages, prompts, max_new_tokens, sampling, eos=eos, on_token=on_token, on_start=on_start
+    )
 
 
 def vocab_size(model: nn.Module) -> int:
