@@ -81,7 +81,9 @@ def check_options(options: CompileOptions, out: Path) -> bool:
         if v is not None
     ]
     if loose and not o.generate:
-        raise PlanError(f"{', '.join(loose)} size the KV cache of --generate: add --generate")
+        raise PlanError(
+            f"{', '.join(loose)} without --generate: add --generate (they size its KV cache)"
+        )
     if o.allow_missing and o.weights is None:
         raise WeightsError("--allow-missing applies to --weights; pass --weights PATH or drop it")
     return searching

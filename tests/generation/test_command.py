@@ -1,0 +1,96 @@
+"""`pipecompile MODEL --generate` and `pipecompile generate OUT` on the bundled GPT (the
+examples' own layout): the plan recorded and shown, tokens equal to an eager greedy loop over
+the same weights, one rank per stage equal to one process (greedy and sampled), the weights of
+a training run, and a rank that is killed or hangs named, never waited on forever."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import pipecompile
+from pipecompile.cli import main
+from pipecompile.model.model_file import load_model_file
+from tests.generation.conftest import ROOT
+
+PROMPTS = [[5, 17, 3], [40], [9, 9, 9, 9, 9, 2], [77, 1]]
+
+
+def _ids_args(prompts: list[list[int]]) -> list[str]:
+    return [a for p in prompts for a in ("--prompt-ids", ",".join(map(str, p)))]
+
+
+def _generate(capsys, directory, *extra: str, prompts=PROMPTS) -> dict[int, list[int]]:
+    capsys.readouterr()
+    argv = ["generate", str(directory), *_ids_args(prompts), "--max-new-tokens", "7"]
+    assert main([*argv, "-q", *extra]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[")]
+    return {int(x[1 : x.index("]")]): [int(t) for t in x.split("]")[1].split()] for x in lines}
+
+
+def _eager(weights: dict[str, torch.Tensor], prompt: list[int], new: int) -> list[int]:
+    """Greedy decoding the plain way: the whole sequence through the model for every token."""
+    model = load_model_file(str(ROOT / "examples" / "gpt.py")).model
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert set(missing) <= {"wte.weight"} and not unexpected  # tied: lm_head.weight sets it
+    assert model.wte.weight is model.lm_head.weight
+    model.eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(new):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt) :].tolist()
+
+
+def test_the_plan_is_recorded_and_shown(gpt_generate, capsys):
+    record = json.loads((gpt_generate / "manifest.json").read_text())["generate"]
+    assert record["family"] == "nanogpt" and (record["lanes"], record["rows"]) == (2, 2)
+    blocks = [s["blocks"] for s in record["stages"]]
+    assert blocks[0][0] == 0 and blocks[-1][1] == 4  # every block, once, in order
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    for stage in record["stages"]:
+        per = math.prod(stage["cache_shape"]) * 4  # float32 keys (or values) of one block
+        assert stage["cache_bytes"] == 2 * (stage["blocks"][1] - stage["blocks"][0]) * per
+    assert record["programs"]["decode"][0][0] == "recv_tokens 0 from 1"
+    capsys.readouterr()
+    assert main(["show", str(gpt_generate)]) == 0
+    shown = capsys.readouterr().out
+    assert "generate: nanogpt decoder, max length" in shown and "  stage 1: blocks" in shown
+
+
+def test_tokens_equal_an_eager_greedy_loop(gpt_generate, capsys):
+    weights = pipecompile.load(gpt_generate).state_dict()
+    got = _generate(capsys, gpt_generate)
+    assert got == {k: _eager(weights, p, 7) for k, p in enumerate(PROMPTS)}
+
+
+@pytest.mark.parametrize("sampled", [[], ["--temperature", "0.9", "--top-k", "50", "--seed", "4"]])
+def test_one_rank_per_stage_generates_what_one_process_does(gpt_generate, capsys, sampled):
+    here = _generate(capsys, gpt_generate, *sampled)
+    assert _generate(capsys, gpt_generate, "--nproc", "2", *sampled) == here
+
+
+def test_the_weights_of_a_training_run(gpt_generate, tmp_path, capsys):
+    state = tmp_path / "state"
+    assert main(["run", str(gpt_generate), "--steps", "2", "--save", str(state), "-q"]) == 0
+    from pipecompile.generation.session import train_state_weights
+
+    trained = train_state_weights(state)
+    got = _generate(capsys, gpt_generate, "--train-state", str(state), prompts=PROMPTS[:2])
+    assert got == {k: _eager(trained, p, 7) for k, p in enumerate(PROMPTS[:2])}
+    assert got != _generate(capsys, gpt_generate, prompts=PROMPTS[:2])  # it trained
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [("1:2:turn:kill", "generation rank 1 (stage 1) failed: killed by SIGKILL"),
+     ("1:3:turn:hang", "nothing came back from the last stage for 2 s (--timeout)")],
+)  # fmt: skip
+def test_a_rank_killed_or_hung_is_named(gpt_generate, capsys, monkeypatch, fault, said):
+    monkeypatch.setenv("PIPECOMPILE_FAULT", fault)
+    argv = ["generate", str(gpt_generate), *_ids_args(PROMPTS), "--max-new-tokens", "7"]
+    assert main([*argv, "--nproc", "2", "--timeout", "2", "-q"]) != 0
+    assert said in capsys.readouterr().err

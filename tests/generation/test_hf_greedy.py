@@ -1,0 +1,82 @@
+"""Greedy decoding through the decode stages equals Hugging Face's ``generate`` token for token,
+for every family, at one, two and four stages, with lanes of several rows, with prompts of
+different lengths sharing a lane, and stopping at an end-of-sequence token."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import pipecompile
+from tests.generation.conftest import VOCAB, tiny_decoder
+
+CASES = [("gpt2", 1, 1, 1), ("gpt2", 3, 2, 2), ("llama", 2, 2, 1), ("llama", 4, 2, 2)]
+CASES += [("mixtral", 2, 1, 3)]
+
+
+def _reference(model: torch.nn.Module, prompt: list[int], new: int, eos: int | None) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids, max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=0,
+        attention_mask=torch.ones_like(ids),
+    )  # fmt: skip
+    tokens = out[0, len(prompt) :].tolist()
+    if eos is not None and eos in tokens:
+        tokens = tokens[: tokens.index(eos) + 1]
+    return tokens
+
+
+@functools.cache
+def _compiled(family: str, stages: int, lanes: int, rows: int):  # -> (model, pipeline)
+    model = tiny_decoder(family)
+    example = {
+        "input_ids": torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    }
+    pipe = pipecompile.compile(
+        model, example, stages=stages, generate=True, max_length=40, lanes=lanes, lane_rows=rows
+    )
+    return model, pipe
+
+
+@pytest.mark.parametrize(("family", "stages", "lanes", "rows"), CASES)
+def test_greedy_equals_generate(family, stages, lanes, rows):
+    model, pipe = _compiled(family, stages, lanes, rows)
+    record = pipe.manifest.generate
+    assert record["lanes"] == lanes and record["rows"] == rows and len(record["stages"]) == stages
+    g = torch.Generator().manual_seed(2)
+    batch = torch.randint(1, VOCAB, (3, 6), generator=g)
+    got = pipe.generate(batch, max_new_tokens=10)
+    want = model.generate(batch, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+    prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (1, 9, 4, 13, 2)]
+    got = pipe.generate(prompts, max_new_tokens=12)
+    for prompt, row in zip(prompts, got):
+        assert row.tolist() == prompt + _reference(model, prompt, 12, None)
+
+    # an end-of-sequence token that greedy decoding reaches: the token it picks third
+    eos = _reference(model, prompts[1], 3, None)[2]
+    got = pipe.generate(prompts, max_new_tokens=12, eos_token_id=eos)
+    for prompt, row in zip(prompts, got):
+        assert row.tolist() == prompt + _reference(model, prompt, 12, eos)
+    assert len(got[1]) <= len(prompts[1]) + 3  # it stopped early
+
+
+def test_sampled_tokens_are_the_same_at_any_stage_lane_and_row_count():
+    """Each sequence draws from a generator of its own: 4 stages of 2 lanes x 2 rows sample
+    what 2 stages of 2 lanes x 1 row do; another seed samples something else."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (3, 7, 1, 5, 2)]
+    sampled = dict(temperature=1.3, top_k=40, top_p=0.95, seed=11)
+    _, two = _compiled("llama", 2, 2, 1)
+    _, four = _compiled("llama", 4, 2, 2)
+    a = [t.tolist() for t in two.generate(prompts, max_new_tokens=9, **sampled)]
+    b = [t.tolist() for t in four.generate(prompts, max_new_tokens=9, **sampled)]
+    assert a == b
+    c = [t.tolist() for t in four.generate(prompts, max_new_tokens=9, **{**sampled, "seed": 12})]
+    assert c != a
+    greedy = [t.tolist() for t in four.generate(prompts, max_new_tokens=9)]
+    assert a != greedy  # it sampled
+    assert [t.tolist() for t in four.generate(prompts, max_new_tokens=9, top_k=1)] == greedy
