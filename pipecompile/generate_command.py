@@ -188,6 +188,7 @@ class _Printer:
         self.single = len(prompts) == 1
         self.start = time.perf_counter()
         self.first: float | None = None
+        self.last: float | None = None
         self.count = 0
         self.new: dict[int, list[int]] = {}
         self.last_progress = self.start
@@ -211,6 +212,7 @@ class _Printer:
     def token(self, sequence: int, token: int) -> None:
         now = time.perf_counter()
         self.first = self.first if self.first is not None else now - self.start
+        self.last = now
         self.count += 1
         mine = self.new.setdefault(sequence, [])
         mine.append(token)
@@ -233,7 +235,7 @@ class _Printer:
         for k in sorted(new):
             if not self.single and not new[k]:  # --max-new-tokens 0: nothing came
                 print(f"[{k}] ", flush=True)
-        seconds = time.perf_counter() - self.start
+        seconds = (self.last or time.perf_counter()) - self.start  # to the last token
         if not self.quiet:
             first = f", first token after {self.first * 1000:.0f} ms" if self.first else ""
             print(

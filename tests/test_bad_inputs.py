@@ -45,6 +45,7 @@ SAMPLED = (
     "check-nproc-precision",  # asked: --check under --nproc
     "hook-empty-nproc",  # asked: a data hook, in a process of its own
     "nproc-hook-raises-one-rank",  # ranks: a line from each rank
+    "generate-nproc-not-stages",  # generating: refused before any rank starts
 )
 ALL_CASES = os.environ.get("PIPECOMPILE_ALL_CASES") == "1"
 

@@ -25,6 +25,7 @@ def main(raw: str) -> None:
     from pipecompile.ir.manifest import read_manifest
 
     spec = json.loads(raw)
+    torch.set_num_threads(spec["threads"])
     rank = int(os.environ["PIPECOMPILE_GENERATE_RANK"])
     directory = Path(spec["directory"])
     manifest = read_manifest(directory)

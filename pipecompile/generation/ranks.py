@@ -221,6 +221,7 @@ def generate_on_ranks(
     """
     from pipecompile.generation.plan import decode_stages
     from pipecompile.generation.session import load_weights
+    from pipecompile.runtime.threads import launch_threads
 
     n = plan.stages
     with tempfile.TemporaryDirectory(prefix="pipecompile-generate-") as tmp:
@@ -228,8 +229,11 @@ def generate_on_ranks(
         load_weights(model, state, str(request.train_state or directory))
         store = torch.distributed.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False)
         sampling = list(request.sampling.__dict__.values())
+        threads = launch_threads(None, n)  # each rank its share of the cores
         spec = {"directory": str(directory), "port": store.port, "world": n, **source}
-        children = _Children({**spec, "sampling": sampling}, Path(tmp))
+        children = _Children({**spec, "sampling": sampling, "threads": threads}, Path(tmp))
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
         try:
             wire = ring(store, 0, n, children.poll, request.timeout)
             stage = decode_stages(model, plan, [0])[0]
@@ -250,4 +254,5 @@ def generate_on_ranks(
             children.ended(grace=60.0)
         finally:
             children.stop()
+            torch.set_num_threads(before)
         return book.finished

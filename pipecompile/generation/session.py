@@ -42,7 +42,14 @@ def plan_of(directory: Path, manifest: Manifest) -> GenerationPlan:
             f"program: recompile with --generate (`pipecompile MODEL --stages N --generate "
             f"-o {directory}`)"
         )
-    return GenerationPlan.from_json(manifest.generate)
+    try:
+        return GenerationPlan.from_json(manifest.generate)
+    except (KeyError, TypeError, ValueError) as err:
+        raise GenerateError(
+            f"{directory}/manifest.json: its generate record is damaged ({type(err).__name__}: "
+            f"{err}); recompile with --generate (`pipecompile MODEL --stages N --generate -o "
+            f"{directory}`)"
+        ) from None
 
 
 def model_of(directory: Path, manifest: Manifest, given: nn.Module | None = None) -> nn.Module:

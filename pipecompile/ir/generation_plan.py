@@ -86,7 +86,8 @@ class GenerationPlan:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> GenerationPlan:
-        return cls(
+        """The record as written; ValueError (or KeyError, TypeError) where it is not one."""
+        plan = cls(
             family=raw["family"],
             max_length=int(raw["max_length"]),
             lanes=int(raw["lanes"]),
@@ -96,6 +97,13 @@ class GenerationPlan:
             kv_heads=int(raw["kv_heads"]),
             head_size=int(raw["head_size"]),
         )
+        sizes = (plan.max_length, plan.lanes, plan.rows, plan.kv_heads, plan.head_size)
+        if min(sizes) < 1 or plan.dtype not in DTYPES or not plan.blocks:
+            raise ValueError("a size below 1, an unknown dtype or no stages")
+        ends = [b for _, b in plan.blocks]
+        if plan.blocks[0][0] != 0 or [a for a, _ in plan.blocks[1:]] != ends[:-1]:
+            raise ValueError(f"stages' blocks {list(plan.blocks)} are not consecutive from 0")
+        return plan
 
     def lines(self) -> list[str]:
         """What `show` prints."""

@@ -102,7 +102,10 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
     if report.get("generate"):
         from pipecompile.ir.generation_plan import GenerationPlan
 
-        lines += ["", *GenerationPlan.from_json(report["generate"]).lines()]
+        try:
+            lines += ["", *GenerationPlan.from_json(report["generate"]).lines()]
+        except (KeyError, TypeError, ValueError) as err:
+            lines += ["", f"generate: the record is damaged ({err}); recompile with --generate"]
     if report["costs"].startswith("uniform") and timeline.makespan <= _MAX_DRAWN_CLOCKS:
         lines += ["", timeline_text(timeline)]
     return "\n".join(lines)

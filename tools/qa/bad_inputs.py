@@ -55,6 +55,7 @@ from catalogue.case import (  # noqa: E402
     run_subprocess,
 )
 from catalogue.files import FILES  # noqa: E402
+from catalogue.generating import GENERATING  # noqa: E402
 from catalogue.pretrained import PRETRAINED  # noqa: E402
 from catalogue.ranks import RANKS  # noqa: E402
 from catalogue.saved import SAVED  # noqa: E402
@@ -65,7 +66,7 @@ TEST = "tests/test_bad_inputs.py::test_case"
 
 AREAS: dict[str, list[Case]] = {
     "basics": BASICS, "files": FILES, "asked": ASKED, "pretrained": PRETRAINED, "ranks": RANKS,
-    "saved": SAVED, "shapes": SHAPES, "tracing": TRACING,
+    "saved": SAVED, "shapes": SHAPES, "tracing": TRACING, "generating": GENERATING,
 }  # fmt: skip
 CASES: list[Case] = [case for cases in AREAS.values() for case in cases]
 VERDICTS = ("clear", "unclear", "wrong exit", "traceback", "silently wrong", "data lost", "hang")
@@ -83,7 +84,15 @@ def build_mlp(d: Path) -> None:
         raise SystemExit(f"bad_inputs: compiling the base failed:\n{result.stderr}")
 
 
-BASES: dict[str, Callable[[Path], None]] = {"mlp": build_mlp}
+def build_gpt(d: Path) -> None:
+    """examples/gpt.py as gpt.py, compiled into out/ with --generate (2 stages)."""
+    shutil.copyfile(MLP.parent / "gpt.py", d / "gpt.py")
+    result = run_in_process(["gpt.py", "--stages", "2", "--generate", "-q", "-o", "out"], d)
+    if result.status != 0:
+        raise SystemExit(f"bad_inputs: compiling the gpt base failed:\n{result.stderr}")
+
+
+BASES: dict[str, Callable[[Path], None]] = {"mlp": build_mlp, "gpt": build_gpt}
 
 
 class Workspace:

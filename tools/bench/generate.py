@@ -1,0 +1,232 @@
+"""Pipelined decoding: `pipecompile generate --nproc 2` with 1, 2 and 4 lanes against Hugging
+Face ``generate`` in one process, on the same cores, in one alternated run.
+
+The model is GPT-2-shaped (12 layers, width 768, 12 heads, GPT-2's vocabulary of 50257) with
+random weights, compiled from Python into 2 stages with ``generate=True`` and a 160-token cache
+(``max_length``), once per lane count: 1 lane of 16 rows (a sequential pipeline: one group of
+sequences goes down the stages, each stage idles while the other works), 2 lanes of 8 rows, 4
+lanes of 4 rows. 16 prompts of 32-96 random tokens each get 64 new tokens, greedy.
+
+- **Tokens/s**: the 1024 new tokens over the time from the stages being built to the last
+  token (the rate line of `pipecompile generate`, so a fresh interpreter's start-up is not
+  counted; the peer is timed around its ``generate`` call alone). Hugging Face batches the 16
+  prompts left-padded with an attention mask, on all the cores; each pipecompile rank gets its
+  share (one core each here). Goals: 4 lanes >= 1.5x one lane, >= 1.2x Hugging Face.
+- **Time to first token**: the first new token of any sequence, measured, beside the one
+  predicted from the compile's cost model (each stage's forward cost for the example's tokens,
+  scaled to the first lane's prompt tokens: the attention's quadratic part and Python's
+  overhead are not in it).
+- **KV-cache bytes per stage**: the manifest's ``cache_bytes`` (predicted) beside the bytes of
+  the key and value tensors the decode stages allocate (measured).
+
+The tokens of every lane count must be the same (else the script exits non-zero).
+
+Rerun with::
+
+    python tools/bench/generate.py            # the figures in docs/BENCHMARKS.md
+    python tools/bench/generate.py --quick    # a 2-layer model, 4 short prompts: every path
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import re
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from common import command, log, machine, pipecompile_done, timed
+
+import pipecompile
+
+
+@dataclass(frozen=True)
+class Setup:
+    layers: int
+    width: int
+    heads: int
+    vocab: int
+    prompts: int
+    shortest: int
+    longest: int
+    new: int
+    repeats: int
+
+
+FULL = Setup(12, 768, 12, 50257, 16, 32, 96, 64, repeats=3)
+QUICK = Setup(2, 64, 4, 1000, 4, 8, 16, 8, repeats=1)
+LANES = (1, 2, 4)
+
+
+def _model(s: Setup) -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=s.layers, n_embd=s.width, n_head=s.heads, vocab_size=s.vocab,
+        n_positions=1024, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(config).eval()
+    model.config.use_cache = False  # the compile traces the plain forward
+    return model
+
+
+def _prompts(s: Setup) -> list[list[int]]:
+    r = random.Random(0)
+    lengths = [r.randint(s.shortest, s.longest) for _ in range(s.prompts)]
+    return [[r.randrange(1, s.vocab) for _ in range(n)] for n in lengths]
+
+
+def _compile(model: torch.nn.Module, s: Setup, lanes: int, root: Path) -> Path:
+    out = root / f"lanes{lanes}"
+    example = {"input_ids": torch.randint(0, s.vocab, (2, s.longest))}
+    log(f"compiling: 2 stages, {lanes} lane(s) of {math.ceil(s.prompts / lanes)} rows")
+    rows = math.ceil(s.prompts / lanes)
+    pipecompile.compile(
+        model, example, stages=2, generate=True, max_length=s.longest + s.new, lanes=lanes,
+        lane_rows=rows, directory=out,
+    )  # fmt: skip
+    return out
+
+
+_RATE = re.compile(r"in ([\d.]+) s: [\d.]+ tokens/s, first token after (\d+) ms")
+
+
+def _ours(directory: Path, prompts_file: Path, s: Setup) -> tuple[float, float, list[str]]:
+    """(tokens/s, first token in ms, the printed sequences) of one `generate --nproc 2`."""
+    argv = ["generate", str(directory), "--prompts", str(prompts_file), "--nproc", "2"]
+    done = pipecompile_done(*argv, "--max-new-tokens", str(s.new))
+    found = _RATE.search(done.stderr)
+    assert found, done.stderr
+    seconds, first = float(found.group(1)), float(found.group(2))
+    lines = sorted(x for x in done.stdout.splitlines() if x.startswith("["))
+    return s.prompts * s.new / seconds, first, lines
+
+
+def _peer(model: torch.nn.Module, prompts: list[list[int]], new: int) -> tuple[float, float]:
+    """(tokens/s, first token in ms) of Hugging Face ``generate``, the prompts left-padded."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    def run(tokens: int) -> torch.Tensor:
+        with torch.no_grad():
+            return model.generate(
+                ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                do_sample=False, pad_token_id=0, use_cache=True,
+            )  # fmt: skip
+
+    first, _ = timed(run, 1)
+    seconds, out = timed(run, new)
+    assert out.shape[1] == width + new
+    return len(prompts) * new / seconds, first * 1000
+
+
+def _predicted_first_ms(directory: Path, first_lane_tokens: int) -> float:
+    """The cost model's time to first token: every stage's forward for the example's tokens,
+    scaled to the first lane's prompt tokens."""
+    m = pipecompile.load(directory).manifest
+    example_tokens = math.prod(m.input_values[0].shape)  # one micro-batch of the example
+    compute = sum(m.balance.stage_compute)  # ns: that micro-batch through every stage
+    return compute * first_lane_tokens / example_tokens / 1e6
+
+
+def _cache_bytes(directory: Path) -> list[tuple[int, int]]:
+    """Per stage: (predicted bytes from the manifest, bytes the decode stages allocate)."""
+    from pipecompile.generation.plan import decode_stages
+    from pipecompile.generation.session import model_of, plan_of
+    from pipecompile.ir.manifest import read_manifest
+
+    manifest = read_manifest(directory)
+    plan = plan_of(directory, manifest)
+    stages = decode_stages(model_of(directory, manifest), plan)
+    measured = [
+        sum(t.nbytes for t in (*st.cache.keys.values(), *st.cache.values.values())) for st in stages
+    ]
+    return [(plan.cache_bytes(k), measured[k]) for k in range(plan.stages)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny model: every path, fast")
+    args = parser.parse_args()
+    s = QUICK if args.quick else FULL
+    torch.set_num_threads(2 if (torch.get_num_threads() >= 2) else 1)
+    model = _model(s)
+    prompts = _prompts(s)
+    with tempfile.TemporaryDirectory(prefix="pipecompile-bench-generate-") as tmp:
+        root = Path(tmp)
+        prompts_file = root / "prompts.txt"
+        prompts_file.write_text("\n".join(",".join(map(str, p)) for p in prompts) + "\n")
+        dirs = {lanes: _compile(model, s, lanes, root) for lanes in LANES}
+        rates: dict[str, list[float]] = {k: [] for k in ("hf", *map(str, LANES))}
+        firsts: dict[str, list[float]] = {k: [] for k in rates}
+        printed: dict[int, list[str]] = {}
+        for r in range(s.repeats):
+            log(f"round {r + 1} of {s.repeats}")
+            rate, first = _peer(model, prompts, s.new)
+            rates["hf"].append(rate)
+            firsts["hf"].append(first)
+            for lanes in LANES:
+                rate, first, printed[lanes] = _ours(dirs[lanes], prompts_file, s)
+                rates[str(lanes)].append(rate)
+                firsts[str(lanes)].append(first)
+        same = all(printed[k] == printed[LANES[0]] for k in LANES)
+        predicted = {k: _predicted_first_ms(dirs[k], _first_lane(prompts, k)) for k in LANES}
+        caches = {k: _cache_bytes(dirs[k]) for k in LANES}
+    _report(s, rates, firsts, predicted, caches, same)
+    return 0 if same else 1
+
+
+def _first_lane(prompts: list[list[int]], lanes: int) -> int:
+    """The prompt tokens of the first lane's prefill: its rows take the first prompts."""
+    rows = math.ceil(len(prompts) / lanes)
+    return sum(len(p) for p in prompts[:rows])
+
+
+def _report(
+    s: Setup,
+    rates: dict[str, list[float]],
+    firsts: dict[str, list[float]],
+    predicted: dict[int, float],
+    caches: dict[int, list[tuple[int, int]]],
+    same: bool,
+) -> None:
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    first = {k: statistics.median(v) for k, v in firsts.items()}
+    print(f"machine: {machine()}")
+    print(f"command: {command()}")
+    print(
+        f"model: GPT-2-shaped, {s.layers} layers, width {s.width}, vocabulary {s.vocab}; "
+        f"{s.prompts} prompts of {s.shortest}-{s.longest} tokens, {s.new} new each, greedy; "
+        f"median of {s.repeats} alternated round(s)"
+    )
+    print()
+    print("| run | tokens/s | vs 1 lane | vs Hugging Face | first token (ms) | predicted (ms) |")
+    print("|---|---|---|---|---|---|")
+    print(f"| Hugging Face generate, 1 process | {med['hf']:.1f} | | 1.00x | {first['hf']:.0f} | |")
+    for k in LANES:
+        name = f"pipecompile --nproc 2, {k} lane(s)"
+        print(
+            f"| {name} | {med[str(k)]:.1f} | {med[str(k)] / med['1']:.2f}x | "
+            f"{med[str(k)] / med['hf']:.2f}x | {first[str(k)]:.0f} | {predicted[k]:.0f} |"
+        )
+    print()
+    print("| lanes | stage | KV cache predicted (bytes) | allocated (bytes) |")
+    print("|---|---|---|---|")
+    for k, per in caches.items():
+        for stage, (want, got) in enumerate(per):
+            print(f"| {k} | {stage} | {want} | {got} |")
+    print()
+    print(f"the same tokens at every lane count: {'yes' if same else 'NO'}")
+    if not same:
+        print("pipecompile: the lane counts generated different tokens", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
