@@ -17,6 +17,9 @@ run survive it.
 
 The older form ``RANK:INSTR:KIND`` means ``RANK:*:INSTR:KIND``.
 
+`pipecompile generate --nproc N` reads it too: ``RANK:TURN:turn:KIND`` fails generation rank
+RANK at the TURN-th message it receives (``generation.ranks``).
+
 A fault with a step fires once per ``pipecompile run`` command: the launcher gives the ranks a
 directory (``PIPECOMPILE_FAULT_FIRED``) where a fired fault leaves a mark, so the run that
 restarts after it (``--max-restarts``) goes past that step. Without that directory (ranks

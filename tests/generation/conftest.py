@@ -15,8 +15,9 @@ VOCAB = 97
 
 
 def tiny_decoder(family: str) -> torch.nn.Module:
-    """A random-weight causal LM: ``gpt2``, ``llama`` (grouped-query attention) or ``mixtral``
-    (mixture of experts), small enough to compile in a second or two."""
+    """A random-weight causal LM: ``gpt2``, ``llama`` (grouped-query attention), ``qwen2``
+    (biased projections) or ``mixtral`` (mixture of experts), small enough to compile in a
+    second or two."""
     import transformers as tf
 
     torch.manual_seed(0)
@@ -34,6 +35,8 @@ def tiny_decoder(family: str) -> torch.nn.Module:
         )  # fmt: skip
         if family == "llama":
             model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
+        elif family == "qwen2":
+            model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common))
         else:
             config = tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
             model = tf.MixtralForCausalLM(config)

@@ -82,6 +82,11 @@ def test_the_weights_of_a_training_run(gpt_generate, tmp_path, capsys):
     got = _generate(capsys, gpt_generate, "--train-state", str(state), prompts=PROMPTS[:2])
     assert got == {k: _eager(trained, p, 7) for k, p in enumerate(PROMPTS[:2])}
     assert got != _generate(capsys, gpt_generate, prompts=PROMPTS[:2])  # it trained
+    # the state is keyed by the model's names: a compile at another stage count reads it
+    one = tmp_path / "one"
+    argv = [str(ROOT / "examples" / "gpt.py"), "--stages", "1", "--generate", "-o", str(one)]
+    assert main([*argv, "-q"]) == 0
+    assert _generate(capsys, one, "--train-state", str(state), prompts=PROMPTS[:2]) == got
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pipecompile
 from tests.generation.conftest import VOCAB, tiny_decoder
 
 CASES = [("gpt2", 1, 1, 1), ("gpt2", 3, 2, 2), ("llama", 2, 2, 1), ("llama", 4, 2, 2)]
-CASES += [("mixtral", 2, 1, 3)]
+CASES += [("qwen2", 2, 2, 1), ("mixtral", 2, 1, 3)]
 
 
 def _reference(model: torch.nn.Module, prompt: list[int], new: int, eos: int | None) -> list[int]:
@@ -80,3 +80,34 @@ def test_sampled_tokens_are_the_same_at_any_stage_lane_and_row_count():
     greedy = [t.tolist() for t in four.generate(prompts, max_new_tokens=9)]
     assert a != greedy  # it sampled
     assert [t.tolist() for t in four.generate(prompts, max_new_tokens=9, top_k=1)] == greedy
+
+
+def test_one_rank_per_stage_equals_generate():
+    """A Hugging Face model compiled from Python, decoded with a rank per stage: the ranks
+    rebuild it from its recorded config and take the pipeline's weights."""
+    model, pipe = _compiled("llama", 2, 2, 1)
+    g = torch.Generator().manual_seed(4)
+    batch = torch.randint(1, VOCAB, (3, 5), generator=g)
+    want = model.generate(batch, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(pipe.generate(batch, max_new_tokens=8, nproc=2), want)
+
+
+def test_pretrained_weights_given_at_compile(tmp_path):
+    """``weights=`` a Hugging Face directory: the decode stages run those weights, not the
+    compiled model's own random ones."""
+    import transformers as tf
+
+    trained = tiny_decoder("gpt2")
+    trained.save_pretrained(tmp_path / "hf")
+    fresh = tiny_decoder("gpt2")
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(0.5)  # other values than the directory's
+    example = {"input_ids": torch.randint(0, VOCAB, (2, 8))}
+    pipe = pipecompile.compile(fresh, example, stages=2, generate=True, weights=tmp_path / "hf")
+    batch = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    loaded = tf.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    want = loaded.generate(batch, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(pipe.generate(batch, max_new_tokens=8), want)
+    other = fresh.generate(batch, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert not torch.equal(want, other)  # the weights given matter
