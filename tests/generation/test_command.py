@@ -92,10 +92,10 @@ def test_the_weights_of_a_training_run(gpt_generate, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("fault", "said"),
     [("1:2:turn:kill", "generation rank 1 (stage 1) failed: killed by SIGKILL"),
-     ("1:3:turn:hang", "nothing came back from the last stage for 2 s (--timeout)")],
+     ("1:2:turn:hang", "nothing came back from the last stage for 1 s (--timeout)")],
 )  # fmt: skip
 def test_a_rank_killed_or_hung_is_named(gpt_generate, capsys, monkeypatch, fault, said):
     monkeypatch.setenv("PIPECOMPILE_FAULT", fault)
     argv = ["generate", str(gpt_generate), *_ids_args(PROMPTS), "--max-new-tokens", "7"]
-    assert main([*argv, "--nproc", "2", "--timeout", "2", "-q"]) != 0
+    assert main([*argv, "--nproc", "2", "--timeout", "1", "-q"]) != 0
     assert said in capsys.readouterr().err
