@@ -73,6 +73,15 @@ def test_one_rank_per_stage_generates_what_one_process_does(gpt_generate, capsys
     assert _generate(capsys, gpt_generate, "--nproc", "2", *sampled) == here
 
 
+def test_four_ranks_for_four_stages(tmp_path, capsys):
+    out = tmp_path / "four"
+    argv = [str(ROOT / "examples" / "gpt.py"), "--stages", "4", "--generate", "-o", str(out)]
+    assert main([*argv, "-q"]) == 0
+    weights = pipecompile.load(out).state_dict()
+    got = _generate(capsys, out, "--nproc", "4", prompts=PROMPTS[:3])
+    assert got == {k: _eager(weights, p, 7) for k, p in enumerate(PROMPTS[:3])}
+
+
 def test_the_weights_of_a_training_run(gpt_generate, tmp_path, capsys):
     state = tmp_path / "state"
     assert main(["run", str(gpt_generate), "--steps", "2", "--save", str(state), "-q"]) == 0
