@@ -21,9 +21,9 @@ Compile it with ``--generate`` too, train, and let the trained model write Pytho
 prompt (``encode_text`` and ``decode_tokens`` below turn text into tokens and back)::
 
     pipecompile examples/char_lm.py --stages 2 --microbatches 4 --generate -o out/char_lm
-    pipecompile run out/char_lm --epochs 1 --save out/char_lm_state
-    pipecompile generate out/char_lm --train-state out/char_lm_state --prompt "def " \
-        --max-new-tokens 40 --temperature 0.8 --top-k 20
+    pipecompile run out/char_lm --epochs 4 --save out/char_lm_state
+    pipecompile generate out/char_lm --train-state out/char_lm_state --prompt "def " \\
+        --max-new-tokens 60 --temperature 0.7 --top-k 20
 
 Or train it eagerly and watch the loss fall from 4.8 to ~2.4 in the default 120 steps, or
 lower in more: ``python examples/char_lm.py [STEPS]``.
