@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from pipecompile.generation.families import GenerateError
+from pipecompile.generation.local import generate_here
+from pipecompile.generation.plan import decode_stages
 from pipecompile.generation.sampler import Sampling
 from pipecompile.generation.session import (
     check_prompts,
-    generate_local,
     load_weights,
     model_of,
     plan_of,
@@ -77,9 +78,8 @@ def run_generation(
         load_weights(built, train_state_weights(request.train_state), str(request.train_state))
     elif weights is not None:
         load_weights(built, weights(), str(directory))
-    return generate_local(
-        built,
-        plan,
+    return generate_here(
+        decode_stages(built, plan),
         request.prompts,
         request.max_new_tokens,
         request.sampling,

@@ -6,7 +6,6 @@ checked against the plan before any stage runs."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +13,12 @@ import torch
 from torch import nn
 
 from pipecompile.generation.families import GenerateError
-from pipecompile.generation.plan import GenerationPlan, decode_stages
-from pipecompile.generation.sampler import Sampling
+from pipecompile.generation.plan import GenerationPlan
 from pipecompile.ir.manifest import Manifest
 
 __all__ = [
     "as_prompts",
     "check_prompts",
-    "generate_local",
     "load_weights",
     "model_of",
     "plan_of",
@@ -172,26 +169,6 @@ def check_prompts(
                 f"{len(p)} tokens, so at most {L - len(p)} new ones fit; ask for fewer or "
                 "recompile with a larger --max-length"
             )
-
-
-def generate_local(
-    model: nn.Module,
-    plan: GenerationPlan,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    sampling: Sampling,
-    *,
-    eos: int | None = None,
-    on_token: Callable[[int, int], None] | None = None,
-    on_start: Callable[[], None] | None = None,
-) -> dict[int, list[int]]:
-    """Every stage in this process; each prompt's new tokens by its number."""
-    from pipecompile.generation.local import generate_here
-
-    stages = decode_stages(model, plan)
-    return generate_here(
-        stages, prompts, max_new_tokens, sampling, eos=eos, on_token=on_token, on_start=on_start
-    )
 
 
 def vocab_size(model: nn.Module) -> int:
