@@ -148,7 +148,6 @@ def _prompts(args: argparse.Namespace, text: _Text) -> list[list[int]]:
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    from pipecompile.api import load
     from pipecompile.generation.runner import Request, run_generation, sampling_of
 
     directory = Path(args.directory)
@@ -163,7 +162,6 @@ def generate_command(args: argparse.Namespace) -> int:
     new = run_generation(
         directory,
         request,
-        weights=lambda: load(directory).state_dict(),
         on_token=show.token,
         on_start=show.begin,
     )

@@ -76,6 +76,12 @@ class Family:
     def head(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def materialise_every(self) -> None:
+        """Give the weightless modules every stage uses (``every``) memory, on a model
+        built on the meta device."""
+        for path in self.every:
+            self.model.get_submodule(path).to_empty(device="cpu")
+
     def block_prefix(self, index: int) -> str:
         return f"{self.blocks_path}.{index}."
 
@@ -98,6 +104,13 @@ class Llama(Family):
         heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         size = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return int(heads), int(size)
+
+    def materialise_every(self) -> None:
+        """The rotary embedding anew from the config: its frequencies are a buffer no
+        weights file holds."""
+        old = self.model.model.rotary_emb
+        if any(t.is_meta for t in old.buffers()):
+            self.model.model.rotary_emb = type(old)(config=self.model.config)
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model.model.embed_tokens(ids)

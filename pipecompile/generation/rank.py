@@ -1,5 +1,6 @@
 """One rank 1..N-1 of `generate --nproc N` (started by ``generation.ranks``): builds its
-stage with the weights it is given and runs turns until rank 0 says stop."""
+stage alone (the rest of the model stays on the meta device) with its weights read from the
+source rank 0 names, and runs turns until rank 0 says stop."""
 
 from __future__ import annotations
 
@@ -13,14 +14,10 @@ import torch
 
 def main(raw: str) -> None:
     from pipecompile.generation.plan import decode_stages
+    from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
     from pipecompile.generation.ranks import run_stage
     from pipecompile.generation.sampler import Sampler, Sampling
-    from pipecompile.generation.session import (
-        load_weights,
-        model_of,
-        plan_of,
-        train_state_weights,
-    )
+    from pipecompile.generation.session import plan_of
     from pipecompile.generation.wire import ring
     from pipecompile.ir.manifest import read_manifest
 
@@ -30,13 +27,8 @@ def main(raw: str) -> None:
     directory = Path(spec["directory"])
     manifest = read_manifest(directory)
     plan = plan_of(directory, manifest)
-    model = model_of(directory, manifest)
-    if "train_state" in spec:
-        load_weights(model, train_state_weights(Path(spec["train_state"])), spec["train_state"])
-    else:
-        from safetensors.torch import load_file
-
-        load_weights(model, load_file(spec["weights"]), str(directory))
+    source = WeightSource.from_json(spec["source"], manifest)
+    model = rank_model(skeleton(directory, manifest), plan, rank, source)
     stage = decode_stages(model, plan, [rank])[0]
     store = torch.distributed.TCPStore("127.0.0.1", spec["port"], spec["world"], False)
     sampler = Sampler(Sampling(*spec["sampling"]))

@@ -27,6 +27,7 @@ import torch
 from pipecompile.errors import RuntimeFailure
 from pipecompile.generation.cache import Rows
 from pipecompile.generation.lanes import Lanes, Turn
+from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage
 from pipecompile.generation.wire import Wire, ring
 from pipecompile.runtime.faults import FAULT_ENV, fault_at
@@ -188,25 +189,29 @@ def _last_words(proc: subprocess.Popen, log: Any) -> str | None:
 
 
 def _weights_source(
-    request: Any, weights: Callable[[], dict[str, torch.Tensor]] | None, tmp: Path
-) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    """Where the other ranks read the weights (a run's train state, or a file of these),
-    and the weights themselves."""
+    directory: Path,
+    manifest: Any,
+    request: Any,
+    weights: Callable[[], dict[str, torch.Tensor]] | None,
+    tmp: Path,
+) -> WeightSource:
+    """Where every rank reads its stage's weights: a run's train state, the directory's own
+    stage files, or (weights given in memory: a pipeline trained since it was saved) a file
+    of them written here."""
+    if request.train_state is not None:
+        return WeightSource("train_state", Path(request.train_state))
+    if weights is None:
+        return WeightSource("directory", directory, manifest)
     from safetensors.torch import save_file
 
-    from pipecompile.generation.session import train_state_weights
-
-    if request.train_state is not None:
-        return {"train_state": str(request.train_state)}, train_state_weights(request.train_state)
-    state = weights() if weights is not None else {}
     path = tmp / "weights.safetensors"
-    save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path))
-    return {"weights": str(path)}, state
+    save_file({k: v.detach().contiguous().clone() for k, v in weights().items()}, str(path))
+    return WeightSource("file", path)
 
 
 def generate_on_ranks(
     directory: Path,
-    model: Any,
+    manifest: Any,
     plan: Any,
     request: Any,
     weights: Callable[[], dict[str, torch.Tensor]] | None,
@@ -214,28 +219,31 @@ def generate_on_ranks(
     on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:
     """Rank 0 here, ranks 1..N-1 started beside it; each prompt's new tokens by its number.
+    Every rank (this one too) builds the model on the meta device and holds only its own
+    stage's modules and weights (``generation.rank_model``).
 
     Raises:
         RuntimeFailure: a rank failed or was killed: names it and its last line; the other
             ranks are stopped.
     """
     from pipecompile.generation.plan import decode_stages
-    from pipecompile.generation.session import load_weights
+    from pipecompile.generation.rank_model import rank_model, skeleton
     from pipecompile.runtime.threads import launch_threads
 
     n = plan.stages
     with tempfile.TemporaryDirectory(prefix="pipecompile-generate-") as tmp:
-        source, state = _weights_source(request, weights, Path(tmp))
-        load_weights(model, state, str(request.train_state or directory))
+        source = _weights_source(directory, manifest, request, weights, Path(tmp))
         store = torch.distributed.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False)
         sampling = list(request.sampling.__dict__.values())
         threads = launch_threads(None, n)  # each rank its share of the cores
-        spec = {"directory": str(directory), "port": store.port, "world": n, **source}
+        spec = {"directory": str(directory), "port": store.port, "world": n}
+        spec["source"] = source.to_json()  # type: ignore[assignment]
         children = _Children({**spec, "sampling": sampling, "threads": threads}, Path(tmp))
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             wire = ring(store, 0, n, children.poll, request.timeout)
+            model = rank_model(skeleton(directory, manifest), plan, 0, source)
             stage = decode_stages(model, plan, [0])[0]
             book = Lanes(
                 request.prompts,

@@ -20,10 +20,11 @@ from pipecompile.generation.session import (
     load_weights,
     model_of,
     plan_of,
+    tensor_aliases,
     train_state_weights,
     vocab_size,
 )
-from pipecompile.ir.manifest import read_manifest
+from pipecompile.ir.manifest import Manifest, read_manifest
 
 __all__ = ["Request", "as_output", "run_generation", "sampling_of"]
 
@@ -50,9 +51,10 @@ def run_generation(
     on_token: Callable[[int, int], None] | None = None,
     on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:
-    """Each prompt's new tokens by its number. ``weights``: the compiled stages' (by the
-    model's names), read unless ``request.train_state`` gives others; ``model``: the
-    model's modules where the directory records no file (compiled from Python).
+    """Each prompt's new tokens by its number. ``weights``: the model's weights by its
+    names (a pipeline's current ones), else the directory's stage files are read, unless
+    ``request.train_state`` gives others; ``model``: the model's modules where the directory
+    records no file (compiled from Python).
 
     Raises:
         GenerateError: the directory has no generation plan, or a prompt or option does not
@@ -68,16 +70,19 @@ def run_generation(
             f"has {plan.stages} stage(s): give --nproc {plan.stages}, or drop it to run them "
             "all in this process"
         )
-    built = model_of(directory, manifest, model)
-    check_prompts(plan, request.prompts, request.max_new_tokens, vocab_size(built), request.eos)
     if request.nproc is not None and request.nproc > 1:
+        from pipecompile.generation.rank_model import skeleton
         from pipecompile.generation.ranks import generate_on_ranks
 
-        return generate_on_ranks(directory, built, plan, request, weights, on_token, on_start)
+        vocab = vocab_size(skeleton(directory, manifest))
+        check_prompts(plan, request.prompts, request.max_new_tokens, vocab, request.eos)
+        return generate_on_ranks(directory, manifest, plan, request, weights, on_token, on_start)
+    built = model_of(directory, manifest, model)
+    check_prompts(plan, request.prompts, request.max_new_tokens, vocab_size(built), request.eos)
     if request.train_state is not None:
         load_weights(built, train_state_weights(request.train_state), str(request.train_state))
-    elif weights is not None:
-        load_weights(built, weights(), str(directory))
+    else:
+        load_weights(built, _weights_here(directory, manifest, built, weights), str(directory))
     return generate_here(
         decode_stages(built, plan),
         request.prompts,
@@ -87,6 +92,19 @@ def run_generation(
         on_token=on_token,
         on_start=on_start,
     )
+
+
+def _weights_here(
+    directory: Path,
+    manifest: Manifest,
+    model: nn.Module,
+    weights: Callable[[], dict[str, torch.Tensor]] | None,
+) -> dict[str, torch.Tensor]:
+    if weights is not None:
+        return weights()
+    from pipecompile.generation.rank_model import WeightSource
+
+    return WeightSource("directory", directory, manifest).read(tensor_aliases(model))
 
 
 def as_output(

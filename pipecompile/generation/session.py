@@ -73,7 +73,7 @@ def model_of(directory: Path, manifest: Manifest, given: nn.Module | None = None
     return spec.model
 
 
-def _aliases(model: nn.Module) -> dict[str, list[str]]:
+def tensor_aliases(model: nn.Module) -> dict[str, list[str]]:
     """Each state entry's names: a tied weight has several."""
     by_tensor: dict[int, list[str]] = {}
     tensors = [*model.named_parameters(remove_duplicate=False)]
@@ -90,7 +90,7 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) 
     Raises:
         GenerateError: a weight of the model is missing from ``state``, or has another shape.
     """
-    aliases = _aliases(model)
+    aliases = tensor_aliases(model)
     persistent = model.state_dict(keep_vars=True)
     missing = []
     with torch.no_grad():

@@ -34,6 +34,7 @@ __all__ = [
     "load_stages",
     "load_weights",
     "recompile_hint",
+    "weight_shapes",
 ]
 
 
@@ -137,7 +138,7 @@ def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> n
         EmitError: naming ``label`` (e.g. "stage 1") and ``path``.
     """
     where = f"{label}: weights {path}"
-    shapes = _weight_shapes(path, where, directory)
+    shapes = weight_shapes(path, where, directory)
     own = stage.state_dict()
     wrong = [
         f"{k} is {tuple(shapes[k])} there but {tuple(own[k].shape)} in {type(stage).__name__}"
@@ -205,7 +206,7 @@ def _import_stage(source: Path, cls: str, where: str, directory: Path) -> Module
     return module
 
 
-def _weight_shapes(path: Path, where: str, directory: Path) -> dict[str, list[int]]:
+def weight_shapes(path: Path, where: str, directory: Path) -> dict[str, list[int]]:
     """Each tensor's shape from the file's header, which also checks the file's length."""
     if not path.is_file():
         raise EmitError(f"{where} are missing; {recompile_hint(directory)}")

@@ -13,6 +13,9 @@ import torch
 
 import pipecompile
 from pipecompile.cli import main
+from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
+from pipecompile.generation.session import plan_of
+from pipecompile.ir.manifest import read_manifest
 from pipecompile.model.model_file import load_model_file
 from tests.generation.conftest import ROOT
 
@@ -82,6 +85,28 @@ def test_four_ranks_for_four_stages(tmp_path, capsys):
     assert got == {k: _eager(weights, p, 7) for k, p in enumerate(PROMPTS[:3])}
 
 
+def _rank_part(directory, stage: int, source) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """What generation rank ``stage`` holds: its parameters that are not on the meta device."""
+    manifest = read_manifest(directory)
+    model = rank_model(skeleton(directory, manifest), plan_of(directory, manifest), stage, source)
+    return {n: p for n, p in model.named_parameters(remove_duplicate=False) if not p.is_meta}
+
+
+def test_a_rank_holds_only_its_stage(gpt_generate):
+    """Built on the meta device, a rank gives memory to its own blocks (and the embeddings
+    or the head) alone, and reads their weights from the stage files."""
+    source = WeightSource("directory", gpt_generate, read_manifest(gpt_generate))
+    weights = pipecompile.load(gpt_generate).state_dict()
+    blocks = [s["blocks"] for s in read_manifest(gpt_generate).generate["stages"]]
+    for stage, (first, stop) in enumerate(blocks):
+        part = _rank_part(gpt_generate, stage, source)
+        mine = [f"h.{i}." for i in range(first, stop)]
+        mine += ["wte.", "wpe."] if stage == 0 else ["ln_f.", "lm_head."]
+        assert part and all(any(n.startswith(p) for p in mine) for n in part), sorted(part)
+        assert all(torch.equal(v, weights[n]) for n, v in part.items())
+    assert len(_rank_part(gpt_generate, 0, source)) < len(weights) / 2 + 3
+
+
 def test_the_weights_of_a_training_run(gpt_generate, tmp_path, capsys):
     state = tmp_path / "state"
     assert main(["run", str(gpt_generate), "--steps", "2", "--save", str(state), "-q"]) == 0
@@ -91,6 +116,9 @@ def test_the_weights_of_a_training_run(gpt_generate, tmp_path, capsys):
     got = _generate(capsys, gpt_generate, "--train-state", str(state), prompts=PROMPTS[:2])
     assert got == {k: _eager(trained, p, 7) for k, p in enumerate(PROMPTS[:2])}
     assert got != _generate(capsys, gpt_generate, prompts=PROMPTS[:2])  # it trained
+    # a rank reads only its stage's tensors of the run's state
+    part = _rank_part(gpt_generate, 1, WeightSource("train_state", state))
+    assert {n: v.tolist() for n, v in part.items()} == {n: trained[n].tolist() for n in part}
     # the state is keyed by the model's names: a compile at another stage count reads it
     one = tmp_path / "one"
     argv = [str(ROOT / "examples" / "gpt.py"), "--stages", "1", "--generate", "-o", str(one)]

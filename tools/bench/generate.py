@@ -17,7 +17,9 @@ lanes of 4 rows. 16 prompts of 32-96 random tokens each get 64 new tokens, greed
   scaled to the first lane's prompt tokens: the attention's quadratic part and Python's
   overhead are not in it).
 - **KV-cache bytes per stage**: the manifest's ``cache_bytes`` (predicted) beside the bytes of
-  the key and value tensors the decode stages allocate (measured).
+  the key and value tensors the decode stages allocate (measured); and the bytes of weights
+  each rank of `--nproc` holds (its stage's modules; the rest of the model on the meta
+  device) against the whole model's.
 
 The tokens of every lane count must be the same (else the script exits non-zero).
 
@@ -136,6 +138,24 @@ def _predicted_first_ms(directory: Path, first_lane_tokens: int) -> float:
     return compute * first_lane_tokens / example_tokens / 1e6
 
 
+def _held_bytes(directory: Path) -> list[int]:
+    """Per rank of `--nproc`: the bytes of the weights it holds (the model built on the meta
+    device, its stage's modules given memory)."""
+    from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
+    from pipecompile.generation.session import plan_of
+    from pipecompile.ir.manifest import read_manifest
+
+    manifest = read_manifest(directory)
+    plan = plan_of(directory, manifest)
+    source = WeightSource("directory", directory, manifest)
+    held = []
+    for stage in range(plan.stages):
+        model = rank_model(skeleton(directory, manifest), plan, stage, source)
+        tensors = {id(t): t for t in model.state_dict(keep_vars=True).values() if not t.is_meta}
+        held.append(sum(t.nbytes for t in tensors.values()))
+    return held
+
+
 def _cache_bytes(directory: Path) -> list[tuple[int, int]]:
     """Per stage: (predicted bytes from the manifest, bytes the decode stages allocate)."""
     from pipecompile.generation.plan import decode_stages
@@ -180,7 +200,10 @@ def main() -> int:
         same = all(printed[k] == printed[tried[0]] for k in tried)
         predicted = {k: _predicted_first_ms(dirs[k], _first_lane(prompts, k)) for k in tried}
         caches = {k: _cache_bytes(dirs[k]) for k in tried}
+        held = _held_bytes(dirs[tried[0]])
+    whole = sum({id(t): t.nbytes for t in model.state_dict(keep_vars=True).values()}.values())
     _report(s, rates, firsts, predicted, caches, same)
+    print(f"weights each rank holds (bytes): {', '.join(map(str, held))} of the model's {whole}")
     return 0 if same else 1
 
 

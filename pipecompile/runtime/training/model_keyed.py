@@ -174,11 +174,13 @@ def saved_entries(directory: Path) -> dict[str, Any]:
         ) from None
 
 
-def read_model_keyed(directory: Path) -> dict[str, Any]:
-    """Every entry of the checkpoint in ``directory``, read whole into this process."""
+def read_model_keyed(directory: Path, keys: set[str] | None = None) -> dict[str, Any]:
+    """Every entry of the checkpoint in ``directory`` (or those of ``keys`` it holds), read
+    whole into this process."""
     import torch.distributed.checkpoint as dcp
 
-    wanted = {k: _empty_for(m) for k, m in saved_entries(directory).items()}
+    saved = saved_entries(directory)
+    wanted = {k: _empty_for(m) for k, m in saved.items() if keys is None or k in keys}
     with _one_process_quietly():
         dcp.load(wanted, checkpoint_id=str(directory), no_dist=True)
     return wanted

@@ -1,0 +1,179 @@
+"""The part of the model one generation rank runs, and nothing more: the model is built on the
+meta device (no memory for its weights), then only the modules of this rank's stage (its
+blocks, the embeddings on the first stage, the head on the last, the weightless modules every
+stage uses) are given memory and their weights, read by name from where they are kept
+(``WeightSource``: the compiled stages' files, a file of the pipeline's current weights, or a
+training run's newest step), each tensor alone. A model bigger than one rank's memory decodes
+on ranks that each hold their part, as it trains."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pipecompile.generation.families import Family, GenerateError, decoder_family
+from pipecompile.generation.session import tensor_aliases
+from pipecompile.ir.generation_plan import GenerationPlan
+from pipecompile.ir.manifest import Manifest
+
+__all__ = ["WeightSource", "skeleton", "stage_modules", "rank_model"]
+
+
+class WeightSource:
+    """Tensors by the model's names, read only when asked for: ``kind`` is ``directory``
+    (the compiled stages' safetensors files), ``file`` (one safetensors file keyed by the
+    model's names) or ``train_state`` (a `run --save` directory's newest step)."""
+
+    def __init__(self, kind: str, path: Path, manifest: Manifest | None = None) -> None:
+        self.kind, self.path, self.manifest = kind, Path(path), manifest
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "path": str(self.path)}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, str], manifest: Manifest) -> WeightSource:
+        return cls(raw["kind"], Path(raw["path"]), manifest)
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """The tensors of ``names`` this source holds (a name it lacks is left out)."""
+        wanted = set(names)
+        if self.kind == "file":
+            return _from_file(self.path, wanted)
+        if self.kind == "train_state":
+            return _from_train_state(self.path, wanted)
+        assert self.manifest is not None
+        return _from_directory(self.path, self.manifest, wanted)
+
+
+def _from_file(path: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys() if k in wanted}  # noqa: SIM118
+
+
+def _from_train_state(root: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
+    from pipecompile.runtime.training.model_keyed import read_model_keyed
+    from pipecompile.runtime.training.train_state import latest_step_dir
+
+    entries = read_model_keyed(latest_step_dir(root), keys={f"model.{n}" for n in wanted})
+    return {k.removeprefix("model."): v for k, v in entries.items() if torch.is_tensor(v)}
+
+
+def _from_directory(
+    directory: Path, manifest: Manifest, wanted: set[str]
+) -> dict[str, torch.Tensor]:
+    """From each stage's weights file, by its parameters' original names; a directory whose
+    stages keep no file of their own (pretrained weights read at load) is loaded whole."""
+    if any(stage.weights is None for stage in manifest.stages):
+        from pipecompile.runtime.pipeline import Pipeline
+
+        state = Pipeline.load(directory).state_dict()
+        return {k: v for k, v in state.items() if k in wanted}
+    from safetensors import safe_open
+
+    from pipecompile.runtime.load import weight_shapes
+
+    out: dict[str, torch.Tensor] = {}
+    for k, stage in enumerate(manifest.stages):
+        picks = {
+            own: [o for o in originals if o in wanted] for own, originals in stage.params.items()
+        }
+        picks = {own: names for own, names in picks.items() if names}
+        if not picks:
+            continue
+        assert stage.weights is not None
+        path = directory / stage.weights
+        shapes = weight_shapes(path, f"stage {k}: weights {path}", directory)  # readable
+        picks = {own: names for own, names in picks.items() if own in shapes}
+        with safe_open(str(path), framework="pt") as f:
+            for own, names in picks.items():
+                tensor = f.get_tensor(own)
+                out.update({n: tensor for n in names})
+    return out
+
+
+def skeleton(directory: Path, manifest: Manifest) -> nn.Module:
+    """The model on the meta device: a Hugging Face model from the directory's config, or
+    the recorded model file's.
+
+    Raises:
+        GenerateError: the directory records neither (a model compiled from Python that is
+            not a Hugging Face model: only this process has it).
+    """
+    configs = (manifest.model.configs or {}) if manifest.model is not None else {}
+    with torch.device("meta"):
+        if "config.json" in configs:
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+            raw = json.loads((directory / configs["config.json"]).read_text())
+            config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+            return transformers.AutoModelForCausalLM.from_config(config)
+        if manifest.model is None or not manifest.model.file:
+            raise GenerateError(
+                f"{directory} records no model file or Hugging Face config, so its ranks "
+                "cannot build the model: generate without nproc, or compile from a model file"
+            )
+        from pipecompile.model.model_file import recorded_model
+
+        spec = recorded_model(None, directory, manifest, allow_stale=True)
+    assert spec.model is not None
+    return spec.model
+
+
+def stage_modules(family: Family, plan: GenerationPlan, stage: int) -> list[str]:
+    """The module paths decode stage ``stage`` runs."""
+    first, stop = plan.blocks[stage]
+    out = [f"{family.blocks_path}.{i}" for i in range(first, stop)]
+    out += list(family.first) if stage == 0 else []
+    out += list(family.last) if stage == plan.stages - 1 else []
+    return out
+
+
+def rank_model(
+    model: nn.Module, plan: GenerationPlan, stage: int, source: WeightSource
+) -> nn.Module:
+    """``model`` (built on the meta device) with stage ``stage``'s modules in memory and
+    their weights read from ``source``; every other module stays on the meta device.
+
+    Raises:
+        GenerateError: ``source`` lacks a weight the stage needs, or holds another shape.
+    """
+    family = decoder_family(model)
+    paths = stage_modules(family, plan, stage)
+    aliases = tensor_aliases(model)  # before to_empty, which unties a tied weight
+    for path in paths:
+        model.get_submodule(path).to_empty(device="cpu")
+    family.materialise_every()
+    wanted = {
+        name: aliases.get(name, [name])
+        for name in model.state_dict(keep_vars=True)
+        if any(name == p or name.startswith(p + ".") for p in paths)
+    }
+    found = source.read({n for names in wanted.values() for n in names})
+    state = model.state_dict(keep_vars=True)
+    missing = []
+    with torch.no_grad():
+        for name, names in wanted.items():
+            tensor = next((found[n] for n in names if n in found), None)
+            if tensor is None:
+                missing.append(name)
+            elif tuple(tensor.shape) != tuple(state[name].shape):
+                raise GenerateError(
+                    f"{source.path} holds {name} of shape {tuple(tensor.shape)}, the model's is "
+                    f"{tuple(state[name].shape)}: it was saved from another model"
+                )
+            else:
+                state[name].copy_(tensor)
+    if missing:
+        raise GenerateError(
+            f"{source.path} lacks {', '.join(missing[:3])}"
+            f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}, which stage "
+            f"{stage} needs: pass the weights this model was compiled or trained with"
+        )
+    return model.eval()
