@@ -76,6 +76,16 @@ def test_one_rank_per_stage_generates_what_one_process_does(gpt_generate, capsys
     assert _generate(capsys, gpt_generate, "--nproc", "2", *sampled) == here
 
 
+def test_ranks_queue_prompts_and_free_rows_at_eos(gpt_generate, capsys):
+    """Nine prompts for four rows (2 lanes x 2), sequences ending at an EOS token: rows are
+    refilled mid-flight on every rank alike, as in one process."""
+    many = [[(7 * k + j) % 120 + 1 for j in range(1 + k % 4)] for k in range(9)]
+    eos = str(_generate(capsys, gpt_generate, prompts=many)[0][2])  # one that comes
+    here = _generate(capsys, gpt_generate, "--eos", eos, prompts=many)
+    assert any(len(tokens) < 7 and tokens[-1] == int(eos) for tokens in here.values())
+    assert _generate(capsys, gpt_generate, "--eos", eos, "--nproc", "2", prompts=many) == here
+
+
 def test_four_ranks_for_four_stages(tmp_path, capsys):
     out = tmp_path / "four"
     argv = [str(ROOT / "examples" / "gpt.py"), "--stages", "4", "--generate", "-o", str(out)]
