@@ -66,7 +66,7 @@ def _run_here(flags: RunFlags, options: TrainFlags, emitted: Emitted) -> int:
 
 def _train(pipe: Any, spec: ModelSpec, options: TrainFlags) -> int:
     from pipecompile.model.data_hooks import EVAL, batch_source, example_source
-    from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
+    from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line, user_stop
     from pipecompile.runtime.training.loop import TrainState, train
     from pipecompile.runtime.training.train_state import remove_partial
 
@@ -76,7 +76,11 @@ def _train(pipe: Any, spec: ModelSpec, options: TrainFlags) -> int:
     state = TrainState()
     try:
         train(pipe, spec.loss_fn, data, options, eval_data=batch_source(spec, EVAL), state=state)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main turns it into one)
+    except (KeyboardInterrupt, Exception) as err:  # Ctrl-C or SIGTERM (main turns it into one)
+        # or an error raised while one was handled (a save's writer, stopped mid-write,
+        # failing again as it closes its file): the stop is still the user's
+        if not isinstance(err, KeyboardInterrupt) and user_stop(err) is None:
+            raise
         if options.save is not None:  # a stop between a save's first steps leaves them too
             remove_partial(Path(options.save))
         print(interrupted_line(state.done, state.total, options.save), file=sys.stderr)

@@ -68,6 +68,9 @@ def test_tokens_equal_an_eager_greedy_loop(gpt_generate, capsys):
     weights = pipecompile.load(gpt_generate).state_dict()
     got = _generate(capsys, gpt_generate)
     assert got == {k: _eager(weights, p, 7) for k, p in enumerate(PROMPTS)}
+    # the API on the same directory: a list of prompts of several lengths, a list back
+    rows = pipecompile.load(gpt_generate).generate(PROMPTS, max_new_tokens=7)
+    assert [r.tolist() for r in rows] == [p + got[k] for k, p in enumerate(PROMPTS)]
 
 
 @pytest.mark.parametrize("sampled", [[], ["--temperature", "0.9", "--top-k", "50", "--seed", "4"]])
