@@ -29,7 +29,7 @@ from pipecompile.generation.cache import Rows
 from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage
-from pipecompile.generation.wire import Wire, ring
+from pipecompile.generation.wire import PeerGone, Wire, ring
 from pipecompile.runtime.faults import FAULT_ENV, fault_at
 
 __all__ = ["generate_on_ranks", "run_stage"]
@@ -256,7 +256,7 @@ def generate_on_ranks(
             )
             try:
                 lead(stage, wire, book)
-            except RuntimeFailure:
+            except PeerGone:
                 children.ended(grace=2.0)  # a rank that died is named, not the broken socket
                 raise
             children.ended(grace=60.0)

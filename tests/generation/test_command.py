@@ -73,8 +73,9 @@ def test_tokens_equal_an_eager_greedy_loop(gpt_generate, capsys):
     assert [r.tolist() for r in rows] == [p + got[k] for k, p in enumerate(PROMPTS)]
 
 
-@pytest.mark.parametrize("sampled", [[], ["--temperature", "0.9", "--top-k", "50", "--seed", "4"]])
-def test_one_rank_per_stage_generates_what_one_process_does(gpt_generate, capsys, sampled):
+def test_one_rank_per_stage_samples_what_one_process_does(gpt_generate, capsys):
+    """(Greedy: test_ranks_queue_prompts_and_free_rows_at_eos.)"""
+    sampled = ["--temperature", "0.9", "--top-k", "50", "--seed", "4"]
     here = _generate(capsys, gpt_generate, *sampled)
     assert _generate(capsys, gpt_generate, "--nproc", "2", *sampled) == here
 
