@@ -213,6 +213,11 @@ def _first_lane(prompts: list[list[int]], lanes: int) -> int:
     return sum(len(p) for p in prompts[:rows])
 
 
+def _versus(med: dict[str, float], key: str, base: str) -> str:
+    """``key``'s rate over ``base``'s, or a dash where ``base`` did not run (--quick)."""
+    return f"{med[key] / med[base]:.2f}x" if base in med else "-"
+
+
 def _report(
     s: Setup,
     rates: dict[str, list[float]],
@@ -237,7 +242,7 @@ def _report(
     for k in predicted:
         name = f"pipecompile --nproc 2, {k} lane(s)"
         print(
-            f"| {name} | {med[str(k)]:.1f} | {med[str(k)] / med['1']:.2f}x | "
+            f"| {name} | {med[str(k)]:.1f} | {_versus(med, str(k), '1')} | "
             f"{med[str(k)] / med['hf']:.2f}x | {first[str(k)]:.0f} | {predicted[k]:.0f} |"
         )
     print()
