@@ -38,7 +38,7 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="TEXT",
-        help="a prompt's text (needs a tokenizer; repeatable)",
+        help="a prompt's text (needs --tokenizer, or the model file's encode_text; repeatable)",
     )
     p.add_argument(
         "--prompts", metavar="FILE", help="one prompt a line: token ids, or text with a tokenizer"
@@ -51,10 +51,17 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
         metavar="T",
         help="new tokens per sequence at most (default 20)",
     )
-    p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
-    p.add_argument("--top-k", type=int, help="sample among the K likeliest tokens")
-    p.add_argument("--top-p", type=float, help="sample among the likeliest tokens of mass P")
-    p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="sample at this temperature (default: greedy)",
+    )
+    p.add_argument("--top-k", type=int, metavar="K", help="sample among the K likeliest tokens")
+    p.add_argument(
+        "--top-p", type=float, metavar="P", help="sample among the likeliest tokens of mass P"
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="the sampling seed (default 0)")
     p.add_argument("--eos", type=int, metavar="ID", help="a sequence ends at this token")
     p.add_argument("--nproc", type=int, metavar="N", help="one rank per stage, N the stages")
     p.add_argument(
