@@ -155,6 +155,10 @@ def _prompts(args: argparse.Namespace, text: _Text) -> list[list[int]]:
 
 
 def generate_command(args: argparse.Namespace) -> int:
+    if args.nproc and getattr(args, "command_line", False):  # before any torch op here
+        from pipecompile.runtime.distributed.local_ranks import fork_a_starter
+
+        fork_a_starter()  # the ranks' starter, forked with torch imported (as `run --nproc`)
     from pipecompile.generation.runner import Request, run_generation, sampling_of
 
     directory = Path(args.directory)

@@ -1,6 +1,7 @@
-"""One rank 1..N-1 of `generate --nproc N` (started by ``generation.ranks``): builds its
-stage alone (the rest of the model stays on the meta device) with its weights read from the
-source rank 0 names, and runs turns until rank 0 says stop."""
+"""One rank 1..N-1 of `generate --nproc N`, forked by the rank starter
+(``generation.children``): builds its stage alone (the rest of the model stays on the meta
+device) with its weights read from the source rank 0 names, and runs turns until rank 0 says
+stop."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 
-def main(raw: str) -> None:
+def main(raw: str, rank: int) -> None:
     from pipecompile.generation.plan import decode_stages
     from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
     from pipecompile.generation.ranks import run_stage
@@ -23,7 +24,6 @@ def main(raw: str) -> None:
 
     spec = json.loads(raw)
     torch.set_num_threads(spec["threads"])
-    rank = int(os.environ["PIPECOMPILE_GENERATE_RANK"])
     directory = Path(spec["directory"])
     manifest = read_manifest(directory)
     plan = plan_of(directory, manifest)
@@ -35,9 +35,13 @@ def main(raw: str) -> None:
     run_stage(stage, ring(store, rank, spec["world"]), sampler)
 
 
-if __name__ == "__main__":
+def rank_entry(args: list[str]) -> int:
+    """What a forked rank runs (``generation.children``): ``args`` is the spec's JSON; this
+    rank is 1 + the launch's ``RANK``. A failure is one line on stderr that names the rank."""
+    rank = int(os.environ["RANK"]) + 1
     try:
-        main(sys.argv[1])
-    except Exception as err:  # rank 0 shows this last line
-        print(f"{type(err).__name__}: {err}", file=sys.stderr)
-        sys.exit(1)
+        main(args[0], rank)
+    except Exception as err:  # rank 0 names this rank with this line
+        print(f"generation rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return 1
+    return 0

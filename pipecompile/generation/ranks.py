@@ -11,11 +11,8 @@ ends the call with its last line; the others are stopped, and none outlives this
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +23,7 @@ import torch
 
 from pipecompile.errors import RuntimeFailure
 from pipecompile.generation.cache import Rows
+from pipecompile.generation.children import Children
 from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage
@@ -128,66 +126,6 @@ def lead(stage: DecodeStage, wire: Wire, book: Lanes) -> None:
     wire.send([torch.tensor([_STOP])])
 
 
-class _Children:
-    """Ranks 1..N-1 as processes of this one: started, checked, stopped."""
-
-    def __init__(self, spec: dict[str, Any], logs: Path) -> None:
-        from pipecompile.runtime.distributed.local_ranks import tied_to_us
-
-        self.procs: list[tuple[int, subprocess.Popen, Any]] = []
-        for rank in range(1, spec["world"]):
-            log = open(logs / f"rank{rank}.log", "w+")  # noqa: SIM115 - read on failure
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pipecompile.generation.rank", json.dumps(spec)],
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                env={**os.environ, "PIPECOMPILE_GENERATE_RANK": str(rank)},
-                preexec_fn=tied_to_us(),
-            )
-            self.procs.append((rank, proc, log))
-
-    def poll(self) -> None:
-        """Raise, naming the rank and its last line, if one of them failed: the first that
-        failed of itself, not one that only saw its neighbour go (``PeerGone``)."""
-        if all(proc.poll() in (None, 0) for _, proc, _ in self.procs):
-            return
-        deadline = time.monotonic() + 1.0  # the others see it too and exit: let them
-        while any(p.poll() is None for _, p, _ in self.procs) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.stop()
-        failed = [(rank, _last_words(proc, log)) for rank, proc, log in self.procs]
-        failed = [(rank, said) for rank, said in failed if said is not None]
-        rank, said = next(((r, w) for r, w in failed if not w.startswith("PeerGone")), failed[0])
-        raise RuntimeFailure(f"generation rank {rank} (stage {rank}) failed: {said}")
-
-    def ended(self, grace: float) -> None:
-        """Wait up to ``grace`` seconds for every rank to exit, raising on a failed one."""
-        deadline = time.monotonic() + grace
-        for _, proc, _ in self.procs:
-            while proc.poll() is None and time.monotonic() < deadline:
-                self.poll()
-                time.sleep(0.01)
-        self.poll()
-
-    def stop(self) -> None:
-        for _, proc, _ in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-def _last_words(proc: subprocess.Popen, log: Any) -> str | None:
-    """What a rank that failed said last (None: it did not fail); SIGKILL for a killed one."""
-    code = proc.poll()
-    if code in (None, 0):
-        return None
-    log.seek(0)
-    lines = [x for x in log.read().splitlines() if x.strip()]
-    if lines:
-        return lines[-1]
-    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-
-
 def _weights_source(
     directory: Path,
     manifest: Any,
@@ -238,7 +176,7 @@ def generate_on_ranks(
         threads = launch_threads(None, n)  # each rank its share of the cores
         spec = {"directory": str(directory), "port": store.port, "world": n}
         spec["source"] = source.to_json()  # type: ignore[assignment]
-        children = _Children({**spec, "sampling": sampling, "threads": threads}, Path(tmp))
+        children = Children({**spec, "sampling": sampling, "threads": threads})
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
@@ -261,6 +199,6 @@ def generate_on_ranks(
                 raise
             children.ended(grace=60.0)
         finally:
-            children.stop()
+            children.close()
             torch.set_num_threads(before)
         return book.finished
