@@ -323,7 +323,8 @@ class CompiledPipeline:
         or process count). Returns a (B, P + T) LongTensor as Hugging Face's ``generate``
         does (a sequence stopped at ``eos_token_id`` padded with ``pad_token_id``, default
         the EOS id), or a list of 1-D tensors when the prompts differ in length.
-        ``nproc``: one rank per stage (the saved weights are the directory's);
+        ``nproc``: one rank per stage, each holding its stage's part of this pipeline's
+        current weights;
         ``train_state``: a `run --save` directory whose newest weights to use."""
         from pipecompile.generation.runner import Request, as_output, run_generation, sampling_of
         from pipecompile.generation.session import as_prompts
