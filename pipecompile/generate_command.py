@@ -229,9 +229,11 @@ class _Printer:
             print(f"[{sequence}] {self._text(sequence, mine)}", flush=True)
         if self.single:  # the text so far, decoded whole: tokens that join stay joined
             text = self._text(sequence, mine)
-            piece = text[len(self.shown) :] if self.decode else f"{token} "
-            self.shown = text if self.decode else ""
-            sys.stdout.write(piece)
+            if self.decode is None:
+                sys.stdout.write(f"{token} ")
+            elif text.startswith(self.shown) and not text.endswith("\ufffd"):
+                sys.stdout.write(text[len(self.shown) :])  # a character cut in two waits
+                self.shown = text
             sys.stdout.flush()
         elif not self.quiet and now - self.last_progress > 2.0:
             self.last_progress = now
@@ -240,6 +242,9 @@ class _Printer:
 
     def end(self, new: dict[int, list[int]]) -> None:
         if self.single:
+            if self.decode is not None and self.new:  # what waited for its next token
+                text = self._text(0, self.new[0])
+                sys.stdout.write(text[len(self.shown) :] if text.startswith(self.shown) else "")
             print(flush=True)
         for k in sorted(new):
             if not self.single and not new[k]:  # --max-new-tokens 0: nothing came
