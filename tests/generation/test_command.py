@@ -150,3 +150,36 @@ def test_a_rank_killed_or_hung_is_named(gpt_generate, capsys, monkeypatch, fault
     argv = ["generate", str(gpt_generate), *_ids_args(PROMPTS), "--max-new-tokens", "7"]
     assert main([*argv, "--nproc", "2", "--timeout", "1", "-q"]) != 0
     assert said in capsys.readouterr().err
+
+
+def _word_tokenizer(directory) -> list[str]:  # noqa: ANN001
+    """A Hugging Face tokenizer of a few words (ids 0..5), saved as `save_pretrained` does."""
+    import tokenizers
+    import transformers
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    words = ["[UNK]", "hello", "world", "the", "cat", "sat"]
+    tok = tokenizers.Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    fast.save_pretrained(directory)
+    return words
+
+
+def test_text_prompts_through_a_tokenizer(gpt_generate, tmp_path, capsys):
+    """--prompt TEXT and a --prompts file of text are encoded by --tokenizer DIR, and each
+    sequence is printed as its prompt and new text, decoded by it."""
+    words = _word_tokenizer(tmp_path / "tok")
+    (tmp_path / "prompts.txt").write_text("the cat sat\nhello world\n")
+    capsys.readouterr()
+    argv = ["generate", str(gpt_generate), "--tokenizer", str(tmp_path / "tok")]
+    argv += ["--prompts", str(tmp_path / "prompts.txt"), "--max-new-tokens", "3"]
+    assert main(argv) == 0  # without -q: the prompt's text, then the new text
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[")]
+    ids = _generate(capsys, gpt_generate, prompts=[[3, 4, 5], [1, 2]])
+    # new ids past the tokenizer's 6 words decode to nothing (a word-level tokenizer skips them)
+    said = {int(x[1]): x.split("] ", 1)[1] for x in lines}
+    for k, prompt in enumerate(["the cat sat", "hello world"]):
+        new = " ".join(words[t] for t in ids[k] if t < len(words))
+        assert said[k] == " ".join(filter(None, [prompt, new]))
