@@ -8,7 +8,6 @@ on ranks that each hold their part, as it trains."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 from torch import nn
 
 from pipecompile.generation.families import Family, GenerateError, decoder_family
-from pipecompile.generation.session import tensor_aliases
+from pipecompile.generation.session import built_model, tensor_aliases
 from pipecompile.ir.generation_plan import GenerationPlan
 from pipecompile.ir.manifest import Manifest
 
@@ -98,32 +97,13 @@ def _from_directory(
 
 
 def skeleton(directory: Path, manifest: Manifest) -> nn.Module:
-    """The model on the meta device: a Hugging Face model from the directory's config, or
-    the recorded model file's.
+    """The model on the meta device (``session.built_model``: no memory for its weights).
 
     Raises:
-        GenerateError: the directory records neither (a model compiled from Python that is
-            not a Hugging Face model: only this process has it).
+        GenerateError: the directory records no way to build it.
     """
-    configs = (manifest.model.configs or {}) if manifest.model is not None else {}
     with torch.device("meta"):
-        if "config.json" in configs:
-            import transformers
-
-            transformers.logging.set_verbosity_error()
-            raw = json.loads((directory / configs["config.json"]).read_text())
-            config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
-            return transformers.AutoModelForCausalLM.from_config(config)
-        if manifest.model is None or not manifest.model.file:
-            raise GenerateError(
-                f"{directory} records no model file or Hugging Face config, so its ranks "
-                "cannot build the model: generate without nproc, or compile from a model file"
-            )
-        from pipecompile.model.model_file import recorded_model
-
-        spec = recorded_model(None, directory, manifest, allow_stale=True)
-    assert spec.model is not None
-    return spec.model
+        return built_model(directory, manifest)
 
 
 def stage_modules(family: Family, plan: GenerationPlan, stage: int) -> list[str]:

@@ -51,21 +51,37 @@ def plan_of(directory: Path, manifest: Manifest) -> GenerationPlan:
 
 def model_of(directory: Path, manifest: Manifest, given: nn.Module | None = None) -> nn.Module:
     """The model's modules to run the decode stages with (their weights are replaced):
-    a copy of ``given``, a Hugging Face model built from the directory's configs, or the
-    recorded model file's."""
+    a copy of ``given``, else ``built_model``'s."""
     if given is not None:
         return copy.deepcopy(given)
+    torch.manual_seed(0)
+    return built_model(directory, manifest)
+
+
+def built_model(directory: Path, manifest: Manifest) -> nn.Module:
+    """A Hugging Face model built from the directory's config, or the recorded model file's
+    (on the device a ``torch.device`` context gives, the meta device for a rank's skeleton).
+
+    Raises:
+        GenerateError: the directory records neither (a model compiled from Python that is
+            not a Hugging Face model: only the process that compiled it has it).
+    """
     configs = (manifest.model.configs or {}) if manifest.model is not None else {}
     if "config.json" in configs:
+        import json
+
         import transformers
 
         transformers.logging.set_verbosity_error()
-        import json
-
         raw = json.loads((directory / configs["config.json"]).read_text())
         config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
-        torch.manual_seed(0)
         return transformers.AutoModelForCausalLM.from_config(config)
+    if manifest.model is None or not manifest.model.file:
+        raise GenerateError(
+            f"{directory} records no model file or Hugging Face config, so the model cannot "
+            "be built again: generate from the pipeline compiled in this process "
+            "(`pipe.generate` without nproc), or compile from a model file"
+        )
     from pipecompile.model.model_file import recorded_model
 
     spec = recorded_model(None, directory, manifest, allow_stale=True)
