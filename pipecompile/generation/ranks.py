@@ -15,6 +15,7 @@ import os
 import signal
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -107,23 +108,28 @@ def _fault(rank: int, turn: int) -> None:
 
 def lead(stage: DecodeStage, wire: Wire, book: Lanes) -> None:
     """Rank 0: every lane's turn in order, each lane's next turn once its tokens are back,
-    until every sequence ended; then the stop goes round."""
-    flying: dict[int, Turn] = {}
+    until every sequence ended; then the stop goes round. Tokens come back in the order the
+    turns went out; those already here are taken between turns, so the first ones reach the
+    caller while the later lanes' prefills still run."""
+    flying: deque[Turn] = deque()
     while not book.done() or flying:
         for lane in range(stage.lanes):
-            if lane in flying:
-                turn = flying.pop(lane)
-                (got,) = wire.recv()
-                if int(got[0]) != lane:
-                    raise RuntimeFailure(f"tokens of lane {int(got[0])} came for lane {lane}")
-                book.give(turn, got[1:].tolist())
+            while flying and (any(t.lane == lane for t in flying) or wire.ready()):
+                _tokens_back(wire, book, flying.popleft())
             turn = book.turn(lane)
             if turn is None:
                 continue
             outs = stage.run(lane, turn.calls, turn.ids)
             _send_turn(wire, _describe(turn), outs)
-            flying[lane] = turn
+            flying.append(turn)
     wire.send([torch.tensor([_STOP])])
+
+
+def _tokens_back(wire: Wire, book: Lanes, turn: Turn) -> None:
+    (got,) = wire.recv()
+    if int(got[0]) != turn.lane:
+        raise RuntimeFailure(f"tokens of lane {int(got[0])} came for lane {turn.lane}")
+    book.give(turn, got[1:].tolist())
 
 
 def _weights_source(

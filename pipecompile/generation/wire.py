@@ -78,6 +78,10 @@ class Wire:
             out.append(flat.view(dtype).reshape(shape))
         return out
 
+    def ready(self) -> bool:
+        """Whether a message has begun to arrive (a receive would not wait for its start)."""
+        return bool(select.select([self.inbox], [], [], 0)[0])
+
     def _exactly(self, n: int) -> bytes:
         parts, got = [], 0
         while got < n:
