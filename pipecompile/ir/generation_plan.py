@@ -4,7 +4,7 @@ by ``pipecompile.generation.plan``; printed by `show`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -118,6 +118,10 @@ class GenerationPlan:
             if k == self.stages - 1:
                 parts.append("head, sampling")
             out.append(f"  stage {k}: {', '.join(parts)}; KV cache {_size(self.cache_bytes(k))}")
+        one = replace(self, lanes=1).programs()  # every lane's turn is lane 0's, renumbered
+        for kind, stages in one.items():
+            out.append(f"  {kind} program, lane 0's turn (each lane's in turn, alike):")
+            out += [f"    stage {k}: {', '.join(steps)}" for k, steps in enumerate(stages)]
         return out
 
 

@@ -62,6 +62,8 @@ def test_the_plan_is_recorded_and_shown(gpt_generate, capsys):
     assert main(["show", str(gpt_generate)]) == 0
     shown = capsys.readouterr().out
     assert "generate: nanogpt decoder, max length" in shown and "  stage 1: blocks" in shown
+    assert "  decode program, lane 0's turn" in shown
+    assert "    stage 1: recv 0 from 0, forward 0, sample 0, send_tokens 0 to 0" in shown
 
 
 def test_tokens_equal_an_eager_greedy_loop(gpt_generate, capsys):
