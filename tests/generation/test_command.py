@@ -92,6 +92,24 @@ def test_ranks_queue_prompts_and_free_rows_at_eos(gpt_generate, capsys):
     assert _generate(capsys, gpt_generate, "--eos", eos, "--nproc", "2", prompts=many) == here
 
 
+def test_the_command_as_a_user_runs_it(gpt_generate, capsys):
+    """`python -m pipecompile generate --nproc 2` in a process of its own: the command forks
+    the ranks' starter first thing (as `run --nproc` does), then prints what one process
+    does here."""
+    import subprocess
+    import sys
+
+    argv = ["generate", str(gpt_generate), *_ids_args(PROMPTS), "--max-new-tokens", "7", "-q"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pipecompile", *argv, "--nproc", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    lines = [x for x in done.stdout.splitlines() if x.startswith("[")]
+    got = {int(x[1 : x.index("]")]): [int(t) for t in x.split("]")[1].split()] for x in lines}
+    assert got == _generate(capsys, gpt_generate)
+
+
 def test_four_ranks_for_four_stages(tmp_path, capsys):
     out = tmp_path / "four"
     argv = [str(ROOT / "examples" / "gpt.py"), "--stages", "4", "--generate", "-o", str(out)]
