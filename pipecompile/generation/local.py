@@ -25,7 +25,7 @@ def generate_here(
     """Each prompt's new tokens, by its number."""
     lanes = stages[0].lanes
     book = Lanes(prompts, lanes, stages[0].rows, max_new_tokens, eos, on_token, on_start)
-    sampler = Sampler(sampling)
+    sampler = Sampler(sampling, max_new_tokens, eos)
     while not book.done():
         for lane in range(lanes):
             turn = book.turn(lane)

@@ -31,7 +31,7 @@ def main(raw: str, rank: int) -> None:
     model = rank_model(skeleton(directory, manifest), plan, rank, source)
     stage = decode_stages(model, plan, [rank])[0]
     store = torch.distributed.TCPStore("127.0.0.1", spec["port"], spec["world"], False)
-    sampler = Sampler(Sampling(*spec["sampling"]))
+    sampler = Sampler(Sampling(*spec["sampling"]), *spec["stop"])
     run_stage(stage, ring(store, rank, spec["world"]), sampler)
 
 

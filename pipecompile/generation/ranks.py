@@ -182,7 +182,8 @@ def generate_on_ranks(
         threads = launch_threads(None, n)  # each rank its share of the cores
         spec = {"directory": str(directory), "port": store.port, "world": n}
         spec["source"] = source.to_json()  # type: ignore[assignment]
-        children = Children({**spec, "sampling": sampling, "threads": threads})
+        stop = [request.max_new_tokens, request.eos]
+        children = Children({**spec, "sampling": sampling, "threads": threads, "stop": stop})
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:

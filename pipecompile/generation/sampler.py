@@ -27,9 +27,16 @@ class Sampling:
 
 
 class Sampler:
-    def __init__(self, sampling: Sampling) -> None:
-        self.sampling = sampling
+    """Picks tokens as ``sampling`` says. Each sampled sequence's generator is kept until the
+    sequence ends (``max_new_tokens`` picked, or ``eos``), so a long queue of prompts keeps
+    only the generators of those in flight (each holds a few KiB of state)."""
+
+    def __init__(
+        self, sampling: Sampling, max_new_tokens: int | None = None, eos: int | None = None
+    ) -> None:
+        self.sampling, self.max_new_tokens, self.eos = sampling, max_new_tokens, eos
         self._generators: dict[int, torch.Generator] = {}
+        self._picked: dict[int, int] = {}
 
     def _generator(self, sequence: int) -> torch.Generator:
         found = self._generators.get(sequence)
@@ -38,8 +45,12 @@ class Sampler:
             found = self._generators[sequence] = torch.Generator().manual_seed(seed)
         return found
 
-    def forget(self, sequence: int) -> None:
-        self._generators.pop(sequence, None)
+    def _count(self, sequence: int, token: int) -> None:
+        """One more token of ``sequence``: its generator goes when the sequence ends."""
+        n = self._picked[sequence] = self._picked.get(sequence, 0) + 1
+        if token == self.eos or (self.max_new_tokens is not None and n >= self.max_new_tokens):
+            self._generators.pop(sequence, None)
+            self._picked.pop(sequence, None)
 
     def pick(self, logits: torch.Tensor, sequences: list[int]) -> list[int]:
         """One token per row of ``logits`` (rows, vocabulary), row k being of sequence
@@ -58,10 +69,11 @@ class Sampler:
             drop[:, -1] = False  # the likeliest token always stays
             scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
         probs = scores.softmax(dim=-1)
-        return [
-            int(torch.multinomial(probs[k], 1, generator=self._generator(seq)))
-            for k, seq in enumerate(sequences)
-        ]
+        out = []
+        for k, seq in enumerate(sequences):
+            out.append(int(torch.multinomial(probs[k], 1, generator=self._generator(seq))))
+            self._count(seq, out[-1])
+        return out
 
 
 def picked(sampler: Sampler, logits: list[torch.Tensor], sequences: list[list[int]]) -> list[int]:

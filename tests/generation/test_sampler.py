@@ -51,3 +51,16 @@ def test_greedy_is_the_argmax_and_a_sequence_draws_the_same_anywhere():
     alone = [[other.pick(rows[k : k + 1], [s])[0] for k, s in ((2, 9), (0, 7), (1, 8))]
              for _ in range(5)]  # fmt: skip
     assert [[t[2], t[0], t[1]] for t in together] == alone
+
+
+def test_a_sequence_keeps_its_generator_only_while_it_runs():
+    """A long queue of sampled prompts holds the generators of those in flight alone."""
+    sampler = Sampler(Sampling(1.0, seed=6), max_new_tokens=3, eos=None)
+    rows = torch.zeros(2, 8)
+    for _ in range(3):
+        sampler.pick(rows, [0, 1])
+    assert sampler._generators == {}  # both picked 3 tokens: ended
+    first = sampler.pick(rows, [2])
+    assert list(sampler._generators) == [2]
+    alone = Sampler(Sampling(1.0, seed=6)).pick(rows[:1], [2])
+    assert first == alone  # the same draws as a sampler that never forgot
