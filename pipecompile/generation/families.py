@@ -60,11 +60,6 @@ class Family:
     def vocab_size(self) -> int:
         return int(self.model.get_submodule(self.last[-1]).weight.shape[0])
 
-    @property
-    def width(self) -> int:
-        """The hidden states' width (what one stage sends the next per token)."""
-        return int(self.model.get_submodule(self.first[0]).weight.shape[1])
-
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 

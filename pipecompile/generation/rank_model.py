@@ -15,7 +15,12 @@ import torch
 from torch import nn
 
 from pipecompile.generation.families import Family, GenerateError, decoder_family
-from pipecompile.generation.session import built_model, tensor_aliases
+from pipecompile.generation.session import (
+    built_model,
+    copy_in,
+    tensor_aliases,
+    train_state_weights,
+)
 from pipecompile.ir.generation_plan import GenerationPlan
 from pipecompile.ir.manifest import Manifest
 
@@ -43,7 +48,7 @@ class WeightSource:
         if self.kind == "file":
             return _from_file(self.path, wanted)
         if self.kind == "train_state":
-            return _from_train_state(self.path, wanted)
+            return train_state_weights(self.path, wanted)
         assert self.manifest is not None
         return _from_directory(self.path, self.manifest, wanted)
 
@@ -53,14 +58,6 @@ def _from_file(path: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
 
     with safe_open(str(path), framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys() if k in wanted}  # noqa: SIM118
-
-
-def _from_train_state(root: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
-    from pipecompile.runtime.training.model_keyed import read_model_keyed
-    from pipecompile.runtime.training.train_state import latest_step_dir
-
-    entries = read_model_keyed(latest_step_dir(root), keys={f"model.{n}" for n in wanted})
-    return {k.removeprefix("model."): v for k, v in entries.items() if torch.is_tensor(v)}
 
 
 def _from_directory(
@@ -136,20 +133,7 @@ def rank_model(
         if any(name == p or name.startswith(p + ".") for p in paths)
     }
     found = source.read({n for names in wanted.values() for n in names})
-    state = model.state_dict(keep_vars=True)
-    missing = []
-    with torch.no_grad():
-        for name, names in wanted.items():
-            tensor = next((found[n] for n in names if n in found), None)
-            if tensor is None:
-                missing.append(name)
-            elif tuple(tensor.shape) != tuple(state[name].shape):
-                raise GenerateError(
-                    f"{source.path} holds {name} of shape {tuple(tensor.shape)}, the model's is "
-                    f"{tuple(state[name].shape)}: it was saved from another model"
-                )
-            else:
-                state[name].copy_(tensor)
+    missing = copy_in(model, found, aliases, str(source.path), wanted)
     if missing:
         raise GenerateError(
             f"{source.path} lacks {', '.join(missing[:3])}"

@@ -6,6 +6,7 @@ checked against the plan before any stage runs."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +107,32 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) 
     Raises:
         GenerateError: a weight of the model is missing from ``state``, or has another shape.
     """
-    aliases = tensor_aliases(model)
+    missing = copy_in(model, state, tensor_aliases(model), source)
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise GenerateError(f"{source} lacks the model's {shown}: it was saved from another model")
+
+
+def copy_in(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    aliases: dict[str, list[str]],
+    source: str,
+    names: Iterable[str] | None = None,
+) -> list[str]:
+    """Copy ``state`` into ``model``'s entries ``names`` (default: all), each found under
+    any of its ``aliases``; returns those ``state`` lacks.
+
+    Raises:
+        GenerateError: a tensor of ``state`` has another shape than the model's.
+    """
     persistent = model.state_dict(keep_vars=True)
     missing = []
     with torch.no_grad():
-        for name, tensor in persistent.items():
+        for name in persistent if names is None else names:
+            tensor = persistent[name]
             found = next((state[n] for n in aliases.get(name, [name]) if n in state), None)
             if found is None:
                 missing.append(name)
@@ -121,20 +143,17 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) 
                     f"{tuple(tensor.shape)}: it was saved from another model"
                 )
             tensor.copy_(found)
-    if missing:
-        shown = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
-        raise GenerateError(f"{source} lacks the model's {shown}: it was saved from another model")
+    return missing
 
 
-def train_state_weights(root: Path) -> dict[str, torch.Tensor]:
+def train_state_weights(root: Path, names: set[str] | None = None) -> dict[str, torch.Tensor]:
     """The weights of the newest step saved under ``root`` (or of the step ``root`` is),
-    by the model's names."""
+    by the model's names (only those of ``names`` where given, read alone)."""
     from pipecompile.runtime.training.model_keyed import read_model_keyed
     from pipecompile.runtime.training.train_state import latest_step_dir
 
-    entries = read_model_keyed(latest_step_dir(root))
+    keys = None if names is None else {f"model.{n}" for n in names}
+    entries = read_model_keyed(latest_step_dir(root), keys)
     return {
         k.removeprefix("model."): v
         for k, v in entries.items()
