@@ -156,6 +156,7 @@ def _weights_source(
 def generate_on_ranks(
     directory: Path,
     manifest: Any,
+    model: Any,
     plan: Any,
     request: Any,
     weights: Callable[[], dict[str, torch.Tensor]] | None,
@@ -163,15 +164,15 @@ def generate_on_ranks(
     on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:
     """Rank 0 here, ranks 1..N-1 started beside it; each prompt's new tokens by its number.
-    Every rank (this one too) builds the model on the meta device and holds only its own
-    stage's modules and weights (``generation.rank_model``).
+    Every rank holds only its own stage's modules and weights of the model built on the meta
+    device (``generation.rank_model``); ``model`` is this rank's, so built.
 
     Raises:
         RuntimeFailure: a rank failed or was killed: names it and its last line; the other
             ranks are stopped.
     """
     from pipecompile.generation.plan import decode_stages
-    from pipecompile.generation.rank_model import rank_model, skeleton
+    from pipecompile.generation.rank_model import rank_model
     from pipecompile.runtime.threads import launch_threads
 
     n = plan.stages
@@ -188,7 +189,7 @@ def generate_on_ranks(
         torch.set_num_threads(threads)
         try:
             wire = ring(store, 0, n, children.poll, request.timeout)
-            model = rank_model(skeleton(directory, manifest), plan, 0, source)
+            model = rank_model(model, plan, 0, source)
             stage = decode_stages(model, plan, [0])[0]
             book = Lanes(
                 request.prompts,

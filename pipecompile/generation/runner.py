@@ -74,9 +74,11 @@ def run_generation(
         from pipecompile.generation.rank_model import skeleton
         from pipecompile.generation.ranks import generate_on_ranks
 
-        vocab = vocab_size(skeleton(directory, manifest))
-        check_prompts(plan, request.prompts, request.max_new_tokens, vocab, request.eos)
-        return generate_on_ranks(directory, manifest, plan, request, weights, on_token, on_start)
+        meta = skeleton(directory, manifest)  # this rank's stage gets memory on the ranks
+        check_prompts(plan, request.prompts, request.max_new_tokens, vocab_size(meta), request.eos)
+        return generate_on_ranks(
+            directory, manifest, meta, plan, request, weights, on_token, on_start
+        )
     built = model_of(directory, manifest, model)
     check_prompts(plan, request.prompts, request.max_new_tokens, vocab_size(built), request.eos)
     if request.train_state is not None:
