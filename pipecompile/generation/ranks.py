@@ -12,9 +12,7 @@ ends the call with its last line; the others are stopped, and none outlives this
 from __future__ import annotations
 
 import os
-import signal
 import tempfile
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +27,7 @@ from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage
 from pipecompile.generation.wire import PeerGone, Wire, ring
-from pipecompile.runtime.faults import FAULT_ENV, fault_at
+from pipecompile.runtime.faults import FAULT_ENV, fault_at, happen
 
 __all__ = ["generate_on_ranks", "run_stage"]
 
@@ -97,13 +95,8 @@ def _fault(rank: int, turn: int) -> None:
     if not os.environ.get(FAULT_ENV):
         return
     fault = fault_at(rank, turn, "turn")
-    if fault is None:
-        return
-    if fault.kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    while fault.kind == "hang":
-        time.sleep(1)
-    raise RuntimeError(f"injected failure at turn {turn}")
+    if fault is not None:
+        happen(fault, f"at turn {turn}")
 
 
 def lead(stage: DecodeStage, wire: Wire, book: Lanes) -> None:
@@ -181,10 +174,17 @@ def generate_on_ranks(
         store = torch.distributed.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False)
         sampling = list(request.sampling.__dict__.values())
         threads = launch_threads(None, n)  # each rank its share of the cores
-        spec = {"directory": str(directory), "port": store.port, "world": n}
-        spec["source"] = source.to_json()  # type: ignore[assignment]
-        stop = [request.max_new_tokens, request.eos]
-        children = Children({**spec, "sampling": sampling, "threads": threads, "stop": stop})
+        children = Children(
+            {
+                "directory": str(directory),
+                "port": store.port,
+                "world": n,
+                "source": source.to_json(),
+                "sampling": sampling,
+                "threads": threads,
+                "stop": [request.max_new_tokens, request.eos],
+            }
+        )
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:

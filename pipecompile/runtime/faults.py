@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Fault", "FAULT_ENV", "FIRED_ENV", "parse_faults", "fault_at", "fail_save"]
+__all__ = ["Fault", "FAULT_ENV", "FIRED_ENV", "parse_faults", "fault_at", "fail_save", "happen"]
 
 FAULT_ENV = "PIPECOMPILE_FAULT"
 FIRED_ENV = "PIPECOMPILE_FAULT_FIRED"
@@ -104,8 +104,13 @@ def _first_time(fault: Fault) -> bool:
 def fail_save(rank: int, step: int) -> None:
     """At a save: the fault set there for ``rank`` and ``step``, if any, happens."""
     fault = fault_at(rank, step, "save")
-    if fault is None:
-        return
+    if fault is not None:
+        happen(fault, f"while saving step {step}")
+
+
+def happen(fault: Fault, where: str) -> None:
+    """``fault`` happens in this process: SIGKILL, a hang, a full disk, or an error raised
+    (``injected failure WHERE``)."""
     if fault.kind == "disk":
         raise OSError(errno.ENOSPC, "No space left on device (injected by PIPECOMPILE_FAULT)")
     if fault.kind == "kill":
@@ -113,4 +118,4 @@ def fail_save(rank: int, step: int) -> None:
     if fault.kind == "hang":
         while True:
             time.sleep(1)
-    raise RuntimeError(f"injected failure while saving step {step}")
+    raise RuntimeError(f"injected failure {where}")
