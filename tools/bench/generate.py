@@ -165,10 +165,7 @@ def _cache_bytes(directory: Path) -> list[tuple[int, int]]:
     manifest = read_manifest(directory)
     plan = plan_of(directory, manifest)
     stages = decode_stages(model_of(directory, manifest), plan)
-    measured = [
-        sum(t.nbytes for t in (*st.cache.keys.values(), *st.cache.values.values())) for st in stages
-    ]
-    return [(plan.cache_bytes(k), measured[k]) for k in range(plan.stages)]
+    return [(plan.cache_bytes(k), st.cache.nbytes) for k, st in enumerate(stages)]
 
 
 def main() -> int:
