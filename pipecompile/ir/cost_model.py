@@ -50,6 +50,9 @@ class CostModel:
             plan search adds each device's step after the pipeline drains.
         conv_rate, conv_half_work: ``flops_rate`` and ``half_work`` for convolutions, which
             run at their own efficiency (0: the contractions' figures). Calibrated.
+        fixed_scale, work_scale: what the model's own eager timing (the plan search's
+            probe, ``planner.model_probe``) multiplies the ops' fixed seconds (their
+            overhead and half work) and their work's seconds by: 1 where not probed.
     """
 
     bandwidth: float = DEFAULT_BANDWIDTH
@@ -67,6 +70,8 @@ class CostModel:
     optimizer_rate: float = 0.0
     conv_rate: float = 0.0
     conv_half_work: float = 0.0
+    fixed_scale: float = 1.0
+    work_scale: float = 1.0
 
     def op_seconds(
         self,
@@ -81,12 +86,14 @@ class CostModel:
         contractions doing ``matmul`` forward FLOPs in all, ``convs`` convolutions doing
         ``conv``, the others writing ``other`` elements."""
         rate = self.elementwise_rate or self.flops_rate
-        own = (matmul + self.half_work * matmuls) / self.flops_rate + other / rate
+        work = matmul / self.flops_rate + other / rate
+        fixed = self.half_work * matmuls / self.flops_rate + self.op_overhead * ops
         if convs:
             conv_rate = self.conv_rate or self.flops_rate
             half = self.conv_half_work if self.conv_rate else self.half_work
-            own += (conv + half * convs) / conv_rate
-        return 3 * (own + self.op_overhead * ops)
+            work += conv / conv_rate
+            fixed += half * convs / conv_rate
+        return 3 * (work * self.work_scale + fixed * self.fixed_scale)
 
     def validate(self, devices: int, stages: int) -> None:
         """Raise BalanceError for values that cannot describe ``devices`` devices."""

@@ -20,6 +20,7 @@ from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import annotate_costs
 from pipecompile.planner.calibrate import calibrated
 from pipecompile.planner.model_facts import ModelFacts, model_facts
+from pipecompile.planner.model_probe import corrected, probe_model
 from pipecompile.planner.plan import Plan
 from pipecompile.planner.search import (
     SearchResult,
@@ -28,6 +29,7 @@ from pipecompile.planner.search import (
     divisors,
     search,
 )
+from pipecompile.runtime.threads import fair_share
 from pipecompile.schedules import ORDER, SYNCHRONOUS, schedule_of
 
 __all__ = [
@@ -89,6 +91,7 @@ def choose_plan(
     source = None
     if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
         machine, source = calibrated(machine, space.devices, _say if progress else None, key)
+        machine = _probed(model, inputs, facts, machine, space, progress)
     result = search(
         facts,
         batch=batch,
@@ -225,6 +228,33 @@ def traced_facts(
     traced = trace(model, shown)
     annotated = annotate_costs(traced.module, root=traced.root)
     return model_facts(annotated, max(batch, 1), split_at), graph_fingerprint(traced.module)
+
+
+def _probed(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    facts: ModelFacts,
+    machine: CostModel,
+    space: Space,
+    progress: bool,
+) -> CostModel:
+    """``machine`` corrected by the model's own eager timing at the smallest micro-batch the
+    search may choose and at the whole batch (``model_probe``), on a rank's threads."""
+    batch = next(iter(inputs.values())).shape[0] if inputs else 0
+    sizes = tuple(sorted({batch // max(space.microbatches), batch})) if batch else ()
+    probe = probe_model(model, inputs, sizes, fair_share(space.devices)) if sizes else None
+    if probe is None:
+        if progress:
+            _say("the model could not be timed eagerly: priced by the calibration alone")
+        return machine
+    fixed = corrected(machine, facts, probe)
+    if progress:
+        timed = ", ".join(f"{t * 1e3:.1f} ms at {s}" for s, t in zip(probe.sizes, probe.seconds))
+        _say(
+            f"the model timed eagerly ({timed} samples): the calibration's fixed costs "
+            f"x{fixed.fixed_scale:.2f}, its work x{fixed.work_scale:.2f}"
+        )
+    return fixed
 
 
 def _say(line: str) -> None:

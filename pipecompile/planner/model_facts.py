@@ -51,7 +51,8 @@ class ModelFacts:
         s = size / self.size
         rate = machine.elementwise_rate or machine.flops_rate
         return [
-            sum(c * s / rate for c, k in ops if not k) + machine.op_overhead * len(ops)
+            sum(c * s / rate for c, k in ops if not k) * machine.work_scale
+            + machine.op_overhead * len(ops) * machine.fixed_scale
             for ops in self.op_costs
         ]
 

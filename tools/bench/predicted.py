@@ -245,9 +245,14 @@ def pair_counts(rows: list[Row]) -> tuple[int, int, int, int]:
 
 def report(model: Model, rows: list[Row], repeats: int) -> float:
     """The model's table and its summary line; its rank correlation."""
-    calibration = rows[0].plan["cost_model"].get("calibration") or "off (the default costs)"
+    cost_model = rows[0].plan["cost_model"]
+    calibration = cost_model.get("calibration") or "off (the default costs)"
     print(f"\n### {model.title} on {NPROC} processes, one core each\n")
-    print(f"calibration: {calibration}\n")
+    factors = [
+        f"x{cost_model[k]:.2f} ({k})" for k in ("fixed_scale", "work_scale") if k in cost_model
+    ]
+    timed = f"; the model's own timing: {', '.join(factors)}" if factors else ""
+    print(f"calibration: {calibration}{timed}\n")
     print(
         "| stages | micro-batches | schedule | predicted | measured (median) "
         f"| spread of {repeats} | measured / predicted |"

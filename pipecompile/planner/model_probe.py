@@ -1,0 +1,142 @@
+"""Time the model itself before the search prices it: its eager forward and backward at the
+smallest micro-batch the search may choose and at the whole batch, on the threads a rank
+gets, against the cost model's figure for the same work.
+
+The cost model prices an op from its FLOPs and its kind with constants timed on a few
+probe ops (``calibration_timing``); a model whose ops cost more per call than those (a
+ResNet's batch norms and small convolutions at a few images) or run at another rate is
+priced off, and by a different factor at few samples than at many. That difference is
+what reorders plans: a fixed cost per micro-batch underpriced makes many micro-batches look
+cheap. Both are affine in the micro-batch size s, the model's eager seconds a + b s and the
+cost model's A + B s, so two sizes give the two factors the cost model then applies to every
+op (``CostModel.fixed_scale``, ``work_scale``): a / A to the ops' fixed seconds, b / B to
+their work's.
+
+The probe leaves the model as it was (buffers such as batch-norm statistics restored,
+gradients as they were, the random state untouched) and gives up, pricing by the
+calibration alone, where it cannot time the model: on the meta device or an accelerator,
+an output with no floating tensor, a forward that fails at a smaller batch, or one pass
+slower than ``_MOST_S``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from pipecompile.ir.cost_model import CostModel
+from pipecompile.planner.model_facts import ModelFacts
+
+__all__ = ["Probe", "corrected", "probe_model"]
+
+_REPEATS = 5  # timed passes a size, after one untimed
+_MOST_S = 2.0  # one pass slower than this: the probe would cost more than it tells
+_BOUND = 8.0  # factors beyond [1/_BOUND, _BOUND] are clamped: a probe that far off is noise
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The model's eager forward plus backward: the best of its repeats at each size."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+
+def probe_model(
+    model: nn.Module, inputs: dict[str, torch.Tensor], sizes: tuple[int, ...], threads: int
+) -> Probe | None:
+    """``model``'s eager forward plus backward at each of ``sizes`` samples (the first
+    ``sizes[i]`` of every input batched like the first) on ``threads`` threads; None where
+    it cannot be timed (see the module docstring)."""
+    tensors = [*model.parameters(), *model.buffers(), *inputs.values()]
+    if not inputs or any(t.device.type != "cpu" for t in tensors):
+        return None
+    batch = next(iter(inputs.values())).shape[0]
+    seconds = []
+    with _untouched(model, threads):
+        for size in sizes:
+            part = {k: v[:size] if v.dim() and len(v) == batch else v for k, v in inputs.items()}
+            best = _best(lambda part=part: _pass(model, part))
+            if best is None:
+                return None
+            seconds.append(best)
+    return Probe(tuple(sizes), tuple(seconds))
+
+
+def corrected(machine: CostModel, facts: ModelFacts, probe: Probe) -> CostModel:
+    """``machine`` with the factors that make its seconds for the model's work at the
+    probe's sizes the probe's (one size: one factor for both)."""
+    priced = [sum(facts.at(s, machine).cost) / 1e12 for s in probe.sizes]  # ps -> s
+    if len(probe.sizes) < 2 or probe.sizes[0] == probe.sizes[-1]:
+        factor = _clamped(probe.seconds[0] / priced[0])
+        return replace(machine, fixed_scale=factor, work_scale=factor)
+    (s1, s2), (t1, t2), (p1, p2) = probe.sizes[:2], probe.seconds[:2], priced[:2]
+    work, priced_work = (t2 - t1) / (s2 - s1), (p2 - p1) / (s2 - s1)
+    fixed, priced_fixed = t1 - work * s1, p1 - priced_work * s1
+    scale = _clamped(work / priced_work) if priced_work > 0 else 1.0
+    if priced_fixed <= 0:
+        return replace(machine, work_scale=scale)
+    return replace(machine, fixed_scale=_clamped(fixed / priced_fixed), work_scale=scale)
+
+
+def _clamped(factor: float) -> float:
+    return min(max(factor, 1 / _BOUND), _BOUND)
+
+
+def _pass(model: nn.Module, inputs: dict[str, torch.Tensor]) -> bool:
+    """One forward and backward (of every floating output's sum); False if nothing to
+    differentiate."""
+    leaves = [
+        t
+        for t in tree_leaves(model(**inputs))
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    ]
+    if not leaves:
+        return False
+    torch.autograd.backward([t.float().sum() for t in leaves])
+    return True
+
+
+def _best(run: Callable[[], bool]) -> float | None:
+    """The fastest of ``_REPEATS`` timed calls of ``run`` after one untimed; None if it
+    fails, has nothing to time, or one call takes longer than ``_MOST_S``."""
+    times = []
+    for _ in range(_REPEATS + 1):
+        start = time.perf_counter()
+        try:
+            if not run():
+                return None
+        except Exception:  # a model the probe cannot run at this size: price it unprobed
+            return None
+        times.append(time.perf_counter() - start)
+        if times[-1] > _MOST_S:
+            return None
+    return min(times[1:])
+
+
+@contextmanager
+def _untouched(model: nn.Module, threads: int) -> Iterator[None]:
+    """Run on ``threads`` threads and leave ``model``'s buffers, gradients, mode and the
+    random state as they were."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    for param, _ in grads:  # the backward would add to them in place
+        param.grad = None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng():
+            yield
+    finally:
+        torch.set_num_threads(before)
+        with torch.no_grad():
+            for buffer, kept in buffers:
+                buffer.copy_(kept)
+        for param, grad in grads:
+            param.grad = grad
