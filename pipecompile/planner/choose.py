@@ -91,7 +91,7 @@ def choose_plan(
     source = None
     if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
         machine, source = calibrated(machine, space.devices, _say if progress else None, key)
-        machine = _probed(model, inputs, facts, machine, space, progress)
+        machine = _probed(model, inputs, facts, machine, space.devices, progress)
     result = search(
         facts,
         batch=batch,
@@ -235,14 +235,16 @@ def _probed(
     inputs: dict[str, torch.Tensor],
     facts: ModelFacts,
     machine: CostModel,
-    space: Space,
+    devices: int,
     progress: bool,
 ) -> CostModel:
     """``machine`` corrected by the model's own eager timing at the smallest micro-batch the
-    search may choose and at the whole batch (``model_probe``), on a rank's threads."""
+    model allows and at the whole batch (``model_probe``), on a rank's threads: the same
+    sizes whatever micro-batch counts the search may choose, so that compiles of one model
+    with different counts price it alike, and as far apart as the batch allows."""
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
-    sizes = tuple(sorted({batch // max(space.microbatches), batch})) if batch else ()
-    probe = probe_model(model, inputs, sizes, fair_share(space.devices)) if sizes else None
+    sizes = tuple(sorted({batch // max(_counts(model, batch)), batch})) if batch else ()
+    probe = probe_model(model, inputs, sizes, fair_share(devices)) if sizes else None
     if probe is None:
         if progress:
             _say("the model could not be timed eagerly: priced by the calibration alone")

@@ -1,6 +1,11 @@
 """Time the model itself before the search prices it: its eager forward and backward at the
-smallest micro-batch the search may choose and at the whole batch, on the threads a rank
+smallest micro-batch the model allows and at the whole batch, on the threads a rank
 gets, against the cost model's figure for the same work.
+
+The sizes are the smallest micro-batch the model allows and the whole batch, whatever
+micro-batch counts a compile asks for: compiles of one model with different counts price it
+alike, and the two sizes are as far apart as they can be, which the fixed part's estimate
+(extrapolated to no samples) needs.
 
 The cost model prices an op from its FLOPs and its kind with constants timed on a few
 probe ops (``calibration_timing``); a model whose ops cost more per call than those (a
@@ -35,7 +40,7 @@ from pipecompile.planner.model_facts import ModelFacts
 
 __all__ = ["Probe", "corrected", "probe_model"]
 
-_REPEATS = 5  # timed passes a size, after one untimed
+_REPEATS = 5  # timed passes a size, after one untimed (3 once they took _MOST_S)
 _MOST_S = 2.0  # one pass slower than this: the probe would cost more than it tells
 _BOUND = 8.0  # factors beyond [1/_BOUND, _BOUND] are clamped: a probe that far off is noise
 
@@ -104,10 +109,11 @@ def _pass(model: nn.Module, inputs: dict[str, torch.Tensor]) -> bool:
 
 
 def _best(run: Callable[[], bool]) -> float | None:
-    """The fastest of ``_REPEATS`` timed calls of ``run`` after one untimed; None if it
-    fails, has nothing to time, or one call takes longer than ``_MOST_S``."""
-    times = []
-    for _ in range(_REPEATS + 1):
+    """The fastest of ``_REPEATS`` timed calls of ``run`` after one untimed (of 3 once they
+    took ``_MOST_S`` together); None if it fails, has nothing to time, or one call takes
+    longer than ``_MOST_S``."""
+    times: list[float] = []
+    while len(times) <= _REPEATS and not (len(times) > 3 and sum(times[1:]) > _MOST_S):
         start = time.perf_counter()
         try:
             if not run():
