@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import asdict, replace
 
 import torch
@@ -36,6 +37,7 @@ __all__ = [
     "check_search",
     "choose_plan",
     "open_choices",
+    "probe_corrected",
     "traced_facts",
     "plan_record",
     "RUNNERS_UP",
@@ -91,7 +93,7 @@ def choose_plan(
     source = None
     if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
         machine, source = calibrated(machine, space.devices, _say if progress else None, key)
-        machine = _probed(model, inputs, facts, machine, space.devices, progress)
+        machine = probe_corrected(model, inputs, facts, machine, space.devices, progress)
     result = search(
         facts,
         batch=batch,
@@ -230,7 +232,7 @@ def traced_facts(
     return model_facts(annotated, max(batch, 1), split_at), graph_fingerprint(traced.module)
 
 
-def _probed(
+def probe_corrected(
     model: nn.Module,
     inputs: dict[str, torch.Tensor],
     facts: ModelFacts,
@@ -244,6 +246,7 @@ def _probed(
     with different counts price it alike, and as far apart as the batch allows."""
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
     sizes = tuple(sorted({batch // max(_counts(model, batch)), batch})) if batch else ()
+    start = time.perf_counter()
     probe = probe_model(model, inputs, sizes, fair_share(devices)) if sizes else None
     if probe is None:
         if progress:
@@ -253,8 +256,9 @@ def _probed(
     if progress:
         timed = ", ".join(f"{t * 1e3:.1f} ms at {s}" for s, t in zip(probe.sizes, probe.seconds))
         _say(
-            f"the model timed eagerly ({timed} samples): the calibration's fixed costs "
-            f"x{fixed.fixed_scale:.2f}, its work x{fixed.work_scale:.2f}"
+            f"the model timed eagerly ({timed} samples; {time.perf_counter() - start:.1f} s): "
+            f"the calibration's fixed costs x{fixed.fixed_scale:.2f}, its work "
+            f"x{fixed.work_scale:.2f}"
         )
     return fixed
 

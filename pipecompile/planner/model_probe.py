@@ -40,7 +40,8 @@ from pipecompile.planner.model_facts import ModelFacts
 
 __all__ = ["Probe", "corrected", "probe_model"]
 
-_REPEATS = 5  # timed passes a size, after one untimed (3 once they took _MOST_S)
+_REPEATS = 5  # timed passes a size (the first size after one untimed, which warms up)
+_ENOUGH_S = 1.0  # timed passes of a size that took this long together end at 2
 _MOST_S = 2.0  # one pass slower than this: the probe would cost more than it tells
 _BOUND = 8.0  # factors beyond [1/_BOUND, _BOUND] are clamped: a probe that far off is noise
 
@@ -65,9 +66,9 @@ def probe_model(
     batch = next(iter(inputs.values())).shape[0]
     seconds = []
     with _untouched(model, threads):
-        for size in sizes:
+        for i, size in enumerate(sizes):
             part = {k: v[:size] if v.dim() and len(v) == batch else v for k, v in inputs.items()}
-            best = _best(lambda part=part: _pass(model, part))
+            best = _best(lambda part=part: _pass(model, part), warm=i > 0)
             if best is None:
                 return None
             seconds.append(best)
@@ -108,22 +109,25 @@ def _pass(model: nn.Module, inputs: dict[str, torch.Tensor]) -> bool:
     return True
 
 
-def _best(run: Callable[[], bool]) -> float | None:
-    """The fastest of ``_REPEATS`` timed calls of ``run`` after one untimed (of 3 once they
-    took ``_MOST_S`` together); None if it fails, has nothing to time, or one call takes
-    longer than ``_MOST_S``."""
+def _best(run: Callable[[], bool], warm: bool) -> float | None:
+    """The fastest of up to ``_REPEATS`` timed calls of ``run`` (after one untimed unless
+    ``warm``), ending at 2 once they took ``_ENOUGH_S``; None if it fails, has nothing to
+    time, or one call takes longer than ``_MOST_S``."""
     times: list[float] = []
-    while len(times) <= _REPEATS and not (len(times) > 3 and sum(times[1:]) > _MOST_S):
+    while len(times) < _REPEATS and not (len(times) >= 2 and sum(times) > _ENOUGH_S):
         start = time.perf_counter()
         try:
             if not run():
                 return None
         except Exception:  # a model the probe cannot run at this size: price it unprobed
             return None
-        times.append(time.perf_counter() - start)
-        if times[-1] > _MOST_S:
+        seconds = time.perf_counter() - start
+        if seconds > _MOST_S:
             return None
-    return min(times[1:])
+        if warm:
+            times.append(seconds)
+        warm = True
+    return min(times)
 
 
 @contextmanager

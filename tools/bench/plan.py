@@ -113,24 +113,33 @@ def search_time(devices: tuple[int, ...], quick: bool) -> None:
     from pipecompile.ir.cost_model import CostModel
     from pipecompile.passes import annotate_costs
     from pipecompile.planner.calibrate import calibrated
+    from pipecompile.planner.choose import probe_corrected
     from pipecompile.planner.model_facts import model_facts
     from pipecompile.planner.search import Space, search
 
-    cost, _ = calibrated(CostModel(), 2)  # 64 rank probes would not fit this machine
+    calibration, _ = calibrated(CostModel(), 2)  # 64 rank probes would not fit this machine
     print("\n### Search time (priced with this machine's calibration for 2 ranks)\n")
-    print("| model | devices | atoms | plans predicted | trace + facts | search | chosen |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(
+        "| model | devices | atoms | plans predicted | trace + facts | the model timed "
+        "| search | search, calibration alone | chosen |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for label, model, inputs in search_models(quick):
         start = time.perf_counter()
         traced = trace(model, inputs)
         facts = model_facts(annotate_costs(traced.module, root=traced.root), 32)
         traced_s = time.perf_counter() - start
+        start = time.perf_counter()  # as a compile does: the model's own timing corrects it
+        cost = probe_corrected(model, inputs, facts, calibration, 2, progress=False)
+        probe_s = time.perf_counter() - start
         for count in devices:
             result = search(facts, batch=32, space=Space(devices=count), machine=cost, keep=5)
+            alone = search(facts, batch=32, space=Space(devices=count), machine=calibration, keep=5)
             searched = f"{result.tried} (+{result.bounded} bounded out)"
             chosen = result.best.plan.flags
             print(f"| {label} | {count} | {facts.atoms} | {searched} | {traced_s:.2f} s "
-                  f"| {result.seconds:.2f} s | `{chosen}` |", flush=True)  # fmt: skip
+                  f"| {probe_s:.2f} s | {result.seconds:.2f} s | {alone.seconds:.2f} s "
+                  f"| `{chosen}` |", flush=True)  # fmt: skip
 
 
 def plan_of(directory: Path) -> dict:
