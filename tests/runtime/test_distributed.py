@@ -3,6 +3,7 @@ eager, tied weights, faults that never hang, checkpoints that lose nothing."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from safetensors.torch import load_file
 
 from pipecompile.cli import main
 from pipecompile.runtime.distributed.launch import launch
+from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.training.model_keyed import read_model_keyed
 from tests.conftest import EXAMPLES, SAMPLED_OUT
 
@@ -184,8 +186,22 @@ def test_replicated_stages_equal_the_unreplicated_run(
     assert main(["run", out, "--nproc", str(nproc), "--check"]) == 0
     assert "check passed" in capfd.readouterr().out
     train = ["--steps", "3", "--optimizer", "sgd", "--lr", "0.1"]
-    assert main(["run", out, "--nproc", str(nproc), *train]) == 0
+    trace = tmp_path / "trace.json"
+    traced = ["--trace", str(trace), "--trace-steps", "1"]
+    assert main(["run", out, "--nproc", str(nproc), *train, *traced]) == 0
     replicated = [float(ln.split()[3]) for ln in capfd.readouterr().out.splitlines()]
+    # each forward ran on the rank the plan search prices it on: replica k of a stage with r
+    # replicas runs the micro-batches i with i mod r == k (so the busiest ceil(m / r))
+    counts = [int(r) for r in replicate.split(",")]
+    place = Placement(tuple(range(stages)), tuple(counts))
+    ran = {
+        (e["args"]["stage"], e["args"]["microbatch"]): int(e["pid"])
+        for e in json.loads(trace.read_text())["traceEvents"]
+        if e.get("ph") == "X"
+        and e["name"] == f"{e.get('args', {}).get('stage')}F{e.get('args', {}).get('microbatch')}"
+        and int(e["pid"]) < nproc
+    }
+    assert ran == {(j, i): place.rank_of(j, i) for j in range(stages) for i in range(4)}
     # the unreplicated reference runs locally: an unreplicated run under --nproc equals the
     # local one bit for bit (test_distributed_check_equals_local_and_eager)
     plain = compiled(model, *common)  # gpt-tied-2-1 and gpt-last-1-2 share it
