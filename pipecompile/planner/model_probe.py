@@ -17,11 +17,11 @@ cost model's A + B s, so two sizes give the two factors the cost model then appl
 op (``CostModel.fixed_scale``, ``work_scale``): a / A to the ops' fixed seconds, b / B to
 their work's.
 
-The probe leaves the model as it was (buffers such as batch-norm statistics restored,
-gradients as they were, the random state untouched) and gives up, pricing by the
-calibration alone, where it cannot time the model: on the meta device or an accelerator,
-an output with no floating tensor, a forward that fails at a smaller batch, or one pass
-slower than ``_MOST_S``.
+The probe leaves the model and the example as they were (buffers such as batch-norm
+statistics restored, gradients as they were, the random state untouched, the inputs
+copied) and gives up, pricing by the calibration alone, where it cannot time the model: on
+the meta device or an accelerator, an output with no floating tensor, a forward that fails
+at a smaller batch, or one pass slower than ``_MOST_S``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def probe_model(
     seconds = []
     with _untouched(model, threads):
         for i, size in enumerate(sizes):
-            part = {k: v[:size] if v.dim() and len(v) == batch else v for k, v in inputs.items()}
+            part = {k: _rows(v, size, batch) for k, v in inputs.items()}
             best = _best(lambda part=part: _pass(model, part), warm=i > 0)
             if best is None:
                 return None
@@ -89,6 +89,12 @@ def corrected(machine: CostModel, facts: ModelFacts, probe: Probe) -> CostModel:
     if priced_fixed <= 0:
         return replace(machine, work_scale=scale)
     return replace(machine, fixed_scale=_clamped(fixed / priced_fixed), work_scale=scale)
+
+
+def _rows(value: torch.Tensor, size: int, batch: int) -> torch.Tensor:
+    """The first ``size`` rows of an input batched like the first, else the input, a copy
+    either way (a model may write its input in place: the compile still needs the example)."""
+    return (value[:size] if value.dim() and len(value) == batch else value).clone()
 
 
 def _clamped(factor: float) -> float:

@@ -86,6 +86,24 @@ class _FixedBatch(nn.Module):
         return self.fc(x).view(16, 4)
 
 
+class _InPlace(nn.Module):
+    """Writes its input in place, as some models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.mul_(2))
+
+
+def test_the_probe_leaves_the_example_as_it_was() -> None:
+    x = torch.randn(16, 4)
+    kept = x.clone()
+    assert probe_model(_InPlace(), {"x": x}, (2, 16), 1) is not None
+    assert torch.equal(x, kept)
+
+
 class _Ids(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.argmax(-1)
