@@ -9,7 +9,11 @@ all-reduce per parameter over the ranks that hold it; the STEP waits for it.
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
 from collections.abc import Hashable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -67,6 +71,44 @@ def _on_wire(dtype: torch.dtype, wire: torch.dtype | None) -> torch.dtype:
     return dtype
 
 
+class _Poster:
+    """One thread that posts receives for the rank's main thread: a gloo receive can block
+    its caller for milliseconds while the connection's own thread reads another message,
+    and the main thread computes meanwhile."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, daemon=True, name="pipecompile-receives").start()
+
+    def submit(self, call: Any, *args: Any) -> Future:
+        future: Future = Future()
+        self._queue.put((future, call, args))
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            future, call, args = self._queue.get()
+            try:
+                future.set_result(call(*args))
+            except BaseException as err:  # the main thread raises it where it waits
+                future.set_exception(err)
+
+
+_POSTERS: list[_Poster] = []  # the process's one (a backend is made each step)
+
+
+def _poster() -> _Poster:
+    if not _POSTERS:
+        _POSTERS.append(_Poster())
+    return _POSTERS[0]
+
+
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
 class DistBackend:
     """Messages and tied-gradient sums between this rank and the others."""
 
@@ -98,7 +140,8 @@ class DistBackend:
         }
         self._sends: list[tuple[Any, torch.Tensor]] = []
         self._inbox: dict[Hashable, torch.Tensor | None] = {}
-        self._early: dict[Hashable, tuple[Any, torch.Tensor]] = {}  # posted ahead: (work, buffer)
+        # posted ahead: (the works of the call that posted it, its place there, its buffer)
+        self._early: dict[Hashable, tuple[Future, int, torch.Tensor]] = {}
         self._posted: dict[Hashable, dict[int, torch.Tensor]] = {}
         self._sums: dict[Hashable, tuple[Any, torch.Tensor, set[int]]] = {}
         self.dynamic = manifest.dynamic
@@ -139,8 +182,17 @@ class DistBackend:
         lands in its buffer while this rank computes, and ``ready`` only waits for what is
         still missing."""
         ops, buffers = self._receives([k for k in keys if k not in self._early])
-        works = dist.batch_isend_irecv(ops) if ops else []
-        self._early.update((key, (work, buffer)) for (key, buffer), work in zip(buffers, works))
+        if not ops:
+            return
+        # PIPECOMPILE_POST_THREAD=0 posts on the main thread (for measuring the gain); read
+        # here, not on import: the rank starter imports once for every later run
+        threaded = os.environ.get("PIPECOMPILE_POST_THREAD", "1") != "0"
+        if threaded and self.device.type == "cpu":  # NCCL posts without blocking
+            posted = _poster().submit(dist.batch_isend_irecv, ops)
+        else:
+            posted = _done(dist.batch_isend_irecv(ops))
+        for k, (key, buffer) in enumerate(buffers):
+            self._early[key] = (posted, k, buffer)
 
     def ready(self, keys: Sequence[MessageKey]) -> bool:
         """Receive every message in ``keys`` (one batched call for those not posted ahead),
@@ -151,8 +203,8 @@ class DistBackend:
                 work.wait()
         for key in keys:
             if key in self._early:
-                work, buffer = self._early.pop(key)
-                work.wait()
+                posted, k, buffer = self._early.pop(key)
+                posted.result()[k].wait()
                 buffers.append((key, buffer))
         self._inbox.update(buffers)
         return True
