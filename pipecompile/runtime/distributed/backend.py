@@ -72,9 +72,9 @@ def _on_wire(dtype: torch.dtype, wire: torch.dtype | None) -> torch.dtype:
 
 
 class _Poster:
-    """One thread that posts receives for the rank's main thread: a gloo receive can block
-    its caller for milliseconds while the connection's own thread reads another message,
-    and the main thread computes meanwhile."""
+    """One thread that posts sends and receives for the rank's main thread: posting a gloo
+    send or receive can block its caller for milliseconds while the connection's own thread
+    reads another message, and the main thread computes meanwhile."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -138,7 +138,7 @@ class DistBackend:
             (e.src, e.dst, e.value): (k, e.shape, _on_wire(getattr(torch, e.dtype), wire_dtype))
             for k, e in enumerate(manifest.edges)
         }
-        self._sends: list[tuple[Any, torch.Tensor]] = []
+        self._sends: list[tuple[Future, torch.Tensor]] = []  # the send's work, its tensor
         self._inbox: dict[Hashable, torch.Tensor | None] = {}
         # posted ahead: (the works of the call that posted it, its place there, its buffer)
         self._early: dict[Hashable, tuple[Future, int, torch.Tensor]] = {}
@@ -175,7 +175,12 @@ class DistBackend:
             )
         self.sent_bytes += tensor.numel() * tensor.element_size()
         peer = self.placement.rank_of(dst if kind == "F" else src, i)
-        self._sends.append((dist.isend(tensor, peer, tag=self._tag(kind, index, i)), tensor))
+        tag = self._tag(kind, index, i)
+        if self._threaded():
+            sent = _poster().submit(dist.isend, tensor, peer, None, tag)
+        else:
+            sent = _done(dist.isend(tensor, peer, tag=tag))
+        self._sends.append((sent, tensor))
 
     def post(self, keys: Sequence[MessageKey]) -> None:
         """Start receiving ``keys`` now, ahead of the instruction that takes them: the message
@@ -184,15 +189,18 @@ class DistBackend:
         ops, buffers = self._receives([k for k in keys if k not in self._early])
         if not ops:
             return
-        # PIPECOMPILE_POST_THREAD=0 posts on the main thread (for measuring the gain); read
-        # here, not on import: the rank starter imports once for every later run
-        threaded = os.environ.get("PIPECOMPILE_POST_THREAD", "1") != "0"
-        if threaded and self.device.type == "cpu":  # NCCL posts without blocking
+        if self._threaded():
             posted = _poster().submit(dist.batch_isend_irecv, ops)
         else:
             posted = _done(dist.batch_isend_irecv(ops))
         for k, (key, buffer) in enumerate(buffers):
             self._early[key] = (posted, k, buffer)
+
+    def _threaded(self) -> bool:
+        """Whether sends and receives ahead are posted by the helper thread: on gloo, unless
+        PIPECOMPILE_POST_THREAD=0 (for measuring the gain; read here, not on import, as the
+        rank starter imports once for every later run). NCCL posts without blocking."""
+        return self.device.type == "cpu" and os.environ.get("PIPECOMPILE_POST_THREAD") != "0"
 
     def ready(self, keys: Sequence[MessageKey]) -> bool:
         """Receive every message in ``keys`` (one batched call for those not posted ahead),
@@ -232,8 +240,8 @@ class DistBackend:
         """Wait for every send of the step (their buffers must live until then); a receive
         posted ahead is always taken within its step (the program receives what it posts)."""
         assert not self._early, f"receives posted but never taken: {sorted(self._early)}"
-        for work, _ in self._sends:
-            work.wait()
+        for sent, _ in self._sends:
+            sent.result().wait()
         self._sends.clear()
 
     def _tag(self, kind: str, edge: int, i: int) -> int:
