@@ -5,6 +5,7 @@ Prints a Markdown table.
 A gloo send or receive can block the thread that posts it for milliseconds while the
 connection's own thread reads another message; posted from a helper thread, the main thread
 computes meanwhile.
+
 Models: the GPT (8 layers, width 64, 16 x 32 tokens) and the Hugging Face Llama (6 layers,
 hidden 64, 16 x 16 tokens) of tools/bench/predicted.py, under two plans each: 2 stages, 1f1b,
 8 micro-batches, and 4 stages two a device, interleaved, 4 micro-batches (the most messages
