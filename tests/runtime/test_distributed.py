@@ -159,6 +159,19 @@ def test_a_hung_rank_is_stopped_after_the_timeout(compiled, capfd, monkeypatch):
     assert "pipecompile: rank 1: stopping at instruction 1B2: no progress for 3 s" in err, err
 
 
+def test_messages_posted_on_the_main_thread_train_alike(compiled, capfd, monkeypatch):
+    """PIPECOMPILE_POST_THREAD=0 posts sends and receives on the main thread (the way NCCL
+    always posts): the same losses, bit for bit, as the helper thread's."""
+    out = compiled(GPT, "--stages", "2", "--microbatches", "4")
+    train = ["--steps", "2", "--optimizer", "sgd", "--lr", "0.1"]
+    losses = []
+    for way in ("1", "0"):
+        monkeypatch.setenv("PIPECOMPILE_POST_THREAD", way)
+        assert main(["run", out, "--nproc", "2", *train]) == 0
+        losses.append([ln.split()[3] for ln in capfd.readouterr().out.splitlines()])
+    assert len(losses[0]) == 2 and losses[0] == losses[1]
+
+
 def test_a_distributed_mismatch_exits_1(tmp_path, capfd):
     out = compile_to(tmp_path, GPT, "--stages", "2", "--microbatches", "4")
     assert main(["run", out, "--nproc", "2", "--check", "--atol", "0", "--rtol", "0"]) == 1
