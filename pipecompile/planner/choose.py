@@ -21,7 +21,7 @@ from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import annotate_costs
 from pipecompile.planner.calibrate import calibrated
 from pipecompile.planner.model_facts import ModelFacts, model_facts
-from pipecompile.planner.model_probe import corrected, probe_model
+from pipecompile.planner.model_probe import corrected, probe_model, probe_sizes
 from pipecompile.planner.plan import Plan
 from pipecompile.planner.search import (
     SearchResult,
@@ -243,14 +243,16 @@ def probe_corrected(
     """``machine`` corrected by the model's own eager timing at the smallest micro-batch the
     model allows and at the whole batch (``model_probe``), on a rank's threads: the same
     sizes whatever micro-batch counts the search may choose, so that compiles of one model
-    with different counts price it alike, and as far apart as the batch allows."""
+    with different counts price it alike, and as far apart as the batch allows (and this
+    machine's free memory: ``probe_sizes``)."""
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
-    sizes = tuple(sorted({batch // max(_counts(model, batch)), batch})) if batch else ()
+    sizes = probe_sizes(facts, [batch // m for m in _counts(model, batch)]) if batch else ()
     start = time.perf_counter()
     probe = probe_model(model, inputs, sizes, fair_share(devices)) if sizes else None
     if probe is None:
+        why = "could not be timed eagerly" if sizes else "would not fit in memory whole"
         if progress:
-            _say("the model could not be timed eagerly: priced by the calibration alone")
+            _say(f"the model {why}: priced by the calibration alone")
         return machine
     fixed = corrected(machine, facts, probe)
     if progress:

@@ -5,7 +5,9 @@ gets, against the cost model's figure for the same work.
 The sizes are the smallest micro-batch the model allows and the whole batch, whatever
 micro-batch counts a compile asks for: compiles of one model with different counts price it
 alike, and the two sizes are as far apart as they can be, which the fixed part's estimate
-(extrapolated to no samples) needs.
+(extrapolated to no samples) needs. A pass is only run where its saved activations and
+gradients take under half the machine's free memory (a smaller micro-batch size then
+stands for the whole batch; none fits: no probe).
 
 The cost model prices an op from its FLOPs and its kind with constants timed on a few
 probe ops (``calibration_timing``); a model whose ops cost more per call than those (a
@@ -27,7 +29,7 @@ at a smaller batch, or one pass slower than ``_MOST_S``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -38,7 +40,7 @@ from torch.utils._pytree import tree_leaves
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.planner.model_facts import ModelFacts
 
-__all__ = ["Probe", "corrected", "probe_model"]
+__all__ = ["Probe", "corrected", "probe_model", "probe_sizes"]
 
 _REPEATS = 5  # timed passes a size (the first size after one untimed, which warms up)
 _ENOUGH_S = 1.0  # timed passes of a size that took this long together end at 2
@@ -73,6 +75,35 @@ def probe_model(
                 return None
             seconds.append(best)
     return Probe(tuple(sizes), tuple(seconds))
+
+
+def probe_sizes(facts: ModelFacts, allowed: Sequence[int]) -> tuple[int, ...]:
+    """The sizes to time among the micro-batch sizes ``allowed``: the smallest and the
+    largest whose pass fits in half this machine's free memory (its saved activations and
+    the parameters' gradients, from ``facts``); () where even the smallest does not (a model
+    meant to be split because it fits nowhere whole is not run whole)."""
+    free = free_memory()
+    fitting = sorted(s for s in set(allowed) if free is None or 2 * _pass_bytes(facts, s) < free)
+    return tuple(sorted({fitting[0], fitting[-1]})) if fitting else ()
+
+
+def _pass_bytes(facts: ModelFacts, size: int) -> int:
+    """What a forward and backward at ``size`` samples holds beyond the model: the
+    activations saved for the backward and a gradient for every parameter."""
+    return sum(facts.saved) * size // facts.size + sum(facts.params)
+
+
+def free_memory() -> int | None:
+    """Bytes this machine can still give without swapping (Linux's ``MemAvailable``), or
+    None where that cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def corrected(machine: CostModel, facts: ModelFacts, probe: Probe) -> CostModel:

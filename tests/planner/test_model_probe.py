@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from pipecompile.ir.cost_model import CostModel
+from pipecompile.planner import model_probe
 from pipecompile.planner.choose import traced_facts
-from pipecompile.planner.model_probe import Probe, corrected, probe_model
+from pipecompile.planner.model_probe import Probe, corrected, probe_model, probe_sizes
 
 MACHINE = CostModel(
     flops_rate=5e10, op_overhead=3e-6, half_work=2e6, elementwise_rate=1e9, conv_rate=3e10
@@ -117,3 +118,19 @@ def test_the_probe_gives_up_where_it_cannot_time_the_model() -> None:
         meta = nn.Linear(4, 4)
     assert probe_model(meta, {"input": x}, (2, 16), 1) is None
     assert probe_model(nn.Linear(4, 4), {}, (2, 16), 1) is None
+
+
+def test_the_sizes_timed_fit_in_half_the_free_memory(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The smallest and the largest allowed size whose pass (saved activations and the
+    parameters' gradients) takes under half the free memory; none where the smallest does
+    not fit, so that a model meant to be split is never run whole."""
+    facts, _ = traced_facts(_convnet(), {"input": torch.randn(16, 3, 8, 8)})
+    allowed = [16, 8, 4, 2]
+    need = {s: sum(facts.saved) * s // 16 + sum(facts.params) for s in allowed}
+    assert probe_sizes(facts, allowed) == (2, 16)  # this machine: everything fits
+    monkeypatch.setattr(model_probe, "free_memory", lambda: 2 * need[8] + 1)
+    assert probe_sizes(facts, allowed) == (2, 8)
+    monkeypatch.setattr(model_probe, "free_memory", lambda: 2 * need[2])
+    assert probe_sizes(facts, allowed) == ()
+    monkeypatch.setattr(model_probe, "free_memory", lambda: None)  # unknown: not limited
+    assert probe_sizes(facts, allowed) == (2, 16)
