@@ -62,10 +62,11 @@ def probe_model(
     """``model``'s eager forward plus backward at each of ``sizes`` samples (the first
     ``sizes[i]`` of every input batched like the first) on ``threads`` threads; None where
     it cannot be timed (see the module docstring)."""
-    tensors = [*model.parameters(), *model.buffers(), *inputs.values()]
-    if not inputs or any(t.device.type != "cpu" for t in tensors):
+    given = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+    tensors = [*model.parameters(), *model.buffers(), *given]
+    if not given or any(t.device.type != "cpu" for t in tensors):
         return None
-    batch = next(iter(inputs.values())).shape[0]
+    batch = given[0].shape[0]
     seconds = []
     with _untouched(model, threads):
         for i, size in enumerate(sizes):
@@ -122,9 +123,12 @@ def corrected(machine: CostModel, facts: ModelFacts, probe: Probe) -> CostModel:
     return replace(machine, fixed_scale=_clamped(fixed / priced_fixed), work_scale=scale)
 
 
-def _rows(value: torch.Tensor, size: int, batch: int) -> torch.Tensor:
-    """The first ``size`` rows of an input batched like the first, else the input, a copy
-    either way (a model may write its input in place: the compile still needs the example)."""
+def _rows(value: object, size: int, batch: int) -> object:
+    """The first ``size`` rows of an input tensor batched like the first, else the tensor, a
+    copy either way (a model may write its input in place: the compile still needs the
+    example); anything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
     return (value[:size] if value.dim() and len(value) == batch else value).clone()
 
 

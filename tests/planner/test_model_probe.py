@@ -98,6 +98,20 @@ class _InPlace(nn.Module):
         return self.fc(x.mul_(2))
 
 
+class _Flagged(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, double: bool = False) -> torch.Tensor:
+        return self.fc(x) * (2 if double else 1)
+
+
+def test_inputs_that_are_not_tensors_pass_as_they_are() -> None:
+    probe = probe_model(_Flagged(), {"x": torch.randn(16, 4), "double": True}, (2, 16), 1)  # type: ignore[dict-item]
+    assert probe is not None and probe.sizes == (2, 16)
+
+
 def test_the_probe_leaves_the_example_as_it_was() -> None:
     x = torch.randn(16, 4)
     kept = x.clone()
