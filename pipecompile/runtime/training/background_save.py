@@ -8,7 +8,8 @@ At most one save is in flight: the next save, and the end of the run, wait for i
 and the index are written, and then it writes ``meta.json``, renames ``.step_<n>.tmp`` into
 ``step_<n>`` and replaces ``latest``, as a synchronous save does. A write that fails is raised
 at the next wait (the run fails as a synchronous save would); one abandoned by a stop is never
-published. Either way ``latest`` stays on the previous complete step.
+published, and its files are removed once its writes end. Either way ``latest`` stays on the
+previous complete step.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class BackgroundSaves:
         self._failure: BaseException | None = None
         self._abandoned = False
         self._group: Any = None
+        self._where: tuple[Path, int] | None = None  # the save in flight's root and rank
 
     def submit(
         self, pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any]
@@ -67,6 +69,7 @@ class BackgroundSaves:
         meta = step_meta(pipe, step, train)
         with writing("save the train state to", root):
             future = save_model_keyed_async(pipe, tmp, self._group if distributed else None)
+        self._where = root, rank
         self._thread = threading.Thread(
             target=self._finish,
             args=(future, root, tmp, meta, rank),
@@ -86,12 +89,16 @@ class BackgroundSaves:
             raise failure
 
     def abandon(self, seconds: float = 60.0) -> None:
-        """A stop: the save in flight is not published (its files are left to
-        ``remove_partial``); waits up to ``seconds`` for its writes to end."""
+        """A stop: the save in flight is not published; waits up to ``seconds`` for its
+        writes to end, then rank 0 removes what it wrote (``remove_partial``; a write still
+        going on after that is left to the next save's)."""
         self._abandoned = True
-        if self._thread is not None:
-            self._thread.join(seconds)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        thread.join(seconds)
+        if not thread.is_alive() and self._where is not None and self._where[1] == 0:
+            remove_partial(self._where[0])
 
     def _finish(self, future: Any, root: Path, tmp: Path, meta: dict[str, Any], rank: int) -> None:
         def failed(cause: OSError) -> str:
