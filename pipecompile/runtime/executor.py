@@ -130,6 +130,7 @@ class StepExecutor:
         self.loss_scale = 1.0 / len(microbatches) if loss_scale is None else loss_scale
         self.shares = shares  # each micro-batch's rows over the average's (uneven splits)
         self.measure_memory = measure_memory
+        self._tied: dict[int, list[tuple[tuple[str, ...], dict[int, str]]]] = {}  # per stage
         self.keep_grads = keep_grads  # STEP leaves the summed gradients for the caller
         self.training = loss_fn is not None
         self.versions = WeightVersions(modules)
@@ -387,9 +388,13 @@ class StepExecutor:
 
     def _tied_here(self, j: int) -> list[tuple[tuple[str, ...], dict[int, str]]]:
         """The tied tensors stage j holds that are parameters: a buffer several stages share
-        (a table of rotary frequencies) is tied too, but has no gradient to sum."""
-        params = dict(self.modules[j].named_parameters(remove_duplicate=False))
-        return [(k, held) for k, held in self.layout.ties.items() if held.get(j) in params]
+        (a table of rotary frequencies) is tied too, but has no gradient to sum. Kept for
+        the step: a STEP waiting for the sums asks again each time the devices take turns."""
+        if j not in self._tied:
+            params = dict(self.modules[j].named_parameters(remove_duplicate=False))
+            ties = self.layout.ties.items()
+            self._tied[j] = [(k, held) for k, held in ties if held.get(j) in params]
+        return self._tied[j]
 
     def _window_grads(self, j: int) -> dict[str, torch.Tensor]:
         """Stage j's gradients of every micro-batch since its last UPDATE, summed by name."""
@@ -411,10 +416,10 @@ class StepExecutor:
         return True
 
     def _take_tied_sums(self, j: int) -> bool:
-        params = dict(self.modules[j].named_parameters(remove_duplicate=False))
         mine = self._tied_here(j)
         if any(not self.backend.has_reduced(key, j) for key, _ in mine):
             return False
+        params = dict(self.modules[j].named_parameters(remove_duplicate=False))
         for key, held in mine:
             total = self.backend.reduced(key, j)
             assert isinstance(total, torch.Tensor)
