@@ -9,6 +9,7 @@ all-reduce per parameter over the ranks that hold it; the STEP waits for it.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -74,11 +75,13 @@ def _on_wire(dtype: torch.dtype, wire: torch.dtype | None) -> torch.dtype:
 class _Poster:
     """One thread that posts sends and receives for the rank's main thread: posting a gloo
     send or receive can block its caller for milliseconds while the connection's own thread
-    reads another message, and the main thread computes meanwhile."""
+    reads another message, and the main thread computes meanwhile. A daemon thread, not a
+    ``ThreadPoolExecutor``'s: a rank ending on an error while a receive from a dead peer
+    blocks here must not wait for it at exit."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, daemon=True, name="pipecompile-receives").start()
+        threading.Thread(target=self._loop, daemon=True, name="pipecompile-messages").start()
 
     def submit(self, call: Any, *args: Any) -> Future:
         future: Future = Future()
@@ -94,19 +97,10 @@ class _Poster:
                 future.set_exception(err)
 
 
-_POSTERS: list[_Poster] = []  # the process's one (a backend is made each step)
-
-
+@functools.cache
 def _poster() -> _Poster:
-    if not _POSTERS:
-        _POSTERS.append(_Poster())
-    return _POSTERS[0]
-
-
-def _done(value: Any) -> Future:
-    future: Future = Future()
-    future.set_result(value)
-    return future
+    """The process's one helper thread (a backend is made each step)."""
+    return _Poster()
 
 
 class DistBackend:
@@ -175,11 +169,7 @@ class DistBackend:
             )
         self.sent_bytes += tensor.numel() * tensor.element_size()
         peer = self.placement.rank_of(dst if kind == "F" else src, i)
-        tag = self._tag(kind, index, i)
-        if self._threaded():
-            sent = _poster().submit(dist.isend, tensor, peer, None, tag)
-        else:
-            sent = _done(dist.isend(tensor, peer, tag=tag))
+        sent = self._posting(dist.isend, tensor, peer, None, self._tag(kind, index, i))
         self._sends.append((sent, tensor))
 
     def post(self, keys: Sequence[MessageKey]) -> None:
@@ -189,18 +179,20 @@ class DistBackend:
         ops, buffers = self._receives([k for k in keys if k not in self._early])
         if not ops:
             return
-        if self._threaded():
-            posted = _poster().submit(dist.batch_isend_irecv, ops)
-        else:
-            posted = _done(dist.batch_isend_irecv(ops))
+        posted = self._posting(dist.batch_isend_irecv, ops)
         for k, (key, buffer) in enumerate(buffers):
             self._early[key] = (posted, k, buffer)
 
-    def _threaded(self) -> bool:
-        """Whether sends and receives ahead are posted by the helper thread: on gloo, unless
-        PIPECOMPILE_POST_THREAD=0 (for measuring the gain; read here, not on import, as the
-        rank starter imports once for every later run). NCCL posts without blocking."""
-        return self.device.type == "cpu" and os.environ.get("PIPECOMPILE_POST_THREAD") != "0"
+    def _posting(self, call: Any, *args: Any) -> Future:
+        """``call(*args)`` (a send or receives ahead) posted by the helper thread on gloo,
+        unless PIPECOMPILE_POST_THREAD=0 (for measuring the gain; read here, not on import, as
+        the rank starter imports once for every later run); else, and on NCCL, whose posts
+        never block, called now. Its result, the works, comes from the future either way."""
+        if self.device.type == "cpu" and os.environ.get("PIPECOMPILE_POST_THREAD") != "0":
+            return _poster().submit(call, *args)
+        done: Future = Future()
+        done.set_result(call(*args))
+        return done
 
     def ready(self, keys: Sequence[MessageKey]) -> bool:
         """Receive every message in ``keys`` (one batched call for those not posted ahead),
