@@ -25,6 +25,7 @@ import os
 import statistics
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 from common import command, log, machine
 from model_files import write_model_file
@@ -39,15 +40,8 @@ _ENV = "PIPECOMPILE_POST_THREAD"
 
 def measure(directory: Path, way: str, steps: int) -> float:
     """Seconds of a step of ``directory`` with receives posted ``way``."""
-    before = os.environ.get(_ENV)
-    os.environ[_ENV] = "1" if way == "thread" else "0"
-    try:
+    with mock.patch.dict(os.environ, {_ENV: "1" if way == "thread" else "0"}):
         return measured_step(directory, 2, steps, directory.with_suffix(".jsonl"))
-    finally:
-        if before is None:
-            del os.environ[_ENV]
-        else:
-            os.environ[_ENV] = before
 
 
 def one_plan(root: Path, model: Model, fixed: Fixed, rounds: int, steps: int) -> dict:
