@@ -49,10 +49,8 @@ class ModelFacts:
         work and every op's overhead) at ``size`` samples: what a split backward's W walks
         again after I."""
         s = size / self.size
-        rate = machine.elementwise_rate or machine.flops_rate
-        return [
-            sum(c * s / rate for c, k in ops if not k) * machine.work_scale
-            + machine.op_overhead * len(ops) * machine.fixed_scale
+        return [  # the cost model's forward (a third of op_seconds) of these alone
+            machine.op_seconds(0.0, sum(c * s for c, k in ops if not k), len(ops), 0) / 3
             for ops in self.op_costs
         ]
 
