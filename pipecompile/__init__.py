@@ -10,11 +10,11 @@ __all__ = ["__version__", "split_point", "compile", "load", "pipeline", "Compile
 
 def __getattr__(name: str) -> object:
     if name in ("compile", "load", "CompiledPipeline"):
-        from pipecompile import api
+        from pipecompile.surfaces import api
 
         return getattr(api, name)
     if name == "pipeline":
-        from pipecompile.decorator import pipeline
+        from pipecompile.surfaces.decorator import pipeline
 
         return pipeline
     if name == "split_point":

@@ -2,6 +2,6 @@
 
 import sys
 
-from pipecompile.console import main
+from pipecompile.surfaces.console import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """Every mistake in tools/qa/bad_inputs.py's catalogue gets a short, clear message, no traceback.
 
-Each case runs in this process through ``pipecompile.cli.main`` (a `--nproc` case still
+Each case runs in this process through ``pipecompile.surfaces.cli.main`` (a `--nproc` case still
 starts its ranks); the tool's own subprocess mode, as a user runs it, is checked on two of its
 ``--quick`` cases and on the sampled cases that need a process of their own (their verdicts
 are read from that command's table). docs/ERRORS.md is generated from the same catalogue.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, write_model_file
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipecompile.cli import main
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 MLP = str(EXAMPLES / "mlp.py")

@@ -11,13 +11,10 @@ import pytest
 import torch
 
 import pipecompile
-from pipecompile.api import CompiledPipeline
-from pipecompile.cli import _parser
 from pipecompile.compiler.options import CompileOptions
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.cost_model import CostModel
-from pipecompile.runtime.distributed.worker import _parse, worker_parser
-from pipecompile.runtime.option_fields import (
+from pipecompile.options.fields import (
     declared,
     finite_float,
     from_args,
@@ -29,7 +26,10 @@ from pipecompile.runtime.option_fields import (
     size,
     to_argv,
 )
-from pipecompile.runtime.training.options import RunFlags, TrainFlags
+from pipecompile.options.run import RunFlags, TrainFlags
+from pipecompile.runtime.distributed.worker import _parse, worker_parser
+from pipecompile.surfaces.api import CompiledPipeline
+from pipecompile.surfaces.cli import _parser
 
 COMMAND = {CompileOptions: "compile", RunFlags: "run", TrainFlags: "run"}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, ROOT
 from tests.tools.background import RUNS
 

@@ -22,20 +22,24 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "files": {"errors"},
     "ir": {"files", "errors"},
+    # the declarations of options, read by the compiler, the runtime and the surfaces alike
+    "options": {"ir", "files", "errors"},
     "model": {"ir", "errors"},
     "frontend": {"ir", "model", "errors"},
     "passes": {"schedules", "ir", "errors"},  # the registry's facts in messages
     "schedules": {"ir", "errors"},
-    "planner": {"frontend", "passes", "schedules", "model", "runtime", "ir", "errors"},
-    # compiler.options declares its flags with runtime.option_fields, as the run's options do
-    "compiler": {"planner", "frontend", "passes", "schedules", "model", "runtime", "ir", "errors"},
+    "planner": {"frontend", "passes", "schedules", "model", "runtime", "ir", "options", "errors"},
+    "compiler": {"planner", "frontend", "passes", "schedules", "model", "ir", "options", "errors"},
     "codegen": {"ir", "model", "files", "errors", "version"},
-    "runtime": {"schedules", "ir", "model", "files", "errors"},  # the registry's facts
-    "reports": {"runtime", "schedules", "ir", "files", "errors"},
+    "runtime": {"schedules", "ir", "model", "files", "options", "errors"},  # the registry's facts
+    "reports": {"runtime", "schedules", "ir", "files", "options", "errors"},
     "interop": {"runtime", "ir", "files", "errors"},
     # decoding runs the model's own blocks with a KV cache, and reads a run's saved weights
-    "generation": {"runtime", "model", "ir", "files", "errors"},
+    "generation": {"runtime", "model", "ir", "files", "options", "errors"},
 }
+# the surfaces (command line, API, decorator, the jobs they build) stand on every layer
+ALLOWED["surfaces"] = set(ALLOWED) | {"version"}
+ROOT_MODULES_AT_MOST = 12  # the top of the package shows its rooms, not loose modules
 FORBIDDEN_FOR_RUNTIME = {"compiler", "passes", "frontend", "codegen", "reports", "interop"}
 
 
@@ -51,13 +55,12 @@ def _modules() -> dict[str, Path]:
 
 
 def layer(module: str) -> str:
-    """``pipecompile.ir.program`` -> ``ir``; a root module (cli, api, ...) -> ``surface``."""
+    """``pipecompile.ir.program`` -> ``ir``; ``pipecompile.surfaces.cli`` -> ``surfaces``; the
+    package itself (its version) -> ``version``; another root module -> ``root``."""
     parts = module.split(".")
     if module == "pipecompile":
         return "version"
-    if parts[1] == "errors":
-        return "errors"
-    return parts[1] if len(parts) > 2 or parts[1] in ALLOWED else "surface"
+    return parts[1] if len(parts) > 2 or parts[1] in ALLOWED else "root"
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -74,7 +77,25 @@ def imports(path: Path) -> list[tuple[int, str]]:
 MODULES = _modules()
 
 
-LAYERED = sorted(m for m in MODULES if layer(m) not in ("surface", "version"))
+LAYERED = sorted(m for m in MODULES if layer(m) not in ("root", "version"))
+
+
+def test_the_top_of_the_package_holds_its_rooms():
+    """Root modules (``__main__`` and the entry points) stay few; every other module lives in
+    the room of its layer, and a root module other than those is a surface in the open."""
+    top = sorted(p.name for p in (ROOT / "pipecompile").glob("*.py"))
+    assert len(top) <= ROOT_MODULES_AT_MOST, top
+    loose = [m for m in MODULES if layer(m) == "root" and m != "pipecompile.__main__"]
+    assert loose == [], f"{loose}: put each in the room of its layer (a surface in surfaces/)"
+
+
+def test_the_compiler_imports_nothing_from_the_runtime():
+    """The compiler declares its flags with the options' declarations, not the runtime's."""
+    compiler = [m for m in MODULES if layer(m) == "compiler"]
+    assert compiler
+    for module in compiler:
+        for line, name in imports(MODULES[module]):
+            assert layer(name) != "runtime", f"{MODULES[module]}:{line} imports {name}"
 
 
 @pytest.mark.parametrize("module", LAYERED)

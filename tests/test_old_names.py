@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 import pipecompile
-from pipecompile.cli import main
 from pipecompile.compiler import compile_model
 from pipecompile.errors import PipecompileError
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 MLP = str(EXAMPLES / "mlp.py")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
 from pipecompile.codegen.output_dir import check_replaceable, owned_names
 from pipecompile.errors import EmitError
 from pipecompile.ir.manifest import read_manifest
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 MLP = str(EXAMPLES / "mlp.py")

@@ -22,6 +22,14 @@ def _on_disk() -> set[str]:
     return found
 
 
+def test_every_folder_of_modules_is_a_package() -> None:
+    """A folder of modules without an __init__.py is a namespace package, which the wheel's
+    package list would leave out unnoticed."""
+    for top in ("pipecompile", "passes"):
+        for module in (ROOT / top).rglob("*.py"):
+            assert (module.parent / "__init__.py").is_file(), f"{module.parent} has no __init__.py"
+
+
 def test_every_package_folder_is_declared_for_the_wheel() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     declared = set(setuptools["packages"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 
@@ -105,8 +105,8 @@ def test_check_refuses_or_honours_every_training_option_by_its_declaration(
 ):
     """Each training option declares what `run --check` does with it: refused in one line with
     the declared reason (no traceback, nothing written), or honoured."""
-    from pipecompile.runtime.option_fields import HONOURED, declared
-    from pipecompile.runtime.training.options import TrainFlags
+    from pipecompile.options.fields import HONOURED, declared
+    from pipecompile.options.run import TrainFlags
 
     options = {f.name: o for f, o in declared(TrainFlags)}
     assert set(options) == set(SAMPLE)  # every option has a sample and a declaration
@@ -268,8 +268,8 @@ MODES = {"plain": [], "check": ["--check"], "nproc": ["--nproc", "2"]}
 
 
 def _run_cases() -> list[tuple[str, str]]:
-    from pipecompile.runtime.option_fields import declared
-    from pipecompile.runtime.training.options import RunFlags
+    from pipecompile.options.fields import declared
+    from pipecompile.options.run import RunFlags
 
     decided = [f.name for f, o in declared(RunFlags) if o.needs or o.under_check or o.under_nproc]
     return [(name, mode) for name in decided for mode in MODES]
@@ -282,8 +282,8 @@ def test_every_run_option_against_every_mode_by_its_declaration(
     """Each `run` option declares the mode it needs and what `--check` and `--nproc` cannot
     honour; given under each mode it is refused in one line with that reason, before anything
     runs, or (where its declaration allows) reaches the run."""
-    from pipecompile.runtime.option_fields import declared, flag_of
-    from pipecompile.runtime.training.options import RunFlags
+    from pipecompile.options.fields import declared, flag_of
+    from pipecompile.options.run import RunFlags
 
     option = {f.name: o for f, o in declared(RunFlags)}[name]
     assert option.needs in ("", "check", "nproc") and bool(option.needs) == bool(option.needs_why)

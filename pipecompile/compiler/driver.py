@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from pipecompile.compiler import checks
+from pipecompile.compiler.pass_names import PASS_ALIASES, PASSES
 from pipecompile.errors import InternalError, PipecompileError, TraceError
 from pipecompile.frontend.fake_prop import fake_values
 from pipecompile.frontend.kept_traces import kept_trace
@@ -217,8 +218,8 @@ TABLE: tuple[Pass, ...] = (
     Pass("insert_replication", _replicate, ("communicating", "balance"), ("program",),
          _program_check("program"), lambda ir: checks.verify_linked(ir["program"], ir["graph"])),
 )  # fmt: skip
-PASSES = tuple(p.name for p in TABLE)
-PASS_ALIASES = {"insert_checkpoints": "insert_recompute"}  # --print-after's old pass names
+# the options name the passes from their own list (compiler.pass_names): it must be this table's
+assert tuple(p.name for p in TABLE) == PASSES, "compiler/pass_names.py lists other passes"
 
 
 def compile_model(
@@ -238,7 +239,7 @@ def compile_model(
             virtual stages, vertical sync, recomputation, memory budget, replicas, machine,
             dynamic dimensions, ``print_after``, ``verify_each`` and ``quiet`` (progress
             lines on stderr); writing the directory (weights, ``--compile``, the proof) is
-            ``pipecompile.compile_job``'s.
+            ``pipecompile.surfaces.compile_job``'s.
         **keywords: instead of ``options``, its fields by their API names, as
             ``pipecompile.compile`` takes them (``stages=4, microbatches=8, machine=...``).
 

@@ -16,7 +16,7 @@ What is measured, each forward plus backward, the best of several repeats:
 - ``elementwise_rate``: a chain of ``tanh`` over a million elements;
 - ``instr_overhead``: a tiny model compiled into 4 stages, trained for a step with 32
   micro-batches on the local backend, less the same model's eager time: what the runtime
-  adds per compute instruction (in a fresh process, ``pipecompile.calibration_probe``);
+  adds per compute instruction (in a fresh process, ``pipecompile.surfaces.calibration_probe``);
 - ``optimizer_rate``: parameter bytes per second an AdamW step takes;
 - for N > 1 ranks, once per N: ``message_latency`` (neighbour pairs ping-ponging a small
   tensor at once) and ``bandwidth`` (a 4 MiB all-reduce over the N), under torchrun with
@@ -58,7 +58,9 @@ FIELDS = (
     "conv_rate",
     "conv_half_work",
 )
-_RANK_PROBE = "pipecompile.calibration_probe:rank_main"  # what the message probe's ranks run
+_RANK_PROBE = (
+    "pipecompile.surfaces.calibration_probe:rank_main"  # what the message probe's ranks run
+)
 _PROBE_S = 600.0  # the most a probe may take: a hang guard
 
 Constants = dict[str, float]  # FIELDS -> value
@@ -200,9 +202,9 @@ def _optimizer() -> tuple[float, float]:
 
 def _per_instruction(threads: int) -> tuple[float, float]:
     """The runtime's own seconds per compute instruction, and the spread of its timings,
-    measured in a fresh process by ``pipecompile.calibration_probe`` (it compiles and trains
-    a tiny pipeline, which this layer may not do itself)."""
-    argv = [sys.executable, "-m", "pipecompile.calibration_probe", str(threads)]
+    measured in a fresh process by ``pipecompile.surfaces.calibration_probe`` (it compiles and
+    trains a tiny pipeline, which this layer may not do itself)."""
+    argv = [sys.executable, "-m", "pipecompile.surfaces.calibration_probe", str(threads)]
     env = {**os.environ, "PIPECOMPILE_CALIBRATION": "off"}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=_PROBE_S)
     try:
@@ -215,7 +217,7 @@ def _per_instruction(threads: int) -> tuple[float, float]:
 
 def rank_figures(devices: int, threads: int) -> dict[str, float]:
     """Message latency and all-reduce bandwidth of ``devices`` ranks on this machine, by
-    ``pipecompile.calibration_probe.rank_main`` on ranks started as `run --nproc` starts
+    ``pipecompile.surfaces.calibration_probe.rank_main`` on ranks started as `run --nproc` starts
     them (forked by this process's rank starter)."""
     from pipecompile.runtime.distributed.local_ranks import LocalRanks, tied_to_us
 

@@ -27,6 +27,7 @@ from pipecompile.ir.microbatch import (
 from pipecompile.ir.program import Program
 from pipecompile.ir.topology import topology_from_manifest
 from pipecompile.ir.verify_program import verify_program
+from pipecompile.options.run import OptimizerFactory
 from pipecompile.runtime.executor import LossFn, StepExecutor
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
@@ -40,7 +41,6 @@ __all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
 
 # What builds a stage's optimizer from its parameters, e.g. ``lambda ps: torch.optim.SGD(ps,
 # lr=0.1)``: the one type the API, the training loop and the pipeline take.
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 def forward_only(program: Program) -> Program:

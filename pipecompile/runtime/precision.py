@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipecompile.options.run import PRECISION_NAMES
+
 __all__ = ["PRECISIONS", "LossScaler", "autocast", "device_of", "for_wire"]
 
-PRECISIONS: dict[str, torch.dtype | None] = {
-    "fp32": None,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
+PRECISIONS: dict[str, torch.dtype | None] = dict(
+    zip(PRECISION_NAMES, (None, torch.bfloat16, torch.float16))
+)
 
 
 def autocast(dtype: torch.dtype | None, device: torch.device) -> AbstractContextManager[Any]:

@@ -28,12 +28,12 @@ from torch import nn
 
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.swapped_call import functional_call
+from pipecompile.options.run import BACKENDS
 from pipecompile.runtime import notes
 from pipecompile.runtime.random_state import break_graphs_at_seeding
 
 __all__ = ["BACKENDS", "CompiledStages", "check_backend", "resolve_backend"]
 
-BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends; "off": eager stages
 _PREFIX = "_orig_mod."  # where torch.compile's wrapper keeps the module
 
 

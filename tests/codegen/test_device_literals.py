@@ -11,7 +11,7 @@ from tests.conftest import EXAMPLES
 
 
 def test_an_exported_stage_makes_its_tensors_on_the_default_device(tmp_path):
-    from pipecompile.cli import main
+    from pipecompile.surfaces.cli import main
 
     out = tmp_path / "out"
     assert main([str(EXAMPLES / "hf_gpt2.py"), "--stages", "2", "-q", "-o", str(out)]) == 0

@@ -120,7 +120,7 @@ def test_progress_prints_one_line_per_timing(capsys):
 
 
 def test_the_command_line_takes_verify_each(tmp_path, capsys):
-    from pipecompile.cli import main
+    from pipecompile.surfaces.cli import main
 
     model = tmp_path / "model.py"
     model.write_text(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipecompile.cli import main
+from pipecompile.surfaces.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 97

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import pipecompile
-from pipecompile.cli import main
 from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
 from pipecompile.generation.session import plan_of
 from pipecompile.ir.manifest import read_manifest
 from pipecompile.model.model_file import load_model_file
+from pipecompile.surfaces.cli import main
 from tests.generation.conftest import ROOT
 
 PROMPTS = [[5, 17, 3], [40], [9, 9, 9, 9, 9, 2], [77, 1]]

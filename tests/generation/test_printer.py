@@ -3,7 +3,7 @@ come in two tokens is printed once both have come, never as a replacement charac
 
 from __future__ import annotations
 
-from pipecompile.generate_command import _Printer
+from pipecompile.surfaces.generate_command import _Printer
 
 
 def _utf8(ids: list[int]) -> str:

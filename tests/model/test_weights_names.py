@@ -14,9 +14,9 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
 import pipecompile
-from pipecompile.cli import main
 from pipecompile.errors import WeightsError
 from pipecompile.model.pretrained_names import NameMap, coverage, match_names
+from pipecompile.surfaces.cli import main
 
 CONFIG = GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2,
                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)  # fmt: skip

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from pipecompile.cli import main
 from pipecompile.frontend.tracer import trace
 from pipecompile.passes.branch_order import candidate_orders, may_reorder, reordered
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, example_spec
 
 TOWERS = str(EXAMPLES / "two_towers.py")

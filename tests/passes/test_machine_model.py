@@ -11,7 +11,6 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from pipecompile.cli import main
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.memory_model import peak_weight_copies, stored_counts
 from pipecompile.passes import activation_memory, annotate_costs, balance_stages, split_stages
@@ -20,6 +19,7 @@ from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.insert_recompute import insert_recompute
 from pipecompile.passes.node_memory import node_memory
 from pipecompile.schedules import generate
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, example_spec
 
 GPT = str(EXAMPLES / "gpt.py")

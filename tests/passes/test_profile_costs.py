@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pipecompile.cli import main
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.node_info import info, with_info
 from pipecompile.passes import annotate_costs, balance_stages, min_max_partition
 from pipecompile.passes.balance_stages import compute_nodes
 from pipecompile.passes.profile_costs import profile_costs
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, example_spec
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
 from pipecompile.planner.calibration_quality import Quality
 from pipecompile.planner.calibration_store import METHOD, read_records, write_records
+from pipecompile.surfaces.cli import main
 from tests.planner.test_calibrate import CONSTANTS
 
 TAKEN = 1_764_000_000.0  # 2025-11-24 16:00 UTC

@@ -9,12 +9,12 @@ import json
 import os
 from pathlib import Path
 
-from pipecompile.cli import main
 from pipecompile.ir.manifest import read_manifest
 from pipecompile.ir.plan_record import PlanRecord
 from pipecompile.planner import calibration_quality
 from pipecompile.planner.calibrate import record_path
 from pipecompile.planner.tune import far_off
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 

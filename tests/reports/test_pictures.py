@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import EmitError
@@ -30,6 +29,7 @@ from pipecompile.reports.pictures.schedule_picture import (
 )
 from pipecompile.reports.pictures.stage_picture import stage_dot
 from pipecompile.runtime.load import read_program
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, example_spec
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` not installed")

@@ -2,7 +2,7 @@
 with the batch split (ReLU kinks) - judged against eager on the same micro-batches, with the
 split measured in float64 - while a model that mixes samples is refused, naming why."""
 
-from pipecompile.cli import main
+from pipecompile.surfaces.cli import main
 from tests.conftest import write_model_file
 
 MIXING = """

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipecompile.cli import main
 from pipecompile.runtime.distributed.launch import launch
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.training.model_keyed import read_model_keyed
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, SAMPLED_OUT
 
 MLP, GPT = str(EXAMPLES / "mlp.py"), str(EXAMPLES / "gpt.py")

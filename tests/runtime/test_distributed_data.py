@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipecompile.cli import main
 from pipecompile.errors import PipecompileError
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.runtime.distributed import launch as launch_module
 from pipecompile.runtime.distributed.rank_output import PrefixedLines, user_output
 from pipecompile.runtime.distributed.watchdog import Watchdog
 from pipecompile.runtime.training.batch_agreement import agree_on_batch, fingerprint
+from pipecompile.surfaces.cli import main
 from tests.conftest import write_model_file
 
 MODEL = """

@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-from pipecompile.cli import main
 from pipecompile.errors import InputError, ShapeError
 from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.surfaces.cli import main
 from tests.conftest import SAMPLED_OUT, TINY_LM, example_spec, write_model_file
 
 VARYING_LM = (

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from pipecompile.cli import main
 from pipecompile.files.names import MODEL_CONFIGS
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.surfaces.cli import main
 from tests.conftest import example_spec
 
 INDEX = "model.safetensors.index.json"

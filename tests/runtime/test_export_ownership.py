@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pipecompile.cli import main
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 INDEX = "model.safetensors.index.json"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from pipecompile.cli import main
 from pipecompile.errors import PipecompileError
 from pipecompile.runtime.distributed.gpus import device_kind
+from pipecompile.surfaces.cli import main
 
 
 @pytest.mark.parametrize(

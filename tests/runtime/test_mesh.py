@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipecompile.cli import main
 from pipecompile.reports.measured import COLUMNS, measured_report
 from pipecompile.runtime.training.model_keyed import read_model_keyed
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, SAMPLED_OUT, write_model_file
 from tests.conftest import TINY_LM as SHARED_LM
 

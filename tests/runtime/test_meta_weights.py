@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import save_file
 
 import pipecompile
-from pipecompile.cli import main
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 META_GPT2 = f"""

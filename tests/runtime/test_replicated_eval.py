@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
 from pipecompile.errors import PipecompileError
 from pipecompile.model.data_hooks import iterable_source
 from pipecompile.model.model_file import load_model_file
+from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.loop import train
-from pipecompile.runtime.training.options import TrainFlags
+from pipecompile.surfaces.cli import main
 from tests.conftest import TINY_LM, write_model_file
 
 EVAL_ROWS = (8, 6, 5)  # 4 micro-batches: even, then 2,2,1,1 and 2,1,1,1 rows

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipecompile.cli import main
 from pipecompile.files.held import holding
 from pipecompile.runtime.training.model_keyed import read_model_keyed
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 # A GPT with dropout, fed 3 different batches an epoch by its own hook: a continued run must

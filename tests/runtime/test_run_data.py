@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
 from pipecompile.runtime.load import read_manifest, read_program
 from pipecompile.runtime.timeline_file import SIMULATED_PID
+from pipecompile.surfaces.cli import main
 from tests.conftest import write_model_file
 
 MODEL = """

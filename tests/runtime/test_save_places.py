@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint import FileSystemWriter
 
-from pipecompile.cli import main
 from pipecompile.runtime.training.metrics import Reporter
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 

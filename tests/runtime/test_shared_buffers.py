@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
-from pipecompile.cli import main
+from pipecompile.surfaces.cli import main
 
 MODEL = """
 import torch

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipecompile.cli import main
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 # loss_fn returns NaN on the calls listed in BAD (two micro-batches per step: calls 3 and 4

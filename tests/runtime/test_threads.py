@@ -11,16 +11,16 @@ import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
 
-from pipecompile.cli import main
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.model.data_hooks import iterable_source
+from pipecompile.options.run import TrainFlags
 from pipecompile.runtime import notes, threads
 from pipecompile.runtime.machine_load import Reading
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.torch_compiled import CompiledStages
 from pipecompile.runtime.training.loop import train
-from pipecompile.runtime.training.options import TrainFlags
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.cli import main
 from pipecompile.ir.instr import Instr, Op
 from pipecompile.reports.measured import COLUMNS, measured_report
 from pipecompile.runtime.load import read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.timeline import Tracer
 from pipecompile.runtime.timeline_file import SIMULATED_PID, measured_costs
+from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 
 MLP = str(EXAMPLES / "mlp.py")

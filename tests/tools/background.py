@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 TIMEOUT_S = 300  # per script: a quick mode takes seconds; this only bounds a hang
 
 
-WARM = ["torch", "torch._dynamo", "pipecompile.cli", "tests.tools.background"]
+WARM = ["torch", "torch._dynamo", "pipecompile.surfaces.cli", "tests.tools.background"]
 _server: multiprocessing.context.ForkServerContext | None = None
 
 

@@ -96,7 +96,7 @@ def pipecompile_done(*args: str) -> subprocess.CompletedProcess[str]:
     reports a command: its status and its printed lines (a run's ranks under ``--nproc``
     write their stdout to this process's own, which is not captured). The benchmark stops
     with its stderr's tail if it fails."""
-    from pipecompile.cli import main
+    from pipecompile.surfaces.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -350,7 +350,7 @@ def main() -> None:
 
 def stop_times(root: Path, procs: tuple[int, ...]) -> None:
     """Kill rank 1 of an MLP run mid-step; print when the other ranks had stopped."""
-    from pipecompile.cli import main as cli
+    from pipecompile.surfaces.cli import main as cli
 
     for p in procs:
         cli([str(EXAMPLES / "mlp.py"), "--stages", str(p), "--microbatches", "4",

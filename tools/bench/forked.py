@@ -35,7 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for tools/qa's scrip
 from common import torchrun_command  # noqa: E402
 
 QUICK = "--quick" in sys.argv[1:]
-_PRELOAD = ["__main__", "torch", "torch.distributed", "pipecompile.cli"]  # __main__: the tool
+_PRELOAD = [
+    "__main__",
+    "torch",
+    "torch.distributed",
+    "pipecompile.surfaces.cli",
+]  # __main__: the tool
 _POLL_S = 0.05
 
 

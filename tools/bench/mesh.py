@@ -62,7 +62,7 @@ from distributed import (
 )
 from forked import run_ranks
 
-from pipecompile.cli import main as pipecompile
+from pipecompile.surfaces.cli import main as pipecompile
 
 use_examples()
 

@@ -55,7 +55,7 @@ from common import (
 from distributed import Passing, alternate, live_sets, pipelining_step, rank_pipeline
 from forked import run_ranks
 
-from pipecompile.cli import main as pipecompile
+from pipecompile.surfaces.cli import main as pipecompile
 
 use_examples()
 

@@ -12,8 +12,8 @@ torch.distributed.pipelining.
    same model, data, micro-batches and optimizer (ScheduleGPipe, split at the middle block),
    both on 2 CPU processes with gloo: samples/s, median over the timed steps.
 
-Compiles and the runs of one process go through ``pipecompile.cli.main`` in this process (their
-time is not reported; a fresh interpreter would spend seconds importing torch); the two
+Compiles and the runs of one process go through ``pipecompile.surfaces.cli.main`` in this process
+(their time is not reported; a fresh interpreter would spend seconds importing torch); the two
 throughput runs, whose whole-command time is reported, start processes of their own (under
 --quick, which judges no figure, the peer's ranks are forked from a warm process instead of
 started by torchrun: tools/bench/forked.py).

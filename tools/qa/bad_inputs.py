@@ -17,7 +17,7 @@ Usage::
     python tools/qa/bad_inputs.py                 # every case, each in a subprocess
     python tools/qa/bad_inputs.py --quick         # a few cases, a few seconds
     python tools/qa/bad_inputs.py --only weights-truncated --show   # one case, with its output
-    python tools/qa/bad_inputs.py --in-process    # call pipecompile.cli.main() instead (faster)
+    python tools/qa/bad_inputs.py --in-process    # call surfaces.cli.main() instead (faster)
     python tools/qa/bad_inputs.py --markdown > docs/ERRORS.md
 
 The cases live in ``tools/qa/catalogue/``, one module per area (``basics``, ``files``, ``asked``,
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="ID",
                         help="run this case (repeatable)")  # fmt: skip
     parser.add_argument("--in-process", action="store_true",
-                        help="call pipecompile.cli.main(), not a subprocess per case")  # fmt: skip
+                        help="call surfaces.cli.main(), not a subprocess per case")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="subprocesses at once (default: the CPU count)")  # fmt: skip
     parser.add_argument("--show", action="store_true", help="print each case's full output")

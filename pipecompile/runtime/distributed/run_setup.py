@@ -11,10 +11,10 @@ from typing import Any
 
 from pipecompile.errors import CheckError, ModelFileError, PipecompileError
 from pipecompile.model.model_file import ModelSpec, recorded_model
+from pipecompile.options.fields import from_args, settled
+from pipecompile.options.run import RunFlags, TrainFlags, for_loop
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.load import Emitted
-from pipecompile.runtime.option_fields import from_args, settled
-from pipecompile.runtime.training.options import RunFlags, TrainFlags, for_loop
 
 __all__ = ["run_flags", "run_model", "check_world", "check_shapes"]
 

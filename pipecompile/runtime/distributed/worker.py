@@ -36,6 +36,8 @@ from pipecompile.model.data_hooks import (
     batch_source,
     example_source,
 )
+from pipecompile.options.fields import add_options, from_args, settled
+from pipecompile.options.run import RunFlags, TrainFlags
 from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
 from pipecompile.runtime.distributed.gpus import device_kind
 from pipecompile.runtime.distributed.mesh import (
@@ -55,12 +57,10 @@ from pipecompile.runtime.distributed.watchdog import Watchdog
 from pipecompile.runtime.faults import FAULT_ENV, fault_at
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage, open_emitted
-from pipecompile.runtime.option_fields import add_options, from_args, settled
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.threads import use_threads
 from pipecompile.runtime.training.loop import TrainState, train
 from pipecompile.runtime.training.metrics import append_record
-from pipecompile.runtime.training.options import RunFlags, TrainFlags
 
 __all__ = ["main", "worker_parser"]
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 
 from pipecompile.errors import PipecompileError
+from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.diagnosis import in_batch
 from pipecompile.runtime.training.eval_loss import batch_loss
 from pipecompile.runtime.training.feed import Feed, agreed_sizes
 from pipecompile.runtime.training.group import Group
-from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["eval_due", "evaluate"]
 

@@ -12,9 +12,9 @@ import torch
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.dynamic import DynamicDims
 from pipecompile.model.data_hooks import Batch, BatchSource
+from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.training.batch_agreement import agree_on_batch
 from pipecompile.runtime.training.group import Group, LocalGroup
-from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["Feed", "agreed_sizes", "empty_data", "epoch_length", "first_only", "total_steps"]
 

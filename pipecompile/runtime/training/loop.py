@@ -25,6 +25,7 @@ import torch
 
 from pipecompile.errors import PipecompileError
 from pipecompile.model.data_hooks import BatchSource
+from pipecompile.options.run import TrainFlags
 from pipecompile.runtime import notes
 from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import Pipeline
@@ -48,7 +49,6 @@ from pipecompile.runtime.training.loop_options import OPTIMIZERS, check_options
 from pipecompile.runtime.training.lr_schedule import make_schedulers, resume_at
 from pipecompile.runtime.training.metrics import Reporter
 from pipecompile.runtime.training.one_step import one_step
-from pipecompile.runtime.training.options import TrainFlags
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
 from pipecompile.runtime.training.step_timeline import devices_here, step_tracer, write_step_trace
 from pipecompile.runtime.training.train_state import resume, save, save_due, train_state

@@ -4,20 +4,17 @@ before anything runs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.program import Program
+from pipecompile.options.run import OPTIMIZER_NAMES, TrainFlags
 from pipecompile.runtime.precision import PRECISIONS
 from pipecompile.runtime.timeline_file import check_trace_file
 from pipecompile.runtime.training.metrics import check_metrics_file
 from pipecompile.runtime.training.train_state import check_save_dir
 from pipecompile.schedules import ORDER, SYNCHRONOUS, listed
-
-if TYPE_CHECKING:
-    from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["NEEDS_SYNC", "OPTIMIZERS", "check_options", "check_places"]
 
@@ -30,7 +27,7 @@ NEEDS_SYNC = (
 )
 
 
-OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+OPTIMIZERS = dict(zip(OPTIMIZER_NAMES, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)))
 
 
 def check_options(options: TrainFlags, program: Program) -> None:

@@ -15,10 +15,9 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from pipecompile.errors import PipecompileError
+from pipecompile.options.run import LR_SCHEDULES
 
 __all__ = ["LR_SCHEDULES", "lr_factor", "make_schedulers", "resume_at"]
-
-LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
 def lr_factor(name: str, warmup: int, total: int | None) -> Callable[[int], float]:

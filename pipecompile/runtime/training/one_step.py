@@ -15,6 +15,7 @@ import torch
 from pipecompile.errors import PipecompileError, RuntimeFailure
 from pipecompile.ir.microbatch import batch_rows
 from pipecompile.model.data_hooks import Batch
+from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.precision import LossScaler
@@ -40,7 +41,6 @@ from pipecompile.runtime.training.metrics import (
     optimizer_state_bytes,
     peak_memory,
 )
-from pipecompile.runtime.training.options import TrainFlags
 from pipecompile.runtime.training.records import StepRecord
 
 __all__ = ["one_step"]

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.timeline import Tracer
 from pipecompile.runtime.timeline_file import trace_document, write_trace
 from pipecompile.runtime.training.group import Group
-from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["devices_here", "step_tracer", "write_step_trace"]
 

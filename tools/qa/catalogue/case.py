@@ -199,13 +199,13 @@ def run_subprocess(argv: Sequence[str], cwd: Path, timeout: float = 300.0) -> Ou
 
 
 def run_in_process(argv: Sequence[str], cwd: Path) -> Outcome:
-    """``pipecompile.cli.main(argv)`` in ``cwd`` with stdout and stderr captured; an
+    """``pipecompile.surfaces.cli.main(argv)`` in ``cwd`` with stdout and stderr captured; an
     exception escaping main() is printed as the interpreter would and counts as status 1.
     Warnings are printed to the captured stderr as a fresh process would print them (a test
     runner's filters and earlier cases' once-only registries would otherwise hide them);
     output written straight to file descriptor 2, and logging handlers made before the
     capture, are missed: the subprocess mode sees them."""
-    from pipecompile.cli import main
+    from pipecompile.surfaces.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     previous = Path.cwd()

@@ -16,7 +16,7 @@ def main() -> int:
     and its destructor, run by the shutdown's last garbage collection, writes to the file the
     stop already closed and aborts the process (exit -6, a C++ report) after the one line."""
     try:
-        from pipecompile.cli import main as run
+        from pipecompile.surfaces.cli import main as run
     except KeyboardInterrupt:
         print("pipecompile: interrupted", file=sys.stderr)
         return 130

@@ -11,7 +11,8 @@ from typing import Any
 
 from pipecompile.files.held import holding
 from pipecompile.model.model_file import ModelSpec
-from pipecompile.run_checks import check_fully_sharded, check_mesh, check_run_options
+from pipecompile.options.fields import to_argv
+from pipecompile.options.run import RunFlags, TrainFlags
 from pipecompile.runtime.distributed.run_setup import (
     check_shapes,
     check_world,
@@ -19,8 +20,7 @@ from pipecompile.runtime.distributed.run_setup import (
     run_model,
 )
 from pipecompile.runtime.load import Emitted
-from pipecompile.runtime.option_fields import to_argv
-from pipecompile.runtime.training.options import RunFlags, TrainFlags
+from pipecompile.surfaces.run_checks import check_fully_sharded, check_mesh, check_run_options
 
 __all__ = ["run"]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from pipecompile.compiler.options import CompileOptions
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.sizes import counted
+from pipecompile.options.fields import from_args
 from pipecompile.runtime.notes import note
-from pipecompile.runtime.option_fields import from_args
 
 __all__ = ["calibration", "compile_command", "export", "onnx", "plot", "run", "show", "viz"]
 
@@ -88,12 +88,12 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def compile_command(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef
-    from pipecompile.compile_job import check_options, compile_into
     from pipecompile.ir.dynamic import merged_dynamic
     from pipecompile.model.model_configs import model_configs
     from pipecompile.model.model_file import dynamic_shapes, load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
     from pipecompile.reports.summary import summary
+    from pipecompile.surfaces.compile_job import check_options, compile_into
 
     options = from_args(CompileOptions, args)
     path, name = split_ref(args.model)
@@ -168,7 +168,7 @@ def viz(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipecompile.run_job import run
+    from pipecompile.surfaces.run_job import run
 
     return run(args)
 

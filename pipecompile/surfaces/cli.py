@@ -9,15 +9,15 @@ import traceback
 from typing import NoReturn
 
 from pipecompile import __version__
-from pipecompile import commands as command
 from pipecompile.compiler.options import CompileOptions
 from pipecompile.errors import CheckError, PipecompileError
-from pipecompile.runtime.option_fields import (
+from pipecompile.options.fields import (
     add_options,
     declared,
     size,
 )
-from pipecompile.runtime.training.options import RunFlags, TrainFlags
+from pipecompile.options.run import RunFlags, TrainFlags
+from pipecompile.surfaces import commands as command
 
 __all__ = ["main"]
 
@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     _compile_and_run(commands)
     _show_and_export(commands)
     _pictures_and_calibration(commands)
-    from pipecompile.generate_command import add_generate
+    from pipecompile.surfaces.generate_command import add_generate
 
     add_generate(commands)
     return parser

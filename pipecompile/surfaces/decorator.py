@@ -28,8 +28,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.api import CompiledPipeline, compile
 from pipecompile.model.own_forward import TRACING
+from pipecompile.surfaces.api import CompiledPipeline, compile
 
 __all__ = ["pipeline"]
 
@@ -84,7 +84,7 @@ def _compile(
 
 
 def _run(model: nn.Module, pipe: CompiledPipeline, args: tuple, kwargs: dict[str, Any]) -> Any:
-    from pipecompile.autograd_bridge import pipelined_forward
+    from pipecompile.surfaces.autograd_bridge import pipelined_forward
 
     pipe.load_state_dict(model.state_dict())
     for stage in pipe.stages:

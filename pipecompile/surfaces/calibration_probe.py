@@ -1,12 +1,12 @@
 """Two measurements the plan search's calibration (``pipecompile.planner.calibrate``) makes
 in fresh processes, each printing its figures as the last line of stdout:
 
-- ``python -m pipecompile.calibration_probe THREADS``: the runtime's own seconds per compute
-  instruction: a tiny model compiled into 4 stages and trained for a step with 32
+- ``python -m pipecompile.surfaces.calibration_probe THREADS``: the runtime's own seconds per
+  compute instruction: a tiny model compiled into 4 stages and trained for a step with 32
   micro-batches on the local backend, less the same model's eager forwards and backwards,
   over its 256 compute instructions (JSON: ``instr_overhead``, and ``spread``, the larger
   of the two timings' spreads);
-- ``torchrun --nproc-per-node N -m pipecompile.calibration_probe --ranks THREADS``: what N
+- ``torchrun --nproc-per-node N -m pipecompile.surfaces.calibration_probe --ranks THREADS``: what N
   ranks on this machine pay for messages (gloo): the latency of a small message (neighbour
   pairs ping-ponging at once) and the bandwidth of a 4 MiB all-reduce over all of them. The
   calibration starts those ranks itself as `run --nproc` does (``rank_main``, forked by the
@@ -31,7 +31,7 @@ __all__ = ["per_instruction", "rank_figures", "rank_main"]
 def per_instruction() -> dict[str, float]:
     """Seconds pipecompile's runtime adds per compute instruction (``instr_overhead``), and
     how far its timings' repeats spread (``spread``; see the module doc)."""
-    from pipecompile.api import compile as compile_pipeline
+    from pipecompile.surfaces.api import compile as compile_pipeline
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(8)])

@@ -5,12 +5,15 @@ training loop takes the ``TrainFlags`` itself (``for_loop``: its paths as ``Path
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
 
 from pipecompile.files.names import METRICS
-from pipecompile.runtime.option_fields import (
+from pipecompile.options.fields import (
     HONOURED,
     declared,
     finite_float,
@@ -20,15 +23,27 @@ from pipecompile.runtime.option_fields import (
     positive_float,
     positive_int,
 )
-from pipecompile.runtime.precision import PRECISIONS
-from pipecompile.runtime.torch_compiled import BACKENDS
-from pipecompile.runtime.training.loop_options import OPTIMIZERS
-from pipecompile.runtime.training.lr_schedule import LR_SCHEDULES
 
-if TYPE_CHECKING:
-    from pipecompile.runtime.pipeline import OptimizerFactory
+__all__ = [
+    "RunFlags",
+    "TrainFlags",
+    "given",
+    "for_loop",
+    "OPTIMIZER_NAMES",
+    "PRECISION_NAMES",
+    "BACKENDS",
+    "LR_SCHEDULES",
+    "OptimizerFactory",
+]
 
-__all__ = ["RunFlags", "TrainFlags", "given", "for_loop"]
+# what builds a stage's optimizer over its parameters (``fit(optimizer=...)``, ``train_step``)
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+# The names the options accept; the runtime maps each to what it runs (a test checks they agree)
+OPTIMIZER_NAMES = ("adam", "adamw", "sgd")  # torch.optim's Adam, AdamW, SGD
+PRECISION_NAMES = ("fp32", "bf16", "fp16")  # autocast dtypes: none, bfloat16, float16
+BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends; "off": eager stages
+LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
 @dataclass
@@ -185,7 +200,7 @@ class TrainFlags:
         "--optimizer",
         under_check="it compares gradients, not an optimizer's update",
         default="adamw",
-        choices=sorted(OPTIMIZERS),
+        choices=OPTIMIZER_NAMES,
         help="the optimizer of every stage",
     )
     lr: float = option(
@@ -221,7 +236,7 @@ class TrainFlags:
         "--precision",
         under_check="it compares fp32 results, which autocast would move beyond any tolerance",
         default="fp32",
-        choices=tuple(PRECISIONS),
+        choices=PRECISION_NAMES,
         help="autocast dtype of the stages and their traffic; fp32 master "
         "weights (fp16: a GPU, with dynamic loss scaling)",
     )

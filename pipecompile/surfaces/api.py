@@ -40,10 +40,10 @@ from pipecompile.ir.manifest import WeightsRecord, write_manifest
 from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.model.model_configs import model_configs
+from pipecompile.options.fields import declared
+from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.load import read_manifest
-from pipecompile.runtime.option_fields import declared
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
-from pipecompile.runtime.training.options import TrainFlags
 
 __all__ = ["compile", "load", "CompiledPipeline", "bind_inputs"]
 
@@ -91,9 +91,9 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
     """
-    from pipecompile.compile_job import check_options, compile_into
     from pipecompile.compiler.options import CompileOptions
     from pipecompile.runtime.torch_compiled import check_backend
+    from pipecompile.surfaces.compile_job import check_options, compile_into
 
     named = {"stages": stages, "schedule": schedule, "microbatches": microbatches}
     chosen = CompileOptions.from_keywords(

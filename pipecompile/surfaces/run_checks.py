@@ -12,12 +12,12 @@ from pathlib import Path
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.manifest import Manifest
 from pipecompile.ir.program import Program
+from pipecompile.options.fields import HONOURED, declared, flag_of, from_args
+from pipecompile.options.run import RunFlags, TrainFlags, for_loop, given
 from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.faults import FAULT_ENV, parse_faults
 from pipecompile.runtime.load import Emitted
 from pipecompile.runtime.notes import note
-from pipecompile.runtime.option_fields import HONOURED, declared, flag_of, from_args
-from pipecompile.runtime.training.options import RunFlags, TrainFlags, for_loop, given
 from pipecompile.schedules import ORDER, REGISTRY, SYNCHRONOUS, listed
 
 __all__ = ["check_run_options", "check_mesh", "check_fully_sharded"]
