@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from pipecompile.options.fields import (
     declared,
     finite_float,
     from_args,
+    from_record,
     nonnegative_float,
     nonnegative_int,
     positive_float,
@@ -25,9 +27,10 @@ from pipecompile.options.fields import (
     settled,
     size,
     to_argv,
+    to_record,
 )
 from pipecompile.options.run import RunFlags, TrainFlags
-from pipecompile.runtime.distributed.worker import _parse, worker_parser
+from pipecompile.runtime.job.run import rank_parser
 from pipecompile.surfaces.api import CompiledPipeline
 from pipecompile.surfaces.cli import _parser
 
@@ -114,10 +117,11 @@ def test_fit_hands_its_keywords_to_the_one_options_object(tmp_path):
         mp.setattr(loop, "train", train)
         with pytest.raises(StopIteration):
             pipe.fit([(torch.randn(4, 4), torch.randn(4, 2))], torch.nn.functional.mse_loss,
-                     steps=2, accumulate=2, loss_scale=8.0, save=str(tmp_path / "ck"))  # fmt: skip
+                     steps=2, accumulate=2, measure_memory=True,
+                     save=str(tmp_path / "ck"))  # fmt: skip
     options = seen["options"]
     assert isinstance(options, TrainFlags)
-    assert (options.steps, options.accumulate, options.loss_scale) == (2, 2, 8.0)
+    assert (options.steps, options.accumulate, options.measure_memory) == (2, 2, True)
     assert options.save == tmp_path / "ck" and options.quiet
 
 
@@ -153,14 +157,17 @@ def test_forwarding_round_trips_every_forwarded_option(cls, tmp_path):
         options = dataclasses.replace(cls(), **values)
         argv = to_argv(options)
         assert argv, values
-        for parser in (worker_parser(), _parser()):
+        for parser in (rank_parser(), _parser()):
             prefix = [] if parser.prog.endswith("worker") else ["run"]
             assert from_args(cls, parser.parse_args([*prefix, "out", *argv])) == options, argv
+        record = json.loads(json.dumps(to_record(options)))  # what a forked rank receives
+        assert from_record(cls, record) == options, record
 
 
 def test_options_run_keeps_for_itself_are_not_forwarded():
     assert to_argv(RunFlags(nproc=2, stats=True)) == []
-    assert not {"nproc", "stats"} & set(vars(worker_parser().parse_args(["out"])))
+    assert to_record(RunFlags(nproc=2, stats=True)) == {}
+    assert not {"nproc", "stats"} & set(vars(rank_parser().parse_args(["out"])))
 
 
 def test_not_given_is_none_until_settled():
@@ -169,8 +176,8 @@ def test_not_given_is_none_until_settled():
     # --atol/--rtol stay None: not given, --check judges by the noise floor (docs/USAGE.md)
     assert settled(RunFlags()) == RunFlags(device="auto", timeout=60.0, dp=1, max_restarts=0)
     assert settled(RunFlags(timeout=5.0)).timeout == 5.0
-    args = _parse(["out"])
-    assert (args.atol, args.rtol, args.timeout, args.device) == (None, None, 60.0, "auto")
+    flags = settled(from_args(RunFlags, rank_parser().parse_args(["out"])))
+    assert (flags.atol, flags.rtol, flags.timeout, flags.device) == (None, None, 60.0, "auto")
 
 
 def test_a_compile_option_parses_to_its_field():

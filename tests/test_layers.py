@@ -122,7 +122,9 @@ RUNTIME_ROOMS: dict[str, set[str]] = {
     "core": set(),
     "training": {"core"},
     "check": {"core"},
-    "distributed": {"core", "training", "check"},
+    # a job checked before it runs: its refusals read the loop's options and its placement
+    "job": {"core", "training"},
+    "distributed": {"core", "training", "check", "job"},
 }
 
 

@@ -30,7 +30,6 @@ __all__ = [
     "kept_note",
     "new_temp_dir",
     "replace_output",
-    "inside",
 ]
 
 RUN_RECORDS = (METRICS, TRAINING_PICTURE)  # run's metrics and plot's picture
@@ -182,12 +181,6 @@ def _merge_into(tmp: Path, out: Path, keep: list[str]) -> None:
         os.replace(tmp / name, out / name)
     os.replace(tmp / MANIFEST, out / MANIFEST)  # last: the directory reads as complete
     tmp.rmdir()
-
-
-def inside(path: Path, directory: Path) -> bool:
-    """Whether ``path`` is ``directory`` or lies under it (after resolving links)."""
-    path, directory = Path(path).resolve(), Path(directory).resolve()
-    return path == directory or directory in path.parents
 
 
 def _reason(err: OSError) -> str:

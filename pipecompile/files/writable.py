@@ -12,7 +12,7 @@ from pathlib import Path
 from pipecompile.errors import EmitError
 from pipecompile.files.disk import disk_message
 
-__all__ = ["check_directory", "check_file"]
+__all__ = ["check_directory", "check_file", "inside"]
 
 
 def check_directory(path: Path, what: str) -> None:
@@ -69,3 +69,9 @@ def _probe(directory: Path, what: str, shown: Path) -> None:
     except OSError as err:  # the probe's own name says nothing to the user
         bare = OSError(err.errno, err.strerror)
         raise EmitError(disk_message(f"write {what} to", shown, bare)) from None
+
+
+def inside(path: Path, directory: Path) -> bool:
+    """Whether ``path`` is ``directory`` or lies under it (after resolving links)."""
+    path, directory = Path(path).resolve(), Path(directory).resolve()
+    return path == directory or directory in path.parents

@@ -23,6 +23,7 @@ import torch
 from pipecompile.errors import RuntimeFailure
 from pipecompile.generation.cache import Rows
 from pipecompile.generation.children import Children
+from pipecompile.generation.job import GenerateJob
 from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage
@@ -128,15 +129,15 @@ def _tokens_back(wire: Wire, book: Lanes, turn: Turn) -> None:
 def _weights_source(
     directory: Path,
     manifest: Any,
-    request: Any,
+    job: GenerateJob,
     weights: Callable[[], dict[str, torch.Tensor]] | None,
     tmp: Path,
 ) -> WeightSource:
     """Where every rank reads its stage's weights: a run's train state, the directory's own
     stage files, or (weights given in memory: a pipeline trained since it was saved) a file
     of them written here."""
-    if request.train_state is not None:
-        return WeightSource("train_state", Path(request.train_state))
+    if job.train_state is not None:
+        return WeightSource("train_state", Path(job.train_state))
     if weights is None:
         return WeightSource("directory", directory, manifest)
     from safetensors.torch import save_file
@@ -151,7 +152,7 @@ def generate_on_ranks(
     manifest: Any,
     model: Any,
     plan: Any,
-    request: Any,
+    job: GenerateJob,
     weights: Callable[[], dict[str, torch.Tensor]] | None,
     on_token: Callable[[int, int], None] | None = None,
     on_start: Callable[[], None] | None = None,
@@ -170,9 +171,9 @@ def generate_on_ranks(
 
     n = plan.stages
     with tempfile.TemporaryDirectory(prefix="pipecompile-generate-") as tmp:
-        source = _weights_source(directory, manifest, request, weights, Path(tmp))
+        source = _weights_source(directory, manifest, job, weights, Path(tmp))
         store = torch.distributed.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False)
-        sampling = list(request.sampling.__dict__.values())
+        sampling = list(job.sampling.__dict__.values())
         threads = launch_threads(None, n)  # each rank its share of the cores
         children = Children(
             {
@@ -182,21 +183,21 @@ def generate_on_ranks(
                 "source": source.to_json(),
                 "sampling": sampling,
                 "threads": threads,
-                "stop": [request.max_new_tokens, request.eos],
+                "stop": [job.max_new_tokens, job.eos],
             }
         )
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            wire = ring(store, 0, n, children.poll, request.timeout)
+            wire = ring(store, 0, n, children.poll, job.timeout)
             model = rank_model(model, plan, 0, source)
             stage = decode_stages(model, plan, [0])[0]
             book = Lanes(
-                request.prompts,
+                job.prompts,
                 plan.lanes,
                 plan.rows,
-                request.max_new_tokens,
-                request.eos,
+                job.max_new_tokens,
+                job.eos,
                 on_token,
                 on_start,
             )

@@ -27,6 +27,9 @@ __all__ = [
     "import_file",
     "named_inputs",
     "dynamic_shapes",
+    "recorded_model",
+    "check_fresh",
+    "recompile_command",
 ]
 
 DEFAULT_FACTORY = "build_model"
@@ -230,18 +233,51 @@ def recorded_model(
         )
     path = (Path(directory) / recorded.file).resolve()
     if not allow_stale:
-        _check_fresh(path, recorded.file_sha256, directory, recorded.name)
+        check_fresh(directory, manifest)
     return load_model_file(f"{path}:{recorded.name}", build=build, input_names=names)
 
 
-def _check_fresh(path: Path, sha: str | None, directory: Path, name: str) -> None:
-    if sha is None or not path.is_file() or file_fingerprint(path) == sha:
+def check_fresh(
+    directory: Path, manifest: Manifest, *, allowed: str = "pass --allow-stale to use"
+) -> None:
+    """Refuse a compiled ``directory`` whose model file changed after it was compiled (its
+    sha256 is not the manifest's): its stages, weights and plans may no longer be that model.
+    A directory compiled from Python, or whose file is gone, has nothing to compare.
+
+    Raises:
+        ModelFileError: naming the file, the directory, the recompile command and
+            ``allowed`` (how to go on with the compiled stages as they are).
+    """
+    recorded = manifest.model
+    if recorded is None or not recorded.file or recorded.file_sha256 is None:
+        return
+    path = (Path(directory) / recorded.file).resolve()
+    if not path.is_file() or file_fingerprint(path) == recorded.file_sha256:
         return
     raise ModelFileError(
         f"{directory} is stale: {path} changed after it was compiled, so the compiled stages "
-        f"may no longer be that model; recompile (`pipecompile {path}:{name} --stages N "
-        f"-o {directory}`), or pass --allow-stale to run the compiled stages as they are"
+        f"may no longer be that model; recompile ({recompile_command(directory, manifest)}), "
+        f"or {allowed} the compiled stages as they are"
     )
+
+
+def recompile_command(directory: Path, manifest: Manifest) -> str:
+    """The command that compiles ``directory`` again from its recorded model file: its
+    stage count, schedule and micro-batches as the manifest records them (a plan the search
+    chose is searched again)."""
+    recorded = manifest.model
+    assert recorded is not None and recorded.file
+    path = (Path(directory) / recorded.file).resolve()
+    if manifest.plan is not None:
+        devices = max(manifest.device_map, default=0) + 1
+        shape = f"--devices {devices}"
+    else:
+        shape = (
+            f"--stages {len(manifest.stages)} --schedule {manifest.schedule} "
+            f"--microbatches {manifest.microbatches}"
+        )
+    more = " --generate" if manifest.generate else ""
+    return f"`pipecompile {path}:{recorded.name} {shape}{more} -o {directory}`"
 
 
 def _symbol(value: Any) -> bool:

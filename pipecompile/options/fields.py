@@ -31,6 +31,8 @@ __all__ = [
     "add_options",
     "from_args",
     "to_argv",
+    "to_record",
+    "from_record",
     "settled",
     "positive_int",
     "count_or_auto",
@@ -149,6 +151,35 @@ def to_argv(options: Any) -> list[str]:
             for one in value if o.repeat else [value]:
                 out += [o.flag, str(Path(one).resolve()) if o.path else str(one)]
     return out
+
+
+def to_record(options: Any) -> dict[str, Any]:
+    """``options``' forwarded fields that are given (not None, not off) as JSON values, a
+    path made absolute: what a rank gets instead of argv (``from_record`` reads it back)."""
+    out: dict[str, Any] = {}
+    for f, o in declared(type(options)):
+        value = getattr(options, f.name)
+        if not o.forwarded or value is None or value is False:
+            continue
+        if o.path:
+            value = (
+                [str(Path(v).resolve()) for v in value] if o.repeat else str(Path(value).resolve())
+            )
+        out[f.name] = list(value) if o.repeat else value
+    return out
+
+
+def from_record(cls: type[T], record: dict[str, Any]) -> T:
+    """The ``cls`` a ``to_record`` dict describes (the fields it lacks not given).
+
+    Raises:
+        ValueError: the record names a field ``cls`` does not declare.
+    """
+    names = {f.name for f, _ in declared(cls)}
+    unknown = sorted(set(record) - names)
+    if unknown:
+        raise ValueError(f"{cls.__name__} declares no option {', '.join(unknown)}")
+    return cls(**record)
 
 
 def settled(options: T) -> T:

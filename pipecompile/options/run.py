@@ -358,12 +358,13 @@ def given(flags: TrainFlags) -> list[tuple[str, str]]:
     ]
 
 
-def for_loop(flags: TrainFlags, directory: Path) -> TrainFlags:
+def for_loop(flags: TrainFlags, directory: Path | None) -> TrainFlags:
     """``flags`` as the training loop takes them: the paths as ``Path`` (``--metrics``
-    defaulting to DIRECTORY/metrics.jsonl)."""
+    defaulting to DIRECTORY/metrics.jsonl, unless ``directory`` is None)."""
     paths = {
         name: Path(getattr(flags, name)) if getattr(flags, name) else None
         for name in ("save", "resume", "metrics", "trace")
     }
-    paths["metrics"] = paths["metrics"] or directory / METRICS
+    if directory is not None:
+        paths["metrics"] = paths["metrics"] or directory / METRICS
     return dataclasses.replace(flags, **paths)

@@ -109,9 +109,13 @@ def measure_step(directory: Path, ranks: int, steps: int) -> float:
     metrics = directory / "tune-metrics.jsonl"
     flags = ["--steps", str(steps), "--metrics", str(metrics), "-q"]
     if ranks > 1:
+        from pipecompile.options.run import RunFlags, TrainFlags
         from pipecompile.runtime.distributed.launch import launch
+        from pipecompile.runtime.job.run import RunJob
 
-        if launch(ranks, [str(directory), *flags]) != 0:  # the ranks' errors are on stderr
+        train = TrainFlags(steps=steps, metrics=str(metrics), quiet=True)
+        job = RunJob.build(directory, RunFlags(nproc=ranks), train)
+        if launch(job) != 0:  # the ranks' errors are on stderr
             raise PlanError(f"--tune: running {directory.name} on {ranks} ranks failed")
     else:
         argv = [sys.executable, "-m", "pipecompile", "run", str(directory), *flags]

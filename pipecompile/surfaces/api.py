@@ -29,20 +29,21 @@ from torch import nn
 from pipecompile.codegen.emit import ModelRef
 from pipecompile.codegen.output_dir import (
     check_replaceable,
-    inside,
     new_temp_dir,
     owned_names,
     replace_output,
 )
 from pipecompile.errors import PipecompileError, WeightsError
 from pipecompile.files.names import INIT, INIT_CONSTANTS, stage_weights
+from pipecompile.files.writable import inside
 from pipecompile.ir.manifest import WeightsRecord, write_manifest
 from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
 from pipecompile.model.model_configs import model_configs
 from pipecompile.options.fields import declared
-from pipecompile.options.run import TrainFlags
-from pipecompile.runtime.load import read_manifest
+from pipecompile.options.run import RunFlags, TrainFlags
+from pipecompile.runtime.job.run import RunJob
+from pipecompile.runtime.load import Emitted, read_manifest
 from pipecompile.runtime.pipeline import OptimizerFactory, Pipeline
 
 __all__ = ["compile", "load", "CompiledPipeline", "bind_inputs"]
@@ -143,9 +144,19 @@ def _check_keywords(
         )
 
 
-def load(directory: str | Path) -> CompiledPipeline:
-    """Load a directory written by ``pipecompile`` or ``CompiledPipeline.save``."""
-    return CompiledPipeline(Path(directory))
+def load(directory: str | Path, *, allow_stale: bool = False) -> CompiledPipeline:
+    """Load a directory written by ``pipecompile`` or ``CompiledPipeline.save``.
+
+    Raises:
+        ModelFileError: the model file the directory was compiled from changed since (its
+            stages may no longer be that model), unless ``allow_stale``.
+    """
+    from pipecompile.model.model_file import check_fresh
+
+    directory = Path(directory)
+    if not allow_stale:
+        check_fresh(directory, read_manifest(directory), allowed="pass allow_stale=True to load")
+    return CompiledPipeline(directory)
 
 
 class CompiledPipeline:
@@ -269,10 +280,8 @@ class CompiledPipeline:
         else:
             chosen.optimizer_factory = optimizer
         chosen.metrics = Path(metrics) if metrics is not None else None
-        for field in ("save", "resume"):
-            if isinstance(getattr(chosen, field), str):
-                setattr(chosen, field, Path(getattr(chosen, field)))
-        self._check_places(chosen, force)
+        chosen.force = force
+        job = self._job(chosen)
         names = self.inputs
         data = iterable_source(batches, names, "fit(batches)")
         evals = iterable_source(eval_batches, names, "fit(eval_batches)") if eval_batches else None
@@ -282,17 +291,17 @@ class CompiledPipeline:
             else optimizer is self._fitted_with
         )
         # a resumed train state brings its own optimizer state
-        chosen.keep_optimizer = not fresh_optimizer and chosen.resume is None and same
-        state = train(self.pipeline, loss_fn, data, chosen, eval_data=evals)
+        options = job.train
+        options.keep_optimizer = not fresh_optimizer and options.resume is None and same
+        state = train(self.pipeline, loss_fn, data, options, eval_data=evals)
         self._factory = None  # the loop built its own optimizers
         self._fitted_with = optimizer
         return state.records
 
-    def _check_places(self, options: Any, force: bool) -> None:
-        """Where ``fit`` writes, checked before it trains: not in this pipeline's temporary
-        directory (it goes with the object), writable, and not another run's train state."""
-        from pipecompile.runtime.training.loop_options import check_places
-
+    def _job(self, options: TrainFlags) -> RunJob:
+        """``fit``'s run, built and checked as every door builds one (``RunJob.build``), and
+        where it writes: not in this pipeline's temporary directory (it goes with the object),
+        writable, and not another run's train state."""
         for name in ("save", "metrics"):
             path = getattr(options, name)
             if path is not None and self._temporary and inside(path, self._temporary):
@@ -301,7 +310,10 @@ class CompiledPipeline:
                     f"{self._temporary}, which is deleted with the pipeline; {name} elsewhere, "
                     f"e.g. {name}={Path(path).name!r}, or compile with directory=..."
                 )
-        check_places(options, force=force, force_flag="force=True")
+        emitted = Emitted(self.directory, self.manifest, self.pipeline.program)
+        job = RunJob.build(emitted, RunFlags(), options, default_metrics=False)
+        job.check_places(force_flag="force=True")
+        return job
 
     def generate(
         self,
@@ -316,6 +328,8 @@ class CompiledPipeline:
         pad_token_id: int | None = None,
         nproc: int | None = None,
         train_state: str | Path | None = None,
+        timeout: float | None = None,
+        allow_stale: bool = False,
     ) -> torch.Tensor | list[torch.Tensor]:
         """Continue each prompt of ``input_ids`` by up to ``max_new_tokens`` tokens through
         the decode stages (compiled with ``generate=True``): greedy unless ``temperature``,
@@ -325,20 +339,27 @@ class CompiledPipeline:
         the EOS id), or a list of 1-D tensors when the prompts differ in length.
         ``nproc``: one rank per stage, each holding its stage's part of this pipeline's
         current weights;
-        ``train_state``: a `run --save` directory whose newest weights to use."""
-        from pipecompile.generation.runner import Request, as_output, run_generation, sampling_of
+        ``train_state``: a `run --save` directory whose newest weights to use;
+        ``timeout``: with ``nproc``, seconds to wait for tokens (default 600);
+        ``allow_stale``: generate even though the model file changed since compiling. The
+        options are checked as `pipecompile generate` checks them (``GenerateJob.build``)."""
+        from pipecompile.generation.job import GenerateJob, sampling_of
+        from pipecompile.generation.runner import as_output, run_generation
         from pipecompile.generation.session import as_prompts
 
         prompts = as_prompts(input_ids)
-        request = Request(
+        job = GenerateJob.build(
+            self.directory,
             prompts,
             max_new_tokens,
-            sampling_of(temperature, top_k, top_p, seed),
-            eos_token_id,
-            nproc,
-            Path(train_state) if train_state is not None else None,
+            sampling=sampling_of(temperature, top_k, top_p, seed),
+            eos=eos_token_id,
+            nproc=nproc,
+            train_state=Path(train_state) if train_state is not None else None,
+            timeout=timeout,
+            allow_stale=allow_stale,
         )
-        new = run_generation(self.directory, request, weights=self.state_dict, model=self._model)
+        new = run_generation(job, weights=self.state_dict, model=self._model)
         pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
         return as_output(prompts, new, pad)
 

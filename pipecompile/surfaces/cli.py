@@ -159,6 +159,7 @@ def _show_and_export(commands: argparse._SubParsersAction) -> None:
         metavar="TRACE",
         help="where each rank's step went in a `run --trace TRACE`, next to the prediction",
     )
+    _allow_stale(show, "--measured: compare")
     show.set_defaults(handler=command.show)
 
     export = commands.add_parser("export", help="write the weights with the model's names")
@@ -189,6 +190,7 @@ def _show_and_export(commands: argparse._SubParsersAction) -> None:
         help="write into a directory holding other files (they are kept; a "
         "file an export did not write is never replaced)",
     )
+    _allow_stale(export, "export")
     export.set_defaults(handler=command.export)
 
 
@@ -225,6 +227,14 @@ def _pictures_and_calibration(commands: argparse._SubParsersAction) -> None:
         "machine again",
     )
     calibration.set_defaults(handler=command.calibration)
+
+
+def _allow_stale(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--allow-stale",
+        action="store_true",
+        help=f"{what} even though the model file changed since compiling",
+    )
 
 
 def _positive_size(text: str) -> int:

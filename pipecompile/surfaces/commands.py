@@ -42,6 +42,7 @@ def export(args: argparse.Namespace) -> int:
         is_file_target,
     )
 
+    _fresh(args, "export")
     target = Path(args.output)
     saved = Path(args.train_state) if args.train_state else None
     if is_file_target(target) and args.shard_size is not None:
@@ -79,6 +80,16 @@ def _write_onnx(args: argparse.Namespace, directory: Path) -> None:
 
     paths = export_onnx(directory, progress=lambda line: _say(args, line))
     _say(args, f"wrote {', '.join(p.name for p in paths)} to {directory}")
+
+
+def _fresh(args: argparse.Namespace, what: str) -> None:
+    """The compiled directory refused where its model file changed since (as `run` does)."""
+    from pipecompile.model.model_file import check_fresh
+    from pipecompile.runtime.load import read_manifest
+
+    if not args.allow_stale:
+        directory = Path(args.directory)
+        check_fresh(directory, read_manifest(directory), allowed=f"pass --allow-stale to {what}")
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -168,7 +179,7 @@ def viz(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipecompile.surfaces.run_job import run
+    from pipecompile.surfaces.run_command import run
 
     return run(args)
 
@@ -178,7 +189,13 @@ def show(args: argparse.Namespace) -> int:
 
     from pipecompile.reports.show import format_report, schedule_report
 
+    if args.allow_stale and args.measured is None:
+        raise PipecompileError(
+            "--allow-stale lets --measured compare a traced run with a directory whose model "
+            "file changed; `show` alone reads only the compiled program: drop --allow-stale"
+        )
     if args.measured is not None:
+        _fresh(args, "compare the traced run with")
         from pipecompile.reports.measured import format_measured, measured_report
 
         if args.program is not None or args.uniform:

@@ -12,6 +12,7 @@ it ends, ``[k]`` its prompt's number. A line on stderr says how many tokens came
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -72,9 +73,13 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout",
         type=float,
-        default=600.0,
         metavar="S",
         help="--nproc: stop when no tokens come back for S seconds (default 600)",
+    )
+    p.add_argument(
+        "--allow-stale",
+        action="store_true",
+        help="generate even though the model file changed since compiling",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the tokens")
     p.set_defaults(handler=generate_command)
@@ -159,23 +164,21 @@ def generate_command(args: argparse.Namespace) -> int:
         from pipecompile.runtime.distributed.local_ranks import fork_a_starter
 
         fork_a_starter()  # the ranks' starter, forked with torch imported (as `run --nproc`)
-    from pipecompile.generation.runner import Request, run_generation, sampling_of
+    from pipecompile.generation.job import GenerateJob, sampling_of
+    from pipecompile.generation.runner import run_generation
 
     directory = Path(args.directory)
-    text = _Text(directory, args.tokenizer)
-    prompts = _prompts(args, text)
     sampling = sampling_of(args.temperature, args.top_k, args.top_p, args.seed)
     state = Path(args.train_state) if args.train_state else None
-    request = Request(
-        prompts, args.max_new_tokens, sampling, args.eos, args.nproc, state, args.timeout
-    )
+    job = GenerateJob.build(  # checked before the model file's text hooks are imported
+        directory, [], args.max_new_tokens, sampling=sampling, eos=args.eos, nproc=args.nproc,
+        train_state=state, timeout=args.timeout, allow_stale=args.allow_stale,
+    )  # fmt: skip
+    text = _Text(directory, args.tokenizer)
+    prompts = _prompts(args, text)
+    job = dataclasses.replace(job, prompts=prompts)
     show = _Printer(prompts, text.decode, args.max_new_tokens, args.eos, quiet=args.quiet)
-    new = run_generation(
-        directory,
-        request,
-        on_token=show.token,
-        on_start=show.begin,
-    )
+    new = run_generation(job, on_token=show.token, on_start=show.begin)
     show.end(new)
     return 0
 

@@ -18,7 +18,7 @@ from pipecompile.passes import annotate_costs
 from pipecompile.planner.model_facts import model_facts
 from pipecompile.planner.predict import Predictor
 from pipecompile.planner.search import Space, divisors, search
-from pipecompile.runtime.distributed.placement import Placement
+from pipecompile.runtime.job.placement import Placement
 from pipecompile.schedules import SYNCHRONOUS, V_SHAPED
 from tests.conftest import example_spec
 

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipecompile.runtime.distributed.launch import launch
-from pipecompile.runtime.distributed.placement import Placement
+from pipecompile.runtime.job.placement import Placement
+from pipecompile.runtime.job.run import RunJob
 from pipecompile.runtime.training.model_keyed import read_model_keyed
 from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, SAMPLED_OUT
@@ -99,6 +100,11 @@ def test_wrong_process_count_is_a_clear_error(compiled, capfd):
     assert "rank" not in err.split("ranks;")[1]  # no rank was started to say so
 
 
+def launch_job(nproc: int, argv: list[str], **keywords: object) -> int:
+    """``launch`` the job of ``argv`` (a rank's command line) on ``nproc`` ranks."""
+    return launch(RunJob.from_argv(argv, nproc=nproc), **keywords)  # type: ignore[arg-type]
+
+
 # kill: tests/runtime/test_mesh.py kills a rank of a 4-rank mesh the same way
 @pytest.mark.parametrize("kind", [pytest.param("kill", marks=SAMPLED_OUT), "raise"])
 def test_a_failed_rank_stops_every_rank_naming_it(compiled, capfd, monkeypatch, kind):
@@ -106,7 +112,7 @@ def test_a_failed_rank_stops_every_rank_naming_it(compiled, capfd, monkeypatch, 
     monkeypatch.setenv("PIPECOMPILE_FAULT", f"2:2B1:{kind}")
     records: list[dict] = []
     start = time.time()
-    status = launch(4, [out, "--steps", "3", "--timeout", "300", "-q"], keep=records)
+    status = launch_job(4, [out, "--steps", "3", "--timeout", "300", "-q"], keep=records)
     assert status == 2
     err = capfd.readouterr().err
     culprit = "rank 2 died" if kind == "kill" else "rank 2 failed at instruction 2B1"
@@ -153,7 +159,7 @@ def test_a_hung_rank_is_stopped_after_the_timeout(compiled, capfd, monkeypatch):
     out = compiled(MLP, *MLP_2)
     monkeypatch.setenv("PIPECOMPILE_FAULT", "1:1B2:hang")
     start = time.time()
-    assert launch(2, [out, "--steps", "2", "--timeout", "3", "-q"]) == 2
+    assert launch_job(2, [out, "--steps", "2", "--timeout", "3", "-q"]) == 2
     assert time.time() - start < 120  # generous: a hang guard, not a speed test
     err = capfd.readouterr().err
     assert "pipecompile: rank 1: stopping at instruction 1B2: no progress for 3 s" in err, err

@@ -3,7 +3,7 @@
 import pytest
 
 from pipecompile.errors import PipecompileError
-from pipecompile.runtime.distributed.gpus import device_kind
+from pipecompile.runtime.job.gpus import device_kind
 from pipecompile.surfaces.cli import main
 
 

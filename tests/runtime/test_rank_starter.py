@@ -11,10 +11,9 @@ import signal
 
 import pytest
 
-from pipecompile.runtime.distributed.launch import launch
 from pipecompile.runtime.distributed.local_ranks import IMPORT_TIME, _start_up
 from tests.conftest import EXAMPLES, ROOT
-from tests.runtime.test_distributed import MLP_2, compile_to
+from tests.runtime.test_distributed import MLP_2, compile_to, launch_job
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +23,7 @@ def mlp(tmp_path_factory):
 
 def _launch(out: str, *extra: str) -> list[dict]:
     records: list[dict] = []
-    assert launch(2, [out, "--steps", "2", "-q", *extra], keep=records) == 0
+    assert launch_job(2, [out, "--steps", "2", "-q", *extra], keep=records) == 0
     assert len(records) == 2
     return records
 

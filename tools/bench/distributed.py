@@ -219,7 +219,7 @@ def rank_pipeline(
     ``world // stages`` ranks), holding ``module``, on the distributed backend as a rank of
     `run` builds it; and its copy's placement."""
     from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
-    from pipecompile.runtime.distributed.placement import Placement
+    from pipecompile.runtime.job.placement import Placement
     from pipecompile.runtime.layout import Layout
     from pipecompile.runtime.load import read_program
     from pipecompile.runtime.pipeline import Pipeline
@@ -311,12 +311,13 @@ def torchrun(nproc: int, *args: str) -> list[dict]:
 def detection(directory: str, nproc: int) -> float:
     """Seconds from killing rank 1 mid-step until the last other rank has stopped."""
     from pipecompile.runtime.distributed.launch import launch
+    from pipecompile.runtime.job.run import RunJob
 
     os.environ["PIPECOMPILE_FAULT"] = "1:1B3:kill"
     records: list[dict] = []
     try:
-        launch(nproc, [directory, "--steps", "3", "-q", "--model",
-                       str(EXAMPLES / "mlp.py")], keep=records)  # fmt: skip
+        argv = [directory, "--steps", "3", "-q", "--model", str(EXAMPLES / "mlp.py")]
+        launch(RunJob.from_argv(argv, nproc=nproc), keep=records)
     finally:
         del os.environ["PIPECOMPILE_FAULT"]
     by_rank = {r["rank"]: r for r in records}

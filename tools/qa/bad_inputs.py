@@ -54,6 +54,7 @@ from catalogue.case import (  # noqa: E402
     run_in_process,
     run_subprocess,
 )
+from catalogue.doors import DOORS  # noqa: E402
 from catalogue.files import FILES  # noqa: E402
 from catalogue.generating import GENERATING  # noqa: E402
 from catalogue.pretrained import PRETRAINED  # noqa: E402
@@ -67,6 +68,7 @@ TEST = "tests/test_bad_inputs.py::test_case"
 AREAS: dict[str, list[Case]] = {
     "basics": BASICS, "files": FILES, "asked": ASKED, "pretrained": PRETRAINED, "ranks": RANKS,
     "saved": SAVED, "shapes": SHAPES, "tracing": TRACING, "generating": GENERATING,
+    "doors": DOORS,
 }  # fmt: skip
 CASES: list[Case] = [case for cases in AREAS.values() for case in cases]
 VERDICTS = ("clear", "unclear", "wrong exit", "traceback", "silently wrong", "data lost", "hang")
@@ -185,9 +187,9 @@ def run_case(case: Case, space: Workspace, *, in_process: bool) -> Outcome:
     try:
         before = {path: _read(d / path) for path in case.intact}
         if in_process and not case.own_process:
-            outcome = run_in_process(case.argv, d)
+            outcome = run_in_process(case.argv, d, case.env)
         else:
-            outcome = run_subprocess(case.argv, d, timeout=case.timeout)
+            outcome = run_subprocess(case.argv, d, timeout=case.timeout, env=case.env)
     finally:
         if case.cleanup is not None:
             case.cleanup(d)
@@ -263,7 +265,8 @@ def markdown(outcomes: Sequence[Outcome]) -> str:
     for o in outcomes:
         message = "<br>".join(f"`` {_cell(ln)} ``" for ln in o.lines) if o.clear else o.verdict
         message = message or "(nothing: it succeeds)"
-        command = _cell("pipecompile " + " ".join(o.case.argv))
+        env = "".join(f"{name}={value} " for name, value in o.case.env)
+        command = _cell(env + "pipecompile " + " ".join(o.case.argv))
         rows.append(
             f"| {_cell(o.case.did)} | `{command}` | {message} | {o.status} | "
             f"`{TEST}[{o.case.id}]` |"

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from pipecompile.errors import PipecompileError
+from pipecompile.errors import CheckError, PipecompileError
 from pipecompile.ir.dynamic import DynamicDims
+from pipecompile.model.model_file import ModelSpec
 
-__all__ = ["parse_batch_shapes", "symbol_order", "at_shape", "checked_shapes"]
+__all__ = ["parse_batch_shapes", "symbol_order", "at_shape", "checked_shapes", "check_shapes"]
 
 
 def symbol_order(dynamic: DynamicDims) -> tuple[str, ...]:
@@ -121,3 +123,29 @@ def checked_shapes(spec: Any, pipe: Any, text: str | None) -> list[tuple[str, An
         label = f"batch shape {'x'.join(str(sizes[s]) for s in order)}:"
         out.append((label, at_shape(spec, dynamic, sizes, count)))
     return out
+
+
+def check_shapes(
+    spec: ModelSpec,
+    pipe: Any,
+    batch_shapes: str | None,
+    compare: Callable[[ModelSpec], Any],
+    *,
+    show: bool = True,
+    what: str = "pipelined results differ from the eager model",
+) -> None:
+    """`run --check`: ``compare`` (one step against the eager model, giving a report with
+    ``ok``) on the example and on each ``--batch-shapes`` shape, each report printed when
+    ``show`` (rank 0 of a distributed run).
+
+    Raises:
+        CheckError: a shape's results differ (the reports above say where).
+    """
+    ok = True
+    for label, shaped in checked_shapes(spec, pipe, batch_shapes):
+        report = compare(shaped)
+        if show:
+            print(f"{label}\n{report}" if label else report)
+        ok = ok and report.ok
+    if show and not ok:
+        raise CheckError(f"{what} (see above)")

@@ -9,7 +9,6 @@ round otherwise, are held to the noise-floor rule instead.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,20 @@ from pipecompile.runtime.check.step import (
 )
 from pipecompile.runtime.pipeline import Pipeline
 
-__all__ = ["check_distributed"]
+__all__ = ["CheckSettings", "check_distributed"]
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """What `run --nproc N --check` compares with: the directory (and ``--program``) the
+    one-process run loads, the learning rate of an asynchronous schedule's step, and the
+    tolerances given (None: the noise-floor rule)."""
+
+    directory: Path
+    program: str | None
+    lr: float
+    atol: float | None
+    rtol: float | None
 
 
 @dataclass(frozen=True)
@@ -50,7 +62,7 @@ def _floors(
     gathered: list[dict[str, Any]],
     local: Pipeline,
     spec: ModelSpec,
-    args: argparse.Namespace,
+    asked: CheckSettings,
     asynchronous: bool,
     device: torch.device | None = None,
 ) -> Floors | None:
@@ -62,7 +74,7 @@ def _floors(
     ``--atol``/``--rtol``, and for PipeDream's weights after a step."""
     if not any(part.get("gpu") for part in gathered) or asynchronous:
         return None
-    if args.atol is not None or args.rtol is not None:
+    if asked.atol is not None or asked.rtol is not None:
         return None
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
     batch = (local, spec.model, spec.inputs, spec.targets, spec.loss_fn)
@@ -89,8 +101,7 @@ def _gap(have: torch.Tensor, exact: torch.Tensor) -> float:
 def check_distributed(
     pipe: Pipeline,
     spec: ModelSpec,
-    directory: Path,
-    args: argparse.Namespace,
+    asked: CheckSettings,
     inputs: dict[str, torch.Tensor],
     targets: tuple[torch.Tensor, ...],
 ) -> CheckReport:
@@ -98,7 +109,7 @@ def check_distributed(
     ``targets`` are the example's, on this rank's device; the comparison runs on the CPU."""
     assert spec.targets is not None and spec.loss_fn is not None
     if pipe.asynchronous:
-        pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=args.lr))
+        pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=asked.lr))
     grads: dict[str, torch.Tensor] = {}
     step = pipe.train_step(
         inputs,
@@ -117,32 +128,29 @@ def check_distributed(
     dist.gather_object(mine, gathered if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return CheckReport("(reported by rank 0)")
-    return _compare_on_rank0(
-        gathered, spec, directory, args, pipe.asynchronous, pipe.default_device
-    )
+    return _compare_on_rank0(gathered, spec, asked, pipe.asynchronous, pipe.default_device)
 
 
 def _compare_on_rank0(
     gathered: list[dict[str, Any]],
     spec: ModelSpec,
-    directory: Path,
-    args: argparse.Namespace,
+    asked: CheckSettings,
     asynchronous: bool,
     device: torch.device | None = None,
 ) -> CheckReport:
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
-    local = Pipeline.load(directory, args.program)
-    report = check_against_eager(local, spec, lr=args.lr, atol=args.atol, rtol=args.rtol)
+    local = Pipeline.load(asked.directory, asked.program)
+    report = check_against_eager(local, spec, lr=asked.lr, atol=asked.atol, rtol=asked.rtol)
     local_values, local_loss, local_outs = _local_step(local, spec, asynchronous)
     values: dict[str, torch.Tensor] = {}
     for part in gathered:
         values.update(part["values"])
-    floors = _floors(gathered, local, spec, args, asynchronous, device)
+    floors = _floors(gathered, local, spec, asked, asynchronous, device)
     exact = floors.exact if floors else None
     # the distributed comparisons' own report: their noise ratios are printed on their line
     mine = CheckReport(report.reference)
     what = "weights after the step" if asynchronous else "gradient"
-    worst = _compare_values(mine, what, values, local_values, args, exact, floors)
+    worst = _compare_values(mine, what, values, local_values, asked, exact, floors)
     line = f"  distributed ({len(gathered)} ranks) vs local backend: {what} max |diff| {worst:.3e}"
     losses = {i: v for part in gathered for i, v in part["losses"].items()}
     results = {i: v for part in gathered for i, v in part["outputs"].items()}
@@ -152,8 +160,8 @@ def _compare_on_rank0(
             "distributed loss",
             torch.tensor(sum(losses.values())),
             local_loss.detach(),
-            args.atol,
-            args.rtol,
+            asked.atol,
+            asked.rtol,
             exact[0] if exact else None,
             "loss",
             floors.loss if floors else 0.0,
@@ -168,8 +176,8 @@ def _compare_on_rank0(
                 f"distributed output {k}",
                 have,
                 want,
-                args.atol,
-                args.rtol,
+                asked.atol,
+                asked.rtol,
                 e,
                 "outputs",
                 floors.output(k) if floors else 0.0,
@@ -208,7 +216,7 @@ def _compare_values(
     what: str,
     values: dict[str, torch.Tensor],
     local_values: dict[str, torch.Tensor],
-    args: argparse.Namespace,
+    asked: CheckSettings,
     exact: Any,
     floors: Any,
 ) -> float:
@@ -224,8 +232,8 @@ def _compare_values(
             f"distributed {what} of {name}",
             values[name],
             want,
-            args.atol,
-            args.rtol,
+            asked.atol,
+            asked.rtol,
             exact[2].get(name) if exact else None,
             "grads",
             floors.grads.get(name, 0.0) if floors else 0.0,

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from pipecompile.errors import RuntimeFailure
 from pipecompile.ir.manifest import Manifest
 from pipecompile.runtime.backend import MessageKey, tie_of
-from pipecompile.runtime.distributed.placement import Placement
+from pipecompile.runtime.job.placement import Placement
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_backend import MISSING
 

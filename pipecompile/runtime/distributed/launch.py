@@ -1,7 +1,9 @@
 """`pipecompile run OUT --nproc N`: start N ranks on this machine and see them to their end.
 
-This process hosts the run's c10d store and starts the ranks, each running the worker
-(``python -m pipecompile.runtime.distributed.worker OUT ...`` under ``torchrun``) with the
+This process hosts the run's c10d store and starts the ranks, each running the worker on the
+run's job (``RunJob.record()``, which each rank builds and checks again; under ``torchrun`` the
+worker reads the same job from its argv, ``python -m pipecompile.runtime.distributed.worker
+OUT ...``) with the
 environment torch's own launcher would give it (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``/``MASTER_PORT`` of the store, ``TORCHELASTIC_USE_AGENT_STORE``), so a rank
 cannot tell the two apart and the worker still runs under ``torchrun`` for several machines.
@@ -39,13 +41,14 @@ from typing import Any
 
 from pipecompile.runtime.distributed.local_ranks import LocalRanks, tied_to_us
 from pipecompile.runtime.distributed.rank_output import USER_LINE, say
-from pipecompile.runtime.distributed.worker import worker_parser
 from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
+from pipecompile.runtime.job.run import RunJob
 from pipecompile.runtime.threads import launch_threads
 from pipecompile.runtime.training.train_state import remove_partial
 
 __all__ = ["launch", "GRACE_S"]
 
+WORKER_ENTRY = "pipecompile.runtime.distributed.worker:run_record"  # what each rank runs
 GRACE_S = 5.0  # after a stop signal, seconds before what is left of the run is SIGKILLed
 _POLL_S = 0.1
 _STATUS_ENV = "PIPECOMPILE_STATUS_DIR"
@@ -53,37 +56,39 @@ _RANK_LINE = re.compile(r"(?=pipecompile: rank \d+: )")  # where a rank's line b
 
 
 def launch(
-    nproc: int,
-    worker_args: list[str],
+    job: RunJob,
     *,
     keep: list | None = None,
     env: dict[str, str] | None = None,
 ) -> int:
-    """Run the ranks; returns the worst rank status (0 ok, 1 check failed, 2 error, 3 stopped
-    because another rank failed), or 130 after Ctrl-C or SIGTERM. ``keep`` receives each
-    rank's status record (status, end time, steps done, the reason of a failure, and for an
-    injected kill the instruction); ``env``: more of the ranks' environment."""
-    options = worker_parser().parse_known_args(worker_args)[0]
-    save = Path(options.save) if options.save else None
+    """Run the ranks of ``job`` (its ``--nproc``); returns the worst rank status (0 ok, 1 check
+    failed, 2 error, 3 stopped because another rank failed), or 130 after Ctrl-C or SIGTERM.
+    ``keep`` receives each rank's status record (status, end time, steps done, the reason of
+    a failure, and for an injected kill the instruction); ``env``: more of the ranks'
+    environment."""
+    nproc = job.ranks
+    assert nproc, "a job of one process has no ranks to launch"
+    save = job.train.save
     with _StopSignals() as stop:
         with tempfile.TemporaryDirectory(prefix="pipecompile-run-") as status_dir:
-            threads = launch_threads(options.threads, nproc)  # the OpenMP pool's size, too
-            if not options.threads:  # each rank sets torch's count to it, not to its share
-                worker_args = [*worker_args, "--threads", str(threads)]
+            threads = launch_threads(job.run.threads, nproc)  # the OpenMP pool's size, too
+            job = job.with_threads(threads)  # each rank sets torch's count to it, not its share
             ranks_env = {
                 **os.environ,
                 **(env or {}),
                 _STATUS_ENV: status_dir,
                 "OMP_NUM_THREADS": str(threads),
             }
-            returncode, stderr = _supervise(nproc, worker_args, ranks_env, status_dir, stop)
+            record = [json.dumps(job.record())]
+            returncode, stderr = _supervise(nproc, record, ranks_env, status_dir, stop)
             entries = [json.loads(p.read_text()) for p in Path(status_dir).glob("rank*.json")]
         if keep is not None:
             keep.extend(entries)
         if save is not None:
             remove_partial(save)  # no process of the run is left: what a rank left is stale
         if stop.caught:
-            print(interrupted_line(_steps_done(entries), options.steps, save), file=sys.stderr)
+            steps = job.train.steps
+            print(interrupted_line(_steps_done(entries), steps, save), file=sys.stderr)
             return EXIT_INTERRUPTED
     return _outcome(nproc, returncode, stderr, entries)
 
@@ -145,12 +150,13 @@ class _StopSignals:
 
 
 def _supervise(
-    nproc: int, worker_args: list[str], env: dict[str, str], status_dir: str, stop: _StopSignals
+    nproc: int, record: list[str], env: dict[str, str], status_dir: str, stop: _StopSignals
 ) -> tuple[int, str]:
-    """Start the ranks and see them to their end; returns the run's exit status and the
-    ranks' stderr. Whatever way this ends, no process of the run is left afterwards."""
+    """Start the ranks on the job's ``record`` and see them to their end; returns the run's
+    exit status and the ranks' stderr. Whatever way this ends, no process of the run is left
+    afterwards."""
     marker = f"{_STATUS_ENV}={status_dir}".encode()
-    with LocalRanks(nproc, worker_args, env, preexec=tied_to_us()) as ranks:
+    with LocalRanks(nproc, record, env, preexec=tied_to_us(), entry=WORKER_ENTRY) as ranks:
         relay = _Relay(ranks.stderr)
         relay.start()
         try:

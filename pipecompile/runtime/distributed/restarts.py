@@ -20,6 +20,7 @@ from pipecompile.files.names import LATEST
 from pipecompile.runtime.distributed.launch import launch
 from pipecompile.runtime.faults import FIRED_ENV
 from pipecompile.runtime.interrupt import EXIT_INTERRUPTED
+from pipecompile.runtime.job.run import RunJob
 from pipecompile.runtime.training.metrics import append_record
 
 __all__ = ["Failure", "launch_restarting", "failure_of"]
@@ -38,25 +39,20 @@ class Failure:
         return f"{who} failed in step {self.step} ({self.reason})"
 
 
-def launch_restarting(
-    nproc: int,
-    worker_args: list[str],
-    *,
-    save: Path | None,
-    max_restarts: int,
-    metrics: Path | None,
-) -> int:
-    """``launch`` the ranks, and again after each failure while restarts are left; returns the
-    last attempt's status."""
+def launch_restarting(job: RunJob) -> int:
+    """``launch`` the ranks of ``job``, and again after each failure while its
+    ``--max-restarts`` are left; returns the last attempt's status."""
+    max_restarts, save, metrics = job.run.max_restarts or 0, job.train.save, job.train.metrics
+    nproc = job.ranks or 1
     if not max_restarts:
-        return launch(nproc, worker_args)
+        return launch(job)
     assert save is not None, "--max-restarts needs --save (refused before)"
     before = _latest(save)  # a step of an earlier run (--force) is not this run's to resume
     with tempfile.TemporaryDirectory(prefix="pipecompile-faults-") as fired:
-        args, done = worker_args, 0
+        attempt, done = job, 0
         while True:
             entries: list[dict] = []
-            status = launch(nproc, args, keep=entries, env={FIRED_ENV: fired})
+            status = launch(attempt, keep=entries, env={FIRED_ENV: fired})
             if status in (0, 1, EXIT_INTERRUPTED):
                 return status
             failure = failure_of(entries, nproc)
@@ -70,8 +66,13 @@ def launch_restarting(
             done += 1
             latest = _latest(save)
             resumed = latest if latest is not None and latest != before else None
-            args = _resuming(worker_args, save) if resumed else worker_args
+            last = job.train.steps
+            if resumed and last is not None and int(resumed.removeprefix("step_")) >= last:
+                print(f"pipecompile: {failure}, after the run saved its last step ({resumed} "
+                      f"in {save}): nothing is left to run", file=sys.stderr)  # fmt: skip
+                return 0
             _announce(done, max_restarts, failure, resumed, metrics)
+            attempt = job.resuming(save) if resumed else job
 
 
 def failure_of(entries: list[dict], nproc: int) -> Failure:
@@ -100,19 +101,6 @@ def _latest(save: Path) -> str | None:
         return (save / LATEST).read_text().strip() or None
     except OSError:
         return None
-
-
-def _resuming(worker_args: list[str], save: Path) -> list[str]:
-    """``worker_args`` resuming from ``save`` (instead of any ``--resume`` they give)."""
-    out, skip = [], False
-    for arg in worker_args:
-        if skip:
-            skip = False
-        elif arg == "--resume":
-            skip = True
-        elif not arg.startswith("--resume="):
-            out.append(arg)
-    return [*out, "--resume", str(save)]
 
 
 def _announce(

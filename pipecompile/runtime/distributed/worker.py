@@ -1,14 +1,16 @@
 """One rank of a distributed run: `python -m pipecompile.runtime.distributed.worker OUT [options]`.
 
 Started one process per device of the program, by `pipecompile run OUT --nproc N` on one
-machine or by torch's launcher on several (docs/DISTRIBUTED.md). Each rank loads only
-its own stages, runs its own device's instructions over the distributed backend (gloo on CPU,
-NCCL on CUDA) and rank 0 prints the losses and the check.
+machine (``run_record``: the launcher's job, as its record) or by torch's launcher on several
+(``main``: the job of the rank's own argv; docs/DISTRIBUTED.md). Either way the rank builds
+the job with ``RunJob.build``, which makes every refusal `pipecompile run` makes, before its
+process group forms: a refused job ends every rank with status 2, rank 0 saying why. Each
+rank then loads only its own stages, runs its own device's instructions over the distributed
+backend (gloo on CPU, NCCL on CUDA) and rank 0 prints the losses and the check.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -17,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,62 +38,82 @@ from pipecompile.model.data_hooks import (
     batch_source,
     example_source,
 )
-from pipecompile.options.fields import add_options, from_args, settled
-from pipecompile.options.run import RunFlags, TrainFlags
+from pipecompile.runtime.check.batch_shapes import check_shapes
 from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
-from pipecompile.runtime.distributed.gpus import device_kind
 from pipecompile.runtime.distributed.mesh import (
     data_parallel_of,
     fully_shard_stages,
     sharded_optimizer,
 )
-from pipecompile.runtime.distributed.placement import Placement
 from pipecompile.runtime.distributed.rank_output import say, user_output
-from pipecompile.runtime.distributed.run_setup import (
-    check_shapes,
-    check_world,
-    run_flags,
-    run_model,
-)
 from pipecompile.runtime.distributed.watchdog import Watchdog
 from pipecompile.runtime.faults import FAULT_ENV, fault_at
+from pipecompile.runtime.job.gpus import device_kind
+from pipecompile.runtime.job.run import RunJob
 from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.load import load_stage, open_emitted
+from pipecompile.runtime.load import load_stage
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.threads import use_threads
 from pipecompile.runtime.training.loop import TrainState, train
 from pipecompile.runtime.training.metrics import append_record
 
-__all__ = ["main", "worker_parser"]
+__all__ = ["main", "run_record"]
 
 
-def worker_parser() -> argparse.ArgumentParser:
-    """The options `run --nproc` forwards to each rank (declared in training.options)."""
-    parser = argparse.ArgumentParser(prog="python -m pipecompile.runtime.distributed.worker")
-    parser.add_argument("directory", help="a directory written by `pipecompile MODEL -o DIR`")
-    add_options(parser, RunFlags, forwarded=True)
-    add_options(parser, TrainFlags)
-    return parser
-
-
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    """A rank's options, each one not given settled to its default (as `run` does)."""
-    args = worker_parser().parse_args(argv)
-    vars(args).update(vars(settled(from_args(RunFlags, args))))
-    return args
+class _Refused(PipecompileError):
+    """A refusal every rank makes alike (rank 0 says it; all end with status 2)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    """A rank started by torchrun: the job of its own argv (``DIRECTORY [options]``), checked
+    here as `pipecompile run` checks it; rank 0 also checks where the run writes."""
+    started, local = _world()
+    args = list(sys.argv[1:] if argv is None else argv)
+    return _serve(lambda: RunJob.from_argv(args, started=started, local_ranks=local), places=True)
+
+
+def run_record(args: list[str]) -> int:
+    """A rank forked by `run --nproc`: the job of the launcher's record (``args[0]``, JSON),
+    built and checked again here (the launcher checked where it writes)."""
+    started, local = _world()
+    record = json.loads(args[0])
+    return _serve(
+        lambda: RunJob.from_record(record, started=started, local_ranks=local), places=False
+    )
+
+
+def _world() -> tuple[int, int]:
+    """The ranks the launcher started, and those of them on this machine."""
+    env = os.environ
+    return int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def _built(build: Callable[[], RunJob]) -> RunJob:
+    """The rank's job; a refusal ends the rank before its process group forms, with status
+    2 (every rank reaches the same verdict: rank 0 says it, the others end quietly)."""
+    try:
+        return build()
+    except PipecompileError as err:
+        rank = int(os.environ.get("RANK", "0"))
+        if rank == 0:
+            say(f"pipecompile: error: {err}")
+        _write_status(rank, 2, reason=str(err))
+        sys.stdout.flush()
+        os._exit(2)
+
+
+def _serve(build: Callable[[], RunJob], *, places: bool) -> int:
     # Before any thread exists (gloo starts some), so every thread inherits it: SIGTERM is
     # then taken only by the watchdog's own thread, which reports before ending the process,
     # and SIGINT only by _stop_on_sigint's (a KeyboardInterrupt inside a collective would
     # print tracebacks and could leave the rank running).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    use_threads(args.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    where = _device(args.device)
+    job = _built(build)
+    use_threads(job.run.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    where = _device(job.run.device or "auto")
     backend = "nccl" if where.type == "cuda" else "gloo"
-    _init_process_group(backend, timedelta(seconds=max(args.timeout, 1.0) * 2))
+    timeout = job.run.timeout or 60.0
+    _init_process_group(backend, timedelta(seconds=max(timeout, 1.0) * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
     progress = TrainState()
     watchdog = Watchdog(
@@ -99,14 +121,21 @@ def main(argv: list[str] | None = None) -> int:
         dist.PrefixStore(f"attempt{_restart_count()}/", dist.distributed_c10d._get_default_store()),
         rank,
         world,
-        timeout=args.timeout,
+        timeout=timeout,
         on_stop=lambda status, why: _write_status(rank, status, step=progress.done, reason=why),
     )
     watchdog.start()
     threading.Thread(target=_stop_on_sigint, args=(watchdog,), daemon=True).start()
-    status, reason = 0, None
+    status, reason, agreed = 0, None, False
     try:
-        status = _run(args, rank, world, watchdog, where, progress)
+        job = _after_torchrun_restart(job, rank)
+        if places:
+            _check_places(job, rank)
+        status = _run(job, rank, watchdog, where, progress)
+    except _Refused as err:
+        if rank == 0:
+            say(f"pipecompile: error: {err}")
+        status, reason, agreed = 2, str(err), True
     except CheckError as err:
         _say_error(rank, str(err))
         status = 1
@@ -127,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             _say_error(rank, f"error: {text}")
             status, reason = 2, text
     _write_status(rank, status, step=progress.done, reason=reason)
-    finished = status in (0, 1)  # a check that found a mismatch still ends normally
+    finished = status in (0, 1) or agreed  # a check that found a mismatch ends normally too
     if finished:
         watchdog.idle("finishing")
         dist.barrier()  # the ranks end together; none is mistaken for a dead one
@@ -136,6 +165,22 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(status)  # never linger in a collective a failed peer will not join
+
+
+def _check_places(job: RunJob, rank: int) -> None:
+    """Where the run writes, checked by rank 0 alone (the place is one for all ranks) and its
+    verdict shared, so that every rank refuses alike."""
+    verdict: list[str | None] = [None]
+    if rank == 0:
+        try:
+            replaced = job.check_places()
+            if replaced:
+                say(f"pipecompile: note: {replaced}")
+        except PipecompileError as err:
+            verdict = [str(err)]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise _Refused(verdict[0])
 
 
 def _stop_on_sigint(watchdog: Watchdog) -> None:
@@ -147,11 +192,8 @@ def _stop_on_sigint(watchdog: Watchdog) -> None:
 
 def _device(choice: str) -> torch.device:
     """cpu, or this rank's GPU (LOCAL_RANK) for cuda; auto picks cuda when every rank of this
-    machine (LOCAL_WORLD_SIZE) has a GPU of its own."""
-    try:
-        kind = device_kind(choice, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except PipecompileError as err:
-        raise SystemExit(f"pipecompile: {err}") from None
+    machine (LOCAL_WORLD_SIZE) has a GPU of its own (the job refused cuda without enough)."""
+    kind = device_kind(choice, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if kind == "cpu":
         return torch.device("cpu")
     index = int(os.environ.get("LOCAL_RANK", "0"))
@@ -160,27 +202,17 @@ def _device(choice: str) -> torch.device:
 
 
 def _run(
-    args: argparse.Namespace,
-    rank: int,
-    world: int,
-    watchdog: Watchdog,
-    where: torch.device,
-    progress: TrainState,
+    job: RunJob, rank: int, watchdog: Watchdog, where: torch.device, progress: TrainState
 ) -> int:
-    directory = Path(args.directory)
-    emitted = open_emitted(directory, args.program)
-    _, manifest, program = emitted
-    flags, options = run_flags(args, directory)
-    _resume_after_torchrun_restart(options, rank)
-    placement = Placement.from_manifest(manifest, program.stage_device)
-    copies = args.dp
-    check_world(placement, copies, world, started=True)
-    placement = placement.copy(rank // placement.world)
+    emitted, flags, options = job.emitted, job.run, job.train
+    directory, manifest, program = emitted
+    copies = flags.dp or 1
+    placement = job.placement.copy(rank // job.placement.world)
     device, replica = placement.role(rank)
     # First: it registers output types.
     watchdog.reading("the model file's import")  # bounded by --timeout, its prints shown
     with user_output(rank):
-        spec = run_model(flags, emitted)  # a rank builds only its stages
+        spec = job.model_file()  # a rank builds only its stages
     watchdog.idle("setup")
     modules: list[Any] = [
         load_stage(directory, entry).to(where) if program.stage_device[j] == device else None
@@ -191,7 +223,7 @@ def _run(
     order = tuple(x.stage for x in program.devices[device] if x.op == Op.STEP)
     reads_inputs = program.stage_device[0] == device and replica == 0
     data_parallel = data_parallel_of(
-        where, copies, placement, order, lead=reads_inputs, shard=args.shard
+        where, copies, placement, order, lead=reads_inputs, shard=flags.shard
     )
     if data_parallel.sharded:
         fully_shard_stages(modules, data_parallel)
@@ -214,14 +246,14 @@ def _run(
         after_step=lambda: watchdog.idle("between steps"),
         default_device=where if where.type == "cuda" else None,
     )
-    if args.check:
-        _check(args, pipe, spec, where, rank)
+    if flags.check:
+        _check(job, pipe, spec, where, rank)
         return 0
     mine = {j for j, m in enumerate(modules) if m is not None}
     reads = (0 in mine, len(modules) - 1 in mine)  # inputs, targets: only these ranks read
     data = (_hook(spec, TRAIN, watchdog) or example_source(spec)) if any(reads) else None
     eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
-    if args.shard == "optimizer":
+    if flags.shard == "optimizer":
         options.optimizer_factory = sharded_optimizer(options, data_parallel)
     train(
         pipe,
@@ -261,17 +293,18 @@ def _restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def _resume_after_torchrun_restart(options: TrainFlags, rank: int) -> None:
+def _after_torchrun_restart(job: RunJob, rank: int) -> RunJob:
     """Under torchrun's ``--max-restarts``, a restarted rank (TORCHELASTIC_RESTART_COUNT > 0)
     resumes from the newest step in ``--save`` by itself (from the start, or the ``--resume``
-    given, while there is none); rank 0 records the restart."""
-    count = _restart_count()
+    given, while there is none): the job resuming there, checked again; rank 0 records the
+    restart."""
+    count, options = _restart_count(), job.train
     if not count or options.save is None:
-        return
+        return job
     pointer = Path(options.save) / LATEST
     resumed = pointer.read_text().strip() if pointer.is_file() else None
     if resumed is not None:
-        options.resume = Path(options.save)
+        job = job.resuming(Path(options.save))
     if rank == 0:
         step = int(resumed.removeprefix("step_")) if resumed else 0
         record = {"kind": "restart", "restart": count, "rank": None, "resumed_from": step}
@@ -279,28 +312,29 @@ def _resume_after_torchrun_restart(options: TrainFlags, rank: int) -> None:
         append_record(Path(options.metrics) if options.metrics else None, record)
         where = f"{resumed} in {options.save}" if resumed else "the start (no step saved yet)"
         say(f"pipecompile: torchrun restart {count}: resuming from {where}")
+    return job
 
 
-def _check(
-    args: argparse.Namespace, pipe: Pipeline, spec: Any, where: torch.device, rank: int
-) -> None:
+def _check(job: RunJob, pipe: Pipeline, spec: Any, where: torch.device, rank: int) -> None:
     """`run --nproc N --check`: the ranks' step against the one-process run and the eager
     model, on each batch shape; rank 0 prints the reports."""
-    from pipecompile.runtime.check.distributed import check_distributed
+    from pipecompile.runtime.check.distributed import CheckSettings, check_distributed
 
-    directory = Path(args.directory)
+    flags = job.run
+    asked = CheckSettings(job.directory, flags.program, job.train.lr, flags.atol, flags.rtol)
+
     if where.type == "cuda":  # fp32 compared with fp32: no TensorFloat-32 kernels
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    pipe.compile_stages(args.compile)
+    pipe.compile_stages(job.train.compile)
 
     def compare(shaped: Any) -> Any:
         inputs = {k: v.to(where) for k, v in shaped.inputs.items()}
         targets = tuple(t.to(where) for t in shaped.targets)
-        return check_distributed(pipe, shaped, directory, args, inputs, targets)
+        return check_distributed(pipe, shaped, asked, inputs, targets)
 
     what = "distributed results differ"
-    check_shapes(spec, pipe, args.batch_shapes, compare, show=rank == 0, what=what)
+    check_shapes(spec, pipe, flags.batch_shapes, compare, show=rank == 0, what=what)
 
 
 def _hook(spec: Any, hook: str, watchdog: Watchdog) -> BatchSource | None:

@@ -41,6 +41,7 @@ class Case:
     own_process: bool = False  # always in a subprocess (it may hang, or prints on fd 2)
     timeout: float = 300.0  # seconds; a case still running then is judged a hang
     cleanup: Setup | None = None  # undoes what setup did outside the directory (an unmount)
+    env: tuple[tuple[str, str], ...] = ()  # the command's environment adds these
 
 
 class Unavailable(Exception):
@@ -180,13 +181,16 @@ def ran(*argv: str) -> Setup:
 HANG = -9  # the status of a case stopped at its timeout
 
 
-def run_subprocess(argv: Sequence[str], cwd: Path, timeout: float = 300.0) -> Outcome:
-    """``python -m pipecompile ARGV`` in ``cwd``, as a user runs it; a run still going after
-    ``timeout`` seconds is killed with its process group and gets the status ``HANG``."""
+def run_subprocess(
+    argv: Sequence[str], cwd: Path, timeout: float = 300.0, env: Sequence[tuple[str, str]] = ()
+) -> Outcome:
+    """``python -m pipecompile ARGV`` in ``cwd`` (its environment with ``env`` added), as a
+    user runs it; a run still going after ``timeout`` seconds is killed with its process
+    group and gets the status ``HANG``."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipecompile", *argv], cwd=cwd, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PIPECOMPILE_DEBUG": ""},
-        start_new_session=True,
+        stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PIPECOMPILE_DEBUG": "", **dict(env)}, start_new_session=True,
     )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -198,8 +202,9 @@ def run_subprocess(argv: Sequence[str], cwd: Path, timeout: float = 300.0) -> Ou
     return Outcome(_NO_CASE, proc.returncode, out, err)
 
 
-def run_in_process(argv: Sequence[str], cwd: Path) -> Outcome:
-    """``pipecompile.surfaces.cli.main(argv)`` in ``cwd`` with stdout and stderr captured; an
+def run_in_process(argv: Sequence[str], cwd: Path, env: Sequence[tuple[str, str]] = ()) -> Outcome:
+    """``pipecompile.surfaces.cli.main(argv)`` in ``cwd`` (``env`` added to the environment
+    while it runs) with stdout and stderr captured; an
     exception escaping main() is printed as the interpreter would and counts as status 1.
     Warnings are printed to the captured stderr as a fresh process would print them (a test
     runner's filters and earlier cases' once-only registries would otherwise hide them);
@@ -209,6 +214,8 @@ def run_in_process(argv: Sequence[str], cwd: Path) -> Outcome:
 
     out, err = io.StringIO(), io.StringIO()
     previous = Path.cwd()
+    before = {name: os.environ.get(name) for name, _ in env}
+    os.environ.update(dict(env))
     os.chdir(cwd)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -217,6 +224,11 @@ def run_in_process(argv: Sequence[str], cwd: Path) -> Outcome:
                 status = _call(main, argv)
     finally:
         os.chdir(previous)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     shown = "".join(
         warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
     )

@@ -1,0 +1,164 @@
+"""One generation as one value: ``GenerateJob.build`` reads the directory's decoding plan and
+makes every refusal generation's options declare (stale model file, sampling, token counts,
+ranks, ``--timeout``, faults) before anything is built or any rank starts. `pipecompile
+generate` and ``CompiledPipeline.generate`` both build it this way, so an option refused at one
+is refused at the other.
+
+Example:
+    >>> job = GenerateJob.build(Path("out"), [[464, 318]], 8, nproc=2)  # doctest: +SKIP
+    >>> job.timeout                                                     # doctest: +SKIP
+    600.0
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipecompile.generation.families import GenerateError
+from pipecompile.generation.sampler import Sampling
+from pipecompile.generation.session import plan_of
+from pipecompile.ir.generation_plan import GenerationPlan
+from pipecompile.ir.manifest import Manifest, read_manifest
+from pipecompile.model.model_file import check_fresh
+from pipecompile.runtime.faults import FAULT_ENV, Fault, parse_faults
+
+__all__ = ["GenerateJob", "sampling_of", "TIMEOUT_S"]
+
+TIMEOUT_S = 600.0  # --nproc: seconds rank 0 waits for tokens, when --timeout is not given
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    """A generation, checked: the directory and its plan, the prompts and how to continue
+    them, and where (``nproc`` ranks, one per stage; None: this process)."""
+
+    directory: Path
+    manifest: Manifest
+    plan: GenerationPlan
+    prompts: list[list[int]]
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    eos: int | None = None
+    nproc: int | None = None
+    train_state: Path | None = None
+    timeout: float = TIMEOUT_S  # --nproc: seconds rank 0 waits for the last stage's tokens
+    faults: tuple[Fault, ...] = ()
+
+    @classmethod
+    def build(
+        cls,
+        directory: Path,
+        prompts: list[list[int]],
+        max_new_tokens: int = 20,
+        *,
+        sampling: Sampling | None = None,
+        eos: int | None = None,
+        nproc: int | None = None,
+        train_state: Path | None = None,
+        timeout: float | None = None,
+        allow_stale: bool = False,
+    ) -> GenerateJob:
+        """The generation of ``prompts`` through ``directory``, every refusal made.
+
+        Args:
+            sampling: from ``sampling_of`` (default: greedy).
+            timeout: ``--timeout`` as given (None: not given, ``TIMEOUT_S`` under ``nproc``).
+            allow_stale: generate even though the model file changed since compiling.
+
+        Raises:
+            GenerateError: naming the option or the directory, and what to do.
+        """
+        directory = Path(directory)
+        manifest = read_manifest(directory)
+        plan = plan_of(directory, manifest)
+        if not allow_stale:
+            check_fresh(
+                directory,
+                manifest,
+                allowed="pass --allow-stale (allow_stale=True) to generate with",
+            )
+        if not max_new_tokens >= 0:
+            raise GenerateError(f"--max-new-tokens {max_new_tokens}: give 0 or more new tokens")
+        _check_ranks(directory, plan, nproc, timeout)
+        faults = _faults(nproc)
+        return cls(
+            directory,
+            manifest,
+            plan,
+            prompts,
+            max_new_tokens,
+            sampling or Sampling(),
+            eos,
+            nproc,
+            Path(train_state) if train_state is not None else None,
+            timeout if timeout is not None else TIMEOUT_S,
+            faults,
+        )
+
+
+def _check_ranks(
+    directory: Path, plan: GenerationPlan, nproc: int | None, timeout: float | None
+) -> None:
+    if nproc is not None and nproc != plan.stages:
+        raise GenerateError(
+            f"--nproc {nproc}: generation runs one rank per stage, and {directory} "
+            f"has {plan.stages} stage(s): give --nproc {plan.stages}, or drop it to run them "
+            "all in this process"
+        )
+    if timeout is None:
+        return
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise GenerateError(f"--timeout {timeout:g}: give a positive number of seconds")
+    if not nproc or nproc < 2:
+        raise GenerateError(
+            f"--timeout {timeout:g} bounds how long rank 0 waits for the other ranks' tokens, "
+            "and a generation in one process waits on none; drop it, or add --nproc N"
+        )
+
+
+def _faults(nproc: int | None) -> tuple[Fault, ...]:
+    """``PIPECOMPILE_FAULT`` for a generation: ``RANK:TURN:turn:KIND`` of a rank that takes
+    turns (1 to N-1 of ``--nproc N``: rank 0 is this process, which leads them)."""
+    try:
+        faults = tuple(parse_faults(os.environ.get(FAULT_ENV, "")))
+    except ValueError as err:
+        raise GenerateError(str(err)) from None
+    ranks = nproc or 1
+    for f in faults:
+        text = f"{FAULT_ENV} {f.rank}:{'*' if f.step is None else f.step}:{f.where}:{f.kind}"
+        if f.where != "turn":
+            why = f"generation fails a rank at a turn (RANK:TURN:turn:KIND), not at {f.where}"
+        elif ranks < 2:
+            why = "this generation runs in one process; add --nproc N to start ranks"
+        elif not 1 <= f.rank < ranks:
+            why = f"turns are taken by ranks 1 to {ranks - 1} (rank 0 is this process, which leads)"
+        else:
+            continue
+        raise GenerateError(f"{text} could never fire: {why}")
+    return faults
+
+
+def sampling_of(
+    temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None
+) -> Sampling:
+    """Greedy unless a temperature, top-k or top-p is given (top-k or top-p alone sample at
+    temperature 1).
+
+    Raises:
+        GenerateError: a temperature below 0 or not a number, top-k below 1, top-p outside
+            (0, 1].
+    """
+    if temperature is not None and not (temperature >= 0 and math.isfinite(temperature)):
+        raise GenerateError(
+            f"--temperature {temperature}: give 0 (greedy) or a finite number above"
+        )
+    if top_k is not None and top_k < 1:
+        raise GenerateError(f"--top-k {top_k}: give 1 or more")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise GenerateError(f"--top-p {top_p}: give a probability in (0, 1]")
+    sampled = top_k is not None or top_p is not None
+    t = temperature if temperature is not None else (1.0 if sampled else 0.0)
+    return Sampling(t, top_k, top_p, seed or 0)
