@@ -61,8 +61,8 @@ DOORS = [
          r"--timeout 5 bounds how long rank 0 waits for the other ranks' tokens, and a "
          r"generation in one process waits on none; drop it, or add --nproc N", base="gpt"),
     Case("generate-temperature-nan", "generate --temperature nan", nothing,
-         (*GEN, "--temperature", "nan"), r"--temperature nan: give 0 \(greedy\) or a finite number above 0",
-         base="gpt"),
+         (*GEN, "--temperature", "nan"),
+         r"--temperature nan: give 0 \(greedy\) or a finite number above 0", base="gpt"),
     Case("generate-negative-new-tokens", "generate --max-new-tokens -3", nothing,
          (*GEN, "--max-new-tokens", "-3"), r"--max-new-tokens -3: give 0 or more new tokens",
          base="gpt"),
