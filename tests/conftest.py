@@ -63,6 +63,18 @@ def load_tool(path: Path) -> ModuleType:
     return module
 
 
+@functools.cache
+def catalogue_tool() -> ModuleType:
+    """tools/qa/bad_inputs.py (and its catalogue), loaded once for every test that reads it."""
+    return load_tool(ROOT / "tools" / "qa" / "bad_inputs.py")
+
+
+@pytest.fixture(scope="session")
+def catalogue_workspace(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The catalogue's bases and cases, each prepared once for every test that runs it."""
+    return catalogue_tool().Workspace(tmp_path_factory.mktemp("catalogue").resolve())
+
+
 def example_spec(name: str) -> ModelSpec:
     return load_model_file(str(EXAMPLES / f"{name}.py"))
 

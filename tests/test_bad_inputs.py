@@ -14,20 +14,20 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, load_tool
+from tests.conftest import ROOT, catalogue_tool
 from tests.tools.background import RUNS
 
 TOOL = ROOT / "tools" / "qa" / "bad_inputs.py"
 
 
-bad_inputs = load_tool(TOOL)
+bad_inputs = catalogue_tool()
 setups = sys.modules["catalogue.case"]  # the setups, loaded with the tool
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """The catalogue's bases, compiled once for every case of this module."""
-    return bad_inputs.Workspace(tmp_path_factory.mktemp("bad_inputs"))
+def workspace(catalogue_workspace):  # type: ignore[no-untyped-def]
+    """The catalogue's bases and cases, prepared once (tests/test_doors.py shares them)."""
+    return catalogue_workspace
 
 
 # A case that starts ranks (`--nproc`) or a process of its own costs 8-14 s; 24 of them would

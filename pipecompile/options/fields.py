@@ -32,6 +32,7 @@ __all__ = [
     "from_args",
     "to_argv",
     "to_record",
+    "check_values",
     "from_record",
     "settled",
     "positive_int",
@@ -180,6 +181,28 @@ def from_record(cls: type[T], record: dict[str, Any]) -> T:
     if unknown:
         raise ValueError(f"{cls.__name__} declares no option {', '.join(unknown)}")
     return cls(**record)
+
+
+def check_values(options: Any) -> None:
+    """Each given option of ``options`` checked as its flag's text would be (a value that came
+    from the command line already was; one given as a keyword, to ``fit()``, had not).
+
+    Raises:
+        ValueError: ``argument FLAG: why`` for the first value its declaration refuses.
+    """
+    for f, o in declared(type(options)):
+        value = getattr(options, f.name)
+        if value is None or value is False or value == f.default or o.switch or o.repeat:
+            continue
+        if o.choices is not None and value not in o.choices:
+            shown = ", ".join(repr(c) for c in o.choices)
+            raise ValueError(f"argument {o.flag}: invalid choice: {value!r} (choose from {shown})")
+        if o.check is None:
+            continue
+        try:
+            o.check(str(value))
+        except argparse.ArgumentTypeError as err:
+            raise ValueError(f"argument {o.flag}: {err}") from None
 
 
 def settled(options: T) -> T:

@@ -155,7 +155,7 @@ def load(directory: str | Path, *, allow_stale: bool = False) -> CompiledPipelin
 
     directory = Path(directory)
     if not allow_stale:
-        check_fresh(directory, read_manifest(directory), allowed="pass allow_stale=True to load")
+        check_fresh(directory, read_manifest(directory), allowed="pass allow_stale=True to use")
     return CompiledPipeline(directory)
 
 

@@ -240,7 +240,7 @@ def test_a_stop_the_writer_turns_into_its_own_error_is_still_a_stop(tmp_path, ml
 def test_any_command_stopped_inside_a_writer_ends_as_a_stop(monkeypatch, capsys):
     """The same at the top, for every command: an error raised while handling a stop is the
     stop (one line, 130); an error of its own is still a traceback."""
-    from pipecompile import cli, commands
+    from pipecompile.surfaces import cli, commands
 
     def stopped_writer(args: object) -> int:
         try:

@@ -98,16 +98,22 @@ BASES: dict[str, Callable[[Path], None]] = {"mlp": build_mlp, "gpt": build_gpt}
 
 
 class Workspace:
-    """A temporary directory holding each base (built on first use) and each case's copy."""
+    """A temporary directory holding each base (built on first use) and each case's copy,
+    prepared once (the tests give a refused case's copy to every door: refused, it is left as
+    it was)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.bases: dict[str, Path] = {}
+        self.cases: dict[str, Path] = {}
         self._lock = threading.Lock()
 
     def prepare(self, case: Case) -> Path:
         d = self.root / "cases" / case.id
         with self._lock:  # a setup may run pipecompile in this process, which changes directory
+            if case.id in self.cases:
+                return d
+            self.cases[case.id] = d
             if case.base is None:
                 d.mkdir(parents=True)
             else:

@@ -21,9 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipecompile.errors import ModelFileError
+from pipecompile.errors import ModelFileError, PipecompileError
 from pipecompile.model.model_file import ModelSpec, check_fresh, recorded_model
-from pipecompile.options.fields import add_options, from_args, from_record, settled, to_record
+from pipecompile.options.fields import (
+    add_options,
+    check_values,
+    from_args,
+    from_record,
+    settled,
+    to_record,
+)
 from pipecompile.options.run import RunFlags, TrainFlags, for_loop
 from pipecompile.runtime.faults import FAULT_ENV, Fault
 from pipecompile.runtime.job.fault_checks import RunShape, check_faults, read_faults
@@ -98,6 +105,11 @@ class RunJob:
             PipecompileError: a subclass naming the option, the value and what to do.
         """
         run, train = run or RunFlags(), train or TrainFlags()
+        for given in (run, train):  # a keyword's value, checked as its flag's text would be
+            try:
+                check_values(given)
+            except ValueError as err:
+                raise PipecompileError(str(err)) from None
         asked = run
         if started is not None:
             run = dataclasses.replace(run, nproc=started)
