@@ -46,6 +46,16 @@ SAMPLED = (
     "hook-empty-nproc",  # asked: a data hook, in a process of its own
     "nproc-hook-raises-one-rank",  # ranks: a line from each rank
     "generate-nproc-not-stages",  # generating: refused before any rank starts
+    # doors: faults that could never fire, refused before any rank starts
+    "fault-rank-beyond",
+    "fault-no-such-instruction",
+    "fault-after-the-last-step",
+    "fault-save-without-save",
+    "fault-save-not-saved",
+    "fault-before-the-resumed-step",
+    "fault-unreadable",
+    "generate-fault-rank-0",
+    "generate-fault-at-instruction",
 )
 ALL_CASES = os.environ.get("PIPECOMPILE_ALL_CASES") == "1"
 

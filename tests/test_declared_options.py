@@ -87,7 +87,7 @@ def test_the_api_keywords_settle_as_the_flags_do():
          "--bandwidth", "1GB/s", "--workers", "3", "--checkpoint", "always", "-o", "out",
          "--split-at", "h.1"]
     )  # fmt: skip
-    f = from_args(CompileOptions, flags)
+    f = from_args(CompileOptions, vars(flags))
     assert (o.pinned(), o.replicas(2), o.cost_model()) == (f.pinned(), f.replicas(2), machine)
     assert (o.recompute, o.output, o.split_at, o.quiet) == (f.recompute, f.output, ["h.1"], False)
     assert CompileOptions.from_keywords().quiet  # the API prints nothing unless asked
@@ -159,7 +159,8 @@ def test_forwarding_round_trips_every_forwarded_option(cls, tmp_path):
         assert argv, values
         for parser in (rank_parser(), _parser()):
             prefix = [] if parser.prog.endswith("worker") else ["run"]
-            assert from_args(cls, parser.parse_args([*prefix, "out", *argv])) == options, argv
+            parsed = vars(parser.parse_args([*prefix, "out", *argv]))
+            assert from_args(cls, parsed) == options, argv
         record = json.loads(json.dumps(to_record(options)))  # what a forked rank receives
         assert from_record(cls, record) == options, record
 
@@ -176,7 +177,7 @@ def test_not_given_is_none_until_settled():
     # --atol/--rtol stay None: not given, --check judges by the noise floor (docs/USAGE.md)
     assert settled(RunFlags()) == RunFlags(device="auto", timeout=60.0, dp=1, max_restarts=0)
     assert settled(RunFlags(timeout=5.0)).timeout == 5.0
-    flags = settled(from_args(RunFlags, rank_parser().parse_args(["out"])))
+    flags = settled(from_args(RunFlags, vars(rank_parser().parse_args(["out"]))))
     assert (flags.atol, flags.rtol, flags.timeout, flags.device) == (None, None, 60.0, "auto")
 
 
@@ -184,7 +185,7 @@ def test_a_compile_option_parses_to_its_field():
     actions = _command_actions("compile")
     assert actions["memory_budget"].type is size
     args = _parser().parse_args(["compile", "m.py", "--stages", "2", "--split-at", "a"])
-    options = from_args(CompileOptions, args)
+    options = from_args(CompileOptions, vars(args))
     # --schedule and --microbatches not given: gpipe and 1, or searched under --devices
     assert (options.stages, options.split_at, options.schedule) == (2, ["a"], None)
     assert options.microbatches is None and options.devices is None

@@ -89,6 +89,20 @@ def test_the_top_of_the_package_holds_its_rooms():
     assert loose == [], f"{loose}: put each in the room of its layer (a surface in surfaces/)"
 
 
+def test_below_the_surfaces_no_function_takes_parsed_arguments():
+    """The surfaces parse the command line; what they hand down is a typed value (a job, an
+    options dataclass), never the parser's namespace."""
+    for module, path in MODULES.items():
+        if layer(module) == "surfaces":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs):
+                    text = ast.unparse(arg.annotation) if arg.annotation else ""
+                    assert "Namespace" not in text, f"{path}:{node.lineno} {node.name}({arg.arg})"
+
+
 def test_the_compiler_imports_nothing_from_the_runtime():
     """The compiler declares its flags with the options' declarations, not the runtime's."""
     compiler = [m for m in MODULES if layer(m) == "compiler"]

@@ -153,7 +153,7 @@ def sampling_of(
     """
     if temperature is not None and not (temperature >= 0 and math.isfinite(temperature)):
         raise GenerateError(
-            f"--temperature {temperature}: give 0 (greedy) or a finite number above"
+            f"--temperature {temperature}: give 0 (greedy) or a finite number above 0"
         )
     if top_k is not None and top_k < 1:
         raise GenerateError(f"--top-k {top_k}: give 1 or more")

@@ -7,7 +7,7 @@ Example:
     ... class Flags:
     ...     steps: int | None = option("--steps", check=positive_int, help="steps to run")
     >>> parser = argparse.ArgumentParser(); add_options(parser, Flags)
-    >>> to_argv(from_args(Flags, parser.parse_args(["--steps", "3"])))
+    >>> to_argv(from_args(Flags, vars(parser.parse_args(["--steps", "3"]))))
     ['--steps', '3']
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -131,11 +131,12 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, forwarded: bool =
         parser.add_argument(*o.flags, **kw)
 
 
-def from_args(cls: type[T], args: argparse.Namespace) -> T:
-    """The ``cls`` of the options ``args`` holds (parsed by a parser ``add_options`` built);
-    a field the parser lacks (a rank's, for an option not forwarded) keeps its default."""
+def from_args(cls: type[T], parsed: Mapping[str, Any]) -> T:
+    """The ``cls`` of the options a parser ``add_options`` built gave (``vars()`` of what it
+    parsed: the namespace stays with the surface that parsed it); a field the parser lacks (a
+    rank's, for an option not forwarded) keeps its default."""
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+    return cls(**{name: parsed[name] for name in names if name in parsed})
 
 
 def to_argv(options: Any) -> list[str]:

@@ -106,7 +106,7 @@ def compile_command(args: argparse.Namespace) -> int:
     from pipecompile.reports.summary import summary
     from pipecompile.surfaces.compile_job import check_options, compile_into
 
-    options = from_args(CompileOptions, args)
+    options = from_args(CompileOptions, vars(args))
     path, name = split_ref(args.model)
     out = Path(options.output or Path("pipecompile-out") / path.stem)
     searching = check_options(options, out)

@@ -171,9 +171,16 @@ def generate_command(args: argparse.Namespace) -> int:
     sampling = sampling_of(args.temperature, args.top_k, args.top_p, args.seed)
     state = Path(args.train_state) if args.train_state else None
     job = GenerateJob.build(  # checked before the model file's text hooks are imported
-        directory, [], args.max_new_tokens, sampling=sampling, eos=args.eos, nproc=args.nproc,
-        train_state=state, timeout=args.timeout, allow_stale=args.allow_stale,
-    )  # fmt: skip
+        directory,
+        [],
+        args.max_new_tokens,
+        sampling=sampling,
+        eos=args.eos,
+        nproc=args.nproc,
+        train_state=state,
+        timeout=args.timeout,
+        allow_stale=args.allow_stale,
+    )
     text = _Text(directory, args.tokenizer)
     prompts = _prompts(args, text)
     job = dataclasses.replace(job, prompts=prompts)

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
         from pipecompile.runtime.distributed.local_ranks import fork_a_starter
 
         fork_a_starter()
-    run_flags, train_flags = from_args(RunFlags, args), from_args(TrainFlags, args)
+    given = vars(args)
+    run_flags, train_flags = from_args(RunFlags, given), from_args(TrainFlags, given)
     job = RunJob.build(Path(args.directory), run_flags, train_flags)
     replaced = job.check_places()
     if replaced:

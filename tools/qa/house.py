@@ -4,7 +4,9 @@
     python tools/qa/house.py --rev 6954312   # a commit (read with `git archive`)
     python tools/qa/house.py --quick         # the working tree, what the test suite runs
 
-Prints: root modules of ``pipecompile/``, Python files per folder (``pipecompile/`` and
+Prints: root modules of ``pipecompile/``, functions below the surfaces that take a parsed
+``argparse.Namespace``, modules of ``pipecompile/compiler/`` importing the runtime, Python
+files per folder (``pipecompile/`` and
 ``passes/``), parameters typed as a manifest dict (``manifest...: dict``/``Mapping``), the
 ``# fmt: skip`` comments in the package, how many places spell ``"manifest.json"`` and
 ``"metrics.jsonl"``, the pairs of places in the package that share six or more
@@ -84,9 +86,10 @@ def shape_of_options(files: dict[Path, list[str]]) -> dict[str, object]:
     """How options travel and how big the rooms are: the figures of one options object."""
     defs = functions(files)
     driver = [n for p, n in defs if n.name == "compile_model" and p.name == "driver.py"]
-    cli = next((lines for p, lines in files.items() if str(p) == "pipecompile/cli.py"), [])
+    places = ("pipecompile/cli.py", "pipecompile/surfaces/cli.py")
+    cli = next((lines for p, lines in files.items() if str(p) in places), [])
     return {
-        "lines of pipecompile/cli.py": len(cli),
+        "lines of the command line's cli.py": len(cli),
         "functions over 80 lines": sum(n.end_lineno - n.lineno + 1 > 80 for _, n in defs),
         "compile_model's parameters": len(_params(driver[0])) if driver else "-",
         "parameters `model` typed as a CostModel": sum(
@@ -106,8 +109,24 @@ def counts(tree: Path) -> dict[str, object]:
         name: sum(f'"{name}"' in "\n".join(lines) for lines in files.values())
         for name in ("manifest.json", "metrics.jsonl")
     }
+    # the surfaces: their room, or (before it) the package's root modules
+    below = {
+        p: lines
+        for p, lines in files.items()
+        if "surfaces" not in p.parts and str(p.parent) != "pipecompile"
+    }
     return {
         "root modules": sum(1 for p in files if str(p.parent) == "pipecompile"),
+        "functions below the surfaces taking a parsed namespace": sum(
+            a.annotation is not None and "Namespace" in ast.unparse(a.annotation)
+            for _, n in functions(below)
+            for a in _params(n)
+        ),
+        "compiler modules importing the runtime": sum(
+            any(re.match(r"\s*(from|import) pipecompile\.runtime\b", ln) for ln in lines)
+            for p, lines in files.items()
+            if p.parts[:2] == ("pipecompile", "compiler")
+        ),
         "files per folder": dict(sorted(folders.items())),
         "manifest dict signatures": sum(
             len(MANIFEST_DICT.findall(ln)) for lines in files.values() for ln in lines

@@ -68,8 +68,11 @@ def launch_restarting(job: RunJob) -> int:
             resumed = latest if latest is not None and latest != before else None
             last = job.train.steps
             if resumed and last is not None and int(resumed.removeprefix("step_")) >= last:
-                print(f"pipecompile: {failure}, after the run saved its last step ({resumed} "
-                      f"in {save}): nothing is left to run", file=sys.stderr)  # fmt: skip
+                print(
+                    f"pipecompile: {failure}, after the run saved its last step ({resumed} "
+                    f"in {save}): nothing is left to run",
+                    file=sys.stderr,
+                )
                 return 0
             _announce(done, max_restarts, failure, resumed, metrics)
             attempt = job.resuming(save) if resumed else job

@@ -106,21 +106,24 @@ def _built(build: Callable[[], RunJob]) -> RunJob:
 def _refused_together(rank: int, wait_s: float = 30.0) -> None:
     """Before a refusing rank ends: the ranks meet on the launcher's store (no process group
     yet), so that none ends before rank 0 has said why and every rank has recorded its
-    status (a launcher stops the others once one ends). Bounded by ``wait_s``: a rank that
-    does not refuse goes on into its process group, which the refusing ones never join."""
+    status (a launcher stops the others once one ends, and a rank still starting would end
+    without a word). Bounded by ``wait_s``: a rank that does not refuse goes on into its
+    process group, which the refusing ones never join."""
     env = os.environ
     if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
         return
     world = int(env.get("WORLD_SIZE", "1"))
     try:
         store = dist.TCPStore(
-            env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, False,
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            world,
+            False,
             timeout=timedelta(seconds=wait_s),
-        )  # fmt: skip
+        )
         prefix = f"/pipecompile/refused/{_restart_count()}/"
         store.set(f"{prefix}{rank}", "2")
-        waited = [f"{prefix}{r}" for r in range(world)] if rank == 0 else [f"{prefix}0"]
-        store.wait(waited, timedelta(seconds=wait_s))
+        store.wait([f"{prefix}{r}" for r in range(world)], timedelta(seconds=wait_s))
     except (RuntimeError, OSError):  # the store is gone, or a rank never came: end anyway
         return
 

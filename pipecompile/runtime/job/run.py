@@ -134,9 +134,18 @@ class RunJob:
         shape = _shape(emitted, placement, run.nproc, loop, None if restarted else resumed)
         check_faults(faults, shape)
         return cls(
-            emitted, asked, train, settled_run, loop, placement, faults, resumed, restarted,
-            started, local_ranks,
-        )  # fmt: skip
+            emitted,
+            asked,
+            train,
+            settled_run,
+            loop,
+            placement,
+            faults,
+            resumed,
+            restarted,
+            started,
+            local_ranks,
+        )
 
     @classmethod
     def from_record(
@@ -164,11 +173,11 @@ class RunJob:
         """The job of a rank's command line (``DIRECTORY [options]``, as torchrun starts the
         worker; ``nproc``: as `run --nproc` adds), built and checked as `pipecompile run`
         builds it."""
-        parsed = rank_parser().parse_args(argv)
+        parsed = vars(rank_parser().parse_args(argv))
         run, train = from_args(RunFlags, parsed), from_args(TrainFlags, parsed)
         run = dataclasses.replace(run, nproc=nproc) if nproc is not None else run
         return cls.build(
-            Path(parsed.directory), run, train, started=started, local_ranks=local_ranks
+            Path(parsed["directory"]), run, train, started=started, local_ranks=local_ranks
         )
 
     def model_file(self) -> ModelSpec:

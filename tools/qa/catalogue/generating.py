@@ -68,7 +68,7 @@ CASES = [
          r"--nproc 3: generation runs one rank per stage, and out has 2 stage\(s\): give "
          r"--nproc 2", base="gpt"),
     Case("generate-temperature", "--temperature -1", nothing, (*ONE, "--temperature", "-1"),
-         r"--temperature -1\.0: give 0 \(greedy\) or more", base="gpt"),
+         r"--temperature -1\.0: give 0 \(greedy\) or a finite number above 0", base="gpt"),
     Case("generate-top-p", "--top-p 0", nothing, (*ONE, "--top-p", "0"),
          r"--top-p 0\.0: give a probability in \(0, 1\]", base="gpt"),
     Case("generate-top-k", "--top-k 0", nothing, (*ONE, "--top-k", "0"),
