@@ -20,6 +20,11 @@ The older form ``RANK:INSTR:KIND`` means ``RANK:*:INSTR:KIND``.
 `pipecompile generate --nproc N` reads it too: ``RANK:TURN:turn:KIND`` fails generation rank
 RANK at the TURN-th message it receives (``generation.ranks``).
 
+Every door checks the faults against the job before it starts (``runtime.job.fault_checks``,
+``generation.job``): a fault that could never fire (a rank the run does not have, an
+instruction its rank never runs, a step the run never reaches or never saves at) is refused,
+naming why, so that a recovery test cannot pass by testing nothing.
+
 A fault with a step fires once per ``pipecompile run`` command: the launcher gives the ranks a
 directory (``PIPECOMPILE_FAULT_FIRED``) where a fired fault leaves a mark, so the run that
 restarts after it (``--max-restarts``) goes past that step. Without that directory (ranks

@@ -13,7 +13,9 @@ it: the second `--nproc` run of a Python session starts its ranks at once.
 
 Each launch sends one request on the socket: a JSON object (``worker_args``, ``cwd``, ``env``,
 ``ranks``: each rank's own variables, and optionally ``entry``, a ``MODULE:FUNCTION`` the ranks
-run with ``worker_args`` instead of the worker) with three file descriptors, the launch's status
+run with ``worker_args`` instead of the worker's argv entry: `run --nproc` asks for
+``worker:run_record`` with the job's JSON record as its one argument) with three file
+descriptors, the launch's status
 pipe, the pipe for the ranks' stderr and the stdout they write to. A rank gets that
 environment and working directory, a session of its own, and on Linux the SIGKILL this
 process's death sends it. On the status pipe this process writes ``started PID`` for each
