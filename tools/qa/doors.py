@@ -21,6 +21,9 @@ Usage::
     python tools/qa/doors.py                  # every case; torchrun for two of them
     python tools/qa/doors.py --torchrun all   # torchrun for every case a rank can express
     python tools/qa/doors.py --quick          # four cases, torchrun for one
+    # the torchrun door against an older worker (a checkout of another commit):
+    git worktree add /tmp/before 3a1ff3d && ln -s /tmp/before/passes /tmp/before/pipecompile/passes
+    python tools/qa/doors.py --torchrun all --worker-path /tmp/before
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
@@ -41,7 +43,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bad_inputs and its catalogue
 
 import bad_inputs  # noqa: E402
-from catalogue.case import Case, run_in_process  # noqa: E402
+from catalogue.case import Case, inside, run_in_process  # noqa: E402
 
 ERROR = "pipecompile: error: "
 ACCEPTED = "ACCEPTED"
@@ -120,23 +122,6 @@ def refused_by_run(case: Case, d: Path) -> str | None:
     return lines[0]
 
 
-@contextlib.contextmanager
-def inside(d: Path, env: tuple[tuple[str, str], ...]) -> Iterator[None]:
-    """In the case directory, with the case's environment."""
-    previous, before = Path.cwd(), {name: os.environ.get(name) for name, _ in env}
-    os.chdir(d)
-    os.environ.update(dict(env))
-    try:
-        yield
-    finally:
-        os.chdir(previous)
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def rank_args(case: Case) -> tuple[list[str], int]:
     """The worker's argv for ``case`` (the directory and options, without `run`'s own
     --nproc) and the ranks torchrun would start (--nproc, else the program's 2)."""
@@ -211,9 +196,13 @@ def fit_door(case: Case, d: Path, keywords: dict[str, object]) -> str:
     return ACCEPTED
 
 
+WORKER_PATH: list[str] = []  # --worker-path: the checkout whose worker torchrun starts
+
+
 def torchrun_door(case: Case, d: Path) -> str:
     """The worker under a real torchrun: rank 0's line when it refused as a rank must (once,
-    every rank recording status 2, no step run), else what went otherwise."""
+    every rank recording status 2, no step run), ACCEPTED when the run ended 0, else what went
+    otherwise."""
     args, ranks = rank_args(case)
     metrics = d / "out" / "metrics.jsonl"
     before = metrics.read_bytes() if metrics.exists() else None
@@ -223,10 +212,14 @@ def torchrun_door(case: Case, d: Path) -> str:
                 *args]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PIPECOMPILE_STATUS_DIR": statuses}
         env.update(case.env)
+        if WORKER_PATH:
+            env["PYTHONPATH"] = os.pathsep.join([*WORKER_PATH, env.get("PYTHONPATH", "")])
         done = subprocess.run(argv, cwd=d, capture_output=True, text=True, env=env, timeout=240)
         recorded = {
             p.name: json.loads(p.read_text())["status"] for p in Path(statuses).glob("rank*.json")
         }
+    if done.returncode == 0:
+        return ACCEPTED
     usage = [ln for ln in done.stderr.splitlines() if ": error: argument" in ln]
     if usage:  # argparse's, on every rank
         return usage[0]
@@ -295,7 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torchrun", choices=("all", "sample", "none"), default="sample",
                         help="cases given to a real torchrun (sample: "
                         f"{', '.join(TORCHRUN_SAMPLE)})")  # fmt: skip
+    parser.add_argument("--worker-path", metavar="DIR",
+                        help="torchrun starts the worker of the pipecompile checkout at DIR "
+                        "(another commit's), to compare")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.worker_path:
+        WORKER_PATH.append(str(Path(args.worker_path).resolve()))
     cases = [c for c in RUN_CASES if not args.quick or c.id in QUICK]
     sample = TORCHRUN_SAMPLE[:1] if args.quick else TORCHRUN_SAMPLE
     rows = []

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,15 +213,24 @@ def run_in_process(argv: Sequence[str], cwd: Path, env: Sequence[tuple[str, str]
     from pipecompile.surfaces.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    previous = Path.cwd()
-    before = {name: os.environ.get(name) for name, _ in env}
+    with inside(cwd, env), warnings.catch_warnings(record=True) as caught:
+        _default_filters()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = _call(main, argv)
+    shown = "".join(
+        warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
+    )
+    return Outcome(_NO_CASE, status, out.getvalue(), shown + err.getvalue())
+
+
+@contextlib.contextmanager
+def inside(cwd: Path, env: Sequence[tuple[str, str]] = ()) -> Iterator[None]:
+    """In ``cwd``, with ``env`` added to the environment (both as they were afterwards)."""
+    previous, before = Path.cwd(), {name: os.environ.get(name) for name, _ in env}
     os.environ.update(dict(env))
     os.chdir(cwd)
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            _default_filters()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                status = _call(main, argv)
+        yield
     finally:
         os.chdir(previous)
         for name, value in before.items():
@@ -229,10 +238,6 @@ def run_in_process(argv: Sequence[str], cwd: Path, env: Sequence[tuple[str, str]
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    shown = "".join(
-        warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
-    )
-    return Outcome(_NO_CASE, status, out.getvalue(), shown + err.getvalue())
 
 
 def _call(main: Callable[[list[str]], int], argv: Sequence[str]) -> int:
