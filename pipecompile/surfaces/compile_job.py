@@ -26,6 +26,7 @@ from pipecompile.frontend.kept_traces import traces_kept
 from pipecompile.ir.compiled import Compiled
 from pipecompile.ir.plan_record import PlanRow
 from pipecompile.model.init_recipe import is_meta_model
+from pipecompile.model.kv_cache import CACHE_NOTE, without_kv_cache
 
 __all__ = ["check_options", "compile_into"]
 
@@ -120,11 +121,14 @@ def compile_into(
         model_file,
         allow_missing=options.allow_missing,
     )
-    with traces_kept():  # --tune's candidates trace once per micro-batch size
+    # --tune's candidates trace once per micro-batch size; a KV cache is no training output
+    with traces_kept(), without_kv_cache(model) as cached:
         compiled = compile_model(model, inputs, options)
         if options.tune:
             compiled = _tuned(model, inputs, options, compiled, model_ref, weights)
-    notes = _emit_proved(model, inputs, options, compiled, out, model_ref, weights)
+        notes = _emit_proved(model, inputs, options, compiled, out, model_ref, weights)
+    if cached:
+        notes.insert(0, CACHE_NOTE.format(name=type(model).__name__))
     return compiled, notes
 
 

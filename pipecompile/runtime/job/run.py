@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipecompile.errors import ModelFileError, PipecompileError
+from pipecompile.model.kv_cache import drop_kv_cache
 from pipecompile.model.model_file import ModelSpec, check_fresh, recorded_model
 from pipecompile.options.fields import (
     add_options,
@@ -200,6 +201,8 @@ class RunJob:
             raise ModelFileError(f"{spec.path} needs loss_fn(output, *targets) for `run`")
         if flags.check and spec.targets is None:
             raise ModelFileError(f"{spec.path} needs example_targets() for `run --check`")
+        if spec.model is not None:  # the eager reference returns what the stages return
+            drop_kv_cache(spec.model)
         return spec
 
     def record(self) -> dict[str, Any]:

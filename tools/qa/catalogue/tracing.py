@@ -1,11 +1,12 @@
 """Models neither tracer can take: data-dependent control flow in forward, a helper that
 torch.fx.wrap keeps opaque and that cannot be traced through, and a view that hard-codes the
 example batch, traced on a micro-batch. Each error names the file's line, the module and what
-to do."""
+to do. And a Hugging Face model built as people build it, whose KV cache no tracer returns:
+traced without it, said in a note."""
 
 from __future__ import annotations
 
-from catalogue.case import Case, mlp_variant
+from catalogue.case import Case, mlp_variant, write
 
 MODEL = ("model.py", "--stages", "2", "-q", "-o", "o")
 FIRST_LAYER = "        x = self.act1(self.fc1(x))\n"
@@ -17,6 +18,18 @@ HELPER = (
 )
 CALL = (FIRST_LAYER, FIRST_LAYER + "        x = flip(x)\n")
 FIXED_VIEW = ("x = self.act1(self.fc1(x))", "x = self.act1(self.fc1(x)).view(8, -1)")
+HF_CACHE = """import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def build_model():  # use_cache left at its default: the forward returns a DynamicCache
+    return GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=2,
+                                      n_head=2, bos_token_id=0, eos_token_id=0))
+
+
+def example_inputs():
+    return (torch.randint(0, 32, (4, 8)),)
+"""
 
 TRACING: list[Case] = [
     Case("trace-data-dependent", "forward branches on a tensor's value (if x.sum() > 0)",
@@ -33,4 +46,8 @@ TRACING: list[Case] = [
          r"cannot trace MLP: the view at .*model\.py:\d+, in the model's forward: "
          r"`x = self\.act1\(self\.fc1\(x\)\)\.view\(8, -1\)` asks for \[8, -1\], the example "
          r"batch's 8 rows .* one micro-batch of 4 rows .*x\.shape\[0\].*--microbatches 1"),
+    Case("trace-hf-use-cache", "GPT2LMHeadModel(config) with use_cache at its default (works)",
+         write("hf.py", HF_CACHE), ("hf.py", "--stages", "2", "-q", "-o", "o"),
+         r"note: GPT2LMHeadModel returns its KV cache \(config\.use_cache is True\): traced "
+         r"without it", status=0, base=None),
 ]  # fmt: skip
