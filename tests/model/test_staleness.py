@@ -28,9 +28,12 @@ def stale(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 def test_load_refuses_a_stale_directory_unless_allowed(stale):
-    with pytest.raises(ModelFileError, match=r"is stale: .*mlp\.py changed after it was compiled"
-                       r".*recompile \(`pipecompile .*mlp\.py:build_model --stages 2 --schedule "
-                       r"gpipe --microbatches 1 -o .*\), or pass allow_stale=True to use"):  # fmt: skip
+    said = (
+        r"is stale: .*mlp\.py changed after it was compiled.*recompile \(`pipecompile "
+        r".*mlp\.py:build_model --stages 2 --schedule gpipe --microbatches 1 -o .*\), or pass "
+        r"allow_stale=True to use"
+    )
+    with pytest.raises(ModelFileError, match=said):
         pipecompile.load(stale)
     assert pipecompile.load(stale, allow_stale=True).stages
 
