@@ -72,9 +72,9 @@ def _schedule_line(manifest: Manifest, program: Program, costs: Costs, unit: str
     timeline = simulate(program, topology_from_manifest(manifest), costs)
     line = f"predicted: bubble {timeline.bubble_fraction:.3f}"
     plan_step = manifest.plan.chosen.predicted_step_s if manifest.plan else None
-    if unit == "ns" and plan_step is not None:  # the plan table's step, and what of it computes
-        line += f", step {seconds_text(plan_step)} ({timeline.makespan / 1e3:.1f} us of it "
-        line += "the stages' compute; the rest the runtime's overheads and the optimizer)"
+    if plan_step is not None:  # the search's own price: its model, not the flags' FLOP rate
+        line += f", step {seconds_text(plan_step)} (the plan search's price, on this machine's "
+        line += "calibration)"
     elif unit == "ns":
         line += f", step {timeline.makespan / 1e3:.1f} us"
     line += f", peak in-flight micro-batches per device {list(timeline.peak_inflight)}"
