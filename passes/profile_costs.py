@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from pipecompile.files.cache_dir import cache_root
 from pipecompile.ir.graph_copy import copy_graph_module
 from pipecompile.ir.node_info import with_info
 
@@ -35,8 +36,9 @@ _OPS = ("call_function", "call_method", "call_module")
 
 
 def default_cache() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "pipecompile" / "profiles"
+    """``profiles`` in pipecompile's cache folder (``files.cache_dir``), beside the
+    calibration."""
+    return cache_root() / "profiles"
 
 
 def profile_costs(

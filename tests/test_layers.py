@@ -26,9 +26,20 @@ ALLOWED: dict[str, set[str]] = {
     "options": {"ir", "files", "errors"},
     "model": {"ir", "errors"},
     "frontend": {"ir", "model", "errors"},
-    "passes": {"schedules", "ir", "errors"},  # the registry's facts in messages
+    # the registry's facts in messages; where --balance time keeps its profiles
+    "passes": {"schedules", "ir", "files", "errors"},
     "schedules": {"ir", "errors"},
-    "planner": {"frontend", "passes", "schedules", "model", "runtime", "ir", "options", "errors"},
+    "planner": {
+        "frontend",
+        "passes",
+        "schedules",
+        "model",
+        "runtime",
+        "ir",
+        "options",
+        "files",
+        "errors",
+    },
     "compiler": {"planner", "frontend", "passes", "schedules", "model", "ir", "options", "errors"},
     "codegen": {"ir", "model", "files", "errors", "version"},
     "runtime": {"schedules", "ir", "model", "files", "options", "errors"},  # the registry's facts

@@ -1,7 +1,8 @@
-"""Where the machine's calibrations are kept: one JSON file, ``$PIPECOMPILE_CACHE/
-calibration.json`` (default ``~/.cache/pipecompile``), of records keyed by machine (host,
-torch version, device kind, cores, threads per rank); read, written and cleared here, with
-the text `pipecompile calibration` shows of them.
+"""Where the machine's calibrations are kept: one JSON file, ``calibration.json`` in
+pipecompile's cache folder (``$PIPECOMPILE_CACHE``, else ``$XDG_CACHE_HOME/pipecompile``, else
+``~/.cache/pipecompile``), of records keyed by machine (host, torch version, device kind,
+cores, threads per rank); read, written and cleared here, with the text `pipecompile
+calibration` shows of them.
 
 A record holds the constants (``calibration_timing.FIELDS``), ``threads``, ``method``, the
 quality it was measured in (``load``, ``spread``, ``taken``: ``calibration_quality``), per
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from pipecompile.errors import PlanError
+from pipecompile.files.cache_dir import cache_root
 from pipecompile.planner.calibration_quality import Quality
 from pipecompile.planner.calibration_timing import FIELDS
 from pipecompile.runtime.threads import cores
@@ -34,10 +36,10 @@ METHOD = 5  # a record measured another way is measured again (3: with its load 
 
 
 def record_path() -> Path:
-    """Where calibrations are kept: ``$PIPECOMPILE_CACHE/calibration.json`` (default
+    """Where calibrations are kept: ``calibration.json`` in pipecompile's cache folder
+    (``files.cache_dir``: ``$PIPECOMPILE_CACHE``, else ``$XDG_CACHE_HOME/pipecompile``, else
     ``~/.cache/pipecompile``)."""
-    root = os.environ.get("PIPECOMPILE_CACHE") or Path.home() / ".cache" / "pipecompile"
-    return Path(root) / "calibration.json"
+    return cache_root() / "calibration.json"
 
 
 def machine_key(threads: int) -> str:

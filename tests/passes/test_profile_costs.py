@@ -49,6 +49,7 @@ def test_balance_time_cuts_exactly_on_the_measured_times():
 
 
 def test_compile_with_balance_time_runs_and_checks(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("PIPECOMPILE_CACHE")  # the suite's own, which the profiles follow too
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     out = str(tmp_path / "o")
     args = [str(EXAMPLES / "mlp.py"), "--stages", "3", "--balance", "time", "-o", out]

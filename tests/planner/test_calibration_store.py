@@ -95,3 +95,20 @@ def test_a_directory_given_to_calibration_is_refused(cache: Path, capsys) -> Non
     err = capsys.readouterr().err
     assert "`pipecompile calibration` takes no model or directory (got out)" in err
     assert cache.exists()  # nothing cleared
+
+
+def test_the_cache_folder_follows_xdg_where_pipecompile_cache_is_not_set(monkeypatch, tmp_path):
+    """The calibration and `--balance time`'s profiles share one root, the XDG convention's."""
+    from pipecompile.passes.profile_costs import default_cache
+    from pipecompile.planner.calibration_store import record_path
+
+    monkeypatch.delenv("PIPECOMPILE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert record_path() == tmp_path / "xdg" / "pipecompile" / "calibration.json"
+    assert default_cache() == tmp_path / "xdg" / "pipecompile" / "profiles"
+    monkeypatch.setenv("PIPECOMPILE_CACHE", str(tmp_path / "own"))
+    assert record_path() == tmp_path / "own" / "calibration.json"
+    assert default_cache() == tmp_path / "own" / "profiles"
+    monkeypatch.delenv("PIPECOMPILE_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert record_path().parent == Path.home() / ".cache" / "pipecompile"
