@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
         parsed, extra = parser.parse_known_args(
             _with_command(list(sys.argv[1:] if argv is None else argv))
         )
-        if extra:
-            parser.error(_unknown(extra, parsed.command))
+        if extra:  # the command's own usage error, pointing at its own --help
+            parser.command(parsed.command).error(_unknown(extra, parsed.command))
     except SystemExit as done:  # --help, --version, or a usage error already printed
         return done.code if isinstance(done.code, int) else 2
     parsed.command_line = command_line
@@ -110,18 +110,24 @@ def _unknown(extra: list[str], command: str) -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line (with where to read more), not the usage."""
 
+    commands: argparse._SubParsersAction | None = None
+
+    def command(self, name: str) -> argparse.ArgumentParser:
+        """The parser of command ``name`` (this one where it has none of that name)."""
+        return self.commands.choices.get(name, self) if self.commands else self
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> _Parser:
     parser = _Parser(
         prog="pipecompile",
         description="Compile a PyTorch model into pipeline stages and a program, and run it.",
         epilog="`pipecompile MODEL ...` is short for `pipecompile compile MODEL ...`.",
     )
     parser.add_argument("--version", action="version", version=f"pipecompile {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.commands = parser.add_subparsers(dest="command", required=True)
     _compile_and_run(commands)
     _show_and_export(commands)
     _pictures_and_calibration(commands)

@@ -6,7 +6,7 @@ traced without it, said in a note."""
 
 from __future__ import annotations
 
-from catalogue.case import Case, mlp_variant, write
+from catalogue.case import Case, mlp_variant, nothing, write
 
 MODEL = ("model.py", "--stages", "2", "-q", "-o", "o")
 FIRST_LAYER = "        x = self.act1(self.fc1(x))\n"
@@ -18,6 +18,26 @@ HELPER = (
 )
 CALL = (FIRST_LAYER, FIRST_LAYER + "        x = flip(x)\n")
 FIXED_VIEW = ("x = self.act1(self.fc1(x))", "x = self.act1(self.fc1(x)).view(8, -1)")
+FIXED_BATCH = """import torch
+from torch import nn
+
+
+class Rows(nn.Module):  # writes the example's 4 rows into a view: the batch cannot vary
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(self.a(x).reshape(4, 8))
+
+
+def build_model():
+    return Rows()
+
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+"""
 HF_CACHE = """import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -48,6 +68,12 @@ TRACING: list[Case] = [
          r"batch's 8 rows .* one micro-batch of 4 rows .*x\.shape\[0\].*--microbatches 1"),
     Case("trace-hf-use-cache", "GPT2LMHeadModel(config) with use_cache at its default (works)",
          write("hf.py", HF_CACHE), ("hf.py", "--stages", "2", "-q", "-o", "o"),
-         r"note: GPT2LMHeadModel returns its KV cache \(config\.use_cache is True\): traced "
-         r"without it", status=0, base=None),
+         r"^$", status=0, base=None),  # -q: its note (tests/model/test_kv_cache.py) is not shown
+    Case("compile-quiet-notes", "compile -q where the model's batch is fixed (a note without -q)",
+         write("fixed.py", FIXED_BATCH), ("fixed.py", "--stages", "2", "-q", "-o", "o"), r"^$",
+         status=0, base=None),
+    Case("calibration-unknown-flag", "pipecompile calibration --bogus", nothing,
+         ("calibration", "--bogus"),
+         r"pipecompile calibration: error: unrecognized arguments: --bogus \(see `pipecompile "
+         r"calibration --help`\)", base=None),
 ]  # fmt: skip
