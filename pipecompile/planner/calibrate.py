@@ -213,7 +213,7 @@ def _measured_messages(devices: int, threads: int) -> tuple[dict[str, float], Qu
 def _doubt(quality: Quality | None, what: str, *, measured_now: bool, say: Say | None) -> None:
     """Note that ``what`` may be off, and why, when its quality is beyond a bound."""
     why = quality.doubt() if quality is not None else None
-    if quality is None or why is None or say is None:  # -q: nothing but errors
+    if quality is None or why is None or not (measured_now or say is not None):
         return
     when = "measured now" if measured_now else f"kept from {quality.when()}"
     note(

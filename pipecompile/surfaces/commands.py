@@ -130,7 +130,7 @@ def compile_command(args: argparse.Namespace) -> int:
         pretrained=pretrained,
         model_file=spec.module,
     )
-    for line in notes if not options.quiet else ():  # -q: nothing but errors
+    for line in notes:
         note(line)
     _compile_pictures(args, out)
     if options.onnx:

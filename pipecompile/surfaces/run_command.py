@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     run_flags, train_flags = from_args(RunFlags, given), from_args(TrainFlags, given)
     job = RunJob.build(Path(args.directory), run_flags, train_flags)
     replaced = job.check_places()
-    if replaced and not job.train.quiet:  # -q: nothing but errors
+    if replaced:
         note(replaced)
     if job.train.save is None or job.run.check:
         return _run_here(job)
