@@ -101,3 +101,25 @@ def test_a_command_runs_with_its_output_and_its_time_limit():
     assert said.returncode == 1 and said.output.split() == ["out", "err"]
     late = zoo.run([sys.executable, "-c", "import time; time.sleep(60)"], 0.5, env)
     assert late.returncode is None and late.seconds < 30
+
+
+def test_a_users_mistake_is_a_usage_error_naming_it(tmp_path, capsys) -> None:
+    """A missing or foreign --report file and stage counts below 1 are refused at once, not a
+    traceback or a sweep that counts every model refused."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1")
+    for argv, said in [
+        (["--report", str(tmp_path / "missing.json")], "cannot read it"),
+        (["--report", str(bad)], "not a --json file of this tool"),
+        (["--stages", "0"], "'0' is not stage counts"),
+        (["--jobs", "0"], "'0' is not a number above 0"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            zoo.parse(argv)
+        assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_the_zoo_folder_defaults_to_the_users_cache(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert zoo.default_zoo_dir() == tmp_path / "pipecompile" / "zoo"
+    assert ROOT not in zoo.default_zoo_dir().parents

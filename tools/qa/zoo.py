@@ -57,8 +57,9 @@ in two, and those it split whose split graph's forward equals the eager model's 
 Installing the zoos: torchvision and timm are never installed into the project's environment:
 the registry's torchvision wheel is a CUDA build whose C++ ops do not load beside the CPU
 torch, and installed in the environment it breaks ``from transformers import ...``. The tool
-installs them, when missing, into a folder of their own (``--zoo-dir``, default ``.zoo/`` at the
-repository root, ignored by git), then empties ``torchvision/_meta_registrations.py`` (it
+installs them, when missing, into a folder of their own (``--zoo-dir``, default
+``$XDG_CACHE_HOME/pipecompile/zoo``, else ``~/.cache/pipecompile/zoo``: the user's cache, not the
+checkout), then empties ``torchvision/_meta_registrations.py`` (it
 registers meta kernels for those missing C++ ops, and fails on import). The torchvision release
 is the one built for the installed torch (0.28 for torch 2.13: 0.29 wants torch 2.14). timm's
 and torchvision's own needs (huggingface_hub, pyyaml, safetensors, pillow) go into the same
@@ -66,8 +67,8 @@ folder only where the environment lacks them. Only the generated model files put
 on ``sys.path``, when pipecompile (or the probe) imports them: this process, PYTHONPATH and the
 environment's site-packages never hold it. By hand::
 
-    python -m pip install -q --no-deps --target .zoo torchvision==0.28.* timm==1.0.31 pillow
-    echo '' > .zoo/torchvision/_meta_registrations.py
+    python -m pip install -q --no-deps --target ZOO torchvision==0.28.* timm==1.0.31 pillow
+    echo '' > ZOO/torchvision/_meta_registrations.py
 
 ``--quick`` runs one model of each zoo at 2 stages (each zoo module's ``QUICK``: torchvision's
 mnasnet0_5, timm's poolformer_s12, Hugging Face's gpt2; about 30 s on 2 cores once installed),
@@ -99,6 +100,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from itertools import chain, zip_longest
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the zoos package beside this file
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "bench"))  # forked.py
@@ -502,7 +504,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--zoo", default=",".join(ZOOS), help="torchvision,timm,hf (default all)")
     parser.add_argument("--models", help="NAME or ZOO:NAME, comma-separated (default all)")
-    parser.add_argument("--stages", help="stage counts, comma-separated (default 2,4)")
+    parser.add_argument(
+        "--stages", type=_stage_counts, help="stage counts, comma-separated (default 2,4)"
+    )
     parser.add_argument(
         "--peer",
         action=argparse.BooleanOptionalAction,
@@ -525,8 +529,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="the torchvision and timm the environment already has (a GPU machine's image), "
         "not --zoo-dir's",
     )
-    parser.add_argument("--jobs", type=int, default=2, help="models at once (default 2)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per command")
+    parser.add_argument("--jobs", type=_positive(int), default=2, help="models at once (default 2)")
+    parser.add_argument(
+        "--timeout", type=_positive(float), default=300.0, help="seconds per command"
+    )
     parser.add_argument(
         "--max-params",
         type=float,
@@ -536,8 +542,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--zoo-dir",
         type=Path,
-        default=ROOT / ".zoo",
-        help="where torchvision and timm are installed (default .zoo/)",
+        default=default_zoo_dir(),
+        help="where torchvision and timm are installed (default: the user's cache, "
+        f"{default_zoo_dir()})",
     )
     parser.add_argument("--workdir", type=Path, help="write the model files here, and keep them")
     parser.add_argument(
@@ -556,11 +563,55 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.zoo.split(",")) - set(ZOOS)
     if unknown:
         parser.error(f"unknown zoo {', '.join(sorted(unknown))}; choose from {', '.join(ZOOS)}")
+    if args.report is not None:
+        args.results = _read_report(parser, args.report)
     return args
 
 
+def default_zoo_dir() -> Path:
+    """``$XDG_CACHE_HOME/pipecompile/zoo``, else ``~/.cache/pipecompile/zoo``."""
+    root = os.environ.get("XDG_CACHE_HOME")
+    return (Path(root) if root else Path.home() / ".cache") / "pipecompile" / "zoo"
+
+
+def _positive(kind: type) -> Any:
+    def read(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number above 0")
+        return value
+
+    return read
+
+
+def _stage_counts(text: str) -> tuple[int, ...]:
+    """``2,4`` -> (2, 4): whole numbers of at least 1."""
+    try:
+        counts = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not stage counts: whole numbers of at least 1, comma-separated (2,4)"
+        )
+    return counts
+
+
+def _read_report(parser: argparse.ArgumentParser, path: Path) -> list[Result]:
+    """The results a --json file holds; a usage error naming the file where it cannot."""
+    try:
+        return [Result(**r) for r in json.loads(path.read_text())]
+    except OSError as err:
+        parser.error(f"--report {path}: cannot read it ({err.strerror or err})")
+    except (ValueError, TypeError) as err:
+        parser.error(f"--report {path}: not a --json file of this tool ({type(err).__name__})")
+
+
 def plan_for(args: argparse.Namespace, workdir: Path) -> Plan:
-    stages = tuple(int(s) for s in (args.stages or ("2" if args.quick else "2,4")).split(","))
+    stages = args.stages or ((2,) if args.quick else (2, 4))
     peer: frozenset[tuple[str, str]] | None = None
     if args.peer is False:
         peer = frozenset()
@@ -581,8 +632,7 @@ def plan_for(args: argparse.Namespace, workdir: Path) -> Plan:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.report:
-        results = [Result(**r) for r in json.loads(args.report.read_text())]
-        print(report(results))
+        print(report(args.results))
         return 0
     zoo_dir = "" if args.installed else str(args.zoo_dir.resolve())
     zoos, failure = (

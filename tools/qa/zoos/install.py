@@ -1,5 +1,6 @@
-"""torchvision and timm in a folder of their own (``--zoo-dir``, default ``.zoo/``), never in the
-project's environment; see tools/qa/zoo.py's docstring for why and how to do it by hand."""
+"""torchvision and timm in a folder of their own (``--zoo-dir``, default in the user's cache),
+never in the project's environment; see tools/qa/zoo.py's docstring for why and how to do it by
+hand."""
 
 from __future__ import annotations
 
