@@ -12,6 +12,8 @@ are not seen; docs/USAGE.md says what that means.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -97,11 +99,29 @@ def is_random(node: fx.Node, root: nn.Module) -> bool:
         if isinstance(p, int | float) and p == 0:
             return False
     if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+        seeded = torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+        return seeded and not _draws_nothing(node, target)
     try:
         return target in RANDOM_FUNCTIONS
     except TypeError:  # an unhashable callable
         return False
+
+
+def _draws_nothing(node: fx.Node, target: Any) -> bool:
+    """An ATen dropout or attention (as torch.export records them) whose rate is 0 or that
+    runs in eval mode (``train=False``): its value does not depend on what it draws."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return False
+    for k, arg in enumerate(schema.arguments):
+        if arg.name not in ("p", "dropout_p", "train"):
+            continue
+        value = node.kwargs.get(arg.name, node.args[k] if k < len(node.args) else None)
+        if value is None and arg.has_default_value():
+            value = arg.default_value
+        if (arg.name == "train" and value is False) or (arg.name != "train" and value == 0):
+            return True
+    return False
 
 
 def random_nodes(module: fx.GraphModule) -> list[fx.Node]:

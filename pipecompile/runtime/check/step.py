@@ -89,8 +89,9 @@ class CheckReport:
         if kind not in self.ratios:
             return ""
         ratio = self.ratios[kind]
-        shown = "0" if ratio == 0 else ("inf" if math.isinf(ratio) else f"{ratio:.2g}")
-        return f"  ({shown}x the noise floor)"
+        if math.isinf(ratio) or math.isnan(ratio):  # a shape, a NaN or an integer that differs
+            return "  (beyond any noise floor)"
+        return f"  ({'0' if ratio == 0 else f'{ratio:.2g}'}x the noise floor)"
 
 
 def check_step(
@@ -556,16 +557,16 @@ def compare(
     want = want.detach()
     if have.shape != want.shape:
         report.failures.append(f"{what}: shape {tuple(have.shape)} vs eager {tuple(want.shape)}")
-        return float("inf")
+        return _unbounded(report, kind, float("inf"))
     if not have.is_floating_point():
         same = bool(torch.equal(have, want))
         if not same:
             report.failures.append(f"{what}: values differ")
-        return 0.0 if same else float("inf")
+        return 0.0 if same else _unbounded(report, kind, float("inf"))
     bad = [side for side, t in (("pipeline", have), ("eager", want)) if not t.isfinite().all()]
     if bad:  # NaN compares false with everything: it must never pass for agreement
         report.failures.append(f"{what}: {' and '.join(bad)} not finite (NaN or inf)")
-        return float("nan")
+        return _unbounded(report, kind, float("nan"))
     diff = (have - want).abs()
     given = atol is not None or rtol is not None
     fixed = FIXED if atol is None else atol, FIXED if rtol is None else rtol
@@ -579,6 +580,14 @@ def compare(
     elif not within:
         report.failures.append(f"{what}: max |diff| {diff.max().item():.3e}")
     return float(diff.max()) if diff.numel() else 0.0
+
+
+def _unbounded(report: CheckReport, kind: str, diff: float) -> float:
+    """``diff`` (inf or NaN), the worst of its kind: no noise floor bounds it, and the
+    report's line says so rather than the ratio of the values that did compare."""
+    if kind:
+        report.ratios[kind] = math.inf
+    return diff
 
 
 def worst(a: float, b: float) -> float:
