@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -41,11 +42,12 @@ class GenerateJob:
     prompts: list[list[int]]
     max_new_tokens: int
     sampling: Sampling = Sampling()
-    eos: int | None = None
+    eos: tuple[int, ...] = ()  # a sequence ends at any of these (--eos, else the model's own)
     nproc: int | None = None
     train_state: Path | None = None
     timeout: float = TIMEOUT_S  # --nproc: seconds rank 0 waits for the last stage's tokens
     faults: tuple[Fault, ...] = ()
+    pad: int = 0  # what pads a sequence that ended early (the model's own, else the first EOS)
 
     @classmethod
     def build(
@@ -65,6 +67,8 @@ class GenerateJob:
 
         Args:
             sampling: from ``sampling_of`` (default: greedy).
+            eos: the id a sequence ends at (None: the model's own, as Hugging Face's
+                ``generate`` takes it from its generation config; none for a model without).
             timeout: ``--timeout`` as given (None: not given, ``TIMEOUT_S`` under ``nproc``).
             allow_stale: generate even though the model file changed since compiling.
 
@@ -84,6 +88,9 @@ class GenerateJob:
             raise GenerateError(f"--max-new-tokens {max_new_tokens}: give 0 or more new tokens")
         _check_ranks(directory, plan, nproc, timeout)
         faults = _faults(nproc)
+        own = model_stops(directory, manifest)
+        stops = (eos,) if eos is not None else own.eos
+        pad = own.pad if own.pad is not None else (stops[0] if stops else 0)
         return cls(
             directory,
             manifest,
@@ -91,12 +98,42 @@ class GenerateJob:
             prompts,
             max_new_tokens,
             sampling or Sampling(),
-            eos,
+            stops,
             nproc,
             Path(train_state) if train_state is not None else None,
             timeout if timeout is not None else TIMEOUT_S,
             faults,
+            pad,
         )
+
+
+@dataclass(frozen=True)
+class Stops:
+    """A model's own end of sequence and padding, as its configs give them."""
+
+    eos: tuple[int, ...] = ()
+    pad: int | None = None
+
+
+def model_stops(directory: Path, manifest: Manifest) -> Stops:
+    """The EOS ids and pad id of the Hugging Face model compiled into ``directory``, from the
+    configs it recorded (``generation_config.json`` first, as ``generate`` reads them, then
+    ``config.json``); ids outside the vocabulary, which no step can pick, are left out."""
+    configs = (manifest.model.configs or {}) if manifest.model is not None else {}
+    read: dict = {}
+    for name in ("config.json", "generation_config.json"):  # the second wins
+        try:
+            raw = json.loads((directory / configs[name]).read_text()) if name in configs else {}
+        except (OSError, ValueError):  # a damaged config: the directory's other checks say so
+            raw = {}
+        read.update({k: v for k, v in raw.items() if v is not None})
+    vocab = read.get("vocab_size")
+    eos = read.get("eos_token_id")
+    ids = [eos] if isinstance(eos, int) else [e for e in eos or () if isinstance(e, int)]
+    ids = [e for e in ids if vocab is None or 0 <= e < vocab]
+    pad = read.get("pad_token_id")
+    pad = pad if isinstance(pad, int) and (vocab is None or 0 <= pad < vocab) else None
+    return Stops(tuple(ids), pad)
 
 
 def _check_ranks(

@@ -1,7 +1,7 @@
 """Which sequences run where: prompts wait in a queue, each lane has ``rows`` slots, and a
 lane's turn prefills the prompts that just took a free slot and decodes the rows that
-continue. A sequence that stops (at ``eos``, or after ``max_new_tokens``) frees its slot for
-the next prompt at the lane's next turn: continuous batching across lanes.
+continue. A sequence that stops (at one of the ``eos`` ids, or after ``max_new_tokens``) frees
+its slot for the next prompt at the lane's next turn: continuous batching across lanes.
 
 Pure bookkeeping: the stages and the transport (one process or one rank per stage) are the
 runner's."""
@@ -53,7 +53,7 @@ class Lanes:
         lanes: int,
         rows: int,
         max_new_tokens: int,
-        eos: int | None = None,
+        eos: tuple[int, ...] = (),
         on_token: Callable[[int, int], None] | None = None,
         on_start: Callable[[], None] | None = None,
     ) -> None:
@@ -102,6 +102,6 @@ class Lanes:
             s.new.append(token)
             if self.on_token is not None:
                 self.on_token(s.number, token)
-            if token == self.eos or len(s.new) >= self.max_new_tokens:
+            if token in self.eos or len(s.new) >= self.max_new_tokens:
                 self.finished[s.number] = s.new
                 slots[row] = None

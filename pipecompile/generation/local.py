@@ -18,7 +18,7 @@ def generate_here(
     max_new_tokens: int,
     sampling: Sampling,
     *,
-    eos: int | None = None,
+    eos: tuple[int, ...] = (),
     on_token: Callable[[int, int], None] | None = None,
     on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:

@@ -183,7 +183,7 @@ def generate_on_ranks(
                 "source": source.to_json(),
                 "sampling": sampling,
                 "threads": threads,
-                "stop": [job.max_new_tokens, job.eos],
+                "stop": [job.max_new_tokens, list(job.eos)],
             }
         )
         before = torch.get_num_threads()

@@ -32,9 +32,12 @@ class Sampler:
     only the generators of those in flight (each holds a few KiB of state)."""
 
     def __init__(
-        self, sampling: Sampling, max_new_tokens: int | None = None, eos: int | None = None
+        self,
+        sampling: Sampling,
+        max_new_tokens: int | None = None,
+        eos: tuple[int, ...] | list[int] = (),
     ) -> None:
-        self.sampling, self.max_new_tokens, self.eos = sampling, max_new_tokens, eos
+        self.sampling, self.max_new_tokens, self.eos = sampling, max_new_tokens, tuple(eos)
         self._generators: dict[int, torch.Generator] = {}
         self._picked: dict[int, int] = {}
 
@@ -48,7 +51,7 @@ class Sampler:
     def _count(self, sequence: int, token: int) -> None:
         """One more token of ``sequence``: its generator goes when the sequence ends."""
         n = self._picked[sequence] = self._picked.get(sequence, 0) + 1
-        if token == self.eos or (self.max_new_tokens is not None and n >= self.max_new_tokens):
+        if token in self.eos or (self.max_new_tokens is not None and n >= self.max_new_tokens):
             self._generators.pop(sequence, None)
             self._picked.pop(sequence, None)
 

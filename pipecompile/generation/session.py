@@ -166,7 +166,7 @@ def check_prompts(
     prompts: list[list[int]],
     max_new_tokens: int,
     vocab: int,
-    eos: int | None,
+    eos: tuple[int, ...],
 ) -> None:
     """Refuse what the plan cannot run, naming the prompt and the limit.
 
@@ -179,9 +179,10 @@ def check_prompts(
         raise GenerateError("no prompts given: pass --prompt-ids IDS or --prompts FILE")
     if max_new_tokens < 0:
         raise GenerateError(f"--max-new-tokens {max_new_tokens}: give 0 or more")
-    if eos is not None and not 0 <= eos < vocab:
+    bad_eos = next((e for e in eos if not 0 <= e < vocab), None)
+    if bad_eos is not None:
         raise GenerateError(
-            f"--eos {eos} is not a token of the model's vocabulary of {vocab} (0..{vocab - 1})"
+            f"--eos {bad_eos} is not a token of the model's vocabulary of {vocab} (0..{vocab - 1})"
         )
     for k, p in enumerate(prompts):
         if not p:

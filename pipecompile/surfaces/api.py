@@ -335,8 +335,10 @@ class CompiledPipeline:
         the decode stages (compiled with ``generate=True``): greedy unless ``temperature``,
         ``top_k`` or ``top_p`` ask to sample (``seed``: the same tokens at any stage, lane
         or process count). Returns a (B, P + T) LongTensor as Hugging Face's ``generate``
-        does (a sequence stopped at ``eos_token_id`` padded with ``pad_token_id``, default
-        the EOS id), or a list of 1-D tensors when the prompts differ in length.
+        does (a sequence stopped at ``eos_token_id`` padded with ``pad_token_id``), or a list
+        of 1-D tensors when the prompts differ in length. As Hugging Face's ``generate``, the
+        model's own EOS ids and pad id (its generation config, else its config) are the
+        defaults: a sequence stops at the model's EOS unless ``eos_token_id`` names another.
         ``nproc``: one rank per stage, each holding its stage's part of this pipeline's
         current weights;
         ``train_state``: a `run --save` directory whose newest weights to use;
@@ -360,7 +362,7 @@ class CompiledPipeline:
             allow_stale=allow_stale,
         )
         new = run_generation(job, weights=self.state_dict, model=self._model)
-        pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
+        pad = pad_token_id if pad_token_id is not None else job.pad
         return as_output(prompts, new, pad)
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -63,7 +63,13 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
         "--top-p", type=float, metavar="P", help="sample among the likeliest tokens of mass P"
     )
     p.add_argument("--seed", type=int, default=0, metavar="S", help="the sampling seed (default 0)")
-    p.add_argument("--eos", type=int, metavar="ID", help="a sequence ends at this token")
+    p.add_argument(
+        "--eos",
+        type=int,
+        metavar="ID",
+        help="a sequence ends at this token (default: the model's own, as Hugging Face's "
+        "generate takes it from its generation config)",
+    )
     p.add_argument("--nproc", type=int, metavar="N", help="one rank per stage, N the stages")
     p.add_argument(
         "--train-state",
@@ -184,7 +190,7 @@ def generate_command(args: argparse.Namespace) -> int:
     text = _Text(directory, args.tokenizer)
     prompts = _prompts(args, text)
     job = dataclasses.replace(job, prompts=prompts)
-    show = _Printer(prompts, text.decode, args.max_new_tokens, args.eos, quiet=args.quiet)
+    show = _Printer(prompts, text.decode, args.max_new_tokens, job.eos, quiet=args.quiet)
     new = run_generation(job, on_token=show.token, on_start=show.begin)
     show.end(new)
     return 0
@@ -198,7 +204,7 @@ class _Printer:
         prompts: list[list[int]],
         decode: Callable[[list[int]], str] | None,
         max_new_tokens: int,
-        eos: int | None,
+        eos: tuple[int, ...],
         *,
         quiet: bool,
     ) -> None:
@@ -235,7 +241,7 @@ class _Printer:
         self.count += 1
         mine = self.new.setdefault(sequence, [])
         mine.append(token)
-        if not self.single and (token == self.eos or len(mine) >= self.max_new_tokens):
+        if not self.single and (token in self.eos or len(mine) >= self.max_new_tokens):
             print(f"[{sequence}] {self._text(sequence, mine)}", flush=True)
         if self.single:  # the text so far, decoded whole: tokens that join stay joined
             text = self._text(sequence, mine)

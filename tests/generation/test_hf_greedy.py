@@ -111,3 +111,21 @@ def test_pretrained_weights_given_at_compile(tmp_path):
     assert torch.equal(pipe.generate(batch, max_new_tokens=8), want)
     other = fresh.generate(batch, max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert not torch.equal(want, other)  # the weights given matter
+
+
+def test_the_models_own_eos_stops_a_sequence_as_hugging_face_does():
+    """With no ``eos_token_id`` given, the model's own (its generation config) ends a
+    sequence and the model's pad id pads it, as ``generate`` does by default."""
+    model = tiny_decoder("llama")
+    g = torch.Generator().manual_seed(4)
+    batch = torch.randint(1, VOCAB, (3, 6), generator=g)
+    free = model.generate(batch, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    eos = int(free[1, 6 + 2])  # the third token greedy picks for prompt 1
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = 0
+    example = {"input_ids": torch.randint(0, VOCAB, (2, 8), generator=g)}
+    pipe = pipecompile.compile(model, example, stages=2, generate=True, max_length=40)
+    want = model.generate(batch, max_new_tokens=12, do_sample=False)  # its own EOS and pad
+    got = pipe.generate(batch, max_new_tokens=12)
+    assert torch.equal(got, want)
+    assert int((got[1, 6:] == eos).nonzero()[0]) == 2  # stopped at its EOS, then padded

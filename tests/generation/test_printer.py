@@ -12,7 +12,7 @@ def _utf8(ids: list[int]) -> str:
 
 def test_a_character_cut_in_two_tokens_waits_for_its_second(capsys):
     prompt = list(b"caf")
-    show = _Printer([prompt], _utf8, 4, None, quiet=False)
+    show = _Printer([prompt], _utf8, 4, (), quiet=False)
     show.begin()
     assert capsys.readouterr().out == "caf"
     show.token(0, 0xC3)  # the first byte of é
@@ -26,7 +26,7 @@ def test_a_character_cut_in_two_tokens_waits_for_its_second(capsys):
 
 
 def test_token_ids_without_a_decoder(capsys):
-    show = _Printer([[1, 2]], None, 2, None, quiet=True)
+    show = _Printer([[1, 2]], None, 2, (), quiet=True)
     show.begin()
     show.token(0, 7)
     show.token(0, 9)

@@ -55,7 +55,7 @@ def test_greedy_is_the_argmax_and_a_sequence_draws_the_same_anywhere():
 
 def test_a_sequence_keeps_its_generator_only_while_it_runs():
     """A long queue of sampled prompts holds the generators of those in flight alone."""
-    sampler = Sampler(Sampling(1.0, seed=6), max_new_tokens=3, eos=None)
+    sampler = Sampler(Sampling(1.0, seed=6), max_new_tokens=3, eos=())
     rows = torch.zeros(2, 8)
     for _ in range(3):
         sampler.pick(rows, [0, 1])
