@@ -48,6 +48,7 @@ class GenerateJob:
     timeout: float = TIMEOUT_S  # --nproc: seconds rank 0 waits for the last stage's tokens
     faults: tuple[Fault, ...] = ()
     pad: int = 0  # what pads a sequence that ended early (the model's own, else the first EOS)
+    threads: int | None = None  # --threads: intra-op threads (a rank's); None: as run chooses
 
     @classmethod
     def build(
@@ -62,6 +63,7 @@ class GenerateJob:
         train_state: Path | None = None,
         timeout: float | None = None,
         allow_stale: bool = False,
+        threads: int | None = None,
     ) -> GenerateJob:
         """The generation of ``prompts`` through ``directory``, every refusal made.
 
@@ -71,6 +73,9 @@ class GenerateJob:
                 ``generate`` takes it from its generation config; none for a model without).
             timeout: ``--timeout`` as given (None: not given, ``TIMEOUT_S`` under ``nproc``).
             allow_stale: generate even though the model file changed since compiling.
+            threads: intra-op threads of this process (each rank's with ``nproc``); None: in
+                one process, the cores other programs leave idle, measured between turns (as
+                `run` does); with ``nproc``, each rank's share of the cores.
 
         Raises:
             GenerateError: naming the option or the directory, and what to do.
@@ -84,6 +89,8 @@ class GenerateJob:
                 manifest,
                 allowed="pass --allow-stale (allow_stale=True) to generate with",
             )
+        if threads is not None and threads < 1:
+            raise GenerateError(f"--threads {threads}: give 1 or more")
         if not max_new_tokens >= 0:
             raise GenerateError(f"--max-new-tokens {max_new_tokens}: give 0 or more new tokens")
         _check_ranks(directory, plan, nproc, timeout)
@@ -104,6 +111,7 @@ class GenerateJob:
             timeout if timeout is not None else TIMEOUT_S,
             faults,
             pad,
+            threads,
         )
 
 

@@ -21,8 +21,10 @@ def generate_here(
     eos: tuple[int, ...] = (),
     on_token: Callable[[int, int], None] | None = None,
     on_start: Callable[[], None] | None = None,
+    between_turns: Callable[[], object] | None = None,
 ) -> dict[int, list[int]]:
-    """Each prompt's new tokens, by its number."""
+    """Each prompt's new tokens, by its number; ``between_turns`` is called after each lane's
+    turn (the threads following the idle cores)."""
     lanes = stages[0].lanes
     book = Lanes(prompts, lanes, stages[0].rows, max_new_tokens, eos, on_token, on_start)
     sampler = Sampler(sampling, max_new_tokens, eos)
@@ -35,4 +37,6 @@ def generate_here(
             for stage in stages:
                 xs = stage.run(lane, turn.calls, xs)
             book.give(turn, picked(sampler, xs, turn.sequences))
+            if between_turns is not None:
+                between_turns()
     return book.finished

@@ -174,7 +174,7 @@ def generate_on_ranks(
         source = _weights_source(directory, manifest, job, weights, Path(tmp))
         store = torch.distributed.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False)
         sampling = list(job.sampling.__dict__.values())
-        threads = launch_threads(None, n)  # each rank its share of the cores
+        threads = launch_threads(job.threads, n)  # --threads, else each rank its share
         children = Children(
             {
                 "directory": str(directory),

@@ -51,21 +51,31 @@ def run_generation(
         meta = skeleton(directory, manifest)  # this rank's stage gets memory on the ranks
         check_prompts(plan, job.prompts, job.max_new_tokens, vocab_size(meta), job.eos)
         return generate_on_ranks(directory, manifest, meta, plan, job, weights, on_token, on_start)
+    from pipecompile.runtime.threads import IdleCores, use_threads
+
     built = model_of(directory, manifest, model)
     check_prompts(plan, job.prompts, job.max_new_tokens, vocab_size(built), job.eos)
     if job.train_state is not None:
         load_weights(built, train_state_weights(job.train_state), str(job.train_state))
     else:
         load_weights(built, _weights_here(directory, manifest, built, weights), str(directory))
-    return generate_here(
-        decode_stages(built, plan),
-        job.prompts,
-        job.max_new_tokens,
-        job.sampling,
-        eos=job.eos,
-        on_token=on_token,
-        on_start=on_start,
-    )
+    before = torch.get_num_threads()
+    use_threads(job.threads)  # given: that count; else the idle cores, measured between turns
+    idle = IdleCores()
+    try:
+        return generate_here(
+            decode_stages(built, plan),
+            job.prompts,
+            job.max_new_tokens,
+            job.sampling,
+            eos=job.eos,
+            on_token=on_token,
+            on_start=on_start,
+            between_turns=idle.between_steps,
+        )
+    finally:
+        idle.restore()
+        torch.set_num_threads(before)
 
 
 def _weights_here(

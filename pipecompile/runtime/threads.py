@@ -28,6 +28,7 @@ __all__ = ["cores", "fair_share", "launch_threads", "use_threads", "IdleCores"]
 _STAT = STAT  # IdleCores is on where the system has it
 _given = False  # the last use_threads set a count (--threads, a rank's share): IdleCores is off
 SETTLE_S = 0.25  # how long IdleCores.settle watches the other programs before compiled stages
+_WINDOW_S = 0.05  # the shortest time over which the cores others use can be told
 
 
 def fair_share(ranks_here: int) -> int:
@@ -75,7 +76,11 @@ class IdleCores:
         self._last = _sample() if self.on else None
 
     def between_steps(self) -> int:
-        """Measure the step just ended and set the threads for the next; returns the count."""
+        """Measure the step just ended and set the threads for the next; returns the count.
+        Steps shorter than a reading can tell apart (a decoding turn) are measured together:
+        the machine is read again only once ``_WINDOW_S`` has passed."""
+        if self._last is not None and time.monotonic() - self._last.at < _WINDOW_S:
+            return torch.get_num_threads()  # too soon to read the machine again (cheap)
         now = _sample() if self.on and not self.settled else None
         if now is None or self._last is None:
             return torch.get_num_threads()
@@ -139,6 +144,6 @@ def _sample() -> Reading | None:
 
 def _others(before: Reading, after: Reading) -> float | None:
     """Cores kept busy by other programs between two readings (None: too short to tell)."""
-    if after.at - before.at < 0.05:
+    if after.at - before.at < _WINDOW_S:
         return None
     return others_load(before, after, 1)  # over one core: a count of cores

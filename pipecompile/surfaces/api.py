@@ -330,6 +330,7 @@ class CompiledPipeline:
         train_state: str | Path | None = None,
         timeout: float | None = None,
         allow_stale: bool = False,
+        threads: int | None = None,
     ) -> torch.Tensor | list[torch.Tensor]:
         """Continue each prompt of ``input_ids`` by up to ``max_new_tokens`` tokens through
         the decode stages (compiled with ``generate=True``): greedy unless ``temperature``,
@@ -343,7 +344,8 @@ class CompiledPipeline:
         current weights;
         ``train_state``: a `run --save` directory whose newest weights to use;
         ``timeout``: with ``nproc``, seconds to wait for tokens (default 600);
-        ``allow_stale``: generate even though the model file changed since compiling. The
+        ``allow_stale``: generate even though the model file changed since compiling;
+        ``threads``: intra-op threads (default: the idle cores, as ``fit`` chooses them). The
         options are checked as `pipecompile generate` checks them (``GenerateJob.build``)."""
         from pipecompile.generation.job import GenerateJob, sampling_of
         from pipecompile.generation.runner import as_output, run_generation
@@ -360,6 +362,7 @@ class CompiledPipeline:
             train_state=Path(train_state) if train_state is not None else None,
             timeout=timeout,
             allow_stale=allow_stale,
+            threads=threads,
         )
         new = run_generation(job, weights=self.state_dict, model=self._model)
         pad = pad_token_id if pad_token_id is not None else job.pad

@@ -83,6 +83,13 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
         help="--nproc: stop when no tokens come back for S seconds (default 600)",
     )
     p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="intra-op threads (each rank's with --nproc; default: in one process the cores "
+        "other programs leave idle, as run chooses them; with --nproc each rank's share)",
+    )
+    p.add_argument(
         "--allow-stale",
         action="store_true",
         help="generate even though the model file changed since compiling",
@@ -186,6 +193,7 @@ def generate_command(args: argparse.Namespace) -> int:
         train_state=state,
         timeout=args.timeout,
         allow_stale=args.allow_stale,
+        threads=args.threads,
     )
     text = _Text(directory, args.tokenizer)
     prompts = _prompts(args, text)
