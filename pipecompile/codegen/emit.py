@@ -70,6 +70,7 @@ class ModelRef:
     name: str
     label: str
     configs: dict[str, str] = field(default_factory=dict)
+    unsaved: tuple[str, ...] = ()  # buffers the model's own state_dict() leaves out
 
 
 def emit(
@@ -299,7 +300,13 @@ def build_manifest(
         file_sha = file_fingerprint(model.file)
     configs = {name: MODEL_CONFIGS[name] for name in model.configs} or None
     record = ModelRecord(
-        model_file, model.name, graph.tracer, file_sha, compiled.fingerprint or None, configs
+        model_file,
+        model.name,
+        graph.tracer,
+        file_sha,
+        compiled.fingerprint or None,
+        configs,
+        model.unsaved or None,
     )
     stages = zip(graph.stages, sources, randoms)
     return Manifest(

@@ -38,6 +38,7 @@ __all__ = [
     "WeightsRecord",
     "read_manifest",
     "write_manifest",
+    "saved_state",
 ]
 
 FORMAT = "pipecompile/1"  # the format this pipecompile reads and writes
@@ -51,7 +52,8 @@ class ModelRecord:
     """Where the model came from: ``file`` relative to the directory (None when compiled from
     Python), its factory ``name``, the ``tracer``, and the fingerprints of the file and graph;
     ``configs``: a Hugging Face model's own configs, name ``from_pretrained`` reads -> file in
-    the directory (None for another model)."""
+    the directory (None for another model); ``unsaved_buffers``: the buffers the model's own
+    ``state_dict()`` leaves out (the stages hold them; a state handed back leaves them out)."""
 
     file: str | None
     name: str
@@ -59,9 +61,11 @@ class ModelRecord:
     file_sha256: str | None = None
     graph_sha256: str | None = None
     configs: dict[str, str] | None = None
+    unsaved_buffers: tuple[str, ...] | None = None
 
     @classmethod
     def from_json(cls, raw: Json) -> ModelRecord:
+        unsaved = raw.get("unsaved_buffers")
         return cls(
             raw.get("file"),
             raw.get("name", ""),
@@ -69,6 +73,7 @@ class ModelRecord:
             raw.get("file_sha256"),
             raw.get("graph_sha256"),
             raw.get("configs"),
+            tuple(unsaved) if unsaved else None,
         )
 
     def to_json(self) -> Json:
@@ -79,7 +84,10 @@ class ModelRecord:
             "file_sha256": self.file_sha256,
             "graph_sha256": self.graph_sha256,
         }
-        return raw | ({"configs": self.configs} if self.configs else {})
+        raw |= {"configs": self.configs} if self.configs else {}
+        return raw | (
+            {"unsaved_buffers": list(self.unsaved_buffers)} if self.unsaved_buffers else {}
+        )
 
 
 @dataclass(frozen=True)
@@ -377,6 +385,13 @@ class Manifest:
 
     def __str__(self) -> str:
         return json.dumps(self.to_json(), indent=2)
+
+
+def saved_state(state: dict[str, Any], manifest: Manifest) -> dict[str, Any]:
+    """``state`` (a pipeline's, by the model's names) as the model's own ``state_dict()``
+    holds it: without the buffers it registered as not persistent (``unsaved_buffers``)."""
+    unsaved = set(manifest.model.unsaved_buffers or ()) if manifest.model is not None else set()
+    return {name: value for name, value in state.items() if name not in unsaved}
 
 
 def read_manifest(directory: Path | str) -> Manifest:

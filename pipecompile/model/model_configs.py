@@ -13,7 +13,7 @@ import sys
 
 from torch import nn
 
-__all__ = ["model_configs"]
+__all__ = ["model_configs", "unsaved_buffers"]
 
 
 def model_configs(model: nn.Module) -> dict[str, str]:
@@ -36,3 +36,14 @@ def model_configs(model: nn.Module) -> dict[str, str]:
     if model.can_generate() and generation is not None:
         configs["generation_config.json"] = generation.to_json_string(use_diff=True)
     return configs
+
+
+def unsaved_buffers(model: nn.Module) -> tuple[str, ...]:
+    """The names of ``model``'s buffers its own ``state_dict()`` leaves out (registered with
+    ``persistent=False``, such as a rotary embedding's ``inv_freq``): the stages keep their
+    values, and what pipecompile hands back as the model's state leaves them out too, so
+    that ``model.load_state_dict`` takes it."""
+    saved = set(model.state_dict(keep_vars=True))
+    return tuple(
+        sorted(n for n, _ in model.named_buffers(remove_duplicate=False) if n not in saved)
+    )

@@ -36,10 +36,10 @@ from pipecompile.codegen.output_dir import (
 from pipecompile.errors import PipecompileError, WeightsError
 from pipecompile.files.names import INIT, INIT_CONSTANTS, stage_weights
 from pipecompile.files.writable import inside
-from pipecompile.ir.manifest import WeightsRecord, write_manifest
+from pipecompile.ir.manifest import WeightsRecord, saved_state, write_manifest
 from pipecompile.ir.program import Program
 from pipecompile.ir.values import non_tensor_input
-from pipecompile.model.model_configs import model_configs
+from pipecompile.model.model_configs import model_configs, unsaved_buffers
 from pipecompile.options.fields import declared
 from pipecompile.options.run import RunFlags, TrainFlags
 from pipecompile.runtime.job.run import RunJob
@@ -111,7 +111,11 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     check_options(chosen, out)
     name = type(model).__name__
     _, notes = compile_into(
-        model, inputs, chosen, out, model_ref=ModelRef(None, name, name, model_configs(model))
+        model,
+        inputs,
+        chosen,
+        out,
+        model_ref=ModelRef(None, name, name, model_configs(model), unsaved_buffers(model)),
     )
     for note in notes:
         warnings.warn(f"pipecompile: {note}", stacklevel=2)
@@ -364,13 +368,15 @@ class CompiledPipeline:
             allow_stale=allow_stale,
             threads=threads,
         )
-        new = run_generation(job, weights=self.state_dict, model=self._model)
+        new = run_generation(job, weights=self.pipeline.state_dict, model=self._model)
         pad = pad_token_id if pad_token_id is not None else job.pad
         return as_output(prompts, new, pad)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter and buffer under the original model's names."""
-        return self.pipeline.state_dict()
+        """What the original model's own ``state_dict()`` holds, under its names: every
+        parameter and buffer but those it registered as not persistent, so that
+        ``model.load_state_dict(pipe.state_dict())`` takes it."""
+        return saved_state(self.pipeline.state_dict(), self.manifest)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Copy values given under the original model's names into the stages."""

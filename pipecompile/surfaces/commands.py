@@ -100,7 +100,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 def compile_command(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef
     from pipecompile.ir.dynamic import merged_dynamic
-    from pipecompile.model.model_configs import model_configs
+    from pipecompile.model.model_configs import model_configs, unsaved_buffers
     from pipecompile.model.model_file import dynamic_shapes, load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
     from pipecompile.reports.summary import summary
@@ -120,7 +120,9 @@ def compile_command(args: argparse.Namespace) -> int:
         + (what if searching else f"{options.stages} stages"),
     )
     options.dynamic = merged_dynamic(options.dynamic, dynamic_shapes(spec), spec.inputs)
-    model_ref = ModelRef(path, name, f"{path.name}:{name}", model_configs(spec.model))
+    model_ref = ModelRef(
+        path, name, f"{path.name}:{name}", model_configs(spec.model), unsaved_buffers(spec.model)
+    )
     _, notes = compile_into(
         spec.model,
         spec.inputs,

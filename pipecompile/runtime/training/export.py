@@ -35,6 +35,7 @@ from pipecompile.files.owned import (
     sha256,
 )
 from pipecompile.files.writable import check_directory, check_file
+from pipecompile.ir.manifest import saved_state
 from pipecompile.model.pretrained_files import INDEX
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.pipeline import Pipeline
@@ -220,10 +221,13 @@ def _names(names: list[str]) -> str:
 
 
 def _state(directory: Path, train_state: Path | None) -> dict[str, torch.Tensor]:
+    """What the model's own ``state_dict()`` holds (not its non-persistent buffers), by its
+    names: the directory's weights, or a run's newest saved step."""
     pipe = Pipeline.load(directory)
     if train_state is not None:
         resume(pipe, train_state)
-    return {name: t.detach().clone().contiguous() for name, t in pipe.state_dict().items()}
+    state = saved_state(pipe.state_dict(), pipe.manifest)
+    return {name: t.detach().clone().contiguous() for name, t in state.items()}
 
 
 def _pack(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
