@@ -31,10 +31,10 @@ import torch.fx as fx
 
 from pipecompile.errors import ShapeError
 from pipecompile.ir.dynamic import DynamicDims, Exponents, with_batch
-from pipecompile.ir.layers import node_module_path
 from pipecompile.ir.node_info import info
 from pipecompile.ir.size_values import size_sources
 from pipecompile.ir.stage_graph import StageGraph
+from pipecompile.ir.user_frame import op_place
 
 __all__ = ["DynamicDims", "dynamic_dims"]
 
@@ -133,7 +133,7 @@ def _run(balanced, micro, wanted, sizes, evaluate) -> tuple[dict[str, Any], str 
     if err is None:
         return values, None
     assert node is not None
-    return values, f"{_op(node)} fails: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    return values, f"{op_place(node)} fails: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
 
 
 def _probes(sizes: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
@@ -158,8 +158,9 @@ def _measure(
         for node in crossing:
             if _plain(values.get(node.name)) != _plain(base[node.name]):
                 return found, (
-                    f"{_op(node)} computes {_plain(base[node.name])} from the {named} and stage "
-                    f"{_users_stage(node)} uses it: a number crossing a stage boundary is written "
+                    f"{op_place(node)} computes {_plain(base[node.name])} from the {named} and "
+                    f"stage {_users_stage(node)} uses it: a number crossing a stage boundary is "
+                    "written "
                     "into the stage that reads it as a constant, so it cannot follow the "
                     f"{named}; compute it in that stage (e.g. from a tensor it receives)"
                 )
@@ -235,31 +236,3 @@ def _plain(value: Any) -> Any:
 
 def _sized(sizes: dict[str, int]) -> str:
     return ", ".join(f"{s}={n}" for s, n in sorted(sizes.items()))
-
-
-def _op(node: fx.Node) -> str:
-    """The op as a user finds it: its target, node and module, and its line where known."""
-    target = getattr(node.target, "__name__", str(node.target))
-    where = node_module_path(node)
-    parts = [f"node {node.name}"] if node.name != target else []
-    parts += [f"in {where}"] if where and where != target else []
-    parts += [line] if (line := _user_line(node.meta.get("stack_trace") or "")) else []
-    return f"{target} ({', '.join(parts)})" if parts else target
-
-
-def _user_line(stack: str) -> str:
-    """The last frame of a recorded stack outside torch and pipecompile: where the model's
-    own code made the op (``File "model.py", line 12, in forward: x.view(4, 2, 4)``)."""
-    lines = stack.strip().splitlines()
-    frames = [
-        (k, line.strip())
-        for k, line in enumerate(lines)
-        if line.strip().startswith('File "')
-        and "/torch/" not in line
-        and "/pipecompile/" not in line
-    ]
-    if not frames:
-        return ""
-    k, where = frames[-1]
-    code = lines[k + 1].strip() if k + 1 < len(lines) else ""
-    return f"{where}: {code}" if code and not code.startswith('File "') else where

@@ -12,12 +12,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from pipecompile.errors import MicrobatchError
 from pipecompile.frontend.fake_prop import propagate_fake
 from pipecompile.ir.graph_copy import copy_graph_module
 from pipecompile.ir.node_info import info
 from pipecompile.ir.program import Program
 from pipecompile.ir.stage_graph import StageGraph
 from pipecompile.ir.topology import Topology, topology
+from pipecompile.ir.user_frame import op_place
 from pipecompile.ir.verify_program import verify_program
 from pipecompile.passes.balance_stages import compute_nodes
 
@@ -139,3 +141,27 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"{value.dtype}{list(value.shape)}"
     return type(value).__name__
+
+
+def refuse_scalar_outputs(module: fx.GraphModule, microbatches: int) -> None:
+    """A model output with no batch dimension (a loss over the whole batch, such as a VQ
+    model's commitment loss), refused when the batch splits into micro-batches: each
+    micro-batch would compute its own, and the pipeline could return no value equal to the
+    model's (its outputs are joined along the batch).
+
+    Raises:
+        MicrobatchError: naming the output, the op that makes it and what to do.
+    """
+    if microbatches < 2:
+        return
+    output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+    for k, node in enumerate(output.args[0]):
+        value = node.meta.get("val") if isinstance(node, fx.Node) else None
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            raise MicrobatchError(
+                f"output {k}, {op_place(node)}, is a scalar over the whole batch: in "
+                f"{microbatches} micro-batches each computes its own, and the pipeline cannot "
+                "return the model's value (its outputs are joined along the batch); return it "
+                "per sample (keep the batch dimension), or compute it in loss_fn, or compile "
+                "with --microbatches 1"
+            )

@@ -137,7 +137,9 @@ def _trace_now(r: Request, shown: dict[str, torch.Tensor]) -> Traced:
 
 
 def _annotate(r: Request, ir: IR) -> Any:
-    return annotate_costs(ir["traced"].module, root=ir["traced"].root)
+    annotated = annotate_costs(ir["traced"].module, root=ir["traced"].root)
+    checks.refuse_scalar_outputs(annotated, r.microbatches)  # each value's shape known now
+    return annotated
 
 
 def _profile(r: Request, ir: IR) -> Any:

@@ -133,3 +133,26 @@ def test_the_command_line_takes_verify_each(tmp_path, capsys):
     args = [str(model), "--stages", "2", "--microbatches", "2", "-o", str(tmp_path / "o")]
     assert main([*args, "--verify-each"]) == 0
     assert "  verify insert_replication" in capsys.readouterr().err
+
+
+class _WithScalar(torch.nn.Module):
+    """An output and a loss over the whole batch beside it (a VQ model's commitment)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.a(x)
+        return self.b(z), z.pow(2).mean()
+
+
+def test_a_scalar_output_is_refused_at_compile_when_the_batch_splits():
+    from pipecompile.errors import MicrobatchError
+
+    inputs = {"x": torch.randn(8, 8)}
+    with pytest.raises(
+        MicrobatchError, match=r"output 1, mean .* is a scalar over the whole batch"
+    ):
+        compile_model(_WithScalar(), inputs, stages=2, microbatches=2)
+    assert compile_model(_WithScalar(), inputs, stages=2, microbatches=1).program  # one: exact
