@@ -17,6 +17,7 @@ from pipecompile.compiler.pass_names import PASS_ALIASES, PASSES
 from pipecompile.errors import InternalError, PipecompileError, TraceError
 from pipecompile.frontend.fake_prop import fake_values
 from pipecompile.frontend.kept_traces import kept_trace
+from pipecompile.frontend.quiet_logs import quiet_logs
 from pipecompile.frontend.tracer import fixed_batch_view, trace
 from pipecompile.ir.balance_report import BalanceReport
 from pipecompile.ir.compiled import Compiled
@@ -168,7 +169,10 @@ def _dynamic(r: Request, ir: IR) -> DynamicDims:
 
 
 def _memory(r: Request, ir: IR) -> Any:
-    return activation_memory(ir["graph"])
+    # a stage whose sizes follow its data is bounded where fake tensors fail: torch's own log
+    # of that failure is no news to the user
+    with quiet_logs("torch._subclasses.fake_tensor"):
+        return activation_memory(ir["graph"])
 
 
 def _recompute(r: Request, ir: IR) -> Program:

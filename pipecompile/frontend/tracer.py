@@ -26,6 +26,7 @@ from pipecompile.frontend.quiet_logs import held_stderr, quiet_logs
 from pipecompile.ir.leaf_modules import is_rebuildable_leaf
 from pipecompile.ir.split_point import recording
 from pipecompile.ir.traced import Traced
+from pipecompile.ir.values import without_nones
 from pipecompile.model.own_forward import tracing
 
 __all__ = ["trace"]
@@ -221,7 +222,10 @@ def _trace_export(
         auto = torch.export.Dim.AUTO
         shapes = {n: {d: auto for d in dynamic.get(n, {})} or None for n in inputs}
     # A failure prints (and symbolic_shapes logs) the partial graph; the error names its line.
-    with recording(None) as missed, quiet_logs("torch.fx.experimental.symbolic_shapes"):
+    # symbolic_shapes logs a failing graph, non_strict_utils a size of 1 it keeps fixed (the
+    # summary's sizes line says what may vary)
+    quiet = ("torch.fx.experimental.symbolic_shapes", "torch._export.non_strict_utils")
+    with recording(None) as missed, quiet_logs(*quiet):
         with held_stderr():
             exported = torch.export.export(
                 model, (), dict(inputs), dynamic_shapes=shapes, strict=False
@@ -240,7 +244,10 @@ def _trace_export(
     spec = module._out_spec  # set by torch.export on the module it returns
     assert spec is not None
     output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
-    output.args = (tuple(output.args[0]),)
+    # a model output's field left None (LLaVA's): the spec puts it back, the graph returns
+    # computed values only
+    flat, spec = without_nones(list(output.args[0]), spec)
+    output.args = (tuple(flat),)
     for node in [n for n in module.graph.nodes if n.op == "call_module" and not n.users]:
         if str(node.target).startswith("_guards"):  # export's input guard; stages fix shapes anyway
             module.graph.erase_node(node)

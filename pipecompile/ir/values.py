@@ -5,8 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
-__all__ = ["is_literal", "is_transferable", "literal", "non_tensor_input"]
+__all__ = [
+    "tensor_leaves",
+    "is_literal",
+    "is_transferable",
+    "literal",
+    "non_tensor_input",
+    "NoneField",
+    "without_nones",
+]
 
 _SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.memory_format)
 
@@ -41,3 +50,33 @@ def non_tensor_input(named: dict[str, Any]) -> str | None:
                 "tensors (fix options such as use_cache when building the model)"
             )
     return None
+
+
+class NoneField:
+    """An output field that is None (a Hugging Face output's unset ``hidden_states``): in a
+    pytree spec, a node of no leaves whose value is None, so that the graph returns computed
+    values only and the spec puts the Nones back."""
+
+
+pytree.register_pytree_node(
+    NoneField,
+    lambda _: ([], None),
+    lambda _values, _context: None,
+    serialized_type_name=f"{__name__}.NoneField",
+)
+
+
+def tensor_leaves(output: Any) -> list[torch.Tensor]:
+    """A model output's tensors, in pytree order: its fields left None are no values (the
+    stages return the computed ones only, see ``NoneField``)."""
+    return [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+
+
+def without_nones(flat: list[Any], spec: pytree.TreeSpec) -> tuple[list[Any], pytree.TreeSpec]:
+    """``flat`` (a graph's outputs, as ``spec`` orders them) without its None leaves, and the
+    spec that puts them back (``NoneField``)."""
+    if not any(value is None for value in flat):
+        return flat, spec
+    marked = [NoneField() if value is None else value for value in flat]
+    leaves, new = pytree.tree_flatten(pytree.tree_unflatten(marked, spec))
+    return leaves, new

@@ -16,12 +16,12 @@ import functools
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from pipecompile.ir.instr import FORWARD_OPS, Op
 from pipecompile.ir.microbatch import split_microbatches, split_targets
 from pipecompile.ir.program import Program
 from pipecompile.ir.swapped_call import functional_call
+from pipecompile.ir.values import tensor_leaves
 from pipecompile.runtime.check.step import (
     CheckReport,
     check_targets,
@@ -214,4 +214,4 @@ def _micro_step(
         if names and loss.requires_grad
         else (None,) * len(names)
     )
-    return loss, tuple(grads), [t.detach() for t in pytree.tree_leaves(out)]
+    return loss, tuple(grads), [t.detach() for t in tensor_leaves(out)]

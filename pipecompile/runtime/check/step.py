@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from pipecompile.errors import InputError, MicrobatchError, ModelFileError, PipecompileError
 from pipecompile.ir.microbatch import (
@@ -31,6 +30,7 @@ from pipecompile.ir.microbatch import (
 )
 from pipecompile.ir.noise_floor import FIXED, agreement, within_rounding
 from pipecompile.ir.sizes import counted
+from pipecompile.ir.values import tensor_leaves
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.own_forward import tracing
 from pipecompile.runtime.executor import LossFn, call_loss_fn
@@ -325,7 +325,7 @@ def _eager(
         if loss.requires_grad:  # not for a model without trainable parameters
             loss.backward()
         total = total + loss.detach()
-        outputs.append([t.detach() for t in pytree.tree_leaves(out)])
+        outputs.append([t.detach() for t in tensor_leaves(out)])
     grads = {
         n: p.grad.clone()
         for n, p in model.named_parameters(remove_duplicate=False)
