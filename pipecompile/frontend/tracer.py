@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import linecache
+import os
 import traceback
 from typing import Any
 
@@ -307,20 +308,33 @@ def _reason(err: BaseException, model: nn.Module | None = None) -> str:
 
 
 def _where(err: BaseException, model: nn.Module | None) -> str:
-    """``FILE:LINE, in module PATH: `code``` of the innermost frame of ``err``'s traceback
-    outside torch and pipecompile; empty when there is none."""
+    """``FILE:LINE, in module PATH: `code``` of the innermost frame of ``err``'s traceback in
+    the user's code, else in a library's (a Hugging Face model's own file), never torch's,
+    pipecompile's or code generated at run time (``<string>``); empty when there is none."""
     frames = [
         (frame, line)
         for frame, line in traceback.walk_tb(err.__traceback__)
-        if "site-packages" not in frame.f_code.co_filename
-        and "/pipecompile/" not in frame.f_code.co_filename
+        if not _ours_or_generated(frame.f_code.co_filename)
     ]
     if not frames:
         return ""
-    frame, line = frames[-1]
+    users = [(f, n) for f, n in frames if "site-packages" not in f.f_code.co_filename]
+    where = _frame_text(*frames[-1], model)
+    if users and users[-1] != frames[-1]:  # in a library the user's code called
+        where += f", called from {_frame_text(*users[-1], model)}"
+    return where
+
+
+def _frame_text(frame: Any, line: int, model: nn.Module | None) -> str:
     code = linecache.getline(frame.f_code.co_filename, line).strip()
     shown = f": `{code}`" if code else ""
     return f"{frame.f_code.co_filename}:{line}{_in_module(frame, model)}{shown}"
+
+
+def _ours_or_generated(filename: str) -> bool:
+    """torch's, pipecompile's, or source made at run time (``<string>``, ``<eval_with_key>``)."""
+    torch_dir = f"{os.sep}torch{os.sep}"
+    return filename.startswith("<") or torch_dir in filename or "/pipecompile/" in filename
 
 
 def _in_module(frame: Any, model: nn.Module | None) -> str:

@@ -1,12 +1,13 @@
 """Models neither tracer can take: data-dependent control flow in forward, a helper that
 torch.fx.wrap keeps opaque and that cannot be traced through, and a view that hard-codes the
 example batch, traced on a micro-batch. Each error names the file's line, the module and what
-to do. And a Hugging Face model built as people build it, whose KV cache no tracer returns:
+to do (a library's line, and the user's that called it, where the value is read in a library).
+And a Hugging Face model built as people build it, whose KV cache no tracer returns:
 traced without it, said in a note."""
 
 from __future__ import annotations
 
-from catalogue.case import Case, mlp_variant, nothing, write
+from catalogue.case import Case, mlp_variant, nothing, steps, write
 
 MODEL = ("model.py", "--stages", "2", "-q", "-o", "o")
 FIRST_LAYER = "        x = self.act1(self.fc1(x))\n"
@@ -33,6 +34,41 @@ class Rows(nn.Module):  # writes the example's 4 rows into a view: the batch can
 
 def build_model():
     return Rows()
+
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+"""
+LIBRARY = """import torch
+
+
+def gate(x):
+    if x.sum() > 0:  # a value decides, in the library's code
+        return x * 2
+    return x
+"""
+USES_LIBRARY = """import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "lib" / "site-packages"))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import blocks  # noqa: E402
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return blocks.gate(self.a(x))
+
+
+def build_model():
+    return M()
 
 
 def example_inputs():
@@ -66,6 +102,13 @@ TRACING: list[Case] = [
          r"cannot trace MLP: the view at .*model\.py:\d+, in the model's forward: "
          r"`x = self\.act1\(self\.fc1\(x\)\)\.view\(8, -1\)` asks for \[8, -1\], the example "
          r"batch's 8 rows .* one micro-batch of 4 rows .*x\.shape\[0\].*--microbatches 1"),
+    Case("trace-data-dependent-library", "forward calls a library function (in site-packages) "
+         "that branches on a tensor's value",
+         steps(write("lib/site-packages/blocks.py", LIBRARY), write("user.py", USES_LIBRARY)),
+         ("user.py", "--stages", "2", "-q", "-o", "o"),
+         r"cannot trace M:.*site-packages/blocks\.py:5: `if x\.sum\(\) > 0:.*`, called from "
+         r".*user\.py:\d+, in the model's forward: `return blocks\.gate\(self\.a\(x\)\)`",
+         max_lines=4, base=None),
     Case("trace-hf-use-cache", "GPT2LMHeadModel(config) with use_cache at its default (works)",
          write("hf.py", HF_CACHE), ("hf.py", "--stages", "2", "-q", "-o", "o"),
          r"^$", status=0, base=None),  # -q: its note (tests/model/test_kv_cache.py) is not shown
