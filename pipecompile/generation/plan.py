@@ -10,6 +10,7 @@ model's (``prove_generation``)."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
@@ -89,17 +90,38 @@ def plan_generation(
     )
 
 
+def check_fits(model: nn.Module, plan: GenerationPlan) -> Any:
+    """``model``'s decoder family, where ``plan`` was made for this model.
+
+    Raises:
+        GenerateError: naming what differs (the model file changed since the compile, and
+            ``--allow-stale`` took it): its family, block count or key/value shape.
+    """
+    family = decoder_family(model)
+    changed = _changed(family, plan)
+    if changed:
+        raise GenerateError(
+            f"the model built now is not the one compiled: {changed}; its generation plan no "
+            "longer fits it: recompile with --generate"
+        )
+    return family
+
+
+def _changed(family: Any, plan: GenerationPlan) -> str:
+    """What differs between the model built now and the one the plan was made for (empty:
+    nothing its decoding depends on)."""
+    now = (family.name, len(family.blocks), *family.kv_shape())
+    then = (plan.family, plan.blocks[-1][1], plan.kv_heads, plan.head_size)
+    words = ("decoder", "blocks", "key/value heads", "head size")
+    return ", ".join(f"{w} {b} (compiled with {a})" for w, a, b in zip(words, then, now) if a != b)
+
+
 def decode_stages(
     model: nn.Module, plan: GenerationPlan, which: list[int] | None = None
 ) -> list[DecodeStage]:
     """The decode stages ``which`` (default all) of ``plan`` on ``model`` (in eval mode)."""
     model.eval()
-    family = decoder_family(model)
-    if family.name != plan.family or len(family.blocks) < plan.blocks[-1][1]:
-        raise GenerateError(
-            f"the model is a {family.name} decoder of {len(family.blocks)} blocks, but the "
-            f"directory's generation plan is for a {plan.family} decoder: recompile it"
-        )
+    family = check_fits(model, plan)
     return [
         DecodeStage(
             family,

@@ -12,7 +12,7 @@ from torch import nn
 
 from pipecompile.generation.job import GenerateJob
 from pipecompile.generation.local import generate_here
-from pipecompile.generation.plan import decode_stages
+from pipecompile.generation.plan import check_fits, decode_stages
 from pipecompile.generation.session import (
     check_prompts,
     load_weights,
@@ -49,11 +49,13 @@ def run_generation(
         from pipecompile.generation.ranks import generate_on_ranks
 
         meta = skeleton(directory, manifest)  # this rank's stage gets memory on the ranks
+        check_fits(meta, plan)
         check_prompts(plan, job.prompts, job.max_new_tokens, vocab_size(meta), job.eos)
         return generate_on_ranks(directory, manifest, meta, plan, job, weights, on_token, on_start)
     from pipecompile.runtime.threads import IdleCores, use_threads
 
     built = model_of(directory, manifest, model)
+    check_fits(built, plan)  # before its weights: a changed model is named as such
     check_prompts(plan, job.prompts, job.max_new_tokens, vocab_size(built), job.eos)
     if job.train_state is not None:
         load_weights(built, train_state_weights(job.train_state), str(job.train_state))
