@@ -24,3 +24,40 @@ def test_nan_is_beyond_any_noise_floor():
     nan = torch.tensor([float("nan")])
     compare(report, "loss", nan, torch.zeros(1), None, None, torch.zeros(1).double(), "loss")
     assert "beyond any noise floor" in str(report).splitlines()[1] and not report.ok
+
+
+class _Keeps(torch.nn.Module):
+    """Keeps a value of its forward on itself, as torchvision's RAFT does: a copy of the
+    model after a forward is refused (a non-leaf tensor has no deepcopy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 2)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last = self.a(x) * 2
+        return self.last
+
+
+def test_a_model_that_cannot_be_copied_leaves_the_check_its_fixed_tolerances():
+    import copy
+
+    import pipecompile
+    from pipecompile.runtime.check.step import _eager_float64, eager_on_device
+
+    model, x = _Keeps(), torch.randn(4, 4)
+    pipe = pipecompile.compile(model, (x,), stages=1)
+    model(x)  # its forward has run: it holds a non-leaf tensor now
+    try:
+        copy.deepcopy(model)
+    except RuntimeError:
+        pass
+    else:  # the case this test is about no longer arises
+        raise AssertionError("deepcopy of a module holding a non-leaf tensor succeeded")
+    loss = lambda out, t: (out - t).pow(2).mean()  # noqa: E731
+    targets = (torch.randn(4, 2),)
+    assert _eager_float64(pipe.pipeline, model, {"x": x}, targets, loss, 1) is None
+    assert (
+        eager_on_device(pipe.pipeline, model, {"x": x}, targets, loss, torch.device("cpu")) is None
+    )

@@ -399,9 +399,9 @@ def eager_on_device(
     splits it: the loss, joined outputs and gradients (on the CPU) that measure the rounding
     of that device's kernels; None when the model cannot run there."""
     parts = pipe.program.microbatches if _per_micro(model) else 1
-    there = copy.deepcopy(model).to(device)
     moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    try:
+    try:  # a model that keeps its forward's tensors on itself (RAFT) cannot be copied either
+        there = copy.deepcopy(model).to(device)
         loss, parts_out, grads = _eager(
             pipe, there, moved, tuple(t.to(device) for t in targets), loss_fn, parts
         )
@@ -423,10 +423,12 @@ def _eager_float64(
     parts: int,
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]] | None:
     """The eager reference again in float64 (loss, joined outputs, gradients): how far
-    rounding alone moves each value. None when the model or its loss cannot run in float64."""
-    twin = copy.deepcopy(model).double()
+    rounding alone moves each value. None when the model or its loss cannot run in float64,
+    or the model cannot be copied (one that keeps its forward's tensors on itself, as
+    torchvision's RAFT does: a copy of a non-leaf tensor is refused)."""
     wide = {k: _wide(v) for k, v in inputs.items()}
     try:
+        twin = copy.deepcopy(model).double()
         loss, parts_out, grads = _eager(
             pipe, twin, wide, tuple(_wide(t) for t in targets), loss_fn, parts
         )
