@@ -1,14 +1,15 @@
 """The plan search: every plan for N devices the options leave open, each predicted exactly
 (``Predictor``), ranked by predicted step.
 
-A plan is offered all N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p,
+A plan is offered up to N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p,
 zb2p) take 1 to N stages and the partitioner spreads up to N devices over them as replicas
 (it leaves one idle where a replica's gradient all-reduce would cost more than it saves); the
-looped schedules put ``v`` stages on each of the N devices (v = 2 and 4 unless
-`--virtual-stages`), the V-shaped ones (zbv, v_half, v_min, dualpipev) two. Micro-batch counts
-are the divisors of the batch (or the one given). Without a memory limit only ``--recompute
-never`` is tried: recomputation only adds time, so a plan that recomputes is never faster
-than the same plan without.
+looped schedules put ``v`` stages on each of 2 to N devices (v = 2 and 4 unless
+`--virtual-stages`), the V-shaped ones (zbv, v_half, v_min, dualpipev) two, and the others
+one stage on each of 1 to N: a small model may be fastest on fewer devices than offered.
+Micro-batch counts are the divisors of the batch (or the one given). Without a memory limit
+only ``--recompute never`` is tried: recomputation only adds time, so a plan that recomputes
+is never faster than the same plan without.
 """
 
 from __future__ import annotations
@@ -209,16 +210,22 @@ def _plans(facts: ModelFacts, batch: int, space: Space, machine: CostModel) -> I
 def _shapes(
     schedule: str, devices: int, virtual: Sequence[int]
 ) -> Iterator[tuple[int, int | None]]:
+    """The stage counts (and virtual stages) ``schedule`` places on up to ``devices`` devices:
+    a plan may use fewer devices than offered, where more would cost more than they save (a
+    small model's messages)."""
     if schedule in LOOPED:
-        for v in virtual:
-            yield devices * v, v
+        for used in range(min(2, devices), devices + 1):
+            for v in virtual:
+                yield used * v, v
     elif schedule in V_SHAPED:
-        yield 2 * devices, None
+        for used in range(min(2, devices), devices + 1):
+            yield 2 * used, None
     elif schedule in REPLICABLE:
         for stages in range(1, devices + 1):
             yield stages, None
     else:
-        yield devices, None
+        for used in range(1, devices + 1):
+            yield used, None
 
 
 def _placing(schedules: Sequence[str], stages: int, space: Space) -> str:
@@ -233,21 +240,29 @@ def _placing(schedules: Sequence[str], stages: int, space: Space) -> str:
         )
     looped = [s for s in schedules if s in LOOPED]
     if looped:
-        takes = " or ".join(str(devices * v) for v in space.virtual_stages)
+        counts = sorted({s for s, _ in _shapes(looped[0], devices, space.virtual_stages)})
+        takes = _listed_counts(counts)
         said.append(
             f"{', '.join(looped)} {_verb(looped, 'put')} --virtual-stages stages on each device, "
-            f"so {devices} "
+            f"so up to {devices} "
             f"devices take {takes} (or give --virtual-stages V with --stages = V x --devices)"
         )
     shaped = [s for s in schedules if s in V_SHAPED]
     if shaped:
-        fix = f" or --devices {stages // 2}" if stages % 2 == 0 else ""
+        counts = sorted({s for s, _ in _shapes(shaped[0], devices, space.virtual_stages)})
+        fix = f" or --devices {stages // 2}" if stages % 2 == 0 and stages > 2 * devices else ""
         said.append(
             f"{', '.join(shaped)} {_verb(shaped, 'put')} two stages on each device (a V), so "
-            f"{devices} devices "
-            f"take --stages {2 * devices}{fix}"
+            f"up to {devices} devices "
+            f"take --stages {_listed_counts(counts)}{fix}"
         )
     return "; ".join(said)
+
+
+def _listed_counts(counts: Sequence[int]) -> str:
+    """``4, 6 or 8``."""
+    text = [str(c) for c in counts]
+    return ", ".join(text[:-1]) + " or " + text[-1] if len(text) > 1 else "".join(text)
 
 
 def _verb(names: Sequence[str], verb: str) -> str:
