@@ -22,7 +22,7 @@ from pipecompile.passes import annotate_costs
 from pipecompile.planner.calibrate import calibrated
 from pipecompile.planner.model_facts import ModelFacts, model_facts
 from pipecompile.planner.model_probe import corrected, probe_model, probe_sizes
-from pipecompile.planner.plan import Plan
+from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.planner.search import (
     SearchResult,
     Space,
@@ -103,7 +103,7 @@ def choose_plan(
         keep=1 + RUNNERS_UP,
     )
     record = plan_record(result, space, machine, source, key)
-    return result.best.plan, _on_used(machine, result.best.devices), record
+    return result.best.plan, _on_used(machine, result.best), record
 
 
 _PER_DEVICE = (("--memory-limit", "memory_limit"), ("--device-speed", "device_speed"))
@@ -120,13 +120,17 @@ def _check_per_device(machine: CostModel, devices: int) -> None:
             )
 
 
-def _on_used(machine: CostModel, used: int) -> CostModel:
-    """The cost model of the devices a plan uses, the first ``used`` of those searched (a plan
-    may leave some out): per-device values cut to them."""
+def _on_used(machine: CostModel, best: Predicted) -> CostModel:
+    """The cost model of the devices the chosen plan uses, the first of those searched (a plan
+    may leave some out): per-device values cut to them; a replicated stage's device takes
+    the smallest memory limit and speed of its ranks (each replica holds and runs the whole
+    stage)."""
+    replicas = best.plan.replicas or (1,) * best.devices
+    bases = [sum(replicas[:d]) for d in range(len(replicas))]
     cut = {
-        name: getattr(machine, name)[:used]
+        name: tuple(min(values[b : b + r]) for b, r in zip(bases, replicas))
         for _, name in _PER_DEVICE
-        if len(getattr(machine, name)) > 1
+        if len(values := getattr(machine, name)) > 1
     }
     return replace(machine, **cut) if cut else machine
 

@@ -18,7 +18,7 @@ replica's) over that concurrency.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from pipecompile.ir.cost_model import CostModel, scaled_speeds
@@ -77,11 +77,12 @@ class Predictor:
         if found is None:
             return None
         memory = _memory(facts, self.machine, program, found.starts)
+        replicated = workers is not None and any(r > 1 for r in found.replicas)
+        limits = device_limits(self.machine, found.replicas if replicated else ())
         over = any(
-            (limit := self.machine.limit(d)) is not None and memory[d] > limit
-            for d in range(len(memory))
+            (limit := limits(d)) is not None and memory[d] > limit for d in range(len(memory))
         )
-        if over and len(program.devices) == program.num_stages:
+        if over and len(program.devices) == program.num_stages and not replicated:
             found = self._split(size, replace(self.machine, workers=workers), program)
             if found is None:
                 return None
@@ -403,6 +404,22 @@ def _bubble(timeline: Timeline, microbatches: int, replicas: Sequence[int]) -> f
     for d, r in enumerate(replicas):  # one stage per device where stages are replicated
         work += timeline.busy(d) * microbatches / -(-microbatches // r)
     return float(1.0 - work / (sum(replicas) * timeline.makespan))
+
+
+def device_limits(machine: CostModel, replicas: Sequence[int]) -> Callable[[int], int | None]:
+    """The memory limit of each device of a program whose device ``d`` runs on ``replicas[d]``
+    ranks (ranks numbered device by device): the smallest of its ranks' ``--memory-limit``,
+    as every replica holds the whole stage."""
+    if not replicas:
+        return machine.limit
+    bases = [sum(replicas[:d]) for d in range(len(replicas))]
+
+    def limit(d: int) -> int | None:
+        ranks = range(bases[d], bases[d] + replicas[d])
+        found = [machine.limit(k) for k in ranks]
+        return None if None in found else min(x for x in found if x is not None)
+
+    return limit
 
 
 def _memory(

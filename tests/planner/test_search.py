@@ -323,3 +323,26 @@ def test_a_looped_or_v_schedule_may_use_fewer_devices_than_offered(facts) -> Non
     result = search(facts, batch=8, space=space, machine=MACHINE)
     used = {(p.plan.schedule, p.devices) for p in result.ranked}
     assert {("interleaved", 2), ("zbv", 2), ("zbv", 3)} <= used, used
+
+
+def test_a_replica_counts_against_the_memory_limit_of_its_own_rank(facts) -> None:  # type: ignore[no-untyped-def]
+    """Per-device limits bind each replica's rank: a plan that puts a whole replica on the
+    small device does not fit, whatever the large one holds."""
+    probe = search(facts, batch=8, space=Space(devices=2, stages=(1,)), machine=MACHINE)
+    whole = max(probe.best.memory)  # one stage holding the whole model
+    small, large = whole // 2, whole * 4
+    machine = replace(MACHINE, memory_limit=(large, small))
+    result = search(facts, batch=8, space=Space(devices=2, stages=(1,)), machine=machine)
+    assert all(not p.plan.replicas for p in result.ranked)  # no replica on the small device
+    assert all(p.devices == 1 for p in result.ranked)
+
+
+def test_the_compile_of_a_plan_on_fewer_ranks_takes_their_limits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`--devices 2 --microbatches 2 --memory-limit A,B` compiles (it once ended after the
+    search: '--memory-limit gives 2 sizes for 1 devices')."""
+    from pipecompile.surfaces.cli import main
+    from tests.conftest import EXAMPLES
+
+    base = [str(EXAMPLES / "mlp.py"), "--devices", "2", "--memory-limit", "400KiB,100KiB", "-q"]
+    assert main([*base, "--microbatches", "2", "-o", str(tmp_path / "o")]) == 0
+    assert main([*base, "-o", str(tmp_path / "o2")]) == 0  # the search chooses 1 of 2 devices
