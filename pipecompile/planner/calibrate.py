@@ -101,9 +101,9 @@ def calibrated(
     when no trusted calibration is kept; with ``--tune``'s ratio for the model
     ``model_key`` when one was learned) and the key of the calibration used.
 
-    ``say`` gets the progress lines; a calibration measured now beyond a bound is noted on
-    stderr, a kept one only where ``say`` is given (one command's later searches are
-    silent)."""
+    ``say`` gets the progress lines; a calibration beyond a bound is noted on stderr where
+    ``say`` is given (not under ``-q``, which prints nothing but errors, nor in one command's
+    later searches)."""
     threads = fair_share(devices)
     key = machine_key(threads)
     entry = _constants(key, threads, say)
@@ -213,7 +213,7 @@ def _measured_messages(devices: int, threads: int) -> tuple[dict[str, float], Qu
 def _doubt(quality: Quality | None, what: str, *, measured_now: bool, say: Say | None) -> None:
     """Note that ``what`` may be off, and why, when its quality is beyond a bound."""
     why = quality.doubt() if quality is not None else None
-    if quality is None or why is None or not (measured_now or say is not None):
+    if quality is None or why is None or say is None:  # -q (no progress lines): not this
         return
     when = "measured now" if measured_now else f"kept from {quality.when()}"
     note(

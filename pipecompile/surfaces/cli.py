@@ -29,7 +29,6 @@ def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
     SIGTERM). ``command_line``: this process is the command itself, started for it, which has
     run no torch op yet (`run --nproc` then forks its rank starter from itself)."""
     from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c, user_stop
-    from pipecompile.runtime.notes import quiet
 
     try:
         parser = _parser()
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
         return done.code if isinstance(done.code, int) else 2
     parsed.command_line = command_line
     try:
-        with sigterm_as_ctrl_c(), quiet(bool(getattr(parsed, "quiet", False))):  # -q: errors only
+        with sigterm_as_ctrl_c():
             return parsed.handler(parsed)
     except BrokenPipeError:  # `pipecompile show OUT | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

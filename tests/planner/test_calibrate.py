@@ -201,7 +201,7 @@ def test_a_busy_calibration_is_measured_again_then_used_with_a_note(
 
 def test_busy_messages_are_noted_as_such(made_up, capsys) -> None:  # type: ignore[no-untyped-def]
     made_up += [QUIET, BUSY, BUSY]
-    calibrated(CostModel(), 2)
+    calibrated(CostModel(), 2, say=lambda line: None)  # progress on (no -q)
     err = capsys.readouterr().err
     assert "note: the calibration of messages between 2 ranks (measured now) is in doubt" in err
     assert "cost model's calibration" not in err  # the constants were measured quiet

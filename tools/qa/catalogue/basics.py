@@ -505,7 +505,7 @@ TRAINING_RUN_CASES = [
     Case("plan-v-stages-per-device", "--devices 3 --stages 3 --schedule zbv", nothing,
          ("mlp.py", "--devices", "3", "--stages", "3", "--schedule", "zbv", "-o", "o"),
          r"--stages 3 cannot run on --devices 3: zbv puts two stages on each device \(a V\), "
-         r"so 3 devices take --stages 6"),
+         r"so up to 3 devices take --stages 4 or 6"),
     Case("plan-memory-limit-count", "--devices 2 --memory-limit 1MB,1MB,1MB", nothing,
          ("mlp.py", "--devices", "2", "--memory-limit", "1MB,1MB,1MB", "-o", "o"),
          r"--memory-limit gives 3 values for --devices 2; give one per device"),

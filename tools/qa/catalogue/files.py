@@ -144,10 +144,9 @@ COMPILE_CASES = [
          "stage_2.py in it", write("out/stage_2.py", "print('mine')\n"),
          (*COMPILE, "-o", "out", "--stages", "3", "--force"),
          r"stage_2\.py among them under a name it may write", intact=("out/stage_2.py",)),
-    # -q: the note that says so is left out (tests/test_output_safety.py reads it without -q)
     Case("compile-force-beside", "-o mine/ --force, a folder holding the user's notes.txt",
-         write("mine/notes.txt", "mine"), (*COMPILE, "-o", "mine", "--force"), r"^$", status=0,
-         intact=("mine/notes.txt",)),
+         write("mine/notes.txt", "mine"), (*COMPILE, "-o", "mine", "--force"),
+         r"note: kept notes\.txt in mine", status=0, intact=("mine/notes.txt",)),
     Case("compile-full-disk", "compile -o a directory on a full disk",
          small_disk("full", "32k"), (*COMPILE, "-o", "full/out"),
          r"cannot write output directory full/out: the disk is full", cleanup=unmount("full")),
