@@ -23,12 +23,14 @@ Rerun with::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from common import (
@@ -111,25 +113,28 @@ def generation(rounds: int, quick: bool) -> None:
                          "--generate", "-q", "-o", str(out))  # fmt: skip
         for k in range(rounds):
             for name, (flags, busy) in cases.items():
-                spinners = spinning(busy, gentle=quick)
-                try:
+                with spinning(busy, gentle=quick):
                     results[name].append(generate_s(out, *flags))
-                finally:
-                    for p in spinners:
-                        p.kill()
-                        p.wait()
                 log(f"round {k + 1}: {name}: {results[name][-1]:.2f} s")
     print("\n| generate, 40 tokens | median seconds | spread |\n|---|---:|---|")
     for name, times in results.items():
         print(f"| {name} | {statistics.median(times):.3f} | {min(times):.3f}-{max(times):.3f} |")
 
 
-def spinning(count: int, *, gentle: bool = False) -> list[subprocess.Popen]:
-    """``count`` processes spinning on a core each; ``gentle``: at the lowest priority (the
-    test suite's quick run exercises the path without taking a core from the other tests)."""
+@contextlib.contextmanager
+def spinning(count: int, *, gentle: bool = False) -> Iterator[None]:
+    """While open, ``count`` processes spin on a core each; ``gentle``: at the lowest
+    priority (the test suite's quick run exercises the path without taking a core from the
+    other tests)."""
     start = (lambda: os.nice(19)) if gentle else None
     loop = [sys.executable, "-c", "while True: pass"]
-    return [subprocess.Popen(loop, preexec_fn=start) for _ in range(count)]
+    spinners = [subprocess.Popen(loop, preexec_fn=start) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
 
 
 def main() -> None:
@@ -173,13 +178,8 @@ def training(args: argparse.Namespace) -> None:
         pipecompile_done(str(model), "--stages", "2", "--microbatches", "8", "-q", "-o", str(out))
         for k in range(rounds):
             for name, (flags, loaded) in cases.items():
-                spinners = spinning(busy, gentle=args.quick) if loaded else []
-                try:
+                with spinning(busy if loaded else 0, gentle=args.quick):
                     results[name].append(step_ms(out, steps, *flags))
-                finally:
-                    for p in spinners:
-                        p.kill()
-                        p.wait()
                 log(f"round {k + 1}: {name}: {results[name][-1]:.1f} ms")
     print("\n| case | median step (ms) |\n|---|---:|")
     for name, times in results.items():
