@@ -23,14 +23,11 @@ Rerun with::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from common import (
@@ -41,6 +38,7 @@ from common import (
     pipecompile_command,
     pipecompile_done,
     run_checked,
+    spinning,
 )
 
 MODEL_FILE = """
@@ -119,22 +117,6 @@ def generation(rounds: int, quick: bool) -> None:
     print("\n| generate, 40 tokens | median seconds | spread |\n|---|---:|---|")
     for name, times in results.items():
         print(f"| {name} | {statistics.median(times):.3f} | {min(times):.3f}-{max(times):.3f} |")
-
-
-@contextlib.contextmanager
-def spinning(count: int, *, gentle: bool = False) -> Iterator[None]:
-    """While open, ``count`` processes spin on a core each; ``gentle``: at the lowest
-    priority (the test suite's quick run exercises the path without taking a core from the
-    other tests)."""
-    start = (lambda: os.nice(19)) if gentle else None
-    loop = [sys.executable, "-c", "while True: pass"]
-    spinners = [subprocess.Popen(loop, preexec_fn=start) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for p in spinners:
-            p.kill()
-            p.wait()
 
 
 def main() -> None:

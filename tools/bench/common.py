@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -163,3 +163,19 @@ class GPT2Sizes:
 
 
 QUICK_GPT2 = {"layers": 2, "width": 32, "heads": 2, "vocab": 64, "tokens": 8}  # --quick's
+
+
+@contextlib.contextmanager
+def spinning(count: int, *, gentle: bool = False) -> Iterator[None]:
+    """While open, ``count`` processes spin on a core each; ``gentle``: at the lowest
+    priority (the test suite's quick run exercises the path without taking a core from the
+    other tests)."""
+    start = (lambda: os.nice(19)) if gentle else None
+    loop = [sys.executable, "-c", "while True: pass"]
+    spinners = [subprocess.Popen(loop, preexec_fn=start) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()

@@ -27,6 +27,14 @@ prediction orders as measured. Rerun, on a quiet machine, with::
     python tools/bench/predicted.py          # docs/BENCHMARKS.md's figure (about 8 minutes)
     python tools/bench/predicted.py --only gpt --repeats 5
     python tools/bench/predicted.py --quick  # a 2-layer GPT, 3 plans, 1 measurement of 3 steps
+
+``--part replicated`` prices replicated plans where their gradient all-reduce weighs: a wider GPT
+(8 layers, width 192, 16 x 32 tokens: 14 MB of gradients) as 1 stage x 2 replicas beside 2
+stages, the ratio of measured to predicted of each (where the cost model stops holding is
+where the replicated rows' ratio leaves the pipelined ones')::
+
+    python tools/bench/predicted.py --part replicated
+    python tools/bench/predicted.py --part replicated --busy 1   # another program on a core
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-from common import command, log, machine, pipecompile_done
+from common import command, log, machine, pipecompile_done, spinning
 from model_files import gpt_body, llama_body, resnet_body, write_model_file
 
 from pipecompile.runtime.distributed.local_ranks import fork_a_starter
@@ -74,6 +82,7 @@ RESNET = Model(
     resnet_body(2, 16, 16),
 )
 TINY_GPT = _gpt(2, 32, 2, 8, 16, 128)
+WIDE_GPT = _gpt(8, 192, 4, 16, 32, 256)  # --part replicated: gradients that weigh
 MODELS = (GPT, LLAMA, RESNET)
 
 
@@ -108,6 +117,9 @@ PLANS = (
     Fixed(4, 4, "zbv"),
 )
 QUICK_PLANS = (Fixed(1, 2, "gpipe"), Fixed(2, 2, "1f1b"), Fixed(2, 4, "zb1p"))
+REPLICATED_PLANS = (
+    Fixed(1, 2, "gpipe"), Fixed(1, 4, "gpipe"), Fixed(2, 2, "gpipe"), Fixed(2, 4, "1f1b"),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -284,6 +296,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a 2-layer GPT, 3 plans, once")
     parser.add_argument("--only", choices=[m.name for m in MODELS], help="one model")
+    parser.add_argument(
+        "--busy", type=int, default=0, help="processes kept spinning while the plans run"
+    )
+    parser.add_argument(
+        "--part",
+        choices=("models", "replicated"),
+        default="models",
+        help="models: the three models' 12 plans; replicated: a wider GPT's replicas",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="measurements of each plan")
     parser.add_argument(
         "--steps", type=int, default=10, help="steps a measurement (the first warms up)"
@@ -296,11 +317,14 @@ def main() -> None:
     print(f"command: {command()}", flush=True)
     models = [TINY_GPT] if args.quick else [m for m in MODELS if args.only in (None, m.name)]
     plans = QUICK_PLANS if args.quick else PLANS
+    if args.part == "replicated" and not args.quick:
+        models, plans = [WIDE_GPT], REPLICATED_PLANS
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-predicted-") as tmp:
         found = {}
         for model in models:
-            rows = one_model(Path(tmp), model, plans, args.repeats, args.steps)
+            with spinning(args.busy):  # the calibration kept is the quiet machine's
+                rows = one_model(Path(tmp), model, plans, args.repeats, args.steps)
             found[model.name] = report(model, rows, args.repeats)
     shown = ", ".join(f"{name} {rho:.2f}" for name, rho in found.items())
     print(f"\nrank correlations: {shown}; the run took {time.perf_counter() - start:.0f} s.")
