@@ -171,7 +171,13 @@ def _messages(
         _doubt(Quality.from_json(kept), what, measured_now=False, say=say)
         return entry
     if say is not None:
-        say(f"calibrating messages between {devices} ranks ({why})")
+        crowded = devices > 2 * cores()
+        more = (
+            f"; {devices} processes share {cores()} cores: this takes a while, once"
+            if crowded
+            else ""
+        )
+        say(f"calibrating messages between {devices} ranks ({why}{more})")
     figures, quality = until_trusted(
         lambda: _measured_messages(devices, threads),
         f"calibrating messages between {devices} ranks",
