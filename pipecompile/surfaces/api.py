@@ -160,7 +160,9 @@ def load(directory: str | Path, *, allow_stale: bool = False) -> CompiledPipelin
     directory = Path(directory)
     if not allow_stale:
         check_fresh(directory, read_manifest(directory), allowed="pass allow_stale=True to use")
-    return CompiledPipeline(directory)
+    pipe = CompiledPipeline(directory)
+    pipe._allow_stale = allow_stale  # its fit() and generate() use it as it was loaded
+    return pipe
 
 
 class CompiledPipeline:
@@ -178,6 +180,7 @@ class CompiledPipeline:
         self._factory: OptimizerFactory | None = None
         self._fitted_with: OptimizerFactory | str | None = None  # the last fit()'s optimizer
         self._temporary: Path | None = None  # deleted with this object (compiled in memory)
+        self._allow_stale = False  # loaded with allow_stale=True: a changed model file is taken
         self._model: nn.Module | None = None  # compiled from Python: its modules, to generate
 
     @property
@@ -315,7 +318,8 @@ class CompiledPipeline:
                     f"e.g. {name}={Path(path).name!r}, or compile with directory=..."
                 )
         emitted = Emitted(self.directory, self.manifest, self.pipeline.program)
-        job = RunJob.build(emitted, RunFlags(), options, default_metrics=False)
+        flags = RunFlags(allow_stale=self._allow_stale)  # as it was loaded
+        job = RunJob.build(emitted, flags, options, default_metrics=False)
         job.check_places(force_flag="force=True")
         return job
 
@@ -333,7 +337,7 @@ class CompiledPipeline:
         nproc: int | None = None,
         train_state: str | Path | None = None,
         timeout: float | None = None,
-        allow_stale: bool = False,
+        allow_stale: bool | None = None,
         threads: int | None = None,
     ) -> torch.Tensor | list[torch.Tensor]:
         """Continue each prompt of ``input_ids`` by up to ``max_new_tokens`` tokens through
@@ -348,7 +352,8 @@ class CompiledPipeline:
         current weights;
         ``train_state``: a `run --save` directory whose newest weights to use;
         ``timeout``: with ``nproc``, seconds to wait for tokens (default 600);
-        ``allow_stale``: generate even though the model file changed since compiling;
+        ``allow_stale``: generate even though the model file changed since compiling
+        (default: as the pipeline was loaded);
         ``threads``: intra-op threads (default: the idle cores, as ``fit`` chooses them). The
         options are checked as `pipecompile generate` checks them (``GenerateJob.build``)."""
         from pipecompile.generation.job import GenerateJob, sampling_of
@@ -365,7 +370,7 @@ class CompiledPipeline:
             nproc=nproc,
             train_state=Path(train_state) if train_state is not None else None,
             timeout=timeout,
-            allow_stale=allow_stale,
+            allow_stale=self._allow_stale if allow_stale is None else allow_stale,
             threads=threads,
         )
         new = run_generation(job, weights=self.pipeline.state_dict, model=self._model)

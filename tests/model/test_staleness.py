@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 
 import pipecompile
 from pipecompile.errors import ModelFileError
@@ -35,7 +36,9 @@ def test_load_refuses_a_stale_directory_unless_allowed(stale):
     )
     with pytest.raises(ModelFileError, match=said):
         pipecompile.load(stale)
-    assert pipecompile.load(stale, allow_stale=True).stages
+    taken = pipecompile.load(stale, allow_stale=True)  # and its fit() takes it too
+    x, y = torch.randn(8, 32), torch.randn(8, 10)
+    assert taken.fit([((x,), y)], torch.nn.functional.mse_loss, "sgd", steps=1)
 
 
 def test_export_and_show_measured_refuse_it_as_run_does(stale, tmp_path, capsys):
