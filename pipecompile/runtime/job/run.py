@@ -194,7 +194,7 @@ class RunJob:
             flags.model,
             emitted.directory,
             emitted.manifest,
-            allow_stale=bool(flags.allow_stale),
+            allow_stale=True,  # build() found the file fresh (or --allow-stale took it)
             build=bool(flags.check),
         )
         if spec.loss_fn is None:
