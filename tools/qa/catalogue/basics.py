@@ -192,7 +192,7 @@ NPROC_CASES = [
          "compiled (no flag: the batch varies)", mlp_variant(("BATCH_SIZE = 8", "BATCH_SIZE = 16")),
          ("run", "out", "--nproc", "2", "--model", "model.py", "--steps", "1"),
          r"step 1/1  loss \d",
-         status=0),
+         status=0, own_process=True),  # rank 0's lines reach file descriptor 1, not sys.stdout
     Case("nproc-weights-swapped", "copied stage_0's weights over stage_1's; --nproc 2 --check",
          copy("out/stage_0.safetensors", "out/stage_1.safetensors"),
          (*CHECK, "--nproc", "2"), r"rank 1: error:.*out/stage_1\.safetensors.*recompile",
