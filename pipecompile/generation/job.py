@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from pipecompile.generation.session import plan_of
 from pipecompile.ir.generation_plan import GenerationPlan
 from pipecompile.ir.manifest import Manifest, read_manifest
 from pipecompile.model.model_file import check_fresh
-from pipecompile.runtime.faults import FAULT_ENV, Fault, parse_faults
+from pipecompile.runtime.faults import FAULT_ENV, Fault, read_faults
 
 __all__ = ["GenerateJob", "sampling_of", "TIMEOUT_S"]
 
@@ -167,13 +166,9 @@ def _check_ranks(
 def _faults(nproc: int | None) -> tuple[Fault, ...]:
     """``PIPECOMPILE_FAULT`` for a generation: ``RANK:TURN:turn:KIND`` of a rank that takes
     turns (1 to N-1 of ``--nproc N``: rank 0 is this process, which leads them)."""
-    try:
-        faults = tuple(parse_faults(os.environ.get(FAULT_ENV, "")))
-    except ValueError as err:
-        raise GenerateError(str(err)) from None
+    faults = read_faults()
     ranks = nproc or 1
     for f in faults:
-        text = f"{FAULT_ENV} {f.rank}:{'*' if f.step is None else f.step}:{f.where}:{f.kind}"
         if f.where != "turn":
             why = f"generation fails a rank at a turn (RANK:TURN:turn:KIND), not at {f.where}"
         elif ranks < 2:
@@ -182,7 +177,7 @@ def _faults(nproc: int | None) -> tuple[Fault, ...]:
             why = f"turns are taken by ranks 1 to {ranks - 1} (rank 0 is this process, which leads)"
         else:
             continue
-        raise GenerateError(f"{text} could never fire: {why}")
+        raise GenerateError(f"{FAULT_ENV} {f} could never fire: {why}")
     return faults
 
 

@@ -40,7 +40,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Fault", "FAULT_ENV", "FIRED_ENV", "parse_faults", "fault_at", "fail_save", "happen"]
+from pipecompile.errors import PipecompileError
+
+__all__ = [
+    "Fault",
+    "FAULT_ENV",
+    "FIRED_ENV",
+    "parse_faults",
+    "read_faults",
+    "fault_at",
+    "fail_save",
+    "happen",
+]
 
 FAULT_ENV = "PIPECOMPILE_FAULT"
 FIRED_ENV = "PIPECOMPILE_FAULT_FIRED"
@@ -56,6 +67,10 @@ class Fault:
     step: int | None
     where: str
     kind: str
+
+    def __str__(self) -> str:
+        """As ``PIPECOMPILE_FAULT`` writes it: ``RANK:STEP:WHERE:KIND`` (STEP ``*``: every)."""
+        return f"{self.rank}:{'*' if self.step is None else self.step}:{self.where}:{self.kind}"
 
 
 def parse_faults(spec: str) -> list[Fault]:
@@ -77,6 +92,18 @@ def parse_faults(spec: str) -> list[Fault]:
             raise ValueError(f"{FAULT_ENV}: {part!r}: kind disk fails a save: WHERE is save")
         faults.append(Fault(index, int(rank), None if step == "*" else int(step), where, kind))
     return faults
+
+
+def read_faults() -> tuple[Fault, ...]:
+    """The faults ``PIPECOMPILE_FAULT`` sets for this job, refused where they cannot be read.
+
+    Raises:
+        PipecompileError: naming the part that cannot be read and how to write it.
+    """
+    try:
+        return tuple(parse_faults(os.environ.get(FAULT_ENV, "")))
+    except ValueError as err:
+        raise PipecompileError(str(err)) from None
 
 
 def fault_at(rank: int, step: int, where: str) -> Fault | None:

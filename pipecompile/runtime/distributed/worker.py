@@ -95,8 +95,7 @@ def _built(build: Callable[[], RunJob]) -> RunJob:
         return build()
     except PipecompileError as err:
         rank = int(os.environ.get("RANK", "0"))
-        if rank == 0:
-            say(f"pipecompile: error: {err}")
+        _say_refused(rank, err)
         _write_status(rank, 2, reason=str(err))
         _refused_together(rank)
         sys.stdout.flush()
@@ -135,8 +134,9 @@ def _serve(build: Callable[[], RunJob], *, places: bool) -> int:
     # print tracebacks and could leave the rank running).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     job = _built(build)
-    use_threads(job.run.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    where = _device(job.run.device or "auto")
+    local = job.local_ranks or 1
+    use_threads(job.run.threads, local)
+    where = _device(job.run.device or "auto", local)
     backend = "nccl" if where.type == "cuda" else "gloo"
     timeout = job.run.timeout or 60.0
     _init_process_group(backend, timedelta(seconds=max(timeout, 1.0) * 2))
@@ -159,8 +159,7 @@ def _serve(build: Callable[[], RunJob], *, places: bool) -> int:
             _check_places(job, rank)
         status = _run(job, rank, watchdog, where, progress)
     except _Refused as err:
-        if rank == 0:
-            say(f"pipecompile: error: {err}")
+        _say_refused(rank, err)
         status, reason, agreed = 2, str(err), True
     except CheckError as err:
         _say_error(rank, str(err))
@@ -216,10 +215,10 @@ def _stop_on_sigint(watchdog: Watchdog) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _device(choice: str) -> torch.device:
+def _device(choice: str, local_ranks: int) -> torch.device:
     """cpu, or this rank's GPU (LOCAL_RANK) for cuda; auto picks cuda when every rank of this
     machine (LOCAL_WORLD_SIZE) has a GPU of its own (the job refused cuda without enough)."""
-    kind = device_kind(choice, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    kind = device_kind(choice, local_ranks)
     if kind == "cpu":
         return torch.device("cpu")
     index = int(os.environ.get("LOCAL_RANK", "0"))
@@ -465,6 +464,12 @@ def _inject(kind: str, watchdog: Watchdog) -> None:
         while True:
             time.sleep(1)
     raise RuntimeError(f"injected failure at {watchdog.current}")
+
+
+def _say_refused(rank: int, err: Exception) -> None:
+    """A refusal every rank made alike: rank 0's line, as `pipecompile run` prints it."""
+    if rank == 0:
+        say(f"pipecompile: error: {err}")
 
 
 def _say_error(rank: int, message: str) -> None:

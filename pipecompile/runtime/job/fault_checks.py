@@ -6,14 +6,14 @@ cannot pass by testing nothing (``runtime.faults`` says how faults are written).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.program import Program
-from pipecompile.runtime.faults import FAULT_ENV, Fault, parse_faults
+from pipecompile.runtime.faults import FAULT_ENV, Fault
 from pipecompile.runtime.job.placement import Placement
 
-__all__ = ["RunShape", "read_faults", "check_faults"]
+__all__ = ["RunShape", "check_faults"]
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,6 @@ class RunShape:
     resumed: int | None  # the step a resumed run continues after
 
 
-def read_faults(spec: str) -> tuple[Fault, ...]:
-    """The faults of a ``PIPECOMPILE_FAULT`` value, refused where they cannot be read."""
-    try:
-        return tuple(parse_faults(spec))
-    except ValueError as err:
-        raise PipecompileError(str(err)) from None
-
-
 def check_faults(faults: Sequence[Fault], shape: RunShape) -> None:
     """Refuse a fault ``shape``'s run could never fire.
 
@@ -47,8 +39,7 @@ def check_faults(faults: Sequence[Fault], shape: RunShape) -> None:
     for fault in faults:
         why = _never(fault, shape)
         if why is not None:
-            text = _text(fault)
-            raise PipecompileError(f"{FAULT_ENV} {text} could never fire: {why}")
+            raise PipecompileError(f"{FAULT_ENV} {fault} could never fire: {why}")
 
 
 def _never(fault: Fault, shape: RunShape) -> str | None:
@@ -67,7 +58,7 @@ def _never(fault: Fault, shape: RunShape) -> str | None:
     if shape.ranks is None:
         return (
             f"faults at instructions fire on the ranks of --nproc N, and this run is one "
-            f"process; add --nproc, or set {fault.rank}:{_step(fault.step)}:save:{fault.kind} "
+            f"process; add --nproc, or set {replace(fault, where='save')} "
             "for a save"
         )
     return _no_instruction(fault, shape)
@@ -106,11 +97,3 @@ def _no_instruction(fault: Fault, shape: RunShape) -> str | None:
         f"rank {fault.rank} runs device {device}, whose program has no instruction "
         f"{fault.where} (it runs {shown}; program.txt lists every device's)"
     )
-
-
-def _step(step: int | None) -> str:
-    return "*" if step is None else str(step)
-
-
-def _text(fault: Fault) -> str:
-    return f"{fault.rank}:{_step(fault.step)}:{fault.where}:{fault.kind}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,8 @@ from pipecompile.options.fields import (
     to_record,
 )
 from pipecompile.options.run import RunFlags, TrainFlags, for_loop
-from pipecompile.runtime.faults import FAULT_ENV, Fault
-from pipecompile.runtime.job.fault_checks import RunShape, check_faults, read_faults
+from pipecompile.runtime.faults import Fault, read_faults
+from pipecompile.runtime.job.fault_checks import RunShape, check_faults
 from pipecompile.runtime.job.placement import Placement
 from pipecompile.runtime.job.refusals import (
     check_fully_sharded,
@@ -131,7 +130,7 @@ class RunJob:
             check_fully_sharded(settled_run, loop, emitted.program, placement, emitted.manifest)
             copies = settled_run.dp or 1
             check_world(placement, copies, run.nproc, started=started is not None)
-        faults = read_faults(os.environ.get(FAULT_ENV, ""))
+        faults = read_faults()
         shape = _shape(emitted, placement, run.nproc, loop, None if restarted else resumed)
         check_faults(faults, shape)
         return cls(
