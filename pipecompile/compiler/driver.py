@@ -294,7 +294,7 @@ def _request(model: nn.Module, inputs: dict[str, torch.Tensor], o: CompileOption
             model, inputs, devices=o.devices, stages=stages, microbatches=microbatches,
             schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
             split_at=cuts, machine=machine, progress=not o.quiet, replicas=replicas,
-            balance=o.balance, memory_budget=o.memory_budget,
+            balance=o.balance, memory_budget=o.memory_budget, ranks=o.ranks,
         )  # fmt: skip
         stages, microbatches, schedule = chosen.stages, chosen.microbatches, chosen.schedule
         virtual_stages, recompute = chosen.virtual_stages, chosen.recompute

@@ -261,6 +261,8 @@ class CompileOptions:
     )
     # not a flag: the API's ``machine=CostModel(...)``, or the machine flags' (``cost_model``)
     machine: CostModel | None = dataclasses.field(default=None, metadata={})
+    # not a flag: --tune compiling a plan the search priced on this many ranks
+    ranks: int | None = dataclasses.field(default=None, metadata={})
 
     @classmethod
     def from_keywords(cls, **keywords: Any) -> CompileOptions:

@@ -13,6 +13,12 @@ and when N ranks need more cores than there are, the model's ``concurrency`` say
 compute at full speed at once (a step then lasts at least the ranks' summed work over it:
 a pipeline's idle ranks leave their cores to the busy ones). A ``--flops-rate`` or
 ``--bandwidth`` you give is kept.
+
+A plan is priced by the calibration of the ranks it runs on, whatever ``--devices`` offered
+(``calibrated_ranks``: one cost model per rank count). Messages are measured for every count
+up to ``EXACT_RANKS`` and at the powers of two beyond it; a count between two powers takes
+their figures interpolated in log2 of the count (latency and seconds per byte alike), so
+that a count's figures never depend on how many devices a search was offered.
 ``--tune`` adds ``step_scale``: the median of measured over predicted steps of the plans it
 ran, by which later predictions of the same model (its traced graph's fingerprint) for that
 many devices are multiplied.
@@ -20,8 +26,9 @@ many devices are multiplied.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,12 +49,21 @@ from pipecompile.planner.calibration_store import (
     write_records,
 )
 from pipecompile.planner.calibration_timing import FIELDS, measure, rank_figures
+from pipecompile.planner.rank_models import EXACT_RANKS
 from pipecompile.runtime.notes import note
 from pipecompile.runtime.threads import cores, fair_share
 
-__all__ = ["Calibration", "calibrated", "record_path", "remember_scale"]
+__all__ = [
+    "Calibration",
+    "calibrated",
+    "calibrated_ranks",
+    "message_counts",
+    "record_path",
+    "remember_scale",
+]
 
 Say = Callable[[str], None]
+Figures = dict[str, Any]  # message_latency, bandwidth (and their quality, where measured)
 
 
 @dataclass(frozen=True)
@@ -64,15 +80,16 @@ class Calibration:
     conv_rate: float
     conv_half_work: float
     step_scale: dict[str, float] | None = None  # "devices/model" -> measured / predicted
-    ranks: dict[str, dict[str, Any]] | None = None  # devices -> message figures, quality
 
-    def applied(self, machine: CostModel, devices: int, model_key: str = "") -> CostModel:
-        """``machine`` with these constants (and, where ``devices`` ranks oversubscribe the
-        cores, how many compute at once); a ``--flops-rate`` the user gave is kept."""
+    def applied(
+        self, machine: CostModel, devices: int, messages: Figures, model_key: str = ""
+    ) -> CostModel:
+        """``machine`` with these constants and ``messages`` (the figures of ``devices``
+        ranks; where they oversubscribe the cores, how many compute at once); a
+        ``--flops-rate`` or ``--bandwidth`` the user gave is kept."""
         shared = devices * self.threads > cores()
         rate = machine.flops_rate if machine.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
         scale = (self.step_scale or {}).get(_scale_key(devices, model_key), 1.0)
-        messages = (self.ranks or {}).get(str(devices), {})
         if messages and machine.bandwidth == DEFAULT_BANDWIDTH:
             machine = replace(machine, bandwidth=messages["bandwidth"] / scale)
         return replace(
@@ -104,18 +121,45 @@ def calibrated(
     ``say`` gets the progress lines; a calibration beyond a bound is noted on stderr where
     ``say`` is given (not under ``-q``, which prints nothing but errors, nor in one command's
     later searches)."""
-    threads = fair_share(devices)
-    key = machine_key(threads)
-    entry = _constants(key, threads, say)
-    if devices > 1:
-        entry = _messages(key, entry, devices, threads, say)
-    calibration = Calibration(
-        threads=threads,
-        **{f: float(entry[f]) for f in FIELDS},
-        step_scale=entry.get("step_scale"),
-        ranks=entry.get("ranks"),
-    )
-    return calibration.applied(machine, devices, model_key), key
+    return calibrated_ranks(machine, devices, say, model_key, (devices,))[devices - 1]
+
+
+def calibrated_ranks(
+    machine: CostModel,
+    devices: int,
+    say: Say | None = None,
+    model_key: str = "",
+    counts: Sequence[int] = (),
+) -> list[tuple[CostModel, str]]:
+    """``machine`` calibrated for each rank count from 1 to ``devices`` (item k - 1: k
+    ranks) as ``calibrated`` calibrates one, each count's constants at its own share of
+    the cores and its own message figures; ``counts``: those alone (the others are
+    ``machine`` as given, uncalibrated, with no key)."""
+    counts = list(counts) or list(range(1, devices + 1))
+    entries = {}
+    for threads in sorted({fair_share(k) for k in counts}, reverse=True):
+        entries[threads] = _constants(machine_key(threads), threads, say)
+    figures = _message_figures([k for k in counts if k > 1], say)
+    out = [(machine, "")] * devices
+    for k in counts:
+        entry = entries[fair_share(k)]
+        calibration = Calibration(
+            threads=fair_share(k),
+            **{f: float(entry[f]) for f in FIELDS},
+            step_scale=entry.get("step_scale"),
+        )
+        applied = calibration.applied(machine, k, figures.get(k, {}), model_key)
+        out[k - 1] = (applied, machine_key(fair_share(k)))
+    return out
+
+
+def message_counts(ranks: int) -> list[int]:
+    """The rank counts whose messages are measured to price ``ranks`` ranks: itself up to
+    ``EXACT_RANKS`` or at a power of two, else the powers of two either side of it."""
+    if ranks <= EXACT_RANKS or ranks & (ranks - 1) == 0:
+        return [ranks]
+    low = 1 << (ranks.bit_length() - 1)
+    return [low, 2 * low]
 
 
 def remember_scale(devices: int, scale: float, model_key: str = "") -> None:
@@ -153,47 +197,89 @@ def _constants(key: str, threads: int, say: Say | None) -> dict[str, Any]:
         say,
     )
     records = read_records()  # another process may have written meanwhile
+    old = records.get(key) or {}
+    ranks = old.get("ranks") if old.get("method") in (METHOD, None) else None  # still good
     records[key] = {**constants, "threads": threads, "method": METHOD, **quality.as_json()}
+    if ranks:
+        records[key]["ranks"] = ranks
     write_records(records)
     _doubt(quality, what, measured_now=True, say=say)
     return records[key]
 
 
-def _messages(
-    key: str, entry: dict[str, Any], devices: int, threads: int, say: Say | None
-) -> dict[str, Any]:
-    """``entry`` with the message figures of ``devices`` ranks, measured now when none are
-    kept or the kept ones should be measured again."""
-    kept = (entry.get("ranks") or {}).get(str(devices))
-    why = "none kept yet" if kept is None else _why_again(Quality.from_json(kept))
-    what = f"the calibration of messages between {devices} ranks"
-    if why is None:
-        _doubt(Quality.from_json(kept), what, measured_now=False, say=say)
-        return entry
-    if say is not None:
-        crowded = devices > 2 * cores()
+def _message_figures(counts: list[int], say: Say | None) -> dict[int, Figures]:
+    """The message figures of each of ``counts`` (more than one rank each): those measured
+    (now, for the counts none is kept of, or whose kept ones should be measured again) or
+    interpolated between the powers of two either side (``message_counts``)."""
+    needed = sorted({c for k in counts for c in message_counts(k)})
+    kept = {c: _kept_messages(c) for c in needed}
+    why = {c: _why_messages(f) for c, f in kept.items()}
+    todo = [c for c in needed if why[c] is not None]
+    if todo and say is not None:
+        shown = ", ".join(map(str, todo[:-1])) + " and " * (len(todo) > 1) + str(todo[-1])
+        crowded = todo[-1] > 2 * cores()
         more = (
-            f"; {devices} processes share {cores()} cores: this takes a while, once"
+            f"; {todo[-1]} processes share {cores()} cores: this takes a while, once"
             if crowded
             else ""
         )
-        say(f"calibrating messages between {devices} ranks ({why}{more})")
+        priced = "; a plan is priced by the ranks it runs on" if len(todo) > 1 else ""
+        say(f"calibrating messages between {shown} ranks ({why[todo[0]]}{priced}{more})")
+    for c in needed:
+        if c in todo:
+            kept[c] = _measure_messages(c, say)
+        else:
+            _doubt(Quality.from_json(kept[c]), _messages_what(c), measured_now=False, say=say)
+    return {k: _interpolated(k, kept) for k in counts}
+
+
+def _interpolated(ranks: int, kept: dict[int, Figures]) -> Figures:
+    """``ranks``' figures from the measured ones of ``message_counts(ranks)``: linear in
+    log2 of the count between two powers of two, the latency and the seconds per byte."""
+    counts = message_counts(ranks)
+    if len(counts) == 1:
+        return kept[counts[0]]
+    (low, high), t = counts, math.log2(ranks) - math.log2(counts[0])
+    a, b = kept[low], kept[high]
+    latency = a["message_latency"] + t * (b["message_latency"] - a["message_latency"])
+    per_byte = 1 / a["bandwidth"] + t * (1 / b["bandwidth"] - 1 / a["bandwidth"])
+    return {"message_latency": latency, "bandwidth": 1 / per_byte}
+
+
+def _kept_messages(ranks: int) -> Figures | None:
+    entry = read_records().get(machine_key(fair_share(ranks))) or {}
+    return (entry.get("ranks") or {}).get(str(ranks))
+
+
+def _why_messages(kept: Figures | None) -> str | None:
+    return "none kept yet" if kept is None else _why_again(Quality.from_json(kept))
+
+
+def _messages_what(ranks: int) -> str:
+    return f"the calibration of messages between {ranks} ranks"
+
+
+def _measure_messages(ranks: int, say: Say | None) -> Figures:
+    """The message figures of ``ranks`` ranks measured now (again while beyond a bound),
+    kept with the record of their share of the cores."""
+    threads = fair_share(ranks)
     figures, quality = until_trusted(
-        lambda: _measured_messages(devices, threads),
-        f"calibrating messages between {devices} ranks",
+        lambda: _measured_messages(ranks, threads),
+        f"calibrating messages between {ranks} ranks",
         say,
     )
-    records = read_records()
-    mine = records.setdefault(key, entry)
-    mine.setdefault("ranks", {})[str(devices)] = {**figures, **quality.as_json()}
+    key = machine_key(threads)
+    records = read_records()  # another process may have written meanwhile
+    mine = records.setdefault(key, {})
+    mine.setdefault("ranks", {})[str(ranks)] = {**figures, **quality.as_json()}
     write_records(records)
-    _doubt(quality, what, measured_now=True, say=say)
-    return mine
+    _doubt(quality, _messages_what(ranks), measured_now=True, say=say)
+    return mine["ranks"][str(ranks)]
 
 
 def _why_measure(entry: dict[str, Any] | None) -> str | None:
     """Why the constants of a kept record should be measured now (None: use them)."""
-    if entry is None:
+    if entry is None or not any(f in entry for f in FIELDS):  # none, or message figures alone
         return "once"
     if entry.get("method") != METHOD or any(f not in entry for f in FIELDS):
         return "the one kept was measured by an older pipecompile"

@@ -19,10 +19,13 @@ from pipecompile.ir.plan_record import PlanRecord, PlanRow
 from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import annotate_costs
-from pipecompile.planner.calibrate import calibrated
+from pipecompile.planner.calibrate import calibrated_ranks
+from pipecompile.planner.calibration_quality import Quality
 from pipecompile.planner.model_facts import ModelFacts, model_facts
-from pipecompile.planner.model_probe import corrected, probe_model, probe_sizes
+from pipecompile.planner.model_probe import Probe, corrected, probe_model, probe_sizes
+from pipecompile.planner.model_timings import example_key, keep_timing, kept_timing
 from pipecompile.planner.plan import Plan, Predicted
+from pipecompile.planner.rank_models import RankModels
 from pipecompile.planner.search import (
     SearchResult,
     Space,
@@ -72,10 +75,13 @@ def choose_plan(
     replicas: tuple[int, ...] | None = None,
     balance: str = "flops",
     memory_budget: int | None = None,
+    ranks: int | None = None,
 ) -> tuple[Plan, CostModel, PlanRecord]:
     """The best plan for ``devices`` (default: ``stages``, one stage each) with the given
-    choices fixed (``"auto"``: searched), the cost model it was priced with (calibrated on
-    this machine unless ``PIPECOMPILE_CALIBRATION=off``), and the manifest's record.
+    choices fixed (``"auto"``: searched), the cost model it was priced with (that of the
+    ranks it runs on, calibrated on this machine unless ``PIPECOMPILE_CALIBRATION=off``),
+    and the manifest's record. ``ranks``: only plans on that many ranks (``--tune``
+    compiling a plan the search priced).
 
     Raises:
         PlanError: options the search cannot take, or no plan that fits (see ``search``).
@@ -88,22 +94,61 @@ def choose_plan(
         _space(devices, stages, schedule, virtual_stages),
         microbatches=_counts(model, batch) if microbatches == "auto" else (int(microbatches),),
         recompute=(recompute,) if recompute != "never" else (),
+        ranks=(ranks,) if ranks is not None else (),
     )
     facts, key = traced_facts(model, inputs, split_at, meta=is_meta_model(model))
-    source = None
+    models = RankModels.same(machine, space.devices)
     if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
-        machine, source = calibrated(machine, space.devices, _say if progress else None, key)
-        machine = probe_corrected(model, inputs, facts, machine, space.devices, progress)
+        models = rank_models(model, inputs, facts, machine, space, progress, key)
     result = search(
         facts,
         batch=batch,
         space=space,
-        machine=machine,
+        machine=models,
         progress=_say if progress else None,
         keep=1 + RUNNERS_UP,
     )
-    record = plan_record(result, space, machine, source, key)
-    return result.best.plan, _on_used(machine, result.best), record
+    used = result.best.devices
+    record = plan_record(result, space, models.at(used), models.source(used), key)
+    return result.best.plan, _on_used(models.at(used), result.best), record
+
+
+def rank_models(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    facts: ModelFacts,
+    machine: CostModel,
+    space: Space,
+    progress: bool,
+    model_key: str,
+) -> RankModels:
+    """``machine`` calibrated for each rank count the search may use (``calibrated_ranks``;
+    ``space.ranks``: those alone) and corrected by the model's own timing on each count's
+    share of the cores (timed once per share)."""
+    counts = space.ranks or tuple(range(1, space.devices + 1))
+    made = calibrated_ranks(machine, space.devices, _say if progress else None, model_key, counts)
+    probes: dict[int, Probe | None] = {}
+    factors: dict[CostModel, CostModel] = {}  # by a count's compute figures (not messages)
+    models = []
+    for k, (calibrated, _) in enumerate(made, start=1):
+        if k in counts:
+            threads = fair_share(k)
+            first = threads not in probes
+            if first:
+                probes[threads] = probe_timing(
+                    model, inputs, facts, threads, progress, example_key(model_key, inputs)
+                )
+            compute = replace(calibrated, bandwidth=0.0, message_latency=0.0, concurrency=0.0)
+            if compute not in factors:
+                factors[compute] = probe_applied(facts, compute, probes[threads])
+            fixed = factors[compute]
+            if first and progress and probes[threads] is not None:
+                _say(_probe_line(probes[threads], threads, fixed))
+            calibrated = replace(
+                calibrated, fixed_scale=fixed.fixed_scale, work_scale=fixed.work_scale
+            )
+        models.append(calibrated)
+    return RankModels(tuple(models), tuple(source for _, source in made))
 
 
 _PER_DEVICE = (("--memory-limit", "memory_limit"), ("--device-speed", "device_speed"))
@@ -244,29 +289,63 @@ def probe_corrected(
     devices: int,
     progress: bool,
 ) -> CostModel:
-    """``machine`` corrected by the model's own eager timing at the smallest micro-batch the
-    model allows and at the whole batch (``model_probe``), on a rank's threads: the same
-    sizes whatever micro-batch counts the search may choose, so that compiles of one model
-    with different counts price it alike, and as far apart as the batch allows (and this
-    machine's free memory: ``probe_sizes``)."""
+    """``machine`` corrected by the model's own eager timing on one of ``devices`` ranks'
+    share of the cores (``probe_timing``, ``probe_applied``)."""
+    probe = probe_timing(model, inputs, facts, fair_share(devices), progress)
+    return probe_applied(facts, machine, probe)
+
+
+def probe_timing(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    facts: ModelFacts,
+    threads: int,
+    progress: bool,
+    key: str = "",
+) -> Probe | None:
+    """The model's own eager timing on ``threads`` threads (``model_probe``) at the
+    smallest micro-batch the model allows and at the whole batch: the same sizes whatever
+    micro-batch counts the search may choose, so that compiles of one model with different
+    counts price it alike, and as far apart as the batch allows (and this machine's free
+    memory: ``probe_sizes``); None where it cannot be timed. With ``key``
+    (``model_timings.example_key``), the timing kept for it when there is one, else the one
+    taken now is kept."""
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
     sizes = probe_sizes(facts, [batch // m for m in _counts(model, batch)]) if batch else ()
+    if key and sizes and (kept := kept_timing(key, sizes, threads)) is not None:
+        return kept
     start = time.perf_counter()
-    probe = probe_model(model, inputs, sizes, fair_share(devices)) if sizes else None
-    if probe is None:
+    probe = probe_model(model, inputs, sizes, threads) if sizes else None
+    if progress and probe is None:
         why = "could not be timed eagerly" if sizes else "would not fit in memory whole"
-        if progress:
-            _say(f"the model {why}: priced by the calibration alone")
-        return machine
-    fixed = corrected(machine, facts, probe)
-    if progress:
-        timed = ", ".join(f"{t * 1e3:.1f} ms at {s}" for s, t in zip(probe.sizes, probe.seconds))
-        _say(
-            f"the model timed eagerly ({timed} samples; {time.perf_counter() - start:.1f} s): "
-            f"the calibration's fixed costs x{fixed.fixed_scale:.2f}, its work "
-            f"x{fixed.work_scale:.2f}"
-        )
-    return fixed
+        _say(f"the model {why}: priced by the calibration alone")
+    if probe is None:
+        return None
+    probe = replace(probe, took=time.perf_counter() - start)
+    if key:
+        keep_timing(key, threads, probe)
+    return probe
+
+
+def _probe_line(probe: Probe, threads: int, fixed: CostModel) -> str:
+    """``the model timed eagerly on 1 thread (2.9 ms at 2, 4.2 ms at 8 samples; 0.1 s): the
+    calibration's fixed costs x2.56, its work x1.02``."""
+    timed = ", ".join(f"{t * 1e3:.1f} ms at {s}" for s, t in zip(probe.sizes, probe.seconds))
+    timed += " samples"
+    threads_ = f"{threads} thread{'s' * (threads != 1)}"
+    factors = (
+        f"the calibration's fixed costs x{fixed.fixed_scale:.2f}, its work x{fixed.work_scale:.2f}"
+    )
+    if probe.kept_from:
+        when = Quality(0.0, {}, probe.kept_from).when()
+        return f"the model's eager timing on {threads_} kept from {when} ({timed}): {factors}"
+    return f"the model timed eagerly on {threads_} ({timed}; {probe.took:.1f} s): {factors}"
+
+
+def probe_applied(facts: ModelFacts, machine: CostModel, probe: Probe | None) -> CostModel:
+    """``machine`` with the factors that make its seconds for the model's work the
+    probe's (``model_probe.corrected``; unchanged without a probe)."""
+    return machine if probe is None else corrected(machine, facts, probe)
 
 
 def _say(line: str) -> None:

@@ -54,6 +54,8 @@ class Probe:
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
+    took: float = 0.0  # the seconds the timing took in all (the progress line says them)
+    kept_from: float = 0.0  # when a kept timing was taken (Unix time; 0: timed now)
 
 
 def probe_model(

@@ -10,6 +10,13 @@ one stage on each of 1 to N: a small model may be fastest on fewer devices than 
 Micro-batch counts are the divisors of the batch (or the one given). Without a memory limit
 only ``--recompute never`` is tried: recomputation only adds time, so a plan that recomputes
 is never faster than the same plan without.
+
+Each plan is priced by the cost model of the ranks it runs on (``RankModels``), so that one
+plan has one price whatever was offered and a search offered more devices never chooses a
+plan priced above the best one it would choose on fewer: the replicable schedules' stages
+are offered each count of ranks from their stage count to N (up to 8; above, the powers of
+two and N: ``rank_ladder``), and a split that leaves some of them idle is left to the offer
+of as many ranks as it uses.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from pipecompile.ir.sizes import format_size
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.planner.predict import Predictor
-from pipecompile.schedules import LOOPED, ORDER, REPLICABLE, SYNCHRONOUS, V_SHAPED
+from pipecompile.planner.rank_models import RankModels, rank_ladder
+from pipecompile.schedules import LOOPED, ORDER, REPLICABLE, SYNCHRONOUS, V_SHAPED, schedule_of
 
 __all__ = ["ORDER", "Space", "SearchResult", "search", "divisors"]
 
@@ -45,6 +53,17 @@ class Space:
     microbatches: tuple[int, ...] = ()  # () = the divisors of the batch
     virtual_stages: tuple[int, ...] = (2, 4)
     recompute: tuple[str, ...] = ()  # () = never, or all three under a memory limit
+    ranks: tuple[int, ...] = ()  # () = any count up to ``devices`` (--tune's rebuild: one)
+
+
+@dataclass(frozen=True)
+class _Offer:
+    """A plan offered ``ranks`` ranks: the partitioner spreads its stages over ``workers``
+    of them as replicas (None: one stage, or its virtual stages, per rank)."""
+
+    plan: Plan
+    ranks: int
+    workers: int | None
 
 
 @dataclass(frozen=True)
@@ -70,17 +89,18 @@ def search(
     *,
     batch: int,
     space: Space,
-    machine: CostModel,
+    machine: CostModel | RankModels,
     progress: Callable[[str], None] | None = None,
     keep: int | None = None,
 ) -> SearchResult:
-    """Predict every plan of ``space`` for ``batch`` samples and rank those that fit. With
-    ``keep`` (the plans a caller shows), a one-stage-per-device plan that cannot beat the
-    ``keep``-th best step found so far is bounded out (not under a memory limit): when its
-    slowest stage alone takes longer (one probe of the partitioner), or its exact split's
-    fill-and-drain bound does (``Predictor.beyond``), before its program is generated or
-    simulated. The best ``keep`` plans are the same,
-    found without predicting the rest.
+    """Predict every plan of ``space`` for ``batch`` samples and rank those that fit, each
+    with the cost model of its rank count (``machine``: one for every count, or each
+    count's). With ``keep`` (the plans a caller shows), a one-stage-per-device plan that
+    cannot beat the ``keep``-th best step found so far is bounded out (not under a memory
+    limit): when its slowest stage alone takes longer (one probe of the partitioner), or its
+    exact split's fill-and-drain bound does (``Predictor.beyond``), before its program is
+    generated or simulated. The best ``keep`` plans are the same, found without predicting
+    the rest.
 
     Raises:
         PlanError: no plan of the space exists (too few devices for the requested
@@ -89,35 +109,43 @@ def search(
     """
     start = time.perf_counter()
     _check_space(facts, batch, space)
-    predictor = Predictor(facts, batch, machine)
+    models = machine if isinstance(machine, RankModels) else RankModels.same(machine, space.devices)
+    predictors: dict[CostModel, Predictor] = {}  # counts of one model share its splits
+
+    def predictor(ranks: int) -> Predictor:
+        machine = models.at(ranks)
+        if machine not in predictors:
+            predictors[machine] = Predictor(facts, batch, machine)
+        return predictors[machine]
+
     fits: list[Predicted] = []
-    misfits: list[tuple[Plan, Program, int | None]] = []
+    misfits: list[tuple[_Offer, Program]] = []
     best: list[float] = []  # the best steps so far, at most ``keep``
     tried = bounded = 0
     said = start
-    floors, order = _ordered(facts, batch, space, machine, predictor)
-    for plan in order:
-        workers = _workers(plan, space)
+    limited = bool(models.at(space.devices).memory_limit)
+    floors, order = _ordered(facts, batch, space, models, predictor)
+    for offer in order:
+        plan, workers = offer.plan, offer.workers
+        priced = predictor(offer.ranks)
         cutoff = best[keep - 1] if keep and len(best) >= keep else None
         if cutoff is not None and (
-            floors[plan] > cutoff + _TIE
+            floors[offer] > cutoff + _TIE
             or (
-                plan.schedule in REPLICABLE
-                and not machine.memory_limit
-                and predictor.beyond(plan, workers, cutoff)
+                plan.schedule in REPLICABLE and not limited and priced.beyond(plan, workers, cutoff)
             )
         ):
             bounded += 1
             continue
         try:
-            program = predictor.program(plan)
+            program = priced.program(plan)
         except ProgramError:
             continue
         tried += 1
-        got = predictor.predict(plan, program, workers)
+        got = priced.predict(plan, program, workers)
         if got is None:
-            misfits.append((plan, program, workers))
-        else:
+            misfits.append((offer, program))
+        elif got.devices == offer.ranks:  # else: the offer of the ranks it uses prices it
             fits.append(got)
             if keep:
                 bisect.insort(best, got.step)
@@ -126,7 +154,7 @@ def search(
             said = time.perf_counter()
             progress(f"searching: {tried} plans predicted, {bounded} bounded out so far")
     if not fits:
-        _none_fits(tried, _peaks(predictor, misfits), machine, space)
+        _none_fits(tried, _peaks(predictor, misfits), models.at(space.devices), space)
     ranked = sorted(fits, key=_rank)
     if progress is not None:
         progress(
@@ -137,41 +165,39 @@ def search(
 
 
 def _ordered(
-    facts: ModelFacts, batch: int, space: Space, machine: CostModel, predictor: Predictor
-) -> tuple[dict[Plan, float], list[Plan]]:
-    """Each plan's floor (a step it cannot beat), and the plans likely best first (the kept
-    plans get good sooner, the bounds skip more): by a rough step, or the plan's floor where
-    that is higher."""
-    plans = list(_plans(facts, batch, space, machine))
-    floors = {p: predictor.floor(p, _workers(p, space)) for p in plans}  # each once
+    facts: ModelFacts,
+    batch: int,
+    space: Space,
+    models: RankModels,
+    predictor: Callable[[int], Predictor],
+) -> tuple[dict[_Offer, float], list[_Offer]]:
+    """Each offer's floor (a step it cannot beat), and the offers likely best first (the
+    kept plans get good sooner, the bounds skip more): by a rough step, or the plan's floor
+    where that is higher."""
+    offers = list(_offers(facts, batch, space, models.at(space.devices)))
+    floors = {o: predictor(o.ranks).floor(o.plan, o.workers) for o in offers}  # each once
     params = sum(facts.params)
 
-    def likely(p: Plan) -> float:
-        return max(_promise(p, space, predictor.micro_batch_seconds(p), machine, params), floors[p])
+    def likely(o: _Offer) -> float:
+        micro = predictor(o.ranks).micro_batch_seconds(o.plan)
+        return max(_promise(o, micro, models.at(o.ranks), params), floors[o])
 
-    return floors, sorted(plans, key=likely)
-
-
-def _workers(plan: Plan, space: Space) -> int | None:
-    """The devices the partitioner spreads ``plan``'s stages over as replicas, or None
-    (one stage per device, or several)."""
-    if plan.schedule in REPLICABLE and plan.stages != space.devices:
-        return space.devices
-    return None
+    return floors, sorted(offers, key=likely)
 
 
-def _promise(plan: Plan, space: Space, micro: float, machine: CostModel, params: int) -> float:
-    """A rough step of ``plan`` in seconds, to try the likely best plans first: the sooner the
-    kept plans are good, the more of the rest the bound skips (the plans kept are the same in
-    any order). ``micro``: one micro-batch's forward and backward seconds on one device (its
-    operators' fixed costs included: many small micro-batches cost more than their FLOPs);
-    ``params``: the model's parameter bytes. A stage of s with r replicas is priced as one
-    device that runs each of the m micro-batches at its busiest replica's share,
-    ceil(m / r) / m of a 1 / s share of a micro-batch's work, and two instructions of the
-    runtime's overhead; s - 1 more such slots fill and drain the pipeline; then its replicas
-    all-reduce a 1 / s share of the parameters and the optimizer steps it."""
+def _promise(offer: _Offer, micro: float, machine: CostModel, params: int) -> float:
+    """A rough step of ``offer``'s plan in seconds, to try the likely best plans first: the
+    sooner the kept plans are good, the more of the rest the bound skips (the plans kept are
+    the same in any order). ``micro``: one micro-batch's forward and backward seconds on one
+    device (its operators' fixed costs included: many small micro-batches cost more than
+    their FLOPs); ``params``: the model's parameter bytes. A stage of s with r replicas is
+    priced as one device that runs each of the m micro-batches at its busiest replica's
+    share, ceil(m / r) / m of a 1 / s share of a micro-batch's work, and two instructions of
+    the runtime's overhead; s - 1 more such slots fill and drain the pipeline; then its
+    replicas all-reduce a 1 / s share of the parameters and the optimizer steps it."""
+    plan = offer.plan
     stages, m = plan.stages, plan.microbatches
-    replicas = max(1, space.devices // stages) if plan.schedule in REPLICABLE else 1
+    replicas = max(1, offer.ranks // stages) if offer.workers is not None else 1
     slot = micro / stages * -(-m // replicas) / m + 2 * machine.instr_overhead
     share = params / stages
     after = 2 * (replicas - 1) / replicas * share / machine.bandwidth
@@ -190,10 +216,12 @@ def _rank(p: Predicted) -> tuple[float, int, int, int]:
     )
 
 
-def _plans(facts: ModelFacts, batch: int, space: Space, machine: CostModel) -> Iterator[Plan]:
+def _offers(facts: ModelFacts, batch: int, space: Space, machine: CostModel) -> Iterator[_Offer]:
+    """Every plan of ``space`` with the ranks it is offered (the replicable schedules' stages
+    each count of ``rank_ladder`` from their own on, up to one a micro-batch a stage)."""
     counts = space.microbatches or divisors(batch)
     policies = space.recompute or (POLICIES if machine.memory_limit else ("never",))
-    n = space.devices
+    n, ladder = space.devices, rank_ladder(space.devices)
     for schedule in space.schedules:
         for stages, v in _shapes(schedule, n, space.virtual_stages):
             if space.stages and stages not in space.stages:
@@ -202,9 +230,15 @@ def _plans(facts: ModelFacts, batch: int, space: Space, machine: CostModel) -> I
                 continue
             if stages == 1 and schedule != space.schedules[0]:
                 continue  # one stage: every schedule runs the same steps
-            for m in counts:
-                for policy in policies:
-                    yield Plan(schedule, stages, m, policy, v)
+            held = stages // schedule_of(schedule).stages_a_device(v)
+            offered = [r for r in ladder if r >= stages] if schedule in REPLICABLE else [held]
+            for ranks in (r for r in offered if not space.ranks or r in space.ranks):
+                workers = ranks if ranks != held else None
+                for m in counts:
+                    if ranks > stages * m:  # a replica beyond the micro-batches would idle
+                        continue
+                    for policy in policies:
+                        yield _Offer(Plan(schedule, stages, m, policy, v), ranks, workers)
 
 
 def _shapes(
@@ -313,16 +347,15 @@ def _check_space(facts: ModelFacts, batch: int, space: Space) -> None:
 
 
 def _peaks(
-    predictor: Predictor, misfits: list[tuple[Plan, Program, int | None]]
+    predictor: Callable[[int], Predictor], misfits: list[tuple[_Offer, Program]]
 ) -> list[tuple[int, Plan]]:
     """Each plan over the memory limit with its largest device peak without the limit (what
     the error names; worked out only when no plan fits)."""
-    unlimited = Predictor(
-        predictor.facts, predictor.batch, replace(predictor.machine, memory_limit=())
-    )
-    found = [
-        (unlimited.predict(plan, program, workers), plan) for plan, program, workers in misfits
-    ]
+    found = []
+    for offer, program in misfits:
+        priced = predictor(offer.ranks)
+        unlimited = Predictor(priced.facts, priced.batch, replace(priced.machine, memory_limit=()))
+        found.append((unlimited.predict(offer.plan, program, offer.workers), offer.plan))
     return [(max(got.memory) if got is not None else 0, plan) for got, plan in found]
 
 

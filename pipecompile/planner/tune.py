@@ -8,7 +8,8 @@ plan's run does not pay for importing torch again), when it needs D > 1 devices,
 ``pipecompile run DIR`` in a subprocess. Its
 step is the median ``step_ms`` of the steps after the first (which warms up). The ratio of
 measured to predicted steps (their median) is kept with this machine's calibration, so the
-next search of this model for as many devices predicts in measured terms. A plan measured
+next search of this model predicts plans on as many ranks in measured terms (a ratio per
+rank count: each count has its own calibration). A plan measured
 more than ``FAR``-fold off its prediction (either way) is warned of: the calibration, not
 the plan, is then likely at fault (one measured on a busy machine).
 """
@@ -56,6 +57,7 @@ def tune(
     ranked = record.ranked
     plans = ranked[:count]
     rows: list[TunedRow] = []
+    counts: list[int] = []  # the ranks each tuned plan ran on
     best: tuple[float, Compiled, int] | None = None
     with tempfile.TemporaryDirectory(prefix="pipecompile-tune-") as tmp:
         for k, plan in enumerate(plans):
@@ -66,6 +68,7 @@ def tune(
             ranks = sum(candidate.replicas) if replicated else len(candidate.program.devices)
             measured = measure_step(directory, ranks, steps)
             rows.append(TunedRow(plan.flags, plan.predicted_step_s, round(measured, 6)))
+            counts.append(ranks)
             if say is not None:
                 say(
                     f"tune {k + 1}/{len(plans)}: {plan.label()}: predicted "
@@ -77,10 +80,15 @@ def tune(
             if best is None or measured < best[0]:
                 best = (measured, candidate, k)
     assert best is not None
-    ratios = [r.measured_step_s / r.predicted_step_s for r in rows if r.predicted_step_s]
-    if ratios:
-        model_key = str(record.cost_model.get("model_key") or "")
-        remember_scale(record.devices, statistics.median(ratios), model_key)
+    model_key = str(record.cost_model.get("model_key") or "")
+    for ranks in sorted(set(counts)):
+        ratios = [
+            r.measured_step_s / r.predicted_step_s
+            for r, k in zip(rows, counts)
+            if k == ranks and r.predicted_step_s
+        ]
+        if ratios:
+            remember_scale(ranks, statistics.median(ratios), model_key)
     measured, chosen, k = best
     return replace(chosen, plan=record.retuned(k, tuple(rows), measured))
 

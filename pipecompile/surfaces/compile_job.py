@@ -230,6 +230,7 @@ def _tuned(
             schedule=p.schedule,
             virtual_stages=p.virtual_stages,
             recompute=p.recompute,
+            ranks=p.devices_used,
             quiet=True,
         )
         return compile_model(model, inputs, fixed)

@@ -288,8 +288,7 @@ def test_the_floor_never_exceeds_a_predicted_step(facts, machine) -> None:  # ty
     ratios = []
     for got in result.ranked:
         plan = got.plan
-        replicable = plan.schedule in ("gpipe", "1f1b", "zb1p", "zb2p")
-        workers = 4 if replicable and plan.stages != 4 else None
+        workers = got.devices if plan.replicas else None  # the ranks it was offered
         floor = predictor.floor(replace(plan, replicas=()), workers)
         assert floor <= got.step * (1 + 1e-9), plan.flags
         ratios.append(floor / got.step)
@@ -309,7 +308,7 @@ def test_no_plan_is_bounded_out_of_its_own_step(facts, devices, machine) -> None
     refused = 0
     for got in replicable:
         plan = replace(got.plan, replicas=())
-        workers = devices if plan.stages != devices else None
+        workers = got.devices if got.plan.replicas else None  # the ranks it was offered
         assert not predictor.beyond(plan, workers, got.step * (1 + 1e-9)), got.plan.flags
         refused += predictor.beyond(plan, workers, got.step * 0.9)
     assert refused > 0

@@ -109,37 +109,80 @@ def search_models(quick: bool) -> list[tuple[str, torch.nn.Module, dict[str, tor
 
 
 def search_time(devices: tuple[int, ...], quick: bool) -> None:
+    from dataclasses import replace
+
     from pipecompile.frontend.tracer import trace
     from pipecompile.ir.cost_model import CostModel
     from pipecompile.passes import annotate_costs
-    from pipecompile.planner.calibrate import calibrated
-    from pipecompile.planner.choose import probe_corrected
+    from pipecompile.planner.calibrate import calibrated_ranks
+    from pipecompile.planner.choose import probe_timing
     from pipecompile.planner.model_facts import model_facts
+    from pipecompile.planner.rank_models import RankModels, rank_ladder
     from pipecompile.planner.search import Space, search
+    from pipecompile.runtime.threads import fair_share
 
-    calibration, _ = calibrated(CostModel(), 2)  # 64 rank probes would not fit this machine
-    print("\n### Search time (priced with this machine's calibration for 2 ranks)\n")
+    # Two sets of models, one per rank count: this machine's own, as a compile prices plans
+    # (messages measured for the counts the largest search offers, N ranks sharing its 2
+    # cores), and a stand-in for N devices of their own: the 2-rank calibration for every
+    # count, its message latency raised by k picoseconds at k ranks so that no two counts
+    # share the partitioner's work (as counts calibrated apart do not).
+    most = max(devices)
+    counts = sorted({k for n in devices for k in rank_ladder(n)})
+    made = calibrated_ranks(CostModel(), most, None, "", counts)
+    own = RankModels(tuple(m for m, _ in made))
+    two = made[1][0] if most > 1 else made[0][0]
+    apart = RankModels(
+        tuple(
+            replace(two, message_latency=two.message_latency + k * 1e-12)
+            for k in range(1, most + 1)
+        )
+    )
+    print(
+        "\n### Search time (one cost model per rank count: devices of their own, and this "
+        "machine's ranks)\n"
+    )
     print(
         "| model | devices | atoms | plans predicted | trace + facts | the model timed "
-        "| search | search, calibration alone | chosen |"
+        "| search | search, calibration alone | search, this machine's ranks | chosen |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for label, model, inputs in search_models(quick):
         start = time.perf_counter()
         traced = trace(model, inputs)
         facts = model_facts(annotate_costs(traced.module, root=traced.root), 32)
         traced_s = time.perf_counter() - start
         start = time.perf_counter()  # as a compile does: the model's own timing corrects it
-        cost = probe_corrected(model, inputs, facts, calibration, 2, progress=False)
+        probe = probe_timing(model, inputs, facts, fair_share(2), progress=False)
         probe_s = time.perf_counter() - start
+        timed_apart = _timed(apart, facts, probe, counts)
+        timed_own = _timed(own, facts, probe, counts)
         for count in devices:
-            result = search(facts, batch=32, space=Space(devices=count), machine=cost, keep=5)
-            alone = search(facts, batch=32, space=Space(devices=count), machine=calibration, keep=5)
+            space = Space(devices=count)
+            first = _first(timed_apart, count)
+            result = search(facts, batch=32, space=space, machine=first, keep=5)
+            bare = search(facts, batch=32, space=space, machine=_first(apart, count), keep=5)
+            here = search(facts, batch=32, space=space, machine=_first(timed_own, count), keep=5)
             searched = f"{result.tried} (+{result.bounded} bounded out)"
             chosen = result.best.plan.flags
             print(f"| {label} | {count} | {facts.atoms} | {searched} | {traced_s:.2f} s "
-                  f"| {probe_s:.2f} s | {result.seconds:.2f} s | {alone.seconds:.2f} s "
-                  f"| `{chosen}` |", flush=True)  # fmt: skip
+                  f"| {probe_s:.2f} s | {result.seconds:.2f} s | {bare.seconds:.2f} s "
+                  f"| {here.seconds:.2f} s | `{chosen}` |", flush=True)  # fmt: skip
+
+
+def _timed(models, facts, probe, counts):  # type: ignore[no-untyped-def]
+    """``models`` corrected by the model's own timing (the counts searched; as a compile's)."""
+    from pipecompile.planner.choose import probe_applied
+
+    fixed = tuple(
+        probe_applied(facts, m, probe) if k in counts else m
+        for k, m in enumerate(models.models, start=1)
+    )
+    return type(models)(fixed)
+
+
+def _first(models, count: int):  # type: ignore[no-untyped-def]
+    """The models of the counts up to ``count`` (a search offered ``count`` devices)."""
+    return type(models)(models.models[:count])
 
 
 def plan_of(directory: Path) -> dict:

@@ -1,0 +1,69 @@
+"""The model's own timing is kept with the calibration: a second compile of the same model
+and example prices it with the same seconds (no timing noise between compiles), another
+example shape is timed anew, and a calibration measured again starts with none kept."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipecompile.ir.cost_model import CostModel
+from pipecompile.planner import calibrate, choose
+from pipecompile.planner.calibration_store import machine_key, read_records, write_records
+from pipecompile.planner.choose import traced_facts
+from pipecompile.planner.model_probe import Probe
+from pipecompile.planner.search import Space
+from pipecompile.runtime.threads import fair_share
+from tests.conftest import example_spec
+
+
+def _models(spec, progress: bool = False):  # type: ignore[no-untyped-def]
+    facts, key = traced_facts(spec.model, spec.inputs)
+    space = Space(devices=2)
+    return choose.rank_models(spec.model, spec.inputs, facts, CostModel(), space, progress, key)
+
+
+def test_a_kept_timing_prices_the_next_compile_alike(measured, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    timed: list[tuple[int, ...]] = []
+
+    def probe(model, inputs, sizes, threads):  # type: ignore[no-untyped-def]
+        timed.append(sizes)
+        return Probe(sizes, tuple(1e-3 * (len(timed) + s) for s in sizes))
+
+    monkeypatch.setattr(choose, "probe_model", probe)
+    spec = example_spec("mlp")
+    first = _models(spec, progress=True)
+    assert len(timed) == len({fair_share(1), fair_share(2)})  # once per share of the cores
+    assert "the model timed eagerly on " in capsys.readouterr().err
+    again = _models(spec, progress=True)  # timed anew, the made-up seconds would differ
+    assert len(timed) == len({fair_share(1), fair_share(2)}) and again == first
+    assert "the model's eager timing on " in capsys.readouterr().err
+    # another example shape is another key: timed
+    longer = example_spec("mlp")
+    longer.inputs["x"] = torch.randn(16, *spec.inputs["x"].shape[1:])
+    _models(longer)
+    assert len(timed) > len({fair_share(1), fair_share(2)})
+    # the calibration measured again (here: its method changed) keeps none
+    records = read_records()
+    records[machine_key(fair_share(2))]["method"] = 1
+    write_records(records)
+    measured.clear()
+    count = len(timed)
+    _models(spec)
+    assert "2 threads" in measured or f"{fair_share(2)} threads" in measured
+    assert len(timed) == count + 1  # the share whose calibration was measured again
+
+
+def test_example_keys_differ_by_shape() -> None:
+    from pipecompile.planner.model_timings import example_key
+
+    a = example_key("f" * 64, {"x": torch.zeros(8, 4)})
+    assert a == example_key("f" * 64, {"x": torch.ones(8, 4)})  # values do not matter
+    assert a != example_key("f" * 64, {"x": torch.zeros(8, 5)})
+    assert a != example_key("f" * 64, {"x": torch.zeros(8, 4, dtype=torch.float64)})
+    assert a != example_key("e" * 64, {"x": torch.zeros(8, 4)})
+
+
+@pytest.fixture(autouse=True)
+def _no_real_measuring(monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(calibrate, "rank_figures", lambda *a: pytest.fail("ranks started"))
