@@ -6,8 +6,9 @@ calibration` shows of them.
 
 A record holds the constants (``calibration_timing.FIELDS``), ``threads``, ``method``, the
 quality it was measured in (``load``, ``spread``, ``taken``: ``calibration_quality``), per
-rank count the message figures with their own quality (``ranks``), and what ``--tune``
-learned (``step_scale``).
+rank count the message figures with their own quality (``ranks``), what ``--tune``
+learned (``step_scale``, per rank count and model) and the models' own timings at that
+share of the cores (``timings``: ``model_timings``).
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def _record_lines(key: str, entry: dict[str, Any]) -> list[str]:
             lines.append(f"    may be off: {kept.doubt(here)}")
     for name, scale in sorted((entry.get("step_scale") or {}).items()):
         lines.append(f"  --tune's measured / predicted for {name}: {scale:g}")
+    timings = len(entry.get("timings") or {})
+    if timings:
+        lines.append(f"  the eager timings of {timings} model example{'s' * (timings != 1)} kept")
     if quality is not None and quality.doubt(here):
         lines.append(f"  may be off: {quality.doubt(here)}")
     return lines

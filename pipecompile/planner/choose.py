@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import asdict, replace
 
 import torch
@@ -19,28 +18,22 @@ from pipecompile.ir.plan_record import PlanRecord, PlanRow
 from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import annotate_costs
-from pipecompile.planner.calibrate import calibrated_ranks
-from pipecompile.planner.calibration_quality import Quality
 from pipecompile.planner.model_facts import ModelFacts, model_facts
-from pipecompile.planner.model_probe import Probe, corrected, probe_model, probe_sizes
-from pipecompile.planner.model_timings import example_key, keep_timing, kept_timing
 from pipecompile.planner.plan import Plan, Predicted
+from pipecompile.planner.pricing import microbatch_counts, rank_models
 from pipecompile.planner.rank_models import RankModels
 from pipecompile.planner.search import (
     SearchResult,
     Space,
     check_placing,
-    divisors,
     search,
 )
-from pipecompile.runtime.threads import fair_share
 from pipecompile.schedules import ORDER, SYNCHRONOUS, schedule_of
 
 __all__ = [
     "check_search",
     "choose_plan",
     "open_choices",
-    "probe_corrected",
     "traced_facts",
     "plan_record",
     "RUNNERS_UP",
@@ -92,14 +85,17 @@ def choose_plan(
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
     space = replace(
         _space(devices, stages, schedule, virtual_stages),
-        microbatches=_counts(model, batch) if microbatches == "auto" else (int(microbatches),),
+        microbatches=microbatch_counts(model, batch)
+        if microbatches == "auto"
+        else (int(microbatches),),
         recompute=(recompute,) if recompute != "never" else (),
         ranks=(ranks,) if ranks is not None else (),
     )
     facts, key = traced_facts(model, inputs, split_at, meta=is_meta_model(model))
     models = RankModels.same(machine, space.devices)
     if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
-        models = rank_models(model, inputs, facts, machine, space, progress, key)
+        say = _say if progress else None
+        models = rank_models(model, inputs, facts, machine, space, say, key)
     result = search(
         facts,
         batch=batch,
@@ -111,44 +107,6 @@ def choose_plan(
     used = result.best.devices
     record = plan_record(result, space, models.at(used), models.source(used), key)
     return result.best.plan, _on_used(models.at(used), result.best), record
-
-
-def rank_models(
-    model: nn.Module,
-    inputs: dict[str, torch.Tensor],
-    facts: ModelFacts,
-    machine: CostModel,
-    space: Space,
-    progress: bool,
-    model_key: str,
-) -> RankModels:
-    """``machine`` calibrated for each rank count the search may use (``calibrated_ranks``;
-    ``space.ranks``: those alone) and corrected by the model's own timing on each count's
-    share of the cores (timed once per share)."""
-    counts = space.ranks or tuple(range(1, space.devices + 1))
-    made = calibrated_ranks(machine, space.devices, _say if progress else None, model_key, counts)
-    probes: dict[int, Probe | None] = {}
-    factors: dict[CostModel, CostModel] = {}  # by a count's compute figures (not messages)
-    models = []
-    for k, (calibrated, _) in enumerate(made, start=1):
-        if k in counts:
-            threads = fair_share(k)
-            first = threads not in probes
-            if first:
-                probes[threads] = probe_timing(
-                    model, inputs, facts, threads, progress, example_key(model_key, inputs)
-                )
-            compute = replace(calibrated, bandwidth=0.0, message_latency=0.0, concurrency=0.0)
-            if compute not in factors:
-                factors[compute] = probe_applied(facts, compute, probes[threads])
-            fixed = factors[compute]
-            if first and progress and probes[threads] is not None:
-                _say(_probe_line(probes[threads], threads, fixed))
-            calibrated = replace(
-                calibrated, fixed_scale=fixed.fixed_scale, work_scale=fixed.work_scale
-            )
-        models.append(calibrated)
-    return RankModels(tuple(models), tuple(source for _, source in made))
 
 
 _PER_DEVICE = (("--memory-limit", "memory_limit"), ("--device-speed", "device_speed"))
@@ -190,15 +148,6 @@ def _devices_for(stages: int, schedule: str, virtual_stages: int | None) -> int:
             "--devices N to search"
         )
     return stages // each
-
-
-def _counts(model: nn.Module, batch: int) -> tuple[int, ...]:
-    """The micro-batch counts to search: the batch's divisors, but none that leaves one
-    sample per micro-batch when a BatchNorm trains (its statistics need two)."""
-    norms = any(
-        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
-    )
-    return tuple(m for m in divisors(batch) if not (norms and batch // m < 2)) or (1,)
 
 
 def check_search(
@@ -279,73 +228,6 @@ def traced_facts(
     traced = trace(model, shown)
     annotated = annotate_costs(traced.module, root=traced.root)
     return model_facts(annotated, max(batch, 1), split_at), graph_fingerprint(traced.module)
-
-
-def probe_corrected(
-    model: nn.Module,
-    inputs: dict[str, torch.Tensor],
-    facts: ModelFacts,
-    machine: CostModel,
-    devices: int,
-    progress: bool,
-) -> CostModel:
-    """``machine`` corrected by the model's own eager timing on one of ``devices`` ranks'
-    share of the cores (``probe_timing``, ``probe_applied``)."""
-    probe = probe_timing(model, inputs, facts, fair_share(devices), progress)
-    return probe_applied(facts, machine, probe)
-
-
-def probe_timing(
-    model: nn.Module,
-    inputs: dict[str, torch.Tensor],
-    facts: ModelFacts,
-    threads: int,
-    progress: bool,
-    key: str = "",
-) -> Probe | None:
-    """The model's own eager timing on ``threads`` threads (``model_probe``) at the
-    smallest micro-batch the model allows and at the whole batch: the same sizes whatever
-    micro-batch counts the search may choose, so that compiles of one model with different
-    counts price it alike, and as far apart as the batch allows (and this machine's free
-    memory: ``probe_sizes``); None where it cannot be timed. With ``key``
-    (``model_timings.example_key``), the timing kept for it when there is one, else the one
-    taken now is kept."""
-    batch = next(iter(inputs.values())).shape[0] if inputs else 0
-    sizes = probe_sizes(facts, [batch // m for m in _counts(model, batch)]) if batch else ()
-    if key and sizes and (kept := kept_timing(key, sizes, threads)) is not None:
-        return kept
-    start = time.perf_counter()
-    probe = probe_model(model, inputs, sizes, threads) if sizes else None
-    if progress and probe is None:
-        why = "could not be timed eagerly" if sizes else "would not fit in memory whole"
-        _say(f"the model {why}: priced by the calibration alone")
-    if probe is None:
-        return None
-    probe = replace(probe, took=time.perf_counter() - start)
-    if key:
-        keep_timing(key, threads, probe)
-    return probe
-
-
-def _probe_line(probe: Probe, threads: int, fixed: CostModel) -> str:
-    """``the model timed eagerly on 1 thread (2.9 ms at 2, 4.2 ms at 8 samples; 0.1 s): the
-    calibration's fixed costs x2.56, its work x1.02``."""
-    timed = ", ".join(f"{t * 1e3:.1f} ms at {s}" for s, t in zip(probe.sizes, probe.seconds))
-    timed += " samples"
-    threads_ = f"{threads} thread{'s' * (threads != 1)}"
-    factors = (
-        f"the calibration's fixed costs x{fixed.fixed_scale:.2f}, its work x{fixed.work_scale:.2f}"
-    )
-    if probe.kept_from:
-        when = Quality(0.0, {}, probe.kept_from).when()
-        return f"the model's eager timing on {threads_} kept from {when} ({timed}): {factors}"
-    return f"the model timed eagerly on {threads_} ({timed}; {probe.took:.1f} s): {factors}"
-
-
-def probe_applied(facts: ModelFacts, machine: CostModel, probe: Probe | None) -> CostModel:
-    """``machine`` with the factors that make its seconds for the model's work the
-    probe's (``model_probe.corrected``; unchanged without a probe)."""
-    return machine if probe is None else corrected(machine, facts, probe)
 
 
 def _say(line: str) -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipecompile.planner import calibrate, calibration_quality
+from pipecompile.planner import calibrate, calibration_messages, calibration_quality
 from pipecompile.planner.calibration_quality import Quality
 
 CONSTANTS = {
@@ -43,6 +43,6 @@ def measured(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
         return figures, replace(quiet, taken=float(int(time.time())))
 
     monkeypatch.setattr(calibrate, "_measured_constants", constants)
-    monkeypatch.setattr(calibrate, "_measured_messages", messages)
-    monkeypatch.setattr(calibrate, "load_now", lambda: 0.0)
+    monkeypatch.setattr(calibration_messages, "_measured_messages", messages)
+    monkeypatch.setattr(calibration_messages, "load_now", lambda: 0.0)
     return counts

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from pipecompile.ir.cost_model import CostModel
-from pipecompile.planner import calibrate, calibration_quality
+from pipecompile.planner import calibrate, calibration_messages, calibration_quality
 from pipecompile.planner.calibrate import calibrated, record_path, remember_scale
 from pipecompile.planner.calibration_quality import AGAIN_AFTER_S, Quality
 from pipecompile.planner.calibration_store import (
@@ -57,7 +57,11 @@ def test_measured_once_and_applied(on, monkeypatch) -> None:  # type: ignore[no-
     assert (model.concurrency > 0) == (2 * fair_share(2) > cores())
     # kept: a second call measures nothing
     monkeypatch.setattr(calibrate, "measure", lambda threads: pytest.fail("measured again"))
-    monkeypatch.setattr(calibrate, "rank_figures", lambda *a: pytest.fail("measured again"))
+
+    def measured_again(*args: object) -> None:
+        pytest.fail("measured again")
+
+    monkeypatch.setattr(calibration_messages, "rank_figures", measured_again)
     again, _ = calibrated(CostModel(), 2)
     assert again == model
     # a --flops-rate the user gave is theirs; a --bandwidth too
@@ -136,8 +140,8 @@ def made_up(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
         return dict(MESSAGES), replace(listed.pop(0), taken=_now())
 
     monkeypatch.setattr(calibrate, "_measured_constants", measured)
-    monkeypatch.setattr(calibrate, "_measured_messages", messages)
-    monkeypatch.setattr(calibrate, "load_now", lambda: pytest.fail("load read"))
+    monkeypatch.setattr(calibration_messages, "_measured_messages", messages)
+    monkeypatch.setattr(calibration_messages, "load_now", lambda: pytest.fail("load read"))
     return listed
 
 
@@ -190,9 +194,9 @@ def test_a_busy_calibration_is_measured_again_then_used_with_a_note(
     records = read_records()
     records[key]["taken"] = Quality(0.6, {}, _now() - AGAIN_AFTER_S - 1).as_json()["taken"]
     write_records(records)
-    monkeypatch.setattr(calibrate, "load_now", lambda: 0.9)
+    monkeypatch.setattr(calibration_messages, "load_now", lambda: 0.9)
     assert calibrated(CostModel(), 1)[0] == model
-    monkeypatch.setattr(calibrate, "load_now", lambda: 0.0)
+    monkeypatch.setattr(calibration_messages, "load_now", lambda: 0.0)
     made_up.append(QUIET)
     calibrated(CostModel(), 1, said.append)
     assert not made_up and "the machine is quiet now" in said[-1]

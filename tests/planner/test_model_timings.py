@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from pipecompile.ir.cost_model import CostModel
-from pipecompile.planner import calibrate, choose
-from pipecompile.planner.calibration_store import machine_key, read_records, write_records
+from pipecompile.planner import calibration_messages, pricing
+from pipecompile.planner.calibration_store import (
+    describe,
+    machine_key,
+    read_records,
+    write_records,
+)
 from pipecompile.planner.choose import traced_facts
 from pipecompile.planner.model_probe import Probe
 from pipecompile.planner.search import Space
@@ -17,27 +22,31 @@ from pipecompile.runtime.threads import fair_share
 from tests.conftest import example_spec
 
 
-def _models(spec, progress: bool = False):  # type: ignore[no-untyped-def]
+def _models(spec, said: list[str] | None = None):  # type: ignore[no-untyped-def]
     facts, key = traced_facts(spec.model, spec.inputs)
     space = Space(devices=2)
-    return choose.rank_models(spec.model, spec.inputs, facts, CostModel(), space, progress, key)
+    say = said.append if said is not None else None
+    return pricing.rank_models(spec.model, spec.inputs, facts, CostModel(), space, say, key)
 
 
-def test_a_kept_timing_prices_the_next_compile_alike(measured, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_kept_timing_prices_the_next_compile_alike(measured, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     timed: list[tuple[int, ...]] = []
 
     def probe(model, inputs, sizes, threads):  # type: ignore[no-untyped-def]
         timed.append(sizes)
         return Probe(sizes, tuple(1e-3 * (len(timed) + s) for s in sizes))
 
-    monkeypatch.setattr(choose, "probe_model", probe)
+    monkeypatch.setattr(pricing, "probe_model", probe)
     spec = example_spec("mlp")
-    first = _models(spec, progress=True)
+    said: list[str] = []
+    first = _models(spec, said)
     assert len(timed) == len({fair_share(1), fair_share(2)})  # once per share of the cores
-    assert "the model timed eagerly on " in capsys.readouterr().err
-    again = _models(spec, progress=True)  # timed anew, the made-up seconds would differ
+    assert any(line.startswith("the model timed eagerly on ") for line in said)
+    said.clear()
+    again = _models(spec, said)  # timed anew, the made-up seconds would differ
     assert len(timed) == len({fair_share(1), fair_share(2)}) and again == first
-    assert "the model's eager timing on " in capsys.readouterr().err
+    assert any(line.startswith("the model's eager timing on ") for line in said)
+    assert "  the eager timings of 1 model example kept" in describe()  # pipecompile calibration
     # another example shape is another key: timed
     longer = example_spec("mlp")
     longer.inputs["x"] = torch.randn(16, *spec.inputs["x"].shape[1:])
@@ -66,4 +75,7 @@ def test_example_keys_differ_by_shape() -> None:
 
 @pytest.fixture(autouse=True)
 def _no_real_measuring(monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(calibrate, "rank_figures", lambda *a: pytest.fail("ranks started"))
+    def started(*args: object) -> None:
+        pytest.fail("ranks started")
+
+    monkeypatch.setattr(calibration_messages, "rank_figures", started)

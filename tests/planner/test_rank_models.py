@@ -13,7 +13,7 @@ import pytest
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.passes import annotate_costs
-from pipecompile.planner import calibrate, choose
+from pipecompile.planner import calibrate, choose, pricing
 from pipecompile.planner.model_facts import model_facts
 from pipecompile.planner.model_probe import Probe
 from pipecompile.planner.predict import Predictor
@@ -124,7 +124,7 @@ def test_a_plan_has_one_price_whatever_devices_offered(measured, monkeypatch) ->
     priced alike at --devices 3, 5 and 7 (the model's own timing made up, the same for each
     compile, as a quiet machine's would be)."""
     monkeypatch.setattr(
-        choose, "probe_model", lambda model, inputs, sizes, threads: Probe(sizes, (2e-3, 6e-3))
+        pricing, "probe_model", lambda model, inputs, sizes, threads: Probe(sizes, (2e-3, 6e-3))
     )
     spec = example_spec("mlp")
     prices: dict[int, dict[tuple[object, ...], float]] = {}

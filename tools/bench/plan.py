@@ -115,9 +115,9 @@ def search_time(devices: tuple[int, ...], quick: bool) -> None:
     from pipecompile.ir.cost_model import CostModel
     from pipecompile.passes import annotate_costs
     from pipecompile.planner.calibrate import calibrated_ranks
-    from pipecompile.planner.choose import probe_timing
     from pipecompile.planner.model_facts import model_facts
-    from pipecompile.planner.rank_models import RankModels, rank_ladder
+    from pipecompile.planner.pricing import probe_timing
+    from pipecompile.planner.rank_models import RankModels
     from pipecompile.planner.search import Space, search
     from pipecompile.runtime.threads import fair_share
 
@@ -127,7 +127,7 @@ def search_time(devices: tuple[int, ...], quick: bool) -> None:
     # count, its message latency raised by k picoseconds at k ranks so that no two counts
     # share the partitioner's work (as counts calibrated apart do not).
     most = max(devices)
-    counts = sorted({k for n in devices for k in rank_ladder(n)})
+    counts = list(range(1, most + 1))  # a search prices every count up to N
     made = calibrated_ranks(CostModel(), most, None, "", counts)
     own = RankModels(tuple(m for m, _ in made))
     two = made[1][0] if most > 1 else made[0][0]
@@ -152,7 +152,7 @@ def search_time(devices: tuple[int, ...], quick: bool) -> None:
         facts = model_facts(annotate_costs(traced.module, root=traced.root), 32)
         traced_s = time.perf_counter() - start
         start = time.perf_counter()  # as a compile does: the model's own timing corrects it
-        probe = probe_timing(model, inputs, facts, fair_share(2), progress=False)
+        probe = probe_timing(model, inputs, facts, fair_share(2))
         probe_s = time.perf_counter() - start
         timed_apart = _timed(apart, facts, probe, counts)
         timed_own = _timed(own, facts, probe, counts)
@@ -171,7 +171,7 @@ def search_time(devices: tuple[int, ...], quick: bool) -> None:
 
 def _timed(models, facts, probe, counts):  # type: ignore[no-untyped-def]
     """``models`` corrected by the model's own timing (the counts searched; as a compile's)."""
-    from pipecompile.planner.choose import probe_applied
+    from pipecompile.planner.pricing import probe_applied
 
     fixed = tuple(
         probe_applied(facts, m, probe) if k in counts else m
