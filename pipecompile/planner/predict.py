@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pipecompile.ir.cost_model import CostModel, scaled_speeds
 from pipecompile.ir.memory_model import device_peak_bytes, peak_weight_copies
@@ -47,11 +47,12 @@ class Predictor:
     facts: ModelFacts
     batch: int
     machine: CostModel
+    # the atoms' figures per size, shared by the predictors of one search whose models price
+    # ops alike (rank counts differ in their messages and cores, not in an op's seconds)
+    atoms: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
-        self._facts: dict[int, AtomFacts] = {}
-        self._walks: dict[int, list[float]] = {}  # per size: ``ModelFacts.walk_seconds``
         self._least: dict[int, tuple[float, float | None]] = {}  # per size: ``_least_work``'s
         self._problems: dict[tuple[object, ...], tuple[Problem, float]] = {}
         self._unmet: dict[tuple[object, ...], int] = {}  # the highest cutoff no split meets
@@ -252,10 +253,19 @@ class Predictor:
         return work + 2 * (stages - 1) * cut
 
     def _facts_at(self, size: int) -> AtomFacts:
-        """The model's atoms at micro-batches of ``size`` samples, gathered once per size."""
-        if size not in self._facts:
-            self._facts[size] = self.facts.at(size, self.machine)
-        return self._facts[size]
+        """The model's atoms at micro-batches of ``size`` samples, gathered once per size
+        (and ops' prices: ``atoms``)."""
+        key = ("facts", size, _op_prices(self.machine))
+        if key not in self.atoms:
+            self.atoms[key] = self.facts.at(size, self.machine)
+        return self.atoms[key]  # type: ignore[return-value]
+
+    def _walk_at(self, size: int) -> list[float]:
+        """``ModelFacts.walk_seconds`` at ``size`` samples, once per size and ops' prices."""
+        key = ("walk", size, _op_prices(self.machine))
+        if key not in self.atoms:
+            self.atoms[key] = self.facts.walk_seconds(size, self.machine)
+        return self.atoms[key]  # type: ignore[return-value]
 
     def _split(
         self,
@@ -316,9 +326,7 @@ class Predictor:
         problem, unit = self._problem(size, machine, shape)
         ends = [*found.starts[1:], problem.items]
         seconds = unit / _FS
-        if size not in self._walks:
-            self._walks[size] = self.facts.walk_seconds(size, self.machine)
-        walk = self._walks[size]
+        walk = self._walk_at(size)
         forward, backward, extra = [], [], []
         for j, (a, b) in enumerate(zip(found.starts, ends)):
             r = found.replicas[j] if machine.workers is not None else 1
@@ -368,6 +376,13 @@ class Predictor:
         return max(
             max(seconds), sum(s * r for s, r in zip(seconds, ranks)) / self.machine.concurrency
         )
+
+
+def _op_prices(machine: CostModel) -> tuple[float, ...]:
+    """What an op's seconds depend on (``CostModel.op_seconds``)."""
+    rates = (machine.flops_rate, machine.elementwise_rate, machine.conv_rate)
+    fixed = (machine.half_work, machine.op_overhead, machine.conv_half_work)
+    return (*rates, *fixed, machine.work_scale, machine.fixed_scale)
 
 
 def _sync(facts: AtomFacts, found: Solution, machine: CostModel) -> float:

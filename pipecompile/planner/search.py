@@ -111,11 +111,12 @@ def search(
     _check_space(facts, batch, space)
     models = machine if isinstance(machine, RankModels) else RankModels.same(machine, space.devices)
     predictors: dict[CostModel, Predictor] = {}  # counts of one model share its splits
+    atoms: dict[tuple[object, ...], object] = {}  # and models that price ops alike, the atoms
 
     def predictor(ranks: int) -> Predictor:
         machine = models.at(ranks)
         if machine not in predictors:
-            predictors[machine] = Predictor(facts, batch, machine)
+            predictors[machine] = Predictor(facts, batch, machine, atoms)
         return predictors[machine]
 
     fits: list[Predicted] = []

@@ -7,10 +7,11 @@ user setup on the same model, data and processes. Prints Markdown tables.
    16, 32 and 64 devices (goal: under 10 s each).
 2. For a GPT, a Hugging Face Llama and a ResNet on 4 processes (CPU, gloo; `--processes 2`: 2):
    - `pipecompile MODEL --devices 4 --tune 3`: the plan chosen, re-measured;
-   - a grid over stages (1, 2, 4; replicas fill the 4 devices) x micro-batches (2, 4, 8) x
-     schedule (gpipe, 1f1b, zb1p), each compiled with `--devices 4` and the rest fixed,
-     its predicted step next to its measured one (`pipecompile run DIR --nproc 4`, median
-     of the steps after the first);
+   - a grid over stages (1, 2, 4; the search chooses their replicas up to the 4 devices) x
+     micro-batches (2, 4, 8) x schedule (gpipe, 1f1b, zb1p), each compiled with `--devices
+     4` and the rest fixed, its predicted step next to its measured one (`pipecompile run DIR
+     --nproc R` on the R ranks it uses, median of the steps after the first), and how many
+     are priced within 1.5x of their measured step;
    - torch.distributed.pipelining: ScheduleGPipe over 4 stages of equal layers, 4
      micro-batches, AdamW, the same data (its own step timer, slowest rank).
    Prediction error (median, worst) and Spearman's rank correlation over the grid.
@@ -24,6 +25,7 @@ Rerun with::
     python tools/bench/plan.py            # docs/BENCHMARKS.md's figures (about 20 minutes)
     python tools/bench/plan.py --processes 2   # the same on 2 processes (one core each here)
     python tools/bench/plan.py --search-only   # the search times alone (part 1)
+    python tools/bench/plan.py --no-search --processes 2   # part 2 alone
     python tools/bench/plan.py --quick    # 4 layers over 2 devices; one small GPT on 2
                                           # processes, --tune 1, a 1-point grid, the peer on
                                           # 2 stages, 2 steps a measured run
@@ -383,7 +385,29 @@ def report(bench: Bench, got: dict) -> tuple[list[float], list[float], float]:
         f"{statistics.median(abs(e) for e in errors):.1%}, worst "
         f"{max(abs(e) for e in errors):.1%}; rank correlation {rho:.2f}."
     )  # fmt: skip
+    for label, found in (("calibrated only", raw_errors), ("after --tune", errors)):
+        print(f"\n{within_line(label, found, grid)}")
     return errors, raw_errors, rho
+
+
+FAR = 1.5  # a price within this factor of the measured step (either way) holds
+
+
+def within_line(label: str, errors: list[float], grid: list | None = None) -> str:
+    """How many prices (their errors: predicted / measured - 1) are within ``FAR`` of the
+    measured step, and (with ``grid``) the plans that are not."""
+    beyond = [k for k, e in enumerate(errors) if not 1 / FAR <= 1 + e <= FAR]
+    line = f"{label}: {len(errors) - len(beyond)} of {len(errors)} plans priced within {FAR}x"
+    if grid is not None and beyond:
+        shown = []
+        for k in beyond:
+            plan = grid[k][0]
+            replicas = ",".join(map(str, plan["replicas"]))
+            ratio = 1 / (1 + errors[k])
+            shown.append(f"{plan['stages']} x ({replicas}), {plan['microbatches']} mb, "
+                         f"{plan['schedule']}: measured {ratio:.2f}x its price")  # fmt: skip
+        line += "; beyond: " + "; ".join(shown)
+    return line
 
 
 def main() -> None:
@@ -393,6 +417,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, choices=(2, 4), default=4,
                         help="devices (processes) of --tune, the grid and the peer")  # fmt: skip
     parser.add_argument("--search-only", action="store_true", help="part 1 alone")
+    parser.add_argument("--no-search", action="store_true", help="part 2 alone")
     parser.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
     parser.add_argument("--model-file", help=argparse.SUPPRESS)
@@ -404,7 +429,8 @@ def main() -> None:
     print(f"Machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PIPECOMPILE_CACHE"] = str(Path(tmp) / "cache")  # a fresh calibration
-        search_time((2,) if args.quick else (8, 16, 32, 64), args.quick)
+        if not args.no_search:
+            search_time((2,) if args.quick else (8, 16, 32, 64), args.quick)
         if args.search_only:
             return
         benches = [b for b in BENCHES if args.only in (None, b.name)]
@@ -419,7 +445,7 @@ def main() -> None:
         for label, found in (("calibrated only", calibrated), ("after --tune", tuned)):
             print(f"\nAll {len(found)} measured plans, {label}: prediction error median "
                   f"{statistics.median(abs(e) for e in found):.1%}, worst "
-                  f"{max(abs(e) for e in found):.1%}.")  # fmt: skip
+                  f"{max(abs(e) for e in found):.1%}; {within_line(label, found)}.")  # fmt: skip
 
 
 if __name__ == "__main__":
