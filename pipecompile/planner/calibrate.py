@@ -49,6 +49,8 @@ __all__ = [
     "Calibration",
     "calibrated",
     "calibrated_ranks",
+    "kept_scales",
+    "scaled_by",
     "record_path",
     "remember_scale",
 ]
@@ -71,31 +73,50 @@ class Calibration:
     conv_half_work: float
     step_scale: dict[str, float] | None = None  # "devices/model" -> measured / predicted
 
-    def applied(
-        self, machine: CostModel, devices: int, messages: Figures, model_key: str = ""
-    ) -> CostModel:
+    def applied(self, machine: CostModel, devices: int, messages: Figures) -> CostModel:
         """``machine`` with these constants and ``messages`` (the figures of ``devices``
         ranks; where they oversubscribe the cores, how many compute at once); a
         ``--flops-rate`` or ``--bandwidth`` the user gave is kept."""
         shared = devices * self.threads > cores()
         rate = machine.flops_rate if machine.flops_rate != DEFAULT_FLOPS_RATE else self.flops_rate
-        scale = (self.step_scale or {}).get(_scale_key(devices, model_key), 1.0)
         if messages and machine.bandwidth == DEFAULT_BANDWIDTH:
-            machine = replace(machine, bandwidth=messages["bandwidth"] / scale)
+            machine = replace(machine, bandwidth=messages["bandwidth"])
         return replace(
             machine,
-            message_latency=messages.get("message_latency", 0.0) * scale,
-            optimizer_rate=self.optimizer_rate / scale,
-            flops_rate=rate / scale,
+            message_latency=messages.get("message_latency", 0.0),
+            optimizer_rate=self.optimizer_rate,
+            flops_rate=rate,
             half_work=self.half_work,
             # a --flops-rate you give prices convolutions too (0: the contractions' figures)
-            conv_rate=self.conv_rate / scale if rate == self.flops_rate else 0.0,
+            conv_rate=self.conv_rate if rate == self.flops_rate else 0.0,
             conv_half_work=self.conv_half_work,
-            op_overhead=self.op_overhead * scale,
-            elementwise_rate=self.elementwise_rate / scale,
-            instr_overhead=self.instr_overhead * scale,
+            op_overhead=self.op_overhead,
+            elementwise_rate=self.elementwise_rate,
+            instr_overhead=self.instr_overhead,
             concurrency=cores() / self.threads if shared else 0.0,
         )
+
+    def scale(self, devices: int, model_key: str = "") -> float:
+        """``--tune``'s measured / predicted ratio for the model on ``devices`` ranks (1:
+        none learned)."""
+        return float((self.step_scale or {}).get(_scale_key(devices, model_key), 1.0))
+
+
+def scaled_by(machine: CostModel, scale: float, *, bandwidth: bool = True) -> CostModel:
+    """``machine`` with every time it prices ``scale`` times as long: an op's (its work and
+    fixed seconds), an instruction's, a message's latency and, unless ``bandwidth`` is
+    False (a ``--bandwidth`` the user gave), its bytes', and the optimizer's step."""
+    if scale == 1.0:
+        return machine
+    return replace(
+        machine,
+        fixed_scale=machine.fixed_scale * scale,
+        work_scale=machine.work_scale * scale,
+        instr_overhead=machine.instr_overhead * scale,
+        message_latency=machine.message_latency * scale,
+        optimizer_rate=machine.optimizer_rate / scale,
+        bandwidth=machine.bandwidth / scale if bandwidth else machine.bandwidth,
+    )
 
 
 def calibrated(
@@ -120,11 +141,14 @@ def calibrated_ranks(
     say: Say | None = None,
     model_key: str = "",
     counts: Sequence[int] = (),
+    *,
+    scaled: bool = True,
 ) -> list[tuple[CostModel, str]]:
     """``machine`` calibrated for each rank count from 1 to ``devices`` (item k - 1: k
     ranks) as ``calibrated`` calibrates one, each count's constants at its own share of
     the cores and its own message figures; ``counts``: those alone (the others are
-    ``machine`` as given, uncalibrated, with no key)."""
+    ``machine`` as given, uncalibrated, with no key). ``scaled=False``: without ``--tune``'s
+    ratios (``kept_scales`` gives them, for a caller that corrects the model first)."""
     counts = list(counts) or list(range(1, devices + 1))
     entries = {}
     for threads in sorted({fair_share(k) for k in counts}, reverse=True):
@@ -133,14 +157,31 @@ def calibrated_ranks(
     out = [(machine, "")] * devices
     for k in counts:
         entry = entries[fair_share(k)]
-        calibration = Calibration(
-            threads=fair_share(k),
-            **{f: float(entry[f]) for f in FIELDS},
-            step_scale=entry.get("step_scale"),
-        )
-        applied = calibration.applied(machine, k, figures.get(k, {}), model_key)
+        calibration = _calibration(entry, k)
+        applied = calibration.applied(machine, k, figures.get(k, {}))
+        if scaled:
+            given = machine.bandwidth != DEFAULT_BANDWIDTH
+            applied = scaled_by(applied, calibration.scale(k, model_key), bandwidth=not given)
         out[k - 1] = (applied, machine_key(fair_share(k)))
     return out
+
+
+def kept_scales(counts: Sequence[int], model_key: str = "") -> dict[int, float]:
+    """``--tune``'s kept ratio for the model on each of ``counts`` ranks (1: none)."""
+    records = read_records()
+    out = {}
+    for k in counts:
+        entry = records.get(machine_key(fair_share(k))) or {}
+        out[k] = float((entry.get("step_scale") or {}).get(_scale_key(k, model_key), 1.0))
+    return out
+
+
+def _calibration(entry: dict[str, Any], ranks: int) -> Calibration:
+    return Calibration(
+        threads=fair_share(ranks),
+        **{f: float(entry[f]) for f in FIELDS},
+        step_scale=entry.get("step_scale"),
+    )
 
 
 def remember_scale(devices: int, scale: float, model_key: str = "") -> None:

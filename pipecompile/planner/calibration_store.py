@@ -31,9 +31,9 @@ from pipecompile.runtime.threads import cores
 
 __all__ = ["METHOD", "clear_records", "describe", "machine_key", "read_records", "record_path"]
 
-METHOD = 5  # a record measured another way is measured again (3: with its load and spread,
+METHOD = 6  # a record measured another way is measured again (3: with its load and spread,
 # 4: with convolutions, 5: --tune's ratios learned on predictions the model's own timing
-# corrects)
+# corrects, 6: those ratios applied after that correction, which had undone them on the ops)
 
 
 def record_path() -> Path:

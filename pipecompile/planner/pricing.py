@@ -1,7 +1,8 @@
 """The cost models a plan search prices with: this machine's calibration for each rank count a
 plan may run on (``calibrate.calibrated_ranks``), each corrected by the model's own eager
 timing on that count's share of the cores (``model_probe``; timed once per share, and kept:
-``model_timings``).
+``model_timings``), then scaled by the ratio ``--tune`` learned for the model on that many
+ranks (after the correction: applied before it, the correction undid it on the model's ops).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from pipecompile.ir.cost_model import CostModel
-from pipecompile.planner.calibrate import calibrated_ranks
+from pipecompile.ir.cost_model import DEFAULT_BANDWIDTH, CostModel
+from pipecompile.planner.calibrate import calibrated_ranks, kept_scales, scaled_by
 from pipecompile.planner.calibration_quality import Quality
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.model_probe import Probe, corrected, probe_model, probe_sizes
@@ -47,7 +48,9 @@ def rank_models(
     ``space.ranks``: those alone) and corrected by the model's own timing on each count's
     share of the cores (timed once per share)."""
     counts = space.ranks or tuple(range(1, space.devices + 1))
-    made = calibrated_ranks(machine, space.devices, say, model_key, counts)
+    made = calibrated_ranks(machine, space.devices, say, model_key, counts, scaled=False)
+    scales = kept_scales(counts, model_key)  # applied after the timing's correction
+    given = machine.bandwidth != DEFAULT_BANDWIDTH
     probes: dict[int, Probe | None] = {}
     factors: dict[CostModel, CostModel] = {}  # by a count's compute figures (not messages)
     models = []
@@ -67,6 +70,7 @@ def rank_models(
             calibrated = replace(
                 calibrated, fixed_scale=fixed.fixed_scale, work_scale=fixed.work_scale
             )
+            calibrated = scaled_by(calibrated, scales[k], bandwidth=not given)
         models.append(calibrated)
     return RankModels(tuple(models), tuple(source for _, source in made))
 

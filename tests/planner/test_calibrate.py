@@ -51,8 +51,8 @@ def test_measured_once_and_applied(on, monkeypatch) -> None:  # type: ignore[no-
     assert all(math.isfinite(s) and s >= 0 for s in measured.spread.values()), measured
     assert entry["method"] == METHOD and Quality.from_json(ranks) is not None
     # applied: the measured rates, and the cores shared when 2 ranks need more than there are
-    assert model.flops_rate == pytest.approx(entry["flops_rate"] / _scale(entry, 2))
-    assert model.conv_rate == pytest.approx(entry["conv_rate"] / _scale(entry, 2))
+    assert model.flops_rate == entry["flops_rate"] and model.conv_rate == entry["conv_rate"]
+    assert model.work_scale == pytest.approx(_scale(entry, 2))  # --tune's ratio, if one is kept
     assert model.message_latency > 0 and model.bandwidth != CostModel().bandwidth
     assert (model.concurrency > 0) == (2 * fair_share(2) > cores())
     # kept: a second call measures nothing
@@ -66,7 +66,7 @@ def test_measured_once_and_applied(on, monkeypatch) -> None:  # type: ignore[no-
     assert again == model
     # a --flops-rate the user gave is theirs; a --bandwidth too
     given, _ = calibrated(CostModel(flops_rate=3e9, bandwidth=1e9), 2)
-    assert given.flops_rate == pytest.approx(3e9 / _scale(entry, 2)) and given.bandwidth == 1e9
+    assert given.flops_rate == 3e9 and given.bandwidth == 1e9
     assert given.conv_rate == 0  # convolutions priced at the rate given too
 
 
@@ -78,7 +78,8 @@ def test_tune_ratios_fold_into_the_kept_scale(on) -> None:  # type: ignore[no-un
     after = _scale(json.loads(record_path().read_text())[key], 2)
     assert after == pytest.approx(before * 3.0, rel=1e-3)
     scaled, _ = calibrated(CostModel(), 2)
-    assert scaled.flops_rate == pytest.approx(model.flops_rate / 3.0, rel=1e-3)
+    assert scaled.work_scale == pytest.approx(model.work_scale * 3.0, rel=1e-3)
+    assert scaled.fixed_scale == pytest.approx(model.fixed_scale * 3.0, rel=1e-3)
     assert scaled.instr_overhead == pytest.approx(model.instr_overhead * 3.0, rel=1e-3)
     remember_scale(2, 1 / 3.0)  # put it back for the other tests of the session
 

@@ -9,6 +9,7 @@ import torch
 
 from pipecompile.ir.cost_model import CostModel
 from pipecompile.planner import calibration_messages, pricing
+from pipecompile.planner.calibrate import remember_scale
 from pipecompile.planner.calibration_store import (
     describe,
     machine_key,
@@ -79,3 +80,22 @@ def _no_real_measuring(monkeypatch):  # type: ignore[no-untyped-def]
         pytest.fail("ranks started")
 
     monkeypatch.setattr(calibration_messages, "rank_figures", started)
+
+
+def test_tune_ratio_scales_the_corrected_prices(measured, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--tune's ratio multiplies the prices after the model's own timing corrected them
+    (applied before, the correction undid it on the model's ops: --tune changed nothing)."""
+
+    def probe(model, inputs, sizes, threads):  # type: ignore[no-untyped-def]
+        return Probe(sizes, tuple(1e-3 * (1 + s) for s in sizes))
+
+    monkeypatch.setattr(pricing, "probe_model", probe)
+    spec = example_spec("mlp")
+    plain = _models(spec)
+    _, key = traced_facts(spec.model, spec.inputs)
+    remember_scale(2, 1.5, key)
+    scaled = _models(spec)
+    assert scaled.at(2).work_scale == pytest.approx(plain.at(2).work_scale * 1.5)
+    assert scaled.at(2).fixed_scale == pytest.approx(plain.at(2).fixed_scale * 1.5)
+    assert scaled.at(2).instr_overhead == pytest.approx(plain.at(2).instr_overhead * 1.5)
+    assert scaled.at(1) == plain.at(1)  # learned on 2 ranks: 1 rank's prices unchanged

@@ -196,10 +196,11 @@ def plan_of(directory: Path) -> dict:
 
 
 def ranks_of(plan: dict) -> int:
+    """The ranks a plan runs on (a search for N devices may choose fewer)."""
+    if plan.get("devices_used"):
+        return int(plan["devices_used"])
     replicas = plan.get("replicas") or []
-    if any(r > 1 for r in replicas):
-        return sum(replicas)
-    return int(plan["devices"])
+    return sum(replicas) if any(r > 1 for r in replicas) else int(plan["devices"])
 
 
 def measured(directory: Path, ranks: int, steps: int = STEPS) -> float:
