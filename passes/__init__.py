@@ -1,6 +1,6 @@
 """pipecompile's compiler passes, one per module; each is a pure function of an IR value."""
 
-from pipecompile.ir.saved_bytes import StageMemory
+from pipecompile.ir.graph.saved_bytes import StageMemory
 from pipecompile.passes.activation_memory import activation_memory
 from pipecompile.passes.annotate_costs import annotate_costs
 from pipecompile.passes.balance_stages import balance_stages, min_max_partition

@@ -18,11 +18,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from pipecompile.ir.lower import lower_stage
-from pipecompile.ir.markers import is_recv
-from pipecompile.ir.saved_bytes import StageMemory, count_saved, tensor_bytes
-from pipecompile.ir.stage_graph import Stage, StageGraph
-from pipecompile.ir.swapped_call import functional_call
+from pipecompile.ir.graph.lower import lower_stage
+from pipecompile.ir.graph.markers import is_recv
+from pipecompile.ir.graph.saved_bytes import StageMemory, count_saved, tensor_bytes
+from pipecompile.ir.graph.stage_graph import Stage, StageGraph
+from pipecompile.ir.graph.swapped_call import functional_call
 
 __all__ = ["StageMemory", "activation_memory"]
 

@@ -12,9 +12,9 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.ir.graph_copy import copy_graph_module
-from pipecompile.ir.node_info import with_info
-from pipecompile.passes.flops import is_contraction, is_convolution, node_flops
+from pipecompile.balance.flops import is_contraction, is_convolution, node_flops
+from pipecompile.ir.graph.graph_copy import copy_graph_module
+from pipecompile.ir.graph.node_info import with_info
 
 __all__ = ["annotate_costs"]
 
@@ -27,7 +27,7 @@ def annotate_costs(module: fx.GraphModule, *, root: nn.Module) -> fx.GraphModule
         root: the module that owns the graph's parameters (the original model).
 
     Returns:
-        A new GraphModule; ``pipecompile.ir.node_info.info(node)`` reads the annotation.
+        A new GraphModule; ``pipecompile.ir.graph.node_info.info(node)`` reads the annotation.
     """
     out = copy_graph_module(module)
     for node in out.graph.nodes:

@@ -16,22 +16,22 @@ from typing import Any, NoReturn
 
 import torch.fx as fx
 
+from pipecompile.balance.balance_objective import modelled_split, plain_split
+from pipecompile.balance.branch_order import candidate_orders, reordered
+from pipecompile.balance.min_max_partition import min_max_partition
+from pipecompile.balance.node_memory import node_memory
+from pipecompile.balance.partition_problem import atom_facts
+from pipecompile.balance.split_requests import pinned_costs, requested_starts
 from pipecompile.errors import BalanceError
-from pipecompile.ir.balance_report import BalanceReport
-from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.graph_copy import copy_graph_module
-from pipecompile.ir.mutation import mutated_inputs, storage_of
-from pipecompile.ir.node_info import info, with_info
-from pipecompile.ir.program import Program
-from pipecompile.ir.recompute_policy import policy_counts, with_recompute
-from pipecompile.ir.split_point import is_split_point
-from pipecompile.ir.values import is_transferable
-from pipecompile.passes.balance_objective import modelled_split, plain_split
-from pipecompile.passes.branch_order import candidate_orders, reordered
-from pipecompile.passes.min_max_partition import min_max_partition
-from pipecompile.passes.node_memory import node_memory
-from pipecompile.passes.partition_problem import atom_facts
-from pipecompile.passes.split_requests import pinned_costs, requested_starts
+from pipecompile.ir.graph.graph_copy import copy_graph_module
+from pipecompile.ir.graph.mutation import mutated_inputs, storage_of
+from pipecompile.ir.graph.node_info import info, with_info
+from pipecompile.ir.graph.split_point import is_split_point
+from pipecompile.ir.graph.values import is_transferable
+from pipecompile.ir.programs.cost_model import CostModel
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.recompute_policy import policy_counts, with_recompute
+from pipecompile.ir.records.balance_report import BalanceReport
 
 __all__ = ["balance_stages", "COSTS", "atoms_of", "compute_nodes", "min_max_partition", "node_cost"]
 

@@ -30,11 +30,11 @@ import torch
 import torch.fx as fx
 
 from pipecompile.errors import ShapeError
-from pipecompile.ir.dynamic import DynamicDims, Exponents, with_batch
-from pipecompile.ir.node_info import info
-from pipecompile.ir.size_values import size_sources
-from pipecompile.ir.stage_graph import StageGraph
-from pipecompile.ir.user_frame import op_place
+from pipecompile.ir.graph.dynamic import DynamicDims, Exponents, with_batch
+from pipecompile.ir.graph.node_info import info
+from pipecompile.ir.graph.size_values import size_sources
+from pipecompile.ir.graph.stage_graph import StageGraph
+from pipecompile.ir.graph.user_frame import op_place
 
 __all__ = ["DynamicDims", "dynamic_dims"]
 

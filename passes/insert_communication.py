@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipecompile.ir.instr import FORWARD_OPS, INPUT_GRADIENT_OPS, Instr, Op
-from pipecompile.ir.program import Program
-from pipecompile.ir.topology import Topology
+from pipecompile.ir.programs.instr import FORWARD_OPS, INPUT_GRADIENT_OPS, Instr, Op
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.topology import Topology
 
 __all__ = ["insert_communication"]
 

@@ -16,11 +16,16 @@ import itertools
 from collections.abc import Sequence
 
 from pipecompile.errors import MemoryBudgetError
-from pipecompile.ir.memory_model import device_peak_bytes
-from pipecompile.ir.program import Program
-from pipecompile.ir.recompute_policy import POLICIES, check_policy, policy_counts, with_recompute
-from pipecompile.ir.saved_bytes import StageMemory
-from pipecompile.ir.sizes import format_size
+from pipecompile.ir.graph.saved_bytes import StageMemory
+from pipecompile.ir.programs.memory_model import device_peak_bytes
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.recompute_policy import (
+    POLICIES,
+    check_policy,
+    policy_counts,
+    with_recompute,
+)
+from pipecompile.ir.records.sizes import format_size
 
 __all__ = ["POLICIES", "insert_recompute"]
 

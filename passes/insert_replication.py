@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules import ORDER, REPLICABLE, listed, schedule_of
 
 __all__ = ["insert_replication", "parse_replicas"]

@@ -27,8 +27,8 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from pipecompile.files.cache_dir import cache_root
-from pipecompile.ir.graph_copy import copy_graph_module
-from pipecompile.ir.node_info import with_info
+from pipecompile.ir.graph.graph_copy import copy_graph_module
+from pipecompile.ir.graph.node_info import with_info
 
 __all__ = ["profile_costs", "default_cache"]
 

@@ -21,14 +21,14 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.ir import markers
-from pipecompile.ir.graph_copy import graph_module
-from pipecompile.ir.node_info import info
-from pipecompile.ir.param_names import alias_names, attribute_name
-from pipecompile.ir.size_values import size_sources
-from pipecompile.ir.stage_graph import Edge, Stage, StageGraph
-from pipecompile.ir.traced import Traced
-from pipecompile.ir.values import literal
+from pipecompile.ir.graph import markers
+from pipecompile.ir.graph.graph_copy import graph_module
+from pipecompile.ir.graph.node_info import info
+from pipecompile.ir.graph.param_names import alias_names, attribute_name
+from pipecompile.ir.graph.size_values import size_sources
+from pipecompile.ir.graph.stage_graph import Edge, Stage, StageGraph
+from pipecompile.ir.graph.traced import Traced
+from pipecompile.ir.graph.values import literal
 
 __all__ = ["split_stages"]
 

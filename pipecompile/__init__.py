@@ -18,7 +18,7 @@ def __getattr__(name: str) -> object:
 
         return pipeline
     if name == "split_point":
-        from pipecompile.ir.split_point import split_point
+        from pipecompile.ir.graph.split_point import split_point
 
         return split_point
     raise AttributeError(f"module 'pipecompile' has no attribute {name!r}")

@@ -14,7 +14,7 @@ import torch
 import pipecompile
 from pipecompile.compiler.options import CompileOptions
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.options.fields import (
     declared,
     finite_float,

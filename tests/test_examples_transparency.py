@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from torch.utils import _pytree as pytree
 
-from pipecompile.ir.microbatch import split_microbatches
+from pipecompile.ir.graph.microbatch import split_microbatches
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import EXAMPLE_NAMES, STAGE_COUNTS, example_spec

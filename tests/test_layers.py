@@ -25,11 +25,14 @@ ALLOWED: dict[str, set[str]] = {
     # the declarations of options, read by the compiler, the runtime and the surfaces alike
     "options": {"ir", "files", "errors"},
     "model": {"ir", "errors"},
+    # the partition problem and its searches, the costs a balance weighs
+    "balance": {"ir", "errors"},
     "frontend": {"ir", "model", "errors"},
     # the registry's facts in messages; where --balance time keeps its profiles
-    "passes": {"schedules", "ir", "files", "errors"},
+    "passes": {"balance", "schedules", "ir", "files", "errors"},
     "schedules": {"ir", "errors"},
     "planner": {
+        "balance",
         "frontend",
         "passes",
         "schedules",
@@ -40,7 +43,17 @@ ALLOWED: dict[str, set[str]] = {
         "files",
         "errors",
     },
-    "compiler": {"planner", "frontend", "passes", "schedules", "model", "ir", "options", "errors"},
+    "compiler": {
+        "planner",
+        "frontend",
+        "passes",
+        "balance",
+        "schedules",
+        "model",
+        "ir",
+        "options",
+        "errors",
+    },
     "codegen": {"ir", "model", "files", "errors", "version"},
     "runtime": {"schedules", "ir", "model", "files", "options", "errors"},  # the registry's facts
     "reports": {"runtime", "schedules", "ir", "files", "options", "errors"},
@@ -66,7 +79,8 @@ def _modules() -> dict[str, Path]:
 
 
 def layer(module: str) -> str:
-    """``pipecompile.ir.program`` -> ``ir``; ``pipecompile.surfaces.cli`` -> ``surfaces``; the
+    """``pipecompile.ir.programs.program`` -> ``ir``; ``pipecompile.surfaces.cli`` -> ``surfaces``;
+    the
     package itself (its version) -> ``version``; another root module -> ``root``."""
     parts = module.split(".")
     if module == "pipecompile":
@@ -144,13 +158,16 @@ def test_the_runtime_never_imports_the_compiler_a_pass_or_the_front_end():
 
 # The rooms of the runtime -> the rooms each may import; "core" is runtime/'s own modules.
 RUNTIME_ROOMS: dict[str, set[str]] = {
-    "core": set(),
-    "training": {"core"},
-    "check": {"core"},
+    "process": set(),  # the cores, signals, notes and faults of a process
+    "state": {"process"},  # a step's precision, random streams, weight versions, figures
+    "core": {"process", "state"},
+    "training": {"core", "process", "state"},
+    "check": {"core", "process", "state"},
     # a job checked before it runs: its refusals read the loop's options and its placement
-    "job": {"core", "training"},
-    "distributed": {"core", "training", "check", "job"},
+    "job": {"core", "training", "process", "state"},
+    "distributed": {"core", "training", "check", "job", "process", "state"},
 }
+RUNTIME_TOP_AT_MOST = 12  # files at the top of runtime/ (its core): the rest in rooms
 
 
 def room(module: str) -> str:
@@ -189,3 +206,16 @@ def test_a_rank_loads_without_the_compiler():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_passes_holds_the_passes_one_a_file() -> None:
+    """passes/ holds the compiler's passes, one a file; their helpers live in balance/."""
+    from pipecompile.compiler.pass_names import PASSES
+
+    found = {p.stem for p in (ROOT / "passes").glob("*.py")} - {"__init__"}
+    assert found == set(PASSES) - {"schedule", "trace"}  # the driver's own steps
+
+
+def test_the_runtime_top_holds_at_most_twelve_files() -> None:
+    top = [p for p in (ROOT / "pipecompile" / "runtime").glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= RUNTIME_TOP_AT_MOST, sorted(p.name for p in top)

@@ -10,7 +10,7 @@ import pytest
 
 from pipecompile.codegen.output_dir import check_replaceable, owned_names
 from pipecompile.errors import EmitError
-from pipecompile.ir.manifest import read_manifest
+from pipecompile.ir.records.manifest import read_manifest
 from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES
 

@@ -38,11 +38,13 @@ from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files import names as files
 from pipecompile.files.disk import disk_message, os_error
 from pipecompile.files.names import INIT, INIT_CONSTANTS, MODEL_CONFIGS, PROGRAM
-from pipecompile.ir.compiled import Compiled
-from pipecompile.ir.dynamic import fixed_batch_note
-from pipecompile.ir.layers import layer_groups
-from pipecompile.ir.lower import lower_stage
-from pipecompile.ir.manifest import (
+from pipecompile.ir.graph.dynamic import fixed_batch_note
+from pipecompile.ir.graph.layers import layer_groups
+from pipecompile.ir.graph.lower import lower_stage
+from pipecompile.ir.graph.random_ops import random_nodes
+from pipecompile.ir.graph.stage_graph import Stage, StageGraph
+from pipecompile.ir.records.compiled import Compiled
+from pipecompile.ir.records.manifest import (
     FORMAT,
     ActivationBytes,
     Edge,
@@ -53,8 +55,6 @@ from pipecompile.ir.manifest import (
     WeightsRecord,
     write_manifest,
 )
-from pipecompile.ir.random_ops import random_nodes
-from pipecompile.ir.stage_graph import Stage, StageGraph
 from pipecompile.model.fingerprint import file_fingerprint
 
 __all__ = ["ModelRef", "emit", "build_manifest", "WeightPlan"]
@@ -149,7 +149,7 @@ def _write_all(
         drop_device_literals(lowered)
         randoms.append([n.name for n in random_nodes(lowered)])
         source = stage_source(stage, lowered, num_stages=count, model=model.label)
-        (tmp / files.stage_source(stage.index)).write_text(source)
+        (tmp / files.stage_file_name(stage.index)).write_text(source)
         found = stage_sources(stage, lowered, plan)
         weights = tmp / files.stage_weights(stage.index)
         if found.all_values:
@@ -341,7 +341,7 @@ def _stage_entry(
     j = stage.index
     written = bool(found.values or found.all_values)
     return StageEntry(
-        file=files.stage_source(j),
+        file=files.stage_file_name(j),
         class_name=class_name(j),
         weights=files.stage_weights(j) if written else None,
         inputs=tuple(stage.inputs),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files.names import EMITTED, MANIFEST, METRICS, PICTURES, TRAINING_PICTURE
-from pipecompile.ir.manifest import Manifest, read_manifest
+from pipecompile.ir.records.manifest import Manifest, read_manifest
 
 __all__ = [
     "RUN_RECORDS",

@@ -25,11 +25,11 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import VerifyError
-from pipecompile.ir.compiled import Compiled
-from pipecompile.ir.microbatch import split_microbatches
-from pipecompile.ir.noise_floor import Agreement, agreement, within_rounding
-from pipecompile.ir.stage_graph import Stage, StageGraph
-from pipecompile.ir.swapped_call import functional_call
+from pipecompile.ir.graph.microbatch import split_microbatches
+from pipecompile.ir.graph.noise_floor import Agreement, agreement, within_rounding
+from pipecompile.ir.graph.stage_graph import Stage, StageGraph
+from pipecompile.ir.graph.swapped_call import functional_call
+from pipecompile.ir.records.compiled import Compiled
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.own_forward import tracing
 from pipecompile.model.without_init import build_loaded

@@ -10,8 +10,8 @@ from torch import nn
 
 from pipecompile import __version__
 from pipecompile.errors import EmitError
-from pipecompile.ir.leaf_modules import leaf_constructor
-from pipecompile.ir.stage_graph import Stage
+from pipecompile.ir.graph.leaf_modules import leaf_constructor
+from pipecompile.ir.graph.stage_graph import Stage
 
 __all__ = ["stage_source", "class_name"]
 

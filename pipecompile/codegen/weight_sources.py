@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from pipecompile.errors import WeightsError
-from pipecompile.ir.stage_graph import Stage
+from pipecompile.ir.graph.stage_graph import Stage
 from pipecompile.model.init_recipe import Recipe, is_meta_model, record_init
 from pipecompile.model.own_loading import Loaded, load_through_model, own_loading
 from pipecompile.model.pretrained_files import PretrainedFiles, open_pretrained

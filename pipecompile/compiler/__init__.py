@@ -2,8 +2,8 @@
 
 from pipecompile.compiler.driver import PASSES, compile_model
 from pipecompile.compiler.options import CompileOptions
-from pipecompile.ir.compiled import Compiled
-from pipecompile.ir.topology import topology, topology_from_manifest  # their former home
+from pipecompile.ir.programs.topology import topology, topology_from_manifest  # their former home
+from pipecompile.ir.records.compiled import Compiled
 
 __all__ = [
     "PASSES",

@@ -14,13 +14,13 @@ import torch.fx as fx
 
 from pipecompile.errors import MicrobatchError
 from pipecompile.frontend.fake_prop import propagate_fake
-from pipecompile.ir.graph_copy import copy_graph_module
-from pipecompile.ir.node_info import info
-from pipecompile.ir.program import Program
-from pipecompile.ir.stage_graph import StageGraph
-from pipecompile.ir.topology import Topology, topology
-from pipecompile.ir.user_frame import op_place
-from pipecompile.ir.verify_program import verify_program
+from pipecompile.ir.graph.graph_copy import copy_graph_module
+from pipecompile.ir.graph.node_info import info
+from pipecompile.ir.graph.stage_graph import StageGraph
+from pipecompile.ir.graph.user_frame import op_place
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.topology import Topology, topology
+from pipecompile.ir.programs.verify_program import verify_program
 from pipecompile.passes.balance_stages import compute_nodes
 
 __all__ = [

@@ -19,18 +19,18 @@ from pipecompile.frontend.fake_prop import fake_values
 from pipecompile.frontend.kept_traces import kept_trace
 from pipecompile.frontend.quiet_logs import quiet_logs
 from pipecompile.frontend.tracer import fixed_batch_view, trace
-from pipecompile.ir.balance_report import BalanceReport
-from pipecompile.ir.compiled import Compiled
-from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.dynamic import DynamicDims, asked_dims, asked_maxima, with_batch
-from pipecompile.ir.microbatch import check_divides, split_microbatches
-from pipecompile.ir.plan_record import PlanRecord
-from pipecompile.ir.program import Program
-from pipecompile.ir.recompute_policy import check_policy
-from pipecompile.ir.split_point import split_requests
-from pipecompile.ir.stage_graph import StageGraph
-from pipecompile.ir.topology import topology
-from pipecompile.ir.traced import Traced
+from pipecompile.ir.graph.dynamic import DynamicDims, asked_dims, asked_maxima, with_batch
+from pipecompile.ir.graph.microbatch import check_divides, split_microbatches
+from pipecompile.ir.graph.split_point import split_requests
+from pipecompile.ir.graph.stage_graph import StageGraph
+from pipecompile.ir.graph.traced import Traced
+from pipecompile.ir.programs.cost_model import CostModel
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.recompute_policy import check_policy
+from pipecompile.ir.programs.topology import topology
+from pipecompile.ir.records.balance_report import BalanceReport
+from pipecompile.ir.records.compiled import Compiled
+from pipecompile.ir.records.plan_record import PlanRecord
 from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import (
@@ -45,7 +45,7 @@ from pipecompile.passes import (
     split_stages,
 )
 from pipecompile.planner.choose import choose_plan, open_choices
-from pipecompile.schedules import REPLICABLE, devices_for, generate, listed, schedule_of
+from pipecompile.schedules import REPLICABLE, compute_program, devices_for, listed, schedule_of
 
 if TYPE_CHECKING:
     from pipecompile.compiler.options import CompileOptions
@@ -109,7 +109,7 @@ class Pass:
 
 def _schedule(r: Request, ir: IR) -> Program:
     # First: it needs no graph, so bad schedule options fail before tracing.
-    compute = generate(r.schedule, r.stages, r.microbatches, virtual_stages=r.virtual_stages,
+    compute = compute_program(r.schedule, r.stages, r.microbatches, virtual_stages=r.virtual_stages,
                        vertical_sync=r.options.vertical_sync)  # fmt: skip
     _check_options(r, compute)
     return compute

@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipecompile.balance.split_requests import parse_pins
 from pipecompile.compiler.pass_names import PASSES
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
-from pipecompile.ir.recompute_policy import chosen_policy
+from pipecompile.ir.programs.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
+from pipecompile.ir.programs.recompute_policy import chosen_policy
 from pipecompile.options.fields import (
     count_or_auto,
     declared,
@@ -31,7 +32,6 @@ from pipecompile.options.run import BACKENDS
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_recompute import POLICIES
 from pipecompile.passes.insert_replication import parse_replicas
-from pipecompile.passes.split_requests import parse_pins
 from pipecompile.schedules import SCHEDULES
 
 __all__ = ["CompileOptions"]

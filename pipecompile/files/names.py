@@ -1,6 +1,6 @@
 """The names of the files pipecompile writes, each spelled here once (docs/FORMAT.md).
 
-An emitted directory holds ``MANIFEST``, ``PROGRAM``, per stage ``stage_source(j)``,
+An emitted directory holds ``MANIFEST``, ``PROGRAM``, per stage ``stage_file_name(j)``,
 ``stage_weights(j)`` and, once exported, ``stage_onnx(j)``; with a meta-device model also
 ``INIT`` and ``INIT_CONSTANTS``; with a Hugging Face model, its configs (``MODEL_CONFIGS``);
 and the pictures ``PICTURES``. ``run`` adds ``METRICS`` and
@@ -25,7 +25,7 @@ __all__ = [
     "EMITTED",
     "LATEST",
     "STEP_META",
-    "stage_source",
+    "stage_file_name",
     "stage_weights",
     "stage_onnx",
     "stage_optimizer",
@@ -52,7 +52,7 @@ LATEST = "latest"  # a train state directory's pointer: one line naming the newe
 STEP_META = "meta.json"  # a saved step's record (its format marker, the step)
 
 
-def stage_source(j: int) -> str:
+def stage_file_name(j: int) -> str:
     """``stage_<j>.py``: stage ``j`` as a standalone module."""
     return f"stage_{j}.py"
 

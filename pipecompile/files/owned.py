@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipecompile.files.atomic import write_atomically
 from pipecompile.files.names import STEP_META
 
 __all__ = [
@@ -168,9 +169,7 @@ def record(paths: list[Path]) -> None:
     directory = paths[0].parent
     ledger = _ledger(directory)
     ledger.update({p.name: sha256(p) for p in paths})
-    tmp = directory / f"{LEDGER}.tmp"
-    tmp.write_text(json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
-    tmp.replace(directory / LEDGER)
+    write_atomically(directory / LEDGER, json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
 
 
 def _ledger(directory: Path) -> dict[str, str]:

@@ -2,7 +2,7 @@
 annotated with its fake value, checked for what eager PyTorch would refuse."""
 
 from pipecompile.frontend.tracer import trace
-from pipecompile.ir.traced import Traced
+from pipecompile.ir.graph.traced import Traced
 from pipecompile.model.own_forward import tracing
 
 __all__ = ["trace", "Traced", "tracing"]

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
 from pipecompile.frontend.quiet_logs import quiet_logs
-from pipecompile.ir.swapped_call import functional_call
+from pipecompile.ir.graph.swapped_call import functional_call
 
 __all__ = ["BatchView", "batch_view", "constant_view"]
 

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from pipecompile.frontend.quiet_logs import quiet_logs
-from pipecompile.ir.swapped_call import functional_call
+from pipecompile.ir.graph.swapped_call import functional_call
 
 __all__ = ["propagate_fake", "fake_values"]
 

@@ -1,7 +1,7 @@
 """Traces kept for the length of a ``with traces_kept():`` block: a model compiled several
 times with the same example (``--tune``'s candidate plans, a plan at several stage counts) is
 traced once. Tracing through torch.export takes seconds a model; the passes after it copy the
-traced graph and never change it (``pipecompile.ir.graph_copy``).
+traced graph and never change it (``pipecompile.ir.graph.graph_copy``).
 
 A trace is reused only for the same model object in the same state (its module tree, each
 module's class, mode and hooks, each parameter and buffer object with its shape, dtype and
@@ -18,7 +18,7 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
-from pipecompile.ir.traced import Traced
+from pipecompile.ir.graph.traced import Traced
 
 __all__ = ["kept_trace", "traces_kept"]
 

@@ -24,10 +24,10 @@ from pipecompile.frontend.inline_regions import (
 )
 from pipecompile.frontend.layout_free import views_as_reshapes
 from pipecompile.frontend.quiet_logs import held_stderr, quiet_logs
-from pipecompile.ir.leaf_modules import is_rebuildable_leaf
-from pipecompile.ir.split_point import recording
-from pipecompile.ir.traced import Traced
-from pipecompile.ir.values import without_nones
+from pipecompile.ir.graph.leaf_modules import is_rebuildable_leaf
+from pipecompile.ir.graph.split_point import recording
+from pipecompile.ir.graph.traced import Traced
+from pipecompile.ir.graph.values import without_nones
 from pipecompile.model.own_forward import tracing
 
 __all__ = ["trace"]

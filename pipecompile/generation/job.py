@@ -20,10 +20,10 @@ from pathlib import Path
 from pipecompile.generation.families import GenerateError
 from pipecompile.generation.sampler import Sampling
 from pipecompile.generation.session import plan_of
-from pipecompile.ir.generation_plan import GenerationPlan
-from pipecompile.ir.manifest import Manifest, read_manifest
+from pipecompile.ir.records.generation_plan import GenerationPlan
+from pipecompile.ir.records.manifest import Manifest, read_manifest
 from pipecompile.model.model_file import check_fresh
-from pipecompile.runtime.faults import FAULT_ENV, Fault, read_faults
+from pipecompile.runtime.process.faults import FAULT_ENV, Fault, read_faults
 
 __all__ = ["GenerateJob", "sampling_of", "TIMEOUT_S"]
 

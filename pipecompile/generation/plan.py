@@ -18,7 +18,7 @@ from torch import nn
 from pipecompile.errors import VerifyError
 from pipecompile.generation.families import Family, GenerateError, decoder_family
 from pipecompile.generation.stages import DecodeStage
-from pipecompile.ir.generation_plan import DTYPES, GenerationPlan
+from pipecompile.ir.records.generation_plan import DTYPES, GenerationPlan
 
 __all__ = ["GenerationPlan", "plan_generation", "decode_stages", "prove_generation"]
 
@@ -184,7 +184,7 @@ def _check_logits(
     """Within 1e-5 of the largest logit, or else within the noise floor of the eager logits
     (a model with large activations rounds more): measured against a float64 copy, made only
     when the first test fails (it doubles the model's memory)."""
-    from pipecompile.ir.noise_floor import agreement
+    from pipecompile.ir.graph.noise_floor import agreement
 
     scale = max(1.0, float(want.abs().max()))
     if float((got - want).abs().max()) <= 1e-5 * scale:

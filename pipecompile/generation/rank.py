@@ -20,7 +20,7 @@ def main(raw: str, rank: int) -> None:
     from pipecompile.generation.sampler import Sampler, Sampling
     from pipecompile.generation.session import plan_of
     from pipecompile.generation.wire import ring
-    from pipecompile.ir.manifest import read_manifest
+    from pipecompile.ir.records.manifest import read_manifest
 
     spec = json.loads(raw)
     torch.set_num_threads(spec["threads"])

@@ -21,8 +21,8 @@ from pipecompile.generation.session import (
     tensor_aliases,
     train_state_weights,
 )
-from pipecompile.ir.generation_plan import GenerationPlan
-from pipecompile.ir.manifest import Manifest
+from pipecompile.ir.records.generation_plan import GenerationPlan
+from pipecompile.ir.records.manifest import Manifest
 
 __all__ = ["WeightSource", "skeleton", "stage_modules", "rank_model"]
 

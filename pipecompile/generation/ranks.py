@@ -28,7 +28,7 @@ from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage
 from pipecompile.generation.wire import PeerGone, Wire, ring
-from pipecompile.runtime.faults import FAULT_ENV, fault_at, happen
+from pipecompile.runtime.process.faults import FAULT_ENV, fault_at, happen
 
 __all__ = ["generate_on_ranks", "run_stage"]
 
@@ -167,7 +167,7 @@ def generate_on_ranks(
     """
     from pipecompile.generation.plan import decode_stages
     from pipecompile.generation.rank_model import rank_model
-    from pipecompile.runtime.threads import launch_threads
+    from pipecompile.runtime.process.threads import launch_threads
 
     n = plan.stages
     with tempfile.TemporaryDirectory(prefix="pipecompile-generate-") as tmp:

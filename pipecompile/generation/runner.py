@@ -15,13 +15,13 @@ from pipecompile.generation.local import generate_here
 from pipecompile.generation.plan import check_fits, decode_stages
 from pipecompile.generation.session import (
     check_prompts,
-    load_weights,
+    copy_weights,
     model_of,
     tensor_aliases,
     train_state_weights,
     vocab_size,
 )
-from pipecompile.ir.manifest import Manifest
+from pipecompile.ir.records.manifest import Manifest
 
 __all__ = ["as_output", "run_generation"]
 
@@ -52,15 +52,15 @@ def run_generation(
         check_fits(meta, plan)
         check_prompts(plan, job.prompts, job.max_new_tokens, vocab_size(meta), job.eos)
         return generate_on_ranks(directory, manifest, meta, plan, job, weights, on_token, on_start)
-    from pipecompile.runtime.threads import IdleCores, use_threads
+    from pipecompile.runtime.process.threads import IdleCores, use_threads
 
     built = model_of(directory, manifest, model)
     check_fits(built, plan)  # before its weights: a changed model is named as such
     check_prompts(plan, job.prompts, job.max_new_tokens, vocab_size(built), job.eos)
     if job.train_state is not None:
-        load_weights(built, train_state_weights(job.train_state), str(job.train_state))
+        copy_weights(built, train_state_weights(job.train_state), str(job.train_state))
     else:
-        load_weights(built, _weights_here(directory, manifest, built, weights), str(directory))
+        copy_weights(built, _weights_here(directory, manifest, built, weights), str(directory))
     before = torch.get_num_threads()
     use_threads(job.threads)  # given: that count; else the idle cores, measured between turns
     idle = IdleCores()

@@ -15,12 +15,12 @@ from torch import nn
 
 from pipecompile.generation.families import GenerateError
 from pipecompile.generation.plan import GenerationPlan
-from pipecompile.ir.manifest import Manifest
+from pipecompile.ir.records.manifest import Manifest
 
 __all__ = [
     "as_prompts",
     "check_prompts",
-    "load_weights",
+    "copy_weights",
     "model_of",
     "plan_of",
     "train_state_weights",
@@ -100,7 +100,7 @@ def tensor_aliases(model: nn.Module) -> dict[str, list[str]]:
     return {name: names for names in by_tensor.values() for name in names}
 
 
-def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+def copy_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy ``state`` (by the model's names, a tied weight under any of its names) into
     ``model``.
 

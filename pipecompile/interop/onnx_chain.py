@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pipecompile.errors import EmitError, RuntimeFailure
-from pipecompile.ir.manifest import StageEntry
+from pipecompile.ir.records.manifest import StageEntry
 from pipecompile.runtime.load import read_manifest
 
 __all__ = ["run_onnx_chain"]

@@ -27,7 +27,7 @@ from torch import nn
 from pipecompile.errors import EmitError
 from pipecompile.files.names import stage_onnx
 from pipecompile.interop.onnx_registry import shared_registry
-from pipecompile.ir.manifest import Manifest, StageEntry, write_manifest
+from pipecompile.ir.records.manifest import Manifest, StageEntry, write_manifest
 from pipecompile.runtime.load import load_stage, read_manifest
 
 __all__ = ["OnnxExportError", "export_onnx"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +15,9 @@ import torch
 from torch import nn
 
 from pipecompile.errors import ModelFileError
-from pipecompile.ir.manifest import MANIFEST, Manifest
-from pipecompile.ir.values import non_tensor_input
+from pipecompile.ir.graph.user_frame import innermost_in
+from pipecompile.ir.graph.values import non_tensor_input
+from pipecompile.ir.records.manifest import MANIFEST, Manifest
 from pipecompile.model.fingerprint import file_fingerprint
 
 __all__ = [
@@ -204,8 +204,8 @@ def named_inputs(
 
 
 def _user_frame(err: BaseException, path: Path) -> str:
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename) == path]
-    return f" at {path.name}:{frames[-1].lineno}" if frames else ""
+    line = innermost_in(err, path)
+    return f" at {path.name}:{line}" if line is not None else ""
 
 
 def recorded_model(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pipecompile.ir.sizes import parse_size
+from pipecompile.ir.records.sizes import parse_size
 
 __all__ = [
     "Option",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipecompile.ir.simulate import Costs
+from pipecompile.ir.programs.simulate import Costs
 
 __all__ = ["fill_and_drain", "least_forwards", "replica_counts", "within"]
 

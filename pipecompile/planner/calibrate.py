@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipecompile.ir.cost_model import DEFAULT_BANDWIDTH, DEFAULT_FLOPS_RATE, CostModel
-from pipecompile.planner.calibration_messages import Figures, doubt, message_figures, why_again
+from pipecompile.ir.programs.cost_model import DEFAULT_BANDWIDTH, DEFAULT_FLOPS_RATE, CostModel
+from pipecompile.planner.calibration_messages import Figures, message_figures, note_doubt, why_again
 from pipecompile.planner.calibration_quality import (
     Quality,
     until_trusted,
@@ -43,7 +43,7 @@ from pipecompile.planner.calibration_store import (
     write_records,
 )
 from pipecompile.planner.calibration_timing import FIELDS, measure
-from pipecompile.runtime.threads import cores, fair_share
+from pipecompile.runtime.process.threads import cores, fair_share
 
 __all__ = [
     "Calibration",
@@ -209,7 +209,7 @@ def _constants(key: str, threads: int, say: Say | None) -> dict[str, Any]:
     what = f"the cost model's calibration at {threads} threads"
     if why is None:
         assert entry is not None
-        doubt(Quality.from_json(entry), what, measured_now=False, say=say)
+        note_doubt(Quality.from_json(entry), what, measured_now=False, say=say)
         return entry
     if say is not None:
         say(f"calibrating the cost model at {threads} threads ({why}; kept in {record_path()})")
@@ -225,7 +225,7 @@ def _constants(key: str, threads: int, say: Say | None) -> dict[str, Any]:
     if ranks:
         records[key]["ranks"] = ranks
     write_records(records)
-    doubt(quality, what, measured_now=True, say=say)
+    note_doubt(quality, what, measured_now=True, say=say)
     return records[key]
 
 

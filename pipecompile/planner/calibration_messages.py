@@ -24,10 +24,10 @@ from pipecompile.planner.calibration_quality import (
 from pipecompile.planner.calibration_store import machine_key, read_records, write_records
 from pipecompile.planner.calibration_timing import rank_figures
 from pipecompile.planner.rank_models import EXACT_RANKS
-from pipecompile.runtime.notes import note
-from pipecompile.runtime.threads import cores, fair_share
+from pipecompile.runtime.process.notes import note
+from pipecompile.runtime.process.threads import cores, fair_share
 
-__all__ = ["Figures", "doubt", "message_counts", "message_figures", "why_again"]
+__all__ = ["Figures", "note_doubt", "message_counts", "message_figures", "why_again"]
 
 Say = Callable[[str], None]
 Figures = dict[str, Any]  # message_latency, bandwidth (and their quality, where measured)
@@ -64,7 +64,7 @@ def message_figures(counts: list[int], say: Say | None) -> dict[int, Figures]:
         if c in todo:
             kept[c] = _measure_messages(c, say)
         else:
-            doubt(Quality.from_json(kept[c]), _messages_what(c), measured_now=False, say=say)
+            note_doubt(Quality.from_json(kept[c]), _messages_what(c), measured_now=False, say=say)
     return {k: _interpolated(k, kept) for k in counts}
 
 
@@ -108,7 +108,7 @@ def _measure_messages(ranks: int, say: Say | None) -> Figures:
     mine = records.setdefault(key, {})
     mine.setdefault("ranks", {})[str(ranks)] = {**figures, **quality.as_json()}
     write_records(records)
-    doubt(quality, _messages_what(ranks), measured_now=True, say=say)
+    note_doubt(quality, _messages_what(ranks), measured_now=True, say=say)
     return mine["ranks"][str(ranks)]
 
 
@@ -124,7 +124,7 @@ def _measured_messages(devices: int, threads: int) -> tuple[dict[str, float], Qu
     return figures, Quality(load, {}, float(int(time.time())))
 
 
-def doubt(quality: Quality | None, what: str, *, measured_now: bool, say: Say | None) -> None:
+def note_doubt(quality: Quality | None, what: str, *, measured_now: bool, say: Say | None) -> None:
     """Note that ``what`` may be off, and why, when its quality is beyond a bound."""
     why = quality.doubt() if quality is not None else None
     if quality is None or why is None or say is None:  # -q (no progress lines): not this

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from pipecompile.runtime.machine_load import Reading, cores, others_load, read_machine
+from pipecompile.runtime.process.machine_load import Reading, cores, others_load, read_machine
 
 __all__ = [
     "AGAIN_AFTER_S",

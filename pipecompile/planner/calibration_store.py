@@ -14,7 +14,6 @@ share of the cores (``timings``: ``model_timings``).
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import sys
@@ -24,10 +23,11 @@ from typing import Any
 import torch
 
 from pipecompile.errors import PlanError
+from pipecompile.files.atomic import write_atomically
 from pipecompile.files.cache_dir import cache_root
 from pipecompile.planner.calibration_quality import Quality
 from pipecompile.planner.calibration_timing import FIELDS
-from pipecompile.runtime.threads import cores
+from pipecompile.runtime.process.threads import cores
 
 __all__ = ["METHOD", "clear_records", "describe", "machine_key", "read_records", "record_path"]
 
@@ -64,9 +64,7 @@ def write_records(records: dict[str, Any]) -> None:
     path = record_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)
+        write_atomically(path, json.dumps(records, indent=1, sort_keys=True) + "\n", unique=True)
     except OSError as err:
         print(f"pipecompile: note: calibration not saved to {path}: {err}", file=sys.stderr)
 

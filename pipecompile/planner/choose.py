@@ -13,8 +13,8 @@ from torch import nn
 
 from pipecompile.errors import PlanError
 from pipecompile.frontend.tracer import trace
-from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.plan_record import PlanRecord, PlanRow
+from pipecompile.ir.programs.cost_model import CostModel
+from pipecompile.ir.records.plan_record import PlanRecord, PlanRow
 from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.passes import annotate_costs

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 
-from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.graph_copy import copy_graph_module
-from pipecompile.ir.node_info import info
-from pipecompile.ir.split_point import is_split_point
+from pipecompile.balance.cut_bytes import cut_bytes
+from pipecompile.balance.node_memory import node_memory
+from pipecompile.balance.partition_problem import AtomFacts, atom_cost
+from pipecompile.balance.split_requests import requested_starts
+from pipecompile.ir.graph.graph_copy import copy_graph_module
+from pipecompile.ir.graph.node_info import info
+from pipecompile.ir.graph.split_point import is_split_point
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.passes.balance_stages import atoms_of, compute_nodes, node_cost
-from pipecompile.passes.cut_bytes import cut_bytes
-from pipecompile.passes.node_memory import node_memory
-from pipecompile.passes.partition_problem import AtomFacts, atom_cost
-from pipecompile.passes.split_requests import requested_starts
 
 __all__ = ["ModelFacts", "model_facts"]
 

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.planner.model_facts import ModelFacts
 
 __all__ = ["Probe", "corrected", "probe_model", "probe_sizes"]

@@ -21,18 +21,18 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pipecompile.ir.cost_model import CostModel, scaled_speeds
-from pipecompile.ir.memory_model import device_peak_bytes, peak_weight_copies
-from pipecompile.ir.program import Program
-from pipecompile.ir.recompute_policy import policy_counts, with_recompute
-from pipecompile.ir.simulate import Costs, Timeline, simulate
-from pipecompile.ir.topology import Topology
-from pipecompile.passes.partition_problem import AtomFacts, StageShape, build_problem
-from pipecompile.passes.partition_search import Problem, Solution, fits_under, forget, solve
+from pipecompile.balance.partition_problem import AtomFacts, StageShape, build_problem
+from pipecompile.balance.partition_search import Problem, Solution, fits_under, forget, solve
+from pipecompile.ir.programs.cost_model import CostModel, scaled_speeds
+from pipecompile.ir.programs.memory_model import device_peak_bytes, peak_weight_copies
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.recompute_policy import policy_counts, with_recompute
+from pipecompile.ir.programs.simulate import Costs, Timeline, simulate
+from pipecompile.ir.programs.topology import Topology
 from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts, within
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
-from pipecompile.schedules import generate, schedule_of
+from pipecompile.schedules import compute_program, schedule_of
 
 __all__ = ["Predictor"]
 
@@ -63,7 +63,7 @@ class Predictor:
 
     def program(self, plan: Plan) -> Program:
         """The plan's compute program with its recomputed forwards marked."""
-        compute = generate(
+        compute = compute_program(
             plan.schedule, plan.stages, plan.microbatches, virtual_stages=plan.virtual_stages
         )
         return with_recompute(compute, policy_counts(plan.recompute, compute))

@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from pipecompile.ir.cost_model import DEFAULT_BANDWIDTH, CostModel
+from pipecompile.ir.programs.cost_model import DEFAULT_BANDWIDTH, CostModel
 from pipecompile.planner.calibrate import calibrated_ranks, kept_scales, scaled_by
 from pipecompile.planner.calibration_quality import Quality
 from pipecompile.planner.model_facts import ModelFacts
@@ -22,7 +22,7 @@ from pipecompile.planner.model_probe import Probe, corrected, probe_model, probe
 from pipecompile.planner.model_timings import example_key, keep_timing, kept_timing
 from pipecompile.planner.rank_models import RankModels
 from pipecompile.planner.search import Space, divisors
-from pipecompile.runtime.threads import fair_share
+from pipecompile.runtime.process.threads import fair_share
 
 __all__ = [
     "microbatch_counts",

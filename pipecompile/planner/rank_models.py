@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.programs.cost_model import CostModel
 
 __all__ = ["EXACT_RANKS", "RankModels", "rank_ladder"]
 

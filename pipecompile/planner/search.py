@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from pipecompile.errors import PlanError, ProgramError
-from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.program import Program
-from pipecompile.ir.recompute_policy import POLICIES
-from pipecompile.ir.sizes import format_size
+from pipecompile.ir.programs.cost_model import CostModel
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.recompute_policy import POLICIES
+from pipecompile.ir.records.sizes import format_size
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.planner.predict import Predictor

@@ -27,10 +27,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipecompile.errors import PlanError
-from pipecompile.ir.compiled import Compiled
-from pipecompile.ir.plan_record import PlanRow, TunedRow
+from pipecompile.ir.records.compiled import Compiled
+from pipecompile.ir.records.plan_record import PlanRow, TunedRow
 from pipecompile.planner.calibrate import remember_scale
-from pipecompile.runtime.notes import warning
+from pipecompile.runtime.process.notes import warning
 
 __all__ = ["FAR", "far_off", "measure_step", "tune"]
 

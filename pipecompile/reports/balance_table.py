@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipecompile.ir.balance_report import BalanceReport
-from pipecompile.ir.manifest import Manifest
-from pipecompile.ir.memory_model import peak_stored_bytes, peak_weight_copies
-from pipecompile.ir.program import Program
-from pipecompile.ir.simulate import Costs
-from pipecompile.ir.sizes import format_count, format_size
+from pipecompile.ir.programs.memory_model import peak_stored_bytes, peak_weight_copies
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.simulate import Costs
+from pipecompile.ir.records.balance_report import BalanceReport
+from pipecompile.ir.records.manifest import Manifest
+from pipecompile.ir.records.sizes import format_count, format_size
 
 __all__ = ["stage_rows", "balance_lines", "stage_costs"]
 

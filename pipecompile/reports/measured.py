@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.program import Program
-from pipecompile.ir.simulate import simulate
-from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.simulate import simulate
+from pipecompile.ir.programs.topology import topology_from_manifest
 from pipecompile.reports.balance_table import stage_costs
 from pipecompile.runtime.load import open_emitted
 from pipecompile.runtime.timeline_file import SIMULATED_PID, is_trace_document, measured_costs

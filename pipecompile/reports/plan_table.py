@@ -3,8 +3,8 @@ records them (with the measured step of each plan ``--tune`` ran)."""
 
 from __future__ import annotations
 
-from pipecompile.ir.plan_record import PlanRecord, PlanRow
-from pipecompile.ir.sizes import format_size
+from pipecompile.ir.records.plan_record import PlanRecord, PlanRow
+from pipecompile.ir.records.sizes import format_size
 
 __all__ = ["plan_table", "seconds_text"]
 

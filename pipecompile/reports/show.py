@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipecompile.ir.balance_report import BalanceReport
-from pipecompile.ir.instr import Op
-from pipecompile.ir.memory_model import peak_stored_bytes
-from pipecompile.ir.plan_record import PlanRecord
-from pipecompile.ir.simulate import Costs, Timeline, simulate
-from pipecompile.ir.sizes import counted, format_size
-from pipecompile.ir.topology import topology_from_manifest
-from pipecompile.ir.verify_program import verify_program
+from pipecompile.ir.programs.instr import Op
+from pipecompile.ir.programs.memory_model import peak_stored_bytes
+from pipecompile.ir.programs.simulate import Costs, Timeline, simulate
+from pipecompile.ir.programs.topology import topology_from_manifest
+from pipecompile.ir.programs.verify_program import verify_program
+from pipecompile.ir.records.balance_report import BalanceReport
+from pipecompile.ir.records.plan_record import PlanRecord
+from pipecompile.ir.records.sizes import counted, format_size
 from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
 from pipecompile.reports.plan_table import plan_table
 from pipecompile.reports.timeline_text import timeline_text
@@ -100,7 +100,7 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
         record = PlanRecord.from_json(report["plan"])
         lines += ["", plan_table(record)] if record is not None else []
     if report.get("generate"):
-        from pipecompile.ir.generation_plan import GenerationPlan
+        from pipecompile.ir.records.generation_plan import GenerationPlan
 
         try:
             lines += ["", *GenerationPlan.from_json(report["generate"]).lines()]

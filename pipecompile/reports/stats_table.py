@@ -12,7 +12,7 @@ def stats_table(pipe: Any, directory: Path, program: str | None) -> str:
     """`run --stats`: per device, the peak in-flight micro-batches and stored activations
     measured in the last step against the schedule's prediction; per stage, the compute per
     micro-batch measured against the balancer's."""
-    from pipecompile.ir.sizes import format_size
+    from pipecompile.ir.records.sizes import format_size
     from pipecompile.reports.show import schedule_report
 
     predicted, _ = schedule_report(directory, program_path=program, uniform=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipecompile.ir.instr import Op
-from pipecompile.ir.manifest import Manifest, WeightsRecord
-from pipecompile.ir.memory_model import peak_stored_bytes
-from pipecompile.ir.program import Program
-from pipecompile.ir.simulate import Costs, simulate
-from pipecompile.ir.sizes import counted, format_size
-from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.ir.programs.instr import Op
+from pipecompile.ir.programs.memory_model import peak_stored_bytes
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.simulate import Costs, simulate
+from pipecompile.ir.programs.topology import topology_from_manifest
+from pipecompile.ir.records.manifest import Manifest, WeightsRecord
+from pipecompile.ir.records.sizes import counted, format_size
 from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
 from pipecompile.reports.plan_table import plan_table, seconds_text
 from pipecompile.runtime.load import open_emitted

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Op
-from pipecompile.ir.simulate import Timeline
+from pipecompile.ir.programs.instr import Op
+from pipecompile.ir.programs.simulate import Timeline
 
 __all__ = ["timeline_text"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import os
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -16,19 +15,20 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import ModelFileError, PipecompileError, RuntimeFailure
-from pipecompile.ir.instr import FORWARD_OPS, Instr, Op
-from pipecompile.ir.microbatch import check_target_rows
-from pipecompile.ir.saved_bytes import count_saved, tensor_bytes
-from pipecompile.ir.swapped_call import functional_call
+from pipecompile.ir.graph.microbatch import check_target_rows
+from pipecompile.ir.graph.saved_bytes import count_saved, tensor_bytes
+from pipecompile.ir.graph.swapped_call import functional_call
+from pipecompile.ir.graph.user_frame import innermost_in
+from pipecompile.ir.programs.instr import FORWARD_OPS, Instr, Op
 from pipecompile.runtime.backend import Backend, MessageKey, tie_round
 from pipecompile.runtime.interpreter import Handler
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.local_part import laid_out_like, local_part
-from pipecompile.runtime.precision import autocast, device_of, for_wire
-from pipecompile.runtime.random_state import draw_base, seeded
-from pipecompile.runtime.stats import RunStats
+from pipecompile.runtime.state.precision import autocast, device_of, for_wire
+from pipecompile.runtime.state.random_state import draw_base, seeded
+from pipecompile.runtime.state.stats import RunStats
+from pipecompile.runtime.state.weight_versions import WeightVersions
 from pipecompile.runtime.torch_compiled import CompiledStages
-from pipecompile.runtime.weight_versions import WeightVersions
 
 __all__ = ["StepExecutor", "LossFn", "call_loss_fn"]
 
@@ -565,8 +565,8 @@ def _line_in(err: BaseException, fn: Callable[..., Any]) -> str:
     code = getattr(fn, "__code__", None)
     if code is None:
         return ""
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == code.co_filename]
-    return f" at {_shown(code.co_filename)}:{frames[-1].lineno}" if frames else ""
+    line = innermost_in(err, code.co_filename)
+    return f" at {_shown(code.co_filename)}:{line}" if line is not None else ""
 
 
 def _shown(path: str) -> str:

@@ -1,4 +1,5 @@
-"""The interpreter: a loop over each device's instructions and a dispatch table of handlers.
+"""The interpreter: devices taking turns over their instructions (``ir.turns``, the loop the
+simulator shares) and a dispatch table of handlers.
 
 Devices take turns; each runs until an instruction is not ready (a receive whose message has
 not arrived). A handler returns True when it ran and False when it must wait. If no device can
@@ -10,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from pipecompile.errors import PipecompileError, RuntimeFailure
-from pipecompile.ir.instr import Instr
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.turns import take_turns
 
 __all__ = ["Handler", "run_program"]
 
@@ -25,20 +27,14 @@ def run_program(program: Program, handlers: Mapping[str, Handler]) -> None:
         RuntimeFailure: a handler raised (the message names the device and instruction), or
             no device can proceed.
     """
-    pcs = [0] * len(program.devices)
-    while any(pc < len(instrs) for pc, instrs in zip(pcs, program.devices)):
-        moved = False
-        for d, instrs in enumerate(program.devices):
-            while pcs[d] < len(instrs) and _dispatch(handlers, instrs[pcs[d]], d):
-                pcs[d] += 1
-                moved = True
-        if not moved:
-            waiting = ", ".join(
-                f"device {d} at [{pc}] {instrs[pc]}"
-                for d, (pc, instrs) in enumerate(zip(pcs, program.devices))
-                if pc < len(instrs)
-            )
-            raise RuntimeFailure(f"no device can proceed: {waiting}")
+    stuck = take_turns(program, lambda d, instr: _dispatch(handlers, instr, d))
+    if stuck is not None:
+        waiting = ", ".join(
+            f"device {d} at [{pc}] {instrs[pc]}"
+            for d, (pc, instrs) in enumerate(zip(stuck, program.devices))
+            if pc < len(instrs)
+        )
+        raise RuntimeFailure(f"no device can proceed: {waiting}")
 
 
 def _dispatch(handlers: Mapping[str, Handler], instr: Instr, device: int) -> bool:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import EmitError
-from pipecompile.ir.manifest import Manifest
-from pipecompile.ir.ties import tied_params
+from pipecompile.ir.graph.ties import tied_params
+from pipecompile.ir.records.manifest import Manifest
 
 __all__ = ["Layout"]
 

@@ -8,7 +8,6 @@ import importlib.util
 import os
 import re
 import sys
-import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
@@ -19,11 +18,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from pipecompile.errors import EmitError, PipecompileError
-from pipecompile.ir.manifest import Manifest, StageEntry, read_manifest
-from pipecompile.ir.program import Program
+from pipecompile.ir.graph.user_frame import innermost_in
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.records.manifest import Manifest, StageEntry, read_manifest
 from pipecompile.model.without_init import build_loaded, fit
 from pipecompile.runtime.materialise import allocate, fill_stage, needs_materialising
-from pipecompile.runtime.op_seeds import seed_random_ops
+from pipecompile.runtime.state.op_seeds import seed_random_ops
 
 __all__ = [
     "Emitted",
@@ -229,11 +229,8 @@ def _stage_label(entry: StageEntry) -> str:
 
 def _line_in(err: BaseException, source: Path) -> str:
     """`` line N`` of the innermost frame of ``err``'s traceback in ``source``, if any."""
-    here = source.resolve()
-    frames = [
-        f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve() == here
-    ]
-    return f" line {frames[-1].lineno}" if frames else ""
+    line = innermost_in(err, source)
+    return f" line {line}" if line is not None else ""
 
 
 def _names(names: list[str], shown: int = 3) -> str:

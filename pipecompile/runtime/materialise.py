@@ -18,7 +18,7 @@ from torch import nn
 
 from pipecompile.errors import EmitError, WeightsError
 from pipecompile.files.names import MANIFEST
-from pipecompile.ir.manifest import Manifest, StageEntry
+from pipecompile.ir.records.manifest import Manifest, StageEntry
 from pipecompile.model.init_recipe import Step, replay, tensor_seed
 from pipecompile.model.pretrained_files import PretrainedFiles, open_pretrained
 

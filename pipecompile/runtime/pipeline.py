@@ -14,9 +14,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
-from pipecompile.ir.instr import INFERENCE_OPS, Instr, Op
-from pipecompile.ir.manifest import Manifest
-from pipecompile.ir.microbatch import (
+from pipecompile.ir.graph.microbatch import (
     batch_rows,
     input_mismatch,
     join_microbatches,
@@ -24,16 +22,18 @@ from pipecompile.ir.microbatch import (
     split_microbatches,
     split_targets,
 )
-from pipecompile.ir.program import Program
-from pipecompile.ir.topology import topology_from_manifest
-from pipecompile.ir.verify_program import verify_program
+from pipecompile.ir.programs.instr import INFERENCE_OPS, Instr, Op
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.topology import topology_from_manifest
+from pipecompile.ir.programs.verify_program import verify_program
+from pipecompile.ir.records.manifest import Manifest
 from pipecompile.options.run import OptimizerFactory
 from pipecompile.runtime.executor import LossFn, StepExecutor
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import Emitted, load_stages, open_emitted
 from pipecompile.runtime.local_backend import LocalBackend
-from pipecompile.runtime.step_result import StepResult
+from pipecompile.runtime.state.step_result import StepResult
 from pipecompile.runtime.timeline import Tracer, traced
 from pipecompile.runtime.torch_compiled import CompiledStages, resolve_backend
 

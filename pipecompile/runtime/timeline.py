@@ -18,11 +18,11 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipecompile.ir.instr import Instr, Op
+from pipecompile.ir.programs.instr import Instr, Op
 from pipecompile.runtime.backend import MessageKey
 from pipecompile.runtime.interpreter import Handler
 
-__all__ = ["Span", "Tracer", "CATEGORY", "TRACKS", "traced"]
+__all__ = ["MeasuredSpan", "Tracer", "CATEGORY", "TRACKS", "traced"]
 
 TRACKS = ("compute", "communication", "step")
 CATEGORY: dict[Op, str] = {
@@ -45,7 +45,7 @@ _COMMUNICATION = {"send", "receive", "all-reduce"}
 
 
 @dataclass
-class Span:
+class MeasuredSpan:
     """One thing a device did: ``category`` (see ``CATEGORY``; also ``loss``, ``wait``,
     ``data`` and ``step``) on ``track`` from ``start`` to ``end`` (ns since the epoch)."""
 
@@ -73,7 +73,7 @@ class Tracer:
         self.steps, self.first = steps, first
         self.step = 0
         self.running = False  # inside ``step_span``: between steps nothing is traced
-        self.spans: list[Span] = []
+        self.spans: list[MeasuredSpan] = []
         self._offset = time.time_ns() - time.perf_counter_ns()
 
     @property
@@ -88,7 +88,9 @@ class Tracer:
     def record(
         self, device: int, track: str, name: str, category: str, start: int, **args: Any
     ) -> None:
-        self.spans.append(Span(device, track, name, category, start, self.now(), self.step, args))
+        self.spans.append(
+            MeasuredSpan(device, track, name, category, start, self.now(), self.step, args)
+        )
 
     @contextmanager
     def span(

@@ -13,19 +13,19 @@ share the devices); ``pipecompile show OUT --measured FILE`` reads it back.
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pipecompile.errors import EmitError
+from pipecompile.files.atomic import write_atomically
 from pipecompile.files.disk import writing
 from pipecompile.files.writable import check_file
-from pipecompile.ir.instr import Op
-from pipecompile.ir.program import Program
-from pipecompile.ir.simulate import Costs, simulate
-from pipecompile.ir.topology import Topology
+from pipecompile.ir.programs.instr import Op
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.simulate import Costs, simulate
+from pipecompile.ir.programs.topology import Topology
 from pipecompile.runtime.timeline import CATEGORY, TRACKS
 
 __all__ = [
@@ -71,11 +71,9 @@ def is_trace_document(document: Any) -> bool:
 
 def write_trace(path: Path, document: dict[str, Any]) -> None:
     """Write ``document`` to ``path`` whole or not at all (a temporary file renamed)."""
-    temporary = path.with_name(f".{path.name}.tmp")
     with writing("write the trace to", path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(json.dumps(document))
-        os.replace(temporary, path)
+        write_atomically(path, json.dumps(document))
 
 
 def trace_document(
@@ -87,7 +85,7 @@ def trace_document(
     traced_steps: Sequence[int],
     threads: dict[int, int] | None = None,
 ) -> dict[str, Any]:
-    """The trace of ``spans`` (``Span.as_dict()`` plus ``rank``) and the simulated step;
+    """The trace of ``spans`` (``MeasuredSpan.as_dict()`` plus ``rank``) and the simulated step;
     ``threads``: each rank's intra-op threads, shown in its row's name."""
     threads = threads or {}
     origin = min((s["start"] for s in spans), default=0)

@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.swapped_call import functional_call
+from pipecompile.ir.graph.swapped_call import functional_call
 from pipecompile.options.run import BACKENDS
-from pipecompile.runtime import notes
-from pipecompile.runtime.random_state import break_graphs_at_seeding
+from pipecompile.runtime.process import notes
+from pipecompile.runtime.state.random_state import break_graphs_at_seeding
 
 __all__ = ["BACKENDS", "CompiledStages", "check_backend", "resolve_backend"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules import (
     dualpipev,
     gpipe,
@@ -36,7 +36,7 @@ __all__ = [
     "V_SHAPED",
     "Schedule",
     "devices_for",
-    "generate",
+    "compute_program",
     "schedule_of",
 ]
 
@@ -82,7 +82,7 @@ def listed(names: Iterable[str], last: str = "or") -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
-def generate(
+def compute_program(
     name: str,
     stages: int,
     microbatches: int,

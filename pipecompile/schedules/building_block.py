@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.memory_model import device_peak_bytes
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.memory_model import device_peak_bytes
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.list_scheduler import stepped
 from pipecompile.schedules.record import Bubble
 from pipecompile.schedules.zbv import v_placement

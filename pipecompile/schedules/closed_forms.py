@@ -4,7 +4,7 @@ live in the schedules' records (``Schedule.bubble``)."""
 
 from __future__ import annotations
 
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules import schedule_of
 
 __all__ = ["uniform_bubble"]

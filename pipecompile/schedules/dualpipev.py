@@ -8,8 +8,8 @@ stages with no idle clock between them."""
 from __future__ import annotations
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.list_scheduler import stepped
 from pipecompile.schedules.record import Schedule
 from pipecompile.schedules.zbv import v_bubble, v_placement, v_stages

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.record import Schedule, fill_drain
 
 __all__ = ["SCHEDULE", "gpipe"]

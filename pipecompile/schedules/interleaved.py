@@ -4,8 +4,8 @@ micro-batch visits every device v times and the bubble shrinks v-fold."""
 from __future__ import annotations
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.record import Schedule
 
 __all__ = ["SCHEDULE", "interleaved", "looped_bubble", "looped_devices"]

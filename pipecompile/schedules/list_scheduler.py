@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 
 __all__ = ["list_schedule", "stepped"]
 

@@ -3,8 +3,8 @@ every micro-batch through one of its stages before the next ("breadth first"), G
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.interleaved import looped_bubble, looped_devices
 from pipecompile.schedules.record import Schedule
 

@@ -3,8 +3,8 @@ backward, so a stage never holds more micro-batches than there are stages after 
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.record import Schedule, fill_drain
 
 __all__ = ["SCHEDULE", "one_f_one_b", "order_1f1b"]

@@ -3,8 +3,8 @@ backward; weight stashing makes that backward use exactly the weights its forwar
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.one_f_one_b import order_1f1b
 from pipecompile.schedules.record import Schedule, fill_drain
 

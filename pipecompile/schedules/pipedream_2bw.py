@@ -5,8 +5,8 @@ weights of window k-1's start on every stage (two buffered versions)."""
 from __future__ import annotations
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.one_f_one_b import order_1f1b
 from pipecompile.schedules.record import Schedule, fill_drain
 

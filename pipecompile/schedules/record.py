@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.program import Program
 
 __all__ = ["Bubble", "Placement", "Schedule"]
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.building_block import idle_bubble, play_blocks
 from pipecompile.schedules.record import Schedule
 from pipecompile.schedules.zbv import v_stages

@@ -3,8 +3,8 @@ critical path) and W (weight gradients, off it); W's are deferred to fill the dr
 
 from __future__ import annotations
 
-from pipecompile.ir.instr import Instr, Op
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.record import Schedule, zero_bubble
 
 __all__ = ["SCHEDULE", "zb1p"]

@@ -4,7 +4,7 @@ more room to fill what would idle."""
 
 from __future__ import annotations
 
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.list_scheduler import list_schedule
 from pipecompile.schedules.record import Schedule, zero_bubble
 from pipecompile.schedules.zbv import shorter

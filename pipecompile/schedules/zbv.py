@@ -5,7 +5,7 @@ into I and W, and 1F1B's peak memory."""
 from __future__ import annotations
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.list_scheduler import list_schedule
 from pipecompile.schedules.record import Schedule
 
@@ -63,8 +63,8 @@ def shorter(plays: list[Program]) -> Program:
 
 def _makespan(program: Program) -> float:
     """The program's step with uniform costs (the clocks its list scheduler counted)."""
-    from pipecompile.ir.simulate import Costs, simulate
-    from pipecompile.ir.topology import Topology
+    from pipecompile.ir.programs.simulate import Costs, simulate
+    from pipecompile.ir.programs.topology import Topology
 
     stages = program.num_stages
     return simulate(program, Topology.chain(stages), Costs.uniform(stages)).makespan

@@ -36,9 +36,9 @@ from pipecompile.codegen.output_dir import (
 from pipecompile.errors import PipecompileError, WeightsError
 from pipecompile.files.names import INIT, INIT_CONSTANTS, stage_weights
 from pipecompile.files.writable import inside
-from pipecompile.ir.manifest import WeightsRecord, saved_state, write_manifest
-from pipecompile.ir.program import Program
-from pipecompile.ir.values import non_tensor_input
+from pipecompile.ir.graph.values import non_tensor_input
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.records.manifest import WeightsRecord, saved_state, write_manifest
 from pipecompile.model.model_configs import model_configs, unsaved_buffers
 from pipecompile.options.fields import declared
 from pipecompile.options.run import RunFlags, TrainFlags
@@ -94,7 +94,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     """
     from pipecompile.compiler.options import CompileOptions
     from pipecompile.runtime.torch_compiled import check_backend
-    from pipecompile.surfaces.compile_job import check_options, compile_into
+    from pipecompile.surfaces.compile_job import check_compile_options, compile_into
 
     named = {"stages": stages, "schedule": schedule, "microbatches": microbatches}
     chosen = CompileOptions.from_keywords(
@@ -108,7 +108,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     inputs = bind_inputs(model, example_inputs)
     temporary = directory is None
     out = Path(tempfile.mkdtemp(prefix="pipecompile-")) / "out" if temporary else Path(directory)
-    check_options(chosen, out)
+    check_compile_options(chosen, out)
     name = type(model).__name__
     _, notes = compile_into(
         model,

@@ -25,7 +25,7 @@ from torch import nn
 
 from pipecompile.planner.calibration_timing import repeats, spread
 
-__all__ = ["per_instruction", "rank_figures", "rank_main"]
+__all__ = ["per_instruction", "probe_rank_figures", "rank_main"]
 
 
 def per_instruction() -> dict[str, float]:
@@ -51,7 +51,7 @@ def per_instruction() -> dict[str, float]:
     return {"instr_overhead": seconds, "spread": max(spread(piped), spread(alone))}
 
 
-def rank_figures() -> dict[str, float] | None:
+def probe_rank_figures() -> dict[str, float] | None:
     """On every rank of a torchrun: message latency and all-reduce bandwidth (rank 0 gets
     them, the slowest pair's latency and the all-reduce as every rank timed it)."""
     import torch.distributed as dist
@@ -95,9 +95,9 @@ def rank_figures() -> dict[str, float] | None:
 
 def rank_main(args: list[str]) -> int:
     """A rank of the calibration's launch (``local_ranks.LocalRanks``, ``entry``):
-    ``args`` are ``THREADS OUT``; rank 0 writes ``rank_figures()`` to the file OUT as JSON."""
+    ``args`` are ``THREADS OUT``; rank 0 writes ``probe_rank_figures()`` to the file OUT as JSON."""
     torch.set_num_threads(int(args[0]))
-    found = rank_figures()
+    found = probe_rank_figures()
     if found is not None:
         with open(args[1], "w") as out:
             json.dump(found, out)
@@ -108,7 +108,7 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--ranks"]
     torch.set_num_threads(int(args[0]) if args else torch.get_num_threads())
     if "--ranks" in sys.argv:
-        found = rank_figures()
+        found = probe_rank_figures()
         if found is not None:
             print(json.dumps(found))
     else:

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None, *, command_line: bool = False) -> int:
     """Entry point of the `pipecompile` command; returns the exit status (130 after Ctrl-C or
     SIGTERM). ``command_line``: this process is the command itself, started for it, which has
     run no torch op yet (`run --nproc` then forks its rank starter from itself)."""
-    from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c, user_stop
+    from pipecompile.runtime.process.interrupt import EXIT_INTERRUPTED, sigterm_as_ctrl_c, user_stop
 
     try:
         parser = _parser()

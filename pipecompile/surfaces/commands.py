@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pipecompile.compiler.options import CompileOptions
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.sizes import counted
+from pipecompile.ir.records.sizes import counted
 from pipecompile.options.fields import from_args
-from pipecompile.runtime.notes import note
+from pipecompile.runtime.process.notes import note
 
 __all__ = ["calibration", "compile_command", "export", "onnx", "plot", "run", "show", "viz"]
 
@@ -99,17 +99,17 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def compile_command(args: argparse.Namespace) -> int:
     from pipecompile.codegen.emit import ModelRef
-    from pipecompile.ir.dynamic import merged_dynamic
+    from pipecompile.ir.graph.dynamic import merged_dynamic
     from pipecompile.model.model_configs import model_configs, unsaved_buffers
     from pipecompile.model.model_file import dynamic_shapes, load_model_file, split_ref
     from pipecompile.model.pretrained_files import open_pretrained
     from pipecompile.reports.summary import summary
-    from pipecompile.surfaces.compile_job import check_options, compile_into
+    from pipecompile.surfaces.compile_job import check_compile_options, compile_into
 
     options = from_args(CompileOptions, vars(args))
     path, name = split_ref(args.model)
     out = Path(options.output or Path("pipecompile-out") / path.stem)
-    searching = check_options(options, out)
+    searching = check_compile_options(options, out)
     pretrained = open_pretrained(Path(options.weights)) if options.weights else None
     _say(args, f"loading {path}:{name}")
     spec = load_model_file(args.model)
@@ -181,9 +181,9 @@ def viz(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipecompile.surfaces.run_command import run
+    from pipecompile.surfaces.run_command import run_directory
 
-    return run(args)
+    return run_directory(args)
 
 
 def show(args: argparse.Namespace) -> int:

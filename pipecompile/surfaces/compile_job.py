@@ -1,7 +1,7 @@
 """One compile, from options to a proved directory: what `pipecompile MODEL` and
 ``pipecompile.compile`` both run.
 
-``check_options`` refuses what is wrong with the options alone (before a model file loads);
+``check_compile_options`` refuses what is wrong with the options alone (before a model file loads);
 ``compile_into`` compiles the model with them (the plan search and ``--tune`` included),
 writes the directory and proves it against the model unless ``no_verify``.
 """
@@ -23,15 +23,15 @@ from pipecompile.compiler import compile_model
 from pipecompile.compiler.options import CompileOptions
 from pipecompile.errors import PipecompileError, PlanError, WeightsError
 from pipecompile.frontend.kept_traces import traces_kept
-from pipecompile.ir.compiled import Compiled
-from pipecompile.ir.plan_record import PlanRow
+from pipecompile.ir.records.compiled import Compiled
+from pipecompile.ir.records.plan_record import PlanRow
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.kv_cache import CACHE_NOTE, without_kv_cache
 
-__all__ = ["check_options", "compile_into"]
+__all__ = ["check_compile_options", "compile_into"]
 
 
-def check_options(options: CompileOptions, out: Path) -> bool:
+def check_compile_options(options: CompileOptions, out: Path) -> bool:
     """Refuse the options that are wrong whatever the model (the search's, the schedule's,
     ``-o``'s, ``--allow-missing``'s); returns whether the plan is searched.
 
@@ -40,7 +40,7 @@ def check_options(options: CompileOptions, out: Path) -> bool:
     """
     from pipecompile.codegen.output_dir import check_replaceable
     from pipecompile.planner.choose import check_search, open_choices
-    from pipecompile.schedules import generate
+    from pipecompile.schedules import compute_program
 
     o = options
     schedule, microbatches, searching = open_choices(o.devices, o.schedule, o.microbatches)
@@ -64,7 +64,7 @@ def check_options(options: CompileOptions, out: Path) -> bool:
         )
     else:
         assert isinstance(microbatches, int)
-        generate(
+        compute_program(
             schedule,
             o.stages,
             microbatches,

@@ -144,7 +144,7 @@ class _Text:
 
 
 def _model_module(directory: Path) -> Any:
-    from pipecompile.ir.manifest import read_manifest
+    from pipecompile.ir.records.manifest import read_manifest
     from pipecompile.model.model_file import import_file
 
     manifest = read_manifest(directory)

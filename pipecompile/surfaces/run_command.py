@@ -15,12 +15,12 @@ from pipecompile.options.fields import from_args
 from pipecompile.options.run import RunFlags, TrainFlags
 from pipecompile.runtime.check.batch_shapes import check_shapes
 from pipecompile.runtime.job.run import RunJob
-from pipecompile.runtime.notes import note
+from pipecompile.runtime.process.notes import note
 
-__all__ = ["run"]
+__all__ = ["run_directory"]
 
 
-def run(args: argparse.Namespace) -> int:
+def run_directory(args: argparse.Namespace) -> int:
     """`pipecompile run DIRECTORY`: train (or ``--check``) here, or launch the ranks of
     ``--nproc``; returns the exit status."""
     if args.nproc and args.command_line:  # before anything runs a torch op in this process
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_here(job: RunJob) -> int:
     """The run, checked: launched (``--nproc``), checked or trained here."""
     from pipecompile.runtime.pipeline import Pipeline
-    from pipecompile.runtime.threads import use_threads
+    from pipecompile.runtime.process.threads import use_threads
 
     if job.ranks:
         return _launch(job)
@@ -61,7 +61,7 @@ def _run_here(job: RunJob) -> int:
 
 def _train(pipe: Any, spec: ModelSpec, job: RunJob) -> int:
     from pipecompile.model.data_hooks import EVAL, batch_source, example_source
-    from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line, user_stop
+    from pipecompile.runtime.process.interrupt import EXIT_INTERRUPTED, interrupted_line, user_stop
     from pipecompile.runtime.training.loop import TrainState, train
     from pipecompile.runtime.training.train_state import remove_partial
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipecompile.ir.leaf_modules import leaf_constructor
+from pipecompile.ir.graph.leaf_modules import leaf_constructor
 
 T = torch.randn
 IMG = (2, 4, 9, 9)  # odd sizes: ceil_mode and padding change the shapes

@@ -15,8 +15,8 @@ from torch import nn
 import pipecompile
 import pipecompile.codegen.stage_source as stage_source
 from pipecompile.errors import TraceError, VerifyError
-from pipecompile.ir.noise_floor import agreement
-from pipecompile.ir.random_ops import is_random, random_nodes
+from pipecompile.ir.graph.noise_floor import agreement
+from pipecompile.ir.graph.random_ops import is_random, random_nodes
 from pipecompile.model.model_file import load_model_file
 from pipecompile.surfaces.cli import main
 

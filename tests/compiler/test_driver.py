@@ -11,8 +11,8 @@ import pipecompile
 from pipecompile.compiler import driver
 from pipecompile.compiler.driver import PASSES, TABLE, compile_model
 from pipecompile.errors import InternalError, ProgramError
-from pipecompile.ir.instr import Instr
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.instr import Instr
+from pipecompile.ir.programs.program import Program
 
 
 def _model() -> torch.nn.Module:

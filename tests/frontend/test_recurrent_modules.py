@@ -5,7 +5,7 @@ LSTM leaves the user's model computing with its own weights, and its stage file 
 import torch
 from torch import nn
 
-from pipecompile.ir.swapped_call import functional_call
+from pipecompile.ir.graph.swapped_call import functional_call
 
 
 class Tagger(nn.Module):

@@ -14,7 +14,7 @@ import torch
 import pipecompile
 from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
 from pipecompile.generation.session import plan_of
-from pipecompile.ir.manifest import read_manifest
+from pipecompile.ir.records.manifest import read_manifest
 from pipecompile.model.model_file import load_model_file
 from pipecompile.surfaces.cli import main
 from tests.generation.conftest import ROOT

@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 from pipecompile.errors import EmitError, RuntimeFailure
 from pipecompile.interop.onnx_chain import run_onnx_chain
 from pipecompile.interop.onnx_export import OnnxExportError, export_onnx
-from pipecompile.ir.microbatch import split_microbatches
+from pipecompile.ir.graph.microbatch import split_microbatches
 from pipecompile.surfaces.cli import main
 from tests.conftest import (
     EXAMPLE_NAMES,

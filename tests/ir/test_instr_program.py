@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import OPS, Instr, Op
-from pipecompile.ir.program import Program
-from pipecompile.schedules import generate
+from pipecompile.ir.programs.instr import OPS, Instr, Op
+from pipecompile.ir.programs.program import Program
+from pipecompile.schedules import compute_program
 
 GPIPE_3x4 = """\
 # pipecompile program: schedule gpipe, 3 stages, 4 micro-batches
@@ -86,7 +86,7 @@ def test_every_op_is_described_prints_as_its_name_and_has_a_handler():
 
 
 def test_gpipe_golden_table():
-    program = generate("gpipe", 3, 4)
+    program = compute_program("gpipe", 3, 4)
     assert str(program) == GPIPE_3x4
     assert Program.parse(GPIPE_3x4) == program
 
@@ -102,4 +102,4 @@ def test_program_parse_names_the_line():
 
 def test_unknown_schedule():
     with pytest.raises(ProgramError, match="unknown schedule 'zigzag'; available: gpipe"):
-        generate("zigzag", 2, 2)
+        compute_program("zigzag", 2, 2)

@@ -13,7 +13,7 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import EmitError, ManifestVersionError
 from pipecompile.files.names import MANIFEST
-from pipecompile.ir.manifest import FORMAT, Manifest, read_manifest, write_manifest
+from pipecompile.ir.records.manifest import FORMAT, Manifest, read_manifest, write_manifest
 from pipecompile.runtime.load import load_stages
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import example_spec, named_inputs

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipecompile.errors import InputError, MicrobatchError
-from pipecompile.ir.microbatch import (
+from pipecompile.ir.graph.microbatch import (
     check_target_rows,
     input_mismatch,
     join_microbatches,

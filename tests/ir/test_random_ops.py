@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from pipecompile.ir.random_ops import is_random
+from pipecompile.ir.graph.random_ops import is_random
 
 aten = torch.ops.aten
 

@@ -7,21 +7,21 @@ from fractions import Fraction
 import pytest
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr
-from pipecompile.ir.memory_model import peak_inflight, peak_stored_bytes
-from pipecompile.ir.program import Program
-from pipecompile.ir.simulate import Costs, simulate
-from pipecompile.ir.topology import Topology
+from pipecompile.ir.programs.instr import Instr
+from pipecompile.ir.programs.memory_model import peak_inflight, peak_stored_bytes
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.simulate import Costs, simulate
+from pipecompile.ir.programs.topology import Topology
 from pipecompile.passes import insert_communication
 from pipecompile.reports.timeline_text import timeline_text
-from pipecompile.schedules import generate
+from pipecompile.schedules import compute_program
 from pipecompile.schedules.closed_forms import uniform_bubble
 
 SHAPES = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 32)]
 
 
 def run(name: str, stages: int, m: int, **options: object):
-    program = generate(name, stages, m, **options)  # type: ignore[arg-type]
+    program = compute_program(name, stages, m, **options)  # type: ignore[arg-type]
     return simulate(program, Topology.chain(stages), Costs.uniform(stages))
 
 
@@ -94,7 +94,7 @@ def test_controllable_memory_schedules_hold_their_papers_fraction(p, name, memor
         timeline = run(name, 2 * p, m)
         assert max(timeline.peak_inflight) == min(2 * memory(p), 2 * m), m
         if m >= p:
-            closed = uniform_bubble(generate(name, 2 * p, m))
+            closed = uniform_bubble(compute_program(name, 2 * p, m))
             assert timeline.bubble_fraction == pytest.approx(closed, abs=1e-12), m
     idle = run(name, 2 * p, 2 * p).makespan - 12 * p
     assert idle <= {"v_half": 3.5 * p, "v_min": 4 * p}[name]  # within the papers' estimates
@@ -119,7 +119,7 @@ def test_peak_inflight(p, m):
 
 
 def test_communication_costs_nothing_and_changes_nothing():
-    program = generate("1f1b", 4, 8)
+    program = compute_program("1f1b", 4, 8)
     full = insert_communication(program, topology=Topology.chain(4))
     a = simulate(program, Topology.chain(4), Costs.uniform(4))
     b = simulate(full, Topology.chain(4), Costs.uniform(4))
@@ -127,14 +127,14 @@ def test_communication_costs_nothing_and_changes_nothing():
 
 
 def test_costs_scale_the_timeline():
-    program = generate("gpipe", 2, 2)
+    program = compute_program("gpipe", 2, 2)
     timeline = simulate(program, Topology.chain(2), Costs((1.0, 3.0), (2.0, 6.0)))
     # stage 1 is three times slower: F0 F1 on device 1 take 3 each, then B1 B0 take 6 each
     assert timeline.makespan == 1 + 3 + 3 + 6 + 6 + 2
 
 
 def test_checkpointed_backward_pays_for_the_recomputation():
-    program = generate("gpipe", 1, 1)
+    program = compute_program("gpipe", 1, 1)
     checkpointed = Program(
         "gpipe", 1, (0,), ((Instr("FC", 0, 0), Instr("B", 0, 0), Instr("STEP", 0)),)
     )
@@ -143,7 +143,7 @@ def test_checkpointed_backward_pays_for_the_recomputation():
 
 
 def test_deadlock_shows_where_each_device_is_stuck():
-    program = generate("gpipe", 2, 1)
+    program = compute_program("gpipe", 2, 1)
     swapped = Program(
         "gpipe",
         1,
@@ -164,7 +164,7 @@ def test_timeline_text_draws_the_1f1b_table():
 
 def test_stored_bytes_follow_forward_checkpoint_and_recompute():
     saved, inputs = [100, 40], [10, 4]
-    plain = generate("gpipe", 2, 3)
+    plain = compute_program("gpipe", 2, 3)
     assert peak_stored_bytes(plain, saved, inputs) == (300, 120)
     devices = tuple(
         tuple(Instr("FC", x.stage, x.microbatch) if x.op == "F" else x for x in d)

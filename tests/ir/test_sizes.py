@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipecompile.ir.sizes import format_size, parse_size
+from pipecompile.ir.records.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ def test_format_size():
 
 
 def test_counted_says_one_micro_batch():
-    from pipecompile.ir.sizes import counted
+    from pipecompile.ir.records.sizes import counted
 
     assert counted(1, "micro-batch") == "1 micro-batch"
     assert counted(4, "micro-batch") == "4 micro-batches"

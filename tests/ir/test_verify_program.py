@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 
 from pipecompile.errors import ProgramError
-from pipecompile.ir.instr import Instr
-from pipecompile.ir.program import Program
-from pipecompile.ir.topology import Topology
-from pipecompile.ir.verify_program import verify_program
+from pipecompile.ir.programs.instr import Instr
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.topology import Topology
+from pipecompile.ir.programs.verify_program import verify_program
 from pipecompile.passes import insert_communication
-from pipecompile.schedules import generate
+from pipecompile.schedules import compute_program
 
 CHAIN = Topology.chain(3)
 
@@ -20,7 +20,7 @@ CHAIN = Topology.chain(3)
 def _with_communication(
     stages: int = 3, microbatches: int = 2, schedule: str = "gpipe", **options: object
 ) -> Program:
-    program = generate(schedule, stages, microbatches, **options)  # type: ignore[arg-type]
+    program = compute_program(schedule, stages, microbatches, **options)  # type: ignore[arg-type]
     return insert_communication(program, topology=Topology.chain(stages))
 
 
@@ -72,7 +72,7 @@ def test_every_generated_schedule_verifies(schedule, options):
 
 def test_interleaved_verifies_on_its_placement():
     program = insert_communication(
-        generate("interleaved", 6, 6, virtual_stages=2), topology=Topology.chain(6)
+        compute_program("interleaved", 6, 6, virtual_stages=2), topology=Topology.chain(6)
     )
     verify_program(program, Topology.chain(6))
 
@@ -133,10 +133,10 @@ def test_instruction_on_the_wrong_device():
 
 
 def test_tied_stages_need_allreduce(compiled_gpt_graph):
-    from pipecompile.ir.topology import topology
+    from pipecompile.ir.programs.topology import topology
 
     topo = topology(compiled_gpt_graph)
-    program = insert_communication(generate("gpipe", 4, 2), topology=topo)
+    program = insert_communication(compute_program("gpipe", 4, 2), topology=topo)
     verify_program(program, topo)
     instrs = [x for x in program.devices[3] if x.op != "ALLREDUCE_TIED"]
     with pytest.raises(ProgramError, match="3ALLREDUCE_TIED appears 0 times"):
@@ -153,9 +153,9 @@ def compiled_gpt_graph():
 
 
 def test_asynchronous_updates_refuse_tied_stages(compiled_gpt_graph):
-    from pipecompile.ir.topology import topology
+    from pipecompile.ir.programs.topology import topology
 
     topo = topology(compiled_gpt_graph)
-    program = insert_communication(generate("pipedream", 4, 2), topology=topo)
+    program = insert_communication(compute_program("pipedream", 4, 2), topology=topo)
     with pytest.raises(ProgramError, match="stage 0 holds a parameter tied to another stage"):
         verify_program(program, topo)

@@ -9,14 +9,14 @@ import torch
 import torch.fx as fx
 from torch.utils.flop_counter import FlopCounterMode
 
+from pipecompile.balance.flops import is_contraction
+from pipecompile.balance.partition_problem import atom_cost
 from pipecompile.errors import BalanceError
 from pipecompile.frontend.tracer import trace
-from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.node_info import CONVOLUTION, ELEMENTWISE, MATMUL, info
+from pipecompile.ir.graph.node_info import CONVOLUTION, ELEMENTWISE, MATMUL, info
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.passes import annotate_costs, balance_stages
 from pipecompile.passes.balance_stages import compute_nodes
-from pipecompile.passes.flops import is_contraction
-from pipecompile.passes.partition_problem import atom_cost
 from tests.conftest import example_spec
 
 

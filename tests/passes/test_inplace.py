@@ -16,7 +16,7 @@ from torch import nn
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import BalanceError
-from pipecompile.ir.mutation import mutated_inputs
+from pipecompile.ir.graph.mutation import mutated_inputs
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import SAMPLED_OUT

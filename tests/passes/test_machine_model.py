@@ -11,14 +11,14 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from pipecompile.balance.cut_bytes import cut_bytes
+from pipecompile.balance.node_memory import node_memory
 from pipecompile.frontend.tracer import trace
-from pipecompile.ir.memory_model import peak_weight_copies, stored_counts
+from pipecompile.ir.programs.memory_model import peak_weight_copies, stored_counts
 from pipecompile.passes import activation_memory, annotate_costs, balance_stages, split_stages
 from pipecompile.passes.balance_stages import atoms_of, compute_nodes
-from pipecompile.passes.cut_bytes import cut_bytes
 from pipecompile.passes.insert_recompute import insert_recompute
-from pipecompile.passes.node_memory import node_memory
-from pipecompile.schedules import generate
+from pipecompile.schedules import compute_program
 from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, example_spec
 
@@ -67,11 +67,11 @@ def test_saved_bytes_per_op_add_up_to_the_stage_analysis(name):
 
 def test_stored_counts_follow_the_schedule_and_checkpointing():
     def counts(name, **kw):
-        return [sorted(stored_counts(d)) for d in generate(name, 4, 8, **kw).devices]
+        return [sorted(stored_counts(d)) for d in compute_program(name, 4, 8, **kw).devices]
 
     assert counts("gpipe") == [[(8, 0)]] * 4
     assert counts("1f1b") == [[(4, 0)], [(3, 0)], [(2, 0)], [(1, 0)]]
-    always = insert_recompute(generate("1f1b", 4, 8), memory=(), flops=(), policy="always")
+    always = insert_recompute(compute_program("1f1b", 4, 8), memory=(), flops=(), policy="always")
     assert [sorted(stored_counts(d)) for d in always.devices] == [
         [(1, 4)],
         [(1, 3)],
@@ -81,10 +81,11 @@ def test_stored_counts_follow_the_schedule_and_checkpointing():
 
 
 def test_weight_copies_of_pipedream():
-    assert [peak_weight_copies(d) for d in generate("pipedream", 4, 8).devices] == [4, 3, 2, 1]
-    vsync = generate("pipedream", 4, 8, vertical_sync=True)
+    program = compute_program("pipedream", 4, 8)
+    assert [peak_weight_copies(d) for d in program.devices] == [4, 3, 2, 1]
+    vsync = compute_program("pipedream", 4, 8, vertical_sync=True)
     assert [peak_weight_copies(d) for d in vsync.devices] == [4, 4, 4, 4]
-    assert [peak_weight_copies(d) for d in generate("1f1b", 4, 8).devices] == [0, 0, 0, 0]
+    assert [peak_weight_copies(d) for d in compute_program("1f1b", 4, 8).devices] == [0, 0, 0, 0]
 
 
 def _compile(tmp_path: Path, *options: str) -> dict:

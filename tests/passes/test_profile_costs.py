@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipecompile.frontend.tracer import trace
-from pipecompile.ir.node_info import info, with_info
+from pipecompile.ir.graph.node_info import info, with_info
 from pipecompile.passes import annotate_costs, balance_stages, min_max_partition
 from pipecompile.passes.balance_stages import compute_nodes
 from pipecompile.passes.profile_costs import profile_costs

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from pipecompile.balance.min_max_partition import bottleneck, min_max_partition_with_cuts
 from pipecompile.errors import BalanceError, TraceError
 from pipecompile.model.model_file import load_model_file
-from pipecompile.passes.min_max_partition import bottleneck, min_max_partition_with_cuts
 from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, write_model_file
 

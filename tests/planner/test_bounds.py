@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from pipecompile.ir.simulate import Costs, simulate
-from pipecompile.ir.topology import Topology
+from pipecompile.ir.programs.simulate import Costs, simulate
+from pipecompile.ir.programs.topology import Topology
 from pipecompile.planner.bounds import fill_and_drain, least_forwards, replica_counts, within
-from pipecompile.schedules import generate
+from pipecompile.schedules import compute_program
 
 
 def _brute_least(total: float, bottleneck: float, stages: int, workers: int, m: int) -> float:
@@ -44,7 +44,7 @@ def test_fill_and_drain_never_exceeds_the_simulated_makespan(schedule) -> None: 
     rng = random.Random(schedule)
     for _ in range(25):
         stages, m = rng.randint(1, 6), rng.randint(1, 9)
-        program = generate(schedule, stages, m)
+        program = compute_program(schedule, stages, m)
         forward = tuple(rng.uniform(0.1, 3) for _ in range(stages))
         costs = Costs(
             forward,

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.planner import calibrate, calibration_messages, calibration_quality
 from pipecompile.planner.calibrate import calibrated, record_path, remember_scale
 from pipecompile.planner.calibration_quality import AGAIN_AFTER_S, Quality
@@ -23,7 +23,7 @@ from pipecompile.planner.calibration_store import (
     write_records,
 )
 from pipecompile.planner.calibration_timing import FIELDS
-from pipecompile.runtime.threads import cores, fair_share
+from pipecompile.runtime.process.threads import cores, fair_share
 
 
 @pytest.fixture

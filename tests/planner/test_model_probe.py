@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.planner import model_probe
 from pipecompile.planner.choose import traced_facts
 from pipecompile.planner.model_probe import Probe, corrected, probe_model, probe_sizes

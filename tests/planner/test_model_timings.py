@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.planner import calibration_messages, pricing
 from pipecompile.planner.calibrate import remember_scale
 from pipecompile.planner.calibration_store import (
@@ -19,7 +19,7 @@ from pipecompile.planner.calibration_store import (
 from pipecompile.planner.choose import traced_facts
 from pipecompile.planner.model_probe import Probe
 from pipecompile.planner.search import Space
-from pipecompile.runtime.threads import fair_share
+from pipecompile.runtime.process.threads import fair_share
 from tests.conftest import example_spec
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from pipecompile.frontend.tracer import trace
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.passes import annotate_costs
 from pipecompile.planner import calibrate, choose, pricing
 from pipecompile.planner.model_facts import model_facts

@@ -13,7 +13,7 @@ import torch
 from pipecompile.compiler import compile_model
 from pipecompile.errors import PlanError
 from pipecompile.frontend.tracer import trace
-from pipecompile.ir.cost_model import CostModel
+from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.passes import annotate_costs
 from pipecompile.planner.model_facts import model_facts
 from pipecompile.planner.predict import Predictor

@@ -9,8 +9,8 @@ import json
 import os
 from pathlib import Path
 
-from pipecompile.ir.manifest import read_manifest
-from pipecompile.ir.plan_record import PlanRecord
+from pipecompile.ir.records.manifest import read_manifest
+from pipecompile.ir.records.plan_record import PlanRecord
 from pipecompile.planner import calibration_quality
 from pipecompile.planner.calibrate import record_path
 from pipecompile.planner.tune import far_off

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.ir.programs.topology import topology_from_manifest
 from pipecompile.reports.measured import COLUMNS, format_measured, measured_report
 from pipecompile.runtime.load import read_manifest, read_program
 from pipecompile.runtime.timeline_file import trace_document

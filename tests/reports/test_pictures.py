@@ -15,11 +15,11 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import EmitError
 from pipecompile.files.owned import LEDGER
-from pipecompile.ir.instr import Instr
-from pipecompile.ir.layers import layer_of
-from pipecompile.ir.manifest import Manifest, read_manifest
-from pipecompile.ir.program import Program
-from pipecompile.ir.sizes import format_size
+from pipecompile.ir.graph.layers import layer_of
+from pipecompile.ir.programs.instr import Instr
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.records.manifest import Manifest, read_manifest
+from pipecompile.ir.records.sizes import format_size
 from pipecompile.reports.pictures.pictures import write_pictures
 from pipecompile.reports.pictures.render import RenderError, render
 from pipecompile.reports.pictures.schedule_picture import (

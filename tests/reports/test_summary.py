@@ -3,7 +3,7 @@ it, and no part of it from another cost model (which once came out larger than t
 
 from __future__ import annotations
 
-from pipecompile.ir.manifest import read_manifest
+from pipecompile.ir.records.manifest import read_manifest
 from pipecompile.reports.plan_table import seconds_text
 from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES

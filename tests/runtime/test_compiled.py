@@ -15,7 +15,7 @@ from torch import nn
 
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
-from pipecompile.ir.manifest import read_manifest
+from pipecompile.ir.records.manifest import read_manifest
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.torch_compiled import CompiledStages, resolve_backend

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipecompile.errors import InputError, ShapeError
-from pipecompile.ir.dynamic import DynamicDims
+from pipecompile.ir.graph.dynamic import DynamicDims
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
@@ -202,7 +202,7 @@ def test_a_number_of_sizes_crossing_a_boundary_is_computed_again(tmp_path):
 
 
 def test_unknown_symbols_and_bad_hooks_are_refused(tmp_path, capsys):
-    from pipecompile.ir.dynamic import asked_dims
+    from pipecompile.ir.graph.dynamic import asked_dims
 
     with pytest.raises(ShapeError, match=r"--dynamic length: no such dimension"):
         asked_dims("batch,length", {"x": torch.zeros(2, 3)})
@@ -267,7 +267,7 @@ def test_a_model_that_fixes_its_batch_is_told_at_compile_time(tmp_path, capsys):
 
 
 def test_dynamic_flag_and_hook_merge_or_refuse_their_conflict() -> None:
-    from pipecompile.ir.dynamic import asked_maxima, merged_dynamic
+    from pipecompile.ir.graph.dynamic import asked_maxima, merged_dynamic
 
     inputs = {"ids": torch.zeros(4, 8, dtype=torch.long)}
     stated = {"ids": {1: ("seq", 12)}}

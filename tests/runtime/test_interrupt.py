@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.runtime.interrupt import interrupted_line
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.process.interrupt import interrupted_line
 from pipecompile.runtime.training.train_state import save
 from tests.conftest import SAMPLED_OUT
 from tests.runtime.test_distributed import MLP, compile_to

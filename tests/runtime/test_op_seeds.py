@@ -5,7 +5,7 @@ move to a GPU) is the one the seeded forward computes with."""
 import torch
 from torch import nn
 
-from pipecompile.runtime.op_seeds import seed_random_ops
+from pipecompile.runtime.state.op_seeds import seed_random_ops
 
 
 class _Stage(nn.Module):

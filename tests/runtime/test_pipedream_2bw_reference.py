@@ -32,7 +32,7 @@ from torch.func import functional_call
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import ProgramError
-from pipecompile.ir.memory_model import peak_weight_copies
+from pipecompile.ir.programs.memory_model import peak_weight_copies
 from pipecompile.runtime.pipeline import Pipeline
 from tests.runtime.test_pipedream_reference import (
     LR,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pipecompile.ir.instr import Instr, Op
+from pipecompile.ir.programs.instr import Instr, Op
 from pipecompile.runtime.pipeline import RECEIVE_AHEAD, _receiving_ahead
 
 

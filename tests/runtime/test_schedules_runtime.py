@@ -13,9 +13,9 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import Compiled, compile_model
 from pipecompile.errors import MemoryBudgetError
 from pipecompile.frontend.kept_traces import traces_kept
-from pipecompile.ir.memory_model import peak_stored_bytes
-from pipecompile.ir.simulate import Costs, simulate
-from pipecompile.ir.topology import topology
+from pipecompile.ir.programs.memory_model import peak_stored_bytes
+from pipecompile.ir.programs.simulate import Costs, simulate
+from pipecompile.ir.programs.topology import topology
 from pipecompile.model.model_file import ModelSpec
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline

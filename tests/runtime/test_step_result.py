@@ -11,7 +11,7 @@ from torch import nn
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.step_result import StepResult
+from pipecompile.runtime.state.step_result import StepResult
 
 
 def test_a_step_and_an_inference_each_leave_their_record(tmp_path):

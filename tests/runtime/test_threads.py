@@ -15,9 +15,9 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.model.data_hooks import iterable_source
 from pipecompile.options.run import TrainFlags
-from pipecompile.runtime import notes, threads
-from pipecompile.runtime.machine_load import Reading
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.process import notes, threads
+from pipecompile.runtime.process.machine_load import Reading
 from pipecompile.runtime.torch_compiled import CompiledStages
 from pipecompile.runtime.training.loop import train
 from pipecompile.surfaces.cli import main

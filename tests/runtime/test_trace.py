@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipecompile.ir.instr import Instr, Op
+from pipecompile.ir.programs.instr import Instr, Op
 from pipecompile.reports.measured import COLUMNS, measured_report
 from pipecompile.runtime.load import read_manifest, read_program
 from pipecompile.runtime.pipeline import Pipeline

@@ -14,7 +14,7 @@ from torch import nn
 
 import pipecompile
 from pipecompile.errors import ModelFileError, PipecompileError
-from pipecompile.runtime.precision import LossScaler
+from pipecompile.runtime.state.precision import LossScaler
 from pipecompile.runtime.training.lr_schedule import lr_factor
 
 

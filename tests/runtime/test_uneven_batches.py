@@ -10,7 +10,12 @@ import torch
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import MicrobatchError
-from pipecompile.ir.microbatch import even_sizes, row_shares, split_microbatches, split_targets
+from pipecompile.ir.graph.microbatch import (
+    even_sizes,
+    row_shares,
+    split_microbatches,
+    split_targets,
+)
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.schedules import SYNCHRONOUS

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipecompile.errors import PlanError, ProgramError
-from pipecompile.ir.cost_model import CostModel
-from pipecompile.ir.instr import Op
+from pipecompile.ir.programs.cost_model import CostModel
+from pipecompile.ir.programs.instr import Op
 from pipecompile.planner.choose import check_search
 from pipecompile.schedules import (
     LOOPED,
@@ -21,8 +21,8 @@ from pipecompile.schedules import (
     SCHEDULES,
     SYNCHRONOUS,
     V_SHAPED,
+    compute_program,
     devices_for,
-    generate,
     schedule_of,
 )
 
@@ -41,7 +41,9 @@ def test_every_generator_module_declares_a_registered_record():
 def _program(name: str, p: int, m: int, v: int = 2):
     record = REGISTRY[name]
     stages = p * record.stages_a_device(v)
-    return generate(name, stages, m, virtual_stages=v if "virtual_stages" in record.takes else None)
+    return compute_program(
+        name, stages, m, virtual_stages=v if "virtual_stages" in record.takes else None
+    )
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
@@ -85,11 +87,11 @@ def test_the_lists_come_from_the_records():
 def test_an_option_a_schedule_does_not_take_names_those_that_do():
     with pytest.raises(ProgramError, match="--virtual-stages applies to the interleaved and "
                        "looped_bfs schedules, not zbv"):  # fmt: skip
-        generate("zbv", 4, 4, virtual_stages=2)
+        compute_program("zbv", 4, 4, virtual_stages=2)
     with pytest.raises(ProgramError, match="--vertical-sync applies to the pipedream schedule, "
                        "not 1f1b"):  # fmt: skip
-        generate("1f1b", 2, 4, vertical_sync=True)
-    assert generate("pipedream", 2, 4, vertical_sync=True).schedule == "pipedream-vsync"
+        compute_program("1f1b", 2, 4, vertical_sync=True)
+    assert compute_program("pipedream", 2, 4, vertical_sync=True).schedule == "pipedream-vsync"
 
 
 @pytest.mark.parametrize("name", [n for n, s in REGISTRY.items() if not s.synchronous])

@@ -15,7 +15,7 @@ import time
 
 from common import machine
 
-from pipecompile.passes.min_max_partition import bottleneck, min_max_partition
+from pipecompile.balance.min_max_partition import bottleneck, min_max_partition
 
 
 def time_partition(nodes: int, stages: int, repeats: int, seed: int) -> float:

@@ -41,7 +41,7 @@ COSTS = ("time", "flops", "params")
 def compile_to(name: str, cost: str, stages: int, micro: int, directory: Path) -> None:
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.compiler import compile_model
-    from pipecompile.ir.cost_model import CostModel
+    from pipecompile.ir.programs.cost_model import CostModel
     from pipecompile.model.model_file import load_model_file
 
     path = EXAMPLES / f"{name}.py"
@@ -84,8 +84,8 @@ def measure(directory: Path, steps: int) -> tuple[list[float], list[float], list
 
 def pipelined_step(directory: Path, forward: list[float], backward: list[float]) -> float:
     """The simulated step time (ns) of the program with the measured stage times."""
-    from pipecompile.ir.simulate import Costs, simulate
-    from pipecompile.ir.topology import topology_from_manifest
+    from pipecompile.ir.programs.simulate import Costs, simulate
+    from pipecompile.ir.programs.topology import topology_from_manifest
     from pipecompile.runtime.load import read_manifest, read_program
 
     manifest = read_manifest(directory)

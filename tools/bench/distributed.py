@@ -44,7 +44,7 @@ from common import (
 from forked import run_ranks
 from torch import nn
 
-from pipecompile.ir.manifest import Manifest
+from pipecompile.ir.records.manifest import Manifest
 
 use_examples()
 

@@ -143,7 +143,7 @@ def _held_bytes(directory: Path) -> list[int]:
     device, its stage's modules given memory)."""
     from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
     from pipecompile.generation.session import plan_of
-    from pipecompile.ir.manifest import read_manifest
+    from pipecompile.ir.records.manifest import read_manifest
 
     manifest = read_manifest(directory)
     plan = plan_of(directory, manifest)
@@ -160,7 +160,7 @@ def _cache_bytes(directory: Path) -> list[tuple[int, int]]:
     """Per stage: (predicted bytes from the manifest, bytes the decode stages allocate)."""
     from pipecompile.generation.plan import decode_stages
     from pipecompile.generation.session import model_of, plan_of
-    from pipecompile.ir.manifest import read_manifest
+    from pipecompile.ir.records.manifest import read_manifest
 
     manifest = read_manifest(directory)
     plan = plan_of(directory, manifest)

@@ -142,7 +142,7 @@ def worker(args: argparse.Namespace) -> None:
 def ours_on_mesh(directory: Path, sizes: Sizes, copy: int, place: int) -> Callable[[], None]:
     """pipecompile's step on copy ``copy``, rank ``place`` of its pipeline: the program, then
     the gradients summed over dp (started at each stage's STEP), as `run --dp` does."""
-    from pipecompile.ir.instr import Op
+    from pipecompile.ir.programs.instr import Op
     from pipecompile.runtime.distributed.mesh import data_parallel_of
     from pipecompile.runtime.load import load_stage, read_manifest
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from common import command, log, machine, pipecompile_command, run_checked
 from model_files import gpt_body, resnet_body, write_model_file
 
-from pipecompile.ir.manifest import read_manifest
-from pipecompile.ir.plan_record import PlanRow
+from pipecompile.ir.records.manifest import read_manifest
+from pipecompile.ir.records.plan_record import PlanRow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MODELS = {

@@ -34,7 +34,7 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.interop.onnx_chain import run_onnx_chain
 from pipecompile.interop.onnx_export import export_onnx
-from pipecompile.ir.microbatch import split_microbatches
+from pipecompile.ir.graph.microbatch import split_microbatches
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.load import load_stages, read_manifest
 

@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 from common import EXAMPLES, command, machine, timed
 
-from pipecompile.passes.min_max_partition import min_max_partition
-from pipecompile.passes.partition_search import Problem, solve
+from pipecompile.balance.min_max_partition import min_max_partition
+from pipecompile.balance.partition_search import Problem, solve
 
 EXAMPLE_NAMES = ("gpt", "mlp", "resnet", "hf_gpt2", "hf_bert", "hf_llama")
 DISTRIBUTIONS = ("uniform", "exponential", "pareto", "huge-among-small", "transformer", "sparse")
@@ -269,8 +269,8 @@ def random_cases(per_dist: int, seed: int) -> list[Case]:
 def example_costs(name: str) -> list[int]:
     """Per-atom FLOP costs of ``examples/<name>.py``, as pipecompile's balancer sees them."""
     from pipecompile.frontend.tracer import trace
-    from pipecompile.ir.microbatch import split_microbatches
-    from pipecompile.ir.node_info import info
+    from pipecompile.ir.graph.microbatch import split_microbatches
+    from pipecompile.ir.graph.node_info import info
     from pipecompile.model.model_file import load_model_file
     from pipecompile.passes import annotate_costs
     from pipecompile.passes.balance_stages import _atoms, compute_nodes

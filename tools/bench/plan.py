@@ -114,14 +114,14 @@ def search_time(devices: tuple[int, ...], quick: bool) -> None:
     from dataclasses import replace
 
     from pipecompile.frontend.tracer import trace
-    from pipecompile.ir.cost_model import CostModel
+    from pipecompile.ir.programs.cost_model import CostModel
     from pipecompile.passes import annotate_costs
     from pipecompile.planner.calibrate import calibrated_ranks
     from pipecompile.planner.model_facts import model_facts
     from pipecompile.planner.pricing import probe_timing
     from pipecompile.planner.rank_models import RankModels
     from pipecompile.planner.search import Space, search
-    from pipecompile.runtime.threads import fair_share
+    from pipecompile.runtime.process.threads import fair_share
 
     # Two sets of models, one per rank count: this machine's own, as a compile prices plans
     # (messages measured for the counts the largest search offers, N ranks sharing its 2
@@ -188,7 +188,7 @@ def _first(models, count: int):  # type: ignore[no-untyped-def]
 
 
 def plan_of(directory: Path) -> dict:
-    from pipecompile.ir.manifest import read_manifest
+    from pipecompile.ir.records.manifest import read_manifest
 
     plan = read_manifest(directory).plan
     assert plan is not None

@@ -165,7 +165,7 @@ def model_file(root: Path, model: Model) -> Path:
 def compiled(path: Path, fixed: Fixed, out: Path) -> dict:
     """Compile ``fixed`` (without the proof, which is not what is measured) into ``out``; its
     manifest's plan record. The compile's notes (a calibration in doubt) go to stderr."""
-    from pipecompile.ir.manifest import read_manifest
+    from pipecompile.ir.records.manifest import read_manifest
 
     done = pipecompile_done(str(path), *fixed.flags(), "--no-verify", "-o", str(out), "-q")
     for line in done.stderr.splitlines():

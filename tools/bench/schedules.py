@@ -32,14 +32,14 @@ from torch import nn
 
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
-from pipecompile.ir.memory_model import peak_stored_bytes
-from pipecompile.ir.simulate import Costs, simulate
-from pipecompile.ir.sizes import format_size
-from pipecompile.ir.topology import Topology, topology
+from pipecompile.ir.programs.memory_model import peak_stored_bytes
+from pipecompile.ir.programs.simulate import Costs, simulate
+from pipecompile.ir.programs.topology import Topology, topology
+from pipecompile.ir.records.sizes import format_size
 from pipecompile.passes import insert_communication
 from pipecompile.runtime.interpreter import run_program
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.schedules import generate
+from pipecompile.schedules import compute_program
 from pipecompile.schedules.v_half import v_half_idle
 from pipecompile.schedules.v_min import v_min_idle
 
@@ -99,7 +99,7 @@ def bubbles(sizes: Sizes) -> None:
         for label, name, options, closed in SCHEDULES:
             n = stages_of(options, p)
             timeline = simulate(
-                generate(name, n, m, **generator_options(options)),
+                compute_program(name, n, m, **generator_options(options)),
                 Topology.chain(n),
                 Costs.uniform(n),
             )
@@ -195,7 +195,7 @@ def recompute_memory(tmp: Path, sizes: Sizes) -> None:
 def overhead(tmp: Path, sizes: Sizes, repeats: int) -> None:
     print("\n### Interpreter overhead per instruction (local backend)\n")
     p, m = sizes.shapes[-1]
-    program = insert_communication(generate("1f1b", p, m), topology=Topology.chain(p))
+    program = insert_communication(compute_program("1f1b", p, m), topology=Topology.chain(p))
     count = sum(len(d) for d in program.devices)
     handlers = dict.fromkeys(
         ["F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "STEP"], lambda instr: True

@@ -210,8 +210,8 @@ def _floating(value: object) -> bool:
 def limits(directory: Path, result: dict) -> tuple[float, float]:
     """The step the stages' own compute allows (simulated, bubble included), and the same with
     the stage times scaled to the whole model's one-process eager time."""
-    from pipecompile.ir.simulate import Costs, simulate
-    from pipecompile.ir.topology import topology_from_manifest
+    from pipecompile.ir.programs.simulate import Costs, simulate
+    from pipecompile.ir.programs.topology import topology_from_manifest
     from pipecompile.runtime.load import read_manifest, read_program
 
     manifest = read_manifest(directory)

@@ -18,12 +18,12 @@ import math
 
 import graphviz  # type: ignore[import-untyped]
 
-from pipecompile.ir.instr import Op
-from pipecompile.ir.manifest import Manifest
-from pipecompile.ir.program import Program
-from pipecompile.ir.simulate import Span, Timeline, simulate
-from pipecompile.ir.sizes import counted, format_count
-from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.ir.programs.instr import Op
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.simulate import Span, Timeline, simulate
+from pipecompile.ir.programs.topology import topology_from_manifest
+from pipecompile.ir.records.manifest import Manifest
+from pipecompile.ir.records.sizes import counted, format_count
 from pipecompile.reports.balance_table import stage_costs
 
 __all__ = ["simulated_timeline", "schedule_dot", "OP_COLORS", "IDLE_COLOR"]

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 import graphviz  # type: ignore[import-untyped]
 
-from pipecompile.ir.instr import Op
-from pipecompile.ir.manifest import Manifest, StageEntry
-from pipecompile.ir.program import Program
-from pipecompile.ir.sizes import counted, format_count, format_size
+from pipecompile.ir.programs.instr import Op
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.records.manifest import Manifest, StageEntry
+from pipecompile.ir.records.sizes import counted, format_count, format_size
 
 __all__ = ["stage_dot", "STAGE_COLORS"]
 

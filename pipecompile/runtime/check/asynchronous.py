@@ -17,11 +17,11 @@ import functools
 import torch
 from torch import nn
 
-from pipecompile.ir.instr import FORWARD_OPS, Op
-from pipecompile.ir.microbatch import split_microbatches, split_targets
-from pipecompile.ir.program import Program
-from pipecompile.ir.swapped_call import functional_call
-from pipecompile.ir.values import tensor_leaves
+from pipecompile.ir.graph.microbatch import split_microbatches, split_targets
+from pipecompile.ir.graph.swapped_call import functional_call
+from pipecompile.ir.graph.values import tensor_leaves
+from pipecompile.ir.programs.instr import FORWARD_OPS, Op
+from pipecompile.ir.programs.program import Program
 from pipecompile.runtime.check.step import (
     CheckReport,
     check_targets,

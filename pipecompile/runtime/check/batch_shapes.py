@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from pipecompile.errors import CheckError, PipecompileError
-from pipecompile.ir.dynamic import DynamicDims
+from pipecompile.ir.graph.dynamic import DynamicDims
 from pipecompile.model.model_file import ModelSpec
 
 __all__ = ["parse_batch_shapes", "symbol_order", "at_shape", "checked_shapes", "check_shapes"]

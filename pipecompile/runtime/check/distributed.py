@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecompile.ir.microbatch import join_microbatches
+from pipecompile.ir.graph.microbatch import join_microbatches
 from pipecompile.model.model_file import ModelSpec
 from pipecompile.runtime.check.eager import check_against_eager
 from pipecompile.runtime.check.step import (

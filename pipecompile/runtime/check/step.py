@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from pipecompile.errors import InputError, MicrobatchError, ModelFileError, PipecompileError
-from pipecompile.ir.microbatch import (
+from pipecompile.ir.graph.microbatch import (
     batch_rows,
     check_target_rows,
     join_microbatches,
@@ -28,9 +27,10 @@ from pipecompile.ir.microbatch import (
     split_microbatches,
     split_targets,
 )
-from pipecompile.ir.noise_floor import FIXED, agreement, within_rounding
-from pipecompile.ir.sizes import counted
-from pipecompile.ir.values import tensor_leaves
+from pipecompile.ir.graph.noise_floor import FIXED, agreement, within_rounding
+from pipecompile.ir.graph.user_frame import innermost_outside
+from pipecompile.ir.graph.values import tensor_leaves
+from pipecompile.ir.records.sizes import counted
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.own_forward import tracing
 from pipecompile.runtime.executor import LossFn, call_loss_fn
@@ -531,12 +531,8 @@ def eager_forward(
 
 def _user_line(err: BaseException) -> str:
     """`` at FILE:LINE``: the innermost frame of ``err`` outside torch and pipecompile."""
-    ours = (Path(torch.__file__).parent, Path(__file__).parents[1])
-    for frame in reversed(traceback.extract_tb(err.__traceback__)):
-        path = Path(frame.filename)
-        if not any(path.is_relative_to(d) for d in ours):
-            return f" at {path.name}:{frame.lineno}"
-    return ""
+    frame = innermost_outside(err, (Path(torch.__file__).parent, Path(__file__).parents[1]))
+    return f" at {Path(frame.filename).name}:{frame.lineno}" if frame is not None else ""
 
 
 def compare(

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.errors import RuntimeFailure
-from pipecompile.ir.manifest import Manifest
+from pipecompile.ir.records.manifest import Manifest
 from pipecompile.runtime.backend import MessageKey, tie_of
 from pipecompile.runtime.job.placement import Placement
 from pipecompile.runtime.layout import Layout

@@ -41,9 +41,9 @@ from typing import Any
 
 from pipecompile.runtime.distributed.local_ranks import LocalRanks, tied_to_us
 from pipecompile.runtime.distributed.rank_output import USER_LINE, say
-from pipecompile.runtime.interrupt import EXIT_INTERRUPTED, interrupted_line
 from pipecompile.runtime.job.run import RunJob
-from pipecompile.runtime.threads import launch_threads
+from pipecompile.runtime.process.interrupt import EXIT_INTERRUPTED, interrupted_line
+from pipecompile.runtime.process.threads import launch_threads
 from pipecompile.runtime.training.train_state import remove_partial
 
 __all__ = ["launch", "GRACE_S"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch.distributed import TCPStore
 
-from pipecompile.runtime.distributed.rank_starter import _PR_SET_PDEATHSIG, send, serve
+from pipecompile.runtime.distributed.rank_starter import _PR_SET_PDEATHSIG, send_request, serve
 
 __all__ = ["IMPORT_TIME", "LocalRanks", "Rank", "STARTER_MODULE", "fork_a_starter", "tied_to_us"]
 
@@ -225,11 +225,11 @@ class LocalRanks:
         try:
             self.starter = _Starter.serving(env, preexec)
             try:
-                send(self.starter.sock, request, fds)
+                send_request(self.starter.sock, request, fds)
             except OSError:  # the kept starter has died since: once more with a new one
                 _Starter.forget(self.starter)
                 self.starter = _Starter.serving(env, preexec)
-                send(self.starter.sock, request, fds)
+                send_request(self.starter.sock, request, fds)
         except BaseException:
             os.close(read_end)
             os.close(status_read)

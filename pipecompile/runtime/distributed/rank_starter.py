@@ -41,7 +41,7 @@ import sys
 import traceback
 from typing import Any, TextIO
 
-__all__ = ["main", "receive", "send", "serve"]
+__all__ = ["main", "receive", "send_request", "serve"]
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _STOPS = (signal.SIGINT, signal.SIGTERM)
@@ -49,7 +49,7 @@ _REAP_S = 0.02  # how often ended ranks are looked for while some run
 _LENGTH = struct.Struct("!Q")
 
 
-def send(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+def send_request(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
     """Send ``request`` and ``fds`` as one message (its length first)."""
     body = json.dumps(request).encode()
     data = _LENGTH.pack(len(body)) + body

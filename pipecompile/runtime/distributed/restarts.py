@@ -18,9 +18,9 @@ from pathlib import Path
 
 from pipecompile.files.names import LATEST
 from pipecompile.runtime.distributed.launch import launch
-from pipecompile.runtime.faults import FIRED_ENV
-from pipecompile.runtime.interrupt import EXIT_INTERRUPTED
 from pipecompile.runtime.job.run import RunJob
+from pipecompile.runtime.process.faults import FIRED_ENV
+from pipecompile.runtime.process.interrupt import EXIT_INTERRUPTED
 from pipecompile.runtime.training.metrics import append_record
 
 __all__ = ["Failure", "launch_restarting", "failure_of"]

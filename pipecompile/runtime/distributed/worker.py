@@ -28,8 +28,9 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
+from pipecompile.files.atomic import write_atomically
 from pipecompile.files.names import LATEST
-from pipecompile.ir.instr import Op
+from pipecompile.ir.programs.instr import Op
 from pipecompile.model.data_hooks import (
     EVAL,
     TRAIN,
@@ -47,13 +48,13 @@ from pipecompile.runtime.distributed.mesh import (
 )
 from pipecompile.runtime.distributed.rank_output import say, user_output
 from pipecompile.runtime.distributed.watchdog import Watchdog
-from pipecompile.runtime.faults import FAULT_ENV, fault_at
 from pipecompile.runtime.job.gpus import device_kind
 from pipecompile.runtime.job.run import RunJob
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.threads import use_threads
+from pipecompile.runtime.process.faults import FAULT_ENV, fault_at
+from pipecompile.runtime.process.threads import use_threads
 from pipecompile.runtime.training.loop import TrainState, train
 from pipecompile.runtime.training.metrics import append_record
 
@@ -481,9 +482,7 @@ def _write_status(rank: int, status: int, **extra: Any) -> None:
     if where:
         process = {"pid": os.getpid(), "parent": os.getppid(), "session": os.getsid(0)}
         entry = {"rank": rank, "status": status, "time": time.time(), **process, **extra}
-        tmp = Path(where, f".rank{rank}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(entry))
-        os.replace(tmp, Path(where, f"rank{rank}.json"))
+        write_atomically(Path(where, f"rank{rank}.json"), json.dumps(entry), unique=True)
 
 
 if __name__ == "__main__":

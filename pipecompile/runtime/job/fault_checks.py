@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.program import Program
-from pipecompile.runtime.faults import FAULT_ENV, Fault
+from pipecompile.ir.programs.program import Program
 from pipecompile.runtime.job.placement import Placement
+from pipecompile.runtime.process.faults import FAULT_ENV, Fault
 
 __all__ = ["RunShape", "check_faults"]
 

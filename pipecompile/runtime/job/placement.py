@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipecompile.ir.manifest import Manifest
+from pipecompile.ir.records.manifest import Manifest
 
 __all__ = ["Placement"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pipecompile.errors import PipecompileError
 from pipecompile.files.writable import inside
-from pipecompile.ir.manifest import Manifest
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.records.manifest import Manifest
 from pipecompile.options.fields import HONOURED, declared, flag_of
 from pipecompile.options.run import RunFlags, TrainFlags, given
 from pipecompile.runtime.job.gpus import device_kind
@@ -36,7 +36,7 @@ def check_run_options(
     an option not given is still None; ``loop``: the training options as the loop takes
     them). ``run.nproc``: the ranks (those a launcher started, for a rank); ``local_ranks``:
     those of them on this machine."""
-    from pipecompile.runtime.training.loop_options import check_options
+    from pipecompile.runtime.training.loop_options import check_train_options
 
     if train.save_every and not train.save:
         raise PipecompileError("--save-every needs --save DIR (where to write the train state)")
@@ -47,7 +47,7 @@ def check_run_options(
             "--precision bf16"
         )
     _refuse_ignored(run, train)
-    check_options(loop, emitted.program)
+    check_train_options(loop, emitted.program)
     if run.max_restarts and not train.save:
         raise PipecompileError(
             f"--max-restarts {run.max_restarts} needs --save DIR: a restart resumes from the "
@@ -147,7 +147,7 @@ def check_fully_sharded(
 ) -> None:
     """--shard grads|params: the stages run under FSDP2, which owns each stage's backward
     and gradients; what it cannot run with is refused."""
-    from pipecompile.ir.instr import Op
+    from pipecompile.ir.programs.instr import Op
     from pipecompile.runtime.torch_compiled import resolve_backend
 
     if run.shard not in ("grads", "params"):

@@ -32,7 +32,6 @@ from pipecompile.options.fields import (
     to_record,
 )
 from pipecompile.options.run import RunFlags, TrainFlags, for_loop
-from pipecompile.runtime.faults import Fault, read_faults
 from pipecompile.runtime.job.fault_checks import RunShape, check_faults
 from pipecompile.runtime.job.placement import Placement
 from pipecompile.runtime.job.refusals import (
@@ -43,6 +42,7 @@ from pipecompile.runtime.job.refusals import (
     check_world,
 )
 from pipecompile.runtime.load import Emitted, open_emitted
+from pipecompile.runtime.process.faults import Fault, read_faults
 
 __all__ = ["RunJob", "rank_parser"]
 

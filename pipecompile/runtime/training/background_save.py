@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from pipecompile.files.disk import disk_message, writing
 from pipecompile.files.names import step_name
-from pipecompile.runtime.faults import fail_save
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.process.faults import fail_save
 from pipecompile.runtime.training.model_keyed import save_model_keyed_async
 from pipecompile.runtime.training.train_state import (
     last_complete,

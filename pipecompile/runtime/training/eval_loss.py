@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from pipecompile.ir.microbatch import batch_rows, row_shares, split_targets
+from pipecompile.ir.graph.microbatch import batch_rows, row_shares, split_targets
 from pipecompile.model.data_hooks import Batch
 from pipecompile.runtime.executor import LossFn, call_loss_fn
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.precision import autocast, device_of
+from pipecompile.runtime.state.precision import autocast, device_of
 
 __all__ = ["batch_loss"]
 

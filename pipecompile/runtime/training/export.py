@@ -15,7 +15,6 @@ ever replaced or deleted: a user's pretrained weights in ``TARGET`` are refused,
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from pipecompile.errors import EmitError
+from pipecompile.files.atomic import replace_atomically
 from pipecompile.files.disk import writing
 from pipecompile.files.names import MANIFEST, MODEL_CONFIGS
 from pipecompile.files.owned import (
@@ -35,7 +35,7 @@ from pipecompile.files.owned import (
     sha256,
 )
 from pipecompile.files.writable import check_directory, check_file
-from pipecompile.ir.manifest import saved_state
+from pipecompile.ir.records.manifest import saved_state
 from pipecompile.model.pretrained_files import INDEX
 from pipecompile.runtime.load import read_manifest
 from pipecompile.runtime.pipeline import Pipeline
@@ -74,7 +74,7 @@ def export_weights(directory: Path, target: Path, train_state: Path | None = Non
     state = _state(directory, train_state)
     with writing("write the export to", target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        _atomic(target, lambda tmp: save_file(state, str(tmp), metadata=EXPORT_METADATA))
+        replace_atomically(target, lambda tmp: save_file(state, str(tmp), metadata=EXPORT_METADATA))
     return len(state)
 
 
@@ -110,7 +110,7 @@ def export_sharded(
         target.mkdir(parents=True, exist_ok=True)
         weight_map = {}
         for name, shard in zip(names, shards):
-            _atomic(
+            replace_atomically(
                 target / name,
                 lambda tmp, shard=shard: save_file(shard, str(tmp), metadata=EXPORT_METADATA),
             )
@@ -119,7 +119,9 @@ def export_sharded(
         total = sum(t.numel() * t.element_size() for t in state.values())
         metadata = {"total_size": total, "written_by": EXPORT_MARK, "copied": copied}
         index = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
-        _atomic(target / INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n"))
+        replace_atomically(
+            target / INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n")
+        )
         for old in target.iterdir():  # a previous export's shards of another count: stale now
             if SHARD.fullmatch(old.name) and old.name not in names and is_our_safetensors(old):
                 old.unlink()
@@ -251,7 +253,9 @@ def _copy_configs(configs: dict[str, Path], target: Path) -> dict[str, str]:
     ours = {n: d for n, d in earlier.items() if (target / n).is_file() and sha256(target / n) == d}
     for name, source in configs.items():
         if not (target / name).exists():
-            _atomic(target / name, lambda tmp, source=source: shutil.copyfile(source, tmp))
+            replace_atomically(
+                target / name, lambda tmp, source=source: shutil.copyfile(source, tmp)
+            )
             ours[name] = sha256(target / name)
     return ours
 
@@ -277,12 +281,3 @@ def _config_sources(directory: Path) -> dict[str, Path]:
         source = source if source.is_dir() else source.parent
         found |= {name: source / name for name in CONFIGS if (source / name).is_file()}
     return found
-
-
-def _atomic(path: Path, write) -> None:  # type: ignore[no-untyped-def]
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.dynamic import DynamicDims
+from pipecompile.ir.graph.dynamic import DynamicDims
 from pipecompile.model.data_hooks import Batch, BatchSource
 from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.training.batch_agreement import agree_on_batch

@@ -26,12 +26,12 @@ import torch
 from pipecompile.errors import PipecompileError
 from pipecompile.model.data_hooks import BatchSource
 from pipecompile.options.run import TrainFlags
-from pipecompile.runtime import notes
 from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.precision import PRECISIONS, LossScaler
-from pipecompile.runtime.random_state import draw_base
-from pipecompile.runtime.threads import IdleCores
+from pipecompile.runtime.process import notes
+from pipecompile.runtime.process.threads import IdleCores
+from pipecompile.runtime.state.precision import PRECISIONS, LossScaler
+from pipecompile.runtime.state.random_state import draw_base
 from pipecompile.runtime.training.background_save import BackgroundSaves
 from pipecompile.runtime.training.copy_share import CopyShare
 from pipecompile.runtime.training.data_parallel import DataParallel
@@ -45,7 +45,7 @@ from pipecompile.runtime.training.feed import (
     total_steps,
 )
 from pipecompile.runtime.training.group import Group, LocalGroup
-from pipecompile.runtime.training.loop_options import OPTIMIZERS, check_options
+from pipecompile.runtime.training.loop_options import OPTIMIZERS, check_train_options
 from pipecompile.runtime.training.lr_schedule import make_schedulers, resume_at
 from pipecompile.runtime.training.metrics import Reporter
 from pipecompile.runtime.training.one_step import one_step
@@ -92,7 +92,7 @@ def train(
     group = group or LocalGroup()
     state = state or TrainState()
     dp = data_parallel or DataParallel()
-    check_options(options, pipe.program)
+    check_train_options(options, pipe.program)
     if data is not None and data.peek() is None:  # before anything is built or trained
         raise PipecompileError(empty_data(data, 1, 0))
     _prepare(pipe, options)

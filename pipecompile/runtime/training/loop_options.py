@@ -8,15 +8,15 @@ import dataclasses
 import torch
 
 from pipecompile.errors import PipecompileError
-from pipecompile.ir.program import Program
+from pipecompile.ir.programs.program import Program
 from pipecompile.options.run import OPTIMIZER_NAMES, TrainFlags
-from pipecompile.runtime.precision import PRECISIONS
+from pipecompile.runtime.state.precision import PRECISIONS
 from pipecompile.runtime.timeline_file import check_trace_file
 from pipecompile.runtime.training.metrics import check_metrics_file
 from pipecompile.runtime.training.train_state import check_save_dir
 from pipecompile.schedules import ORDER, SYNCHRONOUS, listed
 
-__all__ = ["NEEDS_SYNC", "OPTIMIZERS", "check_options", "check_places"]
+__all__ = ["NEEDS_SYNC", "OPTIMIZERS", "check_train_options", "check_places"]
 
 
 NEEDS_SYNC = (
@@ -30,7 +30,7 @@ NEEDS_SYNC = (
 OPTIMIZERS = dict(zip(OPTIMIZER_NAMES, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)))
 
 
-def check_options(options: TrainFlags, program: Program) -> None:
+def check_train_options(options: TrainFlags, program: Program) -> None:
     """Options the program cannot honour, refused before anything runs."""
     if options.clip_grad_norm is not None and not options.clip_grad_norm > 0:
         raise PipecompileError(

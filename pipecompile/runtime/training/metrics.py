@@ -19,9 +19,9 @@ from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files.disk import disk_message
 from pipecompile.files.owned import is_our_metrics
 from pipecompile.files.writable import check_file
-from pipecompile.ir.manifest import Manifest
-from pipecompile.ir.simulate import Costs, simulate
-from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.ir.programs.simulate import Costs, simulate
+from pipecompile.ir.programs.topology import topology_from_manifest
+from pipecompile.ir.records.manifest import Manifest
 from pipecompile.runtime.local_part import local_part
 from pipecompile.runtime.training.model_keyed import local_optimizer
 from pipecompile.runtime.training.records import EvalRecord, StepRecord

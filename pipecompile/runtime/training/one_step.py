@@ -13,14 +13,14 @@ from functools import partial
 import torch
 
 from pipecompile.errors import PipecompileError, RuntimeFailure
-from pipecompile.ir.microbatch import batch_rows
+from pipecompile.ir.graph.microbatch import batch_rows
 from pipecompile.model.data_hooks import Batch
 from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import Pipeline
-from pipecompile.runtime.precision import LossScaler
-from pipecompile.runtime.random_state import step_base
-from pipecompile.runtime.step_result import StepResult
+from pipecompile.runtime.state.precision import LossScaler
+from pipecompile.runtime.state.random_state import step_base
+from pipecompile.runtime.state.step_result import StepResult
 from pipecompile.runtime.timeline import traced
 from pipecompile.runtime.training.copy_share import SIT_OUT
 from pipecompile.runtime.training.data_parallel import DataParallel

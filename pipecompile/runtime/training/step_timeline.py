@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from pipecompile.ir.topology import topology_from_manifest
+from pipecompile.ir.programs.topology import topology_from_manifest
 from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.timeline import Tracer

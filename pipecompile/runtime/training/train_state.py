@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -48,14 +47,15 @@ import torch.distributed as dist
 from safetensors.torch import load_model
 
 from pipecompile.errors import EmitError
+from pipecompile.files.atomic import write_atomically
 from pipecompile.files.disk import disk_message, os_error, writing
 from pipecompile.files.names import LATEST, STEP_META, stage_optimizer, stage_weights, step_name
 from pipecompile.files.owned import TRAIN_STATE_FORMAT, is_our_latest, is_our_step_dir
 from pipecompile.files.writable import check_directory
-from pipecompile.ir.manifest import Manifest
-from pipecompile.runtime.faults import fail_save
-from pipecompile.runtime.interrupt import user_stop
+from pipecompile.ir.records.manifest import Manifest
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.process.faults import fail_save
+from pipecompile.runtime.process.interrupt import user_stop
 from pipecompile.runtime.training.model_keyed import (
     LAYOUT,
     load_model_keyed,
@@ -150,9 +150,7 @@ def publish(root: Path, tmp: Path, meta: dict[str, Any]) -> Path:
     (tmp / STEP_META).write_text(json.dumps(meta) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(final.name + "\n")
-    os.replace(pointer, root / LATEST)
+    write_atomically(root / LATEST, final.name + "\n")
     return final
 
 

@@ -88,7 +88,7 @@ def _run(case: Case, tmp: Path, outcome: PeerOutcome) -> None:
     from torch.distributed.pipelining import SplitPoint, pipeline
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    from pipecompile.ir.microbatch import split_microbatches, split_targets
+    from pipecompile.ir.graph.microbatch import split_microbatches, split_targets
     from pipecompile.model.model_file import load_model_file
 
     path = tmp / "model.py"

@@ -132,7 +132,7 @@ def _buffers_after(model: object, pipe: object, inputs: dict[str, object]) -> di
 
     import torch
 
-    from pipecompile.ir.microbatch import split_microbatches
+    from pipecompile.ir.graph.microbatch import split_microbatches
     from pipecompile.runtime.check.step import fit_weights
 
     twin = copy.deepcopy(model)
