@@ -1,4 +1,4 @@
-"""Counts of the package's shape, for docs/BENCHMARKS.md ("A house a newcomer can work in").
+"""Counts of the package's shape, for docs/ARCHITECTURE.md ("The shape of the package, measured").
 
     python tools/qa/house.py                 # the working tree
     python tools/qa/house.py --rev 6954312   # a commit (read with `git archive`)
