@@ -11,8 +11,10 @@ files per folder (``pipecompile/`` and
 ``# fmt: skip`` comments in the package, how many places spell ``"manifest.json"`` and
 ``"metrics.jsonl"``, the pairs of places in the package that share six or more
 consecutive lines (after stripping indentation, blank lines and comments), the lines of
-``cli.py``, the functions over 80 lines, ``compile_model``'s parameters, and the parameters
-named ``model`` that are a cost model.
+``cli.py``, the functions over 80 lines, ``compile_model``'s parameters, the parameters
+named ``model`` that are a cost model, and the public names defined in several modules, the
+files at the top of ``runtime/``, its functions over 8 parameters, ``dict[str, Any]`` in the
+package and the package files naming a schedule besides ``schedules/``.
 """
 
 from __future__ import annotations
@@ -102,6 +104,47 @@ def shape_of_options(files: dict[Path, list[str]]) -> dict[str, object]:
     }
 
 
+SCHEDULE_NAMES = re.compile(
+    r"\b(gpipe|1f1b|pipedream|pipedream_2bw|interleaved|zb1p|zb2p|looped_bfs|zbv|v_half|"
+    r"v_min|dualpipev)\b"
+)
+
+
+def names_and_rooms(files: dict[Path, list[str]]) -> dict[str, object]:
+    """One meaning per name, rooms that say what they hold, typed values: the public names
+    defined in several modules (each entry point's ``main`` aside), the files at the top of
+    ``runtime/``, its functions over 8 parameters (``self`` aside), ``dict[str, Any]`` in
+    the package and the package files naming a schedule besides ``schedules/``."""
+    defined: dict[str, set[Path]] = defaultdict(set)
+    for path, lines in files.items():
+        for node in ast.parse("\n".join(lines)).body:
+            kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+            if isinstance(node, kinds) and not node.name.startswith("_") and node.name != "main":
+                defined[node.name].add(path)
+    runtime = [(p, n) for p, n in functions(files) if p.parts[:2] == ("pipecompile", "runtime")]
+    return {
+        "public names defined in several modules": sum(len(v) > 1 for v in defined.values()),
+        "files at the top of runtime/": sum(
+            1 for p in files if p.parent == Path("pipecompile/runtime") and p.name != "__init__.py"
+        ),
+        "functions in runtime/ over 8 parameters": sum(
+            len([a for a in _params(n) if a.arg not in ("self", "cls")])
+            + bool(n.args.vararg)
+            + bool(n.args.kwarg)
+            > 8
+            for _, n in runtime
+        ),
+        "dict[str, Any] in the package": sum(
+            ln.count("dict[str, Any]") for lines in files.values() for ln in lines
+        ),
+        "package files naming a schedule besides schedules/": sum(
+            any(SCHEDULE_NAMES.search(ln) for ln in lines)
+            for p, lines in files.items()
+            if p.parts[:2] != ("pipecompile", "schedules")
+        ),
+    }
+
+
 def counts(tree: Path) -> dict[str, object]:
     files = sources(tree)
     folders = Counter(str(path.parent) for path in files)
@@ -137,6 +180,7 @@ def counts(tree: Path) -> dict[str, object]:
         "files spelling each name": spelled,
         f"copied regions ({WINDOW}+ lines)": copied_pairs(files),
         **shape_of_options(files),
+        **names_and_rooms(files),
     }
 
 
