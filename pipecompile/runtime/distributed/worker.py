@@ -55,7 +55,7 @@ from pipecompile.runtime.load import load_stage
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.process.faults import FAULT_ENV, fault_at
 from pipecompile.runtime.process.threads import use_threads
-from pipecompile.runtime.training.loop import TrainState, train
+from pipecompile.runtime.training.loop import RankShare, TrainState, train
 from pipecompile.runtime.training.metrics import append_record
 
 __all__ = ["main", "run_record"]
@@ -281,19 +281,11 @@ def _run(
     eval_data = _hook(spec, EVAL, watchdog) if any(reads) else None
     if flags.shard == "optimizer":
         options.optimizer_factory = sharded_optimizer(options, data_parallel)
-    train(
-        pipe,
-        spec.loss_fn,
-        data,
-        options,
-        group=_DistGroup(where, placement.world),
-        eval_data=eval_data,
-        state=progress,
-        reads=reads,
-        one_process=False,
-        device=where,
-        data_parallel=data_parallel,
+    group = _DistGroup(where, placement.world)
+    rank_share = RankShare(
+        group, reads, one_process=False, device=where, data_parallel=data_parallel
     )
+    train(pipe, spec.loss_fn, data, options, eval_data=eval_data, state=progress, rank=rank_share)
     return 0
 
 

@@ -48,12 +48,12 @@ from pipecompile.runtime.training.group import Group, LocalGroup
 from pipecompile.runtime.training.loop_options import OPTIMIZERS, check_train_options
 from pipecompile.runtime.training.lr_schedule import make_schedulers, resume_at
 from pipecompile.runtime.training.metrics import Reporter
-from pipecompile.runtime.training.one_step import one_step
+from pipecompile.runtime.training.one_step import StepContext, one_step
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
 from pipecompile.runtime.training.step_timeline import devices_here, step_tracer, write_step_trace
 from pipecompile.runtime.training.train_state import resume, save, save_due, train_state
 
-__all__ = ["TrainState", "train"]
+__all__ = ["RankShare", "TrainState", "train"]
 
 
 @dataclass
@@ -67,31 +67,42 @@ class TrainState:
     epoch: int = 1
 
 
+@dataclass(frozen=True)
+class RankShare:
+    """This rank's part of a run of several processes (the default: one process, every
+    device in it): its ranks' ``group``, whether it reads the inputs (holds the first stage)
+    and the targets (holds the last), whether every device of the program runs in this
+    process, where its batches go (a rank's GPU) and its data-parallel copy of the pipeline
+    with its gradient sums (``--dp``)."""
+
+    group: Group | None = None
+    reads: tuple[bool, bool] = (True, True)
+    one_process: bool = True
+    device: torch.device | None = None
+    data_parallel: DataParallel | None = None
+
+
 def train(
     pipe: Pipeline,
     loss_fn: LossFn,
     data: BatchSource | None,
     options: TrainFlags,
     *,
-    group: Group | None = None,
     eval_data: BatchSource | None = None,
     state: TrainState | None = None,
-    reads: tuple[bool, bool] = (True, True),
-    one_process: bool = True,
-    device: torch.device | None = None,
-    data_parallel: DataParallel | None = None,
+    rank: RankShare | None = None,
 ) -> TrainState:
-    """Train ``pipe`` on ``data`` (None on a rank that reads no data) per ``options``.
+    """Train ``pipe`` on ``data`` (None on a rank that reads no data) per ``options``, as
+    ``rank``'s part of the run (default: the whole run in this process).
 
-    ``reads``: whether this rank reads the inputs (holds the first stage) and the targets
-    (holds the last). ``state`` is updated as steps finish (the caller reads it after an
-    interrupt). Returns it, with one record per step. ``device``: where the batches go (a
-    rank's GPU); ``one_process``: every device of the program runs in this process;
-    ``data_parallel``: this rank's copy of the pipeline and its gradient sums (``--dp``).
+    ``state`` is updated as steps finish (the caller reads it after an interrupt). Returns
+    it, with one record per step.
     """
-    group = group or LocalGroup()
+    rank = rank or RankShare()
+    group = rank.group or LocalGroup()
+    reads, one_process, device = rank.reads, rank.one_process, rank.device
     state = state or TrainState()
-    dp = data_parallel or DataParallel()
+    dp = rank.data_parallel or DataParallel()
     check_train_options(options, pipe.program)
     if data is not None and data.peek() is None:  # before anything is built or trained
         raise PipecompileError(empty_data(data, 1, 0))
@@ -164,6 +175,22 @@ class _Run:
     schedulers: list
     idle: IdleCores | None
     saves: BackgroundSaves | None  # --async-save
+
+    @property
+    def context(self) -> StepContext:
+        """What each step reads of the run (``one_step``)."""
+        return StepContext(
+            self.pipe,
+            self.loss_fn,
+            self.feed,
+            self.options,
+            self.group,
+            self.scaler,
+            self.seed,
+            self.reads,
+            self.one_process,
+            self.dp,
+        )
 
 
 @contextmanager
@@ -245,7 +272,7 @@ def _steps(
 ) -> None:
     """The optimizer steps from ``first`` until the run's total or the data's end, each
     reported, evaluated and saved when due; the trace written after them."""
-    pipe, options, group, feed = run.pipe, run.options, run.group, run.feed
+    pipe, options, group = run.pipe, run.options, run.group
     total = state.total
     reporter = _reporter(run, total, first)
     per_epoch = f", {length} batches an epoch" if length and length > 1 else ""
@@ -262,19 +289,7 @@ def _steps(
             if run.idle is not None:
                 run.idle.between_steps()
             with tracer.step_span(step + 1, devices_here(pipe)) if tracer else nullcontext():
-                done = one_step(
-                    pipe,
-                    run.loss_fn,
-                    feed,
-                    options,
-                    group,
-                    run.scaler,
-                    run.seed,
-                    step,
-                    run.reads,
-                    run.one_process,
-                    run.dp,
-                )
+                done = one_step(run.context, step)
             if done is None:  # the data ran out (--epochs)
                 break
             step += 1

@@ -43,7 +43,37 @@ from pipecompile.runtime.training.metrics import (
 )
 from pipecompile.runtime.training.records import StepRecord
 
-__all__ = ["one_step"]
+__all__ = ["StepContext", "one_step"]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every step of one run reads, passed whole: the pipeline and its loss, the data
+    (a ``Feed``, or this copy's share of one), the training options, the ranks, the fp16 loss
+    scaler, the run's seed, whether this rank reads the inputs and the targets, whether the
+    run is one process, and this copy's data-parallel part."""
+
+    pipe: Pipeline
+    loss_fn: LossFn
+    feed: Feed
+    options: TrainFlags
+    group: Group
+    scaler: LossScaler | None
+    seed: int
+    reads: tuple[bool, bool]
+    one_process: bool
+    dp: DataParallel
+
+
+@dataclass(frozen=True)
+class _Summed:
+    """A step's figures summed over the ranks, which every rank decides on alike."""
+
+    loss: float
+    overflowed: bool
+    bad: dict[int, torch.Tensor] | None  # the first non-finite part's losses, on its rank
+    sq_norm: float
+    unscale: float
 
 
 @dataclass
@@ -60,28 +90,17 @@ class _Parts:
     used: int = 0
 
 
-def one_step(
-    pipe: Pipeline,
-    loss_fn: LossFn,
-    feed: Feed,
-    options: TrainFlags,
-    group: Group,
-    scaler: LossScaler | None,
-    seed: int,
-    step: int,
-    reads: tuple[bool, bool],
-    one_process: bool,
-    dp: DataParallel,
-) -> tuple[StepRecord, str] | None:
+def one_step(ctx: StepContext, step: int) -> tuple[StepRecord, str] | None:
     """One optimizer step and the note its line ends with; None if the data ended before it
     began. With data-parallel copies, this copy's parts are its share of D x ``accumulate``
     mini-batches (part a of copy k is mini-batch a*D + k of the step)."""
+    pipe, options, group, scaler, dp = ctx.pipe, ctx.options, ctx.group, ctx.scaler, ctx.dp
     sync = not pipe.asynchronous
     m, parts = pipe.program.microbatches, options.accumulate
     loss_scale = (scaler.scale if scaler else 1.0) / (m * parts * dp.loss_copies) if sync else 1.0
     began = time.perf_counter()
     home = pipe.device if pipe.device is not None else pipe.program.stage_device[0]
-    done = _parts(pipe, loss_fn, feed, options, group, seed, step, reads, dp, loss_scale, home)
+    done = _parts(ctx, step, loss_scale, home)
     if done is None:
         return None
     if sync:
@@ -97,27 +116,26 @@ def one_step(
     used, samples, tokens = (int(v) for v in summed[4:])
     loss = summed_loss / (m * used)
     unscale = (1.0 / scaler.scale if scaler is not None else 1.0) * parts * dp.size / used
-    note, skipped, grad_norm = _decide(
-        pipe, options, scaler, step, loss, overflows > 0, done.bad, sq_norm, unscale
-    )
+    summed_up = _Summed(loss, overflows > 0, done.bad, sq_norm, unscale)
+    note, skipped, grad_norm = _decide(ctx, step, summed_up)
     seconds = time.perf_counter() - began
     with traced(pipe.tracer, home, "communication", "metrics gather", "all-reduce"):
         busy = group.gather(
             [
                 done.busy_ns / 1e9 / seconds,
                 optimizer_state_bytes(pipe),
-                *peak_memory(pipe, one_process=one_process),
+                *peak_memory(pipe, one_process=ctx.one_process),
             ]
         )
     record = StepRecord(
         step=step + 1,
-        epoch=feed.epoch,
+        epoch=ctx.feed.epoch,
         loss=loss,
         lr=_lr(pipe),
         step_ms=seconds * 1000,
         samples_per_s=samples / seconds,
         tokens_per_s=tokens / seconds if tokens else None,
-        bubble=local_bubble(pipe) if one_process else 1 - sum(b[0] for b in busy) / len(busy),
+        bubble=local_bubble(pipe) if ctx.one_process else 1 - sum(b[0] for b in busy) / len(busy),
         peak_memory=[int(v) for b in busy for v in b[2:]],
         sent_bytes=int(sent_total),
         grad_norm=grad_norm,
@@ -128,21 +146,17 @@ def one_step(
     return record, note
 
 
-def _parts(
-    pipe: Pipeline,
-    loss_fn: LossFn,
-    feed: Feed,
-    options: TrainFlags,
-    group: Group,
-    seed: int,
-    step: int,
-    reads: tuple[bool, bool],
-    dp: DataParallel,
-    loss_scale: float,
-    home: int,
-) -> _Parts | None:
+def _parts(ctx: StepContext, step: int, loss_scale: float, home: int) -> _Parts | None:
     """This rank's ``accumulate`` parts of the step through the program, their gradients
     summed; None if the data ended before the first."""
+    pipe, feed, options, group, reads, dp = (
+        ctx.pipe,
+        ctx.feed,
+        ctx.options,
+        ctx.group,
+        ctx.reads,
+        ctx.dp,
+    )
     sync, parts = not pipe.asynchronous, options.accumulate
     dynamic = pipe.manifest.dynamic
     done = _Parts()
@@ -169,10 +183,10 @@ def _parts(
             result = pipe.train_step(
                 batch.inputs if reads[0] else None,
                 batch.targets if reads[1] else None,
-                loss_fn,
+                ctx.loss_fn,
                 keep_grads=sync,
                 loss_scale=0.0 if replay else loss_scale,
-                rng_base=step_base(seed, step, part * dp.size + dp.index),
+                rng_base=step_base(ctx.seed, step, part * dp.size + dp.index),
                 measure_memory=options.measure_memory,
                 on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
                 on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
@@ -208,22 +222,14 @@ def _count(
     done.samples, done.tokens = done.samples + counts[0], done.tokens + (counts[1] or 0)
 
 
-def _decide(
-    pipe: Pipeline,
-    options: TrainFlags,
-    scaler: LossScaler | None,
-    step: int,
-    loss: float,
-    overflowed: bool,
-    bad: dict[int, torch.Tensor] | None,
-    sq_norm: float,
-    unscale: float,
-) -> tuple[str, bool, float | None]:
+def _decide(ctx: StepContext, step: int, summed: _Summed) -> tuple[str, bool, float | None]:
     """What every rank does alike with the step's summed figures: skip it (fp16 overflow, or
     a non-finite loss under ``skip_nonfinite``), stop the run (a non-finite loss), or unscale,
     clip and apply it (a synchronous program). Returns the line's note, whether the step was
     skipped and the gradients' norm (when clipping)."""
-    if overflowed:  # before the loss: a scaled loss may overflow where the loss did not
+    pipe, options, scaler = ctx.pipe, ctx.options, ctx.scaler
+    loss, bad, unscale = summed.loss, summed.bad, summed.unscale
+    if summed.overflowed:  # before the loss: a scaled loss may overflow where the loss did not
         assert scaler is not None
         pipe.drop_step()
         scaler.update(True)
@@ -239,7 +245,7 @@ def _decide(
         return "", False, None
     grad_norm = None
     if options.clip_grad_norm is not None:
-        grad_norm = math.sqrt(sq_norm) * unscale
+        grad_norm = math.sqrt(summed.sq_norm) * unscale
         if grad_norm > options.clip_grad_norm:
             unscale *= options.clip_grad_norm / (grad_norm + 1e-6)
     if unscale != 1.0:
