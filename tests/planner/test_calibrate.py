@@ -24,6 +24,7 @@ from pipecompile.planner.calibration_store import (
 )
 from pipecompile.planner.calibration_timing import FIELDS
 from pipecompile.runtime.process.threads import cores, fair_share
+from tests.planner.conftest import CONSTANTS
 
 
 @pytest.fixture
@@ -102,16 +103,6 @@ def test_a_model_without_calibration_keeps_the_flags(monkeypatch) -> None:  # ty
     assert machine == CostModel() and record.cost_model["calibration"] is None
 
 
-CONSTANTS = {
-    "flops_rate": 5e10,
-    "half_work": 2e6,
-    "op_overhead": 4e-6,
-    "elementwise_rate": 4e8,
-    "instr_overhead": 1.2e-4,
-    "optimizer_rate": 1e9,
-    "conv_rate": 3e10,
-    "conv_half_work": 6e6,
-}
 MESSAGES = {"message_latency": 1e-4, "bandwidth": 1e9}
 
 
