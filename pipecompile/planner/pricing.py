@@ -52,7 +52,7 @@ def rank_models(
     scales = kept_scales(counts, model_key)  # applied after the timing's correction
     given = machine.bandwidth != DEFAULT_BANDWIDTH
     probes: dict[int, Probe | None] = {}
-    factors: dict[CostModel, CostModel] = {}  # by a count's compute figures (not messages)
+    factors: dict[tuple[CostModel, int], CostModel] = {}  # by compute figures and threads
     models = []
     for k, (calibrated, _) in enumerate(made, start=1):
         if k in counts:
@@ -62,9 +62,9 @@ def rank_models(
                 key = example_key(model_key, inputs)
                 probes[threads] = probe_timing(model, inputs, facts, threads, say, key)
             compute = replace(calibrated, bandwidth=0.0, message_latency=0.0, concurrency=0.0)
-            if compute not in factors:
-                factors[compute] = probe_applied(facts, compute, probes[threads])
-            fixed = factors[compute]
+            if (compute, threads) not in factors:
+                factors[compute, threads] = probe_applied(facts, compute, probes[threads])
+            fixed = factors[compute, threads]
             if first and say is not None and probes[threads] is not None:
                 say(_probe_line(probes[threads], threads, fixed))
             calibrated = replace(
