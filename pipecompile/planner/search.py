@@ -1,12 +1,12 @@
 """The plan search: every plan for N devices the options leave open, each predicted exactly
 (``Predictor``), ranked by predicted step.
 
-A plan is offered up to N devices: the schedules with one stage per device (gpipe, 1f1b, zb1p,
-zb2p) take 1 to N stages and the partitioner spreads up to N devices over them as replicas
-(it leaves one idle where a replica's gradient all-reduce would cost more than it saves); the
-looped schedules put ``v`` stages on each of 2 to N devices (v = 2 and 4 unless
-`--virtual-stages`), the V-shaped ones (zbv, v_half, v_min, dualpipev) two, and the others
-one stage on each of 1 to N: a small model may be fastest on fewer devices than offered.
+A plan is offered up to N devices: the replicable schedules (``REPLICABLE``: one stage per
+device) take 1 to N stages and the partitioner spreads devices over them as replicas (it
+leaves one idle where a replica's gradient all-reduce would cost more than it saves); the
+looped schedules (``LOOPED``) put ``v`` stages on each of 2 to N devices (v = 2 and 4 unless
+`--virtual-stages`), the V-shaped ones (``V_SHAPED``) two, and the others one stage on each
+of 1 to N: a small model may be fastest on fewer devices than offered.
 Micro-batch counts are the divisors of the batch (or the one given). Without a memory limit
 only ``--recompute never`` is tried: recomputation only adds time, so a plan that recomputes
 is never faster than the same plan without.

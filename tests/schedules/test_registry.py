@@ -98,3 +98,22 @@ def test_an_option_a_schedule_does_not_take_names_those_that_do():
 def test_the_search_refuses_each_asynchronous_schedule_by_name(name):
     with pytest.raises(PlanError, match=f"--schedule {name} updates weights asynchronously"):
         check_search(2, None, None, "flops", None, CostModel(), name)
+
+
+def test_the_docs_list_the_schedules_in_one_place() -> None:
+    """A schedule is one file and one page: docs/schedules/README.md links every schedule of
+    the registry, and the other pages that once kept their own lists (README, USAGE,
+    PLANNING, ARCHITECTURE, API) link to it instead (none names more than three on a line)."""
+    import re
+
+    from tests.conftest import ROOT
+
+    index = (ROOT / "docs" / "schedules" / "README.md").read_text()
+    assert all(f"[`{name}`]({name}.md)" in index for name in REGISTRY), "a schedule lacks a page"
+    names = sorted(REGISTRY, key=len, reverse=True)
+    named = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, names)) + r")(?![\w-])")
+    pages = ["README.md", *(f"docs/{p}.md" for p in ("USAGE", "PLANNING", "ARCHITECTURE", "API"))]
+    for page in pages:
+        for number, line in enumerate((ROOT / page).read_text().splitlines(), 1):
+            found = set(named.findall(line))
+            assert len(found) <= 3, f"{page}:{number} lists schedules by hand: {sorted(found)}"
