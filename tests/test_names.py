@@ -57,3 +57,23 @@ def test_the_check_finds_a_name_defined_twice(tmp_path: Path) -> None:
         "pipecompile/schedules/__init__.py"
     ]
     assert len(found["main"]) > 1  # the entry points, allowed
+
+
+def test_only_the_schedules_name_a_schedule() -> None:
+    """A schedule is its own module and the registry: no other package file names one (the
+    rest reads the registry's facts: its families, its default, a program's own name)."""
+    import re
+
+    from pipecompile.schedules import REGISTRY
+
+    names = sorted(REGISTRY, key=len, reverse=True)
+    named = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, names)) + r")(?![\w-])")
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            if where.startswith("pipecompile/schedules/"):
+                continue
+            lines = enumerate(path.read_text().splitlines(), 1)
+            found += [f"{where}:{n}" for n, line in lines if named.search(line)]
+    assert not found, found

@@ -120,10 +120,6 @@ def _no_fit(facts: AtomFacts, machine: CostModel, program: Program) -> str:
         f"has {format_size(params)} of parameters (each stage keeps "
         f"{2 + machine.optimizer_states} copies: weights, gradients, optimizer state, plus any "
         "stashed versions) and the schedule keeps activations of several micro-batches; "
-        "raise the limit, use more stages or --recompute always"
-        + (
-            ", or 1f1b, which keeps fewer micro-batches in flight"
-            if program.schedule == "gpipe"
-            else ""
-        )
+        "raise the limit, use more stages or --recompute always, or a schedule that keeps "
+        "fewer micro-batches in flight (docs/schedules/: its memory column)"
     )

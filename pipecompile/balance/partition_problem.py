@@ -143,7 +143,7 @@ def _limits(
 ) -> tuple[tuple[Limit, ...], ...]:
     if len(program.devices) != program.num_stages:
         raise BalanceError(
-            "--memory-limit needs one stage per device; the interleaved schedule puts "
+            f"--memory-limit needs one stage per device; the {program.schedule} schedule puts "
             f"{program.num_stages // len(program.devices)} on each. Drop --memory-limit or "
             "use another schedule"
         )

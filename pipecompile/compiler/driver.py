@@ -347,7 +347,7 @@ def _guarded(name: str, what: str, run: Callable[..., Any], *args: Any) -> Any:
     ``name``."""
     try:
         return run(*args)
-    except PipecompileError as err:  # the user's to fix, such as a tie under pipedream
+    except PipecompileError as err:  # the user's to fix, such as a tie under PipeDream
         if what != "failed":
             err.add_note(f"(found by the check after pass {name})")
         raise

@@ -32,7 +32,7 @@ from pipecompile.options.run import BACKENDS
 from pipecompile.passes.balance_stages import COSTS
 from pipecompile.passes.insert_recompute import POLICIES
 from pipecompile.passes.insert_replication import parse_replicas
-from pipecompile.schedules import SCHEDULES
+from pipecompile.schedules import DEFAULT_SCHEDULE, SCHEDULES
 
 __all__ = ["CompileOptions"]
 
@@ -78,7 +78,7 @@ class CompileOptions:
         "--schedule",
         choices=[*sorted(SCHEDULES), "auto"],
         help="the order of the micro-batches' forwards and backwards (docs/schedules/; default "
-        "gpipe, with --devices: searched); auto: the plan search chooses",
+        f"{DEFAULT_SCHEDULE}, with --devices: searched); auto: the plan search chooses",
     )
     balance: str = option(
         "--balance", default="flops", choices=COSTS, help="the cost the stages are balanced on"
@@ -100,10 +100,12 @@ class CompileOptions:
         "--virtual-stages",
         check=positive_int,
         metavar="V",
-        help="interleaved: stages per device (default 2)",
+        help="the looped schedules: stages per device (default 2)",
     )
     vertical_sync: bool = option(
-        "--vertical-sync", switch=True, help="pipedream: all stages use stage 0's weight version"
+        "--vertical-sync",
+        switch=True,
+        help="PipeDream: all stages use stage 0's weight version",
     )
     recompute: str = option(
         "--recompute",

@@ -14,8 +14,9 @@ __all__ = ["fill_and_drain", "least_forwards", "replica_counts", "within"]
 
 def fill_and_drain(costs: Costs, m: int, whole: bool) -> float:
     """A bound the simulated makespan of a one-stage-per-device program of m micro-batches
-    on ``costs`` never undercuts, each stage's F_i, its backward B_i (``whole``, gpipe and
-    1f1b) or I_i and W_i (B_i / 2 + the split's extra each; zb1p and zb2p split every one)
+    on ``costs`` never undercuts, each stage's F_i, its backward B_i (``whole``: one
+    instruction) or I_i and W_i (B_i / 2 + the split's extra each; the zero-bubble schedules
+    split every one)
     and o a compute instruction's overhead. Some stage j
 
     - starts after micro-batch 0's forwards before it, runs its m forwards and backwards:

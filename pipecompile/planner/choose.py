@@ -28,7 +28,7 @@ from pipecompile.planner.search import (
     check_placing,
     search,
 )
-from pipecompile.schedules import ORDER, SYNCHRONOUS, schedule_of
+from pipecompile.schedules import DEFAULT_SCHEDULE, ORDER, SYNCHRONOUS, schedule_of
 
 __all__ = [
     "check_search",
@@ -46,9 +46,10 @@ def open_choices(
     devices: int | None, schedule: str | None, microbatches: int | str | None
 ) -> tuple[str, int | str, bool]:
     """The schedule and micro-batch count a compile asks for (not given: ``"auto"`` with
-    ``devices``, else gpipe and 1), and whether that asks for a plan search."""
+    ``devices``, else the default schedule and 1), and whether that asks for a plan search."""
     searched = "auto" if devices is not None else None  # what --devices leaves open
-    schedule, microbatches = schedule or searched or "gpipe", microbatches or searched or 1
+    schedule = schedule or searched or DEFAULT_SCHEDULE
+    microbatches = microbatches or searched or 1
     return schedule, microbatches, devices is not None or "auto" in (schedule, microbatches)
 
 

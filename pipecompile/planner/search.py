@@ -367,7 +367,7 @@ def _none_fits(
         raise PlanError(
             f"no plan of {', '.join(space.schedules)} on {space.devices} devices suits the "
             f"micro-batch counts {', '.join(map(str, space.microbatches)) or 'tried'}: "
-            "interleaved needs a multiple of the devices; try --microbatches auto or another "
+            "a looped schedule needs a multiple of the devices; try --microbatches auto or another "
             "--schedule"
         )
     peak, plan = min(misfits, key=lambda t: t[0])

@@ -24,6 +24,7 @@ from pipecompile.ir.records.manifest import Manifest, StageEntry, read_manifest
 from pipecompile.model.without_init import build_loaded, fit
 from pipecompile.runtime.materialise import allocate, fill_stage, needs_materialising
 from pipecompile.runtime.state.op_seeds import seed_random_ops
+from pipecompile.schedules import DEFAULT_SCHEDULE
 
 __all__ = [
     "Emitted",
@@ -179,7 +180,7 @@ def recompile_hint(directory: Path) -> str:
     model = os.path.relpath(Path(directory) / manifest.model.file)
     stages, count = len(manifest.stages), manifest.microbatches
     options = f" --microbatches {count}" if count > 1 else ""
-    if manifest.schedule != "gpipe":
+    if manifest.schedule != DEFAULT_SCHEDULE:
         options += f" --schedule {manifest.schedule}"
     return f"recompile (`pipecompile {model} --stages {stages}{options} -o {directory}`)"
 

@@ -27,6 +27,7 @@ from pipecompile.schedules import (
 from pipecompile.schedules.record import Schedule
 
 __all__ = [
+    "DEFAULT_SCHEDULE",
     "LOOPED",
     "ORDER",
     "REGISTRY",
@@ -61,6 +62,7 @@ REGISTRY: dict[str, Schedule] = {
 }
 SCHEDULES: dict[str, Callable[..., Program]] = {n: s.build for n, s in REGISTRY.items()}
 ORDER = tuple(REGISTRY)
+DEFAULT_SCHEDULE = gpipe.SCHEDULE.name  # a compile's schedule when none is given or searched
 # Schedules whose step equals single-device training on the mini-batch.
 SYNCHRONOUS = frozenset(n for n, s in REGISTRY.items() if s.synchronous)
 V_SHAPED = tuple(n for n, s in REGISTRY.items() if s.placement == "v")

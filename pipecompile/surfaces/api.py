@@ -71,7 +71,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         example_inputs: a mini-batch: a tensor, a tuple of positional tensors, or a dict of
             forward()'s keyword tensors; its batch splits into ``microbatches``.
         stages, schedule, microbatches: as the command line's options (``schedule`` and
-            ``microbatches`` default to gpipe and 1, or are searched).
+            ``microbatches`` default to ``schedules.DEFAULT_SCHEDULE`` and 1, or are searched).
         devices: search the plan for this many devices (``--devices``): stages and replicas,
             micro-batches, schedule and recomputation the other keywords leave open; the
             chosen plan is ``pipe.manifest.plan``.

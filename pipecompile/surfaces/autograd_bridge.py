@@ -27,8 +27,9 @@ def pipelined_forward(pipe: Pipeline, model: nn.Module, inputs: dict[str, torch.
     """The pipeline's output for ``inputs``, differentiable into ``model``'s parameters."""
     if pipe.asynchronous:
         raise PipecompileError(
-            "the pipedream schedule updates weights inside its step, so it cannot run under "
-            "loss.backward(); use a synchronous schedule, or pipeline.train_step"
+            f"the {pipe.program.schedule} schedule updates weights inside its step, so it "
+            "cannot run under loss.backward(); use a synchronous schedule, or "
+            "pipeline.train_step"
         )
     with torch.no_grad():
         output = pipe(inputs)

@@ -31,12 +31,13 @@ __all__ = ["per_instruction", "probe_rank_figures", "rank_main"]
 def per_instruction() -> dict[str, float]:
     """Seconds pipecompile's runtime adds per compute instruction (``instr_overhead``), and
     how far its timings' repeats spread (``spread``; see the module doc)."""
+    from pipecompile.schedules import DEFAULT_SCHEDULE
     from pipecompile.surfaces.api import compile as compile_pipeline
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(8)])
     x, target = torch.randn(32, 8), torch.zeros(32, 8)
-    pipe = compile_pipeline(model, x, stages=4, microbatches=32, schedule="1f1b")
+    pipe = compile_pipeline(model, x, stages=4, microbatches=32, schedule=DEFAULT_SCHEDULE)
     sgd = lambda params: torch.optim.SGD(params, lr=0.0)  # noqa: E731 - a factory
 
     def step() -> None:

@@ -131,7 +131,7 @@ def test_refusals(facts) -> None:  # type: ignore[no-untyped-def]
     forced = replace(facts, forced=(10, 20, 30))
     with pytest.raises(PlanError, match=r"3 requested boundaries .* 4 stages.*--devices 4 or more"):
         search(forced, batch=8, space=Space(devices=2, schedules=("1f1b",)), machine=MACHINE)
-    with pytest.raises(PlanError, match=r"interleaved needs a multiple of the devices"):
+    with pytest.raises(PlanError, match=r"a looped schedule needs a multiple of the devices"):
         search(
             facts,
             batch=8,

@@ -32,7 +32,8 @@ class Program:
 
     @property
     def asynchronous(self) -> bool:
-        """Whether stages update per micro-batch (``UPDATE``, pipedream) instead of once."""
+        """Whether stages update within the step (``UPDATE``, PipeDream's schedules) instead
+        of once after it."""
         return any(x.op == Op.UPDATE for _, _, x in self.instructions())
 
     def instructions(self) -> Iterator[tuple[int, int, Instr]]:
@@ -97,7 +98,7 @@ class Program:
 
 
 def _parse_header(line: str, lineno: int) -> tuple[str, int]:
-    # "# pipecompile program: schedule gpipe, 4 stages, 8 micro-batches"
+    # "# pipecompile program: schedule NAME, 4 stages, 8 micro-batches"
     try:
         body = line.split(":", 1)[1]
         parts = [p.split() for p in body.split(",")]

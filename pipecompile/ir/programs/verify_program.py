@@ -63,14 +63,17 @@ def _expected(program: Program, topology: Topology, have: Counter[Instr]) -> Cou
     want: Counter[Instr] = Counter()
     updated = _updated(program, have)
     for j in range(program.num_stages):
-        asynchronous = any(have[Instr(Op.UPDATE, j, i)] for i in range(program.microbatches))
-        windowed = program.schedule == "pipedream_2bw"  # one version per window on all stages
+        updates = sum(have[Instr(Op.UPDATE, j, i)] for i in range(program.microbatches))
+        asynchronous = updates > 0
+        # a version per window on all stages: fewer updates than micro-batches
+        windowed = updates < program.microbatches
         if asynchronous and j in tied and not windowed:
             raise ProgramError(
                 f"stage {j} holds a parameter tied to another stage, which PipeDream's "
                 "updates (UPDATE per micro-batch, a version per stage) would let drift apart; "
-                "use pipedream_2bw, a synchronous schedule (gpipe, 1f1b, interleaved, zb1p) "
-                "or untie the parameter"
+                "use a schedule that updates once a window or a synchronous one "
+                "(docs/schedules/: each page says whether tied weights are allowed), or untie "
+                "the parameter"
             )
         for i in range(program.microbatches):
             forward = Op.FC if have[Instr(Op.FC, j, i)] else Op.F

@@ -331,7 +331,7 @@ class Manifest:
             batch_dim=int(raw.get("batch_dim", 0)),
             microbatches=int(raw["microbatches"]),
             microbatch_size=raw.get("microbatch_size"),
-            schedule=raw.get("schedule", "gpipe"),
+            schedule=raw["schedule"],
             device_map=tuple(raw["device_map"]),
             replicas=tuple(replicas) if replicas is not None else None,
             balance=BalanceReport.from_json(raw.get("balance")),

@@ -35,7 +35,7 @@ class PlanRow:
         return tuple(getattr(self, k) for k in _FLAGS)
 
     def label(self) -> str:
-        """``2x(2,1) stages, 4 micro-batches, 1f1b``."""
+        """``2x(2,1) stages, 4 micro-batches, SCHEDULE``."""
         shape = f"{self.stages}" + (
             f"x({','.join(map(str, self.replicas))})" if any(r > 1 for r in self.replicas) else ""
         )
