@@ -86,6 +86,43 @@ class Held:
     fused: bool = False  # compiled: I computes the weight gradients too (runtime/torch_compiled)
 
 
+@dataclass(frozen=True)
+class Stages:
+    """The stages an executor runs: their layout and modules, their compiled forwards
+    (``--compile``) and the autocast dtype of their forwards and traffic (``precision``)."""
+
+    layout: Layout
+    modules: Sequence[nn.Module]
+    compiled: CompiledStages | None = None
+    precision: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class StepData:
+    """One mini-batch's micro-batches and, to train, their targets and loss; ``loss_scale``
+    each micro-batch's loss factor (default 1/m), ``shares`` each one's rows over the
+    average's (uneven splits)."""
+
+    microbatches: Sequence[dict[str, torch.Tensor]]
+    targets: Sequence[tuple[torch.Tensor, ...]] | None = None
+    loss_fn: LossFn | None = None
+    loss_scale: float | None = None
+    shares: Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class StepHooks:
+    """What a step calls as it runs: each stage's optimizer, ``on_step(stage)`` before its
+    STEP, ``on_backward(stage, last)`` before each B (``last``: its last micro-batch; FSDP's
+    gradient sync), and ``span(device, track, name, category, **args)``, a traced step's
+    recorder of what happens inside an instruction (the loss; see runtime/timeline.py)."""
+
+    optimizers: Sequence[torch.optim.Optimizer | None] | None = None
+    on_step: Callable[[int], None] | None = None
+    on_backward: Callable[[int, bool], None] | None = None
+    span: Callable[..., AbstractContextManager] | None = None
+
+
 class StepExecutor:
     """State of one mini-batch in flight: held activations, messages, gradients, losses.
 
@@ -95,40 +132,32 @@ class StepExecutor:
 
     def __init__(
         self,
-        layout: Layout,
-        modules: Sequence[nn.Module],
+        stages: Stages,
         backend: Backend,
-        microbatches: Sequence[dict[str, torch.Tensor]],
-        targets: Sequence[tuple[torch.Tensor, ...]] | None = None,
-        loss_fn: LossFn | None = None,
-        optimizers: Sequence[torch.optim.Optimizer | None] | None = None,
-        on_step: Callable[[int], None] | None = None,
+        data: StepData,
+        hooks: StepHooks | None = None,
         *,
-        on_backward: Callable[[int, bool], None] | None = None,
-        loss_scale: float | None = None,
-        shares: Sequence[float] | None = None,
         measure_memory: bool = False,
         keep_grads: bool = False,
         rng_base: int | None = None,
-        precision: torch.dtype | None = None,
-        span: Callable[..., AbstractContextManager] | None = None,
-        compiled: CompiledStages | None = None,
     ) -> None:
-        """``span(device, track, name, category, **args)``: a traced step's recorder of what
-        happens inside an instruction (the loss; see runtime/timeline.py); ``compiled``: the
-        stages' compiled forwards (``--compile``); ``on_backward(stage, last)``: called before
-        each B of a stage, ``last`` for its last micro-batch (FSDP's gradient sync)."""
+        """``rng_base``: the seed of the step's random ops (default: drawn; see
+        random_state); ``keep_grads``: STEP leaves the summed gradients for the caller."""
+        hooks = hooks or StepHooks()
+        layout, modules = stages.layout, stages.modules
         self.layout, self.modules, self.backend = layout, modules, backend
-        self.compiled = compiled
-        self.span = span
-        self.precision = precision  # autocast dtype of stage forwards and traffic (precision)
+        self.compiled = stages.compiled
+        self.span = hooks.span
+        self.precision = stages.precision  # autocast dtype of stage forwards and traffic
         self.rng_base = draw_base() if rng_base is None else rng_base  # see random_state
-        self.microbatches, self.targets, self.loss_fn = microbatches, targets, loss_fn
-        self.optimizers, self.on_step = optimizers, on_step
-        self.on_backward = on_backward
+        microbatches, loss_fn = data.microbatches, data.loss_fn
+        self.microbatches, self.targets, self.loss_fn = microbatches, data.targets, loss_fn
+        self.optimizers, self.on_step = hooks.optimizers, hooks.on_step
+        self.on_backward = hooks.on_backward
         self.backwards: dict[int, int] = {}  # B instructions run per stage
-        self.loss_scale = 1.0 / len(microbatches) if loss_scale is None else loss_scale
-        self.shares = shares  # each micro-batch's rows over the average's (uneven splits)
+        scale = data.loss_scale
+        self.loss_scale = 1.0 / len(microbatches) if scale is None else scale
+        self.shares = data.shares  # each micro-batch's rows over the average's (uneven splits)
         self.measure_memory = measure_memory
         self._tied: dict[int, list[tuple[tuple[str, ...], dict[int, str]]]] = {}  # per stage
         self.keep_grads = keep_grads  # STEP leaves the summed gradients for the caller

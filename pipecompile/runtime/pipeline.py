@@ -28,7 +28,7 @@ from pipecompile.ir.programs.topology import topology_from_manifest
 from pipecompile.ir.programs.verify_program import verify_program
 from pipecompile.ir.records.manifest import Manifest
 from pipecompile.options.run import OptimizerFactory
-from pipecompile.runtime.executor import LossFn, StepExecutor
+from pipecompile.runtime.executor import LossFn, Stages, StepData, StepExecutor, StepHooks
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import Emitted, load_stages, open_emitted
@@ -199,24 +199,20 @@ class Pipeline:
         backend = self._sized(self.backend(), inputs, sizes)
         if tracer is not None:
             backend = tracer.backend(backend, self.device)
+        shares = row_shares(rows, count) if weighed else None  # type: ignore[arg-type]
         executor = StepExecutor(
-            self.layout,
-            self.modules,
+            self._stages(),
             backend,
-            micro,
-            micro_targets,
-            loss_fn,  # type: ignore[arg-type]
-            self.optimizers,
-            on_step,
-            on_backward=on_backward,
-            loss_scale=scale,
-            shares=row_shares(rows, count) if weighed else None,  # type: ignore[arg-type]
+            StepData(micro, micro_targets, loss_fn, scale, shares),
+            StepHooks(
+                self.optimizers,
+                on_step,
+                on_backward,
+                tracer.span if tracer is not None else None,
+            ),
             measure_memory=measure_memory,
             keep_grads=keep_grads,
             rng_base=rng_base,
-            precision=self.precision,
-            span=tracer.span if tracer is not None else None,
-            compiled=self.compiled,
         )
         self._run(self._own_program(self.program), executor, inputs or {})
         backend.finish()
@@ -276,6 +272,10 @@ class Pipeline:
     @property
     def _own_stages(self) -> set[int]:
         return {j for j, m in enumerate(self.modules) if m is not None}
+
+    def _stages(self) -> Stages:
+        """The stages as an executor runs them."""
+        return Stages(self.layout, self.modules, self.compiled, self.precision)  # type: ignore[arg-type]
 
     def _own_program(self, program: Program) -> Program:
         if self.device is None:
@@ -373,13 +373,10 @@ class Pipeline:
         micro = self._split(inputs)
         backend = self._sized(self.backend(), inputs, sizes)
         executor = StepExecutor(
-            self.layout,
-            self.modules,
+            self._stages(),
             backend,
-            micro,  # type: ignore[arg-type]
+            StepData(micro),  # type: ignore[arg-type]
             rng_base=rng_base,
-            precision=self.precision,
-            compiled=self.compiled,
         )
         self._run(self._own_program(forward_only(self.program)), executor, inputs or {})
         backend.finish()

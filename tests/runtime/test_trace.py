@@ -149,9 +149,9 @@ def test_measured_costs_are_each_stages_mean_and_leave_recomputation_to_the_simu
 
 def test_tracing_off_leaves_the_handlers_alone(compiled):
     pipe = Pipeline.load(compiled)
-    from pipecompile.runtime.executor import StepExecutor
+    from pipecompile.runtime.executor import StepData, StepExecutor
 
-    executor = StepExecutor(pipe.layout, pipe.modules, pipe.backend(), [{}])
+    executor = StepExecutor(pipe._stages(), pipe.backend(), StepData([{}]))
     plain = executor.handlers()
     assert pipe._handlers(executor).keys() == plain.keys()
     pipe.tracer = Tracer(pipe.program.stage_device, steps=1)  # step 0: not a traced step
