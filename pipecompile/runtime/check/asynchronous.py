@@ -13,6 +13,7 @@ against its own rule instead, written from its definition (``_reference_2bw``).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -79,9 +80,8 @@ def check_async_step(
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     two_versions = schedule_of(pipe.program.schedule).weight_versions == "window"
     reference = _reference_2bw if two_versions else _reference
-    ref_loss, ref_parts, ref_weights = reference(
-        pipe, model, start, owner, trainable, inputs, targets, loss_fn, lr
-    )
+    ref = _Reference(pipe, model, start, owner, trainable, inputs, targets, loss_fn, lr)
+    ref_loss, ref_parts, ref_weights = reference(ref)
     ref_outs = join_outputs(pipe, ref_parts)
     pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=lr))
     step = pipe.train_step(inputs, targets, loss_fn)
@@ -106,29 +106,40 @@ def check_async_step(
     return report
 
 
-def _reference(
-    pipe: Pipeline,
-    model: nn.Module,
-    start: dict[str, torch.Tensor],
-    owner: dict[str, int],
-    trainable: set[str],
-    inputs: dict[str, torch.Tensor],
-    targets: tuple[torch.Tensor, ...],
-    loss_fn: LossFn,
-    lr: float,
-) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:
+@dataclass(frozen=True)
+class _Reference:
+    """What the reference step reads: the pipeline (its program and splitting), the eager
+    model, the weights the step starts from, each weight's owning stage, the trainable
+    names, the mini-batch, its targets, the loss and SGD's learning rate."""
+
+    pipe: Pipeline
+    model: nn.Module
+    start: dict[str, torch.Tensor]
+    owner: dict[str, int]
+    trainable: set[str]
+    inputs: dict[str, torch.Tensor]
+    targets: tuple[torch.Tensor, ...]
+    loss_fn: LossFn
+    lr: float
+
+
+_Outcome = tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]
+
+
+def _reference(ref: _Reference) -> _Outcome:
+    """PipeDream's rule: each micro-batch on the weight version its stage stashed, each
+    gradient applied at once (SGD)."""
+    pipe, start, owner, lr = ref.pipe, ref.start, ref.owner, ref.lr
     m = pipe.program.microbatches
     versions = weight_versions(pipe.program)
-    names = [n for n in start if n in trainable]
+    names = [n for n in start if n in ref.trainable]
     history = {n: [start[n].detach().clone()] for n in names}  # history[n][v]: version v
-    buffers = _buffers(model, start, trainable)
+    buffers = _buffers(ref.model, start, ref.trainable)
     total, outputs = torch.zeros(()), []
-    micro = zip(split_microbatches(inputs, m), split_targets(targets, m))
+    micro = zip(split_microbatches(ref.inputs, m), split_targets(ref.targets, m))
     for i, (batch, target) in enumerate(micro):
         weights = {n: history[n][versions[(owner[n], i)]] for n in names}
-        loss, grads, out = _micro_step(
-            pipe, model, buffers, weights, batch, target, inputs, loss_fn
-        )
+        loss, grads, out = _micro_step(ref, buffers, weights, batch, target)
         for n, g in zip(names, grads):
             latest = history[n][-1]
             history[n].append(latest - lr * g if g is not None else latest.clone())
@@ -137,33 +148,22 @@ def _reference(
     return total, outputs, {n: h[-1] for n, h in history.items()}
 
 
-def _reference_2bw(
-    pipe: Pipeline,
-    model: nn.Module,
-    start: dict[str, torch.Tensor],
-    owner: dict[str, int],
-    trainable: set[str],
-    inputs: dict[str, torch.Tensor],
-    targets: tuple[torch.Tensor, ...],
-    loss_fn: LossFn,
-    lr: float,
-) -> tuple[torch.Tensor, list[list[torch.Tensor]], dict[str, torch.Tensor]]:
+def _reference_2bw(ref: _Reference) -> _Outcome:
     """PipeDream-2BW's rule, from its definition and not from the program: windows of w = p
     micro-batches; window k runs on V(k-1) (V(-1) = V(0), the step's starting weights) and
     V(k+1) = V(k) - lr * (the mean gradient of window k)."""
+    pipe, start, lr = ref.pipe, ref.start, ref.lr
     m, w = pipe.program.microbatches, pipe.program.num_stages
-    names = [n for n in start if n in trainable]
+    names = [n for n in start if n in ref.trainable]
     versions = [{n: start[n].detach().clone() for n in names}]  # versions[v] = V(v)
-    buffers = _buffers(model, start, trainable)
+    buffers = _buffers(ref.model, start, ref.trainable)
     total, outputs = torch.zeros(()), []
-    micro = list(zip(split_microbatches(inputs, m), split_targets(targets, m)))
+    micro = list(zip(split_microbatches(ref.inputs, m), split_targets(ref.targets, m)))
     for k in range(m // w):
         weights = versions[max(k - 1, 0)]
         summed: dict[str, torch.Tensor] = {}
         for batch, target in micro[k * w : (k + 1) * w]:
-            loss, grads, out = _micro_step(
-                pipe, model, buffers, weights, batch, target, inputs, loss_fn, share=w
-            )
+            loss, grads, out = _micro_step(ref, buffers, weights, batch, target, share=w)
             for n, g in zip(names, grads):
                 if g is not None:
                     summed[n] = summed[n] + g if n in summed else g
@@ -173,7 +173,7 @@ def _reference_2bw(
         versions.append(
             {n: latest[n] - lr * summed[n] if n in summed else latest[n] for n in names}
         )
-    del owner  # every stage runs window k on V(k-1): no stage-dependent versions
+    # every stage runs window k on V(k-1): no stage-dependent versions (``owner`` unread)
     return total, outputs, versions[-1]
 
 
@@ -186,27 +186,25 @@ def _buffers(
 
 
 def _micro_step(
-    pipe: Pipeline,
-    model: nn.Module,
+    ref: _Reference,
     buffers: dict[str, torch.Tensor],
     weights: dict[str, torch.Tensor],
     batch: dict[str, torch.Tensor],
     target: tuple[torch.Tensor, ...],
-    inputs: dict[str, torch.Tensor],
-    loss_fn: LossFn,
     *,
     share: int = 1,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...], list[torch.Tensor]]:
     """One micro-batch on the eager model at ``weights``: its loss, the gradient of the loss
     over ``share`` for each weight (in ``weights``' order; None where unused) and its
     outputs' tensors."""
+    pipe, inputs = ref.pipe, ref.inputs
     m = pipe.program.microbatches
     names = list(weights)
     used = {n: weights[n].clone().requires_grad_() for n in names}
-    call = functools.partial(functional_call, model, {**buffers, **used}, ())
+    call = functools.partial(functional_call, ref.model, {**buffers, **used}, ())
     out = eager_forward(pipe, call, batch, inputs)
     check_targets(pipe, out, target, batch, inputs, scale=m)
-    loss = call_loss_fn(loss_fn, out, target)
+    loss = call_loss_fn(ref.loss_fn, out, target)
     grads = (
         torch.autograd.grad(
             loss / share if share != 1 else loss, list(used.values()), allow_unused=True
