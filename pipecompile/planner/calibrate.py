@@ -99,7 +99,7 @@ class Calibration:
     def scale(self, devices: int, model_key: str = "") -> float:
         """``--tune``'s measured / predicted ratio for the model on ``devices`` ranks (1:
         none learned)."""
-        return float((self.step_scale or {}).get(_scale_key(devices, model_key), 1.0))
+        return _scale_in(self.step_scale, devices, model_key)
 
 
 def scaled_by(machine: CostModel, scale: float, *, bandwidth: bool = True) -> CostModel:
@@ -172,8 +172,13 @@ def kept_scales(counts: Sequence[int], model_key: str = "") -> dict[int, float]:
     out = {}
     for k in counts:
         entry = records.get(machine_key(fair_share(k))) or {}
-        out[k] = float((entry.get("step_scale") or {}).get(_scale_key(k, model_key), 1.0))
+        out[k] = _scale_in(entry.get("step_scale"), k, model_key)
     return out
+
+
+def _scale_in(kept: dict[str, float] | None, ranks: int, model_key: str) -> float:
+    """The ratio ``kept`` holds for the model on ``ranks`` ranks (1: none learned)."""
+    return float((kept or {}).get(_scale_key(ranks, model_key), 1.0))
 
 
 def _calibration(entry: dict[str, Any], ranks: int) -> Calibration:

@@ -27,7 +27,6 @@ from pipecompile.runtime.process.threads import fair_share
 __all__ = [
     "microbatch_counts",
     "probe_applied",
-    "probe_corrected",
     "probe_timing",
     "rank_models",
 ]
@@ -82,20 +81,6 @@ def microbatch_counts(model: nn.Module, batch: int) -> tuple[int, ...]:
         isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
     )
     return tuple(m for m in divisors(batch) if not (norms and batch // m < 2)) or (1,)
-
-
-def probe_corrected(
-    model: nn.Module,
-    inputs: dict[str, torch.Tensor],
-    facts: ModelFacts,
-    machine: CostModel,
-    devices: int,
-    say: Say | None = None,
-) -> CostModel:
-    """``machine`` corrected by the model's own eager timing on one of ``devices`` ranks'
-    share of the cores (``probe_timing``, ``probe_applied``)."""
-    probe = probe_timing(model, inputs, facts, fair_share(devices), say)
-    return probe_applied(facts, machine, probe)
 
 
 def probe_timing(

@@ -42,10 +42,6 @@ class RankModels:
         """One model for every count (an uncalibrated search: the flags' model)."""
         return cls((machine,) * max(devices, 1))
 
-    @property
-    def devices(self) -> int:
-        return len(self.models)
-
     def at(self, ranks: int) -> CostModel:
         """The model of a plan on ``ranks`` ranks."""
         return self.models[ranks - 1]

@@ -353,10 +353,14 @@ def _peaks(
     """Each plan over the memory limit with its largest device peak without the limit (what
     the error names; worked out only when no plan fits)."""
     found = []
+    unlimited: dict[int, Predictor] = {}  # per priced predictor, sharing its atoms' figures
     for offer, program in misfits:
         priced = predictor(offer.ranks)
-        unlimited = Predictor(priced.facts, priced.batch, replace(priced.machine, memory_limit=()))
-        found.append((unlimited.predict(offer.plan, program, offer.workers), offer.plan))
+        if id(priced) not in unlimited:
+            free = replace(priced.machine, memory_limit=())
+            unlimited[id(priced)] = Predictor(priced.facts, priced.batch, free, priced.atoms)
+        got = unlimited[id(priced)].predict(offer.plan, program, offer.workers)
+        found.append((got, offer.plan))
     return [(max(got.memory) if got is not None else 0, plan) for got, plan in found]
 
 
