@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from torch.utils import _pytree as pytree
 
 from pipecompile.ir.graph.microbatch import split_microbatches
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import EXAMPLE_NAMES, STAGE_COUNTS, example_spec
@@ -47,7 +48,7 @@ def test_gpipe_step_equals_eager(compiled_examples, name, stages):
     spec = example_spec(name)
     pipe = Pipeline.load(compiled_examples[(name, stages)])
     report = check_step(
-        pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6, rtol=1e-5
+        pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, tolerance=Tolerance(1e-6, 1e-5)
     )
     assert report.ok, str(report)
     assert report.grad_diff < 1e-5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +33,29 @@ from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import Emitted, load_stages, open_emitted
 from pipecompile.runtime.local_backend import LocalBackend
+from pipecompile.runtime.state.step_options import PLAIN_STEP, StepOptions
 from pipecompile.runtime.state.step_result import StepResult
 from pipecompile.runtime.timeline import Tracer, traced
 from pipecompile.runtime.torch_compiled import CompiledStages, resolve_backend
 
-__all__ = ["Pipeline", "OptimizerFactory", "forward_only"]
+__all__ = ["Pipeline", "Messaging", "LOCAL", "OptimizerFactory", "forward_only"]
 
 # What builds a stage's optimizer from its parameters, e.g. ``lambda ps: torch.optim.SGD(ps,
 # lr=0.1)``: the one type the API, the training loop and the pipeline take.
+
+
+@dataclass(frozen=True)
+class Messaging:
+    """How a pipeline's steps talk: ``backend`` makes each step's message backend, ``wrap``
+    may wrap the instruction handlers (a rank's watchdog), ``after_step`` runs when a step's
+    messages are all delivered."""
+
+    backend: Callable[[], Any] = LocalBackend
+    wrap: Callable[[dict[str, Handler]], dict[str, Handler]] | None = None
+    after_step: Callable[[], None] | None = None
+
+
+LOCAL = Messaging()  # one process: the local backend, nothing wrapped
 
 
 def forward_only(program: Program) -> Program:
@@ -65,28 +80,23 @@ class Pipeline:
         program: Program,
         *,
         device: int | None = None,
-        backend: Callable[[], Any] = LocalBackend,
-        wrap: Callable[[dict[str, Handler]], dict[str, Handler]] | None = None,
-        after_step: Callable[[], None] | None = None,
         replica: tuple[int, int] | None = None,
         default_device: torch.device | None = None,
+        messaging: Messaging = LOCAL,
     ) -> None:
         """``device``: run only that device's instructions (one rank of a distributed run;
-        ``modules`` then holds None for the stages of other devices). ``backend`` makes the
-        message backend of each step; ``wrap`` may wrap the instruction handlers;
-        ``after_step`` runs when a step's messages are all delivered; ``replica`` = (k, r):
+        ``modules`` then holds None for the stages of other devices); ``replica`` = (k, r):
         this is replica k of r of its device, running micro-batches i with i mod r == k.
         ``default_device``: where the stages' factory ops (which emitted code leaves to the
         default device) put their tensors while the program runs; the user's own code (data
-        hooks, the model file) keeps torch's default."""
+        hooks, the model file) keeps torch's default. ``messaging``: how the steps talk
+        (``Messaging``; default: the local backend)."""
         verify_program(program, topology_from_manifest(manifest))
         self.manifest = manifest
         self.modules = modules
         self.program = program
         self.device = device
-        self.backend = backend
-        self.wrap = wrap
-        self.after_step = after_step
+        self.messaging = messaging
         self.replica = replica
         self.default_device = default_device
         self.last: StepResult | None = None  # what the last step or inference gave
@@ -155,36 +165,28 @@ class Pipeline:
         on_step: Callable[[int], None] | None = None,
         *,
         measure_memory: bool = False,
-        loss_scale: float | None = None,
-        keep_grads: bool = False,
-        rng_base: int | None = None,
-        on_backward: Callable[[int, bool], None] | None = None,
-        rows: int | None = None,
-        weigh_rows: bool = True,
-        sizes: dict[str, int] | None = None,
+        options: StepOptions = PLAIN_STEP,
     ) -> StepResult:
         """Run the program on one mini-batch; returns what it gave (``StepResult``: the mean
         loss over micro-batches, the outputs per micro-batch, the run's figures), also kept
-        as ``last``. ``on_step(j)`` is called before each optimizer step of stage j,
-        ``on_backward(j, last)`` before each backward of stage j (``last``: its last of the step).
+        as ``last``. ``on_step(j)`` is called before each optimizer step of stage j.
 
         Synchronous programs (one STEP per stage) scale each micro-batch's loss by 1/m, so
         the step's gradient is the mini-batch mean's; asynchronous ones (UPDATE per
         micro-batch) apply each micro-batch's own gradient. ``measure_memory`` records the
         activation bytes held per device in its ``stats`` (``peak_inflight`` always is).
-        ``loss_scale`` overrides the per-micro-batch loss scale; ``keep_grads`` leaves the
-        gradients on the stages' parameters instead of stepping and zeroing them.
-        ``rng_base`` seeds every stage forward's random ops per (stage, micro-batch), and a
-        recomputed forward the same (default: drawn from torch's global generator; kept as
-        its ``rng_base``), so dropout masks do not depend on the schedule's order.
+        ``options`` (``StepOptions``): the loss scale, gradients kept instead of stepped, the
+        random ops' seed (default: drawn from torch's global generator and kept as the
+        result's ``rng_base``, so dropout masks do not depend on the schedule's order), and
+        what a rank that reads no data learns otherwise.
         On a rank of a distributed run, ``inputs`` may be None unless it holds the first
         stage, and ``targets`` unless it holds the last: other ranks never read the data.
-        A batch of N rows (``rows``: N where ``inputs`` is None) splits into micro-batches as
-        evenly as possible; with ``weigh_rows`` a synchronous step weighs each one's loss by
-        its share of the rows, so the gradient is the mean over all N whatever their split.
-        ``sizes``: the batch's sizes of the dimensions compiled ``--dynamic`` (a rank that
-        reads no data learns them from the batch agreement), which size its messages.
+        A batch of N rows (``options.rows``: N where ``inputs`` is None) splits into
+        micro-batches as evenly as possible; a synchronous step weighs each one's loss by its
+        share of the rows (unless ``options.weigh_rows`` is off), so the gradient is the mean
+        over all N whatever their split.
         """
+        rows, sizes = options.rows, options.sizes
         count = self.program.microbatches
         micro = self._split(inputs)
         split = self.manifest.dynamic.split
@@ -193,10 +195,10 @@ class Pipeline:
         elif rows is None and sizes is not None and split:
             rows = sizes[split[0]]
         micro_targets = split_targets(targets, count, rows=rows) if targets is not None else None
-        scale = loss_scale if loss_scale is not None else self._loss_scale()
-        weighed = weigh_rows and rows is not None and not self.asynchronous
+        scale = options.loss_scale if options.loss_scale is not None else self._loss_scale()
+        weighed = options.weigh_rows and rows is not None and not self.asynchronous
         tracer = self.tracer if self.tracer is not None and self.tracer.active else None
-        backend = self._sized(self.backend(), inputs, sizes)
+        backend = self._sized(self.messaging.backend(), inputs, sizes)
         if tracer is not None:
             backend = tracer.backend(backend, self.device)
         shares = row_shares(rows, count) if weighed else None  # type: ignore[arg-type]
@@ -207,17 +209,17 @@ class Pipeline:
             StepHooks(
                 self.optimizers,
                 on_step,
-                on_backward,
+                options.on_backward,
                 tracer.span if tracer is not None else None,
             ),
             measure_memory=measure_memory,
-            keep_grads=keep_grads,
-            rng_base=rng_base,
+            keep_grads=options.keep_grads,
+            rng_base=options.rng_base,
         )
         self._run(self._own_program(self.program), executor, inputs or {})
         backend.finish()
-        if self.after_step is not None:
-            self.after_step()
+        if self.messaging.after_step is not None:
+            self.messaging.after_step()
         self.last = self._result(executor, backend, scale)
         return self.last
 
@@ -357,7 +359,8 @@ class Pipeline:
         handlers = executor.handlers()
         if self.tracer is not None:
             handlers = self.tracer.handlers(handlers)  # unchanged outside a traced step
-        return self.wrap(handlers) if self.wrap is not None else handlers
+        wrap = self.messaging.wrap
+        return wrap(handlers) if wrap is not None else handlers
 
     @torch.no_grad()
     def __call__(
@@ -368,10 +371,10 @@ class Pipeline:
         sizes: dict[str, int] | None = None,
     ) -> Any:
         """Inference through the pipeline; returns the model's output structure.
-        ``rng_base`` and ``sizes`` as in ``train_step``."""
+        ``rng_base`` and ``sizes`` as in ``StepOptions``."""
         count = self.program.microbatches
         micro = self._split(inputs)
-        backend = self._sized(self.backend(), inputs, sizes)
+        backend = self._sized(self.messaging.backend(), inputs, sizes)
         executor = StepExecutor(
             self._stages(),
             backend,

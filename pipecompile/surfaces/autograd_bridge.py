@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from pipecompile.errors import PipecompileError
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.state.step_options import StepOptions
 
 __all__ = ["pipelined_forward"]
 
@@ -91,10 +92,12 @@ def _backward(context: _Context, grads: tuple[Any, ...]) -> None:
         context.inputs,
         targets,
         vjp_loss,
-        loss_scale=1.0,
-        weigh_rows=False,  # the product with the output gradients is a sum, not a mean
-        keep_grads=True,
-        rng_base=context.rng_base,
+        options=StepOptions(
+            loss_scale=1.0,
+            weigh_rows=False,  # the product with the output gradients is a sum, not a mean
+            keep_grads=True,
+            rng_base=context.rng_base,
+        ),
     )
     with torch.no_grad():
         for module, saved in zip(pipe.modules, buffers):

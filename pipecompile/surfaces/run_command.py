@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipecompile.files.held import holding
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.model.model_file import ModelSpec
 from pipecompile.options.fields import from_args
 from pipecompile.options.run import RunFlags, TrainFlags
@@ -93,7 +94,9 @@ def _check(job: RunJob, pipe: Any, spec: ModelSpec) -> int:
     flags = job.run
 
     def compare(shaped: ModelSpec) -> Any:
-        return check_against_eager(pipe, shaped, lr=job.train.lr, atol=flags.atol, rtol=flags.rtol)
+        return check_against_eager(
+            pipe, shaped, lr=job.train.lr, tolerance=Tolerance(flags.atol, flags.rtol)
+        )
 
     check_shapes(spec, pipe, flags.batch_shapes, compare)
     return 0

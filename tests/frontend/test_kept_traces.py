@@ -9,6 +9,7 @@ from torch import nn
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model, driver
 from pipecompile.frontend.kept_traces import traces_kept
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 
@@ -41,7 +42,9 @@ def _equals_eager(model: nn.Module, x: torch.Tensor, stages: int, tmp_path) -> N
     compiled = compile_model(model, {"x": x}, stages=stages, microbatches=2)
     pipe = Pipeline.load(emit(compiled, tmp_path / str(stages), model=ModelRef(None, "Net", "Net")))
     target = torch.randn(x.shape[0], 4)
-    report = check_step(pipe, model, {"x": x}, (target,), nn.functional.mse_loss, atol=1e-6)
+    report = check_step(
+        pipe, model, {"x": x}, (target,), nn.functional.mse_loss, tolerance=Tolerance(1e-6)
+    )
     assert report.ok, str(report)
 
 

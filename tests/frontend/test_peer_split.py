@@ -12,6 +12,7 @@ from torch.distributed.pipelining import SplitPoint, pipe_split
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import SplitError
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 
@@ -65,7 +66,9 @@ def test_the_peers_op_is_put_back_and_the_model_still_runs_eagerly(tmp_path):
     def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return ((out - y) ** 2).mean()
 
-    report = check_step(pipe, model, {"x": X}, (torch.randn(8, 16),), loss, atol=1e-6)
+    report = check_step(
+        pipe, model, {"x": X}, (torch.randn(8, 16),), loss, tolerance=Tolerance(1e-6)
+    )
     assert report.ok, str(report)
 
 
@@ -118,5 +121,7 @@ def test_the_cut_falls_exactly_at_the_marker_with_an_aliased_parameter(tmp_path)
     def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return ((out - y) ** 2).mean()
 
-    report = check_step(pipe, model, {"x": X}, (torch.randn(8, 16),), loss, atol=1e-5)
+    report = check_step(
+        pipe, model, {"x": X}, (torch.randn(8, 16),), loss, tolerance=Tolerance(1e-5)
+    )
     assert report.ok, str(report)

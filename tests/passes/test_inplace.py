@@ -17,6 +17,7 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.errors import BalanceError
 from pipecompile.ir.graph.mutation import mutated_inputs
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from tests.conftest import SAMPLED_OUT
@@ -104,7 +105,7 @@ def _check(model: nn.Module, stages: int, tmp_path, **options) -> None:  # type:
     out = tmp_path / f"s{stages}"
     emit(compiled, out, model=ModelRef(None, "m", "m"))
     pipe = Pipeline.load(out)
-    report = check_step(pipe, model, {"x": x}, (y,), _loss, atol=1e-6, rtol=1e-5)
+    report = check_step(pipe, model, {"x": x}, (y,), _loss, tolerance=Tolerance(1e-6, 1e-5))
     assert report.ok, str(report)
 
 

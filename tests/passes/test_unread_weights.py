@@ -12,6 +12,7 @@ from torch import nn
 
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.training.export import export_weights
@@ -60,7 +61,7 @@ def test_unread_weights_are_held_and_checked(stages, schedule, tmp_path):
     assert "scratch" not in source  # not part of the state dict: not the pipeline's to keep
 
     if schedule != "pipedream":
-        report = check_step(pipe, model, {"x": x}, (y,), _loss, atol=1e-6, rtol=1e-5)
+        report = check_step(pipe, model, {"x": x}, (y,), _loss, tolerance=Tolerance(1e-6, 1e-5))
         assert report.ok, str(report)
 
 

@@ -15,9 +15,11 @@ from torch import nn
 
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.ir.records.manifest import read_manifest
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.state.step_options import StepOptions
 from pipecompile.runtime.torch_compiled import CompiledStages, resolve_backend
 from tests.conftest import example_spec
 from tests.runtime.test_dropout_recompute import Dropped, _loss
@@ -46,7 +48,9 @@ def test_compiled_stages_equal_eager(tmp_path, config):
     pipe = Pipeline.load(out)
     pipe.compile_stages("aot_eager")
     torch._dynamo.utils.counters.clear()
-    report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-5)
+    report = check_step(
+        pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, tolerance=Tolerance(1e-5)
+    )
     assert report.ok, str(report)
     assert pipe.compiled is not None and not pipe.compiled.failed
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= len(pipe.modules)
@@ -71,7 +75,7 @@ def test_compiled_recompute_replays_the_dropout_mask(tmp_path, schedule):
         )
         pipe = Pipeline.load(emit(compiled, tmp_path / name, model=ModelRef(None, "m", "m")))
         pipe.compile_stages(backend)
-        pipe.train_step({"x": x}, (y,), _loss, keep_grads=True, rng_base=1234)
+        pipe.train_step({"x": x}, (y,), _loss, options=StepOptions(keep_grads=True, rng_base=1234))
         return {**pipe.named_grads(0), **pipe.named_grads(1)}
 
     want = grads("eager", None, "never")

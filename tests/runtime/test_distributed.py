@@ -16,6 +16,7 @@ from pipecompile.runtime.distributed.launch import launch
 from pipecompile.runtime.job.placement import Placement
 from pipecompile.runtime.job.run import RunJob
 from pipecompile.runtime.training.model_keyed import read_model_keyed
+from pipecompile.schedules import LOOPED, V_SHAPED
 from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, SAMPLED_OUT
 
@@ -43,6 +44,21 @@ def compiled(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 MLP_2 = ("--stages", "2", "--microbatches", "4", "--schedule", "gpipe")
+# Two stages per rank: zbv's V also passes a value between them without a message, and
+# dualpipev pairs whole backwards with forwards; the others are sampled out for time
+# (tools/bench/shapes.py checks every V on 2 ranks, and zbv's placement is v_half's)
+PLACED_KEPT = ("zbv", "dualpipev")
+PLACED_NAMES = [*LOOPED, *V_SHAPED]
+PLACED_CASES = [
+    pytest.param(
+        GPT,
+        2,
+        ["--stages", "4", "--microbatches", "4", "--schedule", name],
+        marks=() if name in PLACED_KEPT else SAMPLED_OUT,
+    )
+    for name in PLACED_NAMES
+]
+PLACED_IDS = [f"gpt-{name}-2" for name in PLACED_NAMES]
 GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
 
 
@@ -57,26 +73,16 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
         # 4 ranks, the slowest; test_mesh.py trains 1f1b on 4 ranks against the local backend
         pytest.param(GPT, 4, ["--stages", "4", "--microbatches", "4", "--schedule", "1f1b"],
                      marks=SAMPLED_OUT),
-        # two stages per rank: zbv's V also passes a value between them without a message
-        pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule",
-                              "interleaved"], marks=SAMPLED_OUT),
-        (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "zbv"]),
-        # V-shaped too: blocks of controllable memory (sampled out: tools/bench/shapes.py
-        # checks every V on 2 ranks, and zbv's placement is v_half's); whole backwards paired
-        # with forwards
-        pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "v_half"],
-                     marks=SAMPLED_OUT),
-        pytest.param(GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "v_min"],
-                     marks=SAMPLED_OUT),
-        (GPT, 2, ["--stages", "4", "--microbatches", "4", "--schedule", "dualpipev"]),
+        # two stages per rank, every looped and V-shaped schedule of the registry (below)
+        *PLACED_CASES,
         # the balancer chooses the replicas: [1, 2] (the lm_head stage is the heavier one);
         # sampled out for time: test_replicated_stages_equal_the_unreplicated_run runs both
         # replica layouts under --nproc
         pytest.param(GPT, 3, ["--stages", "2", "--microbatches", "4", "--workers", "3"],
                      marks=SAMPLED_OUT),
     ],
-    ids=["mlp-gpipe-2", "mlp-zb2p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4", "gpt-interleaved-2",
-         "gpt-zbv-2", "gpt-v_half-2", "gpt-v_min-2", "gpt-dualpipev-2", "gpt-workers-3"],
+    ids=["mlp-gpipe-2", "mlp-zb2p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4",
+         *PLACED_IDS, "gpt-workers-3"],
 )  # fmt: skip
 def test_distributed_check_equals_local_and_eager(compiled, capfd, model, nproc, options):
     out = compiled(model, *options)

@@ -14,6 +14,7 @@ import pipecompile
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.state.step_options import StepOptions
 
 
 class Dropped(nn.Module):
@@ -39,7 +40,9 @@ def _grads(model: nn.Module, tmp_path, **options) -> tuple[float, dict[str, torc
     out = tmp_path / "-".join(f"{k}{v}" for k, v in options.items())
     emit(compiled, out, model=ModelRef(None, "m", "m"))
     pipe = Pipeline.load(out)
-    loss = pipe.train_step({"x": x}, (y,), _loss, keep_grads=True, rng_base=1234).loss
+    loss = pipe.train_step(
+        {"x": x}, (y,), _loss, options=StepOptions(keep_grads=True, rng_base=1234)
+    ).loss
     grads = {**pipe.named_grads(0), **pipe.named_grads(1)}
     return float(loss), grads
 
@@ -96,8 +99,8 @@ def test_decorator_backward_recomputes_the_forward_it_differentiates():
     assert torch.equal(recomputed, out.detach())  # the backward saw the forward's masks
     # and the gradient is the VJP of that forward: against the stored-activation backward
     reference = model.pipeline.pipeline
-    reference.train_step({"x": x}, (grad_out,), lambda o, g: (o * g).sum(), loss_scale=1.0,
-                         keep_grads=True, rng_base=pipe.last.rng_base)  # fmt: skip
+    kept = StepOptions(loss_scale=1.0, keep_grads=True, rng_base=pipe.last.rng_base)
+    reference.train_step({"x": x}, (grad_out,), lambda o, g: (o * g).sum(), options=kept)
     want = {**reference.named_grads(0), **reference.named_grads(1)}
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, want[name], atol=1e-6), name

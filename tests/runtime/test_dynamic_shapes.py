@@ -12,6 +12,7 @@ import torch
 
 from pipecompile.errors import InputError, ShapeError
 from pipecompile.ir.graph.dynamic import DynamicDims
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
@@ -83,7 +84,9 @@ def test_any_rows_and_length_train_as_eager(varying):
     for rows, length in ((4, 8), (3, 5), (7, 11)):  # 3 and 7 rows split unevenly
         inputs = {"ids": ids.repeat(2, 2)[:rows, :length]}
         targets = (target.repeat(2, 2)[:rows, :length],)
-        report = check_step(pipe, spec.model, inputs, targets, spec.loss_fn, atol=1e-6)
+        report = check_step(
+            pipe, spec.model, inputs, targets, spec.loss_fn, tolerance=Tolerance(1e-6)
+        )
         assert report.ok, f"{rows}x{length}\n{report}"
 
 
@@ -227,7 +230,9 @@ def test_a_hugging_face_model_traced_by_export_takes_any_batch_and_length(tmp_pa
     for rows, length in ((3, 7), (5, 20)):
         inputs = {"input_ids": ids.repeat(2, 2)[:rows, :length]}
         targets = (target.repeat(2, 2)[:rows, :length],)
-        report = check_step(pipe, spec.model, inputs, targets, spec.loss_fn, atol=1e-5)
+        report = check_step(
+            pipe, spec.model, inputs, targets, spec.loss_fn, tolerance=Tolerance(1e-5)
+        )
         assert report.ok, f"{rows}x{length}\n{report}"
 
 
@@ -245,7 +250,7 @@ def test_every_example_lets_the_batch_vary_without_a_flag(compiled_examples):
     for rows in (2, ids.shape[0] + 2):  # fewer and more rows than traced
         inputs = {"input_ids": ids.repeat(2, 1)[:rows]}
         report = check_step(pipe, spec.model, inputs, (spec.targets[0].repeat(2, 1)[:rows],),
-                            spec.loss_fn, atol=1e-5)  # fmt: skip
+                            spec.loss_fn, tolerance=Tolerance(1e-5))  # fmt: skip
         assert report.ok, f"{rows} rows\n{report}"
 
 

@@ -13,32 +13,35 @@ from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import Compiled, compile_model
 from pipecompile.errors import MemoryBudgetError
 from pipecompile.frontend.kept_traces import traces_kept
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.ir.programs.memory_model import peak_stored_bytes
 from pipecompile.ir.programs.simulate import Costs, simulate
 from pipecompile.ir.programs.topology import topology
 from pipecompile.model.model_file import ModelSpec
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.schedules import REGISTRY
 from tests.conftest import EXAMPLE_NAMES, SAMPLED_OUT
 from tests.conftest import example_spec as fresh_spec
 
-CONFIGS = {
-    "1f1b": {"schedule": "1f1b"},
-    "zb1p": {"schedule": "zb1p"},
-    "interleaved": {"schedule": "interleaved", "virtual_stages": 2},
+
+def _options(name: str) -> dict[str, object]:
+    """The compile options of one schedule of the registry (a looped one: 2 stages a device)."""
+    looped = REGISTRY[name].placement == "looped"
+    return {"schedule": name, **({"virtual_stages": 2} if looped else {})}
+
+
+_SYNCHRONOUS = [n for n, s in REGISTRY.items() if s.synchronous]
+# Every synchronous schedule of one stage a device, and three with recomputation
+CONFIGS = {n: _options(n) for n in _SYNCHRONOUS if REGISTRY[n].placement == "one"}
+CONFIGS |= {
     "gpipe-always": {"schedule": "gpipe", "recompute": "always"},
     "1f1b-except_last": {"schedule": "1f1b", "recompute": "except_last"},
     "zb1p-always": {"schedule": "zb1p", "recompute": "always"},
 }
-# Schedules with two stages per device, on a model with a tied weight (gpt), a branching one
-# (two_towers) and a Hugging Face one: the placement is what they add
-PLACED = {
-    "zbv": {"schedule": "zbv"},  # 4 stages on 2 devices in a V
-    "looped_bfs": {"schedule": "looped_bfs", "virtual_stages": 2},
-    "v_half": {"schedule": "v_half"},  # V-shaped blocks of controllable memory
-    "v_min": {"schedule": "v_min"},
-    "dualpipev": {"schedule": "dualpipev"},  # whole B's paired with F's, then I and W
-}
+# Schedules with two stages per device (looped or in a V), on a model with a tied weight
+# (gpt), a branching one (two_towers) and a Hugging Face one: the placement is what they add
+PLACED = {n: _options(n) for n in _SYNCHRONOUS if REGISTRY[n].placement != "one"}
 PLACED_ON = ["gpt", "two_towers", "hf_llama"]
 
 
@@ -81,10 +84,14 @@ def predicted_bytes(compiled: Compiled) -> tuple[int, ...]:
 # models (traced by torch.export) and the branching two_towers run one config each in the
 # default run, and each placed schedule runs on gpt and on one of the others: their other
 # cases repeat a path a kept case covers, and are sampled out for time.
+# Every config runs on the models of one device per stage (mlp, resnet, gpt); the Hugging Face
+# models (traced by torch.export) and the branching two_towers run one config each in the
+# default run, and each placed schedule runs on gpt and on one of the others: their other
+# cases repeat a path a kept case covers, and are sampled out for time.
 KEPT = {"hf_gpt2": "1f1b-except_last", "hf_bert": "zb1p", "hf_llama": "1f1b",
         "two_towers": "gpipe-always"}  # fmt: skip
-PLACED_KEPT = {"two_towers": ("zbv", "dualpipev"), "hf_llama": ("looped_bfs", "v_half", "zb2p"),
-               "gpt": (*PLACED, "zb2p")}  # fmt: skip
+PLACED_KEPT = {"two_towers": ("zbv", "dualpipev"), "hf_llama": ("looped_bfs", "v_half"),
+               "gpt": tuple(PLACED)}  # fmt: skip
 
 
 def _case(name: str, config: str, options: dict, kept: bool) -> object:
@@ -95,9 +102,13 @@ def _case(name: str, config: str, options: dict, kept: bool) -> object:
 
 CASES = [_case(n, c, o, KEPT.get(n, c) == c) for c, o in CONFIGS.items() for n in EXAMPLE_NAMES]
 CASES += [_case(n, c, o, c in PLACED_KEPT[n]) for c, o in PLACED.items() for n in PLACED_ON]
-CASES += [  # ZB-H1's ops, more in flight
-    _case(n, "zb2p", {"schedule": "zb2p"}, "zb2p" in PLACED_KEPT[n]) for n in PLACED_ON
-]
+
+
+def test_the_matrix_runs_every_synchronous_schedule():
+    """A schedule added to the registry joins the matrix, kept in the default run on gpt."""
+    covered = {o["schedule"] for c, o in {**CONFIGS, **PLACED}.items()}
+    assert covered == set(_SYNCHRONOUS)
+    assert set(PLACED_KEPT["gpt"]) == set(PLACED)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +118,13 @@ def test_schedule_equals_eager_and_measures_as_predicted(tmp_path, name, config,
     spec = example_spec(name)
     compiled, pipe = build(tmp_path, name, **options)
     report = check_step(
-        pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6, measure_memory=True
+        pipe,
+        spec.model,
+        spec.inputs,
+        spec.targets,
+        spec.loss_fn,
+        tolerance=Tolerance(1e-6),
+        measure_memory=True,
     )
     assert report.ok, str(report)
     timeline = simulate(compiled.program, topology(compiled.graph), Costs.uniform(4))
@@ -167,7 +184,9 @@ def test_memory_budget_picks_the_least_recomputation_that_fits(tmp_path):
     spec = example_spec("gpt")
     pipe.train_step(spec.inputs, spec.targets, spec.loss_fn, measure_memory=True)
     assert pipe.last.stats is not None and pipe.last.stats.peak_stored == peaks
-    report = check_step(pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, atol=1e-6)
+    report = check_step(
+        pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn, tolerance=Tolerance(1e-6)
+    )
     assert report.ok, str(report)
 
 

@@ -11,6 +11,7 @@ from torch import nn
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.state.step_options import StepOptions
 from pipecompile.runtime.state.step_result import StepResult
 
 
@@ -21,7 +22,9 @@ def test_a_step_and_an_inference_each_leave_their_record(tmp_path):
     compiled = compile_model(model, {"input": x}, stages=2, microbatches=4)
     pipe = Pipeline.load(emit(compiled, tmp_path / "out", model=ModelRef(None, "m", "m")))
     assert pipe.last is None
-    step = pipe.train_step({"input": x}, (y,), nn.functional.mse_loss, rng_base=7)
+    step = pipe.train_step(
+        {"input": x}, (y,), nn.functional.mse_loss, options=StepOptions(rng_base=7)
+    )
     assert isinstance(step, StepResult) and pipe.last is step
     torch.testing.assert_close(step.loss, nn.functional.mse_loss(model(x), y), atol=1e-6, rtol=0)
     assert sorted(step.losses) == sorted(step.results) == [0, 1, 2, 3]

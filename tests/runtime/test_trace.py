@@ -151,7 +151,7 @@ def test_tracing_off_leaves_the_handlers_alone(compiled):
     pipe = Pipeline.load(compiled)
     from pipecompile.runtime.executor import StepData, StepExecutor
 
-    executor = StepExecutor(pipe._stages(), pipe.backend(), StepData([{}]))
+    executor = StepExecutor(pipe._stages(), pipe.messaging.backend(), StepData([{}]))
     plain = executor.handlers()
     assert pipe._handlers(executor).keys() == plain.keys()
     pipe.tracer = Tracer(pipe.program.stage_device, steps=1)  # step 0: not a traced step

@@ -16,6 +16,7 @@ from pipecompile.ir.graph.microbatch import (
     split_microbatches,
     split_targets,
 )
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.schedules import SYNCHRONOUS
@@ -59,7 +60,9 @@ def test_every_synchronous_schedule_trains_an_uneven_batch_as_eager(tmp_path, sc
     )
     inputs = {k: v[:7] for k, v in spec.inputs.items()}  # 2, 2, 2, 1 rows
     targets = tuple(t[:7] for t in spec.targets)
-    report = check_step(pipe, spec.model, inputs, targets, spec.loss_fn, atol=1e-6, rtol=0)
+    report = check_step(
+        pipe, spec.model, inputs, targets, spec.loss_fn, tolerance=Tolerance(1e-6, 0)
+    )
     assert report.ok, str(report)
 
 
@@ -69,7 +72,9 @@ def test_a_tied_model_trains_and_infers_at_any_batch_size(compiled_examples):
     for rows in (3, 5):
         inputs = {k: v[:rows] for k, v in spec.inputs.items()}
         targets = tuple(t[:rows] for t in spec.targets)
-        report = check_step(pipe, spec.model, inputs, targets, spec.loss_fn, atol=1e-6)
+        report = check_step(
+            pipe, spec.model, inputs, targets, spec.loss_fn, tolerance=Tolerance(1e-6)
+        )
         assert report.ok, str(report)
         spec.model.eval()
         pipe_eval = [m.eval() for m in pipe.modules if m is not None]

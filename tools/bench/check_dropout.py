@@ -31,6 +31,7 @@ import pipecompile
 from pipecompile.codegen.emit import ModelRef, emit
 from pipecompile.compiler import compile_model
 from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.state.step_options import StepOptions
 
 
 class Dropped(nn.Module):
@@ -50,8 +51,8 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, tmp: Path,
     out = tmp / str(len(list(tmp.iterdir())))
     emit(compiled, out, model=ModelRef(None, "m", "m"))
     pipe = Pipeline.load(out)
-    loss = pipe.train_step({"x": x}, (y,), lambda o, t: ((o - t) ** 2).mean(),
-                              keep_grads=True, rng_base=1234).loss  # fmt: skip
+    kept = StepOptions(keep_grads=True, rng_base=1234)
+    loss = pipe.train_step({"x": x}, (y,), lambda o, t: ((o - t) ** 2).mean(), options=kept).loss
     recomputed = sum(1 for _, _, i in compiled.program.instructions() if i.op == "FC")
     return float(loss), {**pipe.named_grads(0), **pipe.named_grads(1)}, recomputed
 
@@ -73,8 +74,8 @@ def decorator_row(width: int, p: float, x: torch.Tensor) -> tuple[float, float]:
     (out * grad_out).sum().backward()
     pipe = model.pipeline.pipeline
     recomputed = torch.cat([pipe.last.results[i][0] for i in range(2)])
-    pipe.train_step({"x": x}, (grad_out,), lambda o, g: (o * g).sum(), loss_scale=1.0,
-                    keep_grads=True, rng_base=pipe.last.rng_base)  # fmt: skip
+    kept = StepOptions(loss_scale=1.0, keep_grads=True, rng_base=pipe.last.rng_base)
+    pipe.train_step({"x": x}, (grad_out,), lambda o, g: (o * g).sum(), options=kept)
     want = {**pipe.named_grads(0), **pipe.named_grads(1)}
     grads = {n: q.grad for n, q in model.named_parameters()}
     return float((recomputed - out.detach()).abs().max()), worst(grads, want)  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ from forked import run_ranks
 from torch import nn
 
 from pipecompile.ir.records.manifest import Manifest
+from pipecompile.runtime.pipeline import Messaging
 
 use_examples()
 
@@ -234,7 +235,9 @@ def rank_pipeline(
     def backend() -> DistBackend:
         return DistBackend(layout, manifest, program.microbatches, groups, placement)
 
-    return Pipeline(manifest, modules, program, device=place, backend=backend), placement
+    return Pipeline(
+        manifest, modules, program, device=place, messaging=Messaging(backend)
+    ), placement
 
 
 def gpt2_loss(output: object, target: torch.Tensor) -> torch.Tensor:

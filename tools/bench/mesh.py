@@ -62,6 +62,7 @@ from distributed import (
 )
 from forked import run_ranks
 
+from pipecompile.runtime.state.step_options import StepOptions
 from pipecompile.surfaces.cli import main as pipecompile
 
 use_examples()
@@ -156,9 +157,14 @@ def ours_on_mesh(directory: Path, sizes: Sizes, copy: int, place: int) -> Callab
     inputs, target = batch_of(sizes, sizes.batch // copies, seed=copy)
 
     def run() -> None:
-        pipe.train_step({"input_ids": inputs}, (target,), gpt2_loss, keep_grads=True,
-                        on_step=lambda j: dp.start(pipe.modules, j),
-                        loss_scale=1 / (micro * copies))  # fmt: skip
+        kept = StepOptions(keep_grads=True, loss_scale=1 / (micro * copies))
+        pipe.train_step(
+            {"input_ids": inputs},
+            (target,),
+            gpt2_loss,
+            on_step=lambda j: dp.start(pipe.modules, j),
+            options=kept,
+        )
         dp.finish(pipe.modules)
         pipe.drop_step()
 

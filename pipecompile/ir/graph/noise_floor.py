@@ -14,11 +14,44 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NOISE_FACTOR", "ULPS", "FIXED", "Agreement", "agreement", "within_rounding"]
+__all__ = [
+    "NOISE_FACTOR",
+    "ULPS",
+    "FIXED",
+    "Agreement",
+    "Tolerance",
+    "NOISE_RULE",
+    "agreement",
+    "within_rounding",
+]
 
 NOISE_FACTOR = 16.0  # noise floors a result may be off
 ULPS = 8.0  # units in the last place of the largest magnitude, for exactly computed values
 FIXED = 1e-5  # atol and rtol where no float64 twin could be computed
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Tolerances a user gave (``--atol``/``--rtol``): when either is given, a value agrees
+    when within ``atol + rtol * |reference|`` (``FIXED`` for the one not given) instead of
+    the noise-floor rule; ``Tolerance()``: the noise-floor rule."""
+
+    atol: float | None = None
+    rtol: float | None = None
+
+    @property
+    def given(self) -> bool:
+        return self.atol is not None or self.rtol is not None
+
+    def bounds(self) -> tuple[float, float]:
+        """(atol, rtol), ``FIXED`` for each not given."""
+        return (
+            FIXED if self.atol is None else self.atol,
+            FIXED if self.rtol is None else self.rtol,
+        )
+
+
+NOISE_RULE = Tolerance()  # no tolerance given: the noise-floor rule decides
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from pipecompile.ir.graph.microbatch import split_microbatches, split_targets
+from pipecompile.ir.graph.noise_floor import NOISE_RULE, Tolerance
 from pipecompile.ir.graph.swapped_call import functional_call
 from pipecompile.ir.graph.values import tensor_leaves
 from pipecompile.ir.programs.instr import FORWARD_OPS, Op
@@ -61,8 +62,7 @@ def check_async_step(
     loss_fn: LossFn,
     *,
     lr: float = 1e-3,
-    atol: float | None = None,
-    rtol: float | None = None,
+    tolerance: Tolerance = NOISE_RULE,
 ) -> CheckReport:
     """Run one SGD step of ``pipe`` and of the reference from the same weights; compare.
 
@@ -92,15 +92,15 @@ def check_async_step(
         else "weight-stashed SGD per micro-batch (PipeDream)"
     )
     report = CheckReport(what, what="weights")
-    report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol)
+    report.loss_diff = compare(report, "loss", loss, ref_loss, tolerance)
     joined = join_outputs(pipe, outs, ref_outs)
     for k, (have, want) in enumerate(zip(joined, ref_outs)):
         report.output_diff = worst(
-            report.output_diff, compare(report, f"output {k}", have, want, atol, rtol)
+            report.output_diff, compare(report, f"output {k}", have, want, tolerance)
         )
     after = pipe.state_dict()
     for name, want in ref_weights.items():
-        diff = compare(report, f"weight {name} after the step", after[name], want, atol, rtol)
+        diff = compare(report, f"weight {name} after the step", after[name], want, tolerance)
         if not diff < report.grad_diff:  # NaN is the worst
             report.grad_diff, report.worst_grad = diff, name
     return report

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from pipecompile.ir.graph.microbatch import join_microbatches
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.model.model_file import ModelSpec
 from pipecompile.runtime.check.eager import check_against_eager
 from pipecompile.runtime.check.step import (
@@ -39,8 +40,7 @@ class CheckSettings:
     directory: Path
     program: str | None
     lr: float
-    atol: float | None
-    rtol: float | None
+    tolerance: Tolerance
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def _floors(
     ``--atol``/``--rtol``, and for PipeDream's weights after a step."""
     if not any(part.get("gpu") for part in gathered) or asynchronous:
         return None
-    if asked.atol is not None or asked.rtol is not None:
+    if asked.tolerance.given:
         return None
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
     batch = (local, spec.model, spec.inputs, spec.targets, spec.loss_fn)
@@ -140,7 +140,7 @@ def _compare_on_rank0(
 ) -> CheckReport:
     assert spec.model is not None and spec.targets is not None and spec.loss_fn is not None
     local = Pipeline.load(asked.directory, asked.program)
-    report = check_against_eager(local, spec, lr=asked.lr, atol=asked.atol, rtol=asked.rtol)
+    report = check_against_eager(local, spec, lr=asked.lr, tolerance=asked.tolerance)
     local_values, local_loss, local_outs = _local_step(local, spec, asynchronous)
     values: dict[str, torch.Tensor] = {}
     for part in gathered:
@@ -160,8 +160,7 @@ def _compare_on_rank0(
             "distributed loss",
             torch.tensor(sum(losses.values())),
             local_loss.detach(),
-            asked.atol,
-            asked.rtol,
+            asked.tolerance,
             exact[0] if exact else None,
             "loss",
             floors.loss if floors else 0.0,
@@ -176,8 +175,7 @@ def _compare_on_rank0(
                 f"distributed output {k}",
                 have,
                 want,
-                asked.atol,
-                asked.rtol,
+                asked.tolerance,
                 e,
                 "outputs",
                 floors.output(k) if floors else 0.0,
@@ -232,8 +230,7 @@ def _compare_values(
             f"distributed {what} of {name}",
             values[name],
             want,
-            asked.atol,
-            asked.rtol,
+            asked.tolerance,
             exact[2].get(name) if exact else None,
             "grads",
             floors.grads.get(name, 0.0) if floors else 0.0,

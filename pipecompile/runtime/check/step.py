@@ -27,7 +27,7 @@ from pipecompile.ir.graph.microbatch import (
     split_microbatches,
     split_targets,
 )
-from pipecompile.ir.graph.noise_floor import FIXED, agreement, within_rounding
+from pipecompile.ir.graph.noise_floor import NOISE_RULE, Tolerance, agreement, within_rounding
 from pipecompile.ir.graph.user_frame import innermost_outside
 from pipecompile.ir.graph.values import tensor_leaves
 from pipecompile.ir.records.sizes import counted
@@ -101,8 +101,7 @@ def check_step(
     targets: tuple[torch.Tensor, ...],
     loss_fn: LossFn,
     *,
-    atol: float | None = None,
-    rtol: float | None = None,
+    tolerance: Tolerance = NOISE_RULE,
     measure_memory: bool = False,
     split: bool = False,
 ) -> CheckReport:
@@ -110,8 +109,8 @@ def check_step(
     ``measure_memory`` is passed to the pipeline's step (see ``Pipeline.train_step``).
 
     Each value agrees when it is within the noise floor rule of ``ir.noise_floor`` (the eager
-    model run again in float64 says how much rounding alone moves it); ``atol``/``rtol``,
-    when given, are the rule instead (``atol + rtol * |eager|``; no float64 run is made), as
+    model run again in float64 says how much rounding alone moves it); a ``tolerance`` given
+    is the rule instead (``atol + rtol * |eager|``; no float64 run is made), as
     is 1e-5 each for a model that cannot run in float64.
 
     Raises:
@@ -150,15 +149,15 @@ def check_step(
     exact = _twin(
         report,
         (ref_loss, ref_outs, ref_grads) if near else None,
-        atol is not None or rtol is not None,
+        tolerance.given,
         lambda: _eager_float64(pipe, model, inputs, targets, loss_fn, count if per_micro else 1),
     )
     values = (loss, ref_loss, joined, ref_outs, grads, ref_grads)
-    _compare_values(report, values, exact, atol, rtol, model)
+    _compare_values(report, values, exact, tolerance, model)
     if near:
         report.ratios.clear()  # measured against eager itself: no floor to state
     randoms = [op for entry in pipe.manifest.stages for op in entry.random_ops or ()]
-    if not report.ok and not per_micro and count > 1 and atol is None and rtol is None:
+    if not report.ok and not per_micro and count > 1 and not tolerance.given:
         whole = None if near else exact  # the float64 whole-batch run made above, if any
         again = _split_again(report, pipe, model, inputs, targets, loss_fn, whole)
         if again is not None:
@@ -197,8 +196,7 @@ def _compare_values(
     report: CheckReport,
     values: tuple[Any, ...],
     exact: tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]] | None,
-    atol: float | None,
-    rtol: float | None,
+    tolerance: Tolerance,
     model: nn.Module,
 ) -> None:
     """Compare the pipeline's loss, outputs and gradients with eager's (``values``: loss,
@@ -206,10 +204,10 @@ def _compare_values(
     float64 run's value where ``exact`` holds one."""
     loss, ref_loss, joined, ref_outs, grads, ref_grads = values
     twin = exact or _NO_TWIN
-    report.loss_diff = compare(report, "loss", loss, ref_loss, atol, rtol, twin[0], "loss")
+    report.loss_diff = compare(report, "loss", loss, ref_loss, tolerance, twin[0], "loss")
     for k, (have, want, e) in enumerate(zip(joined, ref_outs, twin[1] or ref_outs)):
         e = e if exact else None
-        found = compare(report, f"output {k}", have, want, atol, rtol, e, "outputs")
+        found = compare(report, f"output {k}", have, want, tolerance, e, "outputs")
         report.output_diff = worst(report.output_diff, found)
     if not any(p.requires_grad for p in model.parameters()):
         report.notes.append("  (the model has no trainable parameters: no gradients to compare)")
@@ -219,7 +217,7 @@ def _compare_values(
             report.failures.append(f"gradient of {name}: the pipeline computed none")
             continue
         e = twin[2].get(name)
-        diff = compare(report, f"gradient of {name}", found, want, atol, rtol, e, "grads")
+        diff = compare(report, f"gradient of {name}", found, want, tolerance, e, "grads")
         if not diff < report.grad_diff:  # NaN is the worst
             report.grad_diff, report.worst_grad = diff, name
 
@@ -540,14 +538,13 @@ def compare(
     what: str,
     have: Any,
     want: torch.Tensor,
-    atol: float | None,
-    rtol: float | None,
+    tolerance: Tolerance,
     exact: torch.Tensor | None = None,
     kind: str = "",
     floor: float = 0.0,
 ) -> float:
     """Compare ``have`` with ``want``, recording a failure in ``report``; return max |diff|.
-    A given ``atol``/``rtol`` decides (``atol + rtol * |want|``); else, with ``exact`` (``want``
+    A given ``tolerance`` decides (``atol + rtol * |want|``); else, with ``exact`` (``want``
     computed in float64), the noise floor rule (``floor``: one measured on other kernels, used
     where larger); else ``noise_floor.FIXED`` for both. ``kind`` ("loss", "outputs", "grads")
     collects the worst noise ratio, printed either way."""
@@ -566,8 +563,8 @@ def compare(
         report.failures.append(f"{what}: {' and '.join(bad)} not finite (NaN or inf)")
         return _unbounded(report, kind, float("nan"))
     diff = (have - want).abs()
-    given = atol is not None or rtol is not None
-    fixed = FIXED if atol is None else atol, FIXED if rtol is None else rtol
+    given = tolerance.given
+    fixed = tolerance.bounds()
     within = not bool((diff > fixed[0] + fixed[1] * want.abs()).any())
     found = agreement(have, want, exact, floor) if exact is not None else None
     if found is not None:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from pipecompile.errors import CheckError, PipecompileError, RuntimeFailure
 from pipecompile.files.atomic import write_atomically
 from pipecompile.files.names import LATEST
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.ir.programs.instr import Op
 from pipecompile.model.data_hooks import (
     EVAL,
@@ -52,7 +53,7 @@ from pipecompile.runtime.job.gpus import device_kind
 from pipecompile.runtime.job.run import RunJob
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import load_stage
-from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.runtime.pipeline import Messaging, Pipeline
 from pipecompile.runtime.process.faults import FAULT_ENV, fault_at
 from pipecompile.runtime.process.threads import use_threads
 from pipecompile.runtime.training.loop import RankShare, TrainState, train
@@ -259,18 +260,20 @@ def _run(
         program,
         device=device,
         replica=(replica, placement.device_replicas[device]),
-        backend=lambda: DistBackend(
-            layout,
-            manifest,
-            program.microbatches,
-            groups,
-            placement,
-            device=where,
-            wire_dtype=pipe.precision,
-        ),
-        wrap=lambda handlers: _tracked(handlers, watchdog, progress),
-        after_step=lambda: watchdog.idle("between steps"),
         default_device=where if where.type == "cuda" else None,
+        messaging=Messaging(
+            backend=lambda: DistBackend(
+                layout,
+                manifest,
+                program.microbatches,
+                groups,
+                placement,
+                device=where,
+                wire_dtype=pipe.precision,
+            ),
+            wrap=lambda handlers: _tracked(handlers, watchdog, progress),
+            after_step=lambda: watchdog.idle("between steps"),
+        ),
     )
     if flags.check:
         _check(job, pipe, spec, where, rank)
@@ -339,7 +342,9 @@ def _check(job: RunJob, pipe: Pipeline, spec: Any, where: torch.device, rank: in
     from pipecompile.runtime.check.distributed import CheckSettings, check_distributed
 
     flags = job.run
-    asked = CheckSettings(job.directory, flags.program, job.train.lr, flags.atol, flags.rtol)
+    asked = CheckSettings(
+        job.directory, flags.program, job.train.lr, Tolerance(flags.atol, flags.rtol)
+    )
 
     if where.type == "cuda":  # fp32 compared with fp32: no TensorFloat-32 kernels
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -20,6 +20,7 @@ from pipecompile.runtime.executor import LossFn
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.state.precision import LossScaler
 from pipecompile.runtime.state.random_state import step_base
+from pipecompile.runtime.state.step_options import StepOptions
 from pipecompile.runtime.state.step_result import StepResult
 from pipecompile.runtime.timeline import traced
 from pipecompile.runtime.training.copy_share import SIT_OUT
@@ -184,14 +185,16 @@ def _parts(ctx: StepContext, step: int, loss_scale: float, home: int) -> _Parts 
                 batch.inputs if reads[0] else None,
                 batch.targets if reads[1] else None,
                 ctx.loss_fn,
-                keep_grads=sync,
-                loss_scale=0.0 if replay else loss_scale,
-                rng_base=step_base(ctx.seed, step, part * dp.size + dp.index),
-                measure_memory=options.measure_memory,
                 on_step=partial(_last_backward, pipe, dp, taken) if part == parts - 1 else None,
-                on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
-                rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
-                sizes=sizes,
+                measure_memory=options.measure_memory,
+                options=StepOptions(
+                    keep_grads=sync,
+                    loss_scale=0.0 if replay else loss_scale,
+                    rng_base=step_base(ctx.seed, step, part * dp.size + dp.index),
+                    on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
+                    rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
+                    sizes=sizes,
+                ),
             )
         except PipecompileError as err:
             raise in_batch(err, pipe, feed, batch, f"step {step + 1}") from err

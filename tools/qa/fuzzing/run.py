@@ -72,6 +72,7 @@ def _run(case: Case, tmp: Path, outcome: Outcome, distributed: bool) -> None:
     from pipecompile.codegen.emit import ModelRef, emit
     from pipecompile.compiler import compile_model
     from pipecompile.errors import InternalError, PipecompileError, RuntimeFailure
+    from pipecompile.ir.graph.noise_floor import Tolerance
     from pipecompile.model.model_file import load_model_file
     from pipecompile.runtime.check.asynchronous import check_async_step
     from pipecompile.runtime.check.step import check_step
@@ -103,9 +104,9 @@ def _run(case: Case, tmp: Path, outcome: Outcome, distributed: bool) -> None:
         buffers = _buffers_after(spec.model, pipe, spec.inputs)
         args = (pipe, spec.model, spec.inputs, spec.targets, spec.loss_fn)
         if pipe.asynchronous:
-            report = check_async_step(*args, atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+            report = check_async_step(*args, tolerance=Tolerance(1e-5, 1e-5))  # type: ignore[arg-type]
         else:
-            report = check_step(*args, atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+            report = check_step(*args, tolerance=Tolerance(1e-5, 1e-5))  # type: ignore[arg-type]
     except (InternalError, RuntimeFailure) as err:
         return classify(outcome, "internal", "run", err)
     except PipecompileError as err:  # accepted at compile, refused at run: still a bug
