@@ -332,6 +332,7 @@ def build_manifest(
         weights=weights,
         plan=compiled.plan,
         dynamic=compiled.dynamic,
+        batch_coupling=compiled.coupling,
     )
 
 

@@ -21,6 +21,7 @@ from pipecompile.ir.graph.user_frame import op_place
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.topology import Topology, topology
 from pipecompile.ir.programs.verify_program import verify_program
+from pipecompile.ir.records.batch_coupling import Coupling, mixes
 from pipecompile.passes.balance_stages import compute_nodes
 
 __all__ = [
@@ -141,6 +142,37 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"{value.dtype}{list(value.shape)}"
     return type(value).__name__
+
+
+def refuse_mixed_batches(
+    couplings: tuple[Coupling, ...], microbatches: int, replicas: tuple[int, ...] | None
+) -> None:
+    """A model that mixes the samples of a batch (``passes/batch_coupling``), refused when its
+    batch is split (micro-batches, or replicas each running part of it): every part would
+    compute the mixing op on its own samples only, and training would follow another
+    objective. Batch norm is not refused: its statistics per micro-batch are stated.
+
+    Raises:
+        MicrobatchError: naming the first such op, its line, and what to do.
+    """
+    mixing = mixes(couplings)
+    copies = max(replicas or (1,))
+    if not mixing or (microbatches < 2 and copies < 2):
+        return
+    first = mixing[0]
+    parts = f"{microbatches} micro-batches" if microbatches > 1 else f"{copies} replicas of a stage"
+    where = (
+        "only the outputs follow it (a batch-coupled head, such as a contrastive loss's logits)"
+        if first.kind == "tail"
+        else "more of the model's layers follow it"
+    )
+    others = f" (and {len(mixing) - 1} more)" if len(mixing) > 1 else ""
+    raise MicrobatchError(
+        f"{first.op}{others} mixes the samples of the batch, and {where}: in {parts} each "
+        "would compute it on its own samples only, and training would follow another "
+        "objective than the model's. Compile with --microbatches 1 and no replicas, or "
+        "make the model's forward per sample (compute what mixes the batch in loss_fn)"
+    )
 
 
 def refuse_scalar_outputs(module: fx.GraphModule, microbatches: int) -> None:

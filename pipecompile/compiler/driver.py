@@ -14,7 +14,7 @@ from torch import nn
 
 from pipecompile.compiler import checks
 from pipecompile.compiler.pass_names import PASS_ALIASES, PASSES
-from pipecompile.errors import InternalError, PipecompileError, TraceError
+from pipecompile.errors import InternalError, MicrobatchError, PipecompileError, TraceError
 from pipecompile.frontend.fake_prop import fake_values
 from pipecompile.frontend.kept_traces import kept_trace
 from pipecompile.frontend.quiet_logs import quiet_logs
@@ -28,7 +28,9 @@ from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.recompute_policy import check_policy
 from pipecompile.ir.programs.topology import topology
+from pipecompile.ir.programs.whole_batch import waits_for_whole_batch
 from pipecompile.ir.records.balance_report import BalanceReport
+from pipecompile.ir.records.batch_coupling import Coupling
 from pipecompile.ir.records.compiled import Compiled
 from pipecompile.ir.records.plan_record import PlanRecord
 from pipecompile.model.fingerprint import graph_fingerprint
@@ -37,6 +39,7 @@ from pipecompile.passes import (
     activation_memory,
     annotate_costs,
     balance_stages,
+    batch_coupling,
     dynamic_dims,
     insert_communication,
     insert_recompute,
@@ -45,7 +48,14 @@ from pipecompile.passes import (
     split_stages,
 )
 from pipecompile.planner.choose import choose_plan, open_choices
-from pipecompile.schedules import REPLICABLE, compute_program, devices_for, listed, schedule_of
+from pipecompile.schedules import (
+    REPLICABLE,
+    WHOLE_BATCH,
+    compute_program,
+    devices_for,
+    listed,
+    schedule_of,
+)
 
 if TYPE_CHECKING:
     from pipecompile.compiler.options import CompileOptions
@@ -137,6 +147,14 @@ def _trace_now(r: Request, shown: dict[str, torch.Tensor]) -> Traced:
     return trace(r.model, shown, None, microbatches=r.microbatches)
 
 
+def _coupling(r: Request, ir: IR) -> tuple[Coupling, ...] | None:
+    traced = ir["traced"]
+    found = batch_coupling(traced.module, inputs=[r.micro[n] for n in traced.input_names])
+    if found is not None:
+        checks.refuse_mixed_batches(found, r.microbatches, r.replicas)
+    return found
+
+
 def _annotate(r: Request, ir: IR) -> Any:
     annotated = annotate_costs(ir["traced"].module, root=ir["traced"].root)
     checks.refuse_scalar_outputs(annotated, r.microbatches)  # each value's shape known now
@@ -204,6 +222,8 @@ TABLE: tuple[Pass, ...] = (
     Pass("schedule", _schedule, (), ("compute",), _program_check("compute"),
          lambda ir: checks.verify_compute(ir["compute"])),
     Pass("trace", _trace, (), ("traced",), checks.lint_traced, _graph_check("traced")),
+    Pass("batch_coupling", _coupling, ("traced",), ("coupling",), lambda ir: None,
+         when=lambda r: not r.meta),
     Pass("annotate_costs", _annotate, ("traced",), ("annotated",), checks.lint_annotated,
          _graph_check("annotated")),
     Pass("profile_costs", _profile, ("traced", "annotated"), ("annotated",),
@@ -266,8 +286,17 @@ def compile_model(
         ir["graph"], ir["program"], next(iter(micro.values())).shape[0] if micro else 0,
         ir["memory"], _replica_counts(request, ir["balance"]), ir["balance"], timings,
         fingerprint=graph_fingerprint(ir["traced"].module), plan=request.plan,
-        dynamic=ir.get("dynamic", DynamicDims()),
+        dynamic=ir.get("dynamic", DynamicDims()), coupling=_couplings(request, ir),
     )  # fmt: skip
+
+
+def _couplings(r: Request, ir: IR) -> tuple[Coupling, ...] | None:
+    """The traced graph's couplings and the loss function's, for the manifest."""
+    found = ir.get("coupling")
+    loss = r.options.loss_coupling
+    if loss is None:
+        return found
+    return (*(found or ()), loss)
 
 
 def _print_after(names: Sequence[str]) -> frozenset[str]:
@@ -295,6 +324,7 @@ def _request(model: nn.Module, inputs: dict[str, torch.Tensor], o: CompileOption
             schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
             split_at=cuts, machine=machine, progress=not o.quiet, replicas=replicas,
             balance=o.balance, memory_budget=o.memory_budget, ranks=o.ranks,
+            whole_loss=o.loss_coupling is not None,
         )  # fmt: skip
         stages, microbatches, schedule = chosen.stages, chosen.microbatches, chosen.schedule
         virtual_stages, recompute = chosen.virtual_stages, chosen.recompute
@@ -377,6 +407,19 @@ def _check_options(r: Request, compute: Program) -> None:
     """The options that contradict each other or the schedule, before any tracing."""
     _check_machine(r.machine, compute, replicas=r.replicas, memory_budget=r.options.memory_budget)
     check_policy(r.recompute)
+    whole = r.options.loss_coupling
+    if whole is not None and r.microbatches > 1 and not waits_for_whole_batch(compute):
+        raise MicrobatchError(
+            f"{whole.op} is a loss over the whole batch: it is computed once a step on every "
+            f"micro-batch's outputs, and {r.schedule} starts the last stage's backward before "
+            f"its last forward, so it cannot wait for that loss; compile with --schedule "
+            f"{' or '.join(WHOLE_BATCH)}, or --microbatches 1"
+        )
+    if whole is not None and r.replicas is not None and max(r.replicas) > 1:
+        raise MicrobatchError(
+            f"{whole.op} is a loss over the whole batch, and replicas of a stage would each "
+            "see part of it; compile without --replicate"
+        )
     if r.meta and r.options.balance == "time":
         raise PipecompileError(
             f"--balance time measures each op on real weights, and {type(r.model).__name__} is "

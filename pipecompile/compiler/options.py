@@ -20,6 +20,7 @@ from pipecompile.compiler.pass_names import PASSES
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.programs.cost_model import CostModel, parse_limits, parse_rate, parse_speeds
 from pipecompile.ir.programs.recompute_policy import chosen_policy
+from pipecompile.ir.records.batch_coupling import Coupling
 from pipecompile.options.fields import (
     count_or_auto,
     declared,
@@ -265,6 +266,9 @@ class CompileOptions:
     machine: CostModel | None = dataclasses.field(default=None, metadata={})
     # not a flag: --tune compiling a plan the search priced on this many ranks
     ranks: int | None = dataclasses.field(default=None, metadata={})
+    # not a flag: the model file's loss_fn mixes the samples of its batch (found by the
+    # compile command from loss_fn and example_targets): a loss over the whole batch
+    loss_coupling: Coupling | None = dataclasses.field(default=None, metadata={})
 
     @classmethod
     def from_keywords(cls, **keywords: Any) -> CompileOptions:

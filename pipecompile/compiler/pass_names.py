@@ -9,6 +9,7 @@ __all__ = ["PASSES", "PASS_ALIASES"]
 PASSES = (
     "schedule",
     "trace",
+    "batch_coupling",
     "annotate_costs",
     "profile_costs",
     "balance_stages",

@@ -14,10 +14,11 @@ from torch import nn
 from pipecompile.errors import PlanError
 from pipecompile.frontend.tracer import trace
 from pipecompile.ir.programs.cost_model import CostModel
+from pipecompile.ir.records.batch_coupling import Coupling, mixes
 from pipecompile.ir.records.plan_record import PlanRecord, PlanRow
 from pipecompile.model.fingerprint import graph_fingerprint
 from pipecompile.model.init_recipe import is_meta_model
-from pipecompile.passes import annotate_costs
+from pipecompile.passes import annotate_costs, batch_coupling
 from pipecompile.planner.model_facts import ModelFacts, model_facts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.planner.pricing import microbatch_counts, rank_models
@@ -28,7 +29,7 @@ from pipecompile.planner.search import (
     check_placing,
     search,
 )
-from pipecompile.schedules import DEFAULT_SCHEDULE, ORDER, SYNCHRONOUS, schedule_of
+from pipecompile.schedules import DEFAULT_SCHEDULE, ORDER, SYNCHRONOUS, WHOLE_BATCH, schedule_of
 
 __all__ = [
     "check_search",
@@ -70,12 +71,14 @@ def choose_plan(
     balance: str = "flops",
     memory_budget: int | None = None,
     ranks: int | None = None,
+    whole_loss: bool = False,
 ) -> tuple[Plan, CostModel, PlanRecord]:
     """The best plan for ``devices`` (default: ``stages``, one stage each) with the given
     choices fixed (``"auto"``: searched), the cost model it was priced with (that of the
     ranks it runs on, calibrated on this machine unless ``PIPECOMPILE_CALIBRATION=off``),
     and the manifest's record. ``ranks``: only plans on that many ranks (``--tune``
-    compiling a plan the search priced).
+    compiling a plan the search priced); ``whole_loss``: the loss is one over the whole
+    batch (only the schedules that wait for it split the batch, ``WHOLE_BATCH``).
 
     Raises:
         PlanError: options the search cannot take, or no plan that fits (see ``search``).
@@ -84,15 +87,26 @@ def choose_plan(
         devices, stages, replicas, balance, memory_budget, machine, schedule, virtual_stages
     )
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
+    facts, key, mixing = _traced(model, inputs, split_at, meta=is_meta_model(model))
+    if mixing and microbatches == "auto":
+        if progress:
+            _say(f"{mixing[0].op} mixes the samples of the batch: plans of one micro-batch")
+        microbatches = 1  # a split batch would change what the model computes
+    space = _space(devices, stages, schedule, virtual_stages)
+    if whole_loss:
+        waiting = tuple(s for s in space.schedules if s in WHOLE_BATCH)
+        if waiting:
+            space = replace(space, schedules=waiting)
+        elif microbatches == "auto":
+            microbatches = 1  # a schedule that cannot wait for the loss: the batch whole
     space = replace(
-        _space(devices, stages, schedule, virtual_stages),
+        space,
         microbatches=microbatch_counts(model, batch)
         if microbatches == "auto"
         else (int(microbatches),),
         recompute=(recompute,) if recompute != "never" else (),
         ranks=(ranks,) if ranks is not None else (),
     )
-    facts, key = traced_facts(model, inputs, split_at, meta=is_meta_model(model))
     models = RankModels.same(machine, space.devices)
     if os.environ.get("PIPECOMPILE_CALIBRATION") != "off":
         say = _say if progress else None
@@ -224,11 +238,23 @@ def traced_facts(
 ) -> tuple[ModelFacts, str]:
     """``model`` traced on its whole example batch: the search's facts, and the traced
     graph's fingerprint (the key of what ``--tune`` learned about this model)."""
+    facts, key, _ = _traced(model, inputs, split_at, meta=meta)
+    return facts, key
+
+
+def _traced(
+    model: nn.Module, inputs: dict[str, torch.Tensor], split_at: tuple[str, ...], *, meta: bool
+) -> tuple[ModelFacts, str, tuple[Coupling, ...]]:
+    """``traced_facts``, and the ops where the model mixes the samples of its batch (batch
+    norm aside: its statistics per micro-batch are the pipeline's semantics)."""
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
     shown = {k: v.to("meta") for k, v in inputs.items()} if meta else inputs
     traced = trace(model, shown)
     annotated = annotate_costs(traced.module, root=traced.root)
-    return model_facts(annotated, max(batch, 1), split_at), graph_fingerprint(traced.module)
+    facts = model_facts(annotated, max(batch, 1), split_at)
+    real = [inputs[n] for n in traced.input_names]
+    found = None if meta else batch_coupling(traced.module, inputs=real)
+    return facts, graph_fingerprint(traced.module), mixes(found or ())
 
 
 def _say(line: str) -> None:

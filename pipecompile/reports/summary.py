@@ -10,6 +10,7 @@ from pipecompile.ir.programs.memory_model import peak_stored_bytes
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.simulate import Costs, simulate
 from pipecompile.ir.programs.topology import topology_from_manifest
+from pipecompile.ir.records.batch_coupling import coupling_lines
 from pipecompile.ir.records.manifest import Manifest, WeightsRecord
 from pipecompile.ir.records.sizes import counted, format_size
 from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
@@ -32,6 +33,7 @@ def summary(out: Path) -> str:
     )
     rows.append(_schedule_line(manifest, program, *stage_costs(manifest)))
     rows.append(_sizes_line(manifest, program.microbatches))
+    rows += coupling_lines(manifest.batch_coupling, manifest.microbatch_size or 0)
     weights = _weights_line(manifest.weights)
     if weights:
         rows.append(weights)

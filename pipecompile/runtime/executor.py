@@ -28,9 +28,10 @@ from pipecompile.runtime.state.precision import autocast, device_of, for_wire
 from pipecompile.runtime.state.random_state import draw_base, seeded
 from pipecompile.runtime.state.stats import RunStats
 from pipecompile.runtime.state.weight_versions import WeightVersions
+from pipecompile.runtime.state.whole_loss import WholeLoss
 from pipecompile.runtime.torch_compiled import CompiledStages
 
-__all__ = ["StepExecutor", "LossFn", "call_loss_fn"]
+__all__ = ["StepExecutor", "LossFn", "call_loss_fn", "defined_at"]
 
 LossFn = Callable[..., torch.Tensor]
 
@@ -43,7 +44,7 @@ def call_loss_fn(loss_fn: LossFn, output: Any, targets: Sequence[Any]) -> torch.
         ModelFileError: loss_fn takes other arguments, raised, or returned no scalar; the
             message names its file and line.
     """
-    where = f"loss_fn ({_defined_at(loss_fn)})"
+    where = f"loss_fn ({defined_at(loss_fn)})"
     try:
         inspect.signature(loss_fn).bind(output, *targets)
     except TypeError:
@@ -101,13 +102,16 @@ class Stages:
 class StepData:
     """One mini-batch's micro-batches and, to train, their targets and loss; ``loss_scale``
     each micro-batch's loss factor (default 1/m), ``shares`` each one's rows over the
-    average's (uneven splits)."""
+    average's (uneven splits), ``whole_targets`` those of a loss over the whole batch."""
 
     microbatches: Sequence[dict[str, torch.Tensor]]
     targets: Sequence[tuple[torch.Tensor, ...]] | None = None
     loss_fn: LossFn | None = None
     loss_scale: float | None = None
     shares: Sequence[float] | None = None
+    # the whole batch's targets where the loss is one over the whole batch (runtime/state/
+    # whole_loss): computed once on every micro-batch's outputs; None: a loss per micro-batch
+    whole_targets: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,9 @@ class StepExecutor:
         self.in_grads: dict[tuple[int, int], dict[str, torch.Tensor | None]] = {}
         self.update_grads: dict[tuple[int, int], dict[str, torch.Tensor | None]] = {}
         self.losses: dict[int, torch.Tensor] = {}
+        self.whole_targets = data.whole_targets
+        whole = self.training and data.whole_targets is not None
+        self.whole = WholeLoss(len(microbatches)) if whole else None
         self.to_send: dict[tuple[int, int], tuple[Any, ...]] = {}
         self.results: dict[int, tuple[torch.Tensor, ...]] = {}
 
@@ -226,9 +233,30 @@ class StepExecutor:
         self._deliver(j, i, outs)
         if j == self.layout.last:
             self.results[i] = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
-            if self.training:
+            if self.whole is not None:
+                self._whole_loss(i, outs)
+            elif self.training:
                 self.losses[i] = self._loss(outs, i)
         return True
+
+    def _whole_loss(self, i: int, outs: tuple[Any, ...]) -> None:
+        """Keep micro-batch ``i``'s outputs; after the last, the loss over the whole batch and
+        each kept micro-batch's backward root (``WholeLoss``)."""
+        assert self.whole is not None
+        if not self.whole.add(i, outs):
+            return
+        last = self.layout.last
+        with self._inside(last, "loss", i), autocast(self.precision, device_of(self.modules[last])):
+            self.whole.compute(self._joined_loss, self.loss_scale * len(self.microbatches))
+        for k in range(len(self.microbatches)):
+            held = self.held.get((last, k))
+            kept = held.outs if held is not None and held.outs is not None else self.results[k]
+            self.losses[k] = self.whole.surrogate(k, kept)
+
+    def _joined_loss(self, joined: list[Any]) -> torch.Tensor:
+        assert self.loss_fn is not None and self.whole_targets is not None
+        output = pytree.tree_unflatten(joined, self.layout.output_spec)
+        return call_loss_fn(self.loss_fn, output, self.whole_targets)
 
     def _call(self, j: int, args: list[Any], weights: dict[str, torch.Tensor] | None) -> tuple:
         """Stage j's forward; a failure names the line of the stage file it happened on."""
@@ -335,7 +363,8 @@ class StepExecutor:
         for sub, bufs in copies:
             sub._buffers.update(bufs)
         if j == self.layout.last:
-            self.losses[i] = self._loss(outs, i)
+            whole = self.whole
+            self.losses[i] = whole.surrogate(i, outs) if whole is not None else self._loss(outs, i)
         grown = max(0, sum(saved.values()) - held.nbytes)
         held.nbytes += grown
         self.stats.devices[self.layout.stage_device[j]].grow(grown)
@@ -532,7 +561,7 @@ class StepExecutor:
             t.requires_grad for t in outs if isinstance(t, torch.Tensor)
         ):
             raise ModelFileError(
-                f"loss_fn ({_defined_at(self.loss_fn)}) returned a loss that does not require "
+                f"loss_fn ({defined_at(self.loss_fn)}) returned a loss that does not require "
                 "grad (a new or detached tensor: torch.tensor(...), .detach(), .item()), so "
                 "training could not change a weight; compute it from the output with torch ops"
             )
@@ -581,7 +610,7 @@ def _grad(value: Any) -> torch.Tensor | None:
     return value.grad if isinstance(value, torch.Tensor) else None
 
 
-def _defined_at(fn: Callable[..., Any]) -> str:
+def defined_at(fn: Callable[..., Any]) -> str:
     """``file:line`` where ``fn`` is defined, or its name."""
     code = getattr(fn, "__code__", None)
     if code is None:

@@ -26,6 +26,8 @@ from pipecompile.ir.programs.instr import INFERENCE_OPS, Instr, Op
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.topology import topology_from_manifest
 from pipecompile.ir.programs.verify_program import verify_program
+from pipecompile.ir.programs.whole_batch import waits_for_whole_batch
+from pipecompile.ir.records.batch_coupling import loss_over_batch
 from pipecompile.ir.records.manifest import Manifest
 from pipecompile.options.run import OptimizerFactory
 from pipecompile.runtime.executor import LossFn, Stages, StepData, StepExecutor, StepHooks
@@ -92,6 +94,15 @@ class Pipeline:
         hooks, the model file) keeps torch's default. ``messaging``: how the steps talk
         (``Messaging``; default: the local backend)."""
         verify_program(program, topology_from_manifest(manifest))
+        self.whole_loss = loss_over_batch(manifest.batch_coupling)
+        if self.whole_loss is not None and not waits_for_whole_batch(program):
+            raise PipecompileError(
+                f"{self.whole_loss.op} is a loss over the whole batch (the manifest's "
+                f"batch_coupling), computed once a step on every micro-batch's outputs, and "
+                f"the program ({program.schedule}) starts the last stage's backward before its "
+                "last forward: it cannot wait for that loss; run a program of the gpipe or "
+                "looped_bfs schedule, or of one micro-batch"
+            )
         self.manifest = manifest
         self.modules = modules
         self.program = program
@@ -205,7 +216,7 @@ class Pipeline:
         executor = StepExecutor(
             self._stages(),
             backend,
-            StepData(micro, micro_targets, loss_fn, scale, shares),
+            StepData(micro, micro_targets, loss_fn, scale, shares, self._whole(targets)),
             StepHooks(
                 self.optimizers,
                 on_step,
@@ -222,6 +233,12 @@ class Pipeline:
             self.messaging.after_step()
         self.last = self._result(executor, backend, scale)
         return self.last
+
+    def _whole(self, targets: Sequence[torch.Tensor] | None) -> tuple[torch.Tensor, ...] | None:
+        """The targets of a loss over the whole batch (None: a loss per micro-batch)."""
+        if self.whole_loss is None or targets is None or self.asynchronous:
+            return None
+        return tuple(targets)
 
     def _result(self, executor: StepExecutor, backend: Any, scale: float) -> StepResult:
         """The step's ``StepResult`` (the mean loss NaN on a rank without the last stage)."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 
 from pipecompile.errors import ProgramError
 from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.whole_batch import waits_for_whole_batch
 from pipecompile.schedules import (
     dualpipev,
     gpipe,
@@ -35,6 +36,7 @@ __all__ = [
     "SCHEDULES",
     "SYNCHRONOUS",
     "V_SHAPED",
+    "WHOLE_BATCH",
     "Schedule",
     "devices_for",
     "compute_program",
@@ -129,3 +131,17 @@ def compute_program(
 def devices_for(name: str, stages: int, virtual_stages: int | None = None) -> int:
     """How many devices schedule ``name`` places ``stages`` stages on."""
     return stages // schedule_of(name).stages_a_device(virtual_stages)
+
+
+def _waits(name: str) -> bool:
+    """Whether ``name``'s last stage runs every forward before its first backward (on 4
+    devices and 8 micro-batches: the order a schedule's timetable keeps at every size)."""
+    looped = REGISTRY[name].placement == "looped"
+    stages = 4 * REGISTRY[name].stages_a_device(2 if looped else None)
+    program = compute_program(name, stages, 8, virtual_stages=2 if looped else None)
+    return waits_for_whole_batch(program)
+
+
+# The synchronous schedules that can wait for a loss over the whole batch (a contrastive
+# loss, computed once a step on every micro-batch's outputs: runtime/state/whole_loss)
+WHOLE_BATCH = tuple(n for n, s in REGISTRY.items() if s.synchronous and _waits(n))

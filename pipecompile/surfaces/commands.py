@@ -131,6 +131,7 @@ def compile_command(args: argparse.Namespace) -> int:
         model_ref=model_ref,
         pretrained=pretrained,
         model_file=spec.module,
+        loss=(spec.loss_fn, spec.targets),
     )
     for line in notes:
         note(line)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from pipecompile.codegen.emit import ModelRef, emit
@@ -27,6 +29,7 @@ from pipecompile.ir.records.compiled import Compiled
 from pipecompile.ir.records.plan_record import PlanRow
 from pipecompile.model.init_recipe import is_meta_model
 from pipecompile.model.kv_cache import CACHE_NOTE, without_kv_cache
+from pipecompile.surfaces.loss_probe import loss_coupling
 
 __all__ = ["check_compile_options", "compile_into"]
 
@@ -99,12 +102,15 @@ def compile_into(
     model_ref: ModelRef,
     pretrained: Any = None,
     model_file: object = None,
+    loss: tuple[Callable[..., torch.Tensor] | None, Sequence[Any] | None] = (None, None),
 ) -> tuple[Compiled, list[str]]:
     """Compile ``model`` on ``inputs`` as ``options`` ask, write it to ``out`` (proved against
     the model unless ``options.no_verify``), and return it with the notes the writing left.
 
     ``pretrained`` is ``options.weights`` already opened (or None: opened here);
-    ``model_file`` the module whose ``init_weights`` a meta model's recipe replays.
+    ``model_file`` the module whose ``init_weights`` a meta model's recipe replays;
+    ``loss``: the model file's ``loss_fn`` and ``example_targets()``, where it has them (a
+    loss over the whole batch is then found and computed so: ``surfaces/loss_probe``).
 
     Raises:
         PipecompileError: a subclass naming what is wrong with the model or the options.
@@ -123,6 +129,8 @@ def compile_into(
     )
     # --tune's candidates trace once per micro-batch size; a KV cache is no training output
     with traces_kept(), without_kv_cache(model) as cached:
+        if options.loss_coupling is None:
+            options.loss_coupling = loss_coupling(model, inputs, *loss)
         compiled = compile_model(model, inputs, options)
         if options.tune:
             compiled = _tuned(model, inputs, options, compiled, model_ref, weights)

@@ -10,6 +10,7 @@ from pipecompile.ir.graph.saved_bytes import StageMemory
 from pipecompile.ir.graph.stage_graph import StageGraph
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.records.balance_report import BalanceReport
+from pipecompile.ir.records.batch_coupling import Coupling
 from pipecompile.ir.records.plan_record import PlanRecord
 
 __all__ = ["Compiled"]
@@ -34,3 +35,5 @@ class Compiled:
     fingerprint: str = ""  # of the traced graph, see ``graph_fingerprint``
     plan: PlanRecord | None = None  # the plan search's choice (manifest key ``plan``)
     dynamic: DynamicDims = DynamicDims()  # the dimensions batches may vary in (``dynamic``)
+    # where the model mixes the samples of a batch (``batch_coupling``; None: not analysed)
+    coupling: tuple[Coupling, ...] | None = None

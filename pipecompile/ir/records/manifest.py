@@ -24,6 +24,7 @@ from pipecompile.files.names import MANIFEST
 from pipecompile.ir.graph.dynamic import DynamicDims
 from pipecompile.ir.graph.stage_graph import Edge  # the stage graph's, as the manifest lists it
 from pipecompile.ir.records.balance_report import BalanceReport
+from pipecompile.ir.records.batch_coupling import Coupling
 from pipecompile.ir.records.plan_record import PlanRecord
 
 __all__ = [
@@ -281,6 +282,8 @@ class Manifest:
     plan: PlanRecord | None = None  # `--devices`: the plan the search chose and the runners-up
     dynamic: DynamicDims = DynamicDims()  # `--dynamic`: dimensions batches may vary in
     generate: Json | None = None  # `--generate`: the decoding plan (generation.plan)
+    # where the model mixes the samples of a batch (passes/batch_coupling); None: not analysed
+    batch_coupling: tuple[Coupling, ...] | None = None
 
     @property
     def replica_counts(self) -> tuple[int, ...]:
@@ -343,6 +346,7 @@ class Manifest:
             plan=PlanRecord.from_json(raw.get("plan")),
             dynamic=DynamicDims.from_json(raw.get("dynamic")),
             generate=raw.get("generate"),
+            batch_coupling=_couplings(raw.get("batch_coupling")),
         )
 
     def to_json(self) -> Json:
@@ -356,6 +360,7 @@ class Manifest:
             "plan": self.plan,
             "dynamic": self.dynamic.to_json() if self.dynamic.sizes or self.dynamic.fixed else None,
             "generate": self.generate,
+            "batch_coupling": self.batch_coupling,
         }
         raw: Json = {
             "format": self.format,
@@ -380,11 +385,20 @@ class Manifest:
             "plan": self.plan.as_json() if self.plan is not None else None,
             "dynamic": optional["dynamic"],
             "generate": self.generate,
+            "batch_coupling": [c.to_json() for c in self.batch_coupling or ()],
         }
         return {k: v for k, v in raw.items() if k not in optional or optional[k] is not None}
 
     def __str__(self) -> str:
         return json.dumps(self.to_json(), indent=2)
+
+
+def _couplings(raw: object) -> tuple[Coupling, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise TypeError(f"batch_coupling is {type(raw).__name__}, not a list")
+    return tuple(Coupling.from_json(c) for c in raw)
 
 
 def saved_state(state: dict[str, Any], manifest: Manifest) -> dict[str, Any]:

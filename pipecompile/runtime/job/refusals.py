@@ -12,6 +12,7 @@ from pathlib import Path
 from pipecompile.errors import PipecompileError
 from pipecompile.files.writable import inside
 from pipecompile.ir.programs.program import Program
+from pipecompile.ir.records.batch_coupling import mixes
 from pipecompile.ir.records.manifest import Manifest
 from pipecompile.options.fields import HONOURED, declared, flag_of
 from pipecompile.options.run import RunFlags, TrainFlags, given
@@ -26,6 +27,7 @@ __all__ = [
     "check_mesh",
     "check_fully_sharded",
     "check_world",
+    "check_batch_split",
 ]
 
 
@@ -197,3 +199,29 @@ def check_world(placement: Placement, copies: int, world: int, *, started: bool)
         f"start {need} (`pipecompile run --nproc {need}`, or torchrun with that many ranks "
         "in all)"
     )
+
+
+def check_batch_split(run: RunFlags, loop: TrainFlags, emitted: Emitted) -> None:
+    """A model that mixes the samples of its batch (the manifest's ``batch_coupling``) run
+    with its batch split: by ``--dp`` copies, ``--accumulate`` parts, or a program of several
+    micro-batches (``--program``). Each part would mix only its own samples, and training
+    would follow another objective than the model's."""
+    mixing = mixes(emitted.manifest.batch_coupling or ())
+    if not mixing:
+        return
+    splits = [
+        (f"--dp {run.dp}", run.dp is not None and run.dp > 1),
+        (f"--accumulate {loop.accumulate}", loop.accumulate > 1),
+        (  # a loss over the whole batch joins every micro-batch's outputs: not split
+            f"a program of {emitted.program.microbatches} micro-batches",
+            emitted.program.microbatches > 1 and any(c.kind != "loss" for c in mixing),
+        ),
+    ]
+    split = next((what for what, yes in splits if yes), None)
+    if split is not None:
+        raise PipecompileError(
+            f"{split} splits the batch, and {mixing[0].op} mixes the samples of the batch "
+            f"(the manifest's batch_coupling): each part would mix only its own samples, and "
+            "training would follow another objective than the model's; run it on the whole "
+            "batch (no --dp or --accumulate; a larger batch per step instead)"
+        )

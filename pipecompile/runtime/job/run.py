@@ -35,6 +35,7 @@ from pipecompile.options.run import RunFlags, TrainFlags, for_loop
 from pipecompile.runtime.job.fault_checks import RunShape, check_faults
 from pipecompile.runtime.job.placement import Placement
 from pipecompile.runtime.job.refusals import (
+    check_batch_split,
     check_fully_sharded,
     check_mesh,
     check_resume,
@@ -124,6 +125,7 @@ class RunJob:
         check_run_options(run, train, loop, emitted, local_ranks=local_ranks or run.nproc or 1)
         resumed = check_resume(train)
         settled_run = settled(run)
+        check_batch_split(settled_run, loop, emitted)
         placement = Placement.from_manifest(emitted.manifest, emitted.program.stage_device)
         if run.nproc:
             check_mesh(settled_run, emitted.program, placement.world)

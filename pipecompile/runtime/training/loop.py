@@ -13,6 +13,7 @@ pass None and never call the model file's hooks.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -284,12 +285,13 @@ def _steps(
         )
     saved_at = step = first
     tracer = pipe.tracer = step_tracer(pipe, options, first)
+    context = dataclasses.replace(run.context, first_step=first)
     try:
         while total is None or step < total:
             if run.idle is not None:
                 run.idle.between_steps()
             with tracer.step_span(step + 1, devices_here(pipe)) if tracer else nullcontext():
-                done = one_step(run.context, step)
+                done = one_step(context, step)
             if done is None:  # the data ran out (--epochs)
                 break
             step += 1

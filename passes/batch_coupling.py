@@ -1,0 +1,282 @@
+"""Pass: batch_coupling — find every op where the traced model mixes the samples of a batch.
+
+Requires: a traced module and one real micro-batch of its inputs (a model on the meta device
+is not run: the pass returns None, and the compile says the model was not analysed).
+Guarantees: a tuple of ``Coupling``s, one per op whose value depends on other samples than
+its own while its inputs do not (a product over the batch, a reduction or sort over it, a
+loss over the batch), each with its kind (``ir/records/batch_coupling``), the op and the
+user's line; batch norm in training mode is listed as such and its statistics kept per
+micro-batch. The model's weights and buffers, and torch's random state, are as before.
+
+The batch is followed through the graph by running it three times on the example: as given,
+with the samples of its second half changed, and with those of its first half changed. A value
+that depends on its own sample only keeps, along one of its dimensions of the batch's size,
+the rows of the samples left alone; a value that changes there, or one with no dimension of
+the batch's size that changes at all, depends on other samples. Random ops and batch norm keep
+the first run's values in the rows left alone (they are per sample by the program's own rules:
+random streams per sample's micro-batch, batch statistics per micro-batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from pipecompile.ir.graph.random_ops import is_random
+from pipecompile.ir.graph.user_frame import op_place
+from pipecompile.ir.records.batch_coupling import Coupling
+
+__all__ = ["batch_coupling"]
+
+_SAMPLE, _CONST, _MIXED = "sample", "const", "mixed"
+_RTOL = 1e-4  # of the value's largest magnitude: beyond rounding, far below a mixed value's change
+
+
+def batch_coupling(
+    module: fx.GraphModule, *, inputs: Sequence[Any], batch_dim: int = 0
+) -> tuple[Coupling, ...] | None:
+    """The couplings of ``module`` run on ``inputs`` (its placeholders' values, in order),
+    whose batch is along ``batch_dim``; None where the batch has fewer than 2 samples or
+    changing its samples changes none of the inputs (nothing to tell them apart by)."""
+    rows = _rows(inputs, batch_dim)
+    if rows is None or rows < 2:
+        return None
+    half = rows // 2
+    runs = [list(inputs), _changed(inputs, batch_dim, rows, slice(half, rows))]
+    runs.append(_changed(inputs, batch_dim, rows, slice(0, half)))
+    if all(_same(a, b) for a, b in zip(runs[0], runs[1])):
+        return None
+    with _kept(module):
+        kinds = _follow(module, runs, rows, half)
+    return _couplings(module, kinds)
+
+
+def _rows(inputs: Sequence[Any], dim: int) -> int | None:
+    sizes = [t.shape[dim] for t in inputs if isinstance(t, torch.Tensor) and t.dim() > dim]
+    return sizes[0] if sizes else None
+
+
+def _changed(inputs: Sequence[Any], dim: int, rows: int, part: slice) -> list[Any]:
+    """``inputs`` with the samples of ``part`` changed: floats moved by noise of their own
+    scale, integers (token ids) rolled along their last dimension and taken from other rows
+    (every id stays one the model takes); masks and values of another row count are kept."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for t in inputs:
+        if not isinstance(t, torch.Tensor) or t.dim() <= dim or t.shape[dim] != rows:
+            out.append(t)
+            continue
+        t = t.clone()
+        block = t.narrow(dim, part.start, part.stop - part.start)
+        if t.is_floating_point() or t.is_complex():
+            scale = float(block.abs().max()) or 1.0
+            noise = torch.randn(block.shape, generator=gen, dtype=block.dtype)
+            block.add_(noise.to(block.device) * scale)
+        elif t.dtype != torch.bool:
+            others = torch.arange(rows).roll(1)[part]  # each row of the part: another's values
+            moved = t.index_select(dim, others.to(t.device))
+            if moved.dim() > dim + 1:
+                moved = moved.roll(1, dims=-1)
+            block.copy_(moved)
+        out.append(t)
+    return out
+
+
+@contextmanager
+def _kept(module: nn.Module) -> Iterator[None]:
+    """Run the graph without a trace: buffers (batch norm's running statistics) and torch's
+    random state restored afterwards, no autograd."""
+    saved = {k: b.detach().clone() for k, b in module.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            yield
+    finally:
+        with torch.no_grad():
+            for k, b in module.named_buffers():
+                if k in saved:
+                    b.copy_(saved[k])
+
+
+def _follow(
+    module: fx.GraphModule, runs: list[list[Any]], rows: int, half: int
+) -> dict[fx.Node, str]:
+    """Each node's kind: ``sample`` (its own sample's rows), ``const`` (no sample's) or
+    ``mixed``; runs 1 and 2 changed the second and the first half's samples."""
+    interpreters = [fx.Interpreter(module) for _ in runs]
+    for interp, args in zip(interpreters, runs):
+        interp.args_iter = iter(args)
+    last_use = _last_uses(module.graph)
+    kinds: dict[fx.Node, str] = {}
+    kept = (slice(0, half), slice(half, rows))  # the rows each changed run left alone
+    for node in module.graph.nodes:
+        if node.op == "output":
+            break
+        values = [interp.run_node(node) for interp in interpreters]
+        if _per_sample_by_rule(module, node):
+            for k in (1, 2):
+                values[k] = _keep_rows(values[0], values[k], rows, kept[k - 1])
+        kinds[node] = _kind(values, rows, kept)
+        for interp, value in zip(interpreters, values):
+            interp.env[node] = value
+            for done in last_use.get(node, ()):
+                interp.env.pop(done, None)
+    return kinds
+
+
+def _last_uses(graph: fx.Graph) -> dict[fx.Node, list[fx.Node]]:
+    """The nodes whose last reader is each node (freed after it runs)."""
+    last: dict[fx.Node, fx.Node] = {}
+    for node in graph.nodes:
+        for used in node.all_input_nodes:
+            last[used] = node
+    freed: dict[fx.Node, list[fx.Node]] = {}
+    for used, node in last.items():
+        freed.setdefault(node, []).append(used)
+    return freed
+
+
+def _per_sample_by_rule(module: fx.GraphModule, node: fx.Node) -> bool:
+    """Random ops (drawn per micro-batch and op, so any split draws each sample's numbers
+    alike) and batch norm (statistics per micro-batch, the pipeline's stated semantics)."""
+    return is_random(node, module) or _batch_norm(module, node)
+
+
+def _batch_norm(module: fx.GraphModule, node: fx.Node) -> bool:
+    """Batch norm normalising by its batch's statistics (training mode)."""
+    if node.op == "call_module":
+        sub = module.get_submodule(str(node.target))
+        return isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.training
+    if node.op != "call_function":
+        return False
+    name = getattr(node.target, "__name__", str(node.target))
+    if "batch_norm" not in name or "no_training" in name:
+        return False
+    training = node.kwargs.get("training", node.args[5] if len(node.args) > 5 else True)
+    return bool(training)
+
+
+def _keep_rows(first: Any, other: Any, rows: int, part: slice) -> Any:
+    """``other`` with the first run's values in the rows of ``part`` (values without a
+    dimension of the batch's size: the first run's whole)."""
+    a, spec = pytree.tree_flatten(first)
+    b = pytree.tree_leaves(other)
+    kept = []
+    for x, y in zip(a, b):
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            kept.append(y)
+            continue
+        dim = _dims_of(x, rows)
+        if not dim or x.shape != y.shape:
+            kept.append(x)
+            continue
+        y = y.clone()
+        y.narrow(dim[0], part.start, part.stop - part.start).copy_(
+            x.narrow(dim[0], part.start, part.stop - part.start)
+        )
+        kept.append(y)
+    return pytree.tree_unflatten(kept, spec)
+
+
+def _dims_of(t: torch.Tensor, rows: int) -> list[int]:
+    return [d for d, size in enumerate(t.shape) if size == rows]
+
+
+def _kind(values: list[Any], rows: int, kept: tuple[slice, slice]) -> str:
+    leaves = [pytree.tree_leaves(v) for v in values]
+    kinds = {_leaf_kind(a, b, c, rows, kept) for a, b, c in zip(*leaves)}
+    if _MIXED in kinds:
+        return _MIXED
+    return _SAMPLE if _SAMPLE in kinds else _CONST
+
+
+def _leaf_kind(a: Any, b: Any, c: Any, rows: int, kept: tuple[slice, slice]) -> str:
+    if not isinstance(a, torch.Tensor):
+        return _CONST if a == b and a == c else _MIXED if _numbers(a, b, c) else _CONST
+    if not isinstance(b, torch.Tensor) or not isinstance(c, torch.Tensor):
+        return _CONST
+    if a.shape != b.shape or a.shape != c.shape:
+        return _MIXED  # the shape depends on the samples' values
+    if _same(a, b) and _same(a, c):
+        return _CONST
+    for d in _dims_of(a, rows):
+        first, second = kept
+        if _same(_rows_of(a, d, first), _rows_of(b, d, first)) and _same(
+            _rows_of(a, d, second), _rows_of(c, d, second)
+        ):
+            return _SAMPLE
+    return _MIXED
+
+
+def _numbers(*values: Any) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _rows_of(t: torch.Tensor, dim: int, part: slice) -> torch.Tensor:
+    return t.narrow(dim, part.start, part.stop - part.start)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not (a.is_floating_point() or a.is_complex()):
+        return bool(torch.equal(a, b))
+    if a.numel() == 0:
+        return True
+    x, y = a.double(), b.double()
+    both = x.isfinite() & y.isfinite()
+    if not torch.equal(both, x.isfinite()) or not torch.equal(both, y.isfinite()):
+        return False
+    scale = max(float(x[both].abs().max()) if both.any() else 0.0, 1e-30)
+    return bool(((x - y)[both].abs() <= _RTOL * scale).all())
+
+
+def _couplings(module: fx.GraphModule, kinds: dict[fx.Node, str]) -> tuple[Coupling, ...]:
+    """The ops where mixing starts (a mixed value of unmixed inputs), in graph order, with
+    batch norm's listed as such."""
+    found = []
+    for node, kind in kinds.items():
+        if _batch_norm(module, node):
+            found.append(Coupling("batch norm", op_place(node), node.name))
+            continue
+        if kind != _MIXED or any(kinds.get(n) == _MIXED for n in node.all_input_nodes):
+            continue
+        after = "middle" if _layers_after(module, node) else "tail"
+        found.append(Coupling(after, op_place(node), node.name))
+    return tuple(found)
+
+
+def _layers_after(module: fx.GraphModule, start: fx.Node) -> bool:
+    """Whether a layer with weights reads a value that depends on ``start``: a module with
+    parameters, or a weight of more than one element (a scalar such as CLIP's logit scale
+    is no layer)."""
+    seen, todo = {start}, [start]
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            todo.append(user)
+            if user.op == "call_module":
+                if any(True for _ in module.get_submodule(str(user.target)).parameters()):
+                    return True
+            for arg in user.all_input_nodes:
+                if arg.op == "get_attr" and _weight(module, str(arg.target)):
+                    return True
+    return False
+
+
+def _weight(module: fx.GraphModule, target: str) -> bool:
+    try:
+        value = module.get_parameter(target)
+    except AttributeError:
+        return False
+    return value.numel() > 1
