@@ -171,20 +171,25 @@ def _keep_rows(first: Any, other: Any, rows: int, part: slice) -> Any:
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
             kept.append(y)
             continue
-        dim = _dims_of(x, rows)
-        if not dim or x.shape != y.shape:
+        dims = _dims_of(x, rows)
+        if not dims or x.shape != y.shape:
             kept.append(x)
             continue
         y = y.clone()
-        y.narrow(dim[0], part.start, part.stop - part.start).copy_(
-            x.narrow(dim[0], part.start, part.stop - part.start)
-        )
+        _rows_of(y, *dims[0], part).copy_(_rows_of(x, *dims[0], part))
         kept.append(y)
     return pytree.tree_unflatten(kept, spec)
 
 
-def _dims_of(t: torch.Tensor, rows: int) -> list[int]:
-    return [d for d, size in enumerate(t.shape) if size == rows]
+def _dims_of(t: torch.Tensor, rows: int) -> list[tuple[int, int]]:
+    """The dimensions that may hold the batch, each with the entries a sample has there: 1
+    where the size is the batch's, k where the batch is flattened with k entries a sample
+    (``x.view(-1, width)`` of a (batch, seq, width) value: k = seq), batch-major."""
+    found = [(d, 1) for d, size in enumerate(t.shape) if size == rows]
+    found += [
+        (d, size // rows) for d, size in enumerate(t.shape) if size > rows and size % rows == 0
+    ]
+    return found
 
 
 def _kind(values: list[Any], rows: int, kept: tuple[slice, slice]) -> str:
@@ -204,10 +209,10 @@ def _leaf_kind(a: Any, b: Any, c: Any, rows: int, kept: tuple[slice, slice]) -> 
         return _MIXED  # the shape depends on the samples' values
     if _same(a, b) and _same(a, c):
         return _CONST
-    for d in _dims_of(a, rows):
-        first, second = kept
-        if _same(_rows_of(a, d, first), _rows_of(b, d, first)) and _same(
-            _rows_of(a, d, second), _rows_of(c, d, second)
+    first, second = kept
+    for d, block in _dims_of(a, rows):
+        if _same(_rows_of(a, d, block, first), _rows_of(b, d, block, first)) and _same(
+            _rows_of(a, d, block, second), _rows_of(c, d, block, second)
         ):
             return _SAMPLE
     return _MIXED
@@ -217,8 +222,9 @@ def _numbers(*values: Any) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
-def _rows_of(t: torch.Tensor, dim: int, part: slice) -> torch.Tensor:
-    return t.narrow(dim, part.start, part.stop - part.start)
+def _rows_of(t: torch.Tensor, dim: int, block: int, part: slice) -> torch.Tensor:
+    """The entries of the samples ``part`` along ``dim`` (``block`` entries a sample)."""
+    return t.narrow(dim, part.start * block, (part.stop - part.start) * block)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -151,6 +151,7 @@ def _coupling(r: Request, ir: IR) -> tuple[Coupling, ...] | None:
     traced = ir["traced"]
     found = batch_coupling(traced.module, inputs=[r.micro[n] for n in traced.input_names])
     if found is not None:
+        checks.refuse_scalar_outputs(traced.module, r.microbatches)  # the plainer message
         checks.refuse_mixed_batches(found, r.microbatches, r.replicas)
     return found
 

@@ -165,7 +165,7 @@ def _batch(raw: Any, names: list[str], path: Path, where: str) -> Batch:
     raw_inputs, raw_targets = raw
     inputs = named_inputs(names, raw_inputs, path, hook=where)
     targets = (raw_targets,) if isinstance(raw_targets, torch.Tensor) else raw_targets
-    if not (isinstance(targets, tuple | list) and targets) or not all(
+    if not isinstance(targets, tuple | list) or not all(  # (): a loss without targets
         isinstance(t, torch.Tensor) for t in targets
     ):
         raise ModelFileError(

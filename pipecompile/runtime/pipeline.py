@@ -13,7 +13,13 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pipecompile.errors import InputError, MicrobatchError, PipecompileError, RuntimeFailure
+from pipecompile.errors import (
+    InputError,
+    MicrobatchError,
+    ModelFileError,
+    PipecompileError,
+    RuntimeFailure,
+)
 from pipecompile.ir.graph.microbatch import (
     batch_rows,
     input_mismatch,
@@ -30,11 +36,20 @@ from pipecompile.ir.programs.whole_batch import waits_for_whole_batch
 from pipecompile.ir.records.batch_coupling import loss_over_batch
 from pipecompile.ir.records.manifest import Manifest
 from pipecompile.options.run import OptimizerFactory
-from pipecompile.runtime.executor import LossFn, Stages, StepData, StepExecutor, StepHooks
+from pipecompile.runtime.executor import (
+    LossFn,
+    Stages,
+    StepData,
+    StepExecutor,
+    StepHooks,
+    call_loss_fn,
+    defined_at,
+)
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
 from pipecompile.runtime.load import Emitted, load_stages, open_emitted
 from pipecompile.runtime.local_backend import LocalBackend
+from pipecompile.runtime.state.loss_split import loss_mix
 from pipecompile.runtime.state.step_options import PLAIN_STEP, StepOptions
 from pipecompile.runtime.state.step_result import StepResult
 from pipecompile.runtime.timeline import Tracer, traced
@@ -118,6 +133,7 @@ class Pipeline:
         self.name = "the pipeline"  # how messages call it; Pipeline.load: its directory
         self.tracer: Tracer | None = None  # records the traced steps (runtime/timeline.py)
         self.compiled: CompiledStages | None = None  # --compile (runtime/torch_compiled.py)
+        self._losses_checked: set[LossFn] = set()  # each checked on its first step
 
     def compile_stages(self, backend: str | None) -> None:
         """Run each held stage's forward through ``torch.compile`` with ``backend`` (None or
@@ -232,7 +248,49 @@ class Pipeline:
         if self.messaging.after_step is not None:
             self.messaging.after_step()
         self.last = self._result(executor, backend, scale)
+        if loss_fn not in self._losses_checked:
+            self._check_loss(loss_fn, targets, options.splits)
+            self._losses_checked.add(loss_fn)  # a refused one is checked again
         return self.last
+
+    def _check_loss(
+        self, loss_fn: LossFn, targets: Sequence[torch.Tensor] | None, splits: tuple[str, ...]
+    ) -> None:
+        """On a first step that splits the batch, with a loss per part: that loss must be a
+        mean over the samples (``state/loss_split``), checked on the outputs joined.
+
+        Raises:
+            ModelFileError: naming ``loss_fn``, the losses and what to do.
+        """
+        m = self.program.microbatches
+        said = (*((f"{m} micro-batches",) if m > 1 else ()), *splits)
+        last = self.last
+        if not said or self.asynchronous or self.whole_loss is not None or targets is None:
+            return
+        if last is None or not last.outputs:
+            return
+        try:
+            joined = join_microbatches(last.outputs)
+        except PipecompileError:  # a scalar output: refused at compile where it splits
+            return
+        output = pytree.tree_unflatten(joined, self.layout.output_spec)
+        mix = loss_mix(lambda o, t: call_loss_fn(loss_fn, o, t), output, tuple(targets))
+        if mix is None:
+            return
+        why = (
+            "return the mean over the batch instead of the sum"
+            if "sums" in mix
+            else "a loss over the whole batch (a contrastive loss) runs exactly where the "
+            "compile sees it (the model file's loss_fn and example_targets(), or compile()'s "
+            "loss_fn and example_targets): once a step on every micro-batch's outputs joined, "
+            "under the gpipe or looped_bfs schedule; or keep the batch whole (--microbatches "
+            "1, no --dp or --accumulate)"
+        )
+        raise ModelFileError(
+            f"loss_fn ({defined_at(loss_fn)}) is not a mean over the samples of its batch: "
+            f"{mix}. The run splits each batch ({', '.join(said)}) and averages the parts' "
+            f"losses, so it would train another objective than the model's; {why}"
+        )
 
     def _whole(self, targets: Sequence[torch.Tensor] | None) -> tuple[torch.Tensor, ...] | None:
         """The targets of a loss over the whole batch (None: a loss per micro-batch)."""

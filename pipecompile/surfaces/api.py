@@ -62,6 +62,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
     devices: int | None = None,
     directory: str | Path | None = None,
     progress: bool = False,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    example_targets: Any = None,
     **options: Any,
 ) -> CompiledPipeline:
     """Compile ``model`` into ``stages`` pipeline stages and load them for running.
@@ -78,6 +80,10 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         directory: where to write the stage modules (default: a temporary directory that
             lives as long as the returned object; ``save`` copies it elsewhere).
         progress: print one line per compiler pass to stderr.
+        loss_fn, example_targets: the loss training will use and targets of the example
+            (as a model file's): a loss over the whole batch (a contrastive loss, which is no
+            mean of per-sample terms) is then found and computed exactly, once a step on
+            every micro-batch's outputs joined (docs/USAGE.md, "Batch coupling").
         **options: every other option of `pipecompile compile`, by the API name its
             ``CompileOptions`` field declares (docs/API.md lists them): ``recompute``,
             ``balance``, ``split_at``, ``pinned``, ``virtual_stages``, ``vertical_sync``,
@@ -116,6 +122,7 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         chosen,
         out,
         model_ref=ModelRef(None, name, name, model_configs(model), unsaved_buffers(model)),
+        loss=(loss_fn, None if example_targets is None else _as_tuple(example_targets)),
     )
     for note in notes:
         warnings.warn(f"pipecompile: {note}", stacklevel=2)

@@ -2,9 +2,10 @@
 
 The compile command has the model file's ``loss_fn`` and ``example_targets()``: it runs the
 model once on the example (no autograd; its buffers and torch's random state as before) and
-asks ``loss_split.loss_mix`` whether the loss of the whole batch is the rows' mean of its
-halves' losses. One that is not (a contrastive loss) is recorded as the manifest's ``loss``
-coupling, and every run computes it once a step on all micro-batches' outputs joined.
+asks ``loss_mix`` (``runtime/state/loss_split``) whether the loss of the whole batch is the
+rows' mean of its halves' losses. One that is not (a contrastive loss) is recorded as the
+manifest's ``loss`` coupling, and every run computes it once a step on all micro-batches'
+outputs joined.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from torch import nn
 
 from pipecompile.ir.records.batch_coupling import Coupling
 from pipecompile.model.init_recipe import is_meta_model
-from pipecompile.runtime.executor import defined_at
-from pipecompile.runtime.training.loss_split import loss_mix
+from pipecompile.runtime.executor import call_loss_fn, defined_at
+from pipecompile.runtime.state.loss_split import loss_mix
 
 __all__ = ["loss_coupling"]
 
@@ -38,7 +39,7 @@ def loss_coupling(
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             output = model(**inputs)
-            mix = loss_mix(loss_fn, output, targets)
+            mix = loss_mix(lambda o, t: call_loss_fn(loss_fn, o, t), output, targets)
     except Exception:  # the compile's own trace and proof say what fails, and where
         return None
     finally:

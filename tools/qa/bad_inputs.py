@@ -54,6 +54,7 @@ from catalogue.case import (  # noqa: E402
     run_in_process,
     run_subprocess,
 )
+from catalogue.coupling import COUPLING  # noqa: E402
 from catalogue.doors import DOORS  # noqa: E402
 from catalogue.files import FILES  # noqa: E402
 from catalogue.generating import GENERATING  # noqa: E402
@@ -68,7 +69,7 @@ TEST = "tests/test_bad_inputs.py::test_case"
 AREAS: dict[str, list[Case]] = {
     "basics": BASICS, "files": FILES, "asked": ASKED, "pretrained": PRETRAINED, "ranks": RANKS,
     "saved": SAVED, "shapes": SHAPES, "tracing": TRACING, "generating": GENERATING,
-    "doors": DOORS,
+    "doors": DOORS, "coupling": COUPLING,
 }  # fmt: skip
 CASES: list[Case] = [case for cases in AREAS.values() for case in cases]
 VERDICTS = ("clear", "unclear", "wrong exit", "traceback", "silently wrong", "data lost", "hang")

@@ -20,7 +20,9 @@ class StepOptions:
     rows where a rank reads no inputs; ``weigh_rows``: a synchronous step weighs each
     micro-batch's loss by its share of the rows (the gradient is the mean over all rows
     whatever their split); ``sizes``: the batch's sizes of the dimensions compiled
-    ``--dynamic`` where a rank reads no data."""
+    ``--dynamic`` where a rank reads no data; ``splits``: how else the run splits its batch
+    (the loop's ``--dp`` copies and ``--accumulate`` parts), for the first step's check that
+    the loss is a mean over the samples (``Pipeline.train_step``)."""
 
     loss_scale: float | None = None
     keep_grads: bool = False
@@ -29,6 +31,7 @@ class StepOptions:
     rows: int | None = None
     weigh_rows: bool = True
     sizes: dict[str, int] | None = None
+    splits: tuple[str, ...] = ()
 
 
 PLAIN_STEP = StepOptions()  # a step as the API's user runs it

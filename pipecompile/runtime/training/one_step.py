@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch.utils import _pytree as pytree
 
 from pipecompile.errors import PipecompileError, RuntimeFailure
-from pipecompile.ir.graph.microbatch import batch_rows, join_microbatches
+from pipecompile.ir.graph.microbatch import batch_rows
 from pipecompile.model.data_hooks import Batch
 from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.executor import LossFn
@@ -38,7 +36,6 @@ from pipecompile.runtime.training.grad_ops import (
     take_grads,
 )
 from pipecompile.runtime.training.group import Group
-from pipecompile.runtime.training.loss_split import check_loss_split
 from pipecompile.runtime.training.metrics import (
     batch_counts,
     local_bubble,
@@ -151,24 +148,13 @@ def one_step(ctx: StepContext, step: int) -> tuple[StepRecord, str] | None:
     return record, note
 
 
-def _check_loss(ctx: StepContext, result: StepResult, targets: Sequence[torch.Tensor]) -> None:
-    """On the first step, where the run splits its batch: the loss must be a mean over the
-    samples (``loss_split``), checked on the outputs this rank joined."""
-    pipe, m = ctx.pipe, ctx.pipe.program.microbatches
-    splits = [
-        (m > 1, f"{m} micro-batches"),
-        (ctx.options.accumulate > 1, f"--accumulate {ctx.options.accumulate}"),
-        (ctx.dp.size > 1, f"{ctx.dp.size} data-parallel copies"),
-    ]
-    said = [what for yes, what in splits if yes]
-    if not said or pipe.asynchronous or not result.outputs or pipe.whole_loss is not None:
-        return
-    try:
-        joined = join_microbatches(result.outputs)
-    except PipecompileError:  # a scalar output: refused at compile where it splits
-        return
-    output = pytree.tree_unflatten(joined, pipe.layout.output_spec)
-    check_loss_split(ctx.loss_fn, output, targets, split=", ".join(said))
+def _splits(ctx: StepContext) -> tuple[str, ...]:
+    """How the run splits each batch besides its micro-batches."""
+    accumulate, copies = ctx.options.accumulate, ctx.dp.size
+    return (
+        *((f"--accumulate {accumulate}",) if accumulate > 1 else ()),
+        *((f"{copies} data-parallel copies",) if copies > 1 else ()),
+    )
 
 
 def _parts(ctx: StepContext, step: int, loss_scale: float, home: int) -> _Parts | None:
@@ -218,12 +204,11 @@ def _parts(ctx: StepContext, step: int, loss_scale: float, home: int) -> _Parts 
                     on_backward=partial(dp.before_backward, pipe.modules) if dp.sharded else None,
                     rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
                     sizes=sizes,
+                    splits=_splits(ctx),
                 ),
             )
         except PipecompileError as err:
             raise in_batch(err, pipe, feed, batch, f"step {step + 1}") from err
-        if step == ctx.first_step and part == 0 and reads[1] and not replay:
-            _check_loss(ctx, result, batch.targets)
         if taken is not None:
             add_grads(pipe, taken)
         done.busy_ns += sum(result.stats.compute_ns.values())

@@ -1,0 +1,113 @@
+"""A loss over the whole batch (examples/clip.py's contrastive loss) trains exactly: computed
+once a step on every micro-batch's outputs joined, through each door; refused where the batch
+would be split without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import pipecompile
+from pipecompile.errors import MicrobatchError, ModelFileError, PipecompileError
+from pipecompile.ir.graph.noise_floor import Tolerance
+from pipecompile.ir.records.manifest import read_manifest
+from pipecompile.runtime.check.step import check_step
+from pipecompile.runtime.pipeline import Pipeline
+from pipecompile.schedules import WHOLE_BATCH
+from pipecompile.surfaces.cli import main
+from tests.conftest import EXAMPLES, example_spec
+
+CLIP = str(EXAMPLES / "clip.py")
+
+
+@pytest.fixture(scope="module")
+def clip_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/clip.py at 2 stages, 4 micro-batches, compiled once by the command line."""
+    out = tmp_path_factory.mktemp("clip") / "out"
+    assert main([CLIP, "--stages", "2", "--microbatches", "4", "-o", str(out), "-q"]) == 0
+    return out
+
+
+def test_the_compile_records_the_loss_and_the_summary_says_so(clip_out, capsys):
+    (loss,) = read_manifest(clip_out).batch_coupling
+    assert loss.kind == "loss" and "clip.py" in loss.op and "mixes the samples" in loss.op
+    assert set(WHOLE_BATCH) == {"gpipe", "looped_bfs"}
+
+
+def test_steps_equal_eager_sgd_on_the_whole_batch(clip_out):
+    """Three SGD steps of the pipeline, 4 micro-batches, against the eager model's on the
+    whole batch: losses and weights alike (a loss per micro-batch is off by 0.8 at once)."""
+    spec = example_spec("clip")
+    eager = spec.model
+    pipe = Pipeline.load(clip_out)
+    pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=0.5))
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.5)
+    for _ in range(3):
+        got = pipe.train_step(spec.inputs, (), spec.loss_fn).loss
+        optimizer.zero_grad()
+        want = spec.loss_fn(eager(**spec.inputs))
+        want.backward()
+        optimizer.step()
+        assert abs(float(got) - float(want)) < 1e-5, (float(got), float(want))
+    state = pipe.state_dict()
+    for name, value in eager.state_dict().items():
+        torch.testing.assert_close(state[name], value, atol=1e-5, rtol=1e-4)
+
+
+def test_run_check_and_two_ranks_equal_eager(clip_out, capfd):
+    assert main(["run", str(clip_out), "--check", "--nproc", "2"]) == 0
+    text = capfd.readouterr().out
+    assert "check passed" in text and "reference: eager model, whole mini-batch" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--accumulate", "2"], "--accumulate 2 splits"), (["--nproc", "4", "--dp", "2"], "--dp 2")],
+)
+def test_run_refuses_what_would_split_the_batch(clip_out, capsys, flags, said):
+    assert main(["run", str(clip_out), "--steps", "1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "clip.py" in err and "another objective" in err
+
+
+def test_a_program_that_cannot_wait_for_the_loss_is_refused(clip_out):
+    """At compile (naming the schedules that wait), and by every pipeline given one."""
+    spec = example_spec("clip")
+    with pytest.raises(MicrobatchError, match="1f1b starts the last stage's backward before "
+                       "its last forward.*--schedule gpipe or looped_bfs"):  # fmt: skip
+        pipecompile.compile(
+            spec.model, spec.inputs, stages=2, microbatches=4, schedule="1f1b",
+            loss_fn=spec.loss_fn, example_targets=(),
+        )  # fmt: skip
+    pipe = Pipeline.load(clip_out)  # its manifest records the loss; a 1f1b program of it:
+    one_f = pipecompile.compile(spec.model, spec.inputs, stages=2, microbatches=4,
+                                schedule="1f1b").pipeline.program  # fmt: skip
+    with pytest.raises(PipecompileError, match=r"the program \(1f1b\) starts the last "
+                       "stage's backward before its last forward: it cannot wait"):  # fmt: skip
+        Pipeline(pipe.manifest, pipe.modules, one_f)
+
+
+def test_looped_bfs_waits_too():
+    spec = example_spec("clip")
+    pipe = pipecompile.compile(
+        spec.model, spec.inputs, stages=4, microbatches=4, schedule="looped_bfs",
+        virtual_stages=2, loss_fn=spec.loss_fn, example_targets=(),
+    )  # fmt: skip
+    report = check_step(
+        pipe.pipeline, spec.model, spec.inputs, (), spec.loss_fn, tolerance=Tolerance(1e-5)
+    )
+    assert report.ok, str(report)
+
+
+def test_a_loss_the_compile_did_not_see_is_refused_on_the_first_step():
+    """The API compiled without the loss: the first step of a split batch finds it mixes the
+    samples and stops, through train_step and fit alike."""
+    spec = example_spec("clip")
+    pipe = pipecompile.compile(spec.model, spec.inputs, stages=2, microbatches=2)
+    with pytest.raises(ModelFileError, match=r"loss_fn \(.*clip.py:\d+\) is not a mean over "
+                       r"the samples of its batch: .* \(2 micro-batches\)"):  # fmt: skip
+        pipe.train_step(spec.inputs, (), spec.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1))
+    with pytest.raises(ModelFileError, match="is not a mean over the samples"):
+        pipe.fit([(spec.inputs, ())], spec.loss_fn, steps=1)
