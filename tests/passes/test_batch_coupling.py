@@ -151,3 +151,23 @@ def test_the_compile_refuses_a_split_batch_and_records_a_whole_one():
     assert [(c.kind, c.node) for c in compiled.coupling] == [("tail", "matmul")]
     searched = compile_model(model, inputs, devices=2)
     assert searched.program.microbatches == 1  # the search keeps the batch whole
+
+
+def test_hugging_face_clip_is_refused_at_its_logits_when_split():
+    """CLIPModel from a tiny config (traced by torch.export): its image-text logits are the
+    coupling, named by Hugging Face's own line."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.CLIPConfig(
+        text_config={"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+                     "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "max_position_embeddings": 8},
+        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 8, "patch_size": 4},
+        projection_dim=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.CLIPModel(config)
+    inputs = {"input_ids": torch.randint(0, 64, (4, 5)), "pixel_values": torch.randn(4, 3, 8, 8)}
+    said = r"matmul.*modeling_clip\.py.*logits_per_text.*mixes the samples of the batch, and only"
+    with pytest.raises(MicrobatchError, match=said):
+        compile_model(model, inputs, stages=2, microbatches=2, dynamic="none")

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-__all__ = ["loss_mix", "RTOL"]
+__all__ = ["loss_mix", "RTOL", "RTOL_OWN"]
 
-RTOL = 1e-4  # of the loss: far above rounding (~1e-7), far below a mixed loss's change
+RTOL = 1e-9  # of the loss, in float64: far above its rounding (~1e-15)
+RTOL_OWN = 1e-4  # in the outputs' own dtype, for a loss that cannot run in float64
 LossCall = Callable[[Any, Sequence[Any]], torch.Tensor]  # (output, targets) -> the loss
 
 
@@ -31,15 +32,16 @@ def loss_mix(call: LossCall, output: Any, targets: Sequence[Any]) -> str | None:
     rows = _rows(output)
     if rows is None or rows < 2:
         return None
-    half = rows // 2
-    with torch.no_grad():
-        whole = _loss(call, output, targets, rows, slice(0, rows))
-        first = _loss(call, output, targets, rows, slice(0, half))
-        second = _loss(call, output, targets, rows, slice(half, rows))
-    if whole is None or first is None or second is None:
+    found = _losses(call, _double(output), [_double(t) for t in targets], rows)
+    rtol = RTOL
+    if found is None:  # a loss that cannot run in float64: its own dtype, a looser bound
+        found, rtol = _losses(call, output, targets, rows), RTOL_OWN
+    if found is None:
         return None
+    whole, first, second = found
+    half = rows // 2
     mean = (first * half + second * (rows - half)) / rows
-    bound = RTOL * max(abs(whole), abs(first), abs(second), 1e-12)
+    bound = rtol * max(abs(whole), abs(first), abs(second), 1e-12)
     if abs(whole - mean) <= bound:
         return None
     what = "sums" if abs(whole - (first + second)) <= bound else "mixes"
@@ -47,6 +49,31 @@ def loss_mix(call: LossCall, output: Any, targets: Sequence[Any]) -> str | None:
         f"on {rows} rows it gives {whole:.6g}, and the rows' mean of its two halves' losses "
         f"is {mean:.6g}: it {what} {'over the batch' if what == 'sums' else 'the samples'}"
     )
+
+
+def _losses(
+    call: LossCall, output: Any, targets: Sequence[Any], rows: int
+) -> tuple[float, float, float] | None:
+    """The losses of the whole batch and of its two halves (None if one fails)."""
+    half = rows // 2
+    with torch.no_grad():
+        found = [
+            _loss(call, output, targets, rows, part)
+            for part in (slice(0, rows), slice(0, half), slice(half, rows))
+        ]
+    whole, first, second = found
+    if whole is None or first is None or second is None:
+        return None
+    return whole, first, second
+
+
+def _double(value: Any) -> Any:
+    """``value`` with every floating tensor in float64."""
+
+    def up(t: Any) -> Any:
+        return t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    return pytree.tree_map(up, value)
 
 
 def _rows(output: Any) -> int | None:
@@ -73,4 +100,4 @@ def _loss(
         loss = call(pytree.tree_map(cut, output), [cut(t) for t in targets])
     except Exception:  # a loss that cannot take a part (a fixed batch size): no claim
         return None
-    return float(loss.detach().float())
+    return float(loss.detach())
