@@ -31,7 +31,7 @@ from pipecompile.ir.graph.values import is_transferable
 from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.recompute_policy import policy_counts, with_recompute
-from pipecompile.ir.records.balance_report import BalanceReport
+from pipecompile.ir.records.balance_report import BalanceJson, BalanceReport
 
 __all__ = ["balance_stages", "COSTS", "atoms_of", "compute_nodes", "min_max_partition", "node_cost"]
 
@@ -134,7 +134,7 @@ def _best_order(
     machine: CostModel,
     program: Program,
     recompute: str,
-) -> tuple[fx.GraphModule, list[list[fx.Node]], Any, dict[str, Any]]:
+) -> tuple[fx.GraphModule, list[list[fx.Node]], Any, BalanceJson]:
     """The modelled split of the graph's best op order (each independent-branch order the
     graph allows, unless boundaries were requested): the graph, its atoms, the stage
     starts and the report, which records every order's bottleneck."""
@@ -172,7 +172,7 @@ def _modelled(
     pinned: Mapping[str, int] | None,
     machine: CostModel,
     program: Program,
-) -> tuple[fx.GraphModule, list[list[fx.Node]], list[int], dict[str, Any]] | None:
+) -> tuple[fx.GraphModule, list[list[fx.Node]], list[int], BalanceJson] | None:
     """The exact modelled split of ``module`` in its own op order; None if that order has
     fewer places to cut than stages."""
     ops = compute_nodes(module.graph)

@@ -13,7 +13,6 @@ optimum without the requested boundaries.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from typing import Any
 
 import numpy as np
 
@@ -27,14 +26,13 @@ from pipecompile.balance.partition_search import Limit, part_times, solve
 from pipecompile.errors import BalanceError
 from pipecompile.ir.programs.cost_model import CostModel, scaled_speeds
 from pipecompile.ir.programs.program import Program
+from pipecompile.ir.records.balance_report import BalanceJson
 from pipecompile.ir.records.sizes import format_size
 
 __all__ = ["plain_split", "modelled_split"]
 
 
-def plain_split(
-    weights: list[int], stages: int, cuts: list[int]
-) -> tuple[list[int], dict[str, Any]]:
+def plain_split(weights: list[int], stages: int, cuts: list[int]) -> tuple[list[int], BalanceJson]:
     """Stage starts minimising the largest summed weight, and the report's figures."""
     starts = (
         min_max_partition_with_cuts(weights, stages, cuts)
@@ -54,7 +52,7 @@ def plain_split(
 
 def modelled_split(
     facts: AtomFacts, *, kind: str, machine: CostModel, program: Program, cuts: list[int]
-) -> tuple[list[int], dict[str, Any]]:
+) -> tuple[list[int], BalanceJson]:
     """Stage starts minimising the slowest stage's predicted time, and the report: times in
     nanoseconds (bytes for ``--balance params``), the replica counts and the model used."""
     problem, unit = build_problem(facts, kind=kind, machine=machine, program=program, forced=cuts)

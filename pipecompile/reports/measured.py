@@ -24,7 +24,7 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pipecompile.errors import PipecompileError
 from pipecompile.ir.programs.program import Program
@@ -32,16 +32,47 @@ from pipecompile.ir.programs.simulate import simulate
 from pipecompile.ir.programs.topology import topology_from_manifest
 from pipecompile.reports.balance_table import stage_costs
 from pipecompile.runtime.load import open_emitted
-from pipecompile.runtime.timeline_file import SIMULATED_PID, is_trace_document, measured_costs
+from pipecompile.runtime.timeline import SpanTimes
+from pipecompile.runtime.timeline_file import (
+    SIMULATED_PID,
+    TraceDocument,
+    TraceInfo,
+    is_trace_document,
+    measured_costs,
+)
 
-__all__ = ["measured_report", "format_measured", "COLUMNS"]
+__all__ = ["MeasuredReport", "RowSpan", "measured_report", "format_measured", "COLUMNS"]
 
 COLUMNS = ("compute", "waiting", "communication", "optimizer", "data", "other")
 _COMPUTE = {"forward", "backward", "weight-gradient"}  # the loss and recompute are inside
 _COMMUNICATION = {"send", "receive", "all-reduce"}
 
 
-def read_trace(path: Path) -> dict[str, Any]:
+class RowSpan(SpanTimes):
+    """A measured span read back from a trace, on its process row (a rank, or a device)."""
+
+    row: int
+
+
+class MeasuredReport(TypedDict):
+    """``show --measured``'s figures (its ``--json``): per row, ms per step in each column."""
+
+    trace: str
+    schedule: str
+    one_process: bool
+    steps: list[int]
+    warm_up_only: bool
+    rows: dict[int, dict[str, float]]
+    row_devices: dict[int, int]
+    spans_outside_steps: int
+    predicted_bubble: list[float]
+    predicted_costs: str
+    simulated_step_ms: float | None
+    measured_step_ms: float
+    measured_over_simulated: float | None
+
+
+def read_trace(path: Path) -> TraceDocument:
     """The trace ``run --trace`` wrote.
 
     Raises:
@@ -60,7 +91,7 @@ def read_trace(path: Path) -> dict[str, Any]:
     return document
 
 
-def spans_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+def spans_of(document: TraceDocument) -> list[RowSpan]:
     """The measured spans of a trace, back in the shape ``trace_document`` took (ns)."""
     spans = []
     for e in document["traceEvents"]:
@@ -69,20 +100,20 @@ def spans_of(document: dict[str, Any]) -> list[dict[str, Any]]:
         start = round(e["ts"] * 1e3)
         args = dict(e["args"])
         spans.append(
-            {
-                "row": e["pid"],
-                "name": e["name"],
-                "category": e["cat"],
-                "start": start,
-                "end": start + round(e["dur"] * 1e3),
-                "step": args.pop("step"),
-                "args": args,
-            }
+            RowSpan(
+                row=e["pid"],
+                name=e["name"],
+                category=e["cat"],
+                start=start,
+                end=start + round(e["dur"] * 1e3),
+                step=args.pop("step"),
+                args=args,
+            )
         )
     return spans
 
 
-def measured_report(directory: str | Path, trace: str | Path) -> dict[str, Any]:
+def measured_report(directory: str | Path, trace: str | Path) -> MeasuredReport:
     """The figures of ``trace`` (a run of ``directory``'s program), JSON-ready.
 
     Raises:
@@ -105,29 +136,27 @@ def measured_report(directory: str | Path, trace: str | Path) -> dict[str, Any]:
     measured = measured_costs(counted, program.num_stages, steps[-1])
     simulated_ms = simulate(program, topology, measured).makespan / 1e6 if measured else None
     step_ms = max(r["step"] for r in rows.values())
-    return {
-        "trace": str(trace),
-        "schedule": program.schedule,
-        "one_process": info.get("one_process", False),
-        "steps": used,
-        "warm_up_only": len(steps) == 1,
-        "rows": rows,
-        "row_devices": _row_devices(document),
-        "spans_outside_steps": outside,
-        "predicted_bubble": [
+    return MeasuredReport(
+        trace=str(trace),
+        schedule=program.schedule,
+        one_process=info.get("one_process", False),
+        steps=used,
+        warm_up_only=len(steps) == 1,
+        rows=rows,
+        row_devices=_row_devices(document),
+        spans_outside_steps=outside,
+        predicted_bubble=[
             1 - predicted.busy(d) / predicted.makespan if predicted.makespan else 0.0
             for d in range(len(program.devices))
         ],
-        "predicted_costs": unit,
-        "simulated_step_ms": simulated_ms,
-        "measured_step_ms": step_ms,
-        "measured_over_simulated": step_ms / simulated_ms if simulated_ms else None,
-    }
+        predicted_costs=unit,
+        simulated_step_ms=simulated_ms,
+        measured_step_ms=step_ms,
+        measured_over_simulated=step_ms / simulated_ms if simulated_ms else None,
+    )
 
 
-def _check_same_program(
-    info: dict[str, Any], program: Program, trace: Path, directory: Path
-) -> None:
+def _check_same_program(info: TraceInfo, program: Program, trace: Path, directory: Path) -> None:
     ours = (program.schedule, len(program.devices), program.num_stages, program.microbatches)
     theirs = (
         info.get("schedule"),
@@ -145,12 +174,12 @@ def _check_same_program(
 
 
 def _rows(
-    spans: list[dict[str, Any]], used: list[int], *, one_process: bool
-) -> tuple[dict[int, dict[str, float]], list[dict[str, Any]], int]:
+    spans: list[RowSpan], used: list[int], *, one_process: bool
+) -> tuple[dict[int, dict[str, float]], list[RowSpan], int]:
     """Each row's figures in ms per step over the steps ``used``; the spans counted; how many
     were left out, lying outside their step."""
     rows: dict[int, dict[str, float]] = {}
-    counted: list[dict[str, Any]] = []
+    counted: list[RowSpan] = []
     outside = 0
     for row in sorted({s["row"] for s in spans}):
         mine, left = _inside_steps([s for s in spans if s["row"] == row and s["step"] in used])
@@ -164,7 +193,7 @@ def _rows(
     return rows, counted, outside
 
 
-def _inside_steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+def _inside_steps(spans: list[RowSpan]) -> tuple[list[RowSpan], int]:
     """The spans of one row that lie inside their step's span, and how many do not."""
     windows = {s["step"]: (s["start"], s["end"]) for s in spans if s["category"] == "step"}
     bounds = [windows.get(s["step"], (0, -1)) for s in spans]  # no step span: none inside
@@ -174,7 +203,7 @@ def _inside_steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], in
     return inside, len(spans) - len(inside)
 
 
-def _row_devices(document: dict[str, Any]) -> dict[int, int]:
+def _row_devices(document: TraceDocument) -> dict[int, int]:
     """The device each row ran: the trace's ``row_devices``, or in a trace written before it
     had them, the device its row's name gives (``rank 2, device 0``)."""
     recorded = document["otherData"].get("row_devices")
@@ -188,7 +217,7 @@ def _row_devices(document: dict[str, Any]) -> dict[int, int]:
     return {row: int(found.group(1)) for row, found in names.items() if found}
 
 
-def _breakdown(spans: list[dict[str, Any]]) -> dict[str, float]:
+def _breakdown(spans: list[RowSpan]) -> dict[str, float]:
     """Summed ns per column, and the step's own length, over ``spans`` of one row."""
     total: dict[str, float] = defaultdict(float)
     for s in spans:
@@ -212,7 +241,7 @@ def _breakdown(spans: list[dict[str, Any]]) -> dict[str, float]:
     return {c: total[c] for c in ("step", *COLUMNS)}
 
 
-def format_measured(report: dict[str, Any]) -> str:
+def format_measured(report: MeasuredReport) -> str:
     steps = report["steps"]
     which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
     who = "device" if report["one_process"] else "rank"

@@ -15,14 +15,23 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypedDict, Unpack
 
 from pipecompile.ir.programs.instr import Instr, Op
 from pipecompile.runtime.backend import MessageKey
 from pipecompile.runtime.interpreter import Handler
 
-__all__ = ["MeasuredSpan", "Tracer", "CATEGORY", "TRACKS", "traced"]
+__all__ = [
+    "CATEGORY",
+    "DeviceSpan",
+    "MeasuredSpan",
+    "SpanArgs",
+    "SpanTimes",
+    "TRACKS",
+    "Tracer",
+    "traced",
+]
 
 TRACKS = ("compute", "communication", "step")
 CATEGORY: dict[Op, str] = {
@@ -44,6 +53,31 @@ CATEGORY: dict[Op, str] = {
 _COMMUNICATION = {"send", "receive", "all-reduce"}
 
 
+class SpanArgs(TypedDict, total=False):
+    """What a span names besides its times: the instruction's stage and micro-batch."""
+
+    stage: int
+    microbatch: int
+
+
+class SpanTimes(TypedDict):
+    """A span as JSON: what the trace file keeps of it, and what its measured costs read."""
+
+    name: str
+    category: str
+    start: int  # ns
+    end: int
+    step: int
+    args: SpanArgs
+
+
+class DeviceSpan(SpanTimes):
+    """``MeasuredSpan.as_dict()``: a span with the device and track it ran on."""
+
+    device: int
+    track: str
+
+
 @dataclass
 class MeasuredSpan:
     """One thing a device did: ``category`` (see ``CATEGORY``; also ``loss``, ``wait``,
@@ -56,10 +90,19 @@ class MeasuredSpan:
     start: int
     end: int
     step: int
-    args: dict[str, Any] = field(default_factory=dict)
+    args: SpanArgs = field(default_factory=SpanArgs)
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> DeviceSpan:
+        return DeviceSpan(
+            device=self.device,
+            track=self.track,
+            name=self.name,
+            category=self.category,
+            start=self.start,
+            end=self.end,
+            step=self.step,
+            args=SpanArgs(**self.args),
+        )
 
 
 class Tracer:
@@ -86,7 +129,13 @@ class Tracer:
         return time.perf_counter_ns() + self._offset
 
     def record(
-        self, device: int, track: str, name: str, category: str, start: int, **args: Any
+        self,
+        device: int,
+        track: str,
+        name: str,
+        category: str,
+        start: int,
+        **args: Unpack[SpanArgs],
     ) -> None:
         self.spans.append(
             MeasuredSpan(device, track, name, category, start, self.now(), self.step, args)
@@ -94,7 +143,7 @@ class Tracer:
 
     @contextmanager
     def span(
-        self, device: int, track: str, name: str, category: str, **args: Any
+        self, device: int, track: str, name: str, category: str, **args: Unpack[SpanArgs]
     ) -> Iterator[None]:
         start = self.now()
         try:
@@ -103,7 +152,7 @@ class Tracer:
             self.record(device, track, name, category, start, **args)
 
     def maybe(
-        self, device: int, track: str, name: str, category: str, **args: Any
+        self, device: int, track: str, name: str, category: str, **args: Unpack[SpanArgs]
     ) -> AbstractContextManager:
         """``span`` while a traced step runs, else nothing."""
         if not self.active:
@@ -140,7 +189,7 @@ class Tracer:
             start = self.now()
             done = handler(instr)
             if done:
-                args = {"stage": instr.stage}
+                args = SpanArgs(stage=instr.stage)
                 if instr.microbatch is not None:
                     args["microbatch"] = instr.microbatch
                 device = self.stage_device[instr.stage]
@@ -158,7 +207,12 @@ class Tracer:
 
 
 def traced(
-    tracer: Tracer | None, device: int, track: str, name: str, category: str, **args: Any
+    tracer: Tracer | None,
+    device: int,
+    track: str,
+    name: str,
+    category: str,
+    **args: Unpack[SpanArgs],
 ) -> AbstractContextManager:
     """A span of the traced step running now, if ``tracer`` has one; else nothing."""
     if tracer is None:
@@ -182,7 +236,7 @@ class _WaitRecorder:
             key = keys[0]
             stage = key.dst if key.kind == "F" else key.src
             device = self._tracer.stage_device[stage]
-            args = {"stage": stage, "microbatch": key.microbatch}
+            args = SpanArgs(stage=stage, microbatch=key.microbatch)
             self._tracer.record(device, "communication", "wait", "wait", start, **args)
         return done
 

@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, TypeGuard
 
 from pipecompile.errors import EmitError
 from pipecompile.files.atomic import write_atomically
@@ -26,11 +26,17 @@ from pipecompile.ir.programs.instr import Op
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.simulate import Costs, simulate
 from pipecompile.ir.programs.topology import Topology
-from pipecompile.runtime.timeline import CATEGORY, TRACKS
+from pipecompile.runtime.timeline import CATEGORY, TRACKS, DeviceSpan, SpanArgs, SpanTimes
 
 __all__ = [
     "FORMAT",
     "SIMULATED_PID",
+    "EventArgs",
+    "MetaEvent",
+    "RankSpan",
+    "SpanEvent",
+    "TraceDocument",
+    "TraceInfo",
     "check_trace_file",
     "is_trace_document",
     "trace_document",
@@ -39,6 +45,69 @@ __all__ = [
 
 FORMAT = "pipecompile-trace-1"
 SIMULATED_PID = 1000  # simulated device d is process SIMULATED_PID + d
+
+
+class RankSpan(DeviceSpan):
+    """A span as a rank sends it to rank 0, which writes the trace."""
+
+    rank: int
+
+
+class EventArgs(SpanArgs):
+    """A complete event's ``args``: its step, stage and micro-batch; a simulated one says so."""
+
+    step: int
+    simulated: NotRequired[bool]
+
+
+class SpanEvent(TypedDict):
+    """A complete event (``ph: X``): one span, in microseconds since the first."""
+
+    ph: Literal["X"]
+    name: str
+    cat: str
+    pid: int
+    tid: int
+    ts: float
+    dur: float
+    args: EventArgs
+
+
+class MetaArgs(TypedDict, total=False):
+    name: str
+    sort_index: int
+
+
+class MetaEvent(TypedDict):
+    """A metadata event (``ph: M``): a process's or a thread's name, a process's place."""
+
+    ph: Literal["M"]
+    name: str
+    pid: int
+    tid: NotRequired[int]
+    args: MetaArgs
+
+
+class TraceInfo(TypedDict):
+    """The trace's ``otherData``: what was traced (``row_devices``: not in older traces)."""
+
+    format: str
+    schedule: str
+    devices: int
+    stages: int
+    microbatches: int
+    traced_steps: list[int]
+    one_process: bool
+    row_devices: NotRequired[dict[str, int]]
+    simulated: str
+
+
+class TraceDocument(TypedDict):
+    """The trace file's JSON object."""
+
+    traceEvents: list[SpanEvent | MetaEvent]
+    displayTimeUnit: str
+    otherData: TraceInfo
 
 
 def check_trace_file(path: Path) -> None:
@@ -64,12 +133,12 @@ def is_our_trace(path: Path) -> bool:
     return is_trace_document(document)
 
 
-def is_trace_document(document: Any) -> bool:
+def is_trace_document(document: Any) -> TypeGuard[TraceDocument]:
     """Whether parsed JSON is a trace `run --trace` wrote (its ``otherData`` marker)."""
     return isinstance(document, dict) and document.get("otherData", {}).get("format") == FORMAT
 
 
-def write_trace(path: Path, document: dict[str, Any]) -> None:
+def write_trace(path: Path, document: TraceDocument) -> None:
     """Write ``document`` to ``path`` whole or not at all (a temporary file renamed)."""
     with writing("write the trace to", path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,19 +146,19 @@ def write_trace(path: Path, document: dict[str, Any]) -> None:
 
 
 def trace_document(
-    spans: Sequence[dict[str, Any]],
+    spans: Sequence[RankSpan],
     program: Program,
     topology: Topology,
     *,
     one_process: bool,
     traced_steps: Sequence[int],
     threads: dict[int, int] | None = None,
-) -> dict[str, Any]:
+) -> TraceDocument:
     """The trace of ``spans`` (``MeasuredSpan.as_dict()`` plus ``rank``) and the simulated step;
     ``threads``: each rank's intra-op threads, shown in its row's name."""
     threads = threads or {}
     origin = min((s["start"] for s in spans), default=0)
-    events: list[dict[str, Any]] = []
+    events: list[SpanEvent | MetaEvent] = []
     rows: dict[int, str] = {}
     row_devices: dict[str, int] = {}
     for s in spans:
@@ -133,8 +202,8 @@ def trace_document(
     }
 
 
-def _names(rows: dict[int, str], kind: str) -> list[dict[str, Any]]:
-    events = []
+def _names(rows: dict[int, str], kind: str) -> list[MetaEvent]:
+    events: list[MetaEvent] = []
     for pid, name in sorted(rows.items()):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
         events.append(
@@ -147,7 +216,7 @@ def _names(rows: dict[int, str], kind: str) -> list[dict[str, Any]]:
     return events
 
 
-def measured_costs(spans: Sequence[dict[str, Any]], stages: int, step: int) -> Costs | None:
+def measured_costs(spans: Sequence[SpanTimes], stages: int, step: int) -> Costs | None:
     """Each stage's mean forward and backward (B, or I plus W) over ``step``'s micro-batches,
     in ns; None when a stage has no forward in it."""
     forward: dict[int, list[int]] = defaultdict(list)
@@ -182,8 +251,8 @@ def _op(name: str) -> Op | None:
 
 
 def _simulated(
-    spans: Sequence[dict[str, Any]], program: Program, topology: Topology, origin: int
-) -> tuple[list[dict[str, Any]], str]:
+    spans: Sequence[RankSpan], program: Program, topology: Topology, origin: int
+) -> tuple[list[SpanEvent | MetaEvent], str]:
     steps = sorted({s["step"] for s in spans if s["category"] == "step"})
     if not steps:
         return [], "no step was traced"
@@ -193,7 +262,7 @@ def _simulated(
         return [], f"step {last} has no forward of every stage (an inference-only trace?)"
     timeline = simulate(program, topology, costs)
     begin = min(s["start"] for s in spans if s["category"] == "step" and s["step"] == last)
-    events = [
+    events: list[SpanEvent | MetaEvent] = [
         {
             "ph": "X",
             "name": str(span.instr),

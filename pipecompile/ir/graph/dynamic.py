@@ -5,15 +5,20 @@ value crossing a stage boundary follows them: the manifest's ``dynamic`` entry, 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+import torch
 
 from pipecompile.errors import ShapeError
 from pipecompile.ir.graph.microbatch import even_sizes
 
 __all__ = [
     "DynamicDims",
+    "DynamicJson",
     "Exponents",
+    "StatedDims",
     "SHORTHANDS",
     "asked_dims",
     "asked_maxima",
@@ -23,6 +28,20 @@ __all__ = [
 ]
 
 Exponents = dict[str, int]  # symbol -> its power in one dimension's size
+# the model file's dynamic_shapes(): input -> dim -> its symbol, or (symbol, largest size)
+StatedDims = Mapping[str, Mapping[int, str | tuple[str, int]]]
+
+
+class DynamicJson(TypedDict):
+    """The manifest's ``dynamic`` entry (``DynamicDims``, dimensions as strings); the last
+    three keys are not in an earlier manifest's."""
+
+    inputs: dict[str, dict[str, str]]
+    sizes: dict[str, int]
+    edges: dict[str, dict[str, Exponents]]
+    split: NotRequired[list[str]]
+    maxima: NotRequired[dict[str, int]]
+    fixed: NotRequired[str]
 
 
 @dataclass(frozen=True)
@@ -60,7 +79,7 @@ class DynamicDims:
             shape[d] = num // den
         return tuple(shape)
 
-    def sizes_of(self, inputs: dict[str, Any]) -> dict[str, int]:
+    def sizes_of(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, int]:
         """Each symbol's size in a batch of ``inputs`` (a split symbol's: the whole batch's)."""
         found: dict[str, int] = {}
         for name, dims in self.inputs.items():
@@ -70,7 +89,7 @@ class DynamicDims:
                     found.setdefault(symbol, int(tensor.shape[d]))
         return found
 
-    def above_maximum(self, inputs: dict[str, Any]) -> str | None:
+    def above_maximum(self, inputs: Mapping[str, torch.Tensor]) -> str | None:
         """Why ``inputs`` exceed a stated maximum (naming the input and the value), or None."""
         for name, dims in self.inputs.items():
             tensor = inputs.get(name)
@@ -94,7 +113,7 @@ class DynamicDims:
                 part[symbol] = n
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DynamicJson:
         return {
             "inputs": {n: {str(d): s for d, s in dims.items()} for n, dims in self.inputs.items()},
             "sizes": dict(self.sizes),
@@ -107,7 +126,7 @@ class DynamicDims:
         }
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any] | None) -> DynamicDims:
+    def from_json(cls, raw: DynamicJson | None) -> DynamicDims:
         if not raw:
             return cls()
         return cls(
@@ -123,7 +142,9 @@ class DynamicDims:
 SHORTHANDS = {"batch": "dim 0 of every input", "seq": "dim 1 of every input of two dims"}
 
 
-def asked_dims(dynamic: Any, inputs: dict[str, Any]) -> dict[str, dict[int, str]] | None:
+def asked_dims(
+    dynamic: Any, inputs: Mapping[str, torch.Tensor]
+) -> dict[str, dict[int, str]] | None:
     """``dynamic`` as input -> dim -> symbol: a mapping as given (``dynamic_shapes()``), or
     symbol names (``--dynamic batch,seq``) laid on ``inputs`` (None: none asked).
 
@@ -176,7 +197,7 @@ def asked_maxima(dynamic: Any) -> dict[str, int]:
     }
 
 
-def merged_dynamic(flag: str | None, stated: Any, inputs: dict[str, Any]) -> Any:
+def merged_dynamic(flag: str | None, stated: Any, inputs: Mapping[str, torch.Tensor]) -> Any:
     """``--dynamic``'s dimensions together with those the model file's ``dynamic_shapes()``
     states (its maxima kept), as one mapping; either alone as it is.
 
@@ -206,7 +227,7 @@ def merged_dynamic(flag: str | None, stated: Any, inputs: dict[str, Any]) -> Any
 
 
 def with_batch(
-    asked: dict[str, dict[int, str]], inputs: dict[str, Any], batch_dim: int = 0
+    asked: dict[str, dict[int, str]], inputs: Mapping[str, torch.Tensor], batch_dim: int = 0
 ) -> dict[str, dict[int, str]]:
     """``asked`` with ``batch`` added on every input's batch dimension that names nothing:
     what every compile tries to let vary."""
@@ -221,7 +242,7 @@ def _symbol_name(entry: Any) -> str:
     return str(entry if isinstance(entry, str) else entry[0])
 
 
-def _listed(stated: dict[str, Any]) -> str:
+def _listed(stated: StatedDims) -> str:
     return ", ".join(
         f"{name!r} dim {d} ({_symbol_name(s)})"
         for name, dims in stated.items()

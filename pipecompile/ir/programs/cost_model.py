@@ -5,14 +5,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from pipecompile.errors import BalanceError
 from pipecompile.ir.records.sizes import parse_size
 
-__all__ = ["CostModel", "parse_rate", "parse_speeds", "parse_limits"]
+__all__ = ["CostModel", "CostModelJson", "parse_rate", "parse_speeds", "parse_limits"]
 
 DEFAULT_BANDWIDTH = 10e9  # bytes/s: a 100 Gb/s network or a PCIe link between devices
 DEFAULT_FLOPS_RATE = 1e12  # FLOP/s a device sustains, for --balance flops
+
+
+class CostModelJson(TypedDict, total=False):
+    """A ``CostModel``'s fields as the manifest records them (the balance's ``model``, the
+    plan's ``cost_model``, which adds the calibration it read and the model's key; an
+    earlier manifest lacks the later fields)."""
+
+    bandwidth: float
+    flops_rate: float | None  # None: unlimited
+    device_speed: Sequence[float]  # a list read back, a tuple as the balancer made it
+    memory_limit: Sequence[int]
+    optimizer_states: int
+    workers: int | None
+    op_overhead: float
+    half_work: float
+    instr_overhead: float
+    elementwise_rate: float
+    concurrency: float
+    message_latency: float
+    optimizer_rate: float
+    conv_rate: float
+    conv_half_work: float
+    fixed_scale: float
+    work_scale: float
+    calibration: str | None
+    model_key: str
 
 
 @dataclass(frozen=True)

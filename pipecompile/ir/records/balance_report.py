@@ -6,10 +6,38 @@ The balancer returns it beside the balanced graph; the driver hands it to the la
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypedDict
 
-__all__ = ["BalanceReport"]
+from pipecompile.ir.programs.cost_model import CostModelJson
+
+__all__ = ["BalanceJson", "BalanceReport"]
+
+
+class BalanceJson(TypedDict, total=False):
+    """The manifest's ``balance`` object (see ``BalanceReport``; the modelled split's keys are
+    absent after a plain one, and an earlier manifest lacks the later keys). The balancer
+    builds it in parts: each split's figures, then the order and the stages' op counts."""
+
+    cost: str
+    unit: str
+    stage_costs: Sequence[float]  # lists in the manifest and as the splits make them
+    stage_compute: Sequence[float]
+    stage_comm: Sequence[float]
+    stage_comm_bytes: Sequence[int]
+    stage_params: Sequence[int]
+    bottleneck: float
+    lower_bound: float
+    unconstrained_optimum: float
+    replicas: Sequence[int]
+    model: CostModelJson
+    stage_memory: Sequence[int]
+    stage_balanced: Sequence[int]
+    order: str
+    orders: dict[str, float]
+    stage_ops: Sequence[int]
+    requested_boundaries: int
 
 
 @dataclass(frozen=True)
@@ -38,7 +66,7 @@ class BalanceReport:
     stage_comm_bytes: tuple[int, ...] | None = None
     stage_params: tuple[int, ...] | None = None
     replicas: tuple[int, ...] | None = None
-    model: dict[str, Any] | None = None
+    model: CostModelJson | None = None
     stage_memory: tuple[int, ...] | None = None
     stage_balanced: tuple[int, ...] | None = None
     order: str | None = None
@@ -47,7 +75,7 @@ class BalanceReport:
     method: str = ""  # not in the manifest: "" when read back from one
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any] | None) -> BalanceReport | None:
+    def from_json(cls, raw: BalanceJson | None) -> BalanceReport | None:
         """The manifest's ``balance`` object read back (None for an empty or missing one;
         keys an earlier pipecompile did not write take their defaults)."""
         if not raw:
@@ -64,7 +92,7 @@ class BalanceReport:
         values = getattr(self, key)
         return values[j] if values and j < len(values) else None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> BalanceJson:
         """The manifest's ``balance`` object: every field set, in the manifest's key order."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return {

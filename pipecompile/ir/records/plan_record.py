@@ -6,11 +6,54 @@ and by the planner that makes it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-__all__ = ["PlanRecord", "PlanRow", "TunedRow"]
+from pipecompile.ir.programs.cost_model import CostModelJson
+
+__all__ = ["PlanJson", "PlanRecord", "PlanRow", "PlanRowJson", "TunedRow", "TunedRowJson"]
 
 _FLAGS = ("stages", "replicas", "microbatches", "schedule", "virtual_stages", "recompute")
+
+
+class TunedRowJson(TypedDict):
+    """A ``TunedRow`` in the manifest: the plan's choices, its predicted and measured step."""
+
+    stages: int
+    replicas: NotRequired[list[int]]  # NotRequired here and below: not in earlier manifests
+    microbatches: int
+    schedule: str
+    virtual_stages: NotRequired[int | None]
+    recompute: NotRequired[str]
+    predicted_step_s: float
+    measured_step_s: float
+
+
+class PlanRowJson(TypedDict):
+    """A ``PlanRow`` in the manifest."""
+
+    stages: int
+    replicas: NotRequired[list[int]]
+    microbatches: int
+    schedule: str
+    virtual_stages: NotRequired[int | None]
+    recompute: NotRequired[str]
+    devices_used: NotRequired[int | None]
+    predicted_step_s: float
+    bubble: NotRequired[float]
+    peak_memory: NotRequired[list[int]]
+
+
+class PlanJson(PlanRowJson):
+    """The manifest's ``plan``: the chosen plan's row, then the search's figures."""
+
+    devices: int
+    plans_searched: NotRequired[int]
+    plans_bounded: NotRequired[int]
+    search_seconds: NotRequired[float]
+    runners_up: NotRequired[list[PlanRowJson]]
+    cost_model: NotRequired[CostModelJson]
+    tuned: NotRequired[list[TunedRowJson]]
+    measured_step_s: NotRequired[float]
 
 
 @dataclass(frozen=True)
@@ -41,7 +84,7 @@ class PlanRow:
         )
         return f"{shape} stages, {self.microbatches} micro-batches, {self.schedule}"
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> PlanRowJson:
         return {
             "stages": self.stages,
             "replicas": list(self.replicas),
@@ -56,7 +99,7 @@ class PlanRow:
         }
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> PlanRow:
+    def from_json(cls, raw: PlanRowJson) -> PlanRow:
         return cls(
             stages=int(raw["stages"]),
             replicas=tuple(raw.get("replicas") or [1] * int(raw["stages"])),
@@ -79,14 +122,21 @@ class TunedRow:
     predicted_step_s: float
     measured_step_s: float
 
-    def as_json(self) -> dict[str, Any]:
-        flags = dict(zip(_FLAGS, self.flags))
-        flags["replicas"] = list(flags["replicas"])
-        return {**flags, "predicted_step_s": self.predicted_step_s,
-                "measured_step_s": self.measured_step_s}  # fmt: skip
+    def as_json(self) -> TunedRowJson:
+        stages, replicas, microbatches, schedule, virtual_stages, recompute = self.flags
+        return {
+            "stages": stages,
+            "replicas": list(replicas),
+            "microbatches": microbatches,
+            "schedule": schedule,
+            "virtual_stages": virtual_stages,
+            "recompute": recompute,
+            "predicted_step_s": self.predicted_step_s,
+            "measured_step_s": self.measured_step_s,
+        }
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> TunedRow:
+    def from_json(cls, raw: TunedRowJson) -> TunedRow:
         row = PlanRow.from_json({**raw, "peak_memory": [], "bubble": 0.0})
         return cls(row.flags, float(raw["predicted_step_s"]), float(raw["measured_step_s"]))
 
@@ -101,7 +151,7 @@ class PlanRecord:
     plans_bounded: int
     search_seconds: float
     runners_up: tuple[PlanRow, ...]
-    cost_model: dict[str, Any]
+    cost_model: CostModelJson
     tuned: tuple[TunedRow, ...] = ()
     measured_step_s: float | None = None  # --tune: the chosen plan's measured step
 
@@ -123,8 +173,8 @@ class PlanRecord:
             measured_step_s=round(measured, 6),
         )
 
-    def as_json(self) -> dict[str, Any]:
-        raw: dict[str, Any] = {
+    def as_json(self) -> PlanJson:
+        raw: PlanJson = {
             "devices": self.devices,
             **self.chosen.as_json(),
             "plans_searched": self.plans_searched,
@@ -140,7 +190,7 @@ class PlanRecord:
         return raw
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any] | None) -> PlanRecord | None:
+    def from_json(cls, raw: PlanJson | None) -> PlanRecord | None:
         """The manifest's ``plan`` read back (None where it has none)."""
         if not raw:
             return None
@@ -151,7 +201,7 @@ class PlanRecord:
             plans_bounded=int(raw.get("plans_bounded", 0)),
             search_seconds=float(raw.get("search_seconds", 0.0)),
             runners_up=tuple(PlanRow.from_json(p) for p in raw.get("runners_up", [])),
-            cost_model=dict(raw.get("cost_model") or {}),
+            cost_model=CostModelJson(**(raw.get("cost_model") or {})),
             tuned=tuple(TunedRow.from_json(t) for t in raw.get("tuned", [])),
             measured_step_s=raw.get("measured_step_s"),
         )

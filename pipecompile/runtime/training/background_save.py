@@ -28,6 +28,8 @@ from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.process.faults import fail_save
 from pipecompile.runtime.training.model_keyed import save_model_keyed_async
 from pipecompile.runtime.training.train_state import (
+    LoopState,
+    StepMeta,
     last_complete,
     publish,
     remove_partial,
@@ -47,9 +49,7 @@ class BackgroundSaves:
         self._group: Any = None
         self._where: tuple[Path, int] | None = None  # the save in flight's root and rank
 
-    def submit(
-        self, pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any]
-    ) -> float:
+    def submit(self, pipe: Pipeline, root: Path, step: int, rank: int, train: LoopState) -> float:
         """Start the save of ``step`` (every rank together); returns the seconds the step
         waited: for the previous save, then for the copy."""
         began = time.perf_counter()
@@ -100,7 +100,7 @@ class BackgroundSaves:
         if not thread.is_alive() and self._where is not None and self._where[1] == 0:
             remove_partial(self._where[0])
 
-    def _finish(self, future: Any, root: Path, tmp: Path, meta: dict[str, Any], rank: int) -> None:
+    def _finish(self, future: Any, root: Path, tmp: Path, meta: StepMeta, rank: int) -> None:
         def failed(cause: OSError) -> str:
             line = disk_message(f"write train state {step_name(meta['step'])} to", root, cause)
             return f"{line}; {last_complete(root)}"

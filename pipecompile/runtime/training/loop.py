@@ -52,7 +52,13 @@ from pipecompile.runtime.training.metrics import Reporter
 from pipecompile.runtime.training.one_step import StepContext, one_step
 from pipecompile.runtime.training.records import EvalRecord, StepRecord
 from pipecompile.runtime.training.step_timeline import devices_here, step_tracer, write_step_trace
-from pipecompile.runtime.training.train_state import resume, save, save_due, train_state
+from pipecompile.runtime.training.train_state import (
+    LoopState,
+    resume,
+    save,
+    save_due,
+    train_state,
+)
 
 __all__ = ["RankShare", "TrainState", "train"]
 
@@ -219,7 +225,7 @@ def _prepare(pipe: Pipeline, options: TrainFlags) -> None:
 
 def _resumed(
     pipe: Pipeline, options: TrainFlags, total: int | None, group: Group
-) -> tuple[list, LossScaler | None, int, dict[str, Any]]:
+) -> tuple[list, LossScaler | None, int, LoopState]:
     """The run's rate schedulers and fp16 loss scaler, at the step it starts from (``--resume``:
     the saved one), that step, and the saved train state ({} when not resuming)."""
     if total is not None and options.warmup_steps > total:
@@ -231,7 +237,7 @@ def _resumed(
         pipe.optimizers or [], options.lr_schedule, options.warmup_steps, total
     )
     scaler = LossScaler(options.loss_scale) if options.precision == "fp16" else None
-    first, saved = 0, {}
+    first, saved = 0, LoopState()
     if options.resume is not None:
         first = resume(pipe, options.resume, group.rank)
         saved = train_state(options.resume)
@@ -349,7 +355,7 @@ def _finished(
 def _save(run: _Run, reporter: Reporter, step: int, *, with_scale: bool = True) -> None:
     """The run's train state at ``step``, for ``--resume`` (in the background with
     ``--async-save``); the time the step waited for it is recorded."""
-    train = {"epoch": run.feed.epoch, "batches": run.feed.read, "seed": run.seed}
+    train = LoopState(epoch=run.feed.epoch, batches=run.feed.read, seed=run.seed)
     if with_scale and run.scaler is not None:
         train["loss_scale"] = run.scaler.state_dict()
     root = run.options.save

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,7 +26,11 @@ from torch import nn
 from pipecompile.errors import EmitError
 from pipecompile.runtime.local_part import is_dtensor
 
+if TYPE_CHECKING:  # torch.distributed.checkpoint is imported where used: a second of start-up
+    from torch.distributed.checkpoint.metadata import STORAGE_TYPES
+
 __all__ = [
+    "Entry",
     "LAYOUT",
     "save_model_keyed",
     "save_model_keyed_async",
@@ -37,6 +41,9 @@ __all__ = [
 ]
 
 LAYOUT = "dcp"
+# an entry's value: a weight, a buffer or an optimizer's state tensor; or a number an optimizer
+# keeps as one (a step count), saved as bytes and read back as saved
+Entry = torch.Tensor | float | None
 
 
 def _key(names: tuple[str, ...] | list[str], local: str) -> str:
@@ -96,8 +103,8 @@ def _optimizer_params(pipe: Any) -> Iterator[tuple[str, torch.optim.Optimizer, n
                 yield _key(names.get(local, ()), local), inner, p
 
 
-def _optimizer_state(pipe: Any) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def _optimizer_state(pipe: Any) -> dict[str, Entry]:
+    found: dict[str, Entry] = {}
     for name, optimizer, p in _optimizer_params(pipe):
         for field, value in optimizer.state.get(p, {}).items():
             found[f"optim.{name}.{field}"] = value
@@ -136,7 +143,7 @@ def save_model_keyed_async(pipe: Any, directory: Path, group: Any) -> Future:
     return future  # type: ignore[return-value]
 
 
-def _train_state(pipe: Any) -> dict[str, Any]:
+def _train_state(pipe: Any) -> dict[str, Entry]:
     """This rank's weights and optimizer state, keyed by the model's names."""
     weights = {key: tensors[0] for key, tensors in _weights(pipe).items()}
     return {**weights, **_optimizer_state(pipe)}
@@ -161,7 +168,7 @@ def _writer_class() -> type:
     return Writer
 
 
-def saved_entries(directory: Path) -> dict[str, Any]:
+def saved_entries(directory: Path) -> dict[str, STORAGE_TYPES]:
     """The entries of the checkpoint in ``directory``: key -> its storage metadata."""
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -174,19 +181,21 @@ def saved_entries(directory: Path) -> dict[str, Any]:
         ) from None
 
 
-def read_model_keyed(directory: Path, keys: set[str] | None = None) -> dict[str, Any]:
+def read_model_keyed(directory: Path, keys: set[str] | None = None) -> dict[str, Entry]:
     """Every entry of the checkpoint in ``directory`` (or those of ``keys`` it holds), read
     whole into this process."""
     import torch.distributed.checkpoint as dcp
 
     saved = saved_entries(directory)
-    wanted = {k: _empty_for(m) for k, m in saved.items() if keys is None or k in keys}
+    wanted: dict[str, Entry] = {
+        k: _empty_for(m) for k, m in saved.items() if keys is None or k in keys
+    }
     with _one_process_quietly():
         dcp.load(wanted, checkpoint_id=str(directory), no_dist=True)
     return wanted
 
 
-def _empty_for(meta: Any) -> torch.Tensor | None:
+def _empty_for(meta: STORAGE_TYPES) -> torch.Tensor | None:
     """Room for an entry of ``meta``'s size and dtype (None: a number, read as saved)."""
     return (
         torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
@@ -195,7 +204,7 @@ def _empty_for(meta: Any) -> torch.Tensor | None:
     )
 
 
-def _room(meta: Any, param: torch.Tensor) -> torch.Tensor | None:
+def _room(meta: STORAGE_TYPES, param: torch.Tensor) -> torch.Tensor | None:
     """Room for an optimizer state entry of ``param``: laid out as the parameter where it
     has its shape (a DTensor shard under FSDP reads only its part), else as saved."""
     if is_dtensor(param) and tuple(getattr(meta, "size", ())) == tuple(param.shape):
@@ -215,7 +224,7 @@ def load_model_keyed(pipe: Any, directory: Path) -> None:
     entries = saved_entries(directory)
     weights = _weights(pipe)
     _check_weights(directory, entries, weights)
-    wanted: dict[str, Any] = {k: torch.empty_like(t[0]) for k, t in weights.items()}
+    wanted: dict[str, Entry] = {k: torch.empty_like(t[0]) for k, t in weights.items()}
     by_param: dict[str, list[str]] = {}  # parameter name -> its state's fields
     for key in entries:
         if key.startswith("optim."):
@@ -265,7 +274,9 @@ def _first_cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def _check_weights(directory: Path, entries: dict[str, Any], weights: dict[str, Any]) -> None:
+def _check_weights(
+    directory: Path, entries: dict[str, STORAGE_TYPES], weights: dict[str, list[torch.Tensor]]
+) -> None:
     missing = [k for k in weights if k not in entries]
     if missing:
         names = [k[len("model.") :] for k in missing]

@@ -11,7 +11,7 @@ from pipecompile.ir.programs.topology import topology_from_manifest
 from pipecompile.options.run import TrainFlags
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.runtime.timeline import Tracer
-from pipecompile.runtime.timeline_file import trace_document, write_trace
+from pipecompile.runtime.timeline_file import RankSpan, trace_document, write_trace
 from pipecompile.runtime.training.group import Group
 
 __all__ = ["devices_here", "step_tracer", "write_step_trace"]
@@ -35,12 +35,12 @@ def write_step_trace(
     mine = {
         "rank": group.rank,
         "threads": torch.get_num_threads(),
-        "spans": [{**s.as_dict(), "rank": group.rank} for s in tracer.spans],
+        "spans": [RankSpan(**s.as_dict(), rank=group.rank) for s in tracer.spans],
     }
     every = group.gather_objects(mine)
     if every is None:
         return
-    spans = [s for rank in every for s in rank["spans"]]
+    spans: list[RankSpan] = [s for rank in every for s in rank["spans"]]
     threads = {rank["rank"]: rank["threads"] for rank in every}
     traced = sorted({s["step"] for s in spans if s["category"] == "step"})
     topology = topology_from_manifest(pipe.manifest)

@@ -40,7 +40,7 @@ import shutil
 import tempfile
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -64,6 +64,8 @@ from pipecompile.runtime.training.model_keyed import (
 )
 
 __all__ = [
+    "LoopState",
+    "StepMeta",
     "save",
     "check_save_dir",
     "resume",
@@ -82,8 +84,31 @@ FORMAT = TRAIN_STATE_FORMAT
 _STEP = re.compile(r"step_\d+")
 
 
+class LoopState(TypedDict, total=False):
+    """The training loop's own state, saved in ``meta.json``'s ``train``: where the data
+    stood, the run's seed and fp16's loss scale."""
+
+    epoch: int
+    batches: int
+    seed: int
+    loss_scale: dict[str, float]
+
+
+class StepMeta(TypedDict):
+    """A saved step's ``meta.json`` (``layout``, ``optimizer`` and ``train``: absent in the
+    older per-stage layout, which names its cut in ``split``)."""
+
+    format: str
+    step: int
+    stages: int
+    layout: NotRequired[str]
+    split: NotRequired[str]
+    train: NotRequired[LoopState]
+    optimizer: NotRequired[str | None]
+
+
 def save(
-    pipe: Pipeline, root: Path, step: int, rank: int = 0, train: dict[str, Any] | None = None
+    pipe: Pipeline, root: Path, step: int, rank: int = 0, train: LoopState | None = None
 ) -> Path:
     """Write this rank's stages for ``step`` under ``root`` (all ranks call it together);
     ``train`` (the training loop's own state: loss scale, epoch) goes into meta.json.
@@ -98,7 +123,7 @@ def save(
         return _save(pipe, root, step, rank, train)
 
 
-def _save(pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any] | None) -> Path:
+def _save(pipe: Pipeline, root: Path, step: int, rank: int, train: LoopState | None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{step_name(step)}.tmp"
     try:
@@ -116,7 +141,7 @@ def _save(pipe: Pipeline, root: Path, step: int, rank: int, train: dict[str, Any
 
 
 def _write(
-    pipe: Pipeline, root: Path, tmp: Path, step: int, rank: int, train: dict[str, Any] | None
+    pipe: Pipeline, root: Path, tmp: Path, step: int, rank: int, train: LoopState | None
 ) -> Path:
     _barrier()
     save_model_keyed(pipe, tmp)  # collective: every rank writes its share, rank 0 the index
@@ -129,19 +154,19 @@ def _write(
     return final
 
 
-def step_meta(pipe: Pipeline, step: int, train: dict[str, Any] | None) -> dict[str, Any]:
+def step_meta(pipe: Pipeline, step: int, train: LoopState | None) -> StepMeta:
     """What ``meta.json`` says of the step ``pipe`` is at."""
-    return {
-        "format": FORMAT,
-        "step": step,
-        "stages": len(pipe.modules),
-        "layout": LAYOUT,
-        "train": train or {},
-        "optimizer": _optimizer_kind(pipe),
-    }
+    return StepMeta(
+        format=FORMAT,
+        step=step,
+        stages=len(pipe.modules),
+        layout=LAYOUT,
+        train=train or LoopState(),
+        optimizer=_optimizer_kind(pipe),
+    )
 
 
-def publish(root: Path, tmp: Path, meta: dict[str, Any]) -> Path:
+def publish(root: Path, tmp: Path, meta: StepMeta) -> Path:
     """Rank 0, once every rank's share is in ``tmp``: its ``meta.json`` written, ``tmp``
     renamed into ``step_<n>`` and ``latest`` moved to it (a temporary file, then
     ``os.replace``); returns the step's directory."""
@@ -174,7 +199,7 @@ def _failed_save(
     root: Path,
     step: int,
     rank: int,
-    train: dict[str, Any] | None,
+    train: LoopState | None,
     cause: OSError,
 ) -> str:
     """What a save the disk refused tells the user; in one process, this step is saved to a
@@ -315,7 +340,7 @@ def latest_step_dir(root: Path) -> Path:
     return step_dir
 
 
-def read_meta(step_dir: Path) -> dict[str, Any]:
+def read_meta(step_dir: Path) -> StepMeta:
     """``step_dir/meta.json``, checked; EmitError naming the file if it is damaged."""
     path = step_dir / STEP_META
     try:
@@ -401,9 +426,9 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, path: Path, kind: str | No
     optimizer.load_state_dict(state)
 
 
-def train_state(root: Path) -> dict[str, Any]:
+def train_state(root: Path) -> LoopState:
     """The training loop's state saved with the newest step under ``root``."""
-    return dict(read_meta(latest_step_dir(root)).get("train") or {})
+    return LoopState(**(read_meta(latest_step_dir(root)).get("train") or {}))
 
 
 def split_fingerprint(manifest: Manifest) -> str:
