@@ -54,6 +54,7 @@ from pipecompile.runtime.state.step_options import PLAIN_STEP, StepOptions
 from pipecompile.runtime.state.step_result import StepResult
 from pipecompile.runtime.timeline import Tracer, traced
 from pipecompile.runtime.torch_compiled import CompiledStages, resolve_backend
+from pipecompile.schedules import WHOLE_BATCH, listed
 
 __all__ = ["Pipeline", "Messaging", "LOCAL", "OptimizerFactory", "forward_only"]
 
@@ -115,8 +116,8 @@ class Pipeline:
                 f"{self.whole_loss.op} is a loss over the whole batch (the manifest's "
                 f"batch_coupling), computed once a step on every micro-batch's outputs, and "
                 f"the program ({program.schedule}) starts the last stage's backward before its "
-                "last forward: it cannot wait for that loss; run a program of the gpipe or "
-                "looped_bfs schedule, or of one micro-batch"
+                f"last forward: it cannot wait for that loss; run a program of the "
+                f"{listed(WHOLE_BATCH)} schedule, or of one micro-batch"
             )
         self.manifest = manifest
         self.modules = modules
@@ -283,7 +284,7 @@ class Pipeline:
             else "a loss over the whole batch (a contrastive loss) runs exactly where the "
             "compile sees it (the model file's loss_fn and example_targets(), or compile()'s "
             "loss_fn and example_targets): once a step on every micro-batch's outputs joined, "
-            "under the gpipe or looped_bfs schedule; or keep the batch whole (--microbatches "
+            f"under the {listed(WHOLE_BATCH)} schedule; or keep the batch whole (--microbatches "
             "1, no --dp or --accumulate)"
         )
         raise ModelFileError(

@@ -80,10 +80,8 @@ def compile(  # noqa: A001 - the API's name, as torch.compile
         directory: where to write the stage modules (default: a temporary directory that
             lives as long as the returned object; ``save`` copies it elsewhere).
         progress: print one line per compiler pass to stderr.
-        loss_fn, example_targets: the loss training will use and targets of the example
-            (as a model file's): a loss over the whole batch (a contrastive loss, which is no
-            mean of per-sample terms) is then found and computed exactly, once a step on
-            every micro-batch's outputs joined (docs/USAGE.md, "Batch coupling").
+        loss_fn, example_targets: as a model file's: a loss over the whole batch (a
+            contrastive loss) is then found, and computed exactly (docs/USAGE.md).
         **options: every other option of `pipecompile compile`, by the API name its
             ``CompileOptions`` field declares (docs/API.md lists them): ``recompute``,
             ``balance``, ``split_at``, ``pinned``, ``virtual_stages``, ``vertical_sync``,
