@@ -22,7 +22,7 @@ BAD = {bad}
 
 
 def loss_fn(output, target):
-    CALLS[0] += 1
+    CALLS[0] += torch.is_grad_enabled()  # the training's calls, not the checks' (no_grad)
     loss = F.mse_loss(output, target, reduction="mean")
     return loss * float("nan") if CALLS[0] in BAD else loss
 """

@@ -7,11 +7,13 @@ logits of every image against every text of the batch) or a loss summed over the
 the run would train another objective. ``loss_mix`` calls the loss on a batch's outputs and on
 their two halves and says how the whole batch's loss differs from the rows' mean of the
 halves' (the compile asks it of the model file's loss, ``surfaces/loss_probe``; a pipeline's
-first step of a split batch asks it of the loss it is given, ``Pipeline.train_step``).
+first step of a split batch asks it of the loss it is given, ``Pipeline.train_step``). The
+loss is called under ``torch.no_grad()``, three times (six where it cannot run in float64).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,6 +66,8 @@ def _losses(
     whole, first, second = found
     if whole is None or first is None or second is None:
         return None
+    if not all(math.isfinite(v) for v in (whole, first, second)):
+        return None  # a NaN or inf says nothing of how the loss weighs the samples
     return whole, first, second
 
 
