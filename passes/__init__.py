@@ -4,7 +4,7 @@ from pipecompile.ir.graph.saved_bytes import StageMemory
 from pipecompile.passes.activation_memory import activation_memory
 from pipecompile.passes.annotate_costs import annotate_costs
 from pipecompile.passes.balance_stages import balance_stages, min_max_partition
-from pipecompile.passes.batch_coupling import batch_coupling
+from pipecompile.passes.batch_coupling import batch_coupling, batch_facts
 from pipecompile.passes.dynamic_dims import dynamic_dims
 from pipecompile.passes.insert_communication import insert_communication
 from pipecompile.passes.insert_recompute import POLICIES, insert_recompute
@@ -15,6 +15,7 @@ from pipecompile.passes.split_stages import split_stages
 __all__ = [
     "annotate_costs",
     "batch_coupling",
+    "batch_facts",
     "balance_stages",
     "min_max_partition",
     "split_stages",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,9 +33,33 @@ from pipecompile.ir.graph.random_ops import is_random
 from pipecompile.ir.graph.user_frame import op_place
 from pipecompile.ir.records.batch_coupling import Coupling
 
-__all__ = ["batch_coupling"]
+__all__ = ["batch_coupling", "batch_facts", "BatchFacts"]
 
 _SAMPLE, _CONST, _MIXED = "sample", "const", "mixed"
+# a per-sample value whose every varying tensor holds the batch first, one row a sample: one
+# that joins micro-batches by concatenation (what crosses into a whole-batch tail)
+_FIRST = "sample, batch first"
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    """What the pass found: the couplings, and each node's kind by name (``const``: no
+    sample's; ``sample``: its own sample's; ``sample, batch first``: so, batch first;
+    ``mixed``: other samples' too)."""
+
+    couplings: tuple[Coupling, ...]
+    kinds: dict[str, str]
+
+    def per_sample(self, name: str) -> bool:
+        return self.kinds.get(name) in (_SAMPLE, _FIRST)
+
+    def batch_first(self, name: str) -> bool:
+        return self.kinds.get(name) == _FIRST
+
+    def constant(self, name: str) -> bool:
+        return self.kinds.get(name) == _CONST
+
+
 _RTOL = 1e-4  # of the value's largest magnitude: beyond rounding, far below a mixed value's change
 
 
@@ -44,6 +69,14 @@ def batch_coupling(
     """The couplings of ``module`` run on ``inputs`` (its placeholders' values, in order),
     whose batch is along ``batch_dim``; None where the batch has fewer than 2 samples or
     changing its samples changes none of the inputs (nothing to tell them apart by)."""
+    facts = batch_facts(module, inputs=inputs, batch_dim=batch_dim)
+    return facts.couplings if facts is not None else None
+
+
+def batch_facts(
+    module: fx.GraphModule, *, inputs: Sequence[Any], batch_dim: int = 0
+) -> BatchFacts | None:
+    """``batch_coupling``'s couplings with each node's kind (None where it returns None)."""
     rows = _rows(inputs, batch_dim)
     if rows is None or rows < 2:
         return None
@@ -54,7 +87,7 @@ def batch_coupling(
         return None
     with _kept(module):
         kinds = _follow(module, runs, rows, half)
-    return _couplings(module, kinds)
+    return BatchFacts(_couplings(module, kinds), {n.name: k for n, k in kinds.items()})
 
 
 def _rows(inputs: Sequence[Any], dim: int) -> int | None:
@@ -197,7 +230,9 @@ def _kind(values: list[Any], rows: int, kept: tuple[slice, slice]) -> str:
     kinds = {_leaf_kind(a, b, c, rows, kept) for a, b, c in zip(*leaves)}
     if _MIXED in kinds:
         return _MIXED
-    return _SAMPLE if _SAMPLE in kinds else _CONST
+    if _SAMPLE in kinds:  # one leaf holds the batch elsewhere
+        return _SAMPLE
+    return _FIRST if _FIRST in kinds else _CONST
 
 
 def _leaf_kind(a: Any, b: Any, c: Any, rows: int, kept: tuple[slice, slice]) -> str:
@@ -214,7 +249,7 @@ def _leaf_kind(a: Any, b: Any, c: Any, rows: int, kept: tuple[slice, slice]) -> 
         if _same(_rows_of(a, d, block, first), _rows_of(b, d, block, first)) and _same(
             _rows_of(a, d, block, second), _rows_of(c, d, block, second)
         ):
-            return _SAMPLE
+            return _FIRST if (d, block) == (0, 1) else _SAMPLE
     return _MIXED
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file, save_model
+from torch.utils import _pytree as pytree
 
 from pipecompile import __version__
 from pipecompile.codegen.device_literals import drop_device_literals
@@ -27,7 +28,7 @@ from pipecompile.codegen.output_dir import (
     replace_output,
 )
 from pipecompile.codegen.prove import Example, StageFiles, prove_stages
-from pipecompile.codegen.stage_source import class_name, stage_source
+from pipecompile.codegen.stage_source import TAIL_CLASS, class_name, stage_source, tail_source
 from pipecompile.codegen.weight_sources import (
     StageSources,
     WeightPlan,
@@ -37,7 +38,7 @@ from pipecompile.codegen.weight_sources import (
 from pipecompile.errors import EmitError, PipecompileError
 from pipecompile.files import names as files
 from pipecompile.files.disk import disk_message, os_error
-from pipecompile.files.names import INIT, INIT_CONSTANTS, MODEL_CONFIGS, PROGRAM
+from pipecompile.files.names import INIT, INIT_CONSTANTS, MODEL_CONFIGS, PROGRAM, TAIL
 from pipecompile.ir.graph.dynamic import fixed_batch_note
 from pipecompile.ir.graph.layers import layer_groups
 from pipecompile.ir.graph.lower import lower_stage
@@ -51,6 +52,7 @@ from pipecompile.ir.records.manifest import (
     Manifest,
     ModelRecord,
     StageEntry,
+    TailRecord,
     ValueSpec,
     WeightsRecord,
     write_manifest,
@@ -113,7 +115,8 @@ def emit(
         )
         if prove is not None:
             start = time.perf_counter()
-            prove_stages(compiled.graph, written, prove)
+            tail = (tmp / TAIL).read_text() if compiled.tail is not None else None
+            prove_stages(compiled.graph, written, prove, tail)
             if timings is not None:
                 timings.append(("verify", time.perf_counter() - start))
         replace_output(tmp, out, keep=keep)
@@ -161,6 +164,10 @@ def _write_all(
         cls = class_name(stage.index)
         written.append(StageFiles(stage, source, cls, whole, lowered, bool(randoms[-1])))
     (tmp / PROGRAM).write_text(str(compiled.program))
+    if compiled.tail is not None:
+        (tmp / TAIL).write_text(
+            tail_source(compiled.tail.module, compiled.tail.inputs, model.label)
+        )
     for name, text in model.configs.items():
         (tmp / MODEL_CONFIGS[name]).write_text(text)
     init = _write_init(tmp, plan, sources)
@@ -333,7 +340,16 @@ def build_manifest(
         plan=compiled.plan,
         dynamic=compiled.dynamic,
         batch_coupling=compiled.coupling,
+        tail=_tail_record(compiled),
     )
+
+
+def _tail_record(compiled: Compiled) -> TailRecord | None:
+    tail = compiled.tail
+    if tail is None:
+        return None
+    spec = pytree.treespec_dumps(tail.output_spec)
+    return TailRecord(TAIL, TAIL_CLASS, tail.inputs, tail.outputs, spec)
 
 
 def _stage_entry(

@@ -72,9 +72,12 @@ class StageFiles:
     random: bool
 
 
-def prove_stages(graph: StageGraph, files: Sequence[StageFiles], example: Example) -> str:
+def prove_stages(
+    graph: StageGraph, files: Sequence[StageFiles], example: Example, tail: str | None = None
+) -> str:
     """Check the emitted stages against the eager model and their traced graphs; return a
-    one-line summary.
+    one-line summary. ``tail``: the source of the batch-coupled tail (tail.py), run on the
+    last stage's outputs (on the one micro-batch, the model's outputs for it).
 
     Raises:
         VerifyError: naming the stage, the node, its module path and both values.
@@ -82,7 +85,8 @@ def prove_stages(graph: StageGraph, files: Sequence[StageFiles], example: Exampl
     stages = [_build(f, example.model.training) for f in files]
     random = any(f.random for f in files)
     if not random:
-        worst = _against_eager(files, _chain(graph, stages, example.inputs), example)
+        run = _chain(graph, stages, example.inputs, _built_tail(tail))
+        worst = _against_eager(files, run, example)
         if worst is None:
             return "the emitted stages equal the eager model on the example micro-batch"
         # the chain's training forward moved their batch norms' statistics and counters
@@ -127,13 +131,36 @@ def _build(f: StageFiles, training: bool) -> nn.Module:
     return stage.train(training)
 
 
-def _chain(graph: StageGraph, stages: list[nn.Module], inputs: dict[str, torch.Tensor]) -> _Run:
+def _chain(
+    graph: StageGraph,
+    stages: list[nn.Module],
+    inputs: dict[str, torch.Tensor],
+    tail: nn.Module | None = None,
+) -> _Run:
     values = {n: inputs[n] for n in graph.model_inputs}
     for j, (stage, entry) in enumerate(zip(stages, graph.stages)):
         torch.manual_seed(SEED + j)
         outs = stage(*(values[n] for n in entry.inputs))
         values.update(zip(entry.outputs, outs))
-    return _Run(stages, [values[n] for n in graph.model_outputs])
+    outputs = [values[n] for n in graph.model_outputs]
+    if tail is not None:
+        outputs = [o for o in tail(*outputs) if isinstance(o, torch.Tensor)]
+    return _Run(stages, outputs)
+
+
+def _built_tail(source: str | None) -> nn.Module | None:
+    """The tail from its emitted source, as a run builds it."""
+    if source is None:
+        return None
+    namespace: dict[str, Any] = {"__name__": "pipecompile_proof_tail"}
+    try:
+        exec(compile(source, "tail.py", "exec"), namespace)  # noqa: S102
+        return namespace["Tail"]()
+    except Exception as err:
+        raise VerifyError(
+            f"the emitted tail.py does not build: {type(err).__name__}: {err}. This is a "
+            "pipecompile bug: please report it with the model file"
+        ) from err
 
 
 def _against_eager(

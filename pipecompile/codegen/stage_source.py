@@ -13,7 +13,9 @@ from pipecompile.errors import EmitError
 from pipecompile.ir.graph.leaf_modules import leaf_constructor
 from pipecompile.ir.graph.stage_graph import Stage
 
-__all__ = ["stage_source", "class_name"]
+__all__ = ["stage_source", "tail_source", "class_name", "TAIL_CLASS"]
+
+TAIL_CLASS = "Tail"
 
 # Names fx's generated code may use, and how a file that imports only torch defines them.
 _PREAMBLE = {
@@ -55,6 +57,41 @@ def stage_source(stage: Stage, lowered: fx.GraphModule, *, num_stages: int, mode
         "    def __init__(self) -> None:",
         "        super().__init__()",
         *("        " + line for line in _init_lines(lowered)),
+        "",
+        *("    " + line if line else "" for line in body.splitlines()),
+        "",
+    ]
+    return "\n".join(lines).replace("\n\n\n\n\n", "\n\n\n")
+
+
+def tail_source(module: fx.GraphModule, inputs: tuple[str, ...], model: str) -> str:
+    """Python source of the batch-coupled tail of ``model``: an ``nn.Module`` whose ``forward``
+    takes the body's outputs joined over every micro-batch (``inputs``) and returns the
+    model's outputs."""
+    code = module.graph.python_code("self")
+    body = code.src.strip("\n")
+    for name, value in code.globals.items():
+        if name not in _PREAMBLE and name not in ("torch", "getattr") and _uses(body, name):
+            raise EmitError(
+                f"the tail calls {value!r} (as {name}), which is not part of torch; a file of "
+                "pipecompile's may import only torch - keep that call out of the traced model"
+            )
+    lines = [
+        f'"""The batch-coupled tail of {model}, by pipecompile {__version__}: run once a step',
+        "on every micro-batch's values joined along the batch.",
+        "",
+        f"Inputs:  {', '.join(inputs)}",
+        '"""',
+        "",
+        "import torch",
+        "",
+        *[_PREAMBLE[name] for name in _PREAMBLE if _uses(body, name)],
+        "",
+        "",
+        f"class {TAIL_CLASS}(torch.nn.Module):",
+        "    def __init__(self) -> None:",
+        "        super().__init__()",
+        *("        " + line for line in _init_lines(module)),
         "",
         *("    " + line if line else "" for line in body.splitlines()),
         "",

@@ -145,34 +145,54 @@ def _describe(value: Any) -> str:
 
 
 def refuse_mixed_batches(
-    couplings: tuple[Coupling, ...], microbatches: int, replicas: tuple[int, ...] | None
+    couplings: tuple[Coupling, ...],
+    microbatches: int,
+    replicas: tuple[int, ...] | None,
+    waiting: tuple[str, ...] | None,
 ) -> None:
-    """A model that mixes the samples of a batch (``passes/batch_coupling``), refused when its
-    batch is split (micro-batches, or replicas each running part of it): every part would
-    compute the mixing op on its own samples only, and training would follow another
-    objective. Batch norm is not refused: its statistics per micro-batch are stated.
+    """A model that mixes the samples of a batch (``passes/batch_coupling``), refused where
+    its batch is split and the mixing cannot be computed on the whole batch: a mixing op more
+    layers follow (every part would compute it on its own samples only, and training would
+    follow another objective), and a tail (only the outputs follow it: run once a step on the
+    joined values, ``frontend/tail_cut``) under replicas or a schedule that cannot wait for
+    it (``waiting``: those that can, None where the compile's schedule can). Batch norm is
+    not refused: its statistics per micro-batch are stated.
 
     Raises:
         MicrobatchError: naming the first such op, its line, and what to do.
     """
-    mixing = mixes(couplings)
+    mixing = [c for c in mixes(couplings) if c.kind != "loss"]
     copies = max(replicas or (1,))
     if not mixing or (microbatches < 2 and copies < 2):
         return
-    first = mixing[0]
+    middle = [c for c in mixing if c.kind == "middle"]
     parts = f"{microbatches} micro-batches" if microbatches > 1 else f"{copies} replicas of a stage"
-    where = (
-        "only the outputs follow it (a batch-coupled head, such as a contrastive loss's logits)"
-        if first.kind == "tail"
-        else "more of the model's layers follow it"
+    if middle:
+        others = f" (and {len(middle) - 1} more)" if len(middle) > 1 else ""
+        raise MicrobatchError(
+            f"{middle[0].op}{others} mixes the samples of the batch, and more of the model's "
+            f"layers follow it: in {parts} each would compute it on its own samples only, and "
+            "training would follow another objective than the model's. Compile with "
+            "--microbatches 1 and no replicas, or make the model's forward per sample "
+            "(compute what mixes the batch in loss_fn)"
+        )
+    first = mixing[0]
+    head = (
+        f"{first.op} mixes the samples of the batch, and only the outputs follow it (a "
+        "batch-coupled head, such as a contrastive loss's logits): that tail runs once a step "
+        "on every micro-batch's values joined"
     )
-    others = f" (and {len(mixing) - 1} more)" if len(mixing) > 1 else ""
-    raise MicrobatchError(
-        f"{first.op}{others} mixes the samples of the batch, and {where}: in {parts} each "
-        "would compute it on its own samples only, and training would follow another "
-        "objective than the model's. Compile with --microbatches 1 and no replicas, or "
-        "make the model's forward per sample (compute what mixes the batch in loss_fn)"
-    )
+    if copies > 1:
+        raise MicrobatchError(
+            f"{head}, and {copies} replicas of a stage would each see part of the batch; "
+            "compile without replicas"
+        )
+    if waiting is not None:
+        raise MicrobatchError(
+            f"{head}, which the schedule cannot wait for (its last stage starts a backward "
+            f"before its last forward); compile with --schedule {' or '.join(waiting)}, or "
+            "--microbatches 1"
+        )
 
 
 def refuse_scalar_outputs(module: fx.GraphModule, microbatches: int) -> None:

@@ -18,11 +18,13 @@ from pipecompile.errors import InternalError, MicrobatchError, PipecompileError,
 from pipecompile.frontend.fake_prop import fake_values
 from pipecompile.frontend.kept_traces import kept_trace
 from pipecompile.frontend.quiet_logs import quiet_logs
+from pipecompile.frontend.tail_cut import cut_tail
 from pipecompile.frontend.tracer import fixed_batch_view, trace
 from pipecompile.ir.graph.dynamic import DynamicDims, asked_dims, asked_maxima, with_batch
 from pipecompile.ir.graph.microbatch import check_divides, split_microbatches
 from pipecompile.ir.graph.split_point import split_requests
 from pipecompile.ir.graph.stage_graph import StageGraph
+from pipecompile.ir.graph.tail import Tail
 from pipecompile.ir.graph.traced import Traced
 from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.ir.programs.program import Program
@@ -39,7 +41,7 @@ from pipecompile.passes import (
     activation_memory,
     annotate_costs,
     balance_stages,
-    batch_coupling,
+    batch_facts,
     dynamic_dims,
     insert_communication,
     insert_recompute,
@@ -47,6 +49,7 @@ from pipecompile.passes import (
     profile_costs,
     split_stages,
 )
+from pipecompile.passes.batch_coupling import BatchFacts
 from pipecompile.planner.choose import choose_plan, open_choices
 from pipecompile.schedules import (
     REPLICABLE,
@@ -147,13 +150,25 @@ def _trace_now(r: Request, shown: dict[str, torch.Tensor]) -> Traced:
     return trace(r.model, shown, None, microbatches=r.microbatches)
 
 
-def _coupling(r: Request, ir: IR) -> tuple[Coupling, ...] | None:
+def _coupling(r: Request, ir: IR) -> tuple[tuple[Coupling, ...] | None, BatchFacts | None]:
     traced = ir["traced"]
-    found = batch_coupling(traced.module, inputs=[r.micro[n] for n in traced.input_names])
-    if found is not None:
+    facts = batch_facts(traced.module, inputs=[r.micro[n] for n in traced.input_names])
+    if facts is None:
+        return None, None
+    found = facts.couplings
+    if not any(c.kind == "tail" for c in found):  # a tail's scalar outputs are the whole batch's
         checks.refuse_scalar_outputs(traced.module, r.microbatches)  # the plainer message
-        checks.refuse_mixed_batches(found, r.microbatches, r.replicas)
-    return found
+    waiting = None if r.schedule in WHOLE_BATCH else WHOLE_BATCH
+    checks.refuse_mixed_batches(found, r.microbatches, r.replicas, waiting)
+    return found, facts
+
+
+def _cut(r: Request, ir: IR) -> tuple[Traced, Tail | None]:
+    traced, facts = ir["traced"], ir["batch_facts"]
+    starts = [c.node for c in (facts.couplings if facts is not None else ()) if c.kind == "tail"]
+    if not starts:
+        return traced, None
+    return cut_tail(traced, starts, facts, [r.micro[n] for n in traced.input_names])
 
 
 def _annotate(r: Request, ir: IR) -> Any:
@@ -223,8 +238,10 @@ TABLE: tuple[Pass, ...] = (
     Pass("schedule", _schedule, (), ("compute",), _program_check("compute"),
          lambda ir: checks.verify_compute(ir["compute"])),
     Pass("trace", _trace, (), ("traced",), checks.lint_traced, _graph_check("traced")),
-    Pass("batch_coupling", _coupling, ("traced",), ("coupling",), lambda ir: None,
+    Pass("batch_coupling", _coupling, ("traced",), ("coupling", "batch_facts"), lambda ir: None,
          when=lambda r: not r.meta),
+    Pass("cut_tail", _cut, ("traced", "batch_facts"), ("traced", "tail"), checks.lint_traced,
+         _graph_check("traced"), when=lambda r: not r.meta),
     Pass("annotate_costs", _annotate, ("traced",), ("annotated",), checks.lint_annotated,
          _graph_check("annotated")),
     Pass("profile_costs", _profile, ("traced", "annotated"), ("annotated",),
@@ -288,6 +305,7 @@ def compile_model(
         ir["memory"], _replica_counts(request, ir["balance"]), ir["balance"], timings,
         fingerprint=graph_fingerprint(ir["traced"].module), plan=request.plan,
         dynamic=ir.get("dynamic", DynamicDims()), coupling=_couplings(request, ir),
+        tail=ir.get("tail"),
     )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ PASSES = (
     "schedule",
     "trace",
     "batch_coupling",
+    "cut_tail",
     "annotate_costs",
     "profile_costs",
     "balance_stages",

@@ -16,6 +16,7 @@ import re
 __all__ = [
     "MANIFEST",
     "PROGRAM",
+    "TAIL",
     "INIT",
     "INIT_CONSTANTS",
     "MODEL_CONFIGS",
@@ -34,6 +35,7 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 PROGRAM = "program.txt"
+TAIL = "tail.py"  # the batch-coupled tail, run once a step on the joined values
 INIT = "init.json"  # the initialisation recipes of a meta-device model
 INIT_CONSTANTS = "init_constants.safetensors"  # the real tensors those recipes copy
 # A Hugging Face model's own configs, saved by the compile under these names (values); export
@@ -82,6 +84,6 @@ EMITTED = re.compile(
     r"stage_\d+\.(py|safetensors|onnx)"
     + "".join(
         f"|{re.escape(name)}"
-        for name in (PROGRAM, INIT, INIT_CONSTANTS, MANIFEST, *MODEL_CONFIGS.values())
+        for name in (PROGRAM, TAIL, INIT, INIT_CONSTANTS, MANIFEST, *MODEL_CONFIGS.values())
     )
 )

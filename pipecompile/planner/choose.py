@@ -88,12 +88,14 @@ def choose_plan(
     )
     batch = next(iter(inputs.values())).shape[0] if inputs else 0
     facts, key, mixing = _traced(model, inputs, split_at, meta=is_meta_model(model))
-    if mixing and microbatches == "auto":
+    if any(c.kind == "middle" for c in mixing) and microbatches == "auto":
         if progress:
             _say(f"{mixing[0].op} mixes the samples of the batch: plans of one micro-batch")
         microbatches = 1  # a split batch would change what the model computes
+    whole_loss = whole_loss or any(c.kind == "tail" for c in mixing)  # run on the whole batch
     space = _space(devices, stages, schedule, virtual_stages)
-    if whole_loss:
+    if whole_loss:  # every micro-batch's outputs on one last stage: no replicas
+        space = replace(space, replicate=False)
         waiting = tuple(s for s in space.schedules if s in WHOLE_BATCH)
         if waiting:
             space = replace(space, schedules=waiting)

@@ -54,6 +54,7 @@ class Space:
     virtual_stages: tuple[int, ...] = (2, 4)
     recompute: tuple[str, ...] = ()  # () = never, or all three under a memory limit
     ranks: tuple[int, ...] = ()  # () = any count up to ``devices`` (--tune's rebuild: one)
+    replicate: bool = True  # False: no stage replicas (a loss over the whole batch)
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,8 @@ def _offers(facts: ModelFacts, batch: int, space: Space, machine: CostModel) -> 
             if stages == 1 and schedule != space.schedules[0]:
                 continue  # one stage: every schedule runs the same steps
             held = stages // schedule_of(schedule).stages_a_device(v)
-            offered = [r for r in ladder if r >= stages] if schedule in REPLICABLE else [held]
+            replicable = schedule in REPLICABLE and space.replicate
+            offered = [r for r in ladder if r >= stages] if replicable else [held]
             for ranks in (r for r in offered if not space.ranks or r in space.ranks):
                 workers = ranks if ranks != held else None
                 for m in counts:

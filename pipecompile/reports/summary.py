@@ -33,7 +33,9 @@ def summary(out: Path) -> str:
     )
     rows.append(_schedule_line(manifest, program, *stage_costs(manifest)))
     rows.append(_sizes_line(manifest, program.microbatches))
-    rows += coupling_lines(manifest.batch_coupling, manifest.microbatch_size or 0)
+    rows += coupling_lines(
+        manifest.batch_coupling, manifest.microbatch_size or 0, manifest.tail is not None
+    )
     weights = _weights_line(manifest.weights)
     if weights:
         rows.append(weights)

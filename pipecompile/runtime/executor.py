@@ -112,6 +112,9 @@ class StepData:
     # the whole batch's targets where the loss is one over the whole batch (runtime/state/
     # whole_loss): computed once on every micro-batch's outputs; None: a loss per micro-batch
     whole_targets: tuple[torch.Tensor, ...] | None = None
+    # the model's output structure from the last stage's outputs joined (its tail run on
+    # them); None: rebuilt by the layout's output spec
+    joined_output: Callable[[list[Any]], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ class StepExecutor:
         self.in_grads: dict[tuple[int, int], dict[str, torch.Tensor | None]] = {}
         self.update_grads: dict[tuple[int, int], dict[str, torch.Tensor | None]] = {}
         self.losses: dict[int, torch.Tensor] = {}
-        self.whole_targets = data.whole_targets
+        self.whole_targets, self.joined_output = data.whole_targets, data.joined_output
         whole = self.training and data.whole_targets is not None
         self.whole = WholeLoss(len(microbatches)) if whole else None
         self.to_send: dict[tuple[int, int], tuple[Any, ...]] = {}
@@ -255,7 +258,10 @@ class StepExecutor:
 
     def _joined_loss(self, joined: list[Any]) -> torch.Tensor:
         assert self.loss_fn is not None and self.whole_targets is not None
-        output = pytree.tree_unflatten(joined, self.layout.output_spec)
+        if self.joined_output is not None:
+            output = self.joined_output(joined)
+        else:
+            output = pytree.tree_unflatten(joined, self.layout.output_spec)
         return call_loss_fn(self.loss_fn, output, self.whole_targets)
 
     def _call(self, j: int, args: list[Any], weights: dict[str, torch.Tensor] | None) -> tuple:

@@ -27,6 +27,7 @@ from pipecompile.runtime.state.op_seeds import seed_random_ops
 from pipecompile.schedules import DEFAULT_SCHEDULE
 
 __all__ = [
+    "load_tail",
     "Emitted",
     "open_emitted",
     "read_manifest",
@@ -127,6 +128,27 @@ def load_stage(
 
 def load_stages(directory: Path, manifest: Manifest) -> list[nn.Module]:
     return [load_stage(directory, entry, manifest) for entry in manifest.stages]
+
+
+def load_tail(directory: Path, manifest: Manifest) -> nn.Module | None:
+    """The batch-coupled tail of the manifest (``tail.py``; None where it has none).
+
+    Raises:
+        EmitError: the file is missing, does not import or lacks its class.
+    """
+    record = manifest.tail
+    if record is None:
+        return None
+    source = Path(directory) / record.file
+    where = f"the tail: {source}"
+    module = _import_stage(source, record.cls, where, Path(directory))
+    cls = getattr(module, record.cls, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise EmitError(
+            f"{where} has no class {record.cls!r}; undo the edit, or "
+            f"{recompile_hint(Path(directory))}"
+        )
+    return cls()
 
 
 def load_weights(stage: nn.Module, path: Path, label: str, directory: Path) -> nn.Module:

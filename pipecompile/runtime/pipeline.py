@@ -47,7 +47,7 @@ from pipecompile.runtime.executor import (
 )
 from pipecompile.runtime.interpreter import Handler, run_program
 from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.load import Emitted, load_stages, open_emitted
+from pipecompile.runtime.load import Emitted, load_stages, load_tail, open_emitted
 from pipecompile.runtime.local_backend import LocalBackend
 from pipecompile.runtime.state.loss_split import loss_mix
 from pipecompile.runtime.state.step_options import PLAIN_STEP, StepOptions
@@ -101,6 +101,7 @@ class Pipeline:
         replica: tuple[int, int] | None = None,
         default_device: torch.device | None = None,
         messaging: Messaging = LOCAL,
+        tail: nn.Module | None = None,
     ) -> None:
         """``device``: run only that device's instructions (one rank of a distributed run;
         ``modules`` then holds None for the stages of other devices); ``replica`` = (k, r):
@@ -108,16 +109,26 @@ class Pipeline:
         ``default_device``: where the stages' factory ops (which emitted code leaves to the
         default device) put their tensors while the program runs; the user's own code (data
         hooks, the model file) keeps torch's default. ``messaging``: how the steps talk
-        (``Messaging``; default: the local backend)."""
+        (``Messaging``; default: the local backend). ``tail``: the manifest's batch-coupled
+        tail (``runtime.load.load_tail``), needed where this pipeline holds the last stage."""
         verify_program(program, topology_from_manifest(manifest))
         self.whole_loss = loss_over_batch(manifest.batch_coupling)
-        if self.whole_loss is not None and not waits_for_whole_batch(program):
+        self.tail, self.tail_spec = tail, None
+        if manifest.tail is not None:
+            self.tail_spec = pytree.treespec_loads(manifest.tail.output_spec)
+        # a step computes the loss once on every micro-batch's outputs joined
+        self.whole = self.whole_loss is not None or manifest.tail is not None
+        if self.whole and not waits_for_whole_batch(program):
+            what = (
+                f"{self.whole_loss.op} is a loss over the whole batch"
+                if self.whole_loss is not None
+                else "the model's batch-coupled tail (tail.py) runs on the whole batch"
+            )
             raise PipecompileError(
-                f"{self.whole_loss.op} is a loss over the whole batch (the manifest's "
-                f"batch_coupling), computed once a step on every micro-batch's outputs, and "
-                f"the program ({program.schedule}) starts the last stage's backward before its "
-                f"last forward: it cannot wait for that loss; run a program of the "
-                f"{listed(WHOLE_BATCH)} schedule, or of one micro-batch"
+                f"{what} (the manifest's batch_coupling), computed once a step on every "
+                f"micro-batch's outputs, and the program ({program.schedule}) starts the last "
+                "stage's backward before its last forward: it cannot wait for that; run a "
+                f"program of the {listed(WHOLE_BATCH)} schedule, or of one micro-batch"
             )
         self.manifest = manifest
         self.modules = modules
@@ -156,7 +167,8 @@ class Pipeline:
     def opened(cls, emitted: Emitted) -> Pipeline:
         """The pipeline of a directory already opened (``runtime.load.open_emitted``)."""
         directory, manifest, program = emitted
-        pipe = cls(manifest, load_stages(directory, manifest), program)
+        tail = load_tail(directory, manifest)
+        pipe = cls(manifest, load_stages(directory, manifest), program, tail=tail)
         pipe.name = str(directory)
         return pipe
 
@@ -233,7 +245,9 @@ class Pipeline:
         executor = StepExecutor(
             self._stages(),
             backend,
-            StepData(micro, micro_targets, loss_fn, scale, shares, self._whole(targets)),
+            StepData(
+                micro, micro_targets, loss_fn, scale, shares, self._whole(targets), self.output
+            ),
             StepHooks(
                 self.optimizers,
                 on_step,
@@ -266,7 +280,7 @@ class Pipeline:
         m = self.program.microbatches
         said = (*((f"{m} micro-batches",) if m > 1 else ()), *splits)
         last = self.last
-        if not said or self.asynchronous or self.whole_loss is not None or targets is None:
+        if not said or self.asynchronous or self.whole or targets is None:
             return
         if last is None or not last.outputs:
             return
@@ -295,7 +309,7 @@ class Pipeline:
 
     def _whole(self, targets: Sequence[torch.Tensor] | None) -> tuple[torch.Tensor, ...] | None:
         """The targets of a loss over the whole batch (None: a loss per micro-batch)."""
-        if self.whole_loss is None or targets is None or self.asynchronous:
+        if not self.whole or targets is None or self.asynchronous:
             return None
         return tuple(targets)
 
@@ -472,8 +486,29 @@ class Pipeline:
         if len(executor.results) < count:  # the last stage runs elsewhere, or in part here
             return None
         results = [executor.results[i] for i in range(count)]
-        joined = join_microbatches(results, names=self.manifest.outputs)
-        return pytree.tree_unflatten(joined, self.layout.output_spec)
+        return self.output(join_microbatches(results, names=self.manifest.outputs))
+
+    def output(self, joined: list[Any]) -> Any:
+        """The model's output structure from the last stage's outputs joined over the
+        micro-batches (the tail, where the model has one, run on them).
+
+        Raises:
+            PipecompileError: the manifest has a tail this pipeline was built without.
+        """
+        return pytree.tree_unflatten(
+            self.flat_output(joined), self.tail_spec or self.layout.output_spec
+        )
+
+    def flat_output(self, joined: list[Any]) -> list[Any]:
+        """``output``'s flat values."""
+        if self.manifest.tail is None:
+            return list(joined)
+        if self.tail is None:
+            raise PipecompileError(
+                f"{self.name} has a batch-coupled tail (tail.py), and this pipeline was built "
+                "without it: load it with Pipeline.load, or pass tail=load_tail(...)"
+            )
+        return list(self.tail(*joined))
 
     def held_outputs(self) -> dict[int, Any]:
         """The model's output structure of each micro-batch whose last stage the last step or

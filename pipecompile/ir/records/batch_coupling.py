@@ -56,8 +56,11 @@ def loss_over_batch(couplings: tuple[Coupling, ...] | None) -> Coupling | None:
     return next((c for c in couplings or () if c.kind == "loss"), None)
 
 
-def coupling_lines(couplings: tuple[Coupling, ...] | None, rows: int) -> list[str]:
-    """The compile summary's lines on batch coupling (``rows``: a micro-batch's)."""
+def coupling_lines(
+    couplings: tuple[Coupling, ...] | None, rows: int, cut: bool = False
+) -> list[str]:
+    """The compile summary's lines on batch coupling (``rows``: a micro-batch's; ``cut``:
+    the tail was cut off, to run on the whole batch)."""
     if couplings is None:
         return ["batch coupling: not analysed (a model on the meta device is not run)"]
     if not couplings:
@@ -79,6 +82,9 @@ def coupling_lines(couplings: tuple[Coupling, ...] | None, rows: int) -> list[st
         exact = (
             "computed once a step on every micro-batch's outputs joined, exactly"
             if c.kind == "loss"
+            else "cut off with what follows it (tail.py), run once a step on every "
+            "micro-batch's values joined, exactly"
+            if c.kind == "tail" and cut
             else "exact as compiled (one micro-batch, no replicas)"
         )
         lines.append(

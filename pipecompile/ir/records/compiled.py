@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pipecompile.ir.graph.dynamic import DynamicDims
 from pipecompile.ir.graph.saved_bytes import StageMemory
 from pipecompile.ir.graph.stage_graph import StageGraph
+from pipecompile.ir.graph.tail import Tail
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.records.balance_report import BalanceReport
 from pipecompile.ir.records.batch_coupling import Coupling
@@ -37,3 +38,5 @@ class Compiled:
     dynamic: DynamicDims = DynamicDims()  # the dimensions batches may vary in (``dynamic``)
     # where the model mixes the samples of a batch (``batch_coupling``; None: not analysed)
     coupling: tuple[Coupling, ...] | None = None
+    # the batch-coupled tail cut off the model, run once a step (``frontend/tail_cut``)
+    tail: Tail | None = None

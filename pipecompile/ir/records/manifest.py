@@ -28,6 +28,7 @@ from pipecompile.ir.records.batch_coupling import Coupling
 from pipecompile.ir.records.plan_record import PlanRecord
 
 __all__ = [
+    "TailRecord",
     "FORMAT",
     "MANIFEST",
     "Manifest",
@@ -255,6 +256,38 @@ class WeightsRecord:
 
 
 @dataclass(frozen=True)
+class TailRecord:
+    """The batch-coupled tail (``tail``): its ``file`` and class, the body's outputs it takes
+    joined (``inputs``, the manifest's ``outputs`` in order), the model's outputs it returns
+    and their structure (``output_spec``)."""
+
+    file: str
+    cls: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    output_spec: str
+
+    def to_json(self) -> Json:
+        return {
+            "file": self.file,
+            "class": self.cls,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "output_spec": self.output_spec,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Json) -> TailRecord:
+        return cls(
+            str(raw["file"]),
+            str(raw["class"]),
+            tuple(raw["inputs"]),
+            tuple(raw["outputs"]),
+            str(raw["output_spec"]),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """An emitted directory's manifest (docs/FORMAT.md); None marks a key that a manifest
     written by an earlier pipecompile lacks; ``balance`` is the balancer's report
@@ -284,6 +317,7 @@ class Manifest:
     generate: Json | None = None  # `--generate`: the decoding plan (generation.plan)
     # where the model mixes the samples of a batch (passes/batch_coupling); None: not analysed
     batch_coupling: tuple[Coupling, ...] | None = None
+    tail: TailRecord | None = None  # the batch-coupled tail, run once a step (tail.py)
 
     @property
     def replica_counts(self) -> tuple[int, ...]:
@@ -347,6 +381,7 @@ class Manifest:
             dynamic=DynamicDims.from_json(raw.get("dynamic")),
             generate=raw.get("generate"),
             batch_coupling=_couplings(raw.get("batch_coupling")),
+            tail=TailRecord.from_json(raw["tail"]) if raw.get("tail") is not None else None,
         )
 
     def to_json(self) -> Json:
@@ -361,6 +396,7 @@ class Manifest:
             "dynamic": self.dynamic.to_json() if self.dynamic.sizes or self.dynamic.fixed else None,
             "generate": self.generate,
             "batch_coupling": self.batch_coupling,
+            "tail": self.tail,
         }
         raw: Json = {
             "format": self.format,
@@ -386,6 +422,7 @@ class Manifest:
             "dynamic": optional["dynamic"],
             "generate": self.generate,
             "batch_coupling": [c.to_json() for c in self.batch_coupling or ()],
+            "tail": self.tail.to_json() if self.tail is not None else None,
         }
         return {k: v for k, v in raw.items() if k not in optional or optional[k] is not None}
 

@@ -131,7 +131,8 @@ def check_step(
     ref_loss, ref_parts, ref_grads = _eager(
         pipe, model, inputs, targets, loss_fn, count if per_micro else 1
     )
-    ref_outs = join_outputs(pipe, ref_parts)
+    whole = pipe.manifest.tail is not None and len(ref_parts) == 1  # as the model returns it
+    ref_outs = list(ref_parts[0]) if whole else join_outputs(pipe, ref_parts)
     grads: dict[str, torch.Tensor] = {}
     step = pipe.train_step(
         inputs,
@@ -142,7 +143,7 @@ def check_step(
     )
     loss, outs = step.loss, step.outputs
     report = CheckReport(reference)
-    joined = join_outputs(pipe, outs, ref_outs)
+    joined = _pipeline_outputs(pipe, outs, ref_outs)
     pairs = [(loss, ref_loss), *zip(joined, ref_outs)]
     pairs += [(grads[n], g) for n, g in ref_grads.items() if n in grads]
     near = all(_within_rounding(h, w) for h, w in pairs)
@@ -466,6 +467,17 @@ def check_targets(
     except InputError as err:
         pipe.blame_inputs(inputs, err)
         raise
+
+
+def _pipeline_outputs(
+    pipe: Pipeline, parts: list[Any], reference: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """The pipeline's outputs as the model returns them: joined, and its tail run on them
+    where the model has one (then its flat tensors)."""
+    if pipe.manifest.tail is None:
+        return join_outputs(pipe, parts, reference)
+    flat = pipe.flat_output(join_microbatches(parts, names=pipe.manifest.outputs))
+    return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
 def join_outputs(

@@ -52,7 +52,7 @@ from pipecompile.runtime.distributed.watchdog import Watchdog
 from pipecompile.runtime.job.gpus import device_kind
 from pipecompile.runtime.job.run import RunJob
 from pipecompile.runtime.layout import Layout
-from pipecompile.runtime.load import load_stage
+from pipecompile.runtime.load import load_stage, load_tail
 from pipecompile.runtime.pipeline import Messaging, Pipeline
 from pipecompile.runtime.process.faults import FAULT_ENV, fault_at
 from pipecompile.runtime.process.threads import use_threads
@@ -274,6 +274,7 @@ def _run(
             wrap=lambda handlers: _tracked(handlers, watchdog, progress),
             after_step=lambda: watchdog.idle("between steps"),
         ),
+        tail=load_tail(directory, manifest) if modules[-1] is not None else None,
     )
     if flags.check:
         _check(job, pipe, spec, where, rank)

@@ -209,12 +209,14 @@ def check_batch_split(run: RunFlags, loop: TrainFlags, emitted: Emitted) -> None
     mixing = mixes(emitted.manifest.batch_coupling or ())
     if not mixing:
         return
+    tail = emitted.manifest.tail is not None  # a tail cut off: it runs on the whole batch
     splits = [
         (f"--dp {run.dp}", run.dp is not None and run.dp > 1),
         (f"--accumulate {loop.accumulate}", loop.accumulate > 1),
-        (  # a loss over the whole batch joins every micro-batch's outputs: not split
+        (  # a loss over the whole batch or a tail joins every micro-batch's outputs
             f"a program of {emitted.program.microbatches} micro-batches",
-            emitted.program.microbatches > 1 and any(c.kind != "loss" for c in mixing),
+            emitted.program.microbatches > 1
+            and any(c.kind == "middle" or (c.kind == "tail" and not tail) for c in mixing),
         ),
     ]
     split = next((what for what, yes in splits if yes), None)
