@@ -263,7 +263,7 @@ class Pipeline:
         if self.messaging.after_step is not None:
             self.messaging.after_step()
         self.last = self._result(executor, backend, scale)
-        if loss_fn not in self._losses_checked:
+        if options.weigh_rows and loss_fn not in self._losses_checked:  # a mean's, not a sum's
             self._check_loss(loss_fn, targets, options.splits)
             self._losses_checked.add(loss_fn)  # a refused one is checked again
         return self.last
