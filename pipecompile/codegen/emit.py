@@ -40,6 +40,7 @@ from pipecompile.files import names as files
 from pipecompile.files.disk import disk_message, os_error
 from pipecompile.files.names import INIT, INIT_CONSTANTS, MODEL_CONFIGS, PROGRAM, TAIL
 from pipecompile.ir.graph.dynamic import fixed_batch_note
+from pipecompile.ir.graph.graph_copy import copy_graph_module
 from pipecompile.ir.graph.layers import layer_groups
 from pipecompile.ir.graph.lower import lower_stage
 from pipecompile.ir.graph.random_ops import random_nodes
@@ -164,10 +165,11 @@ def _write_all(
         cls = class_name(stage.index)
         written.append(StageFiles(stage, source, cls, whole, lowered, bool(randoms[-1])))
     (tmp / PROGRAM).write_text(str(compiled.program))
-    if compiled.tail is not None:
-        (tmp / TAIL).write_text(
-            tail_source(compiled.tail.module, compiled.tail.inputs, model.label)
-        )
+    tail = compiled.tail
+    if tail is not None:  # emit's own copy, without device literals as a stage's
+        lowered = copy_graph_module(tail.module)
+        drop_device_literals(lowered)
+        (tmp / TAIL).write_text(tail_source(lowered, tail.inputs, model.label))
     for name, text in model.configs.items():
         (tmp / MODEL_CONFIGS[name]).write_text(text)
     init = _write_init(tmp, plan, sources)

@@ -10,9 +10,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+import pipecompile
 from pipecompile.compiler import compile_model
 from pipecompile.errors import MicrobatchError
+from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.passes import batch_coupling
+from pipecompile.runtime.check.step import check_step
+from pipecompile.schedules import WHOLE_BATCH
 
 
 class Contrastive(nn.Module):
@@ -140,22 +144,25 @@ def test_one_sample_or_samples_that_cannot_differ_are_not_analysed():
     assert batch_coupling(fx.symbolic_trace(embedded), inputs=[same_ids]) is None
 
 
-def test_the_compile_refuses_a_split_batch_and_records_a_whole_one():
+def test_a_tail_is_cut_off_and_a_middle_coupling_refused():
+    """A contrastive head splits into a body run per micro-batch and a tail run once on the
+    joined values (which 1f1b cannot wait for); a mixing op more layers follow is refused."""
     model, inputs = Contrastive(), {"x": torch.randn(8, 8), "y": torch.randn(8, 6)}
-    with pytest.raises(MicrobatchError, match=r"matmul .* mixes the samples of the batch, and "
-                       r"only the outputs follow it .* in 2 micro-batches"):  # fmt: skip
-        compile_model(model, inputs, stages=2, microbatches=2)
+    compiled = compile_model(model, inputs, stages=2, microbatches=2)
+    assert [(c.kind, c.node) for c in compiled.coupling] == [("tail", "matmul")]
+    assert compiled.tail is not None and "matmul" in compiled.tail.module.code
+    said = r"matmul .* only the outputs follow it .*--schedule gpipe or looped_bfs"
+    with pytest.raises(MicrobatchError, match=said):
+        compile_model(model, inputs, stages=2, microbatches=2, schedule="1f1b")
     with pytest.raises(MicrobatchError, match=r"mean .*more of the model's layers follow it"):
         compile_model(Centred(), {"x": torch.randn(8, 8)}, stages=2, microbatches=4)
-    compiled = compile_model(model, inputs, stages=2, microbatches=1)
-    assert [(c.kind, c.node) for c in compiled.coupling] == [("tail", "matmul")]
     searched = compile_model(model, inputs, devices=2)
-    assert searched.program.microbatches == 1  # the search keeps the batch whole
+    assert searched.program.schedule in WHOLE_BATCH and searched.tail is not None
 
 
-def test_hugging_face_clip_is_refused_at_its_logits_when_split():
+def test_hugging_face_clip_trains_exactly_at_two_micro_batches():
     """CLIPModel from a tiny config (traced by torch.export): its image-text logits are the
-    coupling, named by Hugging Face's own line."""
+    coupling, named by Hugging Face's own line; cut off, the step equals eager's."""
     transformers = pytest.importorskip("transformers")
     config = transformers.CLIPConfig(
         text_config={"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
@@ -168,6 +175,14 @@ def test_hugging_face_clip_is_refused_at_its_logits_when_split():
     torch.manual_seed(0)
     model = transformers.CLIPModel(config)
     inputs = {"input_ids": torch.randint(0, 64, (4, 5)), "pixel_values": torch.randn(4, 3, 8, 8)}
-    said = r"matmul.*modeling_clip\.py.*logits_per_text.*mixes the samples of the batch, and only"
-    with pytest.raises(MicrobatchError, match=said):
-        compile_model(model, inputs, stages=2, microbatches=2, dynamic="none")
+
+    def loss(output):
+        labels = torch.arange(len(output.logits_per_image))
+        return F.cross_entropy(output.logits_per_image, labels)
+
+    pipe = pipecompile.compile(model, inputs, stages=2, microbatches=2, dynamic="none",
+                               loss_fn=loss, example_targets=())  # fmt: skip
+    (tail,) = [c for c in pipe.manifest.batch_coupling if c.kind == "tail"]
+    assert "modeling_clip.py" in tail.op and "logits_per_text" in tail.op
+    report = check_step(pipe.pipeline, model, inputs, (), loss, tolerance=Tolerance(1e-5))
+    assert report.ok, str(report)

@@ -13,6 +13,7 @@ import pipecompile
 from pipecompile.errors import MicrobatchError, ModelFileError, PipecompileError
 from pipecompile.ir.graph.noise_floor import Tolerance
 from pipecompile.ir.records.manifest import read_manifest
+from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.check.step import check_step
 from pipecompile.runtime.pipeline import Pipeline
 from pipecompile.schedules import WHOLE_BATCH
@@ -111,3 +112,68 @@ def test_a_loss_the_compile_did_not_see_is_refused_on_the_first_step():
         pipe.train_step(spec.inputs, (), spec.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1))
     with pytest.raises(ModelFileError, match="is not a mean over the samples"):
         pipe.fit([(spec.inputs, ())], spec.loss_fn, steps=1)
+
+
+HEAD = '''"""Two towers, CLIP's logits and its loss inside the model (a learned temperature)."""
+import torch
+import torch.nn.functional as F
+
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.a = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        self.b = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 8))
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x, y):
+        i, t = F.normalize(self.a(x), dim=-1), F.normalize(self.b(y), dim=-1)
+        logits = self.scale.exp() * i @ t.t()
+        labels = torch.arange(x.shape[0])
+        return logits, (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Head()
+
+
+def example_inputs():
+    g = torch.Generator().manual_seed(1)
+    return {"x": torch.randn(16, 8, generator=g), "y": torch.randn(16, 6, generator=g)}
+
+
+def example_targets():
+    return ()
+
+
+def loss_fn(output):
+    return output[1]
+'''
+
+
+def test_a_head_inside_the_model_trains_exactly(tmp_path, capfd):
+    """The logits and the loss computed in the model: cut off into tail.py, run once a step
+    on the 4 micro-batches' embeddings joined; steps, the temperature's gradient, inference
+    and two ranks equal eager on the whole batch."""
+    path = tmp_path / "head.py"
+    path.write_text(HEAD)
+    out = tmp_path / "out"
+    assert main([str(path), "--stages", "2", "--microbatches", "4", "-o", str(out), "-q"]) == 0
+    assert "class Tail" in (out / "tail.py").read_text()
+    assert main(["run", str(out), "--check", "--nproc", "2"]) == 0
+    assert "check passed" in capfd.readouterr().out
+    spec = load_model_file(str(path))
+    pipe = Pipeline.load(out)
+    torch.testing.assert_close(pipe(spec.inputs)[0], spec.model(**spec.inputs)[0])
+    pipe.set_optimizer(lambda ps: torch.optim.SGD(ps, lr=0.5))
+    optimizer = torch.optim.SGD(spec.model.parameters(), lr=0.5)
+    for _ in range(3):
+        got = pipe.train_step(spec.inputs, (), spec.loss_fn).loss
+        optimizer.zero_grad()
+        want = spec.loss_fn(spec.model(**spec.inputs))
+        want.backward()
+        optimizer.step()
+        assert abs(float(got) - float(want)) < 1e-5, (float(got), float(want))
+    torch.testing.assert_close(pipe.state_dict()["scale"], spec.model.scale.detach())

@@ -1,6 +1,6 @@
-"""Models that mix the samples of a batch: a contrastive head in the model, a coupling in its
-middle, a contrastive loss_fn with a schedule that cannot wait for it, and runs that would
-split the batch such a loss needs whole (5 cases)."""
+"""Models that mix the samples of a batch: a contrastive head in the model and a contrastive
+loss_fn with a schedule that cannot wait for them, a coupling in the model's middle, and runs
+that would split the batch such a loss needs whole (5 cases)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def loss_fn(output):
     {loss}
 '''
 HEAD = TOWERS.format(
-    what="CLIP's logits in the model",
-    ret="return i @ t.t() * 10",
-    loss="return F.cross_entropy(output, torch.arange(len(output)))",
+    what="CLIP's loss in the model",
+    ret="return F.cross_entropy(i @ t.t() * 10, torch.arange(len(i)))",
+    loss="return output",
 )
 CENTRED = TOWERS.format(
     what="the batch mean taken off before a layer",
@@ -56,11 +56,12 @@ CONTRASTIVE = TOWERS.format(
 SPLIT = r"splits the batch, and loss_fn \(model\.py:\d+; .*mixes the samples\) mixes the samples"
 
 COUPLING = [
-    Case("coupling-head-split", "a contrastive head in the model, --microbatches 2",
-         write("model.py", HEAD), ("model.py", "--stages", "2", "--microbatches", "2", "-q"),
-         r"matmul \(.*model\.py\S*, line \d+, in forward: return i @ t\.t\(\) \* 10\) mixes the "
-         r"samples of the batch, and only the outputs follow it .* in 2 micro-batches .*"
-         r"--microbatches 1", base=None),
+    Case("coupling-head-1f1b", "a contrastive head in the model, --schedule 1f1b, 2 micro-batches",
+         write("model.py", HEAD),
+         ("model.py", "--stages", "2", "--microbatches", "2", "--schedule", "1f1b", "-q"),
+         r"matmul\S* \(.*model\.py\S*, line \d+, in forward: return F\.cross_entropy\(.*\)\) mixes the "
+         r"samples of the batch, and only the outputs follow it .*that tail runs once a step.*"
+         r"--schedule gpipe or looped_bfs, or --microbatches 1", base=None),
     Case("coupling-middle-split", "the batch mean taken off in the model, --microbatches 2",
          write("model.py", CENTRED), ("model.py", "--stages", "2", "--microbatches", "2", "-q"),
          r"mean \(.*model\.py\S*, line \d+, .*\) mixes the samples of the batch, and more of the "
