@@ -14,6 +14,7 @@ loss is called under ``torch.no_grad()``, three times (six where it cannot run i
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,7 +59,8 @@ def _losses(
 ) -> tuple[float, float, float] | None:
     """The losses of the whole batch and of its two halves (None if one fails)."""
     half = rows // 2
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the loss's own warnings on a part are no news
         found = [
             _loss(call, output, targets, rows, part)
             for part in (slice(0, rows), slice(0, half), slice(half, rows))
