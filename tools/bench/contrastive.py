@@ -1,17 +1,19 @@
 """Contrastive models trained exactly: CLIP's and SigLIP's losses over the whole batch.
 
-examples/clip.py (an image and a text encoder side by side) is compiled with its own CLIP loss
-and with SigLIP's sigmoid loss (a model file written beside it), at 2 and 4 stages and 4
-micro-batches, and trained 20 SGD steps with `pipecompile run` on the example batch, in one
-process and on ranks (`--nproc`). The reference is the eager model trained the same 20 steps
-on the whole batch. Printed per run: the largest difference of a step's loss from eager's and
-of a weight after the last step (relative to the weight's largest magnitude). Beside them, what
-a pipeline that computes the loss per micro-batch and averages the parts trains (the objective
-every other pipeline trains, and pipecompile did before it found the coupling): its first loss
-and last weights against eager's.
+Four model files: examples/clip.py (an image and a text encoder side by side, CLIP's loss in
+``loss_fn``), the same with SigLIP's sigmoid loss, and Hugging Face's CLIPModel (its logits
+computed in the model, the loss in ``loss_fn``) and SiglipModel (``return_loss=True``: logits
+and loss in the model) from tiny configs. Each is compiled at 2 and 4 stages and 4
+micro-batches and trained 20 SGD steps with `pipecompile run` on its example batch, in one
+process and on ranks (`--nproc`). The reference is the eager model trained the same steps on
+the whole batch; its noise floor, the same training in float64. Printed per run: the largest
+difference of a step's loss from eager's and of a weight after the last step (over the
+weight's largest magnitude), each beside eager's own from float64. Beside them, what a
+pipeline computing the loss per micro-batch trains (every other pipeline's objective, and
+pipecompile's before it found the coupling): its first loss and last weights against eager's.
 
-    python tools/bench/contrastive.py            # 20 steps, both losses, 4 runs each
-    python tools/bench/contrastive.py --quick    # 3 steps, CLIP's loss, 2 stages, one process
+    python tools/bench/contrastive.py            # 20 steps, 4 models, 4 runs each
+    python tools/bench/contrastive.py --quick    # 3 steps, examples/clip.py, 2 stages
 """
 
 from __future__ import annotations
@@ -19,21 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from common import EXAMPLES, command, machine, pipecompile_done, use_examples
+from common import EXAMPLES, command, machine, pipecompile_done
 
+from pipecompile.model.model_file import ModelSpec, load_model_file
 from pipecompile.runtime.training.model_keyed import read_model_keyed
 from pipecompile.runtime.training.train_state import latest_step_dir
 
-use_examples()
-import clip  # noqa: E402  (examples/clip.py)
-
 LR = 0.1
 MICROBATCHES = 4
-SIGLIP_FILE = f'''"""examples/clip.py with SigLIP's loss: a sigmoid over every image-text pair."""
+SIGLIP_LOSS = f'''"""examples/clip.py with SigLIP's loss: a sigmoid over every image-text pair."""
 import sys
 
 import torch
@@ -49,30 +49,91 @@ def loss_fn(output):
     labels = 2 * torch.eye(len(image), device=image.device) - 1
     return -F.logsigmoid(labels * logits).sum() / len(image)
 '''
+TOWERS = dict(
+    text=dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=2, max_position_embeddings=16),
+    vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, image_size=16, patch_size=8),
+)  # fmt: skip
+HF = '''"""Hugging Face's {cls} from a tiny config ({how})."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import {cls}, {config}
 
 
-def siglip_loss(output: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The same loss as SIGLIP_FILE's, for the eager reference."""
-    image, text = output
-    logits = image @ text.t() * 10.0 - 10.0
-    labels = 2 * torch.eye(len(image)) - 1
-    return -F.logsigmoid(labels * logits).sum() / len(image)
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.m = {cls}({config}(text_config={text}, vision_config={vision}))
+
+    def forward(self, input_ids, pixel_values):
+        return self.m(input_ids=input_ids, pixel_values=pixel_values, return_loss={returns})
 
 
-LOSSES = {"CLIP": clip.loss_fn, "SigLIP": siglip_loss}
+def build_model():
+    torch.manual_seed(0)
+    return Model()
 
 
-def eager(loss_fn, steps: int, parts: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The eager model's losses over ``steps`` SGD steps on the example batch, and its
-    weights after them; ``parts`` > 1: the loss of each of that many parts averaged (what a
-    pipeline computing the loss per micro-batch trains)."""
-    model, inputs = clip.build_model(), clip.example_inputs()
+def example_inputs():
+    g = torch.Generator().manual_seed(0)
+    return {{"input_ids": torch.randint(0, 100, (16, 7), generator=g),
+            "pixel_values": torch.randn(16, 3, 16, 16, generator=g)}}
+
+
+def example_targets():
+    return ()
+
+
+def loss_fn(output):
+    {loss}
+'''
+CLIP_LOSS = """logits = output.logits_per_image
+    labels = torch.arange(len(logits))
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2"""
+
+
+def model_files(root: Path, quick: bool) -> dict[str, Path]:
+    """The model files, written where they are not examples."""
+    files = {"CLIP (examples/clip.py)": EXAMPLES / "clip.py"}
+    if quick:
+        return files
+    texts = {
+        "SigLIP loss (examples/clip.py)": SIGLIP_LOSS,
+        "HF CLIPModel, logits in the model": HF.format(
+            cls="CLIPModel", config="CLIPConfig", how="the loss in loss_fn", returns=False,
+            loss=CLIP_LOSS, **TOWERS,
+        ),
+        "HF SiglipModel, return_loss=True": HF.format(
+            cls="SiglipModel", config="SiglipConfig", how="its own loss", returns=True,
+            loss="return output.loss", **TOWERS,
+        ),
+    }  # fmt: skip
+    for k, (name, text) in enumerate(texts.items()):
+        path = root / f"model_{k}.py"
+        path.write_text(text)
+        files[name] = path
+    return files
+
+
+def eager(
+    spec: Callable[[], ModelSpec], steps: int, *, parts: int = 1, dtype: torch.dtype | None = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The eager model's losses over ``steps`` SGD steps on the example batch and its weights
+    after them; ``parts`` > 1: the loss of each of that many parts averaged (what a pipeline
+    computing the loss per micro-batch trains); ``dtype``: in that dtype."""
+    fresh = spec()
+    model, inputs = fresh.model, fresh.inputs
+    if dtype is not None:
+        model = model.to(dtype)
+        inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
         chunks = [{k: v.chunk(parts)[n] for k, v in inputs.items()} for n in range(parts)]
-        loss = sum(loss_fn(model(**c)) for c in chunks) / parts
+        loss = sum(fresh.loss_fn(model(**c)) for c in chunks) / parts
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
@@ -80,63 +141,74 @@ def eager(loss_fn, steps: int, parts: int = 1) -> tuple[list[float], dict[str, t
 
 
 def pipelined(
-    root: Path, model_file: Path, stages: int, nproc: int, steps: int
+    out: Path, model_file: Path, stages: int, nproc: int, steps: int
 ) -> tuple[list[float], dict[str, torch.Tensor], str]:
-    """Compile ``model_file`` at ``stages`` stages and 4 micro-batches, train ``steps``
-    steps; its losses, its weights after them and its summary's batch coupling line."""
-    out = root / f"{model_file.stem}-{stages}-{nproc}"
+    """Compile ``model_file`` at ``stages`` stages and 4 micro-batches into ``out``, train
+    ``steps`` steps; its losses, its weights after them and its summary's coupling lines."""
     shown = pipecompile_done(
         str(model_file), "--stages", str(stages), "--microbatches", str(MICROBATCHES), "-o",
         str(out),
     ).stdout  # fmt: skip
-    coupling = next(line for line in shown.splitlines() if line.startswith("batch coupling"))
+    coupling = [line for line in shown.splitlines() if line.startswith("batch coupling")]
     ranks = ("--nproc", str(nproc)) if nproc > 1 else ()
+    saved = out.with_name(out.name + "-ck")
     pipecompile_done(
         "run", str(out), "-q", "--steps", str(steps), "--optimizer", "sgd", "--lr", str(LR),
-        "--save", str(out.with_name(out.name + "-ck")), "--metrics", str(out / "m.jsonl"), *ranks,
+        "--save", str(saved), "--metrics", str(out / "m.jsonl"), *ranks,
     )  # fmt: skip
     records = [json.loads(line) for line in (out / "m.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r.get("kind") == "train"]
-    saved = read_model_keyed(latest_step_dir(out.with_name(out.name + "-ck")))
-    weights = {k.removeprefix("model."): v for k, v in saved.items() if k.startswith("model.")}
-    return losses, weights, coupling
+    kept = read_model_keyed(latest_step_dir(saved))
+    weights = {k.removeprefix("model."): v for k, v in kept.items() if k.startswith("model.")}
+    return losses, weights, " / ".join(coupling)
 
 
 def gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest difference of a weight, over that weight's largest magnitude."""
+    """The largest difference of a weight (absolute: a weight that starts at zero, a bias,
+    has no magnitude to be relative to)."""
     return max(
-        float((a[k].float() - b[k].float()).abs().max()) / max(float(b[k].abs().max()), 1e-12)
-        for k in b
+        float((a[k].double() - b[k].double()).abs().max()) for k in b if b[k].is_floating_point()
     )
+
+
+def loss_gap(a: list[float], b: list[float]) -> float:
+    """The largest difference of a step's loss, over that loss (the runs report their losses
+    summed over the ranks in float32: about 1e-7 of the loss)."""
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 steps, one run")
+    parser.add_argument("--quick", action="store_true", help="3 steps, one model, one run")
     args = parser.parse_args()
     steps = 3 if args.quick else 20
     runs = [(2, 1)] if args.quick else [(2, 1), (4, 1), (2, 2), (4, 4)]
-    losses = {"CLIP": LOSSES["CLIP"]} if args.quick else LOSSES
     print(f"# {command()}\n# {machine()}")
-    print(f"# examples/clip.py, batch {clip.BATCH_SIZE}, {MICROBATCHES} micro-batches, "
-          f"SGD lr {LR}, {steps} steps")  # fmt: skip
-    print("loss | stages | ranks | max loss diff | max weight diff (rel) | per-micro-batch: "
-          "first loss off by | its weights off by (rel)")  # fmt: skip
+    print(f"# batch 16, {MICROBATCHES} micro-batches, SGD lr {LR}, {steps} steps; losses: "
+          "max |diff| / loss; weights: max |diff|; noise floor: eager fp32 against fp64")  # fmt: skip
+    print("model | stages | ranks | max loss diff, rel (noise floor) | max weight diff "
+          "(noise floor) | per micro-batch: first loss off by, weights off by")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        siglip_file = root / "siglip.py"
-        siglip_file.write_text(SIGLIP_FILE)
-        files = {"CLIP": EXAMPLES / "clip.py", "SigLIP": siglip_file}
-        for name, loss_fn in losses.items():
-            want_losses, want = eager(loss_fn, steps)
-            naive_losses, naive = eager(loss_fn, steps, MICROBATCHES)
+        for k, (name, path) in enumerate(model_files(root, args.quick).items()):
+
+            def spec(path: Path = path) -> ModelSpec:
+                return load_model_file(str(path))
+
+            want_losses, want = eager(spec, steps)
+            exact_losses, exact = eager(spec, steps, dtype=torch.float64)
+            naive_losses, naive = eager(spec, steps, parts=MICROBATCHES)
+            floor = (loss_gap(want_losses, exact_losses), gap(want, exact))
+            naive_gap = (abs(naive_losses[0] - want_losses[0]), gap(naive, want))  # absolute
             for stages, nproc in runs:
-                got_losses, got, coupling = pipelined(root, files[name], stages, nproc, steps)
-                assert "computed once a step" in coupling, coupling
-                loss_diff = max(abs(a - b) for a, b in zip(got_losses, want_losses))
+                out = root / f"out-{k}-{stages}-{nproc}"
+                got_losses, got, coupling = pipelined(out, path, stages, nproc, steps)
+                assert "exactly" in coupling, coupling
                 print(
-                    f"{name} | {stages} | {nproc} | {loss_diff:.2e} | {gap(got, want):.2e} | "
-                    f"{abs(naive_losses[0] - want_losses[0]):.3f} | {gap(naive, want):.2e}"
+                    f"{name} | {stages} | {nproc} | {loss_gap(got_losses, want_losses):.1e} "
+                    f"({floor[0]:.1e}) | {gap(got, want):.1e} ({floor[1]:.1e}) | "
+                    f"{naive_gap[0]:.3f}, {naive_gap[1]:.1e}",
+                    flush=True,
                 )
 
 
