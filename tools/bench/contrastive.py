@@ -184,8 +184,8 @@ def main() -> None:
     steps = 3 if args.quick else 20
     runs = [(2, 1)] if args.quick else [(2, 1), (4, 1), (2, 2), (4, 4)]
     print(f"# {command()}\n# {machine()}")
-    print(f"# batch 16, {MICROBATCHES} micro-batches, SGD lr {LR}, {steps} steps; losses: "
-          "max |diff| / loss; weights: max |diff|; noise floor: eager fp32 against fp64")  # fmt: skip
+    said = f"batch 16, {MICROBATCHES} micro-batches, SGD lr {LR}, {steps} steps"
+    print(f"# {said}; losses: max |diff| / loss; weights: max |diff|; noise floor: fp64")
     print("model | stages | ranks | max loss diff, rel (noise floor) | max weight diff "
           "(noise floor) | per micro-batch: first loss off by, weights off by")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
