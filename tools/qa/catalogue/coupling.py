@@ -59,8 +59,9 @@ COUPLING = [
     Case("coupling-head-1f1b", "a contrastive head in the model, --schedule 1f1b, 2 micro-batches",
          write("model.py", HEAD),
          ("model.py", "--stages", "2", "--microbatches", "2", "--schedule", "1f1b", "-q"),
-         r"matmul\S* \(.*model\.py\S*, line \d+, in forward: return F\.cross_entropy\(.*\)\) mixes the "
-         r"samples of the batch, and only the outputs follow it .*that tail runs once a step.*"
+         r"matmul\S* \(.*model\.py\S*, line \d+, in forward: return F\.cross_entropy\(.*\)\) "
+         r"mixes the samples of the batch, and only the outputs follow it .*that tail runs once "
+         r"a step.*"
          r"--schedule gpipe or looped_bfs, or --microbatches 1", base=None),
     Case("coupling-middle-split", "the batch mean taken off in the model, --microbatches 2",
          write("model.py", CENTRED), ("model.py", "--stages", "2", "--microbatches", "2", "-q"),
