@@ -77,4 +77,4 @@ class WholeLoss:
         if not terms:
             return share
         root = torch.stack(terms).sum().float()
-        return root + (share - root.detach())
+        return (root - root.detach()) + share  # exactly share in value (x - x is 0), root's grad
