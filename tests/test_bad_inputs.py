@@ -56,6 +56,7 @@ SAMPLED = (
     "fault-unreadable",
     "generate-fault-rank-0",
     "generate-fault-at-instruction",
+    "coupling-loss-dp",  # coupling: --dp splitting a whole-batch loss, refused before any rank
 )
 ALL_CASES = os.environ.get("PIPECOMPILE_ALL_CASES") == "1"
 
