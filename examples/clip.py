@@ -75,9 +75,7 @@ class CLIP(nn.Module):
         self.image_projection = nn.Linear(WIDTH, EMBED, bias=False)
         self.text_projection = nn.Linear(WIDTH, EMBED, bias=False)
 
-    def forward(
-        self, pixels: torch.Tensor, ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, pixels: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         image = F.normalize(self.image_projection(self.image(pixels)), dim=-1)
         text = F.normalize(self.text_projection(self.text(ids)), dim=-1)
         return image, text
@@ -109,3 +107,8 @@ def loss_fn(output: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     logits = image @ text.t() / TEMPERATURE
     labels = torch.arange(len(image), device=image.device)
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+
+
+if __name__ == "__main__":
+    _model = build_model()
+    print(loss_fn(_model(**example_inputs())).item())

@@ -6,6 +6,7 @@ import argparse
 import pytest
 import torch
 
+from pipecompile.ir.graph.noise_floor import NOISE_RULE, Tolerance
 from pipecompile.model.model_file import load_model_file
 from pipecompile.runtime.check.distributed import _floors
 from pipecompile.runtime.pipeline import Pipeline
@@ -15,9 +16,9 @@ from tests.conftest import EXAMPLES
 def test_gpu_ranks_get_float64_floors_and_cpu_ranks_none(compiled_examples):
     spec = load_model_file(str(EXAMPLES / "gpt.py"))
     local = Pipeline.load(compiled_examples[("gpt", 2)])
-    plain = argparse.Namespace(atol=None, rtol=None)
+    plain = argparse.Namespace(tolerance=NOISE_RULE)
     assert _floors([{"gpu": False}, {"gpu": False}], local, spec, plain, False) is None
-    assert _floors([{"gpu": True}], local, spec, argparse.Namespace(atol=1e-4, rtol=None),
+    assert _floors([{"gpu": True}], local, spec, argparse.Namespace(tolerance=Tolerance(1e-4)),
                    False) is None  # fmt: skip
     assert _floors([{"gpu": True}], local, spec, plain, True) is None  # PipeDream: weights
     floors = _floors([{"gpu": True}, {"gpu": True}], local, spec, plain, False)
@@ -32,7 +33,7 @@ def test_the_ranks_device_measures_floors_of_its_own(compiled_examples):
     its fp32 values against the float64 reference, every gradient and output with one."""
     spec = load_model_file(str(EXAMPLES / "gpt.py"))
     local = Pipeline.load(compiled_examples[("gpt", 2)])
-    plain = argparse.Namespace(atol=None, rtol=None)
+    plain = argparse.Namespace(tolerance=NOISE_RULE)
     floors = _floors([{"gpu": True}], local, spec, plain, False, torch.device("cpu"))
     assert floors is not None
     loss, outputs, grads = floors.exact
