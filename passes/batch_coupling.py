@@ -267,10 +267,10 @@ def _same(a: Any, b: Any) -> bool:
         return True
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if not (a.is_floating_point() or a.is_complex()):
-        return bool(torch.equal(a, b))
-    if a.numel() == 0:
+    if torch.equal(a, b):  # the common case, bit for bit: no tolerance to work out
         return True
+    if not (a.is_floating_point() or a.is_complex()) or a.numel() == 0:
+        return a.numel() == 0
     x, y = a.double(), b.double()
     both = x.isfinite() & y.isfinite()
     if not torch.equal(both, x.isfinite()) or not torch.equal(both, y.isfinite()):
