@@ -32,55 +32,46 @@ def class_name(index: int) -> str:
 
 def stage_source(stage: Stage, lowered: fx.GraphModule, *, num_stages: int, model: str) -> str:
     """Python source of stage ``stage.index`` whose ``forward`` is ``lowered``'s graph."""
-    code = lowered.graph.python_code("self")
-    body = code.src.strip("\n")
-    preamble = [_PREAMBLE[name] for name in _PREAMBLE if _uses(body, name)]
-    for name, value in code.globals.items():
-        if name not in _PREAMBLE and name not in ("torch", "getattr") and _uses(body, name):
-            raise EmitError(
-                f"stage {stage.index} calls {value!r} (as {name}), which is not part of torch; "
-                "a stage file may import only torch - keep that call out of the traced model"
-            )
-    lines = [
-        f'"""Stage {stage.index} of {num_stages} of {model}, by pipecompile {__version__}.',
+    docstring = [
+        f"Stage {stage.index} of {num_stages} of {model}, by pipecompile {__version__}.",
         "",
         f"Inputs:  {', '.join(stage.inputs) or '(none)'}",
         f"Outputs: {', '.join(stage.outputs) or '(none)'}",
-        '"""',
-        "",
-        "import torch",
-        "",
-        *preamble,
-        "",
-        "",
-        f"class {class_name(stage.index)}(torch.nn.Module):",
-        "    def __init__(self) -> None:",
-        "        super().__init__()",
-        *("        " + line for line in _init_lines(lowered)),
-        "",
-        *("    " + line if line else "" for line in body.splitlines()),
-        "",
     ]
-    return "\n".join(lines).replace("\n\n\n\n\n", "\n\n\n")
+    return _module_source(lowered, class_name(stage.index), docstring, f"stage {stage.index}")
 
 
 def tail_source(module: fx.GraphModule, inputs: tuple[str, ...], model: str) -> str:
     """Python source of the batch-coupled tail of ``model``: an ``nn.Module`` whose ``forward``
     takes the body's outputs joined over every micro-batch (``inputs``) and returns the
     model's outputs."""
+    docstring = [
+        f"The batch-coupled tail of {model}, by pipecompile {__version__}: run once a step",
+        "on every micro-batch's values joined along the batch.",
+        "",
+        f"Inputs:  {', '.join(inputs)}",
+    ]
+    return _module_source(module, TAIL_CLASS, docstring, "the tail")
+
+
+def _module_source(module: fx.GraphModule, cls: str, docstring: list[str], what: str) -> str:
+    """A standalone file of class ``cls`` whose ``forward`` is ``module``'s graph.
+
+    Raises:
+        EmitError: the graph calls something outside torch (``what`` names the module).
+    """
     code = module.graph.python_code("self")
     body = code.src.strip("\n")
     for name, value in code.globals.items():
         if name not in _PREAMBLE and name not in ("torch", "getattr") and _uses(body, name):
             raise EmitError(
-                f"the tail calls {value!r} (as {name}), which is not part of torch; a file of "
-                "pipecompile's may import only torch - keep that call out of the traced model"
+                f"{what} calls {value!r} (as {name}), which is not part of torch; a file "
+                "pipecompile writes may import only torch - keep that call out of the traced "
+                "model"
             )
     lines = [
-        f'"""The batch-coupled tail of {model}, by pipecompile {__version__}: run once a step',
-        "on every micro-batch's values joined along the batch.",
-        "",
-        f"Inputs:  {', '.join(inputs)}",
+        f'"""{docstring[0]}',
+        *docstring[1:],
         '"""',
         "",
         "import torch",
@@ -88,7 +79,7 @@ def tail_source(module: fx.GraphModule, inputs: tuple[str, ...], model: str) -> 
         *[_PREAMBLE[name] for name in _PREAMBLE if _uses(body, name)],
         "",
         "",
-        f"class {TAIL_CLASS}(torch.nn.Module):",
+        f"class {cls}(torch.nn.Module):",
         "    def __init__(self) -> None:",
         "        super().__init__()",
         *("        " + line for line in _init_lines(module)),
