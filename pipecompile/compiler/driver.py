@@ -150,9 +150,15 @@ def _trace_now(r: Request, shown: dict[str, torch.Tensor]) -> Traced:
     return trace(r.model, shown, None, microbatches=r.microbatches)
 
 
+_FACTS = "pipecompile_batch_facts"  # where a traced graph keeps what batch_coupling found
+
+
 def _coupling(r: Request, ir: IR) -> tuple[tuple[Coupling, ...] | None, BatchFacts | None]:
     traced = ir["traced"]
-    facts = batch_facts(traced.module, inputs=[r.micro[n] for n in traced.input_names])
+    if _FACTS not in traced.module.meta:  # a kept trace (``traces_kept``) is analysed once
+        inputs = [r.micro[n] for n in traced.input_names]
+        traced.module.meta[_FACTS] = batch_facts(traced.module, inputs=inputs)
+    facts = traced.module.meta[_FACTS]
     if facts is None:
         return None, None
     found = facts.couplings
