@@ -26,43 +26,46 @@ EMBED = 32
 TEMPERATURE = 0.07
 
 
-class ImageEncoder(nn.Module):
-    """Patches of the image, embedded, mixed by two residual MLP blocks, mean-pooled."""
+class Mixer(nn.Module):
+    """``depth`` residual MLP blocks over a sequence of ``width`` features, mean-pooled."""
 
-    def __init__(self, width: int = WIDTH, depth: int = 2) -> None:
+    def __init__(self, width: int, depth: int) -> None:
         super().__init__()
-        self.patch = nn.Conv2d(3, width, PATCH, stride=PATCH)
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(),
                           nn.Linear(2 * width, width))
             for _ in range(depth)
         )  # fmt: skip
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = self.patch(pixels).flatten(2).transpose(1, 2)  # (batch, patches, width)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
             x = x + block(x)
         return x.mean(dim=1)
 
 
+class ImageEncoder(nn.Module):
+    """Patches of the image, embedded, then mixed."""
+
+    def __init__(self, width: int = WIDTH, depth: int = 2) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, PATCH, stride=PATCH)
+        self.mixer = Mixer(width, depth)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.mixer(self.patch(pixels).flatten(2).transpose(1, 2))  # (batch, patches, .)
+
+
 class TextEncoder(nn.Module):
-    """Token and position embeddings, two residual MLP blocks, mean-pooled."""
+    """Token and position embeddings, then mixed."""
 
     def __init__(self, width: int = WIDTH, depth: int = 2) -> None:
         super().__init__()
         self.tokens = nn.Embedding(VOCAB, width)
         self.positions = nn.Parameter(torch.randn(TEXT_LENGTH, width) * 0.02)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(),
-                          nn.Linear(2 * width, width))
-            for _ in range(depth)
-        )  # fmt: skip
+        self.mixer = Mixer(width, depth)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(ids) + self.positions
-        for block in self.blocks:
-            x = x + block(x)
-        return x.mean(dim=1)
+        return self.mixer(self.tokens(ids) + self.positions)
 
 
 class CLIP(nn.Module):
