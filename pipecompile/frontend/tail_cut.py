@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from pipecompile.errors import MicrobatchError
 from pipecompile.frontend.fake_prop import propagate_fake
+from pipecompile.ir.graph.graph_copy import copy_graph_module
 from pipecompile.ir.graph.tail import Tail
 from pipecompile.ir.graph.traced import Traced
 from pipecompile.ir.graph.user_frame import op_place
@@ -98,8 +99,7 @@ def _body(
     traced: Traced, tail: set[fx.Node], boundary: list[fx.Node], micro: list[torch.Tensor]
 ) -> Traced:
     """``traced`` without ``tail``, returning ``boundary`` (each weight as a copy per row)."""
-    module = fx.GraphModule(traced.module, traced.module.graph)  # a copy of the graph
-    module.graph = _copied(traced.module.graph)
+    module = copy_graph_module(traced.module)  # the traced graph is left as it was
     names = {n.name: n for n in module.graph.nodes}
     rows_of = next(names[n.name] for n in boundary if n.op != "get_attr")
     out = [n for n in module.graph.nodes if n.op == "output"][0]
@@ -119,14 +119,6 @@ def _body(
     propagate_fake(module, micro)
     spec = pytree.tree_flatten(tuple(range(len(values))))[1]
     return replace(traced, module=module, output_spec=spec)
-
-
-def _copied(graph: fx.Graph) -> fx.Graph:
-    new = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    out = new.graph_copy(graph, env)
-    new.output(out)
-    return new
 
 
 def _tail_graph(

@@ -13,7 +13,6 @@ pass None and never call the model file's hooks.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -291,7 +290,7 @@ def _steps(
         )
     saved_at = step = first
     tracer = pipe.tracer = step_tracer(pipe, options, first)
-    context = dataclasses.replace(run.context, first_step=first)
+    context = run.context  # what every step reads, built once
     try:
         while total is None or step < total:
             if run.idle is not None:

@@ -64,7 +64,6 @@ class StepContext:
     reads: tuple[bool, bool]
     one_process: bool
     dp: DataParallel
-    first_step: int = 0  # the run's first step (a resumed run's: the one after the saved)
 
 
 @dataclass(frozen=True)
