@@ -6,6 +6,7 @@ from pipecompile.passes.annotate_costs import annotate_costs
 from pipecompile.passes.balance_stages import balance_stages, min_max_partition
 from pipecompile.passes.batch_coupling import batch_coupling, batch_facts
 from pipecompile.passes.dynamic_dims import dynamic_dims
+from pipecompile.passes.graph_plan import graph_plan
 from pipecompile.passes.insert_communication import insert_communication
 from pipecompile.passes.insert_recompute import POLICIES, insert_recompute
 from pipecompile.passes.insert_replication import insert_replication, parse_replicas
@@ -18,6 +19,7 @@ __all__ = [
     "batch_facts",
     "balance_stages",
     "min_max_partition",
+    "graph_plan",
     "split_stages",
     "dynamic_dims",
     "activation_memory",

@@ -34,7 +34,7 @@ __all__ = ["split_stages"]
 
 
 def split_stages(
-    module: fx.GraphModule, *, traced: Traced, sizes_follow: bool = False
+    module: fx.GraphModule, *, traced: Traced, sizes_follow: bool = False, stages: int = 0
 ) -> StageGraph:
     """Cut a balanced module into a StageGraph.
 
@@ -45,10 +45,12 @@ def split_stages(
             later stage reads is computed again there, from the tensors it was read from
             (received if the stage has them not), instead of written in as a constant: the
             sizes may change from batch to batch (``--dynamic``).
+        stages: the stage count, where the last stages hold no op (a graph plan's output
+            stage); by default one more than the last op's stage.
     """
     nodes = list(module.graph.nodes)
     stage_of = _stage_of(nodes)
-    count = max(stage_of.values()) + 1
+    count = max(max(stage_of.values()) + 1, stages)
     output = nodes[-1]
     returned: tuple[fx.Node, ...] = output.args[0]  # type: ignore[assignment]
     model_outputs = [value_name(n) for n in returned]

@@ -43,6 +43,7 @@ from pipecompile.passes import (
     balance_stages,
     batch_facts,
     dynamic_dims,
+    graph_plan,
     insert_communication,
     insert_recompute,
     insert_replication,
@@ -52,12 +53,14 @@ from pipecompile.passes import (
 from pipecompile.passes.batch_coupling import BatchFacts
 from pipecompile.planner.choose import choose_plan, open_choices
 from pipecompile.schedules import (
+    GRAPHS,
     REPLICABLE,
     WHOLE_BATCH,
     compute_program,
     devices_for,
     listed,
     schedule_of,
+    why_chain_only,
 )
 
 if TYPE_CHECKING:
@@ -196,8 +199,15 @@ def _balance(r: Request, ir: IR) -> Any:
     )  # fmt: skip
 
 
+def _graph_plan(r: Request, ir: IR) -> Any:
+    chain = (ir["balanced"], ir["balance"], ir["compute"])
+    return graph_plan(ir["annotated"], chain, cost=r.options.balance, pinned=r.pinned,
+                      force=r.options.graph)  # fmt: skip
+
+
 def _split(r: Request, ir: IR) -> StageGraph:
-    return split_stages(ir["balanced"], traced=ir["traced"], sizes_follow=bool(r.varying))
+    return split_stages(ir["balanced"], traced=ir["traced"], sizes_follow=bool(r.varying),
+                        stages=len(ir["balance"].stage_ops))  # fmt: skip
 
 
 def _dynamic(r: Request, ir: IR) -> DynamicDims:
@@ -255,6 +265,9 @@ TABLE: tuple[Pass, ...] = (
          when=lambda r: r.options.balance == "time"),
     Pass("balance_stages", _balance, ("annotated", "compute"), ("balanced", "balance"),
          checks.check_balanced, _graph_check("balanced")),
+    Pass("graph_plan", _graph_plan, ("annotated", "balanced", "balance", "compute"),
+         ("balanced", "balance", "compute"), checks.check_balanced,
+         when=lambda r: not r.options.chain and r.replicas is None),
     Pass("split_stages", _split, ("balanced", "traced"), ("graph",), checks.check_stage_graph,
          lambda ir: checks.lint_stages(ir["graph"])),
     Pass("dynamic_dims", _dynamic, ("balanced", "graph"), ("dynamic",), lambda ir: None,
@@ -425,7 +438,7 @@ def _record(timings: list[tuple[str, float]], name: str, start: float, progress:
 
 
 def _replica_counts(r: Request, report: BalanceReport) -> tuple[int, ...]:
-    return tuple(r.replicas or report.replicas or (1,) * r.stages)
+    return tuple(r.replicas or report.replicas or (1,) * (len(report.stage_ops) or r.stages))
 
 
 def _check_options(r: Request, compute: Program) -> None:
@@ -445,11 +458,29 @@ def _check_options(r: Request, compute: Program) -> None:
             f"{whole.op} is a loss over the whole batch, and replicas of a stage would each "
             "see part of it; compile without --replicate"
         )
+    if r.options.graph:
+        _check_graph(r, compute)
     if r.meta and r.options.balance == "time":
         raise PipecompileError(
             f"--balance time measures each op on real weights, and {type(r.model).__name__} is "
             "on the meta device; balance on flops (the default) or params"
         )
+
+
+def _check_graph(r: Request, compute: Program) -> None:
+    """--graph's refusals: with --chain, a schedule that runs chains only, fixed boundaries
+    or replicas, one device."""
+    why = None
+    if r.options.chain:
+        why = "--chain asks for the opposite; give one of them"
+    elif schedule_of(r.schedule).on_graph is None:
+        why = f"{why_chain_only(schedule_of(r.schedule))}; use --schedule {listed(GRAPHS)}"
+    elif r.replicas is not None or r.split_at:
+        why = "a stage graph is cut by the graph's branches, not by --replicate or --split-at"
+    elif len(compute.devices) < 2:
+        why = "branches side by side need two devices or more; raise --stages"
+    if why is not None:
+        raise PipecompileError(f"--graph: {why}")
 
 
 def _check_machine(

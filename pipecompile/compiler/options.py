@@ -103,6 +103,18 @@ class CompileOptions:
         metavar="V",
         help="the looped schedules: stages per device (default 2)",
     )
+    chain: bool = option(
+        "--chain",
+        switch=True,
+        help="cut the model into a chain of stages even where branches side by side (towers, "
+        "encoders) would run faster on devices of their own (a stage graph)",
+    )
+    graph: bool = option(
+        "--graph",
+        switch=True,
+        help="put the model's branches side by side on devices of their own (a stage graph) "
+        "even where the chain is priced faster",
+    )
     vertical_sync: bool = option(
         "--vertical-sync",
         switch=True,

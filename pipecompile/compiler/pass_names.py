@@ -14,6 +14,7 @@ PASSES = (
     "annotate_costs",
     "profile_costs",
     "balance_stages",
+    "graph_plan",
     "split_stages",
     "dynamic_dims",
     "activation_memory",

@@ -25,10 +25,15 @@ from pipecompile.schedules import (
     zb2p,
     zbv,
 )
+from pipecompile.schedules.list_scheduler import Links
+from pipecompile.schedules.on_graphs import graph_program as _on_graph
+from pipecompile.schedules.on_graphs import why_chain_only
 from pipecompile.schedules.record import Schedule
 
 __all__ = [
     "DEFAULT_SCHEDULE",
+    "GRAPHS",
+    "Links",
     "LOOPED",
     "ORDER",
     "REGISTRY",
@@ -40,6 +45,8 @@ __all__ = [
     "Schedule",
     "devices_for",
     "compute_program",
+    "graph_program",
+    "why_chain_only",
     "schedule_of",
 ]
 
@@ -70,6 +77,7 @@ SYNCHRONOUS = frozenset(n for n, s in REGISTRY.items() if s.synchronous)
 V_SHAPED = tuple(n for n, s in REGISTRY.items() if s.placement == "v")
 LOOPED = tuple(n for n, s in REGISTRY.items() if s.placement == "looped")
 REPLICABLE = tuple(n for n, s in REGISTRY.items() if s.replicable)
+GRAPHS = tuple(n for n, s in REGISTRY.items() if s.on_graph)  # those that run stage graphs
 _BY_PROGRAM = {a: s for s in REGISTRY.values() for a in (s.name, *s.aliases)}
 
 
@@ -126,6 +134,13 @@ def compute_program(
         "vertical_sync": vertical_sync,
     }
     return schedule.build(stages, microbatches, *(values[o] for o in schedule.takes))
+
+
+def graph_program(
+    name: str, links: Links, stage_device: tuple[int, ...], microbatches: int
+) -> Program:
+    """The compute-only program of schedule ``name`` on a stage graph (``on_graphs``)."""
+    return _on_graph(schedule_of(name), links, stage_device, microbatches)
 
 
 def devices_for(name: str, stages: int, virtual_stages: int | None = None) -> int:

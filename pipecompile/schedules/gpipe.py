@@ -36,4 +36,5 @@ SCHEDULE = Schedule(
     split_backward=False,
     replicable=True,
     bubble=fill_drain,
+    on_graph="fill_drain",
 )

@@ -14,23 +14,42 @@ its instructions in: that order is the program. The rules, for every device at e
 3. then a W (weight gradients) of the earliest micro-batch, later stage first.
 
 With ``forward_first`` rules 1 and 2 swap: a ready forward (within the cap) goes before a
-ready backward.
+ready backward. With ``fill_drain`` a device starts no backward before it has run every
+forward of its stages (GPipe's order).
 
 An instruction is ready when what it consumes is done: F(j, i) after F(j-1, i); I or B(j, i)
-after F(j, i) and the backward of (j+1, i); W(j, i) after I(j, i). A stage runs its forwards,
-its backwards and its W's each in micro-batch order. A stage-micro-batch is held from its F
-to its last backward (B, or W when split).
+after F(j, i) and the backward of (j+1, i); W(j, i) after I(j, i). Given a ``graph`` (each
+stage's producer and consumer stages), F(j, i) waits for the forwards of j's producers and
+the backward of (j, i) for its consumers' instead. A stage runs its forwards, its backwards
+and its W's each in micro-batch order. A stage-micro-batch is held from its F to its last
+backward (B, or W when split).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pipecompile.errors import ProgramError
 from pipecompile.ir.programs.instr import Instr, Op
 from pipecompile.ir.programs.program import Program
 
-__all__ = ["list_schedule", "stepped"]
+__all__ = ["Links", "list_schedule", "stepped"]
+
+
+@dataclass(frozen=True)
+class Links:
+    """Which stages each stage reads from (``producers``) and feeds (``consumers``)."""
+
+    producers: tuple[tuple[int, ...], ...]
+    consumers: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def chain(cls, stages: int) -> Links:
+        return cls(
+            tuple((j - 1,) if j else () for j in range(stages)),
+            tuple((j + 1,) if j < stages - 1 else () for j in range(stages)),
+        )
 
 
 def list_schedule(
@@ -41,10 +60,14 @@ def list_schedule(
     *,
     split: bool,
     forward_first: bool = False,
+    fill_drain: bool = False,
+    graph: Links | None = None,
 ) -> Program:
     """The program the rules above give for stages placed by ``stage_device`` and at most
     ``caps[d]`` stage-micro-batches held on device d (each at least 1)."""
     stages, m = len(stage_device), microbatches
+    links = graph or Links.chain(stages)
+    forwards = [m * sum(1 for on in stage_device if on == d) for d in range(max(stage_device) + 1)]
     devices = max(stage_device) + 1
     back = Op.I if split else Op.B
     cost = {Op.F: 1, Op.I: 1, Op.W: 1, Op.B: 2}
@@ -68,9 +91,12 @@ def list_schedule(
         for d in range(devices):
             if running[d] is not None or free_at[d] > clock:
                 continue
-            state = (d, stage_device, m, stages, back, split, issued, done, clock)
-            pick = _most_urgent(*state, forward_first=forward_first)
-            if pick is None or (pick[0] == Op.F and held[d] >= caps[d]):
+            state = (d, stage_device, m, links, back, split, issued, done, clock)
+            filling = fill_drain and sum(o.op == Op.F for o in orders[d]) < forwards[d]
+            pick = _most_urgent(*state, forward_first=forward_first or filling)
+            if filling and (pick is None or pick[0] != Op.F):
+                pick = None  # a backward waits until every forward here has run
+            elif pick is None or (pick[0] == Op.F and held[d] >= caps[d]):
                 pick = _most_urgent(*state, forward=False)
             if pick is None:
                 continue
@@ -106,7 +132,7 @@ def _most_urgent(
     d: int,
     stage_device: Sequence[int],
     m: int,
-    stages: int,
+    links: Links,
     back: Op,
     split: bool,
     issued: dict[tuple[Op, int], int],
@@ -117,7 +143,7 @@ def _most_urgent(
     forward_first: bool = False,
 ) -> tuple[Op, int, int] | None:
     """Device d's most urgent ready instruction (``forward`` False: no F)."""
-    mine = [j for j in range(stages) if stage_device[j] == d]
+    mine = [j for j in range(len(stage_device)) if stage_device[j] == d]
     kinds = ([Op.F, back] if forward_first else [back, Op.F]) + [Op.W]
     if not forward:
         kinds.remove(Op.F)
@@ -127,7 +153,7 @@ def _most_urgent(
         ready = []
         for j in mine:
             i = issued[(op, j)]
-            if i < m and _ready(op, j, i, stages, back, done, clock):
+            if i < m and _ready(op, j, i, links, back, done, clock):
                 ready.append((i, -j, op, j))
         if ready:
             _, _, op, j = min(ready)
@@ -136,13 +162,13 @@ def _most_urgent(
 
 
 def _ready(
-    op: Op, j: int, i: int, stages: int, back: Op, done: dict[tuple[Op, int, int], int], clock: int
+    op: Op, j: int, i: int, links: Links, back: Op, done: dict[tuple[Op, int, int], int], clock: int
 ) -> bool:
     def finished(key: tuple[Op, int, int]) -> bool:
         return key in done and done[key] <= clock
 
     if op == Op.F:
-        return j == 0 or finished((Op.F, j - 1, i))
+        return all(finished((Op.F, s, i)) for s in links.producers[j])
     if op == back:
-        return finished((Op.F, j, i)) and (j == stages - 1 or finished((back, j + 1, i)))
+        return finished((Op.F, j, i)) and all(finished((back, t, i)) for t in links.consumers[j])
     return finished((back, j, i))  # W

@@ -52,4 +52,5 @@ SCHEDULE = Schedule(
     split_backward=False,
     replicable=True,
     bubble=fill_drain,
+    on_graph="one_f_one_b",
 )

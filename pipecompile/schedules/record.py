@@ -10,12 +10,16 @@ from typing import Literal
 
 from pipecompile.ir.programs.program import Program
 
-__all__ = ["Bubble", "Placement", "Schedule"]
+__all__ = ["Bubble", "GraphRule", "Placement", "Schedule"]
 
 # "one": stage j on device j; "looped": v stages a device, stage j on device j mod p (the
 # option --virtual-stages, default 2); "v": two stages a device, in a V (stage j and 2p-1-j)
 Placement = Literal["one", "looped", "v"]
 Bubble = Callable[[int, int, int], "float | None"]
+# how a schedule orders a stage graph's instructions (schedules/on_graphs.py): "fill_drain"
+# every forward then every backward, "one_f_one_b" a backward first within a cap of
+# micro-batches held, "zero_bubble" that with the backward split (I, then W)
+GraphRule = Literal["fill_drain", "one_f_one_b", "zero_bubble"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class Schedule:
             (synchronous: the step's one version), ``stage`` (PipeDream: each stage the
             version it stashed for that micro-batch, its own), ``window`` (PipeDream-2BW: one
             version per window of micro-batches on every stage, one update stale).
+        on_graph: how it runs a stage graph (branches on devices of their own, joined where
+            the model joins them; ``GraphRule``), or None: it runs chains only.
     """
 
     name: str
@@ -54,6 +60,7 @@ class Schedule:
     takes: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     weight_versions: Literal["step", "stage", "window"] = "step"
+    on_graph: GraphRule | None = None
 
     def stages_a_device(self, virtual_stages: int | None = None) -> int:
         """How many stages it places on one device (``virtual_stages``: a looped one's)."""

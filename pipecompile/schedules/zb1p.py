@@ -51,4 +51,5 @@ SCHEDULE = Schedule(
     split_backward=True,
     replicable=True,
     bubble=zero_bubble,
+    on_graph="zero_bubble",
 )

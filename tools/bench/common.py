@@ -132,11 +132,16 @@ def run_checked(
     return done
 
 
-def torchrun_options(description: str, quick: str, repeats: int) -> argparse.Namespace:
+def torchrun_options(
+    description: str, quick: str, repeats: int, *, json: bool = False
+) -> argparse.Namespace:
     """The options of a benchmark that times steps in ranks it starts under torchrun: --quick
     (``quick`` says what it runs; no warm-up, one timed step), the hidden ones each worker
-    gets, --warmup and --repeats (``repeats`` timed steps by default)."""
+    gets, --warmup and --repeats (``repeats`` timed steps by default), and where ``json``
+    --json PATH (the results also written there)."""
     parser = argparse.ArgumentParser(description=description)
+    if json:
+        parser.add_argument("--json", type=Path, help="also write the results here as JSON")
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)

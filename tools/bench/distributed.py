@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,7 @@ from pipecompile.runtime.pipeline import Messaging
 use_examples()
 
 WAIT_S = 900  # the most one torchrun of the full benchmark may take
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,15 @@ def live_sets(manifest: Manifest) -> list[list[str]]:
     return sets
 
 
+def passing(manifest: Manifest, module: nn.Module, place: int) -> Passing:
+    """``module``, stage ``place`` of a chain of ``manifest``'s stages, as ``Passing`` wraps it
+    for PipelineStage (the first takes the model's inputs, the last returns its output)."""
+    sets = [[*manifest.inputs]] + live_sets(manifest) + [[]]
+    entry = manifest.stages[place]
+    return Passing(module, list(entry.inputs), list(entry.outputs), sets[place],
+                   sets[place + 1], place == len(manifest.stages) - 1)  # fmt: skip
+
+
 def worker(args: argparse.Namespace) -> None:
     """One rank: every schedule of one process count, each timed against pipelining."""
     sizes = Sizes(**json.loads(args.sizes))
@@ -181,8 +192,8 @@ def alternate(
     runs: dict[str, Callable[[], None]],
     warmup: int,
     repeats: int,
-    summary: Callable[[list[float]], float] = statistics.median,
-) -> dict[str, float]:
+    summary: Callable[[list[float]], T] = statistics.median,  # type: ignore[assignment]
+) -> dict[str, T]:
     """Each run's ``summary`` (median) of its step times (the slowest rank's) over ``repeats``
     timed turns after ``warmup`` untimed ones, the runs taking turns (every rank calls it)."""
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -214,22 +225,30 @@ def ours(
 
 
 def rank_pipeline(
-    directory: Path, manifest: Manifest, module: nn.Module, place: int, copy: int = 0
+    directory: Path, manifest: Manifest, module: nn.Module | None, place: int, copy: int = 0
 ) -> tuple:
-    """The pipeline of rank ``place`` of data-parallel copy ``copy`` (one per
-    ``world // stages`` ranks), holding ``module``, on the distributed backend as a rank of
-    `run` builds it; and its copy's placement."""
+    """The pipeline of rank ``place`` of data-parallel copy ``copy`` (one per ``world //
+    devices`` ranks), holding ``module`` as stage ``place`` (None: every stage the program
+    places on device ``place``, loaded as a rank of `run` loads them: a graph plan's or a
+    looped schedule's several), on the distributed backend as a rank of `run` builds it; and
+    its copy's placement."""
     from pipecompile.runtime.distributed.backend import DistBackend, tie_groups
     from pipecompile.runtime.job.placement import Placement
     from pipecompile.runtime.layout import Layout
-    from pipecompile.runtime.load import read_program
+    from pipecompile.runtime.load import load_stage, read_program
     from pipecompile.runtime.pipeline import Pipeline
 
     program = read_program(directory / manifest.program)
-    copies = dist.get_world_size() // len(manifest.stages)
-    modules = [module if j == place else None for j in range(len(manifest.stages))]
+    whole = Placement.from_manifest(manifest, program.stage_device)
+    copies = dist.get_world_size() // whole.world
+    modules = [
+        (load_stage(directory, entry) if program.stage_device[j] == place else None)
+        if module is None
+        else (module if j == place else None)
+        for j, entry in enumerate(manifest.stages)
+    ]
     layout = Layout.from_manifest(manifest, program.stage_device)
-    placement = Placement.from_manifest(manifest, program.stage_device).copy(copy)
+    placement = whole.copy(copy)
     groups = tie_groups(layout, placement, copies)
 
     def backend() -> DistBackend:
@@ -253,10 +272,7 @@ def theirs(
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    sets = [[*manifest.inputs]] + live_sets(manifest) + [[]]
-    entry = manifest.stages[rank]
-    wrapped = Passing(module, list(entry.inputs), list(entry.outputs), sets[rank],
-                      sets[rank + 1], rank == world - 1)  # fmt: skip
+    wrapped = passing(manifest, module, rank)
     runs = torch.compile(wrapped, backend=compiled) if compiled else wrapped
     stage = PipelineStage(runs, rank, world, torch.device("cpu"))
     kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
@@ -271,14 +287,20 @@ def theirs(
 
 
 def pipelining_step(
-    schedule: object, place: int, width: int, inputs: torch.Tensor, target: torch.Tensor
+    schedule: object,
+    place: int,
+    width: int,
+    inputs: torch.Tensor | tuple[torch.Tensor, ...],
+    target: torch.Tensor,
 ) -> None:
     """One step of a torch.distributed.pipelining schedule on stage ``place`` of ``width``:
-    the first stage feeds the inputs, the last the targets (one stage: both)."""
+    the first stage feeds the inputs (a tuple: the model's several, in order), the last the
+    targets (one stage: both)."""
+    given = inputs if isinstance(inputs, tuple) else (inputs,)
     if width == 1:
-        schedule.step(inputs, target=target, losses=[])  # type: ignore[attr-defined]
+        schedule.step(*given, target=target, losses=[])  # type: ignore[attr-defined]
     elif place == 0:
-        schedule.step(inputs)  # type: ignore[attr-defined]
+        schedule.step(*given)  # type: ignore[attr-defined]
     elif place == width - 1:
         schedule.step(target=target, losses=[])  # type: ignore[attr-defined]
     else:

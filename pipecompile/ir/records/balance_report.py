@@ -38,6 +38,8 @@ class BalanceJson(TypedDict, total=False):
     orders: dict[str, float]
     stage_ops: Sequence[int]
     requested_boundaries: int
+    shape: str
+    shapes: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,9 @@ class BalanceReport:
     empty). The other fields are the manifest's ``balance`` object, in its order; those of
     the modelled split only (``unit`` and the ``stage_*`` times, ``replicas``, ``model``,
     ``stage_memory`` under a memory limit, ``stage_balanced``, ``order``, ``orders``) are
-    None after a plain split and left out.
+    None after a plain split and left out. ``shape`` says whether the plan is a chain or a
+    graph (branches side by side, ``method`` "graph"), ``shapes`` each shape's priced step
+    where the graph_plan pass priced both.
     """
 
     cost: str
@@ -71,6 +75,8 @@ class BalanceReport:
     stage_balanced: tuple[int, ...] | None = None
     order: str | None = None
     orders: dict[str, float] | None = None
+    shape: str | None = None  # "chain", or "graph": branches side by side (passes/graph_plan)
+    shapes: dict[str, float] | None = None  # each shape's priced step, where both were priced
     starts: tuple[int, ...] = ()  # not in the manifest: () when read back from one
     method: str = ""  # not in the manifest: "" when read back from one
 
@@ -130,4 +136,6 @@ _JSON_ORDER = (
     "orders",
     "stage_ops",
     "requested_boundaries",
+    "shape",
+    "shapes",
 )

@@ -1,0 +1,174 @@
+"""Pass: graph_plan — branches side by side on devices of their own, where that is faster.
+
+Requires: balance_stages has run (the chain plan: its balanced module, report and program).
+Guarantees: either the chain plan unchanged, or a graph plan: a copy of the annotated module
+whose ops carry NodeInfo.stage for the stages of the optimal graph split
+(``balance.graph_partition``; stages contiguous in graph order, an input or output stage
+without ops where the graph has no prefix or suffix), its ``BalanceReport`` (``shape``
+"graph") and the schedule's program on that stage graph (``schedules.on_graphs``).
+
+The graph plan is kept when the simulator, given each stage's cost (F = its cost, B = twice
+that), prices its step at most ``GAIN`` of the chain plan's: a graph plan has more stages than
+devices, and each stage's instruction costs the runtime a little that the costs do not count.
+Both prices go to the report (``shapes``), so the compile summary says which was chosen and
+why. A plan that requested boundaries or replicas, a schedule that runs chains only, a graph
+whose ops write values in place, a model without branches side by side: the chain stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import torch.fx as fx
+
+from pipecompile.balance.branch_order import may_reorder, reordered
+from pipecompile.balance.fork_join import fork_joins
+from pipecompile.balance.graph_partition import GraphSplit, graph_split
+from pipecompile.balance.split_requests import pinned_costs
+from pipecompile.errors import BalanceError
+from pipecompile.ir.graph.node_info import info, with_info
+from pipecompile.ir.programs.program import Program
+from pipecompile.ir.programs.simulate import Costs, simulate
+from pipecompile.ir.programs.topology import Topology
+from pipecompile.ir.records.balance_report import BalanceReport
+from pipecompile.passes.balance_stages import atoms_of, compute_nodes, node_cost
+from pipecompile.schedules import Links, graph_program, schedule_of
+
+__all__ = ["GAIN", "graph_plan", "stage_links"]
+
+GAIN = 0.95  # a graph plan is kept when its priced step is at most this part of the chain's
+
+Planned = tuple[fx.GraphModule, BalanceReport, Program]
+
+
+def graph_plan(
+    annotated: fx.GraphModule,
+    chain: Planned,
+    *,
+    cost: str = "flops",
+    pinned: Mapping[str, int] | None = None,
+    force: bool = False,
+) -> Planned:
+    """The graph plan of ``annotated`` on the chain program's devices if it prices faster
+    than the ``chain`` plan (``force``: whenever there is one), else ``chain``, its report
+    recording the shape."""
+    balanced, report, program = chain
+    chained = (balanced, replace(report, shape="chain"), program)
+    devices = len(program.devices)
+    if schedule_of(program.schedule).on_graph is None or devices < 2:
+        return chained
+    if report.requested_boundaries or devices != program.num_stages:
+        return chained
+    ops = compute_nodes(annotated.graph)
+    if not may_reorder(ops) and not force:
+        return chained
+    atoms = atoms_of(ops)
+    costs = pinned_costs(ops, {n: node_cost(n, annotated, cost) for n in ops}, pinned or {})
+    weights = [sum(costs[n] for n in atom) for atom in atoms]
+    where = {n: a for a, atom in enumerate(atoms) for n in atom}
+    reads = [sorted({where[i] for n in atom for i in n.all_input_nodes if i in where} - {a})
+             for a, atom in enumerate(atoms)]  # fmt: skip
+    splits = [s for f in fork_joins(reads, weights) if (s := graph_split(weights, f, devices))]
+    if not splits and force:
+        raise BalanceError(
+            f"--graph: {type(annotated).__name__} has no branches side by side that "
+            f"{devices} devices can run apart (no ops that neither feed nor read each other "
+            "between two points every path passes); compile without --graph"
+        )
+    if not splits:
+        return chained
+    split = min(splits, key=lambda s: s.bottleneck)
+    module = _assigned(annotated, atoms, split)
+    stage_costs = [sum(weights[a] for a in p.items) for p in split.pieces]
+    links = stage_links(module, len(split.pieces))
+    graph = graph_program(program.schedule, links, split.stage_device, program.microbatches)
+    chain_costs = _stage_costs(balanced, program.num_stages, cost, pinned)
+    priced = {
+        "chain": _price(program, stage_links(balanced, program.num_stages), chain_costs),
+        "graph": _price(graph, links, stage_costs),
+    }
+    if not force and priced["graph"] > GAIN * priced["chain"]:
+        return (balanced, replace(report, shape="chain", shapes=priced), program)
+    ops_per_stage = tuple(sum(len(atoms[a]) for a in p.items) for p in split.pieces)
+    return module, _report(report, split, stage_costs, ops_per_stage, priced), graph
+
+
+def stage_links(module: fx.GraphModule, stages: int) -> Links:
+    """Which stages read which in a module whose ops carry their stage: an op's inputs made
+    in another stage, the model's inputs (read by stage 0 and handed on), and the values the
+    last stage returns."""
+    read: set[tuple[int, int]] = set()
+    for node in module.graph.nodes:
+        if node.op == "output":
+            returned = [a for a in node.all_input_nodes if a.op != "get_attr"]
+            read |= {(_stage(a), stages - 1) for a in returned}
+        elif node.op in ("call_function", "call_method", "call_module"):
+            j = info(node).stage
+            assert j is not None
+            read |= {(_stage(a), j) for a in node.all_input_nodes if a.op != "get_attr"}
+    edges = {(s, t) for s, t in read if s != t}
+    return Links(
+        tuple(tuple(sorted(s for s, t in edges if t == j)) for j in range(stages)),
+        tuple(tuple(sorted(t for s, t in edges if s == j)) for j in range(stages)),
+    )
+
+
+def _stage(node: fx.Node) -> int:
+    return 0 if node.op == "placeholder" else info(node).stage or 0
+
+
+def _assigned(
+    annotated: fx.GraphModule, atoms: Sequence[Sequence[fx.Node]], split: GraphSplit
+) -> fx.GraphModule:
+    """A copy of ``annotated`` with its ops in stage order, each carrying its stage."""
+    order = [n for piece in split.pieces for a in piece.items for n in atoms[a]]
+    module = reordered(annotated, order)
+    copied = compute_nodes(module.graph)
+    stage_of = {op: j for j, piece in enumerate(split.pieces) for a in piece.items
+                for op in atoms[a]}  # fmt: skip
+    for original, node in zip(order, copied):
+        with_info(node, stage=stage_of[original])
+    return module
+
+
+def _stage_costs(
+    module: fx.GraphModule, stages: int, cost: str, pinned: Mapping[str, int] | None
+) -> list[float]:
+    """Each stage's summed op cost in a module whose ops carry their stage."""
+    ops = compute_nodes(module.graph)
+    costs = pinned_costs(ops, {n: node_cost(n, module, cost) for n in ops}, pinned or {})
+    summed = [0.0] * stages
+    for node in ops:
+        summed[info(node).stage or 0] += costs[node]
+    return summed
+
+
+def _price(program: Program, links: Links, stage_costs: Sequence[float]) -> float:
+    """The simulated step of ``program`` with F = a stage's cost and B = twice that."""
+    edges = frozenset((s, t) for t, ps in enumerate(links.producers) for s in ps)
+    return simulate(
+        program, Topology(len(stage_costs), edges), Costs.from_flops(stage_costs)
+    ).makespan
+
+
+def _report(
+    chain: BalanceReport,
+    split: GraphSplit,
+    stage_costs: list[int],
+    ops_per_stage: tuple[int, ...],
+    priced: dict[str, float],
+) -> BalanceReport:
+    total = sum(stage_costs)
+    return BalanceReport(
+        cost=chain.cost,
+        stage_costs=tuple(float(c) for c in stage_costs),
+        bottleneck=float(split.bottleneck),
+        lower_bound=total / len(split.loads),
+        unconstrained_optimum=float(split.bottleneck),
+        stage_ops=ops_per_stage,
+        requested_boundaries=0,
+        shape="graph",
+        shapes=priced,
+        method="graph",
+    )
