@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch.fx as fx
 
 from pipecompile.balance.branch_order import may_reorder, reordered
+from pipecompile.balance.cut_bytes import atom_links
 from pipecompile.balance.fork_join import fork_joins
 from pipecompile.balance.graph_partition import GraphSplit, graph_split
 from pipecompile.balance.split_requests import pinned_costs
@@ -66,9 +67,7 @@ def graph_plan(
     atoms = atoms_of(ops)
     costs = pinned_costs(ops, {n: node_cost(n, annotated, cost) for n in ops}, pinned or {})
     weights = [sum(costs[n] for n in atom) for atom in atoms]
-    where = {n: a for a, atom in enumerate(atoms) for n in atom}
-    reads = [sorted({where[i] for n in atom for i in n.all_input_nodes if i in where} - {a})
-             for a, atom in enumerate(atoms)]  # fmt: skip
+    reads, _ = atom_links(atoms)
     splits = [s for f in fork_joins(reads, weights) if (s := graph_split(weights, f, devices))]
     if not splits and force:
         raise BalanceError(
@@ -107,11 +106,7 @@ def stage_links(module: fx.GraphModule, stages: int) -> Links:
             j = info(node).stage
             assert j is not None
             read |= {(_stage(a), j) for a in node.all_input_nodes if a.op != "get_attr"}
-    edges = {(s, t) for s, t in read if s != t}
-    return Links(
-        tuple(tuple(sorted(s for s, t in edges if t == j)) for j in range(stages)),
-        tuple(tuple(sorted(t for s, t in edges if s == j)) for j in range(stages)),
-    )
+    return Links.of(stages, frozenset((s, t) for s, t in read if s != t))
 
 
 def _stage(node: fx.Node) -> int:

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-__all__ = ["cut_bytes"]
+__all__ = ["atom_links", "cut_bytes"]
 
 
 def cut_bytes(graph: fx.Graph, atoms: list[list[fx.Node]]) -> tuple[np.ndarray, np.ndarray]:
@@ -47,6 +47,26 @@ def cut_bytes(graph: fx.Graph, atoms: list[list[fx.Node]]) -> tuple[np.ndarray, 
     for cut in (fwd_cut, bwd_cut):
         cut[0] = cut[n] = 0
     return fwd_cut, bwd_cut
+
+
+def atom_links(
+    atoms: list[list[fx.Node]],
+) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """Per atom, the atoms it reads, and the forward bytes of its values other atoms read."""
+    where = {node: k for k, atom in enumerate(atoms) for node in atom}
+    reads = tuple(
+        tuple(sorted({where[i] for n in atom for i in n.all_input_nodes if i in where} - {k}))
+        for k, atom in enumerate(atoms)
+    )
+    sent = tuple(
+        sum(
+            _bytes(n.meta.get("val"))[0]
+            for n in atom
+            if any(where.get(u, -1) not in (k, -1) for u in n.users)
+        )
+        for k, atom in enumerate(atoms)
+    )
+    return reads, sent
 
 
 def _bytes(value: object) -> tuple[int, int]:

@@ -64,6 +64,21 @@ class GraphSplit:
     def stage_device(self) -> tuple[int, ...]:
         return tuple(p.device for p in self.pieces)
 
+    def edges(self, reads: Sequence[Sequence[int]]) -> frozenset[tuple[int, int]]:
+        """(producer, consumer) stage pairs, given which items each item reads: an item's
+        reads across stages, the batch from stage 0 to each stage no other feeds, and each
+        stage that feeds none to the last (its values are the model's outputs)."""
+        stage = {a: j for j, p in enumerate(self.pieces) for a in p.items}
+        edges = {(stage[r], stage[a]) for a in stage for r in reads[a] if stage[r] != stage[a]}
+        last = len(self.pieces) - 1
+        for j in range(1, last + 1):
+            if not any(t == j for _, t in edges):
+                edges.add((0, j))
+        for j in range(last):
+            if not any(s == j for s, _ in edges):
+                edges.add((j, last))
+        return frozenset(edges)
+
 
 def graph_split(weights: Sequence[int], fork: ForkJoin, devices: int) -> GraphSplit | None:
     """The optimal graph split of ``fork`` (items weighted by ``weights``) onto ``devices``

@@ -363,10 +363,12 @@ def _request(model: nn.Module, inputs: dict[str, torch.Tensor], o: CompileOption
             split_at=cuts, machine=machine, progress=not o.quiet, replicas=replicas,
             balance=o.balance, memory_budget=o.memory_budget, ranks=o.ranks,
             whole_loss=o.loss_coupling is not None,
+            shapes=("chain",) if o.chain else ("graph",) if o.graph else ("chain", "graph"),
         )  # fmt: skip
         stages, microbatches, schedule = chosen.stages, chosen.microbatches, chosen.schedule
         virtual_stages, recompute = chosen.virtual_stages, chosen.recompute
         replicas = chosen.replicas or None
+        o = replace(o, graph=chosen.graph, chain=not chosen.graph)  # the search's shape
         if devices_for(schedule, stages, virtual_stages) != stages:  # the search checked it
             machine = replace(machine, memory_limit=())
     assert isinstance(stages, int) and isinstance(microbatches, int)

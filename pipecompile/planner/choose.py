@@ -72,6 +72,7 @@ def choose_plan(
     memory_budget: int | None = None,
     ranks: int | None = None,
     whole_loss: bool = False,
+    shapes: tuple[str, ...] = ("chain", "graph"),
 ) -> tuple[Plan, CostModel, PlanRecord]:
     """The best plan for ``devices`` (default: ``stages``, one stage each) with the given
     choices fixed (``"auto"``: searched), the cost model it was priced with (that of the
@@ -93,7 +94,7 @@ def choose_plan(
             _say(f"{mixing[0].op} mixes the samples of the batch: plans of one micro-batch")
         microbatches = 1  # a split batch would change what the model computes
     whole_loss = whole_loss or any(c.kind == "tail" for c in mixing)  # run on the whole batch
-    space = _space(devices, stages, schedule, virtual_stages)
+    space = replace(_space(devices, stages, schedule, virtual_stages), shapes=shapes)
     if whole_loss:  # every micro-batch's outputs on one last stage: no replicas
         space = replace(space, replicate=False)
         waiting = tuple(s for s in space.schedules if s in WHOLE_BATCH)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 
-from pipecompile.balance.cut_bytes import cut_bytes
+from pipecompile.balance.cut_bytes import atom_links, cut_bytes
 from pipecompile.balance.node_memory import node_memory
 from pipecompile.balance.partition_problem import AtomFacts, atom_cost
 from pipecompile.balance.split_requests import requested_starts
@@ -39,6 +39,8 @@ class ModelFacts:
     forward: np.ndarray
     backward: np.ndarray
     forced: tuple[int, ...]
+    reads: tuple[tuple[int, ...], ...] = ()  # per atom: the atoms it reads (a stage graph's)
+    sent: tuple[int, ...] = ()  # per atom: the bytes of its values other atoms read
 
     @property
     def atoms(self) -> int:
@@ -80,6 +82,7 @@ def model_facts(module: fx.GraphModule, size: int, split_at: Sequence[str] = ())
     out.recompile()
     saved = node_memory(out)
     forward, backward = cut_bytes(out.graph, atoms)
+    reads, sent = atom_links(atoms)
     op_costs = tuple(tuple((info(n).flops, info(n).kind) for n in atom) for atom in atoms)
     return ModelFacts(
         size=size,
@@ -90,4 +93,6 @@ def model_facts(module: fx.GraphModule, size: int, split_at: Sequence[str] = ())
         forward=forward,
         backward=backward,
         forced=tuple(forced),
+        reads=reads,
+        sent=sent,
     )

@@ -20,6 +20,7 @@ class Plan:
     recompute: str = "never"
     virtual_stages: int | None = None
     replicas: tuple[int, ...] = ()  # ranks per stage; () when one each
+    graph: bool = False  # a stage graph on ``stages`` devices: branches side by side
 
     @property
     def shape(self) -> str:
@@ -39,6 +40,8 @@ class Plan:
             out.append(f"--recompute {self.recompute}")
         if self.replicas and any(r > 1 for r in self.replicas):
             out.append(f"--replicate {','.join(map(str, self.replicas))}")
+        if self.graph:
+            out.append("--graph")
         return " ".join(out)
 
 
@@ -74,4 +77,5 @@ class Predicted:
             "predicted_step_s": round(self.step, 6),
             "bubble": round(self.bubble, 4),
             "peak_memory": list(self.memory),
+            **({"graph": True} if p.graph else {}),
         }

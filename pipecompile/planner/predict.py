@@ -50,6 +50,8 @@ class Predictor:
     # the atoms' figures per size, shared by the predictors of one search whose models price
     # ops alike (rank counts differ in their messages and cores, not in an op's seconds)
     atoms: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+    # (micro-batch size, devices) -> the graph split of the model there, or None (graph_plans)
+    graph_splits: dict[tuple[int, int], object] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
@@ -251,6 +253,14 @@ class Predictor:
         if stages < 2 or cut is None:
             return work
         return work + 2 * (stages - 1) * cut
+
+    def atoms_at(self, size: int) -> AtomFacts:
+        """The model's atoms at micro-batches of ``size`` samples (``_facts_at``)."""
+        return self._facts_at(size)
+
+    def walk_at(self, size: int) -> list[float]:
+        """``ModelFacts.walk_seconds`` at ``size`` samples (``_walk_at``)."""
+        return self._walk_at(size)
 
     def _facts_at(self, size: int) -> AtomFacts:
         """The model's atoms at micro-batches of ``size`` samples, gathered once per size

@@ -31,11 +31,20 @@ from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.recompute_policy import POLICIES
 from pipecompile.ir.records.sizes import format_size
+from pipecompile.planner.graph_plans import predict_graph
 from pipecompile.planner.model_facts import ModelFacts
 from pipecompile.planner.plan import Plan, Predicted
 from pipecompile.planner.predict import Predictor
 from pipecompile.planner.rank_models import RankModels, rank_ladder
-from pipecompile.schedules import LOOPED, ORDER, REPLICABLE, SYNCHRONOUS, V_SHAPED, schedule_of
+from pipecompile.schedules import (
+    GRAPHS,
+    LOOPED,
+    ORDER,
+    REPLICABLE,
+    SYNCHRONOUS,
+    V_SHAPED,
+    schedule_of,
+)
 
 __all__ = ["ORDER", "Space", "SearchResult", "search", "divisors"]
 
@@ -55,6 +64,9 @@ class Space:
     recompute: tuple[str, ...] = ()  # () = never, or all three under a memory limit
     ranks: tuple[int, ...] = ()  # () = any count up to ``devices`` (--tune's rebuild: one)
     replicate: bool = True  # False: no stage replicas (a loss over the whole batch)
+    # chains, and stage graphs of the schedules that run them (--chain: chains, --graph:
+    # graphs only): a plan of one stage a device is priced as either (graph_plans)
+    shapes: tuple[str, ...] = ("chain", "graph")
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,12 @@ def search(
     for offer in order:
         plan, workers = offer.plan, offer.workers
         priced = predictor(offer.ranks)
+        graph = _as_graph(offer, priced, space)
+        if graph is not None:
+            tried += 1
+            _fits(graph, fits, best, keep)
+        if "chain" not in space.shapes:
+            continue
         cutoff = best[keep - 1] if keep and len(best) >= keep else None
         if cutoff is not None and (
             floors[offer] > cutoff + _TIE
@@ -148,10 +166,7 @@ def search(
         if got is None:
             misfits.append((offer, program))
         elif got.devices == offer.ranks:  # else: the offer of the ranks it uses prices it
-            fits.append(got)
-            if keep:
-                bisect.insort(best, got.step)
-                del best[keep:]
+            _fits(got, fits, best, keep)
         if progress is not None and time.perf_counter() - said > _PROGRESS_S:
             said = time.perf_counter()
             progress(f"searching: {tried} plans predicted, {bounded} bounded out so far")
@@ -164,6 +179,24 @@ def search(
             f"{time.perf_counter() - start:.1f} s"
         )
     return SearchResult(tuple(ranked), tried, time.perf_counter() - start, bounded)
+
+
+def _fits(got: Predicted, fits: list[Predicted], best: list[float], keep: int | None) -> None:
+    """Keep a plan that fits, and its step among the ``keep`` best so far."""
+    fits.append(got)
+    if keep:
+        bisect.insort(best, got.step)
+        del best[keep:]
+
+
+def _as_graph(offer: _Offer, priced: Predictor, space: Space) -> Predicted | None:
+    """The offer's plan as a stage graph, predicted, where the space takes graphs and it has
+    one stage a device and no replicas (``graph_plans``)."""
+    if "graph" not in space.shapes or offer.workers is not None or offer.plan.replicas:
+        return None
+    if offer.plan.schedule not in GRAPHS or offer.plan.stages != offer.ranks:
+        return None
+    return predict_graph(priced, offer.plan)
 
 
 def _ordered(

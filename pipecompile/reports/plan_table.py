@@ -72,4 +72,6 @@ def _shape(p: PlanRow) -> str:
         shape += f" x ({','.join(map(str, replicas))})"
     if v:
         shape += f" ({v} per device)"
+    if p.graph:
+        shape += " (graph)"  # branches side by side on devices of their own
     return shape

@@ -26,8 +26,7 @@ from pipecompile.schedules import (
     zbv,
 )
 from pipecompile.schedules.list_scheduler import Links
-from pipecompile.schedules.on_graphs import graph_program as _on_graph
-from pipecompile.schedules.on_graphs import why_chain_only
+from pipecompile.schedules.on_graphs import build_on_graph, why_chain_only
 from pipecompile.schedules.record import Schedule
 
 __all__ = [
@@ -140,7 +139,7 @@ def graph_program(
     name: str, links: Links, stage_device: tuple[int, ...], microbatches: int
 ) -> Program:
     """The compute-only program of schedule ``name`` on a stage graph (``on_graphs``)."""
-    return _on_graph(schedule_of(name), links, stage_device, microbatches)
+    return build_on_graph(schedule_of(name), links, stage_device, microbatches)
 
 
 def devices_for(name: str, stages: int, virtual_stages: int | None = None) -> int:

@@ -45,6 +45,14 @@ class Links:
     consumers: tuple[tuple[int, ...], ...]
 
     @classmethod
+    def of(cls, stages: int, edges: frozenset[tuple[int, int]]) -> Links:
+        """The links of ``stages`` stages joined by (producer, consumer) ``edges``."""
+        return cls(
+            tuple(tuple(sorted(s for s, t in edges if t == j)) for j in range(stages)),
+            tuple(tuple(sorted(t for s, t in edges if s == j)) for j in range(stages)),
+        )
+
+    @classmethod
     def chain(cls, stages: int) -> Links:
         return cls(
             tuple((j - 1,) if j else () for j in range(stages)),

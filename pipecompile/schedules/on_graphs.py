@@ -9,8 +9,9 @@ schedule declares (``Schedule.on_graph``):
   then steps; the last stage runs all its forwards before any backward, so a loss over the
   whole batch can wait for them.
 - ``one_f_one_b`` (1f1b): a ready backward goes first; a device starts a new forward only
-  while it holds fewer micro-batches than the deepest of its stages has stages after it, in
-  the chain 1F1B's cap (p - j for stage j).
+  while it holds fewer stage-micro-batches than the deepest of its stages has stages on to
+  the end (in a chain 1F1B's cap, p - j for stage j), plus one for each other stage it
+  holds, so that one micro-batch can always pass through all of them.
 - ``zero_bubble`` (zb1p): that, with the backward split into I and W, the W's filling idle
   clocks.
 
@@ -27,10 +28,10 @@ from pipecompile.ir.programs.program import Program
 from pipecompile.schedules.list_scheduler import Links, list_schedule
 from pipecompile.schedules.record import Schedule
 
-__all__ = ["graph_program", "why_chain_only"]
+__all__ = ["build_on_graph", "why_chain_only"]
 
 
-def graph_program(
+def build_on_graph(
     schedule: Schedule, links: Links, stage_device: Sequence[int], microbatches: int
 ) -> Program:
     """The compute-only program of ``schedule`` on a stage graph (stage j on device
@@ -45,7 +46,8 @@ def graph_program(
             schedule.name, stage_device, m, caps, split=False, fill_drain=True, graph=links
         )
     depth = _depth(links)
-    caps = [max(depth[j] for j in range(stages) if stage_device[j] == d) for d in range(devices)]
+    mine = [[j for j in range(stages) if stage_device[j] == d] for d in range(devices)]
+    caps = [max(depth[j] for j in held) + len(held) - 1 for held in mine]
     split = schedule.on_graph == "zero_bubble"
     return list_schedule(schedule.name, stage_device, m, caps, split=split, graph=links)
 

@@ -45,7 +45,7 @@ def test_interleaved_towers_get_a_depth_first_order():
 
 def test_the_balancer_keeps_the_faster_order_and_the_pipeline_stays_exact(tmp_path, capsys):
     out = str(tmp_path / "o")
-    assert main([TOWERS, "--stages", "4", "--microbatches", "4", "-q", "-o", out]) == 0
+    assert main([TOWERS, "--stages", "4", "--microbatches", "4", "--chain", "-q", "-o", out]) == 0
     balance = json.loads((tmp_path / "o" / "manifest.json").read_text())["balance"]
     assert balance["order"] != "graph"
     assert balance["bottleneck"] == min(balance["orders"].values()) < balance["orders"]["graph"]

@@ -27,7 +27,7 @@ from pipecompile.schedules import (
 )
 
 PACKAGE = Path(importlib.import_module("pipecompile.schedules").__file__).parent
-HELPERS = {"__init__", "record", "closed_forms", "list_scheduler", "building_block"}
+HELPERS = {"__init__", "record", "closed_forms", "list_scheduler", "building_block", "on_graphs"}
 
 
 def test_every_generator_module_declares_a_registered_record():

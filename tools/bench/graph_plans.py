@@ -166,11 +166,17 @@ def plan_of(directory: Path) -> dict:
     }
 
 
-def spread(times: list[float]) -> dict[str, float]:
-    """The median of ``times``, their min, max and quartiles."""
+def spread(times: list[float]) -> dict[str, object]:
+    """The median of ``times``, their min, max and quartiles, and the times themselves."""
     q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times * 3)
     return {"median": statistics.median(times), "min": min(times), "max": max(times),
-            "q1": q1, "q3": q3, "steps": len(times)}  # fmt: skip
+            "q1": q1, "q3": q3, "times": times}  # fmt: skip
+
+
+def per_turn(figures: dict[str, dict], other: str) -> float:
+    """The median over the turns of the graph step's time over ``other``'s in the same turn."""
+    pairs = zip(figures["graph"]["times"], figures[other]["times"])
+    return statistics.median(g / o for g, o in pairs)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -234,7 +240,7 @@ def pipelining_run(
     return run
 
 
-def torchrun(directory: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def torchrun(directory: Path, args: argparse.Namespace) -> dict[str, dict]:
     """The ranks' turns over ``directory``'s plans; rank 0's figures per system."""
     options = ["--directory", str(directory), "--warmup", str(args.warmup)]
     result = run_ranks(PROCS, __file__, "--worker", *options, "--repeats", str(args.repeats),
@@ -261,7 +267,7 @@ def described(plan: dict) -> str:
             f"{devices}")  # fmt: skip
 
 
-def timing(figures: dict[str, float]) -> str:
+def timing(figures: dict) -> str:
     """A system's median step, its min-max and interquartile range, in a table's cell."""
     return (f"{figures['median'] * 1e3:.1f} ({figures['min'] * 1e3:.1f}-"
             f"{figures['max'] * 1e3:.1f}; IQR {figures['q1'] * 1e3:.1f}-"
@@ -281,7 +287,9 @@ def measure(root: Path, sizes: Sizes, args: argparse.Namespace) -> dict:
         figures = torchrun(root / f"m{micro}", args)
         graph, chain, theirs = (figures[s]["median"] for s in SYSTEMS)
         rows.append({"microbatches": micro, **figures, "graph_over_chain": graph / chain,
-                     "graph_over_pipelining": graph / theirs})  # fmt: skip
+                     "graph_over_pipelining": graph / theirs,
+                     "turns_graph_over_chain": per_turn(figures, "chain"),
+                     "turns_graph_over_pipelining": per_turn(figures, "pipelining")})  # fmt: skip
     print("\nstep times in ms: median (min-max; IQR) of the slowest rank's, "
           f"{args.repeats} timed steps after {args.warmup} untimed\n")  # fmt: skip
     print("| M | graph step | chain step | pipelining step | graph/chain | graph/pipelining |")
@@ -290,6 +298,11 @@ def measure(root: Path, sizes: Sizes, args: argparse.Namespace) -> dict:
         print(f"| {r['microbatches']} | {timing(r['graph'])} | {timing(r['chain'])} "
               f"| {timing(r['pipelining'])} | {r['graph_over_chain']:.2f} "
               f"| {r['graph_over_pipelining']:.2f} |")  # fmt: skip
+    print("\nthe median of each turn's ratio (the three steps taken one after another, so a "
+          "slow spell of the machine slows all three):")  # fmt: skip
+    for r in rows:
+        print(f"M = {r['microbatches']}: graph/chain {r['turns_graph_over_chain']:.2f}, "
+              f"graph/pipelining {r['turns_graph_over_pipelining']:.2f}")  # fmt: skip
     print()
     for micro, each in plans.items():
         for system, plan in each.items():
@@ -301,7 +314,7 @@ def measure(root: Path, sizes: Sizes, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    args = torchrun_options(__doc__.splitlines()[0], "tiny towers, M = 1", 15, json=True)
+    args = torchrun_options(__doc__.splitlines()[0], "tiny towers, M = 1", 25, json=True)
     if args.worker:
         worker(args)
         return

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from pipecompile.ir.graph.stage_graph import StageGraph
     from pipecompile.ir.records.manifest import Manifest
 
-__all__ = ["Topology", "topology", "topology_from_manifest"]
+__all__ = ["Topology", "side_by_side", "topology", "topology_from_manifest"]
 
 
 @dataclass(frozen=True)
@@ -41,3 +41,26 @@ def topology_from_manifest(manifest: Manifest) -> Topology:
     edges = frozenset((e.src, e.dst) for e in manifest.edges)
     groups = tuple(tied_groups([s.params for s in manifest.stages]))
     return Topology(len(manifest.stages), edges, groups)
+
+
+def side_by_side(topology: Topology, stage_device: tuple[int, ...]) -> list[int]:
+    """The stages that run at the same time as another on another device: neither feeds the
+    other, directly or through other stages (a stage graph's branches; none in a chain)."""
+    n = topology.num_stages
+    below = [0] * n  # each stage's ancestors, as bit sets
+    for s, t in sorted(topology.edges):
+        below[t] |= below[s] | (1 << s)
+    for t in range(n):  # edges go forward: one pass in order closes them
+        for s in range(t):
+            if below[t] >> s & 1:
+                below[t] |= below[s]
+    related = [below[j] | (1 << j) for j in range(n)]
+    for j in range(n):
+        for k in range(n):
+            if below[k] >> j & 1:
+                related[j] |= 1 << k
+    return [
+        j
+        for j in range(n)
+        if any(not related[j] >> k & 1 and stage_device[k] != stage_device[j] for k in range(n))
+    ]

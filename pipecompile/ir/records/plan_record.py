@@ -41,6 +41,7 @@ class PlanRowJson(TypedDict):
     predicted_step_s: float
     bubble: NotRequired[float]
     peak_memory: NotRequired[list[int]]
+    graph: NotRequired[bool]
 
 
 class PlanJson(PlanRowJson):
@@ -71,6 +72,7 @@ class PlanRow:
     predicted_step_s: float
     bubble: float
     peak_memory: tuple[int, ...]
+    graph: bool = False  # a stage graph: branches side by side (passes/graph_plan)
 
     @property
     def flags(self) -> tuple[Any, ...]:
@@ -82,7 +84,8 @@ class PlanRow:
         shape = f"{self.stages}" + (
             f"x({','.join(map(str, self.replicas))})" if any(r > 1 for r in self.replicas) else ""
         )
-        return f"{shape} stages, {self.microbatches} micro-batches, {self.schedule}"
+        graph = ", a stage graph" if self.graph else ""
+        return f"{shape} stages{graph}, {self.microbatches} micro-batches, {self.schedule}"
 
     def as_json(self) -> PlanRowJson:
         return {
@@ -96,6 +99,7 @@ class PlanRow:
             "predicted_step_s": self.predicted_step_s,
             "bubble": self.bubble,
             "peak_memory": list(self.peak_memory),
+            **({"graph": True} if self.graph else {}),  # type: ignore[typeddict-item]
         }
 
     @classmethod
@@ -111,6 +115,7 @@ class PlanRow:
             predicted_step_s=float(raw["predicted_step_s"]),
             bubble=float(raw.get("bubble", 0.0)),
             peak_memory=tuple(raw.get("peak_memory") or ()),
+            graph=bool(raw.get("graph", False)),
         )
 
 
