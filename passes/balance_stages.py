@@ -118,6 +118,7 @@ def balance_stages(
         cost=cost,
         stage_ops=tuple(stage_ops),
         requested_boundaries=len(cuts),
+        shape="chain",
         **frozen,
     )
 

@@ -148,13 +148,7 @@ def search(
             _fits(graph, fits, best, keep)
         if "chain" not in space.shapes:
             continue
-        cutoff = best[keep - 1] if keep and len(best) >= keep else None
-        if cutoff is not None and (
-            floors[offer] > cutoff + _TIE
-            or (
-                plan.schedule in REPLICABLE and not limited and priced.beyond(plan, workers, cutoff)
-            )
-        ):
+        if _beyond(offer, priced, floors[offer], best[keep - 1 :] if keep else [], limited):
             bounded += 1
             continue
         try:
@@ -179,6 +173,21 @@ def search(
             f"{time.perf_counter() - start:.1f} s"
         )
     return SearchResult(tuple(ranked), tried, time.perf_counter() - start, bounded)
+
+
+def _beyond(
+    offer: _Offer, priced: Predictor, floor: float, kth: list[float], limited: bool
+) -> bool:
+    """Whether ``offer`` cannot beat ``kth``, the ``keep``-th best step so far (if any): its
+    floor is above it, or, one stage a device without a memory limit, ``Predictor.beyond``."""
+    if not kth:
+        return False
+    cutoff, plan = kth[0], offer.plan
+    if floor > cutoff + _TIE:
+        return True
+    return (
+        plan.schedule in REPLICABLE and not limited and priced.beyond(plan, offer.workers, cutoff)
+    )
 
 
 def _fits(got: Predicted, fits: list[Predicted], best: list[float], keep: int | None) -> None:

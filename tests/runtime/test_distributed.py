@@ -21,6 +21,7 @@ from pipecompile.surfaces.cli import main
 from tests.conftest import EXAMPLES, SAMPLED_OUT
 
 MLP, GPT = str(EXAMPLES / "mlp.py"), str(EXAMPLES / "gpt.py")
+TOWERS = str(EXAMPLES / "two_towers.py")
 
 
 def compile_to(tmp_path: Path, model: str, *options: str) -> str:
@@ -65,7 +66,12 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
 @pytest.mark.parametrize(
     "model, nproc, options",
     [
-        (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "gpipe"]),
+        # sampled out for time: gpipe on 2 ranks runs in the data, restart and mesh tests
+        pytest.param(MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "gpipe"],
+                     marks=SAMPLED_OUT),
+        # a stage graph: the towers side by side, the batch handed on by an input stage,
+        # messages between stages that are not neighbours, zb1p's split backward
+        (TOWERS, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "zb1p", "--graph"]),
         # zb2p: zb1p's F, I and W (and their messages), more micro-batches in flight
         (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "zb2p",
                   "--checkpoint", "always"]),
@@ -81,7 +87,7 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
         pytest.param(GPT, 3, ["--stages", "2", "--microbatches", "4", "--workers", "3"],
                      marks=SAMPLED_OUT),
     ],
-    ids=["mlp-gpipe-2", "mlp-zb2p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4",
+    ids=["mlp-gpipe-2", "towers-graph-zb1p-2", "mlp-zb2p-ckpt-2", "mlp-pipedream-2", "gpt-1f1b-4",
          *PLACED_IDS, "gpt-workers-3"],
 )  # fmt: skip
 def test_distributed_check_equals_local_and_eager(compiled, capfd, model, nproc, options):

@@ -29,7 +29,7 @@ stage -> device map.
 
 The figures come from a 2-core CPU machine (the script prints which). Rerun with::
 
-    python tools/bench/graph_plans.py                         # the table, about 2 minutes
+    python tools/bench/graph_plans.py                         # the table, about a minute
     python tools/bench/graph_plans.py --json /tmp/plans.json  # also the raw numbers
     python tools/bench/graph_plans.py --quick                 # tiny towers, M = 1, one timed
                                                               # step: every path in seconds
@@ -64,7 +64,6 @@ WAIT_S = 600  # the most one torchrun of the full benchmark may take
 PROCS = 2
 SYSTEMS = ("graph", "chain", "pipelining")
 SHAPE_KEYS = ("plan_shape", "shape")  # the manifest's own word for the plan's shape, if any
-NO_CHAIN = "unrecognized arguments: --chain"
 MODEL = '''"""examples/two_towers.py's TwoTowers at the benchmark's sizes."""
 
 import sys
@@ -127,21 +126,12 @@ def import_model(path: Path) -> ModuleType:
     return module
 
 
-def compile_both(model: Path, micro: int, root: Path) -> bool:
+def compile_both(model: Path, micro: int, root: Path) -> None:
     """``root``/graph (the default compile) and ``root``/chain (``--chain``) of ``model``,
-    2 stages, ``micro`` micro-batches. False where this pipecompile has no --chain yet: the
-    chain is then the default compile's plan (a chain until graph plans land)."""
+    2 stages, ``micro`` micro-batches."""
     common = [str(model), "--stages", str(PROCS), "--microbatches", str(micro), "-q"]
     pipecompile_done(*common, "-o", str(root / "graph"))
-    try:
-        pipecompile_done(*common, "--chain", "-o", str(root / "chain"))
-    except SystemExit as failed:
-        if NO_CHAIN not in str(failed):
-            raise
-        log("note: this pipecompile has no --chain; the chain plan is the default compile's")
-        pipecompile_done(*common, "-o", str(root / "chain"))
-        return False
-    return True
+    pipecompile_done(*common, "--chain", "-o", str(root / "chain"))
 
 
 def plan_of(directory: Path) -> dict:
@@ -277,10 +267,10 @@ def timing(figures: dict) -> str:
 def measure(root: Path, sizes: Sizes, args: argparse.Namespace) -> dict:
     """Compile each M's plans, time them, print the table; every figure, for --json."""
     model = write_model(root, sizes)
-    rows, plans, chain_flag = [], {}, True
+    rows, plans = [], {}
     for micro in sizes.micro:
         log(f"compiling M = {micro} (graph, chain) ...")
-        chain_flag &= compile_both(model, micro, root / f"m{micro}")
+        compile_both(model, micro, root / f"m{micro}")
         plans[micro] = {s: plan_of(root / f"m{micro}" / s) for s in ("graph", "chain")}
     for micro in sizes.micro:
         log(f"timing M = {micro} ...")
@@ -307,10 +297,7 @@ def measure(root: Path, sizes: Sizes, args: argparse.Namespace) -> dict:
     for micro, each in plans.items():
         for system, plan in each.items():
             print(f"M = {micro}, {system} plan: {described(plan)}")
-    if not chain_flag:
-        print("note: pipecompile has no --chain yet; the chain plans are the default compile's")
-    return {"rows": rows, "plans": {str(m): p for m, p in plans.items()},
-            "chain_flag": chain_flag}  # fmt: skip
+    return {"rows": rows, "plans": {str(m): p for m, p in plans.items()}}
 
 
 def main() -> None:
@@ -322,7 +309,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"command: {command()}")
     print(f"model: TwoTowers(width={sizes.width}, depth={sizes.depth}), mini-batch "
-          f"{sizes.batch}, {PROCS} processes, gloo, CPU")  # fmt: skip
+          f"{sizes.batch}, {PROCS} processes (one thread each), gloo, CPU")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         results = measure(root, sizes, args)
