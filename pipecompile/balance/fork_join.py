@@ -2,7 +2,8 @@
 
 Requires: items numbered in a topological order, each with the items it reads.
 Guarantees: ``fork_joins`` lists, for every parallel block of the graph, the items before it
-(the prefix), its branches and the items after it (the suffix), each in topological order.
+(the prefix), its branches and the items after it (the suffix), each in topological order
+(every item of a branch before every item of the suffix that reads it).
 
 A *series point* is an item every other item is an ancestor or a descendant of: all the work
 before it feeds it and all the work after it depends on it. Between two consecutive series
@@ -10,9 +11,12 @@ points (or before the first, after the last) lies a region; a region whose items
 two or more weakly connected parts is a parallel block, and the parts are its branches: work
 that does not depend on the other branches' work, which may run on other devices at the same
 time. Towers over the model's inputs, encoders side by side, a ControlNet beside an encoder
-are such blocks. A branch is kept as one chain of items in topological order (a block inside
-a branch is not split further), and a block of more than ``MAX_BRANCHES`` branches joins its
-smallest ones, in order, until that many remain.
+are such blocks. Work beside the branches (a mask computed from the inputs, read after the
+join) joins a region's parts without depending on them, so a block also ends at each *join*:
+an item reading two items whose ancestries share no item; the join's ancestors' parts are its
+branches and all else its suffix. A branch is kept as one chain of items in topological order
+(a block inside a branch is not split further), and a block of more than ``MAX_BRANCHES``
+branches joins its smallest ones, in order, until that many remain.
 """
 
 from __future__ import annotations
@@ -72,6 +76,34 @@ def fork_joins(reads: Sequence[Sequence[int]], weights: Sequence[int] = ()) -> l
         inside_or_before = set(prefix) | {k for k in range(n) if region >> k & 1}
         suffix = tuple(k for k in range(n) if k not in inside_or_before)
         found.append(ForkJoin(prefix, _at_most(parts, weights), suffix))
+    for fork in _joins(reads, below, weights):
+        if fork not in found:
+            found.append(fork)
+    return found
+
+
+def _joins(
+    reads: Sequence[Sequence[int]], below: list[int], weights: Sequence[int]
+) -> list[ForkJoin]:
+    """The blocks that end at a join: an item reading two items whose ancestries share no
+    item. Its ancestors' weakly connected parts are the branches, everything else (the join,
+    what follows it, work beside it such as a mask computed from the inputs) the suffix; kept
+    when its second heaviest branch carries at least ``1 / MAX_BRANCHES ** 2`` of the
+    heaviest's weight (a branch of a few cheap ops is no reason to use a device)."""
+    found = []
+    for k, read in enumerate(reads):
+        lines = [below[r] | (1 << r) for r in read]
+        if not any(a & b == 0 for i, a in enumerate(lines) for b in lines[i + 1 :]):
+            continue
+        region = below[k]
+        parts = _parts([i for i in range(k) if region >> i & 1], reads)
+        heavy = sorted(
+            (sum(weights[i] for i in p) if weights else len(p) for p in parts), reverse=True
+        )
+        if len(parts) < 2 or heavy[1] * MAX_BRANCHES**2 < heavy[0]:
+            continue
+        suffix = tuple(i for i in range(len(reads)) if not region >> i & 1)
+        found.append(ForkJoin((), _at_most(parts, weights), suffix))
     return found
 
 

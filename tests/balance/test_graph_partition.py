@@ -154,3 +154,18 @@ def test_many_branches_join_to_four() -> None:
     (fork,) = fork_joins(reads, weights)
     assert len(fork.branches) == 4
     assert sorted(k for b in fork.branches for k in b) == list(range(6))
+
+
+def test_work_beside_the_towers_does_not_hide_them() -> None:
+    """A mask computed from the inputs and read after the join (item 7) depends on neither
+    tower, so no item before the head is a series point: the towers are found at their join,
+    the mask goes with the suffix; a join of a tower and a cheap branch is no block."""
+    reads = [[], [0], [], [2], [1, 3], [], [5], [4, 6]]
+    weights = [5, 5, 5, 5, 1, 1, 1, 1]
+    blocks = fork_joins(reads, weights)
+    assert ForkJoin((), ((0, 1), (2, 3)), (4, 5, 6, 7)) in blocks
+    split = graph_split(weights, ForkJoin((), ((0, 1), (2, 3)), (4, 5, 6, 7)), 2)
+    assert split is not None and split.bottleneck == 14
+    cheap = [[], [0], [], [1, 2], [], [3, 4]]  # a tower, one cheap op, their join, a mask
+    assert ForkJoin((), ((0, 1), (2,)), (3, 4, 5)) not in fork_joins(cheap, [9, 9, 1, 1, 1, 1])
+    assert ForkJoin((), ((0, 1), (2,)), (3, 4, 5)) in fork_joins(cheap, [9, 9, 9, 1, 1, 1])
