@@ -28,7 +28,7 @@ from pipecompile.runtime.state.precision import autocast, device_of, for_wire
 from pipecompile.runtime.state.random_state import draw_base, seeded
 from pipecompile.runtime.state.stats import RunStats
 from pipecompile.runtime.state.weight_versions import WeightVersions
-from pipecompile.runtime.state.whole_loss import WholeLoss
+from pipecompile.runtime.state.whole_loss import Gather, WholeLoss
 from pipecompile.runtime.torch_compiled import CompiledStages
 
 __all__ = ["StepExecutor", "LossFn", "call_loss_fn", "defined_at"]
@@ -115,6 +115,8 @@ class StepData:
     # the model's output structure from the last stage's outputs joined (its tail run on
     # them); None: rebuilt by the layout's output spec
     joined_output: Callable[[list[Any]], Any] | None = None
+    # under --dp, every copy's joined outputs and targets for the loss over the whole batch
+    gather: Gather | None = None
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ class StepExecutor:
         self.losses: dict[int, torch.Tensor] = {}
         self.whole_targets, self.joined_output = data.whole_targets, data.joined_output
         whole = self.training and data.whole_targets is not None
-        self.whole = WholeLoss(len(microbatches)) if whole else None
+        self.whole = WholeLoss(len(microbatches), data.gather) if whole else None
         self.to_send: dict[tuple[int, int], tuple[Any, ...]] = {}
         self.results: dict[int, tuple[torch.Tensor, ...]] = {}
 
@@ -250,19 +252,21 @@ class StepExecutor:
             return
         last = self.layout.last
         with self._inside(last, "loss", i), autocast(self.precision, device_of(self.modules[last])):
-            self.whole.compute(self._joined_loss, self.loss_scale * len(self.microbatches))
+            assert self.whole_targets is not None
+            scale = self.loss_scale * len(self.microbatches)
+            self.whole.compute(self._joined_loss, self.whole_targets, scale)
         for k in range(len(self.microbatches)):
             held = self.held.get((last, k))
             kept = held.outs if held is not None and held.outs is not None else self.results[k]
             self.losses[k] = self.whole.surrogate(k, kept)
 
-    def _joined_loss(self, joined: list[Any]) -> torch.Tensor:
-        assert self.loss_fn is not None and self.whole_targets is not None
+    def _joined_loss(self, joined: list[Any], targets: Sequence[torch.Tensor]) -> torch.Tensor:
+        assert self.loss_fn is not None
         if self.joined_output is not None:
             output = self.joined_output(joined)
         else:
             output = pytree.tree_unflatten(joined, self.layout.output_spec)
-        return call_loss_fn(self.loss_fn, output, self.whole_targets)
+        return call_loss_fn(self.loss_fn, output, tuple(targets))
 
     def _call(self, j: int, args: list[Any], weights: dict[str, torch.Tensor] | None) -> tuple:
         """Stage j's forward; a failure names the line of the stage file it happened on."""

@@ -246,8 +246,15 @@ class Pipeline:
             self._stages(),
             backend,
             StepData(
-                micro, micro_targets, loss_fn, scale, shares, self._whole(targets), self.output
-            ),
+                micro,
+                micro_targets,
+                loss_fn,
+                scale,
+                shares,
+                self._whole(targets),
+                self.output,
+                options.gather,
+            ),  # fmt: skip
             StepHooks(
                 self.optimizers,
                 on_step,

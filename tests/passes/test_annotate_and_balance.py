@@ -73,7 +73,7 @@ def test_every_op_gets_a_stage_and_stages_are_contiguous():
     assert report.method == "min_max" and report.bottleneck == max(report.stage_costs)
     assert list(report.as_json()) == [
         "cost", "stage_costs", "bottleneck", "lower_bound", "unconstrained_optimum",
-        "stage_ops", "requested_boundaries",
+        "stage_ops", "requested_boundaries", "shape",
     ]  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import pipecompile
 from pipecompile.errors import MicrobatchError, ModelFileError, PipecompileError
@@ -65,12 +66,15 @@ def test_run_check_and_two_ranks_equal_eager(clip_out, capfd):
 
 @pytest.mark.parametrize(
     ("flags", "said"),
-    [(["--accumulate", "2"], "--accumulate 2 splits"), (["--nproc", "4", "--dp", "2"], "--dp 2")],
+    [
+        (["--accumulate", "2"], "--accumulate 2 splits"),
+        (["--nproc", "4", "--dp", "2", "--shard", "grads"], "--dp copies gather their values"),
+    ],
 )
 def test_run_refuses_what_would_split_the_batch(clip_out, capsys, flags, said):
     assert main(["run", str(clip_out), "--steps", "1", *flags]) == 2
     err = capsys.readouterr().err
-    assert said in err and "clip.py" in err and "another objective" in err
+    assert said in err and "clip.py" in err and "mixes the samples" in err
 
 
 def test_a_program_that_cannot_wait_for_the_loss_is_refused(clip_out):
@@ -177,3 +181,61 @@ def test_a_head_inside_the_model_trains_exactly(tmp_path, capfd):
         optimizer.step()
         assert abs(float(got) - float(want)) < 1e-5, (float(got), float(want))
     torch.testing.assert_close(pipe.state_dict()["scale"], spec.model.scale.detach())
+
+
+DISTINCT = f"""import sys
+import torch
+sys.path.insert(0, {str(EXAMPLES)!r})
+from clip import BATCH_SIZE, IMAGE_SIZE, VOCAB, TEXT_LENGTH, build_model, example_inputs
+from clip import example_targets, loss_fn
+
+
+def train_batches():
+    batches = []
+    for k in range(4):
+        g = torch.Generator().manual_seed(100 + k)
+        pixels = torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g)
+        ids = torch.randint(0, VOCAB, (BATCH_SIZE, TEXT_LENGTH), generator=g)
+        batches.append(({{"pixels": pixels, "ids": ids}}, ()))
+    return batches
+"""
+
+
+def test_dp_copies_gather_the_global_batch(tmp_path, capfd):
+    """--nproc 2 --dp 2: copy k trains on batches k, k + 2; the copies gather their
+    embeddings, so two SGD steps equal eager's on the global batches (0 and 1, 2 and 3),
+    not the mean of each copy's own contrastive loss."""
+    model = tmp_path / "clip_data.py"
+    model.write_text(DISTINCT)
+    out, saved, weights = tmp_path / "out", tmp_path / "saved", tmp_path / "w.safetensors"
+    assert main([str(model), "--stages", "1", "-q", "-o", str(out)]) == 0
+    train = ["--steps", "2", "--optimizer", "sgd", "--lr", "0.5", "--save", str(saved)]
+    assert main(["run", str(out), "--nproc", "2", "--dp", "2", *train]) == 0
+    assert main(["export", str(out), "--train-state", str(saved), "-o", str(weights)]) == 0
+    capfd.readouterr()
+    spec = load_model_file(str(model))
+    batches = [b for b, _ in spec.module.train_batches()]
+
+    def trained(steps: list[list[int]], joined: bool) -> dict[str, torch.Tensor]:
+        """SGD on each step's batches joined (the global batch), or on the mean of each
+        batch's own loss (each copy's objective without the gather)."""
+        model = spec.module.build_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        for step in steps:
+            parts = [step] if joined else [[i] for i in step]
+            losses = [
+                spec.loss_fn(
+                    model(**{k: torch.cat([batches[i][k] for i in p]) for k in batches[0]})
+                )
+                for p in parts
+            ]
+            optimizer.zero_grad()
+            (sum(losses) / len(losses)).backward()
+            optimizer.step()
+        return model.state_dict()
+
+    got = load_file(weights)
+    want, per_copy = trained([[0, 1], [2, 3]], True), trained([[0, 1], [2, 3]], False)
+    gap = max((got[k] - want[k]).abs().max().item() for k in got)
+    off = max((got[k] - per_copy[k]).abs().max().item() for k in got)
+    assert gap < 1e-5 and off > 100 * max(gap, 1e-7), (gap, off)

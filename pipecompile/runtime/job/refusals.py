@@ -205,13 +205,24 @@ def check_batch_split(run: RunFlags, loop: TrainFlags, emitted: Emitted) -> None
     """A model that mixes the samples of its batch (the manifest's ``batch_coupling``) run
     with its batch split: by ``--dp`` copies, ``--accumulate`` parts, or a program of several
     micro-batches (``--program``). Each part would mix only its own samples, and training
-    would follow another objective than the model's."""
+    would follow another objective than the model's. The ``--dp`` copies of a loss over the
+    whole batch or a tail cut off gather their values instead (not under ``--shard``)."""
     mixing = mixes(emitted.manifest.batch_coupling or ())
     if not mixing:
         return
     tail = emitted.manifest.tail is not None  # a tail cut off: it runs on the whole batch
+    # the copies of --dp gather their values for a loss over the whole batch or a tail cut
+    # off (runtime/state/whole_loss); FSDP's average and replays do not
+    gathered = all(c.kind == "loss" or (c.kind == "tail" and tail) for c in mixing)
+    if gathered and run.dp is not None and run.dp > 1 and run.shard is not None:
+        raise PipecompileError(
+            f"--shard {run.shard}: {mixing[0].op} mixes the samples of the batch, and the "
+            f"--dp copies gather their values to compute it on the global batch, which FSDP's "
+            "replay of a batch at weight 0 (a copy the data left without one) would join; "
+            "run --dp without --shard"
+        )
     splits = [
-        (f"--dp {run.dp}", run.dp is not None and run.dp > 1),
+        (f"--dp {run.dp}", run.dp is not None and run.dp > 1 and not gathered),
         (f"--accumulate {loop.accumulate}", loop.accumulate > 1),
         (  # a loss over the whole batch or a tail joins every micro-batch's outputs
             f"a program of {emitted.program.microbatches} micro-batches",

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipecompile.runtime.state.whole_loss import Gather
+
 __all__ = ["StepOptions", "PLAIN_STEP"]
 
 
@@ -22,7 +24,9 @@ class StepOptions:
     whatever their split); ``sizes``: the batch's sizes of the dimensions compiled
     ``--dynamic`` where a rank reads no data; ``splits``: how else the run splits its batch
     (the loop's ``--dp`` copies and ``--accumulate`` parts), for the first step's check that
-    the loss is a mean over the samples (``Pipeline.train_step``)."""
+    the loss is a mean over the samples (``Pipeline.train_step``); ``gather``: under --dp, how
+    the last stage gathers every copy's outputs and targets for a loss over the whole batch
+    (``runtime/state/whole_loss``)."""
 
     loss_scale: float | None = None
     keep_grads: bool = False
@@ -32,6 +36,7 @@ class StepOptions:
     weigh_rows: bool = True
     sizes: dict[str, int] | None = None
     splits: tuple[str, ...] = ()
+    gather: Gather | None = None  # --dp: every copy's values for a loss over the whole batch
 
 
 PLAIN_STEP = StepOptions()  # a step as the API's user runs it

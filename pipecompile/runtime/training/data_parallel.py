@@ -75,6 +75,13 @@ class DataParallel:
         if self.sharded == "grads":
             module.set_reshard_after_backward(last)
 
+    def gather(self, mine: Any) -> tuple[list[Any], int]:
+        """Every copy's ``mine`` at this rank's place, in copy order, and this copy's index
+        (a loss over the whole batch joins the copies' outputs: runtime/state/whole_loss)."""
+        every: list[Any] = [None] * self.size
+        dist.all_gather_object(every, mine, group=self.group)
+        return every, self.index
+
     def start(self, modules: list[Any], j: int) -> None:
         """Start summing stage ``j``'s gradients over ``dp`` (once per step)."""
         if self.loss_copies == 1 or j in self._pending or modules[j] is None:

@@ -22,6 +22,7 @@ from pipecompile.runtime.state.precision import LossScaler
 from pipecompile.runtime.state.random_state import step_base
 from pipecompile.runtime.state.step_options import StepOptions
 from pipecompile.runtime.state.step_result import StepResult
+from pipecompile.runtime.state.whole_loss import Gather
 from pipecompile.runtime.timeline import traced
 from pipecompile.runtime.training.copy_share import SIT_OUT
 from pipecompile.runtime.training.data_parallel import DataParallel
@@ -156,6 +157,12 @@ def _splits(ctx: StepContext) -> tuple[str, ...]:
     )
 
 
+def _gather(ctx: StepContext) -> Gather | None:
+    """How a loss over the whole batch gathers the copies' values (None: one copy, or a loss
+    per micro-batch)."""
+    return ctx.dp.gather if ctx.dp.size > 1 and ctx.pipe.whole else None
+
+
 def _parts(ctx: StepContext, step: int, loss_scale: float, home: int) -> _Parts | None:
     """This rank's ``accumulate`` parts of the step through the program, their gradients
     summed; None if the data ended before the first."""
@@ -181,6 +188,8 @@ def _parts(ctx: StepContext, step: int, loss_scale: float, home: int) -> _Parts 
             sizes = agreed_sizes(None if batch is SIT_OUT else batch, feed, group, dynamic)
         replay = batch is SIT_OUT  # the data ended in this round before this copy's turn
         if replay and not dp.sharded:
+            if _gather(ctx) is not None and pipe.modules[-1] is not None:
+                dp.gather(None)  # the other copies' loss over the whole batch waits for this
             break
         if replay:  # FSDP pairs every copy's collectives: it runs the part, at weight 0
             batch, sizes = feed.replay(), feed.last_sizes
@@ -204,6 +213,7 @@ def _parts(ctx: StepContext, step: int, loss_scale: float, home: int) -> _Parts 
                     rows=batch_rows(batch.inputs, pipe.manifest.batch_dim) if reads[1] else None,
                     sizes=sizes,
                     splits=_splits(ctx),
+                    gather=_gather(ctx),
                 ),
             )
         except PipecompileError as err:

@@ -75,7 +75,9 @@ COUPLING = [
     Case("coupling-loss-accumulate", "a contrastive loss_fn compiled exactly; run --accumulate 2",
          compiled(write("model.py", CONTRASTIVE)), (*RUN, "--accumulate", "2"),
          r"--accumulate 2 " + SPLIT, base=None),
-    Case("coupling-loss-dp", "a contrastive loss_fn compiled exactly; run --nproc 4 --dp 2",
-         compiled(write("model.py", CONTRASTIVE)), (*RUN, "--nproc", "4", "--dp", "2"),
-         r"--dp 2 " + SPLIT, base=None),
+    Case("coupling-loss-dp", "a contrastive loss_fn; run --nproc 4 --dp 2 --shard grads",
+         compiled(write("model.py", CONTRASTIVE)),
+         (*RUN, "--nproc", "4", "--dp", "2", "--shard", "grads"),
+         r"--shard grads: loss_fn \(model\.py:\d+; .*mixes the samples\) mixes the samples "
+         r"of the batch, and the --dp copies gather", base=None),
 ]  # fmt: skip
