@@ -12,7 +12,9 @@ that), prices its step at most ``GAIN`` of the chain plan's: a graph plan has mo
 devices, and each stage's instruction costs the runtime a little that the costs do not count.
 Both prices go to the report (``shapes``), so the compile summary says which was chosen and
 why. A plan that requested boundaries or replicas, a schedule that runs chains only, a graph
-whose ops write values in place, a model without branches side by side: the chain stays.
+whose ops write values in place (its other side effects, asserts and random ops, do not
+depend on the order of independent branches: random ops draw from streams keyed by op), a
+model without branches side by side: the chain stays.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from dataclasses import replace
 
 import torch.fx as fx
 
-from pipecompile.balance.branch_order import may_reorder, reordered
+from pipecompile.balance.branch_order import reordered
 from pipecompile.balance.cut_bytes import atom_links
 from pipecompile.balance.fork_join import fork_joins
 from pipecompile.balance.graph_partition import GraphSplit, graph_split
 from pipecompile.balance.split_requests import pinned_costs
 from pipecompile.errors import BalanceError
+from pipecompile.ir.graph.mutation import mutated_inputs
 from pipecompile.ir.graph.node_info import info, with_info
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.simulate import Costs, simulate
@@ -62,7 +65,14 @@ def graph_plan(
     if report.requested_boundaries or devices != program.num_stages:
         return chained
     ops = compute_nodes(annotated.graph)
-    if not may_reorder(ops) and not force:
+    writer = next((n for n in ops if mutated_inputs(n)), None)  # asserts, random ops may move
+    if writer is not None and force:
+        raise BalanceError(
+            f"--graph: {writer.name} ({writer.target}) writes a value in place, which another "
+            "branch may read; a stage graph runs branches in another order than the model "
+            "wrote them: compile without --graph"
+        )
+    if writer is not None:
         return chained
     atoms = atoms_of(ops)
     costs = pinned_costs(ops, {n: node_cost(n, annotated, cost) for n in ops}, pinned or {})

@@ -60,8 +60,8 @@ def _shape_lines(manifest: Manifest, program: Program) -> list[str]:
     devices = len(program.devices)
     return [
         f"plan: a stage graph, {len(program.stage_device)} stages on {devices} devices; stages "
-        f"{' and '.join(map(str, apart))} run side by side; priced step {ratio:.2f}x the "
-        f"best chain's (--chain takes the chain)"
+        f"{', '.join(map(str, apart[:-1]))} and {apart[-1]} run side by side; priced step "
+        f"{ratio:.2f}x the best chain's (--chain takes the chain)"
     ]
 
 

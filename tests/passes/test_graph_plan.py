@@ -33,6 +33,13 @@ class Towers(nn.Module):
         return (self.left(a) * self.right(b)).sum(-1)
 
 
+class InPlaceTowers(Towers):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        left = self.left(a)
+        left.mul_(2.0)
+        return (left * self.right(b)).sum(-1)
+
+
 def _data() -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
     inputs = {"a": torch.randn(8, 8, generator=g), "b": torch.randn(8, 8, generator=g)}
@@ -98,9 +105,10 @@ def test_the_faster_shape_is_chosen_unless_one_is_asked_for(tmp_path):
         (Towers(), {"schedule": "interleaved", "stages": 4, "microbatches": 2},
          "interleaved places its stages by its own rule .* chain plans only; use --schedule"),
         (Towers(), {"chain": True}, "--chain asks for the opposite"),
+        (InPlaceTowers(), {}, "mul_.* writes a value in place"),
         (Towers(), {"stages": 1}, "need two devices or more"),
     ],
-    ids=["no-branches", "looped-schedule", "with-chain", "one-device"],
+    ids=["no-branches", "looped-schedule", "with-chain", "in-place", "one-device"],
 )  # fmt: skip
 def test_graph_refusals_name_why(tmp_path, model, options, message):
     inputs = {"input": torch.randn(4, 8)} if isinstance(model, nn.Sequential) else _data()[0]

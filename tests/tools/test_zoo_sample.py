@@ -81,14 +81,14 @@ def test_torchvision_model_files_name_the_zoo_folder() -> None:
 
 def test_report_counts_and_lists_what_is_not_ok() -> None:
     results = [
-        zoo.Result("timm", "a", 2, "ok", peer_split=True, peer_equal=True),
+        zoo.Result("timm", "a", 2, "ok", peer_split=True, peer_equal=True, shape="graph"),
         zoo.Result("timm", "b", 2, "wrong", "grads differ", peer_split=True, peer_equal=False),
         zoo.Result("timm", "c", 2, "skipped", "eager: TypeError: x"),
         zoo.Result("hf", "d", 4, "refused", "no cut fits"),
     ]
     text = zoo.report(results)
-    assert "| timm | 2 | 2 | 1 | 0 | 0 | 1 | 0 | 1 | 50 | 2/2 | 1/2 |" in text
-    assert "| hf | 4 | 1 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | - | - |" in text
+    assert "| timm | 2 | 2 | 1 | 0 | 0 | 1 | 0 | 1 | 50 | 1/2 | 2/2 | 1/2 |" in text
+    assert "| hf | 4 | 1 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | 0/1 | - | - |" in text
     assert "timm b [2 stages]: grads differ" in text
     assert "timm c [2 stages]: eager: TypeError: x" in text
     assert zoo.exit_status(results, quick=False, install_failed=False) == 1

@@ -76,8 +76,9 @@ its commands forked from a process that imported torch and pipecompile once
 (``tools/bench/forked.py``) instead of fresh interpreters; where torchvision and timm cannot be
 installed (no network), it says so and runs the Hugging Face part.
 
-Output: a table per zoo and stage count (models run, each outcome, ok %, and the peer's counts),
-then every model that is not ok with its outcome and reason. Exit status: 1 if any model is
+Output: a table per zoo and stage count (models run, each outcome, ok %, how many compiled into
+a stage graph: branches side by side on devices of their own, and the peer's counts), then
+every model that is not ok with its outcome and reason. Exit status: 1 if any model is
 wrong, traceback or hang (under ``--quick``: if any sample model is not ok), or a zoo could not
 be installed (not under ``--quick``); else 0.
 """
@@ -133,6 +134,7 @@ class Result:
     peer_split: bool | None = None
     peer_equal: bool | None = None
     peer_reason: str = ""
+    shape: str = ""  # the compiled plan's: "chain", or "graph" (branches side by side)
 
 
 @dataclass(frozen=True)
@@ -274,20 +276,31 @@ def check_command(out: Path, device: str = "cpu") -> list[str]:
     return command + (["--nproc", "1", "--device", "cuda"] if device == "cuda" else [])
 
 
-def at_stages(model_file: Path, stages: int, plan: Plan) -> tuple[str, str, float]:
-    """Compile ``model_file`` into ``stages`` stages and check it: (outcome, reason, seconds)."""
+def at_stages(model_file: Path, stages: int, plan: Plan) -> tuple[str, str, float, str]:
+    """Compile ``model_file`` into ``stages`` stages and check it: (outcome, reason, seconds,
+    the plan's shape)."""
     out = model_file.parent / f"out{stages}"
     try:
         built = run(compile_command(model_file, stages, out, plan.device), plan.timeout, plan.env)
         outcome, reason = verdict("compile", built, plan.timeout)
         if outcome != "ok":
-            return outcome, reason, built.seconds
+            return outcome, reason, built.seconds, ""
+        shape = _shape(out)
         checked = run(check_command(out, plan.device), plan.timeout, plan.env)
         outcome, reason = verdict("check", checked, plan.timeout)
-        return outcome, reason, built.seconds + checked.seconds
+        return outcome, reason, built.seconds + checked.seconds, shape
     finally:
         if not plan.keep_outputs:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def _shape(out: Path) -> str:
+    """The compiled plan's shape, from its manifest ("" where it says none)."""
+    try:
+        balance = json.loads((out / "manifest.json").read_text()).get("balance") or {}
+    except (OSError, ValueError):
+        return ""
+    return str(balance.get("shape", ""))
 
 
 def probe(model_file: Path, model: Model, plan: Plan) -> dict[str, object]:
@@ -344,11 +357,18 @@ def sweep_model(model: Model, plan: Plan) -> list[Result]:
         return [Result(**base, stages=s, outcome="skipped", reason=why) for s in plan.stages]
     results = []
     for stages in plan.stages:
-        outcome, reason, seconds = at_stages(model_file, stages, plan)
+        outcome, reason, seconds, shape = at_stages(model_file, stages, plan)
         if outcome == "wrong" and not found.get("deterministic", True):
             reason += " (the eager model's own output is not deterministic)"
         results.append(
-            Result(**base, stages=stages, outcome=outcome, reason=reason, seconds=round(seconds, 1))
+            Result(
+                **base,
+                stages=stages,
+                outcome=outcome,
+                reason=reason,
+                seconds=round(seconds, 1),
+                shape=shape,
+            )
         )
     return results
 
@@ -386,8 +406,19 @@ def write_json(results: list[Result], path: Path) -> None:
 
 
 def table(results: list[Result]) -> str:
-    """Per zoo and stage count: models run, each outcome, ok %, and the peer's counts."""
-    head = ["zoo", "stages", "run", *OUTCOMES, "skipped", "ok %", "peer split", "peer equal"]
+    """Per zoo and stage count: models run, each outcome, ok %, the models compiled into a
+    stage graph (branches side by side) and the peer's counts."""
+    head = [
+        "zoo",
+        "stages",
+        "run",
+        *OUTCOMES,
+        "skipped",
+        "ok %",
+        "stage graphs",
+        "peer split",
+        "peer equal",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups: dict[tuple[str, int], list[Result]] = defaultdict(list)
     for r in results:
@@ -403,7 +434,8 @@ def table(results: list[Result]) -> str:
         equal = sum(bool(r.peer_split and r.peer_equal) for r in peers)
         peer = [f"{split}/{len(peers)}", f"{equal}/{len(peers)}"] if peers else ["-", "-"]
         row = [zoo, str(stages), str(len(ran)), *map(str, counts)]
-        row += [str(len(group) - len(ran)), ok, *peer]
+        graphs = sum(r.shape == "graph" for r in ran)
+        row += [str(len(group) - len(ran)), ok, f"{graphs}/{len(ran)}", *peer]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

@@ -87,8 +87,12 @@ def coupling_lines(
             if c.kind == "tail" and cut
             else "exact as compiled (one micro-batch, no replicas)"
         )
-        lines.append(
-            f"batch coupling: {c.op} {said[c.kind]}: {exact}; run refuses --dp and "
-            "--accumulate, which would split the batch"
+        gathered = c.kind == "loss" or (c.kind == "tail" and cut)
+        refused = (
+            "--dp copies gather their values for it; run refuses --accumulate, which would "
+            "split the batch"
+            if gathered
+            else "run refuses --dp and --accumulate, which would split the batch"
         )
+        lines.append(f"batch coupling: {c.op} {said[c.kind]}: {exact}; {refused}")
     return lines

@@ -3,7 +3,10 @@
 every dropout and layer-drop rate 0), with a head that gives a loss: a causal LM (next-token
 cross-entropy on ``input_ids`` (8, 16)), a sequence classifier (3 labels), an encoder-decoder LM
 (``input_ids`` and ``decoder_input_ids``), an image classifier (``pixel_values`` (8, 3, 32, 32),
-10 labels) or the bare model (mean square of ``last_hidden_state`` against a target)."""
+10 labels), the bare model (mean square of ``last_hidden_state`` against a target), a
+contrastive dual encoder (CLIP, SigLIP: ``input_ids`` and ``pixel_values``, CLIP's loss over the
+whole batch in ``loss_fn``) or an image encoder beside a language model (LLaVA: 16 image tokens
+in ``input_ids``, next-token cross-entropy)."""
 
 from __future__ import annotations
 
@@ -64,6 +67,23 @@ VIT = {
     "intermediate_size": 128,
     "num_labels": 10,
 }
+TOWER = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 32,
+}
+VISION = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 32,
+    "patch_size": 8,
+}
+LM = {**TOWER, "num_key_value_heads": 2, "use_cache": False}
 STAGES4 = {"hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1], "num_labels": 10}
 
 
@@ -173,6 +193,20 @@ RECIPES: dict[str, Recipe] = {
         },
     ),
     "bert-base": _text("bert", "base"),
+    # models as graphs: two encoders side by side (the contrastive loss in loss_fn, over the
+    # whole batch), and an image encoder beside a language model
+    "clip": Recipe("clip", "contrastive", {"text_config": TOWER, "vision_config": VISION}),
+    "siglip": Recipe("siglip", "contrastive", {"text_config": TOWER, "vision_config": VISION}),
+    "llava": Recipe(
+        "llava",
+        "multimodal",
+        {
+            "vision_config": {**VISION, "model_type": "clip_vision_model"},
+            "text_config": {"model_type": "llama", **LM},
+            "image_token_index": 127,
+            "vision_feature_layer": -1,
+        },
+    ),
 }
 
 AUTO = {
@@ -181,6 +215,8 @@ AUTO = {
     "seq2seq": "AutoModelForSeq2SeqLM",
     "image": "AutoModelForImageClassification",
     "base": "AutoModel",
+    "contrastive": "AutoModel",
+    "multimodal": "AutoModelForImageTextToText",
 }
 
 CONFIG = """
@@ -286,6 +322,45 @@ def loss_fn(output, target: torch.Tensor) -> torch.Tensor:
     return ((output.last_hidden_state.mean(dim=(1, 2)) - target) ** 2).mean()
 """,
 }
+
+
+HEADS["contrastive"] = """
+
+def example_inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    return {"input_ids": _ids(BATCH, SEQ, 1234),
+            "pixel_values": torch.randn(BATCH, 3, SIZE, SIZE, generator=g)}
+
+
+def example_targets() -> tuple[torch.Tensor, ...]:
+    return ()
+
+
+def loss_fn(output) -> torch.Tensor:
+    logits = output.logits_per_image
+    labels = torch.arange(len(logits), device=logits.device)
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+"""
+HEADS["multimodal"] = """
+
+IMAGE_TOKENS = (SIZE // 8) ** 2
+
+
+def example_inputs() -> dict[str, torch.Tensor]:
+    ids = _ids(BATCH, SEQ + IMAGE_TOKENS, 1234) % 120
+    ids[:, 1 : 1 + IMAGE_TOKENS] = 127
+    g = torch.Generator().manual_seed(1234)
+    return {"input_ids": ids, "pixel_values": torch.randn(BATCH, 3, SIZE, SIZE, generator=g)}
+
+
+def example_targets() -> tuple[torch.Tensor, ...]:
+    return (_ids(BATCH, SEQ + IMAGE_TOKENS, 4321),)
+
+
+def loss_fn(output, target: torch.Tensor) -> torch.Tensor:
+    logits = output.logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+"""
 
 
 def names(zoo_dir: str) -> list[str]:
