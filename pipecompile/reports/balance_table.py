@@ -13,11 +13,12 @@ from typing import Any
 from pipecompile.ir.programs.memory_model import peak_stored_bytes, peak_weight_copies
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.simulate import Costs
+from pipecompile.ir.programs.topology import side_by_side, topology_from_manifest
 from pipecompile.ir.records.balance_report import BalanceReport
 from pipecompile.ir.records.manifest import Manifest
 from pipecompile.ir.records.sizes import format_count, format_size
 
-__all__ = ["stage_rows", "balance_lines", "stage_costs"]
+__all__ = ["stage_rows", "balance_lines", "shape_lines", "stage_costs"]
 
 
 def stage_rows(manifest: Manifest, program: Program) -> list[dict[str, Any]]:
@@ -134,3 +135,24 @@ def _verdict(balance: BalanceReport) -> str:
 
 def _us(ns: float | None) -> str:
     return "-" if ns is None else f"{ns / 1000:.2f}"
+
+
+def shape_lines(manifest: Manifest, program: Program) -> list[str]:
+    """The plan's shape where the compile priced a stage graph: which stages run side by
+    side, and the priced steps of both shapes."""
+    balance = manifest.balance
+    if balance is None or not balance.shapes:
+        return []
+    ratio = balance.shapes["graph"] / balance.shapes["chain"]
+    if balance.shape != "graph":
+        return [
+            f"plan: a chain; a stage graph (branches on devices of their own) was priced at "
+            f"{ratio:.2f}x its step, too little gain for its extra stages (--graph takes it)"
+        ]
+    apart = side_by_side(topology_from_manifest(manifest), program.stage_device)
+    devices = len(program.devices)
+    return [
+        f"plan: a stage graph, {len(program.stage_device)} stages on {devices} devices; stages "
+        f"{', '.join(map(str, apart[:-1]))} and {apart[-1]} run side by side; priced step "
+        f"{ratio:.2f}x the best chain's (--chain takes the chain)"
+    ]

@@ -13,7 +13,7 @@ from pipecompile.ir.programs.verify_program import verify_program
 from pipecompile.ir.records.balance_report import BalanceReport
 from pipecompile.ir.records.plan_record import PlanRecord
 from pipecompile.ir.records.sizes import counted, format_size
-from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
+from pipecompile.reports.balance_table import balance_lines, shape_lines, stage_costs, stage_rows
 from pipecompile.reports.plan_table import plan_table
 from pipecompile.reports.timeline_text import timeline_text
 from pipecompile.runtime.load import open_emitted
@@ -67,6 +67,7 @@ def schedule_report(
         report["peak_activation_bytes"] = list(peak_stored_bytes(program, saved, inputs))
     report["balance"] = manifest.balance.as_json() if manifest.balance else {}
     report["stage_table"] = stage_rows(manifest, program)
+    report["shape"] = shape_lines(manifest, program)
     if manifest.plan:
         report["plan"] = manifest.plan.as_json()
     if manifest.generate:
@@ -96,6 +97,7 @@ def format_report(report: dict[str, Any], timeline: Timeline) -> str:
             f"{d:>6}   {report['busy'][d]:<10.6g}  {report['peak_inflight'][d]:>14}   {mem:>16}"
         )
     lines += ["", *balance_lines(BalanceReport.from_json(report["balance"]), report["stage_table"])]
+    lines += report.get("shape", [])
     if report.get("plan"):
         record = PlanRecord.from_json(report["plan"])
         lines += ["", plan_table(record)] if record is not None else []

@@ -9,11 +9,11 @@ from pipecompile.ir.programs.instr import Op
 from pipecompile.ir.programs.memory_model import peak_stored_bytes
 from pipecompile.ir.programs.program import Program
 from pipecompile.ir.programs.simulate import Costs, simulate
-from pipecompile.ir.programs.topology import side_by_side, topology_from_manifest
+from pipecompile.ir.programs.topology import topology_from_manifest
 from pipecompile.ir.records.batch_coupling import coupling_lines
 from pipecompile.ir.records.manifest import Manifest, WeightsRecord
 from pipecompile.ir.records.sizes import counted, format_size
-from pipecompile.reports.balance_table import balance_lines, stage_costs, stage_rows
+from pipecompile.reports.balance_table import balance_lines, shape_lines, stage_costs, stage_rows
 from pipecompile.reports.plan_table import plan_table, seconds_text
 from pipecompile.runtime.load import open_emitted
 
@@ -26,7 +26,7 @@ def summary(out: Path) -> str:
     _, manifest, program = open_emitted(out)
     rows = [plan_table(manifest.plan)] if manifest.plan else []
     rows += balance_lines(manifest.balance, stage_rows(manifest, program))
-    rows += _shape_lines(manifest, program)
+    rows += shape_lines(manifest, program)
     rows.append(
         f"tracer {manifest.model.tracer if manifest.model else '?'}; schedule "
         f"{program.schedule}, {counted(program.microbatches, 'micro-batch')} of "
@@ -42,27 +42,6 @@ def summary(out: Path) -> str:
         rows.append(weights)
     rows.append(f"wrote {out}")
     return "\n".join(rows)
-
-
-def _shape_lines(manifest: Manifest, program: Program) -> list[str]:
-    """The plan's shape where the compile priced a stage graph: which stages run side by
-    side, and the priced steps of both shapes."""
-    balance = manifest.balance
-    if balance is None or not balance.shapes:
-        return []
-    ratio = balance.shapes["graph"] / balance.shapes["chain"]
-    if balance.shape != "graph":
-        return [
-            f"plan: a chain; a stage graph (branches on devices of their own) was priced at "
-            f"{ratio:.2f}x its step, too little gain for its extra stages (--graph takes it)"
-        ]
-    apart = side_by_side(topology_from_manifest(manifest), program.stage_device)
-    devices = len(program.devices)
-    return [
-        f"plan: a stage graph, {len(program.stage_device)} stages on {devices} devices; stages "
-        f"{', '.join(map(str, apart[:-1]))} and {apart[-1]} run side by side; priced step "
-        f"{ratio:.2f}x the best chain's (--chain takes the chain)"
-    ]
 
 
 def _sizes_line(manifest: Manifest, microbatches: int) -> str:
