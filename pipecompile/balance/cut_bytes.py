@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-__all__ = ["atom_links", "cut_bytes"]
+__all__ = ["atom_links", "cut_bytes", "value_bytes"]
 
 
 def cut_bytes(graph: fx.Graph, atoms: list[list[fx.Node]]) -> tuple[np.ndarray, np.ndarray]:
@@ -67,6 +67,11 @@ def atom_links(
         for k, atom in enumerate(atoms)
     )
     return reads, sent
+
+
+def value_bytes(value: object) -> int:
+    """The forward bytes of a (traced, fake) value: its tensors' bytes."""
+    return _bytes(value)[0]
 
 
 def _bytes(value: object) -> tuple[int, int]:

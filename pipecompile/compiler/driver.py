@@ -201,13 +201,21 @@ def _balance(r: Request, ir: IR) -> Any:
 
 def _graph_plan(r: Request, ir: IR) -> Any:
     chain = (ir["balanced"], ir["balance"], ir["compute"])
-    return graph_plan(ir["annotated"], chain, cost=r.options.balance, pinned=r.pinned,
-                      force=r.options.graph)  # fmt: skip
+    return graph_plan(
+        ir["annotated"],
+        chain,
+        cost=r.options.balance,
+        pinned=r.pinned,
+        machine=r.machine,
+        force=r.options.graph,
+    )
 
 
 def _split(r: Request, ir: IR) -> StageGraph:
-    return split_stages(ir["balanced"], traced=ir["traced"], sizes_follow=bool(r.varying),
-                        stages=len(ir["balance"].stage_ops))  # fmt: skip
+    stages = len(ir["balance"].stage_ops)
+    return split_stages(
+        ir["balanced"], traced=ir["traced"], sizes_follow=bool(r.varying), stages=stages
+    )
 
 
 def _dynamic(r: Request, ir: IR) -> DynamicDims:

@@ -115,6 +115,8 @@ class Predictor:
         Before the split the optimizer step after the drain adds at least its share
         (``_optimizer_floor``).
         """
+        if plan.graph:  # the bounds are a chain's: a stage graph may run its branches at once
+            return False
         size = self.batch // plan.microbatches
         shape = _Shape(plan.stages, tuple(range(plan.stages)), plan.microbatches)
         free = replace(self.machine, memory_limit=(), workers=workers)

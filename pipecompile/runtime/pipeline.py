@@ -254,7 +254,7 @@ class Pipeline:
                 self._whole(targets),
                 self.output,
                 options.gather,
-            ),  # fmt: skip
+            ),
             StepHooks(
                 self.optimizers,
                 on_step,

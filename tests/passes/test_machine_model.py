@@ -90,7 +90,7 @@ def test_weight_copies_of_pipedream():
 
 def _compile(tmp_path: Path, *options: str) -> dict:
     out = tmp_path / "o"
-    args = [GPT, "--stages", "4", "--microbatches", "4", "-q", "-o", str(out), *options]
+    args = [GPT, "--stages", "4", "--microbatches", "4", "--chain", "-q", "-o", str(out), *options]
     assert main(args) == 0
     return json.loads((out / "manifest.json").read_text())["balance"]
 

@@ -62,9 +62,9 @@ def test_every_plan_is_predicted_and_the_best_ranks_first(facts) -> None:  # typ
 def test_the_fixed_options_fix_their_part(facts) -> None:  # type: ignore[no-untyped-def]
     space = Space(devices=4, stages=(4,), schedules=("1f1b",), microbatches=(4,))
     result = search(facts, batch=8, space=space, machine=MACHINE)
-    assert [(p.plan.stages, p.plan.schedule, p.plan.microbatches) for p in result.ranked] == [
-        (4, "1f1b", 4)
-    ]
+    fixed = {(p.plan.stages, p.plan.schedule, p.plan.microbatches) for p in result.ranked}
+    assert fixed == {(4, "1f1b", 4)}  # a chain, and the stage graph of the same devices
+    assert len(result.ranked) <= 2
 
 
 def test_a_memory_limit_drops_exactly_the_plans_over_it(facts) -> None:  # type: ignore[no-untyped-def]

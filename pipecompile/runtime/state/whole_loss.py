@@ -89,8 +89,8 @@ class WholeLoss:
         if self.gather is None:
             return joined, list(targets), 1
         tensor = [isinstance(t, torch.Tensor) and t.dim() > 0 for t in joined]
-        mine = ([t.detach().cpu() if is_t else None for t, is_t in zip(joined, tensor)],
-                [t.cpu() for t in targets])  # fmt: skip
+        values = [t.detach().cpu() if is_t else None for t, is_t in zip(joined, tensor)]
+        mine = (values, [t.cpu() for t in targets])
         every, index = self.gather(mine)
         whole = []
         for k, t in enumerate(joined):
