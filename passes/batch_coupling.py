@@ -19,6 +19,7 @@ random streams per sample's micro-batch, batch statistics per micro-batch).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -147,6 +148,7 @@ def _follow(
     last_use = _last_uses(module.graph)
     kinds: dict[fx.Node, str] = {}
     kept = (slice(0, half), slice(half, rows))  # the rows each changed run left alone
+    by_item: set[fx.Node] = set()  # a sequence of one value a sample (unbind over the batch)
     for node in module.graph.nodes:
         if node.op == "output":
             break
@@ -155,11 +157,38 @@ def _follow(
             for k in (1, 2):
                 values[k] = _keep_rows(values[0], values[k], rows, kept[k - 1])
         kinds[node] = _kind(values, rows, kept)
+        if kinds[node] == _MIXED and _one_a_sample(values, rows, kept):
+            by_item.add(node)
+            kinds[node] = _SAMPLE
+        elif _item_taken(node, by_item):
+            kinds[node] = _SAMPLE  # item k of such a sequence is sample k's, joined again
         for interp, value in zip(interpreters, values):
             interp.env[node] = value
             for done in last_use.get(node, ()):
                 interp.env.pop(done, None)
     return kinds
+
+
+def _item_taken(node: fx.Node, by_item: set[fx.Node]) -> bool:
+    """An item of a sequence of one value a sample, read by ops only: a model output of
+    sample k's value alone would be another sample's in a micro-batch."""
+    if node.target is not operator.getitem or node.args[0] not in by_item:
+        return False
+    return all(u.op != "output" for u in node.users)
+
+
+def _one_a_sample(values: list[Any], rows: int, kept: tuple[slice, slice]) -> bool:
+    """Whether each run's value is a sequence of ``rows`` tensors of one shape, item k
+    depending on sample k only (``x.unbind(0)``, a list of each image's features)."""
+    if not all(isinstance(v, (tuple, list)) and len(v) == rows > 1 for v in values):
+        return False
+    items = [list(v) for v in values]
+    if not all(isinstance(t, torch.Tensor) for v in items for t in v):
+        return False
+    if len({tuple(t.shape) for v in items for t in v}) != 1:
+        return False
+    stacked = [torch.stack(v) for v in items]
+    return _leaf_kind(*stacked, rows, kept) == _FIRST
 
 
 def _last_uses(graph: fx.Graph) -> dict[fx.Node, list[fx.Node]]:

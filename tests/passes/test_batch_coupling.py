@@ -72,6 +72,20 @@ class Sorted(nn.Module):
         return x.sort(dim=0).values * 2
 
 
+class EachImage(nn.Module):
+    """Each sample's features through the batch unbound, then joined again (LLaVA's image
+    features); ``first`` also returns sample 0's alone, which a micro-batch would not."""
+
+    def __init__(self, first: bool = False) -> None:
+        super().__init__()
+        self.layer, self.first = nn.Linear(3, 3), first
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        items = x.unbind(0)  # 4 samples, as traced
+        joined = self.layer(torch.cat([items[k] for k in range(4)]))
+        return (joined, items[0]) if self.first else (joined,)
+
+
 def _kinds(model: nn.Module, *inputs: torch.Tensor) -> list[tuple[str, str]]:
     found = batch_coupling(fx.symbolic_trace(model), inputs=list(inputs))
     assert found is not None
@@ -86,8 +100,10 @@ def _kinds(model: nn.Module, *inputs: torch.Tensor) -> list[tuple[str, str]]:
         (Normed(), (torch.randn(8, 8),), [("batch norm", "bn")]),
         (Cumulative(), (torch.randn(6, 3),), [("tail", "cumsum")]),
         (Sorted(), (torch.randn(6, 3),), [("tail", "sort")]),
+        (EachImage(), (torch.randn(4, 5, 3),), []),
+        (EachImage(first=True), (torch.randn(4, 5, 3),), [("tail", "getitem_4")]),
     ],
-    ids=["contrastive-head", "centred", "batch-norm", "cumsum", "sort"],
+    ids=["contrastive-head", "centred", "batch-norm", "cumsum", "sort", "unbound", "item-out"],
 )
 def test_each_mixing_op_is_found_with_its_kind(model, inputs, want):
     assert _kinds(model, *inputs) == want
