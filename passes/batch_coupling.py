@@ -14,7 +14,10 @@ that depends on its own sample only keeps, along one of its dimensions of the ba
 the rows of the samples left alone; a value that changes there, or one with no dimension of
 the batch's size that changes at all, depends on other samples. Random ops and batch norm keep
 the first run's values in the rows left alone (they are per sample by the program's own rules:
-random streams per sample's micro-batch, batch statistics per micro-batch).
+random streams per sample's micro-batch, batch statistics per micro-batch). A sequence of one
+value a sample (the batch unbound, a list of each image's features), item k depending on
+sample k only, is per sample, and so is an item of it that ops read (to join them again); an
+item the model returns alone is another sample's in a micro-batch, and is named.
 """
 
 from __future__ import annotations
