@@ -275,7 +275,7 @@ TABLE: tuple[Pass, ...] = (
          checks.check_balanced, _graph_check("balanced")),
     Pass("graph_plan", _graph_plan, ("annotated", "balanced", "balance", "compute"),
          ("balanced", "balance", "compute"), checks.check_balanced,
-         when=lambda r: not r.options.chain and r.replicas is None),
+         when=lambda r: not r.options.chain and r.replicas is None and not r.options.generate),
     Pass("split_stages", _split, ("balanced", "traced"), ("graph",), checks.check_stage_graph,
          lambda ir: checks.lint_stages(ir["graph"])),
     Pass("dynamic_dims", _dynamic, ("balanced", "graph"), ("dynamic",), lambda ir: None,
@@ -371,7 +371,7 @@ def _request(model: nn.Module, inputs: dict[str, torch.Tensor], o: CompileOption
             split_at=cuts, machine=machine, progress=not o.quiet, replicas=replicas,
             balance=o.balance, memory_budget=o.memory_budget, ranks=o.ranks,
             whole_loss=o.loss_coupling is not None,
-            shapes=("chain",) if o.chain else ("graph",) if o.graph else ("chain", "graph"),
+            shapes=_shapes(o),
         )  # fmt: skip
         stages, microbatches, schedule = chosen.stages, chosen.microbatches, chosen.schedule
         virtual_stages, recompute = chosen.virtual_stages, chosen.recompute
@@ -447,6 +447,14 @@ def _record(timings: list[tuple[str, float]], name: str, start: float, progress:
         print(f"  {name:<22} {seconds * 1000:8.1f} ms", file=sys.stderr)
 
 
+def _shapes(o: CompileOptions) -> tuple[str, ...]:
+    """The plan shapes a search prices: chains only with --chain or --generate (decoding
+    runs the stages as a chain), stage graphs only with --graph, else both."""
+    if o.chain or o.generate:
+        return ("chain",)
+    return ("graph",) if o.graph else ("chain", "graph")
+
+
 def _replica_counts(r: Request, report: BalanceReport) -> tuple[int, ...]:
     return tuple(r.replicas or report.replicas or (1,) * (len(report.stage_ops) or r.stages))
 
@@ -489,6 +497,8 @@ def _check_graph(r: Request, compute: Program) -> None:
         why = "a stage graph is cut by the graph's branches, not by --replicate or --split-at"
     elif len(compute.devices) < 2:
         why = "branches side by side need two devices or more; raise --stages"
+    elif r.options.generate:
+        why = "--generate decodes through the stages as a chain; compile without --graph"
     if why is not None:
         raise PipecompileError(f"--graph: {why}")
 
