@@ -24,8 +24,8 @@ one other than the next (from the manifest's edges), with the field the manifest
 declares, if any.
 
 Also reported: the plan pipecompile's plan search picks unprompted,
-``pipecompile examples/two_towers.py --devices 2``: stages, schedule, micro-batches, shape and
-stage -> device map.
+``pipecompile MODEL --devices 2`` on the timed model (its own file, mini-batch included):
+stages, schedule, micro-batches, shape and stage -> device map.
 
 The figures come from a 2-core CPU machine (the script prints which). Rerun with::
 
@@ -242,9 +242,27 @@ def torchrun(directory: Path, args: argparse.Namespace) -> dict[str, dict]:
 
 
 def searched(model: Path, root: Path) -> dict:
-    """The plan pipecompile's plan search picks for ``model`` on 2 devices."""
+    """The plan pipecompile's plan search picks for ``model`` on 2 devices, and the plans it
+    ranked best (its table: devices used, stages, shape, schedule, micro-batches, step)."""
     pipecompile_done(str(model), "--devices", str(PROCS), "-q", "-o", str(root))
-    return plan_of(root)
+    record = json.loads((root / "manifest.json").read_text())["plan"]
+    ranked = [
+        {key: row.get(key) for key in ("devices_used", "stages", "schedule", "microbatches",
+                                       "predicted_step_s")} | {"graph": bool(row.get("graph"))}
+        for row in [record, *record.get("runners_up", [])]
+    ]  # fmt: skip
+    return plan_of(root) | {"ranked": ranked}
+
+
+def ranked_lines(chosen: dict) -> list[str]:
+    """The search's best plans, one a line."""
+    return [
+        f"  {r['devices_used']} device(s), {r['stages']} stages"
+        + (" (a stage graph)" if r["graph"] else "")
+        + f", {r['schedule']}, {r['microbatches']} micro-batch(es): "
+        f"{r['predicted_step_s'] * 1e3:.1f} ms predicted"
+        for r in chosen["ranked"]
+    ]
 
 
 def described(plan: dict) -> str:
@@ -316,12 +334,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         results = measure(root, sizes, args)
-        # --quick searches the tiny towers' plans (seconds); the full run the example's own
-        model = root / "model.py" if args.quick else EXAMPLES / "two_towers.py"
+        # the plan search on the timed model itself: does it choose the graph unprompted?
+        model = root / "model.py"
         log(f"searching plans of {model.name} on {PROCS} devices ...")
         chosen = searched(model, root / "searched")
-    shown = "model.py (the tiny towers)" if args.quick else "examples/two_towers.py"
+    shown = f"the timed towers' model file ({sizes.batch} rows)"
     print(f"\nplan search, `pipecompile {shown} --devices {PROCS}`: {described(chosen)}")
+    print("its best plans:")
+    print("\n".join(ranked_lines(chosen)))
     if args.json:
         record = {"machine": machine(), "command": command(), "sizes": asdict(sizes),
                   "warmup": args.warmup, "repeats": args.repeats, **results,
