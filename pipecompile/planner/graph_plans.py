@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipecompile.balance.fork_join import fork_joins
+from pipecompile.balance.fork_join import ForkJoin, fork_joins
 from pipecompile.balance.graph_partition import GraphSplit, graph_split
 from pipecompile.balance.partition_problem import AtomFacts
 from pipecompile.ir.programs.cost_model import CostModel
@@ -69,14 +69,15 @@ def predict_graph(predictor: Predictor, plan: Plan) -> Predicted | None:
 
 
 def _split(predictor: Predictor, size: int, devices: int, weights: list[int]) -> GraphSplit | None:
-    """The best graph split over the model's parallel blocks, once per size and devices."""
+    """The best graph split over the model's parallel blocks (found once, their branches
+    joined by FLOPs), once per size and devices."""
     key = (size, devices)
+    if "blocks" not in predictor.graph_splits:
+        facts = predictor.facts
+        predictor.graph_splits["blocks"] = fork_joins(facts.reads, [int(f) for f in facts.flops])
     if key not in predictor.graph_splits:
-        splits = [
-            s
-            for f in fork_joins(predictor.facts.reads, weights)
-            if (s := graph_split(weights, f, devices)) is not None
-        ]
+        blocks: list[ForkJoin] = predictor.graph_splits["blocks"]  # type: ignore[assignment]
+        splits = [s for f in blocks if (s := graph_split(weights, f, devices)) is not None]
         predictor.graph_splits[key] = min(splits, key=lambda s: s.bottleneck, default=None)
     return predictor.graph_splits[key]  # type: ignore[return-value]
 

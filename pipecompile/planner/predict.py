@@ -50,8 +50,9 @@ class Predictor:
     # the atoms' figures per size, shared by the predictors of one search whose models price
     # ops alike (rank counts differ in their messages and cores, not in an op's seconds)
     atoms: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
-    # (micro-batch size, devices) -> the graph split of the model there, or None (graph_plans)
-    graph_splits: dict[tuple[int, int], object] = field(default_factory=dict, repr=False)
+    # (micro-batch size, devices) -> the graph split of the model there, or None, and
+    # "blocks": its parallel blocks (graph_plans)
+    graph_splits: dict[object, object] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._splits: dict[tuple[object, ...], Solution | None] = {}
