@@ -70,8 +70,10 @@ GPT_4 = ("--stages", "4", "--microbatches", "4", "--schedule", "1f1b")
         pytest.param(MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "gpipe"],
                      marks=SAMPLED_OUT),
         # a stage graph: the towers side by side, the batch handed on by an input stage,
-        # messages between stages that are not neighbours, zb1p's split backward
-        (TOWERS, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "zb1p", "--graph"]),
+        # messages between stages that are not neighbours, zb1p's split backward; sampled out
+        # for time: test_whole_loss.py checks examples/clip.py's stage graph on 2 ranks
+        pytest.param(TOWERS, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "zb1p",
+                                 "--graph"], marks=SAMPLED_OUT),
         # zb2p: zb1p's F, I and W (and their messages), more micro-batches in flight
         (MLP, 2, ["--stages", "2", "--microbatches", "4", "--schedule", "zb2p",
                   "--checkpoint", "always"]),
