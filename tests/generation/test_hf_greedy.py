@@ -17,7 +17,8 @@ from tests.generation.conftest import VOCAB, tiny_decoder
 # ranks for four stages, and Llama decodes at two here (PIPECOMPILE_ALL_CASES=1 runs it)
 CASES = [("gpt2", 1, 1, 1), ("gpt2", 3, 2, 2), ("llama", 2, 2, 1)]
 CASES += [pytest.param("llama", 4, 2, 2, marks=SAMPLED_OUT)]
-CASES += [("qwen2", 2, 2, 1), ("mixtral", 2, 1, 3)]
+# Qwen2 decodes through Llama's layout (sampled out for time), Mixtral through its experts
+CASES += [pytest.param("qwen2", 2, 2, 1, marks=SAMPLED_OUT), ("mixtral", 2, 1, 3)]
 
 
 def _reference(model: torch.nn.Module, prompt: list[int], new: int, eos: int | None) -> list[int]:

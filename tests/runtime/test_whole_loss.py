@@ -33,7 +33,9 @@ def clip_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_compile_records_the_loss_and_the_summary_says_so(clip_out, capsys):
-    (loss,) = read_manifest(clip_out).batch_coupling
+    manifest = read_manifest(clip_out)
+    assert manifest.balance is not None and manifest.balance.shape == "graph"  # two encoders
+    (loss,) = manifest.batch_coupling
     assert loss.kind == "loss" and "clip.py" in loss.op and "mixes the samples" in loss.op
     assert set(WHOLE_BATCH) == {"gpipe", "looped_bfs"}
 
