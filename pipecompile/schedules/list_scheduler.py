@@ -86,8 +86,10 @@ def list_schedule(
     running: list[tuple[int, Op, int, int] | None] = [None] * devices  # (end, op, stage, mb)
     orders: list[list[Instr]] = [[] for _ in range(devices)]
     total = stages * m * (3 if split else 2)
+    placed = 0  # instructions ordered so far
+    forwarded = [0] * devices  # forwards ordered so far, per device
     clock = 0
-    while sum(len(o) for o in orders) < total or any(running):
+    while placed < total or any(running):
         for d in range(devices):  # finish what ends now
             work = running[d]
             if work is not None and work[0] <= clock:
@@ -100,7 +102,7 @@ def list_schedule(
             if running[d] is not None or free_at[d] > clock:
                 continue
             state = (d, stage_device, m, links, back, split, issued, done, clock)
-            filling = fill_drain and sum(o.op == Op.F for o in orders[d]) < forwards[d]
+            filling = fill_drain and forwarded[d] < forwards[d]
             pick = _most_urgent(*state, forward_first=forward_first or filling)
             if filling and (pick is None or pick[0] != Op.F):
                 pick = None  # a backward waits until every forward here has run
@@ -110,8 +112,10 @@ def list_schedule(
                 continue
             op, j, i = pick
             issued[(op, j)] += 1
+            placed += 1
             if op == Op.F:
                 held[d] += 1
+                forwarded[d] += 1
             end = clock + cost[op]
             running[d], free_at[d] = (end, op, j, i), end
             orders[d].append(Instr(op, j, i))
