@@ -59,6 +59,12 @@ def machine(*extras: str) -> str:
     return ", ".join([*parts, *extras])
 
 
+def announce() -> None:
+    """Print the machine and the command line a benchmark's figures come from."""
+    print(f"machine: {machine()}")
+    print(f"command: {command()}")
+
+
 def command(argv: list[str] | None = None) -> str:
     """The command line this script was started with, as a user types it from the repository
     root: ``python tools/bench/X.py ARGS``."""

@@ -36,9 +36,8 @@ from common import (
     EXAMPLES,
     QUICK_GPT2,
     GPT2Sizes,
-    command,
+    announce,
     log,
-    machine,
     torchrun_options,
     use_examples,
 )
@@ -355,8 +354,7 @@ def main() -> None:
         worker(args)
         return
     sizes = QUICK if args.quick else Sizes()
-    print(f"machine: {machine()}")
-    print(f"command: {command()}")
+    announce()
     with tempfile.TemporaryDirectory() as tmp:
         log(f"compiling GPT-2 ({sizes.layers} layers, n_embd {sizes.width}) ...")
         compile_all(Path(tmp), sizes)

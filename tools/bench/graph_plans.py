@@ -38,19 +38,18 @@ The figures come from a 2-core CPU machine (the script prints which). Rerun with
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 
 import torch
 import torch.distributed as dist
 from common import (
     EXAMPLES,
+    announce,
     command,
     log,
     machine,
@@ -59,6 +58,8 @@ from common import (
 )
 from distributed import alternate, passing, pipelining_step, rank_pipeline
 from forked import run_ranks
+
+from pipecompile.model.model_file import load_model_file
 
 WAIT_S = 600  # the most one torchrun of the full benchmark may take
 PROCS = 2
@@ -117,15 +118,6 @@ def write_model(root: Path, sizes: Sizes) -> Path:
     return path
 
 
-def import_model(path: Path) -> ModuleType:
-    """The model file at ``path``, imported."""
-    spec = importlib.util.spec_from_file_location("graph_plans_model", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def compile_both(model: Path, micro: int, root: Path) -> None:
     """``root``/graph (the default compile) and ``root``/chain (``--chain``) of ``model``,
     2 stages, ``micro`` micro-batches."""
@@ -172,7 +164,7 @@ def per_turn(figures: dict[str, dict], other: str) -> float:
 def worker(args: argparse.Namespace) -> None:
     """One rank: the three systems of one M, their steps taking turns."""
     directory = Path(args.directory)
-    model = import_model(directory.parent / "model.py")
+    model = load_model_file(str(directory.parent / "model.py")).module
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     given = model.example_inputs()
@@ -327,8 +319,7 @@ def main() -> None:
         worker(args)
         return
     sizes = QUICK if args.quick else Sizes()
-    print(f"machine: {machine()}")
-    print(f"command: {command()}")
+    announce()
     print(f"model: TwoTowers(width={sizes.width}, depth={sizes.depth}), mini-batch "
           f"{sizes.batch}, {PROCS} processes (one thread each), gloo, CPU")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:

@@ -45,9 +45,8 @@ from common import (
     EXAMPLES,
     QUICK_GPT2,
     GPT2Sizes,
-    command,
+    announce,
     log,
-    machine,
     torchrun_options,
     use_examples,
 )
@@ -300,8 +299,7 @@ def main() -> None:
         worker(args)
         return
     sizes = QUICK if args.quick else Sizes()
-    print(f"machine: {machine()}")
-    print(f"command: {command()}")
+    announce()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         half = sizes.procs // COPIES
