@@ -144,12 +144,15 @@ def pipelined(
     out: Path, model_file: Path, stages: int, nproc: int, steps: int
 ) -> tuple[list[float], dict[str, torch.Tensor], str]:
     """Compile ``model_file`` at ``stages`` stages and 4 micro-batches into ``out``, train
-    ``steps`` steps; its losses, its weights after them and its summary's coupling lines."""
+    ``steps`` steps; its losses, its weights after them and its summary's coupling lines
+    with the plan's shape last (a chain, or a stage graph)."""
     shown = pipecompile_done(
         str(model_file), "--stages", str(stages), "--microbatches", str(MICROBATCHES), "-o",
         str(out),
     ).stdout  # fmt: skip
     coupling = [line for line in shown.splitlines() if line.startswith("batch coupling")]
+    balance = json.loads((out / "manifest.json").read_text()).get("balance") or {}
+    coupling.append(f"shape {balance.get('shape', 'chain')}")  # a chain, or a stage graph
     ranks = ("--nproc", str(nproc)) if nproc > 1 else ()
     saved = out.with_name(out.name + "-ck")
     pipecompile_done(
@@ -186,8 +189,9 @@ def main() -> None:
     print(f"# {command()}\n# {machine()}")
     said = f"batch 16, {MICROBATCHES} micro-batches, SGD lr {LR}, {steps} steps"
     print(f"# {said}; losses: max |diff| / loss; weights: max |diff|; noise floor: fp64")
-    print("model | stages | ranks | max loss diff, rel (noise floor) | max weight diff "
-          "(noise floor) | per micro-batch: first loss off by, weights off by")  # fmt: skip
+    print("model | stages (the plan's shape) | ranks | max loss diff, rel (noise floor) "
+          "| max weight diff (noise floor) | per micro-batch: first loss off by, weights off "
+          "by")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for k, (name, path) in enumerate(model_files(root, args.quick).items()):
@@ -204,8 +208,10 @@ def main() -> None:
                 out = root / f"out-{k}-{stages}-{nproc}"
                 got_losses, got, coupling = pipelined(out, path, stages, nproc, steps)
                 assert "exactly" in coupling, coupling
+                shape = coupling.rsplit("shape ", 1)[1]
                 print(
-                    f"{name} | {stages} | {nproc} | {loss_gap(got_losses, want_losses):.1e} "
+                    f"{name} | {stages} ({shape}) | {nproc} | "
+                    f"{loss_gap(got_losses, want_losses):.1e} "
                     f"({floor[0]:.1e}) | {gap(got, want):.1e} ({floor[1]:.1e}) | "
                     f"{naive_gap[0]:.3f}, {naive_gap[1]:.1e}",
                     flush=True,
