@@ -29,12 +29,13 @@ from pipecompile.options.fields import (
     to_argv,
     to_record,
 )
+from pipecompile.options.generate import GenerateFlags
 from pipecompile.options.run import RunFlags, TrainFlags
 from pipecompile.runtime.job.run import rank_parser
 from pipecompile.surfaces.api import CompiledPipeline
 from pipecompile.surfaces.cli import _parser
 
-COMMAND = {CompileOptions: "compile", RunFlags: "run", TrainFlags: "run"}
+COMMAND = {CompileOptions: "compile", RunFlags: "run", TrainFlags: "run", GenerateFlags: "generate"}
 
 
 def _command_actions(command: str) -> dict[str, argparse.Action]:
@@ -74,6 +75,25 @@ def test_every_compile_option_is_a_keyword_of_compile():
             assert getattr(CompileOptions.from_keywords(**{keyword: value}), f.name) is value
         # ... and compile() takes it, by name or through **options
         assert keyword in takes or "options" in takes, f"compile() takes no {keyword}"
+
+
+# generate's options the Python API has no keyword for: the command's prompt sources and its
+# printing (the API takes token ids and returns tensors)
+GENERATE_COMMAND_LINE_ONLY = {"prompt_ids", "prompt", "prompts", "tokenizer", "quiet"}
+
+
+def test_every_generate_option_is_a_keyword_of_the_pipelines_generate():
+    """The declarations name the API's keywords; CompiledPipeline.generate takes each, and
+    nothing the declarations do not (bar its own: the prompts and the pad id it pads with)."""
+    takes = set(inspect.signature(CompiledPipeline.generate).parameters)
+    named = set()
+    for f, o in declared(GenerateFlags):
+        if f.name in GENERATE_COMMAND_LINE_ONLY:
+            assert o.api is None, f.name
+            continue
+        named.add(o.api or f.name)
+    assert takes - named == {"self", "input_ids", "pad_token_id"}
+    assert named <= takes
 
 
 def test_the_api_keywords_settle_as_the_flags_do():

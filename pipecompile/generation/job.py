@@ -5,7 +5,8 @@ generate` and ``CompiledPipeline.generate`` both build it this way, so an option
 is refused at the other.
 
 Example:
-    >>> job = GenerateJob.build(Path("out"), [[464, 318]], 8, nproc=2)  # doctest: +SKIP
+    >>> flags = GenerateFlags(max_new_tokens=8, nproc=2)
+    >>> job = GenerateJob.build(Path("out"), [[464, 318]], flags)  # doctest: +SKIP
     >>> job.timeout                                                     # doctest: +SKIP
     600.0
 """
@@ -23,6 +24,7 @@ from pipecompile.generation.session import plan_of
 from pipecompile.ir.records.generation_plan import GenerationPlan
 from pipecompile.ir.records.manifest import Manifest, read_manifest
 from pipecompile.model.model_file import check_fresh
+from pipecompile.options.generate import GenerateFlags
 from pipecompile.runtime.process.faults import FAULT_ENV, Fault, read_faults
 
 __all__ = ["GenerateJob", "sampling_of", "TIMEOUT_S"]
@@ -51,38 +53,29 @@ class GenerateJob:
 
     @classmethod
     def build(
-        cls,
-        directory: Path,
-        prompts: list[list[int]],
-        max_new_tokens: int = 20,
-        *,
-        sampling: Sampling | None = None,
-        eos: int | None = None,
-        nproc: int | None = None,
-        train_state: Path | None = None,
-        timeout: float | None = None,
-        allow_stale: bool = False,
-        threads: int | None = None,
+        cls, directory: Path, prompts: list[list[int]], flags: GenerateFlags | None = None
     ) -> GenerateJob:
-        """The generation of ``prompts`` through ``directory``, every refusal made.
-
-        Args:
-            sampling: from ``sampling_of`` (default: greedy).
-            eos: the id a sequence ends at (None: the model's own, as Hugging Face's
-                ``generate`` takes it from its generation config; none for a model without).
-            timeout: ``--timeout`` as given (None: not given, ``TIMEOUT_S`` under ``nproc``).
-            allow_stale: generate even though the model file changed since compiling.
-            threads: intra-op threads of this process (each rank's with ``nproc``); None: in
-                one process, the cores other programs leave idle, measured between turns (as
-                `run` does); with ``nproc``, each rank's share of the cores.
+        """The generation of ``prompts`` through ``directory`` as ``flags`` ask
+        (``options/generate``: the command's flags, or ``CompiledPipeline.generate``'s
+        keywords), every refusal made. Greedy unless a temperature, top-k or top-p is given;
+        ``eos``: the id a sequence ends at (None: the model's own, as Hugging Face's
+        ``generate`` takes it from its generation config; none for a model without);
+        ``timeout``: None not given (``TIMEOUT_S`` under ``nproc``); ``threads``: None in one
+        process the cores other programs leave idle, measured between turns (as `run` does),
+        with ``nproc`` each rank's share of the cores.
 
         Raises:
             GenerateError: naming the option or the directory, and what to do.
         """
+        flags = flags if flags is not None else GenerateFlags()
+        sampling = sampling_of(flags.temperature, flags.top_k, flags.top_p, flags.seed)
+        max_new_tokens, eos, nproc = flags.max_new_tokens, flags.eos, flags.nproc
+        timeout, threads = flags.timeout, flags.threads
+        train_state = Path(flags.train_state) if flags.train_state is not None else None
         directory = Path(directory)
         manifest = read_manifest(directory)
         plan = plan_of(directory, manifest)
-        if not allow_stale:
+        if not flags.allow_stale:
             check_fresh(
                 directory,
                 manifest,
@@ -103,10 +96,10 @@ class GenerateJob:
             plan,
             prompts,
             max_new_tokens,
-            sampling or Sampling(),
+            sampling,
             stops,
             nproc,
-            Path(train_state) if train_state is not None else None,
+            train_state,
             timeout if timeout is not None else TIMEOUT_S,
             faults,
             pad,

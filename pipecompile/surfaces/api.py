@@ -361,23 +361,26 @@ class CompiledPipeline:
         (default: as the pipeline was loaded);
         ``threads``: intra-op threads (default: the idle cores, as ``fit`` chooses them). The
         options are checked as `pipecompile generate` checks them (``GenerateJob.build``)."""
-        from pipecompile.generation.job import GenerateJob, sampling_of
+        from pipecompile.generation.job import GenerateJob
         from pipecompile.generation.runner import as_output, run_generation
         from pipecompile.generation.session import as_prompts
+        from pipecompile.options.generate import GenerateFlags
 
         prompts = as_prompts(input_ids)
-        job = GenerateJob.build(
-            self.directory,
-            prompts,
-            max_new_tokens,
-            sampling=sampling_of(temperature, top_k, top_p, seed),
+        flags = GenerateFlags(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed if seed is not None else 0,
             eos=eos_token_id,
             nproc=nproc,
-            train_state=Path(train_state) if train_state is not None else None,
+            train_state=str(train_state) if train_state is not None else None,
             timeout=timeout,
-            allow_stale=self._allow_stale if allow_stale is None else allow_stale,
             threads=threads,
+            allow_stale=self._allow_stale if allow_stale is None else allow_stale,
         )
+        job = GenerateJob.build(self.directory, prompts, flags)
         new = run_generation(job, weights=self.pipeline.state_dict, model=self._model)
         pad = pad_token_id if pad_token_id is not None else job.pad
         return as_output(prompts, new, pad)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pipecompile.generation.families import GenerateError
+from pipecompile.options.fields import add_options, from_args
+from pipecompile.options.generate import GenerateFlags
 
 __all__ = ["add_generate", "generate_command"]
 
@@ -27,74 +29,7 @@ __all__ = ["add_generate", "generate_command"]
 def add_generate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("generate", help="continue prompts through a --generate pipeline")
     p.add_argument("directory", help="a directory written by `pipecompile MODEL --generate`")
-    p.add_argument(
-        "--prompt-ids",
-        action="append",
-        default=[],
-        metavar="IDS",
-        help="a prompt's token ids, comma-separated (repeatable)",
-    )
-    p.add_argument(
-        "--prompt",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="a prompt's text (needs --tokenizer, or the model file's encode_text; repeatable)",
-    )
-    p.add_argument(
-        "--prompts", metavar="FILE", help="one prompt a line: token ids, or text with a tokenizer"
-    )
-    p.add_argument("--tokenizer", metavar="DIR", help="a Hugging Face tokenizer directory")
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=20,
-        metavar="T",
-        help="new tokens per sequence at most (default 20)",
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        metavar="T",
-        help="sample at this temperature (default: greedy)",
-    )
-    p.add_argument("--top-k", type=int, metavar="K", help="sample among the K likeliest tokens")
-    p.add_argument(
-        "--top-p", type=float, metavar="P", help="sample among the likeliest tokens of mass P"
-    )
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="the sampling seed (default 0)")
-    p.add_argument(
-        "--eos",
-        type=int,
-        metavar="ID",
-        help="a sequence ends at this token (default: the model's own, as Hugging Face's "
-        "generate takes it from its generation config)",
-    )
-    p.add_argument("--nproc", type=int, metavar="N", help="one rank per stage, N the stages")
-    p.add_argument(
-        "--train-state",
-        metavar="DIR",
-        help="the weights of a `run --save DIR` (its newest step) instead",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        metavar="S",
-        help="--nproc: stop when no tokens come back for S seconds (default 600)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        metavar="N",
-        help="intra-op threads (each rank's with --nproc; default: in one process the cores "
-        "other programs leave idle, as run chooses them; with --nproc each rank's share)",
-    )
-    p.add_argument(
-        "--allow-stale",
-        action="store_true",
-        help="generate even though the model file changed since compiling",
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="print only the tokens")
+    add_options(p, GenerateFlags)
     p.set_defaults(handler=generate_command)
 
 
@@ -177,24 +112,13 @@ def generate_command(args: argparse.Namespace) -> int:
         from pipecompile.runtime.distributed.local_ranks import fork_a_starter
 
         fork_a_starter()  # the ranks' starter, forked with torch imported (as `run --nproc`)
-    from pipecompile.generation.job import GenerateJob, sampling_of
+    from pipecompile.generation.job import GenerateJob
     from pipecompile.generation.runner import run_generation
 
     directory = Path(args.directory)
-    sampling = sampling_of(args.temperature, args.top_k, args.top_p, args.seed)
-    state = Path(args.train_state) if args.train_state else None
-    job = GenerateJob.build(  # checked before the model file's text hooks are imported
-        directory,
-        [],
-        args.max_new_tokens,
-        sampling=sampling,
-        eos=args.eos,
-        nproc=args.nproc,
-        train_state=state,
-        timeout=args.timeout,
-        allow_stale=args.allow_stale,
-        threads=args.threads,
-    )
+    flags = from_args(GenerateFlags, vars(args))
+    # checked before the model file's text hooks are imported
+    job = GenerateJob.build(directory, [], flags)
     text = _Text(directory, args.tokenizer)
     prompts = _prompts(args, text)
     job = dataclasses.replace(job, prompts=prompts)
