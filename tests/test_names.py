@@ -15,6 +15,7 @@ ENTRY_POINTS = {"main"}  # each program's entry point is its module's ``main``
 DECODING = (
     "pipecompile/generation/",
     "pipecompile/ir/records/generation_plan.py",
+    "pipecompile/options/generate.py",  # decoding's options, declared as run's are
     "pipecompile/surfaces/",
 )
 
