@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-__all__ = ["atom_links", "cut_bytes", "value_bytes"]
+__all__ = ["atom_links", "batch_readers", "cut_bytes", "value_bytes"]
 
 
 def cut_bytes(graph: fx.Graph, atoms: list[list[fx.Node]]) -> tuple[np.ndarray, np.ndarray]:
@@ -67,6 +67,15 @@ def atom_links(
         for k, atom in enumerate(atoms)
     )
     return reads, sent
+
+
+def batch_readers(atoms: list[list[fx.Node]]) -> tuple[int, ...]:
+    """The atoms that read one of the model's inputs."""
+    return tuple(
+        k
+        for k, atom in enumerate(atoms)
+        if any(i.op == "placeholder" for n in atom for i in n.all_input_nodes)
+    )
 
 
 def value_bytes(value: object) -> int:

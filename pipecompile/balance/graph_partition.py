@@ -64,12 +64,16 @@ class GraphSplit:
     def stage_device(self) -> tuple[int, ...]:
         return tuple(p.device for p in self.pieces)
 
-    def edges(self, reads: Sequence[Sequence[int]]) -> frozenset[tuple[int, int]]:
-        """(producer, consumer) stage pairs, given which items each item reads: an item's
-        reads across stages, the batch from stage 0 to each stage no other feeds, and each
-        stage that feeds none to the last (its values are the model's outputs)."""
+    def edges(
+        self, reads: Sequence[Sequence[int]], readers: Sequence[int] = ()
+    ) -> frozenset[tuple[int, int]]:
+        """(producer, consumer) stage pairs, given which items each item reads and which
+        read the batch (``readers``): an item's reads across stages, the batch from stage 0
+        to each stage that reads it or that no other feeds, and each stage that feeds none
+        to the last (its values are the model's outputs)."""
         stage = {a: j for j, p in enumerate(self.pieces) for a in p.items}
         edges = {(stage[r], stage[a]) for a in stage for r in reads[a] if stage[r] != stage[a]}
+        edges |= {(0, stage[a]) for a in readers if stage[a] != 0}
         last = len(self.pieces) - 1
         for j in range(1, last + 1):
             if not any(t == j for _, t in edges):

@@ -47,7 +47,7 @@ def predict_graph(predictor: Predictor, plan: Plan) -> Predicted | None:
     split = _split(predictor, size, plan.stages, weights)
     if split is None:
         return None
-    links = Links.of(len(split.pieces), split.edges(facts.reads))
+    links = Links.of(len(split.pieces), split.edges(facts.reads, facts.readers))
     compute = graph_program(plan.schedule, links, split.stage_device, plan.microbatches)
     program = with_recompute(compute, policy_counts(plan.recompute, compute))
     scale = size / facts.size

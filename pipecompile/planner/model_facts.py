@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 
-from pipecompile.balance.cut_bytes import atom_links, cut_bytes
+from pipecompile.balance.cut_bytes import atom_links, batch_readers, cut_bytes
 from pipecompile.balance.node_memory import node_memory
 from pipecompile.balance.partition_problem import AtomFacts, atom_cost
 from pipecompile.balance.split_requests import requested_starts
@@ -41,6 +41,7 @@ class ModelFacts:
     forced: tuple[int, ...]
     reads: tuple[tuple[int, ...], ...] = ()  # per atom: the atoms it reads (a stage graph's)
     sent: tuple[int, ...] = ()  # per atom: the bytes of its values other atoms read
+    readers: tuple[int, ...] = ()  # the atoms that read a model input
 
     @property
     def atoms(self) -> int:
@@ -83,6 +84,7 @@ def model_facts(module: fx.GraphModule, size: int, split_at: Sequence[str] = ())
     saved = node_memory(out)
     forward, backward = cut_bytes(out.graph, atoms)
     reads, sent = atom_links(atoms)
+    readers = batch_readers(atoms)
     op_costs = tuple(tuple((info(n).flops, info(n).kind) for n in atom) for atom in atoms)
     return ModelFacts(
         size=size,
@@ -95,4 +97,5 @@ def model_facts(module: fx.GraphModule, size: int, split_at: Sequence[str] = ())
         forced=tuple(forced),
         reads=reads,
         sent=sent,
+        readers=readers,
     )

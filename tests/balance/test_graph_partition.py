@@ -137,6 +137,10 @@ def test_two_towers_run_side_by_side() -> None:
     assert [p.items for p in split.pieces] == [(), (0, 1, 2), (3, 4, 5), (6, 7)]
     assert split.stage_device[1] != split.stage_device[2]
     assert split.bottleneck == 17
+    # the towers read the batch from the input stage; the join reads the towers
+    assert split.edges(reads, readers=(0, 3)) == {(0, 1), (0, 2), (1, 3), (2, 3)}
+    # a join that also reads the batch (a mask) gets it from the input stage too
+    assert (0, 3) in split.edges(reads, readers=(0, 3, 6))
 
 
 def test_chains_and_diamonds_inside_a_branch_are_no_blocks() -> None:
