@@ -144,6 +144,11 @@ def shape_lines(manifest: Manifest, program: Program) -> list[str]:
     if balance is None or not balance.shapes:
         return []
     ratio = balance.shapes["graph"] / balance.shapes["chain"]
+    if balance.shape != "graph" and ratio >= 1:
+        return [
+            f"plan: a chain; a stage graph (branches on devices of their own) was priced at "
+            f"{ratio:.2f}x its step (--graph takes it)"
+        ]
     if balance.shape != "graph":
         return [
             f"plan: a chain; a stage graph (branches on devices of their own) was priced at "
