@@ -29,7 +29,7 @@ import torch.fx as fx
 from pipecompile.balance.branch_order import reordered
 from pipecompile.balance.cut_bytes import atom_links, value_bytes
 from pipecompile.balance.fork_join import fork_joins
-from pipecompile.balance.graph_partition import GraphSplit, graph_split
+from pipecompile.balance.graph_partition import GraphSplit, best_split
 from pipecompile.balance.partition_problem import atom_cost
 from pipecompile.balance.split_requests import pinned_costs
 from pipecompile.errors import BalanceError
@@ -121,14 +121,14 @@ def _best_split(
     """The best graph split over the model's parallel blocks; None where there is none
     (``force``: refused)."""
     reads, _ = atom_links(atoms)
-    splits = [s for f in fork_joins(reads, weights) if (s := graph_split(weights, f, devices))]
-    if not splits and force:
+    split = best_split(weights, fork_joins(reads, weights), devices)
+    if split is None and force:
         raise BalanceError(
             f"--graph: {type(annotated).__name__} has no branches side by side that "
             f"{devices} devices can run apart (no ops that neither feed nor read each other "
             "between two points every path passes); compile without --graph"
         )
-    return min(splits, key=lambda s: s.bottleneck) if splits else None
+    return split
 
 
 class _OpPrices:
@@ -177,7 +177,7 @@ def stage_links(module: fx.GraphModule, stages: int) -> Links:
         if node.op == "output":
             returned = [a for a in node.all_input_nodes if a.op != "get_attr"]
             read |= {(_stage(a), stages - 1) for a in returned}
-        elif node.op in ("call_function", "call_method", "call_module"):
+        elif node.op in _OPS:
             j = info(node).stage
             assert j is not None
             read |= {(_stage(a), j) for a in node.all_input_nodes if a.op != "get_attr"}

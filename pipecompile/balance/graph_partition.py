@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pipecompile.balance.fork_join import ForkJoin
 from pipecompile.balance.min_max_partition import min_max_partition
 
-__all__ = ["GraphSplit", "Piece", "graph_split"]
+__all__ = ["GraphSplit", "Piece", "best_split", "graph_split"]
 
 _FIRST, _LAST = "first", "last"
 
@@ -100,6 +100,15 @@ def graph_split(weights: Sequence[int], fork: ForkJoin, devices: int) -> GraphSp
             if best is None or key < best[0]:
                 best = (key, split)
     return best[1] if best else None
+
+
+def best_split(
+    weights: Sequence[int], blocks: Sequence[ForkJoin], devices: int
+) -> GraphSplit | None:
+    """The split of least bottleneck over the graph splits of each of ``blocks`` (the
+    model's parallel blocks), or None when none has one."""
+    splits = [s for f in blocks if (s := graph_split(weights, f, devices)) is not None]
+    return min(splits, key=lambda s: s.bottleneck, default=None)
 
 
 def _counts(segments: tuple[tuple[int, ...], ...], devices: int) -> Iterator[tuple[int, ...]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipecompile.balance.fork_join import ForkJoin, fork_joins
-from pipecompile.balance.graph_partition import GraphSplit, graph_split
+from pipecompile.balance.graph_partition import GraphSplit, best_split
 from pipecompile.balance.partition_problem import AtomFacts
 from pipecompile.ir.programs.cost_model import CostModel
 from pipecompile.ir.programs.memory_model import device_peak_bytes, peak_weight_copies
@@ -77,8 +77,7 @@ def _split(predictor: Predictor, size: int, devices: int, weights: list[int]) ->
         predictor.graph_splits["blocks"] = fork_joins(facts.reads, [int(f) for f in facts.flops])
     if key not in predictor.graph_splits:
         blocks: list[ForkJoin] = predictor.graph_splits["blocks"]  # type: ignore[assignment]
-        splits = [s for f in blocks if (s := graph_split(weights, f, devices)) is not None]
-        predictor.graph_splits[key] = min(splits, key=lambda s: s.bottleneck, default=None)
+        predictor.graph_splits[key] = best_split(weights, blocks, devices)
     return predictor.graph_splits[key]  # type: ignore[return-value]
 
 

@@ -64,7 +64,6 @@ from pipecompile.model.model_file import load_model_file
 WAIT_S = 600  # the most one torchrun of the full benchmark may take
 PROCS = 2
 SYSTEMS = ("graph", "chain", "pipelining")
-SHAPE_KEYS = ("plan_shape", "shape")  # the manifest's own word for the plan's shape, if any
 MODEL = '''"""examples/two_towers.py's TwoTowers at the benchmark's sizes."""
 
 import sys
@@ -130,13 +129,12 @@ def plan_of(directory: Path) -> dict:
     """What ``directory``'s manifest and program say of its plan: stages, schedule,
     micro-batches, the stage -> device map, the shape its edges make ("graph" where a value
     crosses from a stage to one other than the next, else "chain") and the one the manifest
-    declares (None where it has no such field)."""
+    declares (``balance.shape``)."""
     from pipecompile.runtime.load import read_program
 
     raw = json.loads((directory / "manifest.json").read_text())
     program = read_program(directory / raw["program"])
-    where = [raw, raw.get("plan") or {}, raw.get("balance") or {}]
-    declared = next((w[k] for w in where for k in SHAPE_KEYS if k in w), None)
+    declared = (raw.get("balance") or {}).get("shape")
     forward = all(e["dst"] == e["src"] + 1 for e in raw["edges"])
     return {
         "stages": len(raw["stages"]),
