@@ -58,8 +58,18 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"schedules", "ir", "model", "files", "options", "errors"},  # the registry's facts
     "reports": {"runtime", "schedules", "ir", "files", "options", "errors"},
     "interop": {"runtime", "ir", "files", "errors"},
-    # decoding runs the model's own blocks with a KV cache, and reads a run's saved weights
-    "generation": {"runtime", "model", "ir", "files", "options", "errors"},
+    # decoding traces the model's step with a KV cache (as the front end traces), splits it
+    # with the balancer's exact partition, runs the files it wrote, reads a run's weights
+    "generation": {
+        "frontend",
+        "balance",
+        "runtime",
+        "model",
+        "ir",
+        "files",
+        "options",
+        "errors",
+    },
 }
 # the surfaces (command line, API, decorator, the jobs they build) stand on every layer
 ALLOWED["surfaces"] = set(ALLOWED) | {"version"}

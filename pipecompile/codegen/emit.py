@@ -87,7 +87,7 @@ def emit(
     compile_stages: str | None = None,
     prove: Example | None = None,
     timings: list[tuple[str, float]] | None = None,
-    generate: dict[str, Any] | None = None,
+    generate: tuple[dict[str, Any], dict[str, str | bytes]] | None = None,
 ) -> Path:
     """Write ``compiled`` to directory ``out``, replacing a previous pipecompile output there
     (only the files it wrote; see ``output_dir``). ``weights`` says where tensors come from
@@ -142,7 +142,7 @@ def _write_all(
     plan: WeightPlan,
     notes: list[str] | None,
     compile_stages: str | None,
-    generate: dict[str, Any] | None = None,
+    generate: tuple[dict[str, Any], dict[str, str | bytes]] | None = None,
 ) -> list[StageFiles]:
     """Write every file; return each stage as written (what ``prove_stages`` reads)."""
     graph = compiled.graph
@@ -175,7 +175,13 @@ def _write_all(
     init = _write_init(tmp, plan, sources)
     weights = _weights_entry(plan, sources, init, out)
     manifest = build_manifest(compiled, model, out, sources, randoms, weights)
-    write_manifest(tmp, replace(manifest, compile=compile_stages, generate=generate))
+    record = None
+    if generate is not None:  # --generate: its record, its stages' files
+        record, extra = generate
+        for name, content in extra.items():
+            path = tmp / name
+            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    write_manifest(tmp, replace(manifest, compile=compile_stages, generate=record))
     if notes is not None:
         notes.extend(_notes(plan, sources))
         if compiled.dynamic.fixed:

@@ -19,7 +19,14 @@ import uuid
 from pathlib import Path
 
 from pipecompile.errors import EmitError, PipecompileError
-from pipecompile.files.names import EMITTED, MANIFEST, METRICS, PICTURES, TRAINING_PICTURE
+from pipecompile.files.names import (
+    EMITTED,
+    GENERATE_CONSTANTS,
+    MANIFEST,
+    METRICS,
+    PICTURES,
+    TRAINING_PICTURE,
+)
 from pipecompile.ir.records.manifest import Manifest, read_manifest
 
 __all__ = [
@@ -52,6 +59,11 @@ def owned_names(manifest: Manifest) -> set[str]:
         names.update(n for n in (stage.file, stage.weights, stage.onnx) if n)
     if manifest.model is not None and manifest.model.configs:
         names.update(manifest.model.configs.values())
+    if isinstance(manifest.generate, dict):  # --generate's stage files and constants
+        for stage in manifest.generate.get("stages") or []:
+            if isinstance(stage, dict):
+                names.update(str(stage[k]) for k in ("decode", "prefill") if k in stage)
+        names.add(GENERATE_CONSTANTS)
     return names
 
 

@@ -13,7 +13,7 @@ from pipecompile.errors import EmitError
 from pipecompile.ir.graph.leaf_modules import leaf_constructor
 from pipecompile.ir.graph.stage_graph import Stage
 
-__all__ = ["stage_source", "tail_source", "class_name", "TAIL_CLASS"]
+__all__ = ["stage_source", "tail_source", "step_source", "class_name", "TAIL_CLASS"]
 
 TAIL_CLASS = "Tail"
 
@@ -52,6 +52,16 @@ def tail_source(module: fx.GraphModule, inputs: tuple[str, ...], model: str) -> 
         f"Inputs:  {', '.join(inputs)}",
     ]
     return _module_source(module, TAIL_CLASS, docstring, "the tail")
+
+
+def step_source(
+    module: fx.GraphModule, cls: str, doc: str, inputs: tuple[str, ...], outputs: tuple[str, ...]
+) -> str:
+    """Python source of one stage of a decoding step (``generation.step_split``): class
+    ``cls``, described by ``doc``, whose ``forward`` takes ``inputs`` and returns ``outputs``.
+    """
+    docstring = [doc, "", f"Inputs:  {', '.join(inputs)}", f"Outputs: {', '.join(outputs)}"]
+    return _module_source(module, cls, docstring, cls)
 
 
 def _module_source(module: fx.GraphModule, cls: str, docstring: list[str], what: str) -> str:

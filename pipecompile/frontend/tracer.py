@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
 import traceback
@@ -148,13 +149,13 @@ def _trace_fx_inlining(model: nn.Module, inputs: dict[str, torch.Tensor], *, lin
     """fx's trace; where it left calls of Python helpers that ``torch.fx.wrap`` keeps opaque
     (torchvision's ``stochastic_depth``), which a stage file cannot import, the trace again
     with those helpers traced through. Raises when that fails (torch.export is next)."""
-    graph = _fx_graph(model, lines=lines)
+    graph = _fx_graph(model, inputs, lines=lines)
     opaque = opaque_calls(graph)
     if not opaque:
         return _trace_fx(model, graph, inputs)
     try:
         with inlining_wrapped():
-            graph = _fx_graph(model, lines=lines)
+            graph = _fx_graph(model, inputs, lines=lines)
         still = opaque_calls(graph)
         if still:
             raise _OpaqueCall(_opaque_reason(still, None))
@@ -197,13 +198,27 @@ def _module_path(node: fx.Node) -> str:
     return f"module {path}" if path else "the model's forward"
 
 
-def _fx_graph(model: nn.Module, *, lines: bool) -> fx.Graph:
+def _fx_graph(model: nn.Module, inputs: dict[str, Any], *, lines: bool) -> fx.Graph:
     """``lines``: record each op's line in the model's source (``--dynamic`` names the op that
-    fixes a size by it)."""
+    fixes a size by it). A keyword of forward the inputs do not give keeps its default (a
+    decoding step's cache, say: None), as it does when the model is called."""
     tracer = _LeafTracer()
     tracer.record_stack_traces = lines
     with recording(tracer), torch.enable_grad():  # only the model's own no_grad regions count
-        return tracer.trace(model)
+        return tracer.trace(model, concrete_args=_defaults(model, inputs) or None)
+
+
+def _defaults(model: nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """forward's parameters the inputs do not give whose default is None."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {
+        p.name: None
+        for p in params
+        if p.name not in inputs and p.default is None and p.kind is p.POSITIONAL_OR_KEYWORD
+    }
 
 
 def _trace_fx(model: nn.Module, graph: fx.Graph, inputs: dict[str, torch.Tensor]) -> Traced:
@@ -274,6 +289,9 @@ def _keep_placeholders(module: fx.GraphModule, names: list[str]) -> list[str]:
     """Drop placeholders for parameters the inputs leave at their defaults (they must be unused)."""
     kept = []
     for node in [n for n in module.graph.nodes if n.op == "placeholder"]:
+        for user in list(node.users):  # fx's check of a default given as a concrete argument
+            if getattr(user.target, "__name__", "") == "_assert_is_none":
+                module.graph.erase_node(user)
         if node.target in names:
             kept.append(str(node.target))
         elif node.users:

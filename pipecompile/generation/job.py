@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipecompile.generation.families import GenerateError
 from pipecompile.generation.sampler import Sampling
 from pipecompile.generation.session import plan_of
+from pipecompile.generation.step_trace import GenerateError
 from pipecompile.ir.records.generation_plan import GenerationPlan
 from pipecompile.ir.records.manifest import Manifest, read_manifest
 from pipecompile.model.model_file import check_fresh

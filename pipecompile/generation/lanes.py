@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipecompile.generation.cache import Rows
-from pipecompile.generation.stages import Call
+from pipecompile.generation.stages import Call, Rows
 
 __all__ = ["Turn", "Lanes"]
 

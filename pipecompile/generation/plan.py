@@ -1,50 +1,90 @@
-"""What `pipecompile MODEL --generate` adds to a compiled directory: which blocks each decode
-stage runs (the training stages' own, so every stage keeps its weights), each stage's KV cache
-(shape and bytes), and the prefill and decode programs, recorded under the manifest's
-``generate`` key (docs/FORMAT.md) and printed by `show`.
+"""What `pipecompile MODEL --generate` adds to a compiled directory: the model's prefill and
+decode steps traced with a KV cache (``step_trace``), balanced on the decode step's costs
+(``step_costs``), split at block boundaries (``step_split``) and written as
+``prefill_stage_<j>.py`` and ``decode_stage_<j>.py`` beside the training stages, with the
+``generate`` record of the manifest (docs/FORMAT.md) that `show` prints.
 
-The plan is proved before it is written: the example's first sequence is prefilled through
-the decode stages and decoded a few tokens further, and every logit must equal the eager
-model's (``prove_generation``)."""
+The written stages are proved before the directory is put in place: the example's first
+sequence is prefilled through them and decoded a few tokens further, and every logit must
+equal the eager model's (``prove_generation``)."""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from pipecompile.errors import VerifyError
-from pipecompile.generation.families import Family, GenerateError, decoder_family
-from pipecompile.generation.stages import DecodeStage
-from pipecompile.ir.records.generation_plan import DTYPES, GenerationPlan
+from pipecompile.files.names import GENERATE_CONSTANTS as CONSTANTS
+from pipecompile.generation.step_costs import atom_costs, decode_bounds, stage_flops
+from pipecompile.generation.step_split import StepStage, split_step
+from pipecompile.generation.step_trace import GenerateError, StepCall, layer_shapes, trace_step
+from pipecompile.ir.records.generation_plan import DTYPES, GenerationPlan, StepStageRecord
 
-__all__ = ["GenerationPlan", "plan_generation", "decode_stages", "prove_generation"]
+__all__ = ["GenerationOutput", "plan_generation", "prove_generation", "block_list"]
 
-
-def _position_limit(family: Family) -> int | None:
-    """The most positions the model embeds (learned position tables), None: no table."""
-    config = getattr(family.model, "config", None)
-    if family.name == "nanogpt":
-        return int(family.model.wpe.weight.shape[0])
-    if family.name == "gpt2":
-        return int(config.n_positions)
-    return getattr(config, "max_position_embeddings", None)
+KINDS = ("decode", "prefill")
 
 
-def _stage_blocks(family: Family, stage_params: list[list[str]]) -> tuple[tuple[int, int], ...]:
-    """Each stage's blocks: block i goes where the training stages keep most of its
-    parameters (never before the previous block's stage)."""
-    count = len(stage_params)
+@dataclass
+class GenerationOutput:
+    """The plan, each step's stages (``split``, by kind), the source of each file it adds
+    (by name: written by the compile, ``codegen.stage_source.step_source``) and the
+    constants file's tensors (by stage tensor name)."""
+
+    plan: GenerationPlan
+    split: dict[str, list[StepStage]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def files(self) -> dict[str, str | bytes]:
+        """Every file to write, by name: the stages' sources, the constants' safetensors."""
+        out: dict[str, str | bytes] = dict(self.sources)
+        if self.constants:
+            from safetensors.torch import save
+
+            out[CONSTANTS] = save({k: v.contiguous() for k, v in self.constants.items()})
+        return out
+
+
+def block_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The model's decoder blocks: its ``nn.ModuleList`` holding the most parameters.
+
+    Raises:
+        GenerateError: the model has none.
+    """
+    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        raise GenerateError(
+            f"{type(model).__name__} has no list of blocks (an nn.ModuleList): --generate "
+            "splits a causal LM's decoder blocks into stages; compile without --generate"
+        )
+    return max(lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))
+
+
+def _position_limit(model: nn.Module) -> int | None:
+    """The most positions the model's config says it embeds (None: it says nothing)."""
+    config = getattr(model, "config", None)
+    for word in ("max_position_embeddings", "n_positions", "block_size"):
+        value = getattr(config, word, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _training_blocks(path: str, count: int, stage_params: list[list[str]]) -> tuple:
+    """Each training stage's blocks: block i where the stages keep most of its parameters
+    (never before the previous block's stage)."""
     owner: list[int] = []
-    for i in range(len(family.blocks)):
-        prefix = family.block_prefix(i)
+    for i in range(count):
+        prefix = f"{path}.{i}."
         held = [sum(n.startswith(prefix) for n in names) for names in stage_params]
-        best = max(range(count), key=lambda s: (held[s], -s)) if any(held) else 0
+        best = max(range(len(held)), key=lambda s: (held[s], -s)) if any(held) else 0
         owner.append(max(best, owner[-1] if owner else 0))
     bounds = []
-    for s in range(count):
+    for s in range(len(stage_params)):
         mine = [i for i, o in enumerate(owner) if o == s]
         start = mine[0] if mine else (bounds[-1][1] if bounds else 0)
         bounds.append((start, mine[-1] + 1 if mine else start))
@@ -58,88 +98,113 @@ def plan_generation(
     max_length: int | None,
     lanes: int | None,
     rows: int | None,
-) -> GenerationPlan:
-    """The plan for ``model`` compiled into stages holding ``stage_params`` (each stage's
-    parameters by the model's names).
+    prompt_tokens: int = 16,
+) -> GenerationOutput:
+    """The decoding stages of ``model``, as many as the training stages (which hold
+    ``stage_params``, each stage's parameters by the model's names).
 
     Raises:
-        GenerateError: the model is no decoder pipecompile generates with, or
-            ``max_length`` is past the positions it embeds.
+        GenerateError: the model's step cannot be traced with a KV cache (the reason and the
+            line), ``max_length`` is past the positions it embeds, or it has fewer blocks
+            and head than stages.
     """
-    family = decoder_family(model)
-    limit = _position_limit(family)
+    call = StepCall.of(model)
+    path, blocks = block_list(model)
+    limit = _position_limit(model)
     if max_length is None:
         max_length = min(limit or 2048, 2048)
-    elif limit is not None and family.name != "llama" and max_length > limit:
+    elif limit is not None and max_length > limit:
         raise GenerateError(
-            f"--max-length {max_length} is past the {limit} positions "
-            f"{type(model).__name__} embeds: give --max-length {limit} or less"
+            f"--max-length {max_length} is past the {limit} positions {type(model).__name__} "
+            f"embeds (its config): give --max-length {limit} or less"
         )
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    name = str(dtype).removeprefix("torch.")
-    heads, size = family.kv_shape()
-    return GenerationPlan(
-        family=family.name,
-        max_length=max_length,
-        lanes=lanes or len(stage_params),
-        rows=rows or 1,
-        dtype=name if name in DTYPES else "float32",
-        blocks=_stage_blocks(family, stage_params),
-        kv_heads=heads,
-        head_size=size,
+    rows, lanes = rows or 1, lanes or len(stage_params)
+    shapes = layer_shapes(model, call, len(blocks))
+    if len(shapes) != len(blocks):
+        raise GenerateError(
+            f"{type(model).__name__} caches {len(shapes)} layers, but its block list {path} "
+            f"holds {len(blocks)} blocks: --generate places each block's cache on its stage; "
+            "compile without --generate"
+        )
+    prefix = f"model.{path}."
+    traced = {k: trace_step(model, call, shapes, kind=k, rows=rows, max_length=max_length)
+              for k in KINDS}  # fmt: skip
+    tokens = max(2, min(prompt_tokens, max_length))
+    costs = {
+        k: atom_costs(traced[k], prefix, shapes, cache_rows=rows, tokens=t, max_length=max_length)
+        for k, t in (("decode", 1), ("prefill", tokens))
+    }
+    bounds = decode_bounds(costs["decode"], len(stage_params))
+    names = set(model.state_dict())
+    split = {
+        k: split_step(traced[k], prefix=prefix, bounds=bounds, model_names=names, kind=k)
+        for k in KINDS
+    }
+    dtype = str(next((p.dtype for p in model.parameters() if p.is_floating_point()),
+                     torch.float32)).removeprefix("torch.")  # fmt: skip
+    training = _training_blocks(path, len(blocks), stage_params)
+    out = GenerationOutput(
+        GenerationPlan(
+            model=type(model).__name__,
+            max_length=max_length,
+            lanes=lanes,
+            rows=rows,
+            dtype=dtype if dtype in DTYPES else "float32",
+            vocab=_vocab(model, traced["decode"]),
+            layers=tuple(shapes),
+            stages_=_records(model, split, bounds, costs),
+            training_blocks=training,
+            training_flops=tuple(stage_flops(costs["decode"], training)),
+        )
     )
+    out.split = split
+    out.constants = {
+        n: t for k in KINDS for s in split[k] for n, t in s.constants.items() if not t.is_meta
+    }
+    return out
 
 
-def check_fits(model: nn.Module, plan: GenerationPlan) -> Any:
-    """``model``'s decoder family, where ``plan`` was made for this model.
+def _vocab(model: nn.Module, traced: torch.fx.GraphModule) -> int:
+    out = next(n for n in traced.graph.nodes if n.op == "output")
+    (logits,) = out.all_input_nodes
+    return int(logits.meta["val"].shape[-1])
 
-    Raises:
-        GenerateError: naming what differs (the model file changed since the compile, and
-            ``--allow-stale`` took it): its family, block count or key/value shape.
-    """
-    family = decoder_family(model)
-    changed = _changed(family, plan)
-    if changed:
-        raise GenerateError(
-            f"the model built now is not the one compiled: {changed}; its generation plan no "
-            "longer fits it: recompile with --generate"
+
+def _records(
+    model: nn.Module,
+    split: dict[str, list[StepStage]],
+    bounds: tuple[tuple[int, int], ...],
+    costs: dict[str, list[int]],
+) -> tuple[StepStageRecord, ...]:
+    from pipecompile.generation.session import tensor_aliases
+
+    aliases = tensor_aliases(model)
+    flops = {k: stage_flops(costs[k], bounds) for k in KINDS}
+    out = []
+    for j, b in enumerate(bounds):
+        params: dict[str, tuple[str, ...]] = {}
+        constants: set[str] = set()
+        for k in KINDS:
+            s = split[k][j]
+            params.update({a: tuple(aliases.get(n, [n])) for a, n in s.params.items()})
+            constants.update(s.constants)
+        out.append(
+            StepStageRecord(
+                blocks=b,
+                sends={k: len(split[k][j].outputs) for k in KINDS},
+                params=params,
+                constants=tuple(sorted(constants)),
+                decode_flops=flops["decode"][j],
+                prefill_flops=flops["prefill"][j],
+            )
         )
-    return family
+    return tuple(out)
 
 
-def _changed(family: Any, plan: GenerationPlan) -> str:
-    """What differs between the model built now and the one the plan was made for (empty:
-    nothing its decoding depends on)."""
-    now = (family.name, len(family.blocks), *family.kv_shape())
-    then = (plan.family, plan.blocks[-1][1], plan.kv_heads, plan.head_size)
-    words = ("decoder", "blocks", "key/value heads", "head size")
-    return ", ".join(f"{w} {b} (compiled with {a})" for w, a, b in zip(words, then, now) if a != b)
-
-
-def decode_stages(
-    model: nn.Module, plan: GenerationPlan, which: list[int] | None = None
-) -> list[DecodeStage]:
-    """The decode stages ``which`` (default all) of ``plan`` on ``model`` (in eval mode)."""
-    model.eval()
-    family = check_fits(model, plan)
-    return [
-        DecodeStage(
-            family,
-            k,
-            plan.stages,
-            range(*plan.blocks[k]),
-            lanes=plan.lanes,
-            rows=plan.rows,
-            max_length=plan.max_length,
-            dtype=DTYPES[plan.dtype],
-        )
-        for k in (range(plan.stages) if which is None else which)
-    ]
-
-
-def prove_generation(model: nn.Module, plan: GenerationPlan, ids: torch.Tensor) -> None:
-    """Prefill the first row of ``ids`` but its last 2 tokens, decode those 2, and compare
-    every step's logits with the eager model's on the same tokens.
+def prove_generation(model: nn.Module, out: GenerationOutput, ids: torch.Tensor) -> None:
+    """Prefill the first row of ``ids`` but its last 2 tokens through the stages as written
+    (``out.sources``),
+    decode those 2, and compare every step's logits with the eager model's.
 
     Raises:
         VerifyError: a logit differs by more than 1e-5 (relative to the largest) and by more
@@ -147,9 +212,16 @@ def prove_generation(model: nn.Module, plan: GenerationPlan, ids: torch.Tensor) 
             model in float64).
     """
     from pipecompile.generation.lanes import Lanes
+    from pipecompile.generation.stages import DecodeStage, stage_modules_from
 
+    plan = out.plan
     was_training = model.training
-    stages = decode_stages(model, plan)
+    model.eval()
+    tensors = {**_model_tensors(model, plan), **out.constants}
+    stages = [
+        DecodeStage(plan, k, stage_modules_from(out.sources.__getitem__, plan, k, tensors))
+        for k in range(plan.stages)
+    ]
     row = [int(t) for t in ids.reshape(-1, ids.shape[-1])[0][: plan.max_length]]
     if len(row) < 3:
         return
@@ -171,6 +243,17 @@ def prove_generation(model: nn.Module, plan: GenerationPlan, ids: torch.Tensor) 
             book.give(turn, [next(forced, 0)])
     finally:
         model.train(was_training)
+
+
+def _model_tensors(model: nn.Module, plan: GenerationPlan) -> dict[str, torch.Tensor]:
+    """Each stage tensor's value in ``model``, by the stage's name for it."""
+    state = model.state_dict(keep_vars=True)
+    return {
+        attr: state[names[0]].detach()
+        for s in plan.stages_
+        for attr, names in s.params.items()
+        if names[0] in state
+    }
 
 
 def _check_logits(
@@ -199,8 +282,8 @@ def _check_logits(
     found = agreement(got, want, exact)
     if not found.ok:
         raise VerifyError(
-            f"--generate: the {plan.family} decode path's logits differ from the eager "
-            f"model's at position {len(tokens) - 1} (step {step}): {found}; "
-            f"{type(model).__name__} does not compute what its family does; compile without "
-            "--generate"
+            f"--generate: the traced {plan.model} decoding stages' logits differ from the "
+            f"eager model's at position {len(tokens) - 1} (step {step}): {found}; its step with "
+            "a KV cache does not compute what its forward does (a cache that ignores "
+            "positions?); compile without --generate"
         )

@@ -1,6 +1,6 @@
 """One rank 1..N-1 of `generate --nproc N`, forked by the rank starter
-(``generation.children``): builds its stage alone (the rest of the model stays on the meta
-device) with its weights read from the source rank 0 names, and runs turns until rank 0 says
+(``generation.children``): builds its decoding stage alone from the directory's files, with
+its weights read from the source rank 0 names, and runs turns until rank 0 says
 stop."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import torch
 
 
 def main(raw: str, rank: int) -> None:
-    from pipecompile.generation.plan import decode_stages
-    from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
+    from pipecompile.generation.rank_model import WeightSource, rank_stage
     from pipecompile.generation.ranks import run_stage
     from pipecompile.generation.sampler import Sampler, Sampling
     from pipecompile.generation.session import plan_of
@@ -28,8 +27,7 @@ def main(raw: str, rank: int) -> None:
     manifest = read_manifest(directory)
     plan = plan_of(directory, manifest)
     source = WeightSource.from_json(spec["source"], manifest)
-    model = rank_model(skeleton(directory, manifest), plan, rank, source)
-    stage = decode_stages(model, plan, [rank])[0]
+    stage = rank_stage(directory, plan, rank, source)
     store = torch.distributed.TCPStore("127.0.0.1", spec["port"], spec["world"], False)
     sampler = Sampler(Sampling(*spec["sampling"]), *spec["stop"])
     run_stage(stage, ring(store, rank, spec["world"]), sampler)

@@ -1,10 +1,10 @@
-"""The part of the model one generation rank runs, and nothing more: the model is built on the
-meta device (no memory for its weights), then only the modules of this rank's stage (its
-blocks, the embeddings on the first stage, the head on the last, the weightless modules every
-stage uses) are given memory and their weights, read by name from where they are kept
-(``WeightSource``: the compiled stages' files, a file of the pipeline's current weights, or a
-training run's newest step), each tensor alone. A model bigger than one rank's memory decodes
-on ranks that each hold their part, as it trains."""
+"""The part of the model one generation rank runs, and nothing more: its decoding stage's
+modules, built from the compiled directory's ``decode_stage_<j>.py`` and ``prefill_stage_<j>.py``
+on the meta device (no model is built: the model file is not read again), given only the
+tensors the stage reads, by their names in the model, from where they are kept
+(``WeightSource``: the compiled stages' files, a file of the pipeline's current weights, a
+training run's newest step, or tensors in memory), each tensor alone. A model bigger than one
+rank's memory decodes on ranks that each hold their part, as it trains."""
 
 from __future__ import annotations
 
@@ -12,28 +12,32 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from pipecompile.generation.families import Family, GenerateError, decoder_family
-from pipecompile.generation.session import (
-    built_model,
-    copy_in,
-    tensor_aliases,
-    train_state_weights,
-)
+from pipecompile.files.names import GENERATE_CONSTANTS as CONSTANTS
+from pipecompile.generation.session import train_state_weights
+from pipecompile.generation.stages import DecodeStage, stage_modules_from
+from pipecompile.generation.step_trace import GenerateError
 from pipecompile.ir.records.generation_plan import GenerationPlan
 from pipecompile.ir.records.manifest import Manifest
 
-__all__ = ["WeightSource", "skeleton", "stage_modules", "rank_model"]
+__all__ = ["WeightSource", "stage_tensors", "rank_stage"]
 
 
 class WeightSource:
     """Tensors by the model's names, read only when asked for: ``kind`` is ``directory``
     (the compiled stages' safetensors files), ``file`` (one safetensors file keyed by the
-    model's names) or ``train_state`` (a `run --save` directory's newest step)."""
+    model's names), ``train_state`` (a `run --save` directory's newest step) or ``memory``
+    (``tensors``, in this process)."""
 
-    def __init__(self, kind: str, path: Path, manifest: Manifest | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        path: Path,
+        manifest: Manifest | None = None,
+        tensors: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         self.kind, self.path, self.manifest = kind, Path(path), manifest
+        self.tensors = tensors or {}
 
     def to_json(self) -> dict[str, str]:
         return {"kind": self.kind, "path": str(self.path)}
@@ -45,6 +49,8 @@ class WeightSource:
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
         """The tensors of ``names`` this source holds (a name it lacks is left out)."""
         wanted = set(names)
+        if self.kind == "memory":
+            return {k: v.detach() for k, v in self.tensors.items() if k in wanted}
         if self.kind == "file":
             return _from_file(self.path, wanted)
         if self.kind == "train_state":
@@ -93,51 +99,49 @@ def _from_directory(
     return out
 
 
-def skeleton(directory: Path, manifest: Manifest) -> nn.Module:
-    """The model on the meta device (``session.built_model``: no memory for its weights).
+def stage_tensors(
+    directory: Path, plan: GenerationPlan, stage: int, source: WeightSource
+) -> dict[str, torch.Tensor]:
+    """Decoding stage ``stage``'s tensors by the stage's names: each read from ``source``
+    under any of its names in the model, a constant from the directory's constants file.
 
     Raises:
-        GenerateError: the directory records no way to build it.
+        GenerateError: ``source`` lacks a weight the stage needs (naming it and the source).
     """
-    with torch.device("meta"):
-        return built_model(directory, manifest)
-
-
-def stage_modules(family: Family, plan: GenerationPlan, stage: int) -> list[str]:
-    """The module paths decode stage ``stage`` runs."""
-    first, stop = plan.blocks[stage]
-    out = [f"{family.blocks_path}.{i}" for i in range(first, stop)]
-    out += list(family.first) if stage == 0 else []
-    out += list(family.last) if stage == plan.stages - 1 else []
-    return out
-
-
-def rank_model(
-    model: nn.Module, plan: GenerationPlan, stage: int, source: WeightSource
-) -> nn.Module:
-    """``model`` (built on the meta device) with stage ``stage``'s modules in memory and
-    their weights read from ``source``; every other module stays on the meta device.
-
-    Raises:
-        GenerateError: ``source`` lacks a weight the stage needs, or holds another shape.
-    """
-    family = decoder_family(model)
-    paths = stage_modules(family, plan, stage)
-    aliases = tensor_aliases(model)  # before to_empty, which unties a tied weight
-    for path in paths:
-        model.get_submodule(path).to_empty(device="cpu")
-    family.materialise_every()
-    wanted = {
-        name: aliases.get(name, [name])
-        for name in model.state_dict(keep_vars=True)
-        if any(name == p or name.startswith(p + ".") for p in paths)
-    }
-    found = source.read({n for names in wanted.values() for n in names})
-    missing = copy_in(model, found, aliases, str(source.path), wanted)
+    record = plan.stages_[stage]
+    found = source.read({n for names in record.params.values() for n in names})
+    out: dict[str, torch.Tensor] = {}
+    missing = []
+    for attr, names in record.params.items():
+        name = next((n for n in names if n in found), None)
+        if name is None:
+            missing.append(names[0])
+        else:
+            out[attr] = found[name]
     if missing:
         raise GenerateError(
             f"{source.path} lacks {', '.join(missing[:3])}"
-            f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}, which stage "
-            f"{stage} needs: pass the weights this model was compiled or trained with"
+            f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}, which decoding "
+            f"stage {stage} needs: pass the weights this model was compiled or trained with"
         )
-    return model.eval()
+    if record.constants:
+        from safetensors import safe_open
+
+        with safe_open(str(directory / CONSTANTS), framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in record.constants if k in f.keys()})  # noqa: SIM118
+    return out
+
+
+def rank_stage(
+    directory: Path,
+    plan: GenerationPlan,
+    stage: int,
+    source: WeightSource,
+    device: torch.device | str = "cpu",
+) -> DecodeStage:
+    """Decoding stage ``stage`` from the directory's files, holding only its own tensors."""
+    tensors = stage_tensors(directory, plan, stage, source)
+    modules = stage_modules_from(
+        lambda name: (directory / name).read_text(), plan, stage, tensors, device
+    )
+    return DecodeStage(plan, stage, modules, device)

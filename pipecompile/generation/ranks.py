@@ -21,12 +21,11 @@ from typing import Any
 import torch
 
 from pipecompile.errors import RuntimeFailure
-from pipecompile.generation.cache import Rows
 from pipecompile.generation.children import Children
 from pipecompile.generation.job import GenerateJob
 from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.rank_model import WeightSource
-from pipecompile.generation.stages import Call, DecodeStage
+from pipecompile.generation.stages import Call, DecodeStage, Rows
 from pipecompile.generation.wire import PeerGone, Wire, ring
 from pipecompile.runtime.process.faults import FAULT_ENV, fault_at, happen
 
@@ -150,7 +149,6 @@ def _weights_source(
 def generate_on_ranks(
     directory: Path,
     manifest: Any,
-    model: Any,
     plan: Any,
     job: GenerateJob,
     weights: Callable[[], dict[str, torch.Tensor]] | None,
@@ -158,15 +156,13 @@ def generate_on_ranks(
     on_start: Callable[[], None] | None = None,
 ) -> dict[int, list[int]]:
     """Rank 0 here, ranks 1..N-1 started beside it; each prompt's new tokens by its number.
-    Every rank holds only its own stage's modules and weights of the model built on the meta
-    device (``generation.rank_model``); ``model`` is this rank's, so built.
+    Every rank holds only its own stage's modules and weights (``generation.rank_model``).
 
     Raises:
         RuntimeFailure: a rank failed or was killed: names it and its last line; the other
             ranks are stopped.
     """
-    from pipecompile.generation.plan import decode_stages
-    from pipecompile.generation.rank_model import rank_model
+    from pipecompile.generation.rank_model import rank_stage
     from pipecompile.runtime.process.threads import launch_threads
 
     n = plan.stages
@@ -190,8 +186,7 @@ def generate_on_ranks(
         torch.set_num_threads(threads)
         try:
             wire = ring(store, 0, n, children.poll, job.timeout)
-            model = rank_model(model, plan, 0, source)
-            stage = decode_stages(model, plan, [0])[0]
+            stage = rank_stage(directory, plan, 0, source)
             book = Lanes(
                 job.prompts,
                 plan.lanes,

@@ -1,30 +1,24 @@
-"""Generation from a compiled directory: the model the plan was made for, rebuilt (from the
-Hugging Face configs the directory keeps, else from the model file it records), its weights
-taken by the model's names (the compiled stages', or a train state's), and the prompts
-checked against the plan before any stage runs."""
+"""Generation from a compiled directory: its plan, a train state's weights by the model's
+names, a model's tensors under all their names, and the prompts checked against the plan
+before any stage runs."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipecompile.generation.families import GenerateError
-from pipecompile.generation.plan import GenerationPlan
+from pipecompile.generation.step_trace import GenerateError
+from pipecompile.ir.records.generation_plan import GenerationPlan
 from pipecompile.ir.records.manifest import Manifest
 
 __all__ = [
     "as_prompts",
     "check_prompts",
-    "copy_weights",
-    "model_of",
     "plan_of",
     "train_state_weights",
-    "vocab_size",
 ]
 
 
@@ -50,46 +44,6 @@ def plan_of(directory: Path, manifest: Manifest) -> GenerationPlan:
         ) from None
 
 
-def model_of(directory: Path, manifest: Manifest, given: nn.Module | None = None) -> nn.Module:
-    """The model's modules to run the decode stages with (their weights are replaced):
-    a copy of ``given``, else ``built_model``'s."""
-    if given is not None:
-        return copy.deepcopy(given)
-    torch.manual_seed(0)
-    return built_model(directory, manifest)
-
-
-def built_model(directory: Path, manifest: Manifest) -> nn.Module:
-    """A Hugging Face model built from the directory's config, or the recorded model file's
-    (on the device a ``torch.device`` context gives, the meta device for a rank's skeleton).
-
-    Raises:
-        GenerateError: the directory records neither (a model compiled from Python that is
-            not a Hugging Face model: only the process that compiled it has it).
-    """
-    configs = (manifest.model.configs or {}) if manifest.model is not None else {}
-    if "config.json" in configs:
-        import json
-
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        raw = json.loads((directory / configs["config.json"]).read_text())
-        config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
-        return transformers.AutoModelForCausalLM.from_config(config)
-    if manifest.model is None or not manifest.model.file:
-        raise GenerateError(
-            f"{directory} records no model file or Hugging Face config, so the model cannot "
-            "be built again: generate from the pipeline compiled in this process "
-            "(`pipe.generate` without nproc), or compile from a model file"
-        )
-    from pipecompile.model.model_file import recorded_model
-
-    spec = recorded_model(None, directory, manifest, allow_stale=True)
-    assert spec.model is not None
-    return spec.model
-
-
 def tensor_aliases(model: nn.Module) -> dict[str, list[str]]:
     """Each state entry's names: a tied weight has several."""
     by_tensor: dict[int, list[str]] = {}
@@ -98,52 +52,6 @@ def tensor_aliases(model: nn.Module) -> dict[str, list[str]]:
     for name, t in tensors:
         by_tensor.setdefault(id(t), []).append(name)
     return {name: names for names in by_tensor.values() for name in names}
-
-
-def copy_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """Copy ``state`` (by the model's names, a tied weight under any of its names) into
-    ``model``.
-
-    Raises:
-        GenerateError: a weight of the model is missing from ``state``, or has another shape.
-    """
-    missing = copy_in(model, state, tensor_aliases(model), source)
-    if missing:
-        shown = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
-        raise GenerateError(f"{source} lacks the model's {shown}: it was saved from another model")
-
-
-def copy_in(
-    model: nn.Module,
-    state: dict[str, torch.Tensor],
-    aliases: dict[str, list[str]],
-    source: str,
-    names: Iterable[str] | None = None,
-) -> list[str]:
-    """Copy ``state`` into ``model``'s entries ``names`` (default: all), each found under
-    any of its ``aliases``; returns those ``state`` lacks.
-
-    Raises:
-        GenerateError: a tensor of ``state`` has another shape than the model's.
-    """
-    persistent = model.state_dict(keep_vars=True)
-    missing = []
-    with torch.no_grad():
-        for name in persistent if names is None else names:
-            tensor = persistent[name]
-            found = next((state[n] for n in aliases.get(name, [name]) if n in state), None)
-            if found is None:
-                missing.append(name)
-                continue
-            if tuple(found.shape) != tuple(tensor.shape):
-                raise GenerateError(
-                    f"{source} holds {name} of shape {tuple(found.shape)}, the model's is "
-                    f"{tuple(tensor.shape)}: it was saved from another model"
-                )
-            tensor.copy_(found)
-    return missing
 
 
 def train_state_weights(root: Path, names: set[str] | None = None) -> dict[str, torch.Tensor]:
@@ -205,12 +113,6 @@ def check_prompts(
                 f"{len(p)} tokens, so at most {L - len(p)} new ones fit; ask for fewer or "
                 "recompile with a larger --max-length"
             )
-
-
-def vocab_size(model: nn.Module) -> int:
-    from pipecompile.generation.families import decoder_family
-
-    return decoder_family(model).vocab_size
 
 
 def as_prompts(input_ids: Any) -> list[list[int]]:

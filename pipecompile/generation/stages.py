@@ -1,22 +1,37 @@
-"""One decode stage: a slice of the model's blocks, with the embedding on the first stage and
-the head on the last, and the KV cache of its own blocks (``StageCache``).
+"""One decoding stage at run time: its prefill and decode modules (the compiled directory's
+``prefill_stage_<j>.py`` and ``decode_stage_<j>.py``, built on the meta device and given
+their tensors) and the KV cache of its blocks: for each block, keys and values of shape
+(lanes, rows, heads, max length, head size), allocated once, zeroed, and written in place by
+the modules at the positions each call gives. A lane is one group of sequences in flight; a
+row one sequence of it. Positions past a row's own are masked, so what an earlier sequence
+left there is never read.
 
 A call runs one lane's turn: the prefill of the rows that start a sequence (each alone, its
 prompt's tokens at positions 0..P-1) and the decode of the rows that continue one (together,
-one token each at its own position). The first stage takes token ids, the others the
-previous stage's hidden states; the last gives each row's logits at its last position.
-"""
+one token each at its own position). The first stage takes token ids, the others the values
+the stage before hands on; the last gives each row's logits at its last position."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from pipecompile.generation.cache import Rows, StageCache, causal_mask
-from pipecompile.generation.families import Family
+from pipecompile.files.names import decode_file, prefill_file
+from pipecompile.generation.step_trace import GenerateError, causal_mask
+from pipecompile.ir.records.generation_plan import DTYPES, GenerationPlan
 
-__all__ = ["Call", "DecodeStage"]
+__all__ = ["Call", "Rows", "DecodeStage", "stage_modules_from", "stage_class"]
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows of one lane a call runs, and each one's positions (rows x tokens)."""
+
+    rows: tuple[int, ...]
+    positions: torch.Tensor  # int64 (len(rows), tokens)
 
 
 @dataclass(frozen=True)
@@ -29,28 +44,77 @@ class Call:
     def tokens(self) -> int:
         return int(self.rows.positions.shape[1])
 
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.tokens > 1 else "decode"
+
+
+def stage_class(kind: str, j: int) -> str:
+    """The class a stage file defines: ``DecodeStage<j>`` or ``PrefillStage<j>``."""
+    return f"{kind.capitalize()}Stage{j}"
+
+
+def stage_modules_from(
+    read: Callable[[str], str],
+    plan: GenerationPlan,
+    j: int,
+    tensors: dict[str, torch.Tensor],
+    device: torch.device | str = "cpu",
+) -> dict[str, nn.Module]:
+    """Stage ``j``'s decode and prefill modules, their sources read by file name with
+    ``read``, built on the meta device and given ``tensors`` (by the stage's names; both
+    modules share them).
+
+    Raises:
+        GenerateError: a tensor is missing or has another shape (naming it).
+    """
+    out = {}
+    for kind, name in (("decode", decode_file(j)), ("prefill", prefill_file(j))):
+        scope: dict[str, object] = {"__name__": f"pipecompile_generated_{kind}_{j}"}
+        exec(compile(read(name), name, "exec"), scope)  # the file pipecompile wrote
+        with torch.device("meta"):
+            module = scope[stage_class(kind, j)]()  # type: ignore[operator]
+        wanted = module.state_dict(keep_vars=True)
+        missing = [n for n in wanted if n not in tensors]
+        if missing:
+            raise GenerateError(
+                f"the weights lack {', '.join(missing[:3])} of decoding stage {j} "
+                f"({name}); pass the weights this model was compiled or trained with"
+            )
+        given = {}
+        for n, t in wanted.items():
+            value = tensors[n]
+            if tuple(value.shape) != tuple(t.shape):
+                raise GenerateError(
+                    f"{n} of decoding stage {j} ({name}) has shape {tuple(value.shape)} in the "
+                    f"weights, {tuple(t.shape)} in the stage: pass the weights this model was "
+                    "compiled or trained with"
+                )
+            given[n] = value.to(device=device, dtype=t.dtype)
+        module.load_state_dict(given, assign=True)
+        out[kind] = module.eval()
+    return out
+
 
 class DecodeStage:
-    """Stage ``index`` of ``count``: blocks ``blocks`` of ``family``'s model."""
+    """Stage ``index`` of ``plan`` running ``modules`` (``stage_modules_from``)."""
 
     def __init__(
         self,
-        family: Family,
+        plan: GenerationPlan,
         index: int,
-        count: int,
-        blocks: range,
-        *,
-        lanes: int,
-        rows: int,
-        max_length: int,
-        dtype: torch.dtype = torch.float32,
+        modules: dict[str, nn.Module],
+        device: torch.device | str = "cpu",
     ) -> None:
-        self.family = family
-        self.index, self.count, self.blocks = index, count, blocks
-        self.max_length, self.lanes, self.rows = max_length, lanes, rows
-        self.dtype = dtype
-        heads, size = family.kv_shape()
-        self.cache = StageCache(blocks, lanes, rows, heads, max_length, size, dtype)
+        self.plan, self.index, self.count = plan, index, plan.stages
+        self.lanes, self.rows, self.max_length = plan.lanes, plan.rows, plan.max_length
+        self.modules = modules
+        self.dtype = DTYPES[plan.dtype]
+        self.cache = [
+            torch.zeros(plan.cache_shape(i), dtype=self.dtype, device=device)
+            for i in plan.stage_layers(index)
+            for _ in (0, 1)
+        ]
 
     @property
     def first(self) -> bool:
@@ -60,19 +124,31 @@ class DecodeStage:
     def last(self) -> bool:
         return self.index == self.count - 1
 
+    @property
+    def cache_bytes(self) -> int:
+        return sum(t.nbytes for t in self.cache)
+
+    def takes(self, call: Call) -> int:
+        """How many values a call brings this stage (the ids, on the first)."""
+        return 1 if self.first else self.plan.stages_[self.index - 1].sends[call.kind]
+
     @torch.no_grad()
     def run(self, lane: int, calls: list[Call], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each call's output: hidden states (rows, tokens, width), or on the last stage the
-        logits at each row's last position (rows, vocabulary), in float32."""
-        outs = []
-        for call, x in zip(calls, inputs):
+        """The values each call hands on, in order (``inputs`` likewise: each call's
+        ``takes``); on the last stage each call's logits at its rows' last positions
+        (rows, vocabulary), in float32."""
+        outs: list[torch.Tensor] = []
+        given = iter(inputs)
+        kv = [t[lane] for t in self.cache]
+        for call in calls:
+            xs = [next(given) for _ in range(self.takes(call))]
             positions = call.rows.positions
-            h = self.family.embed(x, positions) if self.first else x
-            mask = causal_mask(positions, self.max_length, h.dtype)
-            self.cache.select(lane, call.rows)
-            for i in self.blocks:
-                h = self.family.block(i, h, positions, mask, self.cache)
+            rows = torch.tensor(call.rows.rows, dtype=torch.long, device=positions.device)
+            mask = causal_mask(positions, self.max_length, self.dtype)
+            module = self.modules["prefill" if call.tokens > 1 else "decode"]
+            out = module(*xs, positions, mask, rows, *kv)
             if self.last:
-                h = self.family.head(h[:, -1:, :])[:, -1, :].float()
-            outs.append(h)
+                outs.append(out.float())
+            else:
+                outs.extend(out)
         return outs

@@ -381,7 +381,7 @@ class CompiledPipeline:
             allow_stale=self._allow_stale if allow_stale is None else allow_stale,
         )
         job = GenerateJob.build(self.directory, prompts, flags)
-        new = run_generation(job, weights=self.pipeline.state_dict, model=self._model)
+        new = run_generation(job, weights=self.pipeline.state_dict)
         pad = pad_token_id if pad_token_id is not None else job.pad
         return as_output(prompts, new, pad)
 

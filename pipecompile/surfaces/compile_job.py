@@ -117,9 +117,9 @@ def compile_into(
     """
     _check_init_seed(options.init_seed, model)
     if options.generate:
-        from pipecompile.generation.families import decoder_family
+        from pipecompile.generation.step_trace import StepCall
 
-        decoder_family(model)  # a model that cannot generate is refused before the compile
+        StepCall.of(model)  # a model that cannot take a decoding step is refused first
     weights = weight_plan(
         model,
         pretrained if pretrained is not None else options.weights,
@@ -185,19 +185,18 @@ def _generation(
     options: CompileOptions,
     compiled: Compiled,
     timings: list[tuple[str, float]],
-) -> dict[str, Any] | None:
-    """``--generate``: the decoding plan of ``compiled``, proved on the example's first
-    sequence unless ``--no-verify`` (or the model has no weights)."""
+) -> tuple[dict[str, Any], dict[str, str | bytes]] | None:
+    """``--generate``: the decoding plan of ``compiled`` and the files it adds (by name),
+    proved on the example's first sequence unless ``--no-verify`` (or the model has no
+    weights)."""
     if not options.generate:
         return None
     import torch
 
     from pipecompile.generation.plan import plan_generation, prove_generation
 
+    start = time.perf_counter()
     params = [[o for names in st.params.values() for o in names] for st in compiled.graph.stages]
-    plan = plan_generation(
-        model, params, max_length=options.max_length, lanes=options.lanes, rows=options.lane_rows
-    )
     ids = next(
         (
             v
@@ -206,13 +205,41 @@ def _generation(
         ),
         None,
     )
+    out = plan_generation(
+        model,
+        params,
+        max_length=options.max_length,
+        lanes=options.lanes,
+        rows=options.lane_rows,
+        prompt_tokens=int(ids.shape[-1]) if ids is not None else 16,
+    )
+    out.sources = _generation_sources(out.split, out.plan.stages, type(model).__name__)
+    timings.append(("trace generation", time.perf_counter() - start))
     if not options.no_verify and ids is not None and not is_meta_model(model):
         start = time.perf_counter()
-        prove_generation(model, plan, ids)
+        prove_generation(model, out, ids)
         timings.append(("verify generation", time.perf_counter() - start))
-    for line in plan.lines():
+    for line in out.plan.lines():
         _say(options, line)
-    return plan.to_json()
+    return out.plan.to_json(), out.files()
+
+
+def _generation_sources(split: dict[str, Any], count: int, label: str) -> dict[str, str]:
+    """Each decoding stage file's source, by its name."""
+    from pipecompile.codegen.device_literals import drop_device_literals
+    from pipecompile.codegen.stage_source import step_source
+    from pipecompile.files.names import decode_file, prefill_file
+    from pipecompile.generation.stages import stage_class
+
+    out = {}
+    for kind, file in (("decode", decode_file), ("prefill", prefill_file)):
+        what = "one token a row" if kind == "decode" else "a prompt's tokens"
+        for s in split[kind]:
+            drop_device_literals(s.module)
+            doc = f"Stage {s.index} of {count} of {label}'s {kind} step ({what}), by pipecompile."
+            cls = stage_class(kind, s.index)
+            out[file(s.index)] = step_source(s.module, cls, doc, s.inputs, s.outputs)
+    return out
 
 
 def _tuned(

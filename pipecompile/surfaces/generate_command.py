@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipecompile.generation.families import GenerateError
+from pipecompile.generation.step_trace import GenerateError
 from pipecompile.options.fields import add_options, from_args
 from pipecompile.options.generate import GenerateFlags
 

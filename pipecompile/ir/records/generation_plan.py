@@ -1,6 +1,8 @@
-"""The ``generate`` record of a manifest (docs/FORMAT.md): which blocks each decode stage runs,
-each stage's KV cache (shape and bytes) and the prefill and decode programs. Planned and proved
-by ``pipecompile.generation.plan``; printed by `show`."""
+"""The ``generate`` record of a manifest (docs/FORMAT.md): the decoding step's stages (which
+blocks each runs, the files of its prefill and decode modules, its tensors by the model's
+names, its KV cache), what each stage's step costs against the training split's, and the
+prefill and decode programs. Planned and proved by ``pipecompile.generation.plan``; printed
+by `show`."""
 
 from __future__ import annotations
 
@@ -9,38 +11,76 @@ from typing import Any
 
 import torch
 
-__all__ = ["GenerationPlan", "DTYPES"]
+from pipecompile.files.names import GENERATE_CONSTANTS as CONSTANTS
+from pipecompile.files.names import decode_file, prefill_file
+
+__all__ = ["GenerationPlan", "StepStageRecord", "DTYPES"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
-class GenerationPlan:
-    """The ``generate`` record: ``blocks[k]`` = (first, stop) of stage k's blocks."""
+class StepStageRecord:
+    """One decoding stage: its blocks (first, stop), how many values each step (``decode``,
+    ``prefill``) hands on (``sends``; the last stage's one is the logits), each of its
+    tensors' names in the model (``params``, by the stage module's name: a tied weight has
+    several; a tensor the model's state dict lacks is in ``CONSTANTS``), and the FLOPs of its
+    decode and prefill steps."""
 
-    family: str
+    blocks: tuple[int, int]
+    sends: dict[str, int]
+    params: dict[str, tuple[str, ...]]
+    constants: tuple[str, ...]
+    decode_flops: int
+    prefill_flops: int
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """The ``generate`` record. ``layers[i]`` = (key/value heads, head size) of layer i's
+    cache; ``training_blocks``/``training_flops``: the training split's blocks per stage and
+    what its decode step would cost on each (the split the decode one is compared with)."""
+
+    model: str
     max_length: int
     lanes: int
     rows: int
     dtype: str
-    blocks: tuple[tuple[int, int], ...]
-    kv_heads: int
-    head_size: int
+    vocab: int
+    layers: tuple[tuple[int, int], ...]
+    stages_: tuple[StepStageRecord, ...]
+    training_blocks: tuple[tuple[int, int], ...] = ()
+    training_flops: tuple[int, ...] = ()
 
     @property
     def stages(self) -> int:
-        return len(self.blocks)
+        return len(self.stages_)
 
-    def cache_shape(self) -> tuple[int, ...]:
-        """One block's keys (or values): lanes, rows, heads, max length, head size."""
-        return (self.lanes, self.rows, self.kv_heads, self.max_length, self.head_size)
+    @property
+    def blocks(self) -> tuple[tuple[int, int], ...]:
+        return tuple(s.blocks for s in self.stages_)
+
+    def stage_layers(self, stage: int) -> range:
+        return range(*self.stages_[stage].blocks)
+
+    def cache_shape(self, layer: int) -> tuple[int, ...]:
+        """Layer ``layer``'s keys (or values): lanes, rows, heads, max length, head size."""
+        heads, size = self.layers[layer]
+        return (self.lanes, self.rows, heads, self.max_length, size)
 
     def cache_bytes(self, stage: int) -> int:
-        first, stop = self.blocks[stage]
-        per = 1
-        for n in self.cache_shape():
-            per *= n
-        return 2 * (stop - first) * per * DTYPES[self.dtype].itemsize
+        total = 0
+        for i in self.stage_layers(stage):
+            per = 1
+            for n in self.cache_shape(i):
+                per *= n
+            total += 2 * per * DTYPES[self.dtype].itemsize
+        return total
+
+    def files(self) -> list[str]:
+        """Every file the plan's stages are written to."""
+        out = [f(j) for j in range(self.stages) for f in (decode_file, prefill_file)]
+        return out + ([CONSTANTS] if any(s.constants for s in self.stages_) else [])
 
     def programs(self) -> dict[str, list[list[str]]]:
         """Per stage, the instructions of the first round (prefill: the lanes' prompts) and
@@ -66,63 +106,110 @@ class GenerationPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "family": self.family,
+            "model": self.model,
             "max_length": self.max_length,
             "lanes": self.lanes,
             "rows": self.rows,
             "dtype": self.dtype,
-            "kv_heads": self.kv_heads,
-            "head_size": self.head_size,
+            "vocab": self.vocab,
+            "layers": [list(x) for x in self.layers],
             "stages": [
                 {
-                    "blocks": list(b),
-                    "cache_shape": list(self.cache_shape()),
+                    "blocks": list(s.blocks),
+                    "decode": decode_file(k),
+                    "prefill": prefill_file(k),
+                    "sends": s.sends,
+                    "params": {k: list(v) for k, v in s.params.items()},
+                    "constants": list(s.constants),
+                    "decode_flops": s.decode_flops,
+                    "prefill_flops": s.prefill_flops,
                     "cache_bytes": self.cache_bytes(k),
                 }
-                for k, b in enumerate(self.blocks)
+                for k, s in enumerate(self.stages_)
             ],
+            "training_split": {
+                "blocks": [list(b) for b in self.training_blocks],
+                "decode_flops": list(self.training_flops),
+            },
             "programs": self.programs(),
         }
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> GenerationPlan:
         """The record as written; ValueError (or KeyError, TypeError) where it is not one."""
+        stages = tuple(
+            StepStageRecord(
+                blocks=(int(s["blocks"][0]), int(s["blocks"][1])),
+                sends={str(k): int(v) for k, v in s["sends"].items()},
+                params={str(k): tuple(str(n) for n in v) for k, v in s["params"].items()},
+                constants=tuple(str(c) for c in s["constants"]),
+                decode_flops=int(s["decode_flops"]),
+                prefill_flops=int(s["prefill_flops"]),
+            )
+            for s in raw["stages"]
+        )
+        split = raw.get("training_split") or {}
         plan = cls(
-            family=raw["family"],
+            model=str(raw["model"]),
             max_length=int(raw["max_length"]),
             lanes=int(raw["lanes"]),
             rows=int(raw["rows"]),
             dtype=raw["dtype"],
-            blocks=tuple((int(a), int(b)) for a, b in (s["blocks"] for s in raw["stages"])),
-            kv_heads=int(raw["kv_heads"]),
-            head_size=int(raw["head_size"]),
+            vocab=int(raw["vocab"]),
+            layers=tuple((int(h), int(d)) for h, d in raw["layers"]),
+            stages_=stages,
+            training_blocks=tuple((int(a), int(b)) for a, b in split.get("blocks", [])),
+            training_flops=tuple(int(f) for f in split.get("decode_flops", [])),
         )
-        sizes = (plan.max_length, plan.lanes, plan.rows, plan.kv_heads, plan.head_size)
-        if min(sizes) < 1 or plan.dtype not in DTYPES or not plan.blocks:
+        sizes = (plan.max_length, plan.lanes, plan.rows, plan.vocab, *sum(plan.layers, ()))
+        if min(sizes) < 1 or plan.dtype not in DTYPES or not plan.stages_:
             raise ValueError("a size below 1, an unknown dtype or no stages")
         ends = [b for _, b in plan.blocks]
         if plan.blocks[0][0] != 0 or [a for a, _ in plan.blocks[1:]] != ends[:-1]:
             raise ValueError(f"stages' blocks {list(plan.blocks)} are not consecutive from 0")
+        if ends[-1] != len(plan.layers):
+            raise ValueError(f"stages' blocks end at {ends[-1]}, not at {len(plan.layers)}")
         return plan
 
     def lines(self) -> list[str]:
         """What `show` prints."""
+        total = max(1, sum(s.decode_flops for s in self.stages_))
         out = [
-            f"generate: {self.family} decoder, max length {self.max_length}, {self.lanes} "
-            f"lane(s) x {self.rows} row(s), KV cache {self.dtype} {list(self.cache_shape())} "
-            "per block (keys and values each)"
+            f"generate: {self.model}, decode and prefill traced with a KV cache, max length "
+            f"{self.max_length}, {self.lanes} lane(s) x {self.rows} row(s), KV cache "
+            f"{self.dtype}, vocabulary {self.vocab}"
         ]
-        for k, (a, b) in enumerate(self.blocks):
+        for k, s in enumerate(self.stages_):
+            a, b = s.blocks
             parts = ["embedding"] if k == 0 else []
             parts.append(f"blocks {a}..{b - 1}" if b > a else "no blocks")
             if k == self.stages - 1:
                 parts.append("head, sampling")
-            out.append(f"  stage {k}: {', '.join(parts)}; KV cache {_size(self.cache_bytes(k))}")
+            out.append(
+                f"  stage {k}: {', '.join(parts)}; KV cache {_size(self.cache_bytes(k))}; "
+                f"decode {100 * s.decode_flops / total:.0f}% of a token's FLOPs"
+            )
+        out.append(f"  decode split: {self._split_words(self.blocks, self.decode_share())}")
+        if self.training_blocks:
+            shares = [f / total for f in self.training_flops]
+            out.append(f"  training split: {self._split_words(self.training_blocks, shares)}")
         one = replace(self, lanes=1).programs()  # every lane's turn is lane 0's, renumbered
         for kind, stages in one.items():
             out.append(f"  {kind} program, lane 0's turn (each lane's in turn, alike):")
             out += [f"    stage {k}: {', '.join(steps)}" for k, steps in enumerate(stages)]
         return out
+
+    def decode_share(self) -> list[float]:
+        total = max(1, sum(s.decode_flops for s in self.stages_))
+        return [s.decode_flops / total for s in self.stages_]
+
+    @staticmethod
+    def _split_words(blocks: tuple[tuple[int, int], ...], shares: list[float]) -> str:
+        parts = [f"{b - a}" for a, b in blocks]
+        return (
+            f"blocks {' | '.join(parts)}, slowest stage {100 * max(shares):.0f}% of a token "
+            f"(balanced: {100 / len(blocks):.0f}%)"
+        )
 
 
 def _size(n: int) -> str:
