@@ -8,6 +8,7 @@ rank's memory decodes on ranks that each hold their part, as it trains."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -141,7 +142,16 @@ def rank_stage(
 ) -> DecodeStage:
     """Decoding stage ``stage`` from the directory's files, holding only its own tensors."""
     tensors = stage_tensors(directory, plan, stage, source)
-    modules = stage_modules_from(
-        lambda name: (directory / name).read_text(), plan, stage, tensors, device
-    )
+    digests = plan.stages_[stage].sha256
+
+    def read(name: str) -> str:
+        text = (directory / name).read_text()
+        if name in digests and hashlib.sha256(text.encode()).hexdigest() != digests[name]:
+            raise GenerateError(
+                f"{directory / name} was changed since the compile (its sha256 is not the "
+                "manifest's): recompile with --generate"
+            )
+        return text
+
+    modules = stage_modules_from(read, plan, stage, tensors, device, directory)
     return DecodeStage(plan, stage, modules, device)

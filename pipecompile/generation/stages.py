@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -60,20 +61,18 @@ def stage_modules_from(
     j: int,
     tensors: dict[str, torch.Tensor],
     device: torch.device | str = "cpu",
+    folder: Path | None = None,
 ) -> dict[str, nn.Module]:
     """Stage ``j``'s decode and prefill modules, their sources read by file name with
-    ``read``, built on the meta device and given ``tensors`` (by the stage's names; both
-    modules share them).
+    ``read`` (from ``folder``, as messages name them), built on the meta device and given
+    ``tensors`` (by the stage's names; both modules share them).
 
     Raises:
         GenerateError: a tensor is missing or has another shape (naming it).
     """
     out = {}
     for kind, name in (("decode", decode_file(j)), ("prefill", prefill_file(j))):
-        scope: dict[str, object] = {"__name__": f"pipecompile_generated_{kind}_{j}"}
-        exec(compile(read(name), name, "exec"), scope)  # the file pipecompile wrote
-        with torch.device("meta"):
-            module = scope[stage_class(kind, j)]()  # type: ignore[operator]
+        module = _built(read, name, stage_class(kind, j), folder)
         wanted = module.state_dict(keep_vars=True)
         missing = [n for n in wanted if n not in tensors]
         if missing:
@@ -94,6 +93,31 @@ def stage_modules_from(
         module.load_state_dict(given, assign=True)
         out[kind] = module.eval()
     return out
+
+
+def _built(read: Callable[[str], str], name: str, cls: str, folder: Path | None) -> nn.Module:
+    """Class ``cls`` of the stage file ``name``, built on the meta device.
+
+    Raises:
+        GenerateError: the file is missing, or damaged (it does not run or define ``cls``).
+    """
+    shown = str(folder / name) if folder is not None else name
+    try:
+        source = read(name)  # (GenerateError: changed since the compile)
+    except OSError as err:
+        raise GenerateError(
+            f"{shown} cannot be read ({err.strerror or err}): recompile with --generate"
+        ) from None
+    scope: dict[str, object] = {"__name__": f"pipecompile_generated_{cls}"}
+    try:
+        exec(compile(source, shown, "exec"), scope)  # the file pipecompile wrote
+        with torch.device("meta"):
+            return scope[cls]()  # type: ignore[operator,no-any-return]
+    except Exception as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise GenerateError(
+            f"{shown} is damaged ({type(err).__name__}: {first}): recompile with --generate"
+        ) from None
 
 
 class DecodeStage:

@@ -23,13 +23,15 @@ import torch.fx as fx
 from torch import nn
 
 from pipecompile.errors import PipecompileError
-from pipecompile.frontend.quiet_logs import quiet_logs
+from pipecompile.frontend.quiet_logs import held_stderr, quiet_logs
 from pipecompile.generation.row_cache import RowCache, hf_row_cache, probe_layers
 from pipecompile.ir.graph.user_frame import innermost_outside
 
 __all__ = ["GenerateError", "StepCall", "DecodingStep", "trace_step", "layer_shapes", "causal_mask"]
 
 CACHE_WORDS = ("cache", "past_key_values")
+# export logs a failing graph and the sizes it keeps fixed; the refusal names the line
+_QUIET = ("torch.fx.experimental.symbolic_shapes", "torch._export.non_strict_utils")
 
 
 class GenerateError(PipecompileError):
@@ -121,7 +123,7 @@ def layer_shapes(model: nn.Module, call: StepCall, layers_hint: int) -> list[tup
     positions = torch.arange(2, device=device).view(1, 2)
     cache, probe = probe_layers(call, layers_hint)
     try:
-        with torch.no_grad(), quiet_logs():
+        with torch.no_grad():
             _last_logits(model, call, cache, ids, positions, causal_mask(positions, 2, dtype))
     except Exception as err:
         raise _refusal(model, f"run {type(model).__name__} with a KV cache", err) from None
@@ -175,7 +177,7 @@ def trace_step(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), quiet_logs():
+        with torch.no_grad(), quiet_logs(*_QUIET), held_stderr():
             program = torch.export.export(
                 DecodingStep(model, call), args, dynamic_shapes=dims, strict=False
             )

@@ -214,6 +214,7 @@ def _generation(
         prompt_tokens=int(ids.shape[-1]) if ids is not None else 16,
     )
     out.sources = _generation_sources(out.split, out.plan.stages, type(model).__name__)
+    out.plan = out.plan.with_digests(out.sources)
     timings.append(("trace generation", time.perf_counter() - start))
     if not options.no_verify and ids is not None and not is_meta_model(model):
         start = time.perf_counter()

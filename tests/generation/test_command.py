@@ -213,3 +213,25 @@ def test_text_prompts_through_a_tokenizer(gpt_generate, tmp_path, capsys):
     for k, prompt in enumerate(["the cat sat", "hello world"]):
         new = " ".join(words[t] for t in ids[k] if t < len(words))
         assert said[k] == " ".join(filter(None, [prompt, new]))
+
+
+def test_an_edited_model_file_is_refused_or_not_read(gpt_generate, tmp_path, capsys):
+    """Generation runs the stage files the compile wrote and proved: a model file edited since
+    (fewer blocks) is refused as stale, and with --allow-stale it is never read, so the tokens
+    are the compiled model's, in one process and on ranks."""
+    import shutil
+
+    here = _generate(capsys, gpt_generate, prompts=PROMPTS[:2])
+    out = tmp_path / "out"
+    shutil.copytree(gpt_generate, out)
+    edited = tmp_path / "gpt.py"
+    text = (ROOT / "examples" / "gpt.py").read_text()
+    edited.write_text(text.replace("n_layer: int = 4", "n_layer: int = 2"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["model"]["file"] = str(edited)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    argv = ["generate", str(out), *_ids_args(PROMPTS[:2]), "-q"]
+    assert main(argv) == 2
+    assert "gpt.py changed after it was compiled" in capsys.readouterr().err
+    assert _generate(capsys, out, "--allow-stale", prompts=PROMPTS[:2]) == here
+    assert _generate(capsys, out, "--allow-stale", "--nproc", "2", prompts=PROMPTS[:2]) == here

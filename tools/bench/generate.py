@@ -18,10 +18,17 @@ lanes of 4 rows. 16 prompts of 32-96 random tokens each get 64 new tokens, greed
   overhead are not in it).
 - **KV-cache bytes per stage**: the manifest's ``cache_bytes`` (predicted) beside the bytes of
   the key and value tensors the decode stages allocate (measured); and the bytes of weights
-  each rank of `--nproc` holds (its stage's modules; the rest of the model on the meta
-  device) against the whole model's.
+  each rank of `--nproc` holds (its decoding stage, built from the stage files with only its
+  own tensors) against the whole model's.
+- **In one process**: `pipecompile generate` without ``--nproc`` (the most lanes), on the
+  same cores as Hugging Face.
+- **Splits**: the decode split (balanced on the decode step's FLOPs) and the training split,
+  each with its slowest stage's share of a token's FLOPs.
+- **Compile time**: ``pipecompile.compile`` with and without ``generate=True`` on the same
+  model (the median of 3 after one not counted); goal under 1.5x.
 
-The tokens of every lane count must be the same (else the script exits non-zero).
+The tokens of every lane count, in one process and on ranks, must be the same (else the
+script exits non-zero).
 
 Rerun with::
 
@@ -38,6 +45,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,9 +107,13 @@ def _compile(model: torch.nn.Module, s: Setup, lanes: int, root: Path) -> Path:
 _RATE = re.compile(r"in ([\d.]+) s: [\d.]+ tokens/s, first token after (\d+) ms")
 
 
-def _ours(directory: Path, prompts_file: Path, s: Setup) -> tuple[float, float, list[str]]:
-    """(tokens/s, first token in ms, the printed sequences) of one `generate --nproc 2`."""
-    argv = ["generate", str(directory), "--prompts", str(prompts_file), "--nproc", "2"]
+def _ours(
+    directory: Path, prompts_file: Path, s: Setup, nproc: int | None = 2
+) -> tuple[float, float, list[str]]:
+    """(tokens/s, first token in ms, the printed sequences) of one `generate --nproc 2` (or
+    in one process: ``nproc`` None)."""
+    argv = ["generate", str(directory), "--prompts", str(prompts_file)]
+    argv += ["--nproc", str(nproc)] if nproc else []
     done = pipecompile_done(*argv, "--max-new-tokens", str(s.new))
     found = _RATE.search(done.stderr)
     assert found, done.stderr
@@ -138,34 +150,61 @@ def _predicted_first_ms(directory: Path, first_lane_tokens: int) -> float:
     return compute * first_lane_tokens / example_tokens / 1e6
 
 
-def _held_bytes(directory: Path) -> list[int]:
-    """Per rank of `--nproc`: the bytes of the weights it holds (the model built on the meta
-    device, its stage's modules given memory)."""
-    from pipecompile.generation.rank_model import WeightSource, rank_model, skeleton
+def _stages(directory: Path) -> list:  # the decoding stages a rank builds, each alone
+    from pipecompile.generation.rank_model import WeightSource, rank_stage
     from pipecompile.generation.session import plan_of
     from pipecompile.ir.records.manifest import read_manifest
 
     manifest = read_manifest(directory)
     plan = plan_of(directory, manifest)
     source = WeightSource("directory", directory, manifest)
+    return [rank_stage(directory, plan, k, source) for k in range(plan.stages)]
+
+
+def _held_bytes(directory: Path) -> list[int]:
+    """Per rank of `--nproc`: the bytes of the weights its decoding stage holds (built from
+    the stage files, given only its own tensors)."""
     held = []
-    for stage in range(plan.stages):
-        model = rank_model(skeleton(directory, manifest), plan, stage, source)
-        tensors = {id(t): t for t in model.state_dict(keep_vars=True).values() if not t.is_meta}
+    for stage in _stages(directory):
+        module = stage.modules["decode"]
+        tensors = {id(t): t for t in module.state_dict(keep_vars=True).values()}
         held.append(sum(t.nbytes for t in tensors.values()))
     return held
 
 
 def _cache_bytes(directory: Path) -> list[tuple[int, int]]:
     """Per stage: (predicted bytes from the manifest, bytes the decode stages allocate)."""
-    from pipecompile.generation.plan import decode_stages
-    from pipecompile.generation.session import model_of, plan_of
+    from pipecompile.generation.session import plan_of
     from pipecompile.ir.records.manifest import read_manifest
 
-    manifest = read_manifest(directory)
-    plan = plan_of(directory, manifest)
-    stages = decode_stages(model_of(directory, manifest), plan)
-    return [(plan.cache_bytes(k), st.cache.nbytes) for k, st in enumerate(stages)]
+    plan = plan_of(directory, read_manifest(directory))
+    return [(plan.cache_bytes(k), st.cache_bytes) for k, st in enumerate(_stages(directory))]
+
+
+def _splits(directory: Path) -> list[str]:
+    """The decode split and the training split, as `show` prints them."""
+    from pipecompile.generation.session import plan_of
+    from pipecompile.ir.records.manifest import read_manifest
+
+    plan = plan_of(directory, read_manifest(directory))
+    return [line.strip() for line in plan.lines() if "split:" in line]
+
+
+def _compile_times(model: torch.nn.Module, s: Setup, root: Path) -> tuple[float, float]:
+    """Seconds of a plain compile and of one with ``generate=True`` (the median of 3, each
+    written to its own directory; the first compile of the run is not counted)."""
+    example = {"input_ids": torch.randint(0, s.vocab, (2, s.longest))}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for k in range(4):
+        for generate in (False, True):
+            start = time.perf_counter()
+            pipecompile.compile(
+                model, example, stages=2, generate=generate, max_length=s.longest + s.new,
+                directory=root / f"timed{k}{generate}",
+            )  # fmt: skip
+            if k:
+                times[generate].append(time.perf_counter() - start)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def main() -> int:
@@ -182,25 +221,36 @@ def main() -> int:
         prompts_file = root / "prompts.txt"
         prompts_file.write_text("\n".join(",".join(map(str, p)) for p in prompts) + "\n")
         dirs = {lanes: _compile(model, s, lanes, root) for lanes in tried}
-        rates: dict[str, list[float]] = {k: [] for k in ("hf", *map(str, tried))}
-        firsts: dict[str, list[float]] = {k: [] for k in rates}
-        printed: dict[int, list[str]] = {}
+        runs = ["hf", "local", *map(str, tried)]
+        rates: dict[str, list[float]] = {k: [] for k in runs}
+        firsts: dict[str, list[float]] = {k: [] for k in runs}
+        printed: dict[str, list[str]] = {}
+        local = tried[-1]  # in one process: the most lanes (its stages take turns anyway)
         for r in range(s.repeats):
             log(f"round {r + 1} of {s.repeats}")
             rate, first = _peer(model, prompts, s.new)
             rates["hf"].append(rate)
             firsts["hf"].append(first)
-            for lanes in tried:
-                rate, first, printed[lanes] = _ours(dirs[lanes], prompts_file, s)
-                rates[str(lanes)].append(rate)
-                firsts[str(lanes)].append(first)
-        same = all(printed[k] == printed[tried[0]] for k in tried)
+            for key, lanes, nproc in [("local", local, None), *((str(k), k, 2) for k in tried)]:
+                rate, first, printed[key] = _ours(dirs[lanes], prompts_file, s, nproc)
+                rates[key].append(rate)
+                firsts[key].append(first)
+        same = all(printed[k] == printed["local"] for k in printed)
         predicted = {k: _predicted_first_ms(dirs[k], _first_lane(prompts, k)) for k in tried}
         caches = {k: _cache_bytes(dirs[k]) for k in tried}
         held = _held_bytes(dirs[tried[0]])
+        splits = _splits(dirs[tried[0]])
+        log("timing the compile with and without generate=True")
+        plain, generating = _compile_times(model, s, root)
     whole = sum({id(t): t.nbytes for t in model.state_dict(keep_vars=True).values()}.values())
-    _report(s, rates, firsts, predicted, caches, same)
+    _report(s, rates, firsts, predicted, caches, same, local)
     print(f"weights each rank holds (bytes): {', '.join(map(str, held))} of the model's {whole}")
+    print("splits at 2 stages, decode FLOPs per token:")
+    print("\n".join(f"  {line}" for line in splits))
+    print(
+        f"compile: {plain:.2f} s plain, {generating:.2f} s with generate=True "
+        f"({generating / plain:.2f}x; goal under 1.5x)"
+    )
     return 0 if same else 1
 
 
@@ -222,6 +272,7 @@ def _report(
     predicted: dict[int, float],
     caches: dict[int, list[tuple[int, int]]],
     same: bool,
+    local: int,
 ) -> None:
     med = {k: statistics.median(v) for k, v in rates.items()}
     first = {k: statistics.median(v) for k, v in firsts.items()}
@@ -236,6 +287,10 @@ def _report(
     print("| run | tokens/s | vs 1 lane | vs Hugging Face | first token (ms) | predicted (ms) |")
     print("|---|---|---|---|---|---|")
     print(f"| Hugging Face generate, 1 process | {med['hf']:.1f} | | 1.00x | {first['hf']:.0f} | |")
+    print(
+        f"| pipecompile, 1 process, {local} lane(s) | {med['local']:.1f} | | "
+        f"{med['local'] / med['hf']:.2f}x | {first['local']:.0f} | |"
+    )
     for k in predicted:
         name = f"pipecompile --nproc 2, {k} lane(s)"
         print(
@@ -249,7 +304,9 @@ def _report(
         for stage, (want, got) in enumerate(per):
             print(f"| {k} | {stage} | {want} | {got} |")
     print()
-    print(f"the same tokens at every lane count: {'yes' if same else 'NO'}")
+    print(
+        f"the same tokens at every lane count, in one process and on ranks: {'yes' if same else 'NO'}"
+    )
     if not same:
         print("pipecompile: the lane counts generated different tokens", file=sys.stderr)
 

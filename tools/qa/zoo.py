@@ -98,7 +98,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import chain, zip_longest
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,8 @@ from zoos.common import Model, sample  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().parent / "zoos" / "probe.py"
+GENERATION = Path(__file__).resolve().parent / "zoos" / "generation_check.py"
+DECODING = ["--generate", "--max-length", "64", "--lane-rows", "2"]  # a causal LM's
 ZOOS = {"torchvision": torchvision_models, "timm": timm_models, "hf": hf_models}
 NEED_INSTALL = ("torchvision", "timm")
 OUTCOMES = ("ok", "refused", "traceback", "wrong", "hang")
@@ -135,6 +137,8 @@ class Result:
     peer_equal: bool | None = None
     peer_reason: str = ""
     shape: str = ""  # the compiled plan's: "chain", or "graph" (branches side by side)
+    generation: str = ""  # a causal LM's decoding against Hugging Face's: an outcome, or ""
+    generation_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -204,7 +208,7 @@ def _run_forked(command: list[str], timeout: float, env: dict[str, str]) -> Ran:
 def verdict(phase: str, ran: Ran, timeout: float) -> tuple[str, str]:
     """(outcome, reason) of one pipecompile command; ``phase`` is compile or check."""
     text = ran.output
-    where = "" if phase == "compile" else "run: "
+    where = {"compile": "", "check": "run: ", "generate": "generate: "}[phase]
     if ran.returncode is None:
         return "hang", f"{where or 'compile: '}ran past {timeout:.0f} s"
     if TRACEBACK in text:
@@ -214,7 +218,7 @@ def verdict(phase: str, ran: Ran, timeout: float) -> tuple[str, str]:
         return "traceback", where + error
     if ran.returncode == 0:
         return "ok", ""
-    if phase == "check" and ran.returncode == 1:
+    if phase in ("check", "generate") and ran.returncode == 1:
         return "wrong", _mismatch(text)
     if ran.returncode == 2 and error:
         return "refused", where + error.removeprefix("pipecompile: error: ")
@@ -276,19 +280,31 @@ def check_command(out: Path, device: str = "cpu") -> list[str]:
     return command + (["--nproc", "1", "--device", "cuda"] if device == "cuda" else [])
 
 
-def at_stages(model_file: Path, stages: int, plan: Plan) -> tuple[str, str, float, str]:
-    """Compile ``model_file`` into ``stages`` stages and check it: (outcome, reason, seconds,
-    the plan's shape)."""
+def at_stages(model_file: Path, stages: int, plan: Plan, generates: bool = False) -> Result:
+    """Compile ``model_file`` into ``stages`` stages and check it (a causal LM, ``generates``,
+    also compiled with ``--generate`` and decoded against Hugging Face's ``generate``): a
+    result without the model's names."""
     out = model_file.parent / f"out{stages}"
+    command = compile_command(model_file, stages, out, plan.device)
     try:
-        built = run(compile_command(model_file, stages, out, plan.device), plan.timeout, plan.env)
+        built = run(command + (DECODING if generates else []), plan.timeout, plan.env)
         outcome, reason = verdict("compile", built, plan.timeout)
         if outcome != "ok":
-            return outcome, reason, built.seconds, ""
+            return Result("", "", stages, outcome, reason, built.seconds)
         shape = _shape(out)
         checked = run(check_command(out, plan.device), plan.timeout, plan.env)
         outcome, reason = verdict("check", checked, plan.timeout)
-        return outcome, reason, built.seconds + checked.seconds, shape
+        done = Result("", "", stages, outcome, reason, built.seconds + checked.seconds)
+        done.shape = shape
+        if generates and plan.device == "cpu":
+            decoded = run(
+                [sys.executable, str(GENERATION), str(model_file), str(out)],
+                plan.timeout,
+                plan.env,
+            )
+            done.generation, done.generation_reason = verdict("generate", decoded, plan.timeout)
+            done.seconds += decoded.seconds
+        return done
     finally:
         if not plan.keep_outputs:
             shutil.rmtree(out, ignore_errors=True)
@@ -357,19 +373,11 @@ def sweep_model(model: Model, plan: Plan) -> list[Result]:
         return [Result(**base, stages=s, outcome="skipped", reason=why) for s in plan.stages]
     results = []
     for stages in plan.stages:
-        outcome, reason, seconds, shape = at_stages(model_file, stages, plan)
-        if outcome == "wrong" and not found.get("deterministic", True):
-            reason += " (the eager model's own output is not deterministic)"
-        results.append(
-            Result(
-                **base,
-                stages=stages,
-                outcome=outcome,
-                reason=reason,
-                seconds=round(seconds, 1),
-                shape=shape,
-            )
-        )
+        done = at_stages(model_file, stages, plan, model.generates)
+        if done.outcome == "wrong" and not found.get("deterministic", True):
+            done.reason += " (the eager model's own output is not deterministic)"
+        done.seconds = round(done.seconds, 1)
+        results.append(replace(done, **base))
     return results
 
 
@@ -407,7 +415,8 @@ def write_json(results: list[Result], path: Path) -> None:
 
 def table(results: list[Result]) -> str:
     """Per zoo and stage count: models run, each outcome, ok %, the models compiled into a
-    stage graph (branches side by side) and the peer's counts."""
+    stage graph (branches side by side), the causal LMs whose decoding equals Hugging Face's
+    greedy ``generate`` of those decoded, and the peer's counts."""
     head = [
         "zoo",
         "stages",
@@ -416,6 +425,7 @@ def table(results: list[Result]) -> str:
         "skipped",
         "ok %",
         "stage graphs",
+        "generation",
         "peer split",
         "peer equal",
     ]
@@ -435,7 +445,10 @@ def table(results: list[Result]) -> str:
         peer = [f"{split}/{len(peers)}", f"{equal}/{len(peers)}"] if peers else ["-", "-"]
         row = [zoo, str(stages), str(len(ran)), *map(str, counts)]
         graphs = sum(r.shape == "graph" for r in ran)
-        row += [str(len(group) - len(ran)), ok, f"{graphs}/{len(ran)}", *peer]
+        decoded = [r for r in ran if r.generation]
+        same = sum(r.generation == "ok" for r in decoded)
+        generation = f"{same}/{len(decoded)}" if decoded else "-"
+        row += [str(len(group) - len(ran)), ok, f"{graphs}/{len(ran)}", generation, *peer]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -454,6 +467,14 @@ def not_ok(results: list[Result]) -> str:
         for (_, zoo, model, reason), stages in found:
             at = ",".join(map(str, stages))
             lines.append(f"  {zoo} {model} [{at} stages]: {reason}")
+    decoding = sorted(
+        (r.generation, r.zoo, r.model, r.stages, r.generation_reason)
+        for r in results
+        if r.generation not in ("", "ok")
+    )
+    if decoding:
+        lines.append(f"generation not equal to Hugging Face's ({len(decoding)}):")
+        lines += [f"  {z} {m} [{s} stages] {o}: {why}" for o, z, m, s, why in decoding]
     return "\n".join(lines) if lines else "every model is ok"
 
 
@@ -526,9 +547,11 @@ def child_env(jobs: int) -> dict[str, str]:
 
 
 def exit_status(results: list[Result], quick: bool, install_failed: bool) -> int:
+    decoded = [r.generation for r in results if r.generation]
     if quick:
-        return int(any(r.outcome != "ok" for r in results))
+        return int(any(r.outcome != "ok" for r in results) or any(g != "ok" for g in decoded))
     bad = any(r.outcome in ("wrong", "traceback", "hang") for r in results)
+    bad = bad or any(g in ("wrong", "traceback", "hang") for g in decoded)
     return int(bad or install_failed)
 
 

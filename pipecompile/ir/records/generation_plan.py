@@ -6,7 +6,7 @@ by `show`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -24,8 +24,9 @@ class StepStageRecord:
     """One decoding stage: its blocks (first, stop), how many values each step (``decode``,
     ``prefill``) hands on (``sends``; the last stage's one is the logits), each of its
     tensors' names in the model (``params``, by the stage module's name: a tied weight has
-    several; a tensor the model's state dict lacks is in ``CONSTANTS``), and the FLOPs of its
-    decode and prefill steps."""
+    several; a tensor the model's state dict lacks is in ``CONSTANTS``), the FLOPs of its
+    decode and prefill steps, and the sha256 of each file it was written to (a file changed
+    since is refused)."""
 
     blocks: tuple[int, int]
     sends: dict[str, int]
@@ -33,6 +34,7 @@ class StepStageRecord:
     constants: tuple[str, ...]
     decode_flops: int
     prefill_flops: int
+    sha256: dict[str, str] = field(default_factory=dict)  # each file's, by its name
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,17 @@ class GenerationPlan:
         out = [f(j) for j in range(self.stages) for f in (decode_file, prefill_file)]
         return out + ([CONSTANTS] if any(s.constants for s in self.stages_) else [])
 
+    def with_digests(self, sources: dict[str, str]) -> GenerationPlan:
+        """The plan recording the sha256 of each stage's ``sources`` (by file name)."""
+        import hashlib
+
+        def digests(k: int) -> dict[str, str]:
+            names = (decode_file(k), prefill_file(k))
+            return {n: hashlib.sha256(sources[n].encode()).hexdigest() for n in names}
+
+        stages = tuple(replace(s, sha256=digests(k)) for k, s in enumerate(self.stages_))
+        return replace(self, stages_=stages)
+
     def programs(self) -> dict[str, list[list[str]]]:
         """Per stage, the instructions of the first round (prefill: the lanes' prompts) and
         of every later round (decode: stage 0 first waits for the lane's tokens)."""
@@ -124,6 +137,7 @@ class GenerationPlan:
                     "decode_flops": s.decode_flops,
                     "prefill_flops": s.prefill_flops,
                     "cache_bytes": self.cache_bytes(k),
+                    "sha256": s.sha256,
                 }
                 for k, s in enumerate(self.stages_)
             ],
@@ -145,6 +159,7 @@ class GenerationPlan:
                 constants=tuple(str(c) for c in s["constants"]),
                 decode_flops=int(s["decode_flops"]),
                 prefill_flops=int(s["prefill_flops"]),
+                sha256={str(k): str(v) for k, v in (s.get("sha256") or {}).items()},
             )
             for s in raw["stages"]
         )

@@ -1,6 +1,7 @@
-"""Generation's mistakes: models that are no causal language model of a known family (or only
-look like one), `--generate`'s options, and `pipecompile generate`'s prompts, options and
-directories. The base ``gpt`` is examples/gpt.py compiled into out/ with ``--generate``
+"""Generation's mistakes: models whose forward takes no decoding step, whose step cannot be
+traced or computes something else than their forward, `--generate`'s options, and `pipecompile
+generate`'s prompts, options and directories (damaged stage files among them). The base
+``gpt`` is examples/gpt.py compiled into out/ with ``--generate``
 (2 stages; 128 tokens of vocabulary, 32 positions)."""
 
 from __future__ import annotations
@@ -14,13 +15,28 @@ GPT = ("gpt.py", "--stages", "2", "-q", "-o", "gen")
 CASES = [
     Case("generate-mlp", "compiled the MLP example with --generate", nothing,
          (*COMPILE, "--generate", "-o", "gen"),
-         r"MLP is not a causal language model pipecompile can generate with: --generate needs "
-         r"token embeddings.*nanogpt: h, wte, wpe, ln_f, lm_head\); compile without --generate"),
+         r"MLP\.forward takes no cache \(or past_key_values\), position_ids, attention_mask "
+         r"keyword: --generate traces the model's decoding step with a KV cache.*give the "
+         r"forward these keywords, or compile without --generate"),
     Case("generate-bidirectional", "--generate on a GPT whose attention sees later tokens",
          edit("gpt.py", "is_causal=True", "is_causal=False"), (*GPT, "--generate"),
-         r"--generate: the nanogpt decode path's logits differ from the eager model's at "
-         r"position \d+ .*max \|diff\| .*GPT does not compute what its family does; compile "
-         r"without --generate",
+         r"--generate: the traced GPT decoding stages' logits differ from the eager model's at "
+         r"position \d+ .*max \|diff\| .*its step with a KV cache does not compute what its "
+         r"forward does.*compile without --generate",
+         base="gpt"),
+    Case("generate-step-untraceable", "--generate on a GPT whose cached attention reads a "
+         "tensor's value in Python", edit("gpt.py", "k, v = cache.update(k, v, layer)",
+                                          "k, v = cache.update(k, v, layer)\n"
+                                          "            if float(k.sum()) > 1e9:\n"
+                                          "                k = k * 2"),
+         (*GPT, "--generate"),
+         r"--generate cannot trace GPT's (prefill|decode) step: .*gpt\.py, line \d+: if "
+         r"float\(k\.sum\(\)\) > 1e9:\); compile without --generate",
+         base="gpt"),
+    Case("generate-cache-unused", "--generate on a GPT whose attention never writes the cache",
+         edit("gpt.py", "k, v = cache.update(k, v, layer)", "pass"), (*GPT, "--generate"),
+         r"GPT wrote no KV cache of layers 0\.\.N-1 through its cache keyword \(it wrote "
+         r"layers \[\]\): its attention must call cache\.update\(key, value, layer_idx\)",
          base="gpt"),
     Case("generate-max-length-past-positions", "--generate --max-length 64 where GPT embeds 32",
          nothing, (*GPT, "--generate", "--max-length", "64"),
@@ -79,6 +95,11 @@ CASES = [
     Case("generate-record-damaged", "out/manifest.json's generate record edited by hand",
          edit("out/manifest.json", '"lanes": 2', '"lanes": "two"'), ONE,
          r"out/manifest\.json.*generate.*recompile", base="gpt"),
+    Case("generate-stage-file-damaged", "out/decode_stage_1.py cut short",
+         truncate("out/decode_stage_1.py", 0.5), ONE,
+         r"out/decode_stage_1\.py was changed since the compile \(its sha256 is not the "
+         r"manifest's\): recompile with --generate",
+         base="gpt"),
     Case("generate-weights-truncated", "out/stage_1.safetensors cut short",
          truncate("out/stage_1.safetensors", 0.5), ONE,
          r"stage 1: weights out/stage_1\.safetensors are damaged or truncated", base="gpt"),

@@ -83,6 +83,7 @@ class Model:
     zoo: str
     name: str
     source: str
+    generates: bool = False  # a causal LM: compiled with --generate, decoded against HF
 
 
 def model_file(zoo: str, name: str, body: str, zoo_dir: str | None = None) -> str:

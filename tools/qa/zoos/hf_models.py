@@ -377,4 +377,5 @@ def model(name: str, zoo_dir: str) -> Model:
     if recipe.head == "classify":
         settings["num_labels"] = 3  # LABELS in the model file
     body = CONFIG.format(auto=AUTO[recipe.head], model_type=recipe.model_type, settings=settings)
-    return Model(ZOO, name, model_file(ZOO, name, body + HEADS[recipe.head]))
+    source = model_file(ZOO, name, body + HEADS[recipe.head])
+    return Model(ZOO, name, source, generates=recipe.head == "causal")
