@@ -304,9 +304,8 @@ def _report(
         for stage, (want, got) in enumerate(per):
             print(f"| {k} | {stage} | {want} | {got} |")
     print()
-    print(
-        f"the same tokens at every lane count, in one process and on ranks: {'yes' if same else 'NO'}"
-    )
+    said = "yes" if same else "NO"
+    print(f"the same tokens at every lane count, in one process and on ranks: {said}")
     if not same:
         print("pipecompile: the lane counts generated different tokens", file=sys.stderr)
 
