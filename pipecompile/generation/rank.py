@@ -18,7 +18,7 @@ def main(raw: str, rank: int) -> None:
     from pipecompile.generation.ranks import run_stage
     from pipecompile.generation.sampler import Sampler, Sampling
     from pipecompile.generation.session import plan_of
-    from pipecompile.generation.wire import ring
+    from pipecompile.generation.wire import connect
     from pipecompile.ir.records.manifest import read_manifest
 
     spec = json.loads(raw)
@@ -30,7 +30,7 @@ def main(raw: str, rank: int) -> None:
     stage = rank_stage(directory, plan, rank, source)
     store = torch.distributed.TCPStore("127.0.0.1", spec["port"], spec["world"], False)
     sampler = Sampler(Sampling(*spec["sampling"]), *spec["stop"])
-    run_stage(stage, ring(store, rank, spec["world"]), sampler)
+    run_stage(stage, connect(store, rank, spec["world"]), sampler)
 
 
 def rank_entry(args: list[str]) -> int:

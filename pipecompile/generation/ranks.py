@@ -5,9 +5,11 @@ down the stages as hidden states, the last stage samples and sends only the toke
 to rank 0, and the KV cache never leaves its stage's rank. With as many lanes as stages in
 flight every stage has work while the others run theirs.
 
-The ranks talk over a ring of sockets (``generation.wire``) that meets through a TCP store of
-its own, so a caller that runs torch.distributed itself is not disturbed. A rank that fails
-ends the call with its last line; the others are stopped, and none outlives this process."""
+The ranks talk by torch.distributed point-to-point messages in a gloo group of their own
+(``generation.wire``) that meets through a TCP store of its own, so a caller that runs
+torch.distributed itself is not disturbed. A rank that fails ends the call with its last
+line; the others are stopped, and none outlives this process. Ranks started by torchrun run
+the same turns (``generation.worker``)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from pipecompile.generation.job import GenerateJob
 from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage, Rows
-from pipecompile.generation.wire import PeerGone, Wire, ring
+from pipecompile.generation.wire import PeerGone, Wire, connect
 from pipecompile.runtime.process.faults import FAULT_ENV, fault_at, happen
 
 __all__ = ["generate_on_ranks", "run_stage"]
@@ -185,7 +187,7 @@ def generate_on_ranks(
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            wire = ring(store, 0, n, children.poll, job.timeout)
+            wire = connect(store, 0, n, children.poll, job.timeout)
             stage = rank_stage(directory, plan, 0, source)
             book = Lanes(
                 job.prompts,

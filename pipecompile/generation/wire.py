@@ -1,29 +1,35 @@
-"""The ring the ranks of `generate --nproc N` talk over: rank k sends to rank k+1 (hidden
-states), the last rank sends to rank 0 (token ids). One TCP connection per neighbour on this
-machine, each message a list of tensors framed with their dtypes and shapes.
+"""The ring the ranks of a generation talk over: rank k sends to rank k+1 (what its stage hands
+on), the last rank sends to rank 0 (token ids). torch.distributed point-to-point messages in a
+gloo process group of the generation's own (``connect``: under `generate --nproc N` the
+launcher's store; under torchrun the run's), each message a list of tensors: its header (an
+int64 tensor of each tensor's dtype and shape, in one fixed-size part where it fits) first,
+then the tensors.
 
-Plain sockets, not a process group: a receive can wait with a deadline and look at the other
-ranks meanwhile without breaking the connection, and a rank that dies closes its sockets, so
-its neighbours learn it at once instead of after a collective timeout."""
+A receive never blocks past what the caller allows: a thread of the wire's own receives the
+messages, and the caller waits on them calling ``poll`` meanwhile (rank 0's check of the
+ranks it started) and raising after ``timeout`` seconds without a message. A rank that dies
+closes its connections, and its neighbours' receives fail at once (``PeerGone``)."""
 
 from __future__ import annotations
 
-import select
-import socket
-import struct
+import queue
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from pipecompile.errors import RuntimeFailure
 
-__all__ = ["Wire", "ring", "PeerGone"]
+__all__ = ["Wire", "connect", "PeerGone"]
 
 _DTYPES = (torch.int64, torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _CODE = {d: k for k, d in enumerate(_DTYPES)}
-_LONG = struct.Struct("<q")
+_POLL_S = 0.05  # how often a waiting receive calls ``poll``
+_HEAD = 256  # int64s of a message's first part: its header's length, the header (or its start)
 
 
 class PeerGone(RuntimeFailure):
@@ -31,107 +37,138 @@ class PeerGone(RuntimeFailure):
 
 
 class Wire:
-    """One rank's two ends of the ring: ``send`` to the next rank, ``recv`` from the one
-    before. ``poll`` (rank 0's check of its ranks) is called while a receive waits, and a
-    receive that waits past ``timeout`` seconds raises (rank 0: a rank stopped making
-    progress)."""
+    """One rank's two ends of the ring in ``group``: ``send`` to the next rank, ``recv``
+    from the one before. A thread of its own receives each message as it comes (gloo's
+    receive completes only in a blocking wait); ``recv`` takes them in order, calling
+    ``poll`` while it waits, and raises after ``timeout`` seconds without one (rank 0: a
+    rank stopped making progress)."""
 
     def __init__(
         self,
-        inbox: socket.socket,
-        outbox: socket.socket,
+        group: Any,
+        rank: int,
+        world: int,
         poll: Callable[[], None] | None = None,
         timeout: float | None = None,
     ) -> None:
-        self.inbox, self.outbox, self.poll, self.timeout = inbox, outbox, poll, timeout
+        self.group, self.rank, self.world = group, rank, world
+        self.next, self.prev = (rank + 1) % world, (rank - 1) % world
+        self.poll, self.timeout = poll, timeout
+        self._inbox: queue.Queue[list[torch.Tensor] | BaseException] = queue.Queue()
+        self._reader = threading.Thread(
+            target=self._receive_all, daemon=True, name="pipecompile-generate-wire"
+        )
+        self._reader.start()
 
     def send(self, tensors: list[torch.Tensor]) -> None:
         head = [len(tensors)]
-        blobs = []
+        flat = []
         for t in tensors:
             t = t.detach().contiguous()
             head += [_CODE[t.dtype], t.dim(), *t.shape]
-            blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        raw = struct.pack(f"<{len(head) + 1}q", len(head), *head)
+            flat.append(t)
+        whole = torch.tensor([len(head), *head], dtype=torch.int64)
+        first = torch.zeros(_HEAD, dtype=torch.int64)
+        first[: min(_HEAD, len(whole))] = whole[:_HEAD]
         try:
-            self.outbox.sendall(raw + b"".join(blobs))
-        except OSError as err:
-            raise PeerGone(f"the next generation rank went away ({err})") from err
+            self._put(first)
+            if len(whole) > _HEAD:  # a long header's rest
+                self._put(whole[_HEAD:].contiguous())
+            for t in flat:
+                if t.numel():
+                    self._put(t)
+        except RuntimeError as err:
+            raise PeerGone(f"the next generation rank went away ({_first(err)})") from None
+
+    def _put(self, t: torch.Tensor) -> None:
+        self.group.send([t], self.next, 0).wait()
 
     def recv(self) -> list[torch.Tensor]:
-        (size,) = _LONG.unpack(self._exactly(_LONG.size))
-        head = list(struct.unpack(f"<{size}q", self._exactly(8 * size)))
-        count, k, out = head[0], 1, []
-        for _ in range(count):
-            dtype, dims = _DTYPES[head[k]], head[k + 1]
-            shape = head[k + 2 : k + 2 + dims]
-            k += 2 + dims
-            n = dtype.itemsize
-            for d in shape:
-                n *= d
-            blob = bytearray(self._exactly(n))
-            flat = (
-                torch.frombuffer(blob, dtype=torch.uint8)
-                if n
-                else torch.empty(0, dtype=torch.uint8)
-            )
-            out.append(flat.view(dtype).reshape(shape))
-        return out
-
-    def ready(self) -> bool:
-        """Whether a message has begun to arrive (a receive would not wait for its start)."""
-        return bool(select.select([self.inbox], [], [], 0)[0])
-
-    def _exactly(self, n: int) -> bytes:
-        parts, got = [], 0
-        while got < n:
-            if self.poll is not None:
-                self._wait()
-            chunk = self.inbox.recv(min(n - got, 1 << 20))
-            if not chunk:
-                raise PeerGone("the previous generation rank went away mid-message")
-            parts.append(chunk)
-            got += len(chunk)
-        return b"".join(parts)
-
-    def _wait(self) -> None:
         start = time.monotonic()
-        while not select.select([self.inbox], [], [], 0.05)[0]:
-            self.poll()  # type: ignore[misc]
+        while True:
+            try:
+                got = self._inbox.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                pass
+            if self.poll is not None:
+                self.poll()
             if self.timeout is not None and time.monotonic() - start > self.timeout:
                 raise RuntimeFailure(
                     f"nothing came back from the last stage for {self.timeout:g} s (--timeout): "
                     "a rank stopped making progress; the ranks were stopped"
                 )
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def ready(self) -> bool:
+        """Whether a message has come (a receive would not wait for it)."""
+        return not self._inbox.empty()
+
+    def _receive_all(self) -> None:
+        """The reader thread: every message, in order, until the previous rank goes."""
+        try:
+            while True:
+                self._inbox.put(self._message())
+        except RuntimeError as err:
+            said = f"the previous generation rank went away ({_first(err)})"
+            self._inbox.put(PeerGone(said))
+
+    def _message(self) -> list[torch.Tensor]:
+        first = self._get(torch.empty(_HEAD, dtype=torch.int64))
+        size = int(first[0])
+        head = first[1 : size + 1].tolist()
+        if size + 1 > _HEAD:
+            head += self._get(torch.empty(size + 1 - _HEAD, dtype=torch.int64)).tolist()
+        count, k, out = head[0], 1, []
+        for _ in range(count):
+            dtype, dims = _DTYPES[head[k]], head[k + 1]
+            shape = head[k + 2 : k + 2 + dims]
+            k += 2 + dims
+            t = torch.empty(shape, dtype=dtype)
+            out.append(self._get(t) if t.numel() else t)
+        return out
+
+    def _get(self, t: torch.Tensor) -> torch.Tensor:
+        self.group.recv([t], self.prev, 0).wait()
+        return t
 
     def close(self) -> None:
-        for s in (self.inbox, self.outbox):
-            s.close()
+        self.group = None
 
 
-def ring(
+def _first(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+
+
+def connect(
     store: Any,
     rank: int,
     world: int,
     poll: Callable[[], None] | None = None,
     timeout: float | None = None,
 ) -> Wire:
-    """Connect ``rank`` to its neighbours: listen, publish the port in ``store``, connect to
-    the next rank's port, accept the previous rank."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    store.set(f"generate/port/{rank}", str(listener.getsockname()[1]))
-    nxt = (rank + 1) % world
-    while poll is not None and not store.check([f"generate/port/{nxt}"]):
+    """``rank``'s wire in a gloo group of ``world`` ranks formed on ``store`` (its keys under
+    a prefix of their own: the group leaves the store's other keys and any default process
+    group alone). Every rank must call it."""
+    prefixed = dist.PrefixStore("pipecompile/generate/", store)
+    wait = timedelta(seconds=max(timeout or 600.0, 60.0))
+    if poll is None:
+        return Wire(dist.ProcessGroupGloo(prefixed, rank, world, wait), rank, world, None, timeout)
+    formed: list[Any] = []  # the group forms in a thread: the ranks are watched meanwhile
+
+    def form() -> None:
+        try:
+            formed.append(dist.ProcessGroupGloo(prefixed, rank, world, wait))
+        except RuntimeError as err:
+            formed.append(err)
+
+    thread = threading.Thread(target=form, daemon=True, name="pipecompile-generate-group")
+    thread.start()
+    while thread.is_alive():
         poll()
-        select.select([], [], [], 0.05)
-    port = int(store.get(f"generate/port/{nxt}"))
-    outbox = socket.create_connection(("127.0.0.1", port))
-    outbox.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if poll is not None:
-        while not select.select([listener], [], [], 0.05)[0]:
-            poll()
-    inbox, _ = listener.accept()
-    listener.close()
-    return Wire(inbox, outbox, poll, timeout)
+        thread.join(0.05)
+    if isinstance(formed[0], RuntimeError):
+        raise RuntimeFailure(f"the generation ranks did not meet: {_first(formed[0])}")
+    return Wire(formed[0], rank, world, poll, timeout)

@@ -1,53 +1,65 @@
-"""The ranks' wire carries tensors of every dtype and shape it is given, whole, and says when
-the other end went away instead of waiting for it."""
+"""The generation ranks' wire: torch.distributed point-to-point messages in a gloo group of its
+own. Two ranks (threads of this process, a store of their own) pass lists of tensors of every
+dtype and shape, empty ones and a header longer than its first part among them, around the
+ring unchanged and in order; a receive that waits past its timeout says so."""
 
 from __future__ import annotations
 
-import socket
+import threading
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from pipecompile.errors import RuntimeFailure
-from pipecompile.generation.wire import PeerGone, Wire
+from pipecompile.generation.wire import connect
 
 
-def _pair(**kw):  # type: ignore[no-untyped-def]
-    a, b = socket.socketpair()
-    return Wire(b, a, **kw), a, b  # receives on b what is sent on a
+def _pair(timeout: float | None = None):  # -> (wire of rank 0, wire of rank 1)
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    wires: dict[int, object] = {}
+
+    def join(rank: int) -> None:  # each rank a store client of its own, as a process has
+        mine = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, 2, False)
+        wires[rank] = connect(mine, rank, 2, timeout=timeout)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return wires[0], wires[1]
 
 
-def test_tensors_of_every_kind_arrive_whole():
-    wire, a, b = _pair()
+def _messages() -> list[list[torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    sent = [
-        torch.tensor(7),  # no dimensions
-        torch.empty(0, 3),  # no elements
-        torch.randn(2, 3, 5, generator=g).to(torch.bfloat16),
-        torch.randn(4, 1, generator=g).half(),
-        torch.randn(3, generator=g, dtype=torch.float64),
-        torch.arange(12).view(3, 4).t(),  # not contiguous
-        torch.randn(64, 129, generator=g),  # bigger than one read
-    ]
-    wire.send(sent)
-    got = wire.recv()
-    assert [(t.dtype, tuple(t.shape)) for t in got] == [(t.dtype, tuple(t.shape)) for t in sent]
-    assert all(torch.equal(x, y) for x, y in zip(got, sent))
-    a.close()
-    b.close()
+    many = [torch.randn(2, 3, generator=g) for _ in range(90)]  # a header of 451 numbers
+    return [
+        [torch.tensor([1, 2, 3])],
+        [torch.randn(4, 5, generator=g).to(dtype) for dtype in
+         (torch.float32, torch.bfloat16, torch.float16, torch.float64)],
+        [torch.empty(0, 7), torch.tensor(5), torch.zeros(1, 1, 1, dtype=torch.int64)],
+        many,
+        [],
+    ]  # fmt: skip
 
 
-def test_a_closed_end_is_named_not_waited_on():
-    wire, a, b = _pair(poll=lambda: None, timeout=5.0)
-    a.close()  # the previous rank died
-    with pytest.raises(PeerGone, match="went away"):
-        wire.recv()
-    b.close()
+def test_messages_go_round_unchanged_and_in_order():
+    zero, one = _pair()
+    sent = _messages()
+    for message in sent:
+        zero.send(message)
+    for _ in sent:  # rank 1 passes each on to rank 0, the ring's back edge
+        one.send(one.recv())
+    for want in sent:
+        got = zero.recv()
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    assert not zero.ready()
 
 
-def test_a_silent_end_times_out():
-    wire, a, b = _pair(poll=lambda: None, timeout=0.2)
-    with pytest.raises(RuntimeFailure, match="nothing came back from the last stage for 0.2 s"):
-        wire.recv()
-    a.close()
-    b.close()
+def test_a_receive_waits_no_longer_than_its_timeout():
+    zero, _ = _pair(timeout=0.3)
+    with pytest.raises(RuntimeFailure, match=r"nothing came back from the last stage for 0\.3 s"):
+        zero.recv()
