@@ -23,14 +23,25 @@ from pipecompile.generation.step_trace import GenerateError
 from pipecompile.options.fields import add_options, from_args
 from pipecompile.options.generate import GenerateFlags
 
-__all__ = ["add_generate", "generate_command"]
+__all__ = ["add_generate", "generate_command", "prepared", "generate_parser"]
 
 
 def add_generate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("generate", help="continue prompts through a --generate pipeline")
+    _arguments(p)
+    p.set_defaults(handler=generate_command)
+
+
+def generate_parser(prog: str) -> argparse.ArgumentParser:
+    """The generate command's arguments alone (a torchrun rank's command line)."""
+    p = argparse.ArgumentParser(prog=prog, description="a generation rank started by torchrun")
+    _arguments(p)
+    return p
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", help="a directory written by `pipecompile MODEL --generate`")
     add_options(p, GenerateFlags)
-    p.set_defaults(handler=generate_command)
 
 
 def _ids(text: str, where: str) -> list[int]:
@@ -112,20 +123,41 @@ def generate_command(args: argparse.Namespace) -> int:
         from pipecompile.runtime.distributed.local_ranks import fork_a_starter
 
         fork_a_starter()  # the ranks' starter, forked with torch imported (as `run --nproc`)
-    from pipecompile.generation.job import GenerateJob
     from pipecompile.generation.runner import run_generation
+
+    job, show = prepared(args)
+    new = run_generation(job, on_token=show.token, on_start=show.begin)
+    show.end(new)
+    return 0
+
+
+def prepared(args: argparse.Namespace, ranks: int | None = None) -> tuple[Any, _Printer]:
+    """The generation ``args`` ask for, every refusal made (``GenerateJob.build``: the door
+    the API and a torchrun rank go through too), its prompts read (text through the
+    tokenizer), and the printer of its tokens. ``ranks``: the ranks a launcher started
+    (torchrun's world), which ``--nproc`` must name where given.
+
+    Raises:
+        GenerateError: naming the option, the prompt or the directory.
+    """
+    from pipecompile.generation.job import GenerateJob
 
     directory = Path(args.directory)
     flags = from_args(GenerateFlags, vars(args))
+    if ranks is not None:
+        if flags.nproc is not None and flags.nproc != ranks:
+            raise GenerateError(
+                f"--nproc {flags.nproc}, but the launcher started {ranks} rank(s): drop "
+                "--nproc (torchrun's ranks are the generation's), or start as many"
+            )
+        flags = dataclasses.replace(flags, nproc=ranks)
     # checked before the model file's text hooks are imported
     job = GenerateJob.build(directory, [], flags)
     text = _Text(directory, args.tokenizer)
     prompts = _prompts(args, text)
     job = dataclasses.replace(job, prompts=prompts)
     show = _Printer(prompts, text.decode, args.max_new_tokens, job.eos, quiet=args.quiet)
-    new = run_generation(job, on_token=show.token, on_start=show.begin)
-    show.end(new)
-    return 0
+    return job, show
 
 
 class _Printer:

@@ -59,7 +59,7 @@ from pipecompile.runtime.process.threads import use_threads
 from pipecompile.runtime.training.loop import RankShare, TrainState, train
 from pipecompile.runtime.training.metrics import append_record
 
-__all__ = ["main", "run_record"]
+__all__ = ["main", "run_record", "meet_refused", "peer_problem"]
 
 
 class _Refused(PipecompileError):
@@ -99,12 +99,12 @@ def _built(build: Callable[[], RunJob]) -> RunJob:
         rank = int(os.environ.get("RANK", "0"))
         _say_refused(rank, err)
         _write_status(rank, 2, reason=str(err))
-        _refused_together(rank)
+        meet_refused(rank)
         sys.stdout.flush()
         os._exit(2)
 
 
-def _refused_together(rank: int, wait_s: float = 30.0) -> None:
+def meet_refused(rank: int, wait_s: float = 30.0) -> None:
     """Before a refusing rank ends: the ranks meet on the launcher's store (no process group
     yet), so that none ends before rank 0 has said why and every rank has recorded its
     status (a launcher stops the others once one ends, and a rank still starting would end
@@ -172,7 +172,7 @@ def _serve(build: Callable[[], RunJob], *, places: bool) -> int:
         if os.environ.get("PIPECOMPILE_DEBUG"):
             traceback.print_exc()
         ours = isinstance(err, PipecompileError) and not isinstance(err, RuntimeFailure)
-        problem = None if ours else _peer_problem(watchdog, err)
+        problem = None if ours else peer_problem(watchdog, err)
         if problem is not None:
             watchdog.blame(problem)
             _say_error(rank, f"stopping at instruction {watchdog.current}: {problem}")
@@ -423,7 +423,7 @@ class _DistGroup:
         return tensor.tolist()
 
 
-def _peer_problem(watchdog: Watchdog, err: Exception) -> str | None:
+def peer_problem(watchdog: Watchdog, err: Exception) -> str | None:
     """A failed peer behind ``err``, if any; a lost connection gets two seconds for the
     peer's death to become visible."""
     lost = any(w in str(err) for w in ("Connection", "connection", "peer"))
