@@ -50,6 +50,7 @@ class GenerateJob:
     faults: tuple[Fault, ...] = ()
     pad: int = 0  # what pads a sequence that ended early (the model's own, else the first EOS)
     threads: int | None = None  # --threads: intra-op threads (a rank's); None: as run chooses
+    flags: GenerateFlags | None = None  # what it was built from: each rank builds it again
 
     @classmethod
     def build(
@@ -104,6 +105,7 @@ class GenerateJob:
             faults,
             pad,
             threads,
+            flags,
         )
 
 

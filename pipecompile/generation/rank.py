@@ -14,22 +14,24 @@ import torch
 
 
 def main(raw: str, rank: int) -> None:
+    from pipecompile.generation.job import GenerateJob
     from pipecompile.generation.rank_model import WeightSource, rank_stage
     from pipecompile.generation.ranks import run_stage
-    from pipecompile.generation.sampler import Sampler, Sampling
-    from pipecompile.generation.session import plan_of
+    from pipecompile.generation.sampler import Sampler
     from pipecompile.generation.wire import connect
-    from pipecompile.ir.records.manifest import read_manifest
+    from pipecompile.options.fields import from_record
+    from pipecompile.options.generate import GenerateFlags
 
     spec = json.loads(raw)
     torch.set_num_threads(spec["threads"])
     directory = Path(spec["directory"])
-    manifest = read_manifest(directory)
-    plan = plan_of(directory, manifest)
+    # the job again, every refusal made here too, before the group forms
+    job = GenerateJob.build(directory, [], from_record(GenerateFlags, spec["flags"]))
+    manifest, plan = job.manifest, job.plan
     source = WeightSource.from_json(spec["source"], manifest)
     stage = rank_stage(directory, plan, rank, source)
     store = torch.distributed.TCPStore("127.0.0.1", spec["port"], spec["world"], False)
-    sampler = Sampler(Sampling(*spec["sampling"]), *spec["stop"])
+    sampler = Sampler(job.sampling, job.max_new_tokens, job.eos)
     run_stage(stage, connect(store, rank, spec["world"]), sampler)
 
 

@@ -29,6 +29,7 @@ from pipecompile.generation.lanes import Lanes, Turn
 from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage, Rows
 from pipecompile.generation.wire import PeerGone, Wire, connect
+from pipecompile.options.fields import to_record
 from pipecompile.runtime.process.faults import FAULT_ENV, fault_at, happen
 
 __all__ = ["generate_on_ranks", "run_stage"]
@@ -171,7 +172,6 @@ def generate_on_ranks(
     with tempfile.TemporaryDirectory(prefix="pipecompile-generate-") as tmp:
         source = _weights_source(directory, manifest, job, weights, Path(tmp))
         store = torch.distributed.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False)
-        sampling = list(job.sampling.__dict__.values())
         threads = launch_threads(job.threads, n)  # --threads, else each rank its share
         children = Children(
             {
@@ -179,9 +179,8 @@ def generate_on_ranks(
                 "port": store.port,
                 "world": n,
                 "source": source.to_json(),
-                "sampling": sampling,
                 "threads": threads,
-                "stop": [job.max_new_tokens, list(job.eos)],
+                "flags": to_record(job.flags) if job.flags is not None else {},
             }
         )
         before = torch.get_num_threads()

@@ -35,6 +35,13 @@ stage count:
 * skipped: the model did not even build and run eagerly (``skipped (eager)``, with the
   reason), or has more than ``--max-params`` parameters (``skipped (size)``).
 
+A causal LM (Hugging Face's, on the CPU) is also decoded: compiled again with ``--generate
+--max-length 64 --lane-rows 2`` (one micro-batch: decoding has none), then five prompts of 1 to
+9 tokens decode up to 8 new tokens through the compiled decoding stages and through Hugging
+Face's ``generate(do_sample=False)`` on the model file's model (``zoos/generation_check.py``);
+the generation column counts the models whose tokens are equal, and the others are listed with
+their outcome (refused, wrong, traceback, hang) and reason.
+
 On a GPU machine, ``--device cuda`` compiles every stage onto one device (``--schedule
 interleaved --virtual-stages S``) and checks with ``run --check --nproc 1 --device cuda``: one
 NCCL rank on the GPU, its values held to the noise-floor rule against the CPU's, with floors
@@ -77,9 +84,10 @@ its commands forked from a process that imported torch and pipecompile once
 installed (no network), it says so and runs the Hugging Face part.
 
 Output: a table per zoo and stage count (models run, each outcome, ok %, how many compiled into
-a stage graph: branches side by side on devices of their own, and the peer's counts), then
-every model that is not ok with its outcome and reason. Exit status: 1 if any model is
-wrong, traceback or hang (under ``--quick``: if any sample model is not ok), or a zoo could not
+a stage graph: branches side by side on devices of their own, the causal LMs decoding equal to
+Hugging Face's of those decoded, and the peer's counts), then every model that is not ok with
+its outcome and reason. Exit status: 1 if any model (or its decoding) is wrong, traceback or
+hang (under ``--quick``: if any sample model, or its decoding, is not ok), or a zoo could not
 be installed (not under ``--quick``); else 0.
 """
 
@@ -281,30 +289,43 @@ def check_command(out: Path, device: str = "cpu") -> list[str]:
 
 
 def at_stages(model_file: Path, stages: int, plan: Plan, generates: bool = False) -> Result:
-    """Compile ``model_file`` into ``stages`` stages and check it (a causal LM, ``generates``,
-    also compiled with ``--generate`` and decoded against Hugging Face's ``generate``): a
-    result without the model's names."""
+    """Compile ``model_file`` into ``stages`` stages and check it: a result without the
+    model's names. A causal LM (``generates``) is also compiled with ``--generate`` (one
+    micro-batch: decoding has none) and decoded against Hugging Face's ``generate``
+    (``zoos/generation_check.py``), on the CPU."""
     out = model_file.parent / f"out{stages}"
-    command = compile_command(model_file, stages, out, plan.device)
     try:
-        built = run(command + (DECODING if generates else []), plan.timeout, plan.env)
+        built = run(compile_command(model_file, stages, out, plan.device), plan.timeout, plan.env)
+        outcome, reason = verdict("compile", built, plan.timeout)
+        done = Result("", "", stages, outcome, reason, built.seconds)
+        if outcome == "ok":
+            done.shape = _shape(out)
+            checked = run(check_command(out, plan.device), plan.timeout, plan.env)
+            done.outcome, done.reason = verdict("check", checked, plan.timeout)
+            done.seconds += checked.seconds
+    finally:
+        if not plan.keep_outputs:
+            shutil.rmtree(out, ignore_errors=True)
+    if generates and plan.device == "cpu":
+        done.generation, done.generation_reason, seconds = decoding(model_file, stages, plan)
+        done.seconds += seconds
+    return done
+
+
+def decoding(model_file: Path, stages: int, plan: Plan) -> tuple[str, str, float]:
+    """(outcome, reason, seconds) of compiling ``model_file`` with ``--generate`` and
+    decoding through it against Hugging Face's greedy ``generate``."""
+    out = model_file.parent / f"gen{stages}"
+    command = [sys.executable, "-m", "pipecompile", "compile", str(model_file), "-q",
+               "--stages", str(stages), "-o", str(out), *DECODING]  # fmt: skip
+    try:
+        built = run(command, plan.timeout, plan.env)
         outcome, reason = verdict("compile", built, plan.timeout)
         if outcome != "ok":
-            return Result("", "", stages, outcome, reason, built.seconds)
-        shape = _shape(out)
-        checked = run(check_command(out, plan.device), plan.timeout, plan.env)
-        outcome, reason = verdict("check", checked, plan.timeout)
-        done = Result("", "", stages, outcome, reason, built.seconds + checked.seconds)
-        done.shape = shape
-        if generates and plan.device == "cpu":
-            decoded = run(
-                [sys.executable, str(GENERATION), str(model_file), str(out)],
-                plan.timeout,
-                plan.env,
-            )
-            done.generation, done.generation_reason = verdict("generate", decoded, plan.timeout)
-            done.seconds += decoded.seconds
-        return done
+            return outcome, reason, built.seconds
+        check = [sys.executable, str(GENERATION), str(model_file), str(out)]
+        decoded = run(check, plan.timeout, plan.env)
+        return (*verdict("generate", decoded, plan.timeout), built.seconds + decoded.seconds)
     finally:
         if not plan.keep_outputs:
             shutil.rmtree(out, ignore_errors=True)
