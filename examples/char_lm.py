@@ -110,13 +110,19 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: Any = None, layer: int = 0
+    ) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+        else:  # a decoding step: this layer's keys and values so far, masked per position
+            k, v = cache.update(k, v, layer)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -145,8 +151,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: Any = None, layer: int = 0
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -172,12 +180,21 @@ class CharGPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+    ) -> torch.Tensor:
+        """Logits of every position; with ``cache`` (pipecompile's --generate) one decoding
+        step: each row's tokens at ``position_ids``, attending through the additive
+        ``attention_mask`` to the keys and values ``cache.update`` returns."""
         T = idx.size(1)
-        pos = torch.arange(T, device=idx.device)
+        pos = position_ids if position_ids is not None else torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.h:
-            x = block(x)
+        for i, block in enumerate(self.h):
+            x = block(x, attention_mask, cache, i)
         return self.lm_head(self.ln_f(x))
 
 

@@ -183,17 +183,17 @@ def _records(
     out = []
     for j, b in enumerate(bounds):
         params: dict[str, tuple[str, ...]] = {}
-        constants: set[str] = set()
+        constants: dict[str, str] = {}
         for k in KINDS:
             s = split[k][j]
             params.update({a: tuple(aliases.get(n, [n])) for a, n in s.params.items()})
-            constants.update(s.constants)
+            constants.update(s.constant_names)
         out.append(
             StepStageRecord(
                 blocks=b,
                 sends={k: len(split[k][j].outputs) for k in KINDS},
                 params=params,
-                constants=tuple(sorted(constants)),
+                constants=dict(sorted(constants.items())),
                 decode_flops=flops["decode"][j],
                 prefill_flops=flops["prefill"][j],
             )

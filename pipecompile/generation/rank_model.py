@@ -104,16 +104,26 @@ def stage_tensors(
     directory: Path, plan: GenerationPlan, stage: int, source: WeightSource
 ) -> dict[str, torch.Tensor]:
     """Decoding stage ``stage``'s tensors by the stage's names: each read from ``source``
-    under any of its names in the model, a constant from the directory's constants file.
+    under any of its names in the model; a constant (a tensor the model's state dict lacks)
+    from the directory's constants file, else (a model compiled on the meta device) from
+    ``source`` by its name in the model.
 
     Raises:
         GenerateError: ``source`` lacks a weight the stage needs (naming it and the source).
     """
     record = plan.stages_[stage]
-    found = source.read({n for names in record.params.values() for n in names})
+    names = {n for names in record.params.values() for n in names}
+    found = source.read(names | set(record.constants.values()))
     out: dict[str, torch.Tensor] = {}
+    if record.constants and (directory / CONSTANTS).is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(directory / CONSTANTS), framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in record.constants if k in f.keys()})  # noqa: SIM118
+    wanted = {**{a: tuple(n) for a, n in record.params.items()},
+              **{a: (n,) for a, n in record.constants.items() if a not in out}}  # fmt: skip
     missing = []
-    for attr, names in record.params.items():
+    for attr, names in wanted.items():
         name = next((n for n in names if n in found), None)
         if name is None:
             missing.append(names[0])
@@ -125,11 +135,6 @@ def stage_tensors(
             f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}, which decoding "
             f"stage {stage} needs: pass the weights this model was compiled or trained with"
         )
-    if record.constants:
-        from safetensors import safe_open
-
-        with safe_open(str(directory / CONSTANTS), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in record.constants if k in f.keys()})  # noqa: SIM118
     return out
 
 

@@ -47,6 +47,7 @@ class StepStage:
     layers: tuple[int, ...]
     params: dict[str, str] = field(default_factory=dict)
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    constant_names: dict[str, str] = field(default_factory=dict)  # each one's name in the model
 
 
 def _block_of(node: fx.Node, prefix: str) -> int | None:
@@ -260,6 +261,7 @@ def _attribute(
             step.params[attr] = name
         else:
             step.constants[attr] = tensor
+            step.constant_names[attr] = name
     out = graph.get_attr(attr)
     out.meta = dict(node.meta)
     return out

@@ -167,7 +167,8 @@ def trace_step(
     n, tokens = (1, min(3, max_length)) if kind == "prefill" else (min(2, rows), 1)
     ids = torch.zeros((n, tokens), dtype=torch.long, device=device)
     positions = torch.arange(tokens, device=device).repeat(n, 1)
-    args = (ids, positions, causal_mask(positions, max_length, dtype), torch.arange(n), kv)
+    rows_run = torch.arange(n, device=device)
+    args = (ids, positions, causal_mask(positions, max_length, dtype), rows_run, kv)
     if kind == "prefill":
         t = Dim("tokens", min=2, max=max(2, max_length))
         dims: tuple[object, ...] | None = ({1: t}, {1: t}, {2: t}, None, [None] * len(kv))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -235,3 +236,24 @@ def test_an_edited_model_file_is_refused_or_not_read(gpt_generate, tmp_path, cap
     assert "gpt.py changed after it was compiled" in capsys.readouterr().err
     assert _generate(capsys, out, "--allow-stale", prompts=PROMPTS[:2]) == here
     assert _generate(capsys, out, "--allow-stale", "--nproc", "2", prompts=PROMPTS[:2]) == here
+
+
+def test_a_model_compiled_on_the_meta_device_decodes_its_weights(tmp_path, capsys):
+    """examples/llama_meta.py has no weights at compile: its stages' constants (the rotary
+    frequencies) are read at generation by their names in the model, from the directory's
+    weights, and the tokens are an eager greedy loop's over those weights."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from hf_llama import build_llama
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    out = tmp_path / "meta"
+    argv = [str(ROOT / "examples" / "llama_meta.py"), "--stages", "2", "--generate"]
+    assert main([*argv, "-o", str(out), "-q"]) == 0
+    model = build_llama().eval()
+    model.load_state_dict(pipecompile.load(out).state_dict())
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        for _ in range(7):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert _generate(capsys, out, prompts=PROMPTS[:1]) == {0: ids[0, 3:].tolist()}

@@ -31,7 +31,7 @@ class StepStageRecord:
     blocks: tuple[int, int]
     sends: dict[str, int]
     params: dict[str, tuple[str, ...]]
-    constants: tuple[str, ...]
+    constants: dict[str, str]  # the stage's name -> the model's (a non-persistent buffer's)
     decode_flops: int
     prefill_flops: int
     sha256: dict[str, str] = field(default_factory=dict)  # each file's, by its name
@@ -133,7 +133,7 @@ class GenerationPlan:
                     "prefill": prefill_file(k),
                     "sends": s.sends,
                     "params": {k: list(v) for k, v in s.params.items()},
-                    "constants": list(s.constants),
+                    "constants": s.constants,
                     "decode_flops": s.decode_flops,
                     "prefill_flops": s.prefill_flops,
                     "cache_bytes": self.cache_bytes(k),
@@ -156,7 +156,7 @@ class GenerationPlan:
                 blocks=(int(s["blocks"][0]), int(s["blocks"][1])),
                 sends={str(k): int(v) for k, v in s["sends"].items()},
                 params={str(k): tuple(str(n) for n in v) for k, v in s["params"].items()},
-                constants=tuple(str(c) for c in s["constants"]),
+                constants={str(k): str(v) for k, v in s["constants"].items()},
                 decode_flops=int(s["decode_flops"]),
                 prefill_flops=int(s["prefill_flops"]),
                 sha256={str(k): str(v) for k, v in (s.get("sha256") or {}).items()},
