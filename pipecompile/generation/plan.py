@@ -150,7 +150,7 @@ def plan_generation(
             lanes=lanes,
             rows=rows,
             dtype=dtype if dtype in DTYPES else "float32",
-            vocab=_vocab(model, traced["decode"]),
+            vocab=_vocab(traced["decode"]),
             layers=tuple(shapes),
             stages_=_records(model, split, bounds, costs),
             training_blocks=training,
@@ -164,7 +164,8 @@ def plan_generation(
     return out
 
 
-def _vocab(model: nn.Module, traced: torch.fx.GraphModule) -> int:
+def _vocab(traced: torch.fx.GraphModule) -> int:
+    """The logits' width: the vocabulary."""
     out = next(n for n in traced.graph.nodes if n.op == "output")
     (logits,) = out.all_input_nodes
     return int(logits.meta["val"].shape[-1])

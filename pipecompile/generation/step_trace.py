@@ -88,7 +88,15 @@ class DecodingStep(nn.Module):
         return _last_logits(self.model, self.call, cache, ids, positions, mask)
 
 
-def _last_logits(model, call, cache, ids, positions, mask) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _last_logits(
+    model: nn.Module,
+    call: StepCall,
+    cache: object,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """The model's logits at each row's last token, called for one step with ``cache``."""
     words = {"position_ids": positions, "attention_mask": mask, call.cache_word: cache}
     if "use_cache" in call.keywords:
         words["use_cache"] = True

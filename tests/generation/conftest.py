@@ -16,8 +16,8 @@ VOCAB = 97
 
 def tiny_decoder(family: str) -> torch.nn.Module:
     """A random-weight causal LM: ``gpt2``, ``llama`` (grouped-query attention), ``qwen2``
-    (biased projections) or ``mixtral`` (mixture of experts), small enough to compile in a
-    second or two."""
+    (biased projections), ``mixtral`` (mixture of experts) or any other Hugging Face model
+    type (``falcon``, ``gpt_neox``, ...), small enough to compile in a second or two."""
     import transformers as tf
 
     torch.manual_seed(0)
@@ -37,9 +37,12 @@ def tiny_decoder(family: str) -> torch.nn.Module:
             model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
         elif family == "qwen2":
             model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common))
-        else:
+        elif family == "mixtral":
             config = tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
             model = tf.MixtralForCausalLM(config)
+        else:  # any other architecture, from its config's own defaults and these sizes
+            config = tf.AutoConfig.for_model(family, **common)
+            model = tf.AutoModelForCausalLM.from_config(config)
     model.config.use_cache = False
     return model.eval()
 

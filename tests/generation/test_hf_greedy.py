@@ -1,6 +1,6 @@
 """Greedy decoding through the decode stages equals Hugging Face's ``generate`` token for token,
-for every family, at one, two and four stages, with lanes of several rows, with prompts of
-different lengths sharing a lane, and stopping at an end-of-sequence token."""
+for architectures of every kind, at one, two and four stages, with lanes of several rows, with
+prompts of different lengths sharing a lane, and stopping at an end-of-sequence token."""
 
 from __future__ import annotations
 
@@ -19,6 +19,13 @@ CASES = [("gpt2", 1, 1, 1), ("gpt2", 3, 2, 2), ("llama", 2, 2, 1)]
 CASES += [pytest.param("llama", 4, 2, 2, marks=SAMPLED_OUT)]
 # Qwen2 decodes through Llama's layout (sampled out for time), Mixtral through its experts
 CASES += [pytest.param("qwen2", 2, 2, 1, marks=SAMPLED_OUT), ("mixtral", 2, 1, 3)]
+# any causal LM, traced: Falcon here; the others the zoo's generation column decodes
+# (tools/qa/zoo.py), run here with PIPECOMPILE_ALL_CASES=1
+CASES += [("falcon", 2, 2, 2)]
+CASES += [
+    pytest.param(arch, 2, 2, 2, marks=SAMPLED_OUT)
+    for arch in ("gpt_neox", "opt", "phi3", "gemma", "qwen3", "olmoe")
+]
 
 
 def _reference(model: torch.nn.Module, prompt: list[int], new: int, eos: int | None) -> list[int]:
