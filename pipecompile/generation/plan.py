@@ -131,7 +131,7 @@ def plan_generation(
               for k in KINDS}  # fmt: skip
     tokens = max(2, min(prompt_tokens, max_length))
     costs = {
-        k: atom_costs(traced[k], prefix, shapes, cache_rows=rows, tokens=t, max_length=max_length)
+        k: atom_costs(traced[k], prefix, shapes, tokens=t, max_length=max_length)
         for k, t in (("decode", 1), ("prefill", tokens))
     }
     bounds = decode_bounds(costs["decode"], len(stage_params))

@@ -27,29 +27,28 @@ def write_rows(
     values: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    rows: torch.Tensor,
     positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Write ``key``/``value`` (rows, heads, tokens, size) into ``keys``/``values`` at row
-    ``rows[i]``, position ``positions[i, t]``; return the rows' caches."""
-    at = rows[:, None].expand_as(positions)
+    ``i``, position ``positions[i, t]``; return them."""
+    at = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)
     keys[at, :, positions] = key.transpose(1, 2).to(keys.dtype)
     values[at, :, positions] = value.transpose(1, 2).to(values.dtype)
-    return keys.index_select(0, rows), values.index_select(0, rows)
+    return keys, values
 
 
 class RowCache:
-    """Layer ``i``'s keys are ``kv[2i]``, its values ``kv[2i + 1]``; ``rows`` and
-    ``positions`` say where this call's tokens go."""
+    """Layer ``i``'s keys are ``kv[2i]``, its values ``kv[2i + 1]``; ``positions`` say where
+    this call's tokens go."""
 
-    def __init__(self, kv: list[torch.Tensor], rows: torch.Tensor, positions: torch.Tensor):
-        self.kv, self.rows, self.positions = kv, rows, positions
+    def __init__(self, kv: list[torch.Tensor], positions: torch.Tensor) -> None:
+        self.kv, self.positions = kv, positions
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.kv[2 * layer_idx], self.kv[2 * layer_idx + 1]
-        return write_rows(keys, values, key, value, self.rows, self.positions)
+        return write_rows(keys, values, key, value, self.positions)
 
 
 class _Probe:
@@ -77,15 +76,14 @@ def _hf_classes() -> tuple[type, type, type]:
 
         def __init__(self, keys: torch.Tensor, values: torch.Tensor, where: Any) -> None:
             super().__init__()
-            self.keys, self.values, self.where = keys, values, where
+            self.keys, self.values, self.where = keys, values, where  # where: the positions
             self.is_initialized = True
 
         def lazy_initialization(self, key_states: Any, value_states: Any) -> None:
             return None
 
         def update(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-            rows, positions = self.where
-            return write_rows(self.keys, self.values, key, value, rows, positions)
+            return write_rows(self.keys, self.values, key, value, self.where)
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
             return int(self.keys.shape[2]), 0
@@ -113,11 +111,11 @@ def _hf_classes() -> tuple[type, type, type]:
     return Cache, RowLayer, ProbeLayer
 
 
-def hf_row_cache(kv: list[torch.Tensor], rows: torch.Tensor, positions: torch.Tensor) -> Any:
+def hf_row_cache(kv: list[torch.Tensor], positions: torch.Tensor) -> Any:
     """A ``transformers`` ``Cache`` whose layer ``i`` writes as ``RowCache`` does."""
     cache, layer, _ = _hf_classes()
     pairs = zip(kv[0::2], kv[1::2])
-    return cache(layers=[layer(k, v, (rows, positions)) for k, v in pairs])
+    return cache(layers=[layer(k, v, positions) for k, v in pairs])
 
 
 def probe_layers(call: Any, layers_hint: int) -> tuple[Any, _Probe]:

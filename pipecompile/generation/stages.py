@@ -34,6 +34,13 @@ class Rows:
     rows: tuple[int, ...]
     positions: torch.Tensor  # int64 (len(rows), tokens)
 
+    def index(self) -> slice | torch.Tensor:
+        """The rows of a lane's cache: a slice where they are consecutive (a view, no copy)."""
+        first, n = self.rows[0], len(self.rows)
+        if self.rows == tuple(range(first, first + n)):
+            return slice(first, first + n)
+        return torch.tensor(self.rows, dtype=torch.long)
+
 
 @dataclass(frozen=True)
 class Call:
@@ -163,14 +170,17 @@ class DecodeStage:
         (rows, vocabulary), in float32."""
         outs: list[torch.Tensor] = []
         given = iter(inputs)
-        kv = [t[lane] for t in self.cache]
         for call in calls:
             xs = [next(given) for _ in range(self.takes(call))]
             positions = call.rows.positions
-            rows = torch.tensor(call.rows.rows, dtype=torch.long, device=positions.device)
+            index = call.rows.index()  # a slice (a view, written in place) where consecutive
+            kv = [t[lane][index] for t in self.cache]
             mask = causal_mask(positions, self.max_length, self.dtype)
             module = self.modules["prefill" if call.tokens > 1 else "decode"]
-            out = module(*xs, positions, mask, rows, *kv)
+            out = module(*xs, positions, mask, *kv)
+            if not isinstance(index, slice):  # rows gathered: their caches written back
+                for t, part in zip(self.cache, kv):
+                    t[lane][index] = part
             if self.last:
                 outs.append(out.float())
             else:

@@ -54,12 +54,11 @@ def atom_costs(
     prefix: str,
     shapes: list[tuple[int, int]],
     *,
-    cache_rows: int,
     tokens: int,
     max_length: int,
 ) -> list[int]:
     """FLOPs of each atom of ``gm`` (a traced step), called on one row of ``tokens`` tokens
-    at the last positions of a cache of ``cache_rows`` rows of ``max_length``."""
+    at the last positions of a cache of ``max_length``."""
     from pipecompile.generation.step_trace import causal_mask
 
     params = [p for p in gm.parameters()] + [b for b in gm.buffers()]
@@ -68,7 +67,7 @@ def atom_costs(
     start = max_length - tokens
     positions = torch.arange(start, max_length, device=device).view(1, tokens)
     kv = [
-        torch.zeros((cache_rows, h, max_length, d), dtype=dtype, device=device)
+        torch.zeros((1, h, max_length, d), dtype=dtype, device=device)
         for h, d in shapes
         for _ in (0, 1)
     ]
@@ -76,7 +75,7 @@ def atom_costs(
     mask = causal_mask(positions, max_length, dtype)
     counting = _Counting(gm, prefix, len(shapes))
     with torch.no_grad():
-        counting.run(ids, positions, mask, torch.zeros(1, dtype=torch.long, device=device), *kv)
+        counting.run(ids, positions, mask, *kv)
     return counting.costs
 
 

@@ -5,13 +5,13 @@ stage and the head on the last. Each op goes where its data puts it:
 
 - an op inside block ``i`` (by its recorded module path) runs on block ``i``'s stage, and
   block ``i``'s keys and values are that stage's inputs (its cache);
-- an op that reads only the positions, the mask, the rows and buffers (rotary tables, sizes)
+- an op that reads only the positions, the mask and buffers (rotary tables, sizes)
   and writes nothing is *free*: every stage that needs it computes it, nothing is sent for it;
 - any other op runs on the latest stage among its inputs', or on the last stage where it
   follows the last block (the final norm, the head).
 
 A stage's inputs are the values an earlier stage made that it or a later one reads (carried
-down the chain: ``carried``), then ``positions``, ``mask``, ``rows`` and its blocks' caches
+down the chain: ``carried``), then ``positions``, ``mask`` and its blocks' caches
 (``keys_<i>``, ``values_<i>``); it returns what later stages read, the last stage the logits.
 Pure: the step's graph is not changed."""
 
@@ -30,7 +30,7 @@ from pipecompile.ir.graph.mutation import mutates
 
 __all__ = ["StepStage", "split_step", "STEP_INPUTS"]
 
-STEP_INPUTS = ("positions", "mask", "rows")
+STEP_INPUTS = ("positions", "mask")
 _DROPPED = ("_assert", "sym_constrain_range")
 
 

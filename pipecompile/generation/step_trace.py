@@ -1,9 +1,9 @@
 """A causal LM's decoding step as a graph: the model's own forward, called with a KV cache
 (``row_cache``), each row's positions and an additive causal mask, captured by torch.export.
 
-The step (``DecodingStep``) takes token ids (rows, tokens), their positions (rows, tokens), the mask
-(rows, 1, tokens, max length), the cache rows the call runs (rows,) and every layer's keys and
-values (``kv``), and returns the logits at each row's last token. ``trace_step`` captures it
+The step (``DecodingStep``) takes token ids (rows, tokens), their positions (rows, tokens), the
+mask (rows, 1, tokens, max length) and every layer's keys and values of those rows (``kv``),
+and returns the logits at each row's last token. ``trace_step`` captures it
 twice: the prefill (one row, any number of tokens) and the decode (up to ``rows`` rows, one
 token each). A model's forward must take the cache and the positions as keywords
 (``StepCall``): Hugging Face's causal LMs do (``cache``, or ``past_key_values`` in older
@@ -81,10 +81,9 @@ class DecodingStep(nn.Module):
         ids: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
-        rows: torch.Tensor,
         kv: list[torch.Tensor],
     ) -> torch.Tensor:
-        cache = (hf_row_cache if self.call.hf else RowCache)(kv, rows, positions)
+        cache = (hf_row_cache if self.call.hf else RowCache)(kv, positions)
         return _last_logits(self.model, self.call, cache, ids, positions, mask)
 
 
@@ -157,8 +156,9 @@ def trace_step(
     rows: int,
     max_length: int,
 ) -> fx.GraphModule:
-    """The ``kind`` ("prefill" or "decode") step of ``model`` (in eval mode) as a graph whose
-    caches hold ``rows`` rows of ``max_length`` positions.
+    """The ``kind`` ("prefill" or "decode") step of ``model`` (in eval mode) as a graph: the
+    prefill of one row, the decode of up to ``rows`` rows, over caches of ``max_length``
+    positions.
 
     Raises:
         GenerateError: torch.export cannot capture it (the reason and the model's line).
@@ -167,22 +167,21 @@ def trace_step(
 
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     dtype = _float_dtype(model)
+    n, tokens = (1, min(3, max_length)) if kind == "prefill" else (min(2, rows), 1)
     kv = [
-        torch.zeros((rows, heads, max_length, size), dtype=dtype, device=device)
+        torch.zeros((n, heads, max_length, size), dtype=dtype, device=device)
         for heads, size in shapes
         for _ in (0, 1)
     ]
-    n, tokens = (1, min(3, max_length)) if kind == "prefill" else (min(2, rows), 1)
     ids = torch.zeros((n, tokens), dtype=torch.long, device=device)
     positions = torch.arange(tokens, device=device).repeat(n, 1)
-    rows_run = torch.arange(n, device=device)
-    args = (ids, positions, causal_mask(positions, max_length, dtype), rows_run, kv)
+    args = (ids, positions, causal_mask(positions, max_length, dtype), kv)
     if kind == "prefill":
         t = Dim("tokens", min=2, max=max(2, max_length))
-        dims: tuple[object, ...] | None = ({1: t}, {1: t}, {2: t}, None, [None] * len(kv))
+        dims: tuple[object, ...] | None = ({1: t}, {1: t}, {2: t}, [None] * len(kv))
     else:
         r = Dim("rows", min=1, max=rows) if rows > 1 else None
-        dims = ({0: r}, {0: r}, {0: r}, {0: r}, [None] * len(kv)) if r else None
+        dims = ({0: r}, {0: r}, {0: r}, [{0: r}] * len(kv)) if r else None
     was_training = model.training
     model.eval()
     try:

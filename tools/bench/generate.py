@@ -20,7 +20,8 @@ lanes of 4 rows. 16 prompts of 32-96 random tokens each get 64 new tokens, greed
   the key and value tensors the decode stages allocate (measured); and the bytes of weights
   each rank of `--nproc` holds (its decoding stage, built from the stage files with only its
   own tensors) against the whole model's.
-- **In one process**: `pipecompile generate` without ``--nproc`` (the most lanes), on the
+- **In one process**: `pipecompile generate` without ``--nproc`` (the fewest lanes: in one
+  process the stages take turns anyway, and each lane's turn reads the weights once), on the
   same cores as Hugging Face.
 - **Splits**: the decode split (balanced on the decode step's FLOPs) and the training split,
   each with its slowest stage's share of a token's FLOPs.
@@ -226,7 +227,8 @@ def main() -> int:
         rates: dict[str, list[float]] = {k: [] for k in runs}
         firsts: dict[str, list[float]] = {k: [] for k in runs}
         printed: dict[str, list[str]] = {}
-        local = tried[-1]  # in one process: the most lanes (its stages take turns anyway)
+        local = tried[0]  # in one process: the fewest lanes (its stages take turns anyway, and
+        # a lane's turn reads the weights once: the most rows a turn)
         for r in range(s.repeats):
             log(f"round {r + 1} of {s.repeats}")
             rate, first = _peer(model, prompts, s.new)

@@ -204,7 +204,10 @@ class GenerationPlan:
                 f"  stage {k}: {', '.join(parts)}; KV cache {_size(self.cache_bytes(k))}; "
                 f"decode {100 * s.decode_flops / total:.0f}% of a token's FLOPs"
             )
-        out.append(f"  decode split: {self._split_words(self.blocks, self.decode_share())}")
+        prefill = max(1, sum(s.prefill_flops for s in self.stages_))
+        worst = max(s.prefill_flops for s in self.stages_) / prefill
+        words = self._split_words(self.blocks, self.decode_share())
+        out.append(f"  decode split: {words}; {100 * worst:.0f}% of a prefill")
         if self.training_blocks:
             shares = [f / total for f in self.training_flops]
             out.append(f"  training split: {self._split_words(self.training_blocks, shares)}")
