@@ -61,8 +61,8 @@ def _block_of(node: fx.Node, prefix: str) -> int | None:
 
 def _clean(gm: fx.GraphModule) -> fx.Graph:
     """The step's graph without export's guards and assertions, and with every size read off
-    the token ids read off the positions instead (the same sizes: a stage past the first has
-    no ids)."""
+    the token ids (or a cache's rows) read off the positions instead (the same sizes: a stage
+    past the first has no ids, and a stage has only its own blocks' caches)."""
     graph = gm.graph
     for node in reversed(list(graph.nodes)):
         name = getattr(node.target, "__name__", str(node.target))
@@ -72,9 +72,12 @@ def _clean(gm: fx.GraphModule) -> fx.Graph:
             graph.erase_node(node)
     holders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
     ids, positions = holders["ids"], holders["positions"]
-    for node in graph.nodes:  # ids and positions have one shape
-        if node.target is torch.ops.aten.sym_size.int and node.args[0] is ids:
-            node.args = (positions, *node.args[1:])
+    for node in graph.nodes:  # ids and positions have one shape, a cache as many rows
+        if node.target is not torch.ops.aten.sym_size.int:
+            continue
+        source, dim = node.args[0], node.args[1]
+        if source is ids or (source.name.startswith("kv_") and dim == 0):
+            node.args = (positions, dim)
     return graph
 
 
