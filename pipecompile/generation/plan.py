@@ -127,8 +127,9 @@ def plan_generation(
             "compile without --generate"
         )
     prefix = f"model.{path}."
-    traced = {k: trace_step(model, call, shapes, kind=k, rows=rows, max_length=max_length)
-              for k in KINDS}  # fmt: skip
+    traced = {
+        k: trace_step(model, call, shapes, kind=k, rows=rows, max_length=max_length) for k in KINDS
+    }
     tokens = max(2, min(prompt_tokens, max_length))
     costs = {
         k: atom_costs(traced[k], prefix, shapes, tokens=t, max_length=max_length)
@@ -140,8 +141,8 @@ def plan_generation(
         k: split_step(traced[k], prefix=prefix, bounds=bounds, model_names=names, kind=k)
         for k in KINDS
     }
-    dtype = str(next((p.dtype for p in model.parameters() if p.is_floating_point()),
-                     torch.float32)).removeprefix("torch.")  # fmt: skip
+    floats = (p.dtype for p in model.parameters() if p.is_floating_point())
+    dtype = str(next(floats, torch.float32)).removeprefix("torch.")
     training = _training_blocks(path, len(blocks), stage_params)
     out = GenerationOutput(
         GenerationPlan(

@@ -120,8 +120,8 @@ def stage_tensors(
 
         with safe_open(str(directory / CONSTANTS), framework="pt") as f:
             out.update({k: f.get_tensor(k) for k in record.constants if k in f.keys()})  # noqa: SIM118
-    wanted = {**{a: tuple(n) for a, n in record.params.items()},
-              **{a: (n,) for a, n in record.constants.items() if a not in out}}  # fmt: skip
+    wanted = {a: tuple(n) for a, n in record.params.items()}
+    wanted.update({a: (n,) for a, n in record.constants.items() if a not in out})
     missing = []
     for attr, names in wanted.items():
         name = next((n for n in names if n in found), None)

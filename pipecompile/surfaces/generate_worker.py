@@ -58,7 +58,7 @@ def _generate(job, show, rank: int, world: int) -> int:  # type: ignore[no-untyp
     from pipecompile.generation.sampler import Sampler
     from pipecompile.generation.wire import PeerGone, connect
     from pipecompile.runtime.distributed.watchdog import Watchdog
-    from pipecompile.runtime.distributed.worker import peer_problem
+    from pipecompile.runtime.distributed.worker import end_together, peer_problem
     from pipecompile.runtime.process.threads import use_threads
 
     use_threads(job.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
@@ -78,8 +78,8 @@ def _generate(job, show, rank: int, world: int) -> int:  # type: ignore[no-untyp
         wire = connect(store, rank, world, timeout=job.timeout if rank == 0 else None)
         if rank == 0:
             plan = job.plan
-            book = Lanes(job.prompts, plan.lanes, plan.rows, job.max_new_tokens, job.eos,
-                         show.token, show.begin)  # fmt: skip
+            stops = (job.max_new_tokens, job.eos)
+            book = Lanes(job.prompts, plan.lanes, plan.rows, *stops, show.token, show.begin)
             lead(stage, wire, book)
             show.end(book.finished)
         else:
@@ -99,13 +99,7 @@ def _generate(job, show, rank: int, world: int) -> int:  # type: ignore[no-untyp
             watchdog.report_failure(text)
             say(f"pipecompile: rank {rank}: error: {text}")
             status = 2
-    finished = status == 0
-    if finished:
-        watchdog.idle("finishing")
-        dist.barrier()  # the ranks end together; none is mistaken for a dead one
-    watchdog.stop(finished=finished)
-    if finished:
-        dist.destroy_process_group()
+    end_together(watchdog, finished=status == 0)
     return status
 
 

@@ -84,14 +84,18 @@ def test_report_counts_and_lists_what_is_not_ok() -> None:
         zoo.Result("timm", "a", 2, "ok", peer_split=True, peer_equal=True, shape="graph"),
         zoo.Result("timm", "b", 2, "wrong", "grads differ", peer_split=True, peer_equal=False),
         zoo.Result("timm", "c", 2, "skipped", "eager: TypeError: x"),
-        zoo.Result("hf", "d", 4, "refused", "no cut fits"),
+        zoo.Result("hf", "d", 4, "refused", "no cut fits", generation="ok"),
+        zoo.Result("hf", "e", 4, "ok", generation="refused", generation_reason="no cache"),
     ]
     text = zoo.report(results)
-    assert "| timm | 2 | 2 | 1 | 0 | 0 | 1 | 0 | 1 | 50 | 1/2 | 2/2 | 1/2 |" in text
-    assert "| hf | 4 | 1 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | 0/1 | - | - |" in text
+    assert "| timm | 2 | 2 | 1 | 0 | 0 | 1 | 0 | 1 | 50 | 1/2 | - | 2/2 | 1/2 |" in text
+    assert "| hf | 4 | 2 | 1 | 1 | 0 | 0 | 0 | 0 | 50 | 0/2 | 1/2 | - | - |" in text
     assert "timm b [2 stages]: grads differ" in text
     assert "timm c [2 stages]: eager: TypeError: x" in text
+    assert "hf e [4 stages] refused: no cache" in text  # decoding that is not equal, listed
     assert zoo.exit_status(results, quick=False, install_failed=False) == 1
+    decoded_wrong = [zoo.Result("hf", "f", 2, "ok", generation="wrong")]
+    assert zoo.exit_status(decoded_wrong, quick=False, install_failed=False) == 1
 
 
 def test_a_command_runs_with_its_output_and_its_time_limit():

@@ -59,7 +59,7 @@ from pipecompile.runtime.process.threads import use_threads
 from pipecompile.runtime.training.loop import RankShare, TrainState, train
 from pipecompile.runtime.training.metrics import append_record
 
-__all__ = ["main", "run_record", "meet_refused", "peer_problem"]
+__all__ = ["main", "run_record", "meet_refused", "peer_problem", "end_together"]
 
 
 class _Refused(PipecompileError):
@@ -183,15 +183,20 @@ def _serve(build: Callable[[], RunJob], *, places: bool) -> int:
             _say_error(rank, f"error: {text}")
             status, reason = 2, text
     _write_status(rank, status, step=progress.done, reason=reason)
-    finished = status in (0, 1) or agreed  # a check that found a mismatch ends normally too
+    end_together(watchdog, finished=status in (0, 1) or agreed)  # a mismatch ends normally
+    sys.stdout.flush()
+    os._exit(status)  # never linger in a collective a failed peer will not join
+
+
+def end_together(watchdog: Watchdog, *, finished: bool) -> None:
+    """A rank's end: ``finished`` ranks meet at a barrier (none is mistaken for a dead one)
+    and leave the process group; the watchdog stops either way."""
     if finished:
         watchdog.idle("finishing")
-        dist.barrier()  # the ranks end together; none is mistaken for a dead one
+        dist.barrier()
     watchdog.stop(finished=finished)
     if finished:
         dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(status)  # never linger in a collective a failed peer will not join
 
 
 def _check_places(job: RunJob, rank: int) -> None:

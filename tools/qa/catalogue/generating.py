@@ -40,7 +40,8 @@ CASES = [
          base="gpt"),
     Case("generate-max-length-past-positions", "--generate --max-length 64 where GPT embeds 32",
          nothing, (*GPT, "--generate", "--max-length", "64"),
-         r"--max-length 64 is past the 32 positions GPT embeds: give --max-length 32 or less",
+         r"--max-length 64 is past the 32 positions GPT embeds \(its config\): give --max-length "
+         r"32 or less",
          base="gpt"),
     Case("generate-lanes-zero", "--generate --lanes 0", nothing,
          (*GPT, "--generate", "--lanes", "0"),
