@@ -81,6 +81,7 @@ def run_stage(stage: DecodeStage, wire: Wire, sampler: Any) -> None:
         if int(kind[0]) == _STOP:
             if not last:
                 wire.send([torch.tensor([_STOP])])
+            wire.flush()
             return
         description, *hidden = rest
         lane, calls, sequences = _read(description)
@@ -119,6 +120,7 @@ def lead(stage: DecodeStage, wire: Wire, book: Lanes) -> None:
             _send_turn(wire, _describe(turn), outs)
             flying.append(turn)
     wire.send([torch.tensor([_STOP])])
+    wire.flush()
 
 
 def _tokens_back(wire: Wire, book: Lanes, turn: Turn) -> None:

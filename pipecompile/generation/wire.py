@@ -29,6 +29,7 @@ __all__ = ["Wire", "connect", "PeerGone"]
 _DTYPES = (torch.int64, torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _CODE = {d: k for k, d in enumerate(_DTYPES)}
 _POLL_S = 0.05  # how often a waiting receive calls ``poll``
+_FLUSH_S = 0.001  # how often a flush looks at the sender's queue
 _HEAD = 256  # int64s of a message's first part: its header's length, the header (or its start)
 
 
@@ -39,9 +40,10 @@ class PeerGone(RuntimeFailure):
 class Wire:
     """One rank's two ends of the ring in ``group``: ``send`` to the next rank, ``recv``
     from the one before. A thread of its own receives each message as it comes (gloo's
-    receive completes only in a blocking wait); ``recv`` takes them in order, calling
-    ``poll`` while it waits, and raises after ``timeout`` seconds without one (rank 0: a
-    rank stopped making progress)."""
+    receive completes only in a blocking wait), another sends the queued ones in order (a
+    send to a rank that died may block until the group's timeout): ``recv`` and ``flush``
+    wait on them calling ``poll``, and raise after ``timeout`` seconds (rank 0: a rank
+    stopped making progress)."""
 
     def __init__(
         self,
@@ -55,35 +57,67 @@ class Wire:
         self.next, self.prev = (rank + 1) % world, (rank - 1) % world
         self.poll, self.timeout = poll, timeout
         self._inbox: queue.Queue[list[torch.Tensor] | BaseException] = queue.Queue()
-        self._reader = threading.Thread(
-            target=self._receive_all, daemon=True, name="pipecompile-generate-wire"
-        )
-        self._reader.start()
+        self._outbox: queue.Queue[list[torch.Tensor]] = queue.Queue()
+        self._failed: PeerGone | None = None  # what ended the sender thread
+        for target, name in ((self._receive_all, "reader"), (self._send_all, "sender")):
+            threading.Thread(target=target, daemon=True, name=f"pipecompile-wire-{name}").start()
 
     def send(self, tensors: list[torch.Tensor]) -> None:
+        """Queue ``tensors`` for the next rank (the sender thread sends them in order)."""
+        self._raise_failed()
+        self._outbox.put([t.detach().contiguous() for t in tensors])
+
+    def flush(self) -> None:
+        """Wait until every queued message is sent (calling ``poll``, and no longer than
+        ``timeout`` seconds), then raise what failed the sending, if anything did."""
+        start = time.monotonic()
+        while self._outbox.unfinished_tasks and self._failed is None:
+            if self.poll is not None:
+                self.poll()
+            if self.timeout is not None and time.monotonic() - start > self.timeout:
+                raise RuntimeFailure(
+                    f"a message to the next rank was not taken for {self.timeout:g} s "
+                    "(--timeout): a rank stopped making progress; the ranks were stopped"
+                )
+            time.sleep(_FLUSH_S)
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    def _send_all(self) -> None:
+        """The sender thread: each queued message, in order, until a send fails."""
+        while True:
+            tensors = self._outbox.get()
+            try:
+                self._send(tensors)
+            except RuntimeError as err:
+                self._failed = PeerGone(f"the next generation rank went away ({_first(err)})")
+            finally:
+                self._outbox.task_done()
+            if self._failed is not None:
+                return
+
+    def _send(self, tensors: list[torch.Tensor]) -> None:
         head = [len(tensors)]
-        flat = []
         for t in tensors:
-            t = t.detach().contiguous()
             head += [_CODE[t.dtype], t.dim(), *t.shape]
-            flat.append(t)
         whole = torch.tensor([len(head), *head], dtype=torch.int64)
         first = torch.zeros(_HEAD, dtype=torch.int64)
         first[: min(_HEAD, len(whole))] = whole[:_HEAD]
-        try:
-            self._put(first)
-            if len(whole) > _HEAD:  # a long header's rest
-                self._put(whole[_HEAD:].contiguous())
-            for t in flat:
-                if t.numel():
-                    self._put(t)
-        except RuntimeError as err:
-            raise PeerGone(f"the next generation rank went away ({_first(err)})") from None
+        self._put(first)
+        if len(whole) > _HEAD:  # a long header's rest
+            self._put(whole[_HEAD:].contiguous())
+        for t in tensors:
+            if t.numel():
+                self._put(t)
 
     def _put(self, t: torch.Tensor) -> None:
         self.group.send([t], self.next, 0).wait()
 
     def recv(self) -> list[torch.Tensor]:
+        self._raise_failed()
         start = time.monotonic()
         while True:
             try:

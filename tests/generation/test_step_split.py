@@ -1,5 +1,5 @@
 """The traced decoding step split at block boundaries (``generation.step_split``): for every
-split of a small Llama into 1 to 4 stages, and every 2-stage split of a 12-layer GPT-2 (the
+split of a small Llama into 1 to 4 stages, and three 2-stage splits of a 12-layer GPT-2 (the
 head a stage of its own among them), the stages run one after another compute what the
 unsplit step does, to the bit, and write the same caches; a stage hands on tensors only (the
 sizes a later block reads are read off its own inputs: export reads the rows of a 12-layer
@@ -22,6 +22,9 @@ ROWS, LENGTH = 16, 24
 
 
 def _bounds(layers: int, stages: int):  # every split of the blocks and the head into stages
+    if layers == 12:  # the 12-layer GPT-2: around layer 7, whose cache export reads rows off
+        yield from (((0, 6), (6, 12)), ((0, 8), (8, 12)), ((0, 12), (12, 12)))
+        return
     for cuts in itertools.combinations(range(1, layers + 1), stages - 1):
         edges = [0, *cuts, layers + 1]
         yield tuple((min(a, layers), min(b, layers)) for a, b in zip(edges, edges[1:]))
