@@ -74,7 +74,9 @@ def _position_limit(model: nn.Module) -> int | None:
     return None
 
 
-def _training_blocks(path: str, count: int, stage_params: list[list[str]]) -> tuple:
+def _training_blocks(
+    path: str, count: int, stage_params: list[list[str]]
+) -> tuple[tuple[int, int], ...]:
     """Each training stage's blocks: block i where the stages keep most of its parameters
     (never before the previous block's stage)."""
     owner: list[int] = []

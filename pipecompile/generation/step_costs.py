@@ -15,7 +15,7 @@ import torch.fx as fx
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipecompile.balance.min_max_partition import min_max_partition
-from pipecompile.generation.step_split import _block_of
+from pipecompile.generation.step_split import block_of
 from pipecompile.generation.step_trace import GenerateError
 
 __all__ = ["atom_costs", "decode_bounds", "stage_flops"]
@@ -35,7 +35,7 @@ class _Counting(fx.Interpreter):
             return None  # export's checks of the inputs' shapes
         if n.op != "call_function":
             return super().run_node(n)
-        block = _block_of(n, self.prefix)
+        block = block_of(n, self.prefix)
         if block == self.layers - 1:
             self.after = True
         atom = (

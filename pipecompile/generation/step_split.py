@@ -28,7 +28,7 @@ from pipecompile.generation.step_trace import GenerateError
 from pipecompile.ir.graph.graph_copy import copy_graph_module
 from pipecompile.ir.graph.mutation import mutates
 
-__all__ = ["StepStage", "split_step", "STEP_INPUTS"]
+__all__ = ["StepStage", "split_step", "block_of", "STEP_INPUTS"]
 
 STEP_INPUTS = ("positions", "mask")
 _DROPPED = ("_assert", "sym_constrain_range")
@@ -50,7 +50,8 @@ class StepStage:
     constant_names: dict[str, str] = field(default_factory=dict)  # each one's name in the model
 
 
-def _block_of(node: fx.Node, prefix: str) -> int | None:
+def block_of(node: fx.Node, prefix: str) -> int | None:
+    """The block (its index in the list at ``prefix``) whose module made ``node``, if any."""
     for path, _ in (node.meta.get("nn_module_stack") or {}).values():
         if path.startswith(prefix):
             head = path[len(prefix) :].split(".")[0]
@@ -105,7 +106,7 @@ def _assign(
         if node.op == "output":
             continue
         inputs = node.all_input_nodes
-        block = _block_of(node, prefix)
+        block = block_of(node, prefix)
         if all(i in free for i in inputs) and not mutates(node):
             free.add(node)  # (a size a block reads first, and later blocks again)
         elif block is not None and block < len(layer_stage):

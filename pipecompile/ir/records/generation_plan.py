@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from pipecompile.files.names import GENERATE_CONSTANTS as CONSTANTS
 from pipecompile.files.names import decode_file, prefill_file
 
 __all__ = ["GenerationPlan", "StepStageRecord", "DTYPES"]
@@ -24,9 +23,9 @@ class StepStageRecord:
     """One decoding stage: its blocks (first, stop), how many values each step (``decode``,
     ``prefill``) hands on (``sends``; the last stage's one is the logits), each of its
     tensors' names in the model (``params``, by the stage module's name: a tied weight has
-    several; a tensor the model's state dict lacks is in ``CONSTANTS``), the FLOPs of its
-    decode and prefill steps, and the sha256 of each file it was written to (a file changed
-    since is refused)."""
+    several; ``constants``: a tensor the model's state dict lacks, kept in the directory's
+    ``generate_constants.safetensors``), the FLOPs of its decode and prefill steps, and the
+    sha256 of each file it was written to (a file changed since is refused)."""
 
     blocks: tuple[int, int]
     sends: dict[str, int]
@@ -78,11 +77,6 @@ class GenerationPlan:
                 per *= n
             total += 2 * per * DTYPES[self.dtype].itemsize
         return total
-
-    def files(self) -> list[str]:
-        """Every file the plan's stages are written to."""
-        out = [f(j) for j in range(self.stages) for f in (decode_file, prefill_file)]
-        return out + ([CONSTANTS] if any(s.constants for s in self.stages_) else [])
 
     def with_digests(self, sources: dict[str, str]) -> GenerationPlan:
         """The plan recording the sha256 of each stage's ``sources`` (by file name)."""
