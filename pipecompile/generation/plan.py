@@ -11,6 +11,7 @@ equal the eager model's (``prove_generation``)."""
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +24,14 @@ from pipecompile.generation.step_split import StepStage, split_step
 from pipecompile.generation.step_trace import GenerateError, StepCall, layer_shapes, trace_step
 from pipecompile.ir.records.generation_plan import DTYPES, GenerationPlan, StepStageRecord
 
-__all__ = ["GenerationOutput", "plan_generation", "prove_generation", "block_list"]
+__all__ = [
+    "GenerationOutput",
+    "TracedSteps",
+    "trace_generation",
+    "plan_generation",
+    "prove_generation",
+    "block_list",
+]
 
 KINDS = ("decode", "prefill")
 
@@ -93,23 +101,37 @@ def _training_blocks(
     return tuple(bounds)
 
 
-def plan_generation(
-    model: nn.Module,
-    stage_params: list[list[str]],
-    *,
-    max_length: int | None,
-    lanes: int | None,
-    rows: int | None,
-    prompt_tokens: int = 16,
-) -> GenerationOutput:
-    """The decoding stages of ``model``, as many as the training stages (which hold
-    ``stage_params``, each stage's parameters by the model's names).
+@dataclass
+class TracedSteps:
+    """The model's prefill and decode steps, traced (``trace_generation``): how its forward
+    takes a step, its block list's path, each layer's cache shape, the cache's length and
+    rows, the two graphs and each one's atom costs; ``seconds`` it took."""
+
+    call: StepCall
+    path: str
+    shapes: list[tuple[int, int]]
+    max_length: int
+    rows: int
+    traced: dict[str, torch.fx.GraphModule]
+    costs: dict[str, list[int]]
+    seconds: float = 0.0
+
+    @property
+    def prefix(self) -> str:
+        return f"model.{self.path}."
+
+
+def trace_generation(
+    model: nn.Module, *, max_length: int | None, rows: int | None, prompt_tokens: int = 16
+) -> TracedSteps:
+    """``model``'s prefill and decode steps traced with a KV cache, before the training
+    compile (a model that cannot take a step is refused at once).
 
     Raises:
         GenerateError: the model's step cannot be traced with a KV cache (the reason and the
-            line), ``max_length`` is past the positions it embeds, or it has fewer blocks
-            and head than stages.
+            line), or ``max_length`` is past the positions it embeds.
     """
+    start = time.perf_counter()
     call = StepCall.of(model)
     path, blocks = block_list(model)
     limit = _position_limit(model)
@@ -120,7 +142,7 @@ def plan_generation(
             f"--max-length {max_length} is past the {limit} positions {type(model).__name__} "
             f"embeds (its config): give --max-length {limit} or less"
         )
-    rows, lanes = rows or 1, lanes or len(stage_params)
+    rows = rows or 1
     shapes = layer_shapes(model, call, len(blocks))
     if len(shapes) != len(blocks):
         raise GenerateError(
@@ -128,15 +150,37 @@ def plan_generation(
             f"holds {len(blocks)} blocks: --generate places each block's cache on its stage; "
             "compile without --generate"
         )
-    prefix = f"model.{path}."
     traced = {
         k: trace_step(model, call, shapes, kind=k, rows=rows, max_length=max_length) for k in KINDS
     }
     tokens = max(2, min(prompt_tokens, max_length))
     costs = {
-        k: atom_costs(traced[k], prefix, shapes, tokens=t, max_length=max_length)
+        k: atom_costs(traced[k], f"model.{path}.", shapes, tokens=t, max_length=max_length)
         for k, t in (("decode", 1), ("prefill", tokens))
     }
+    steps = TracedSteps(call, path, shapes, max_length, rows, traced, costs)
+    steps.seconds = time.perf_counter() - start
+    return steps
+
+
+def plan_generation(
+    model: nn.Module,
+    steps: TracedSteps,
+    stage_params: list[list[str]],
+    *,
+    lanes: int | None,
+) -> GenerationOutput:
+    """The decoding stages of ``model``'s traced ``steps``, as many as the training stages
+    (which hold ``stage_params``, each stage's parameters by the model's names).
+
+    Raises:
+        GenerateError: the model has fewer blocks and head than stages, or a stage would
+            hand on a value that is no tensor.
+    """
+    shapes, max_length, rows = steps.shapes, steps.max_length, steps.rows
+    lanes = lanes or len(stage_params)
+    prefix, traced, costs = steps.prefix, steps.traced, steps.costs
+    path = steps.path
     bounds = decode_bounds(costs["decode"], len(stage_params))
     names = set(model.state_dict())
     split = {
@@ -145,7 +189,7 @@ def plan_generation(
     }
     floats = (p.dtype for p in model.parameters() if p.is_floating_point())
     dtype = str(next(floats, torch.float32)).removeprefix("torch.")
-    training = _training_blocks(path, len(blocks), stage_params)
+    training = _training_blocks(path, len(shapes), stage_params)
     out = GenerationOutput(
         GenerationPlan(
             model=type(model).__name__,

@@ -116,10 +116,7 @@ def compile_into(
         PipecompileError: a subclass naming what is wrong with the model or the options.
     """
     _check_init_seed(options.init_seed, model)
-    if options.generate:
-        from pipecompile.generation.step_trace import StepCall
-
-        StepCall.of(model)  # a model that cannot take a decoding step is refused first
+    steps = _decoding_steps(model, inputs, options)  # a model that cannot decode: refused first
     weights = weight_plan(
         model,
         pretrained if pretrained is not None else options.weights,
@@ -134,7 +131,7 @@ def compile_into(
         compiled = compile_model(model, inputs, options)
         if options.tune:
             compiled = _tuned(model, inputs, options, compiled, model_ref, weights)
-        notes = _emit_proved(model, inputs, options, compiled, out, model_ref, weights)
+        notes = _emit_proved(model, inputs, options, compiled, out, model_ref, weights, steps)
     if cached:
         notes.insert(0, CACHE_NOTE.format(name=type(model).__name__))
     return compiled, notes
@@ -153,13 +150,15 @@ def _emit_proved(
     out: Path,
     model_ref: ModelRef,
     weights: WeightPlan | None,
+    steps: Any = None,
 ) -> list[str]:
     """Write ``compiled`` into ``out`` (proved unless ``--no-verify``), print what the
-    writing and the proof took, and return the notes the writing left."""
+    writing and the proof took, and return the notes the writing left; ``steps``: the
+    decoding steps ``--generate`` traced."""
     start = time.perf_counter()
     notes: list[str] = []
     timings: list[tuple[str, float]] = []
-    generate = _generation(model, inputs, options, compiled, timings)
+    generate = _generation(model, inputs, options, compiled, timings, steps)
     emit(
         compiled,
         out,
@@ -179,25 +178,11 @@ def _emit_proved(
     return notes
 
 
-def _generation(
-    model: nn.Module,
-    inputs: dict[str, Any],
-    options: CompileOptions,
-    compiled: Compiled,
-    timings: list[tuple[str, float]],
-) -> tuple[dict[str, Any], dict[str, str | bytes]] | None:
-    """``--generate``: the decoding plan of ``compiled`` and the files it adds (by name),
-    proved on the example's first sequence unless ``--no-verify`` (or the model has no
-    weights)."""
-    if not options.generate:
-        return None
+def _example_ids(inputs: dict[str, Any]) -> Any:
+    """The example's token ids (a 2-D LongTensor), or None."""
     import torch
 
-    from pipecompile.generation.plan import plan_generation, prove_generation
-
-    start = time.perf_counter()
-    params = [[o for names in st.params.values() for o in names] for st in compiled.graph.stages]
-    ids = next(
+    return next(
         (
             v
             for v in inputs.values()
@@ -205,17 +190,43 @@ def _generation(
         ),
         None,
     )
-    out = plan_generation(
-        model,
-        params,
-        max_length=options.max_length,
-        lanes=options.lanes,
-        rows=options.lane_rows,
-        prompt_tokens=int(ids.shape[-1]) if ids is not None else 16,
+
+
+def _decoding_steps(model: nn.Module, inputs: dict[str, Any], options: CompileOptions) -> Any:
+    """``--generate``: the model's prefill and decode steps, traced before the compile."""
+    if not options.generate:
+        return None
+    from pipecompile.generation.plan import trace_generation
+
+    ids = _example_ids(inputs)
+    tokens = int(ids.shape[-1]) if ids is not None else 16
+    return trace_generation(
+        model, max_length=options.max_length, rows=options.lane_rows, prompt_tokens=tokens
     )
+
+
+def _generation(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    options: CompileOptions,
+    compiled: Compiled,
+    timings: list[tuple[str, float]],
+    steps: Any,
+) -> tuple[dict[str, Any], dict[str, str | bytes]] | None:
+    """``--generate``: the decoding plan of ``compiled`` over the traced ``steps`` and the
+    files it adds (by name), proved on the example's first sequence unless ``--no-verify``
+    (or the model has no weights)."""
+    if steps is None:
+        return None
+    from pipecompile.generation.plan import plan_generation, prove_generation
+
+    start = time.perf_counter()
+    params = [[o for names in st.params.values() for o in names] for st in compiled.graph.stages]
+    out = plan_generation(model, steps, params, lanes=options.lanes)
     out.sources = _generation_sources(out.split, out.plan.stages, type(model).__name__)
     out.plan = out.plan.with_digests(out.sources)
-    timings.append(("trace generation", time.perf_counter() - start))
+    timings.append(("trace generation", steps.seconds + time.perf_counter() - start))
+    ids = _example_ids(inputs)
     if not options.no_verify and ids is not None and not is_meta_model(model):
         start = time.perf_counter()
         prove_generation(model, out, ids)
