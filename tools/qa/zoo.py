@@ -161,6 +161,7 @@ class Plan:
     env: dict[str, str] = field(default_factory=dict)
     keep_outputs: bool = False  # else each compiled folder goes once checked (weights: GBs)
     device: str = "cpu"  # cuda: every stage on one GPU, checked by one NCCL rank
+    quick: bool = False  # --quick: a causal LM's training compile decodes too (one compile)
 
     def wants_peer(self, model: Model) -> bool:
         return self.peer is None or (model.zoo, model.name) in self.peer
@@ -291,11 +292,13 @@ def check_command(out: Path, device: str = "cpu") -> list[str]:
 def at_stages(model_file: Path, stages: int, plan: Plan, generates: bool = False) -> Result:
     """Compile ``model_file`` into ``stages`` stages and check it: a result without the
     model's names. A causal LM (``generates``) is also compiled with ``--generate`` (one
-    micro-batch: decoding has none) and decoded against Hugging Face's ``generate``
-    (``zoos/generation_check.py``), on the CPU."""
+    micro-batch: decoding has none; under ``--quick`` the one compile does both) and decoded
+    against Hugging Face's ``generate`` (``zoos/generation_check.py``), on the CPU."""
     out = model_file.parent / f"out{stages}"
+    command = compile_command(model_file, stages, out, plan.device)
+    at_once = generates and plan.quick and plan.device == "cpu"
     try:
-        built = run(compile_command(model_file, stages, out, plan.device), plan.timeout, plan.env)
+        built = run(command + (DECODING if at_once else []), plan.timeout, plan.env)
         outcome, reason = verdict("compile", built, plan.timeout)
         done = Result("", "", stages, outcome, reason, built.seconds)
         if outcome == "ok":
@@ -303,10 +306,15 @@ def at_stages(model_file: Path, stages: int, plan: Plan, generates: bool = False
             checked = run(check_command(out, plan.device), plan.timeout, plan.env)
             done.outcome, done.reason = verdict("check", checked, plan.timeout)
             done.seconds += checked.seconds
+            if at_once:
+                decoded = run([sys.executable, str(GENERATION), str(model_file), str(out)],
+                              plan.timeout, plan.env)  # fmt: skip
+                done.generation, done.generation_reason = verdict("generate", decoded, plan.timeout)
+                done.seconds += decoded.seconds
     finally:
         if not plan.keep_outputs:
             shutil.rmtree(out, ignore_errors=True)
-    if generates and plan.device == "cpu":
+    if generates and plan.device == "cpu" and not at_once:
         done.generation, done.generation_reason, seconds = decoding(model_file, stages, plan)
         done.seconds += seconds
     return done
@@ -702,6 +710,7 @@ def plan_for(args: argparse.Namespace, workdir: Path) -> Plan:
         child_env(args.jobs),
         args.keep_outputs,
         args.device,
+        args.quick,
     )
 
 
