@@ -26,7 +26,7 @@ lanes of 4 rows. 16 prompts of 32-96 random tokens each get 64 new tokens, greed
 - **Splits**: the decode split (balanced on the decode step's FLOPs) and the training split,
   each with its slowest stage's share of a token's FLOPs.
 - **Compile time**: ``pipecompile.compile`` with and without ``generate=True`` on the same
-  model (the median of 3 after one not counted); goal under 1.5x.
+  model (the median of 3, under ``--quick`` of 1, after one not counted); goal under 1.5x.
 
 The tokens of every lane count, in one process and on ranks, must be the same (else the
 script exits non-zero).
@@ -192,11 +192,12 @@ def _splits(directory: Path) -> list[str]:
 
 
 def _compile_times(model: torch.nn.Module, s: Setup, root: Path) -> tuple[float, float]:
-    """Seconds of a plain compile and of one with ``generate=True`` (the median of 3, each
-    written to its own directory; the first compile of the run is not counted)."""
+    """Seconds of a plain compile and of one with ``generate=True`` (the median of
+    ``s.repeats``, each written to its own directory; the first compile of the run is not
+    counted)."""
     example = {"input_ids": torch.randint(0, s.vocab, (2, s.longest))}
     times: dict[bool, list[float]] = {False: [], True: []}
-    for k in range(4):
+    for k in range(s.repeats + 1):
         for generate in (False, True):
             start = time.perf_counter()
             cache = {"max_length": s.longest + s.new} if generate else {}
