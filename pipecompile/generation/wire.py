@@ -72,15 +72,19 @@ class Wire:
         ``timeout`` seconds), then raise what failed the sending, if anything did."""
         start = time.monotonic()
         while self._outbox.unfinished_tasks and self._failed is None:
-            if self.poll is not None:
-                self.poll()
-            if self.timeout is not None and time.monotonic() - start > self.timeout:
-                raise RuntimeFailure(
-                    f"a message to the next rank was not taken for {self.timeout:g} s "
-                    "(--timeout): a rank stopped making progress; the ranks were stopped"
-                )
+            self._waited(start, "a message to the next rank was not taken")
             time.sleep(_FLUSH_S)
         self._raise_failed()
+
+    def _waited(self, start: float, what: str) -> None:
+        """One beat of a wait begun at ``start``: ``poll``, then raise past ``timeout``."""
+        if self.poll is not None:
+            self.poll()
+        if self.timeout is not None and time.monotonic() - start > self.timeout:
+            raise RuntimeFailure(
+                f"{what} for {self.timeout:g} s (--timeout): a rank stopped making progress; "
+                "the ranks were stopped"
+            )
 
     def _raise_failed(self) -> None:
         if self._failed is not None:
@@ -124,14 +128,7 @@ class Wire:
                 got = self._inbox.get(timeout=_POLL_S)
                 break
             except queue.Empty:
-                pass
-            if self.poll is not None:
-                self.poll()
-            if self.timeout is not None and time.monotonic() - start > self.timeout:
-                raise RuntimeFailure(
-                    f"nothing came back from the last stage for {self.timeout:g} s (--timeout): "
-                    "a rank stopped making progress; the ranks were stopped"
-                )
+                self._waited(start, "nothing came back from the last stage")
         if isinstance(got, BaseException):
             raise got
         return got
