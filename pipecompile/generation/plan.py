@@ -21,7 +21,13 @@ from pipecompile.errors import VerifyError
 from pipecompile.files.names import GENERATE_CONSTANTS as CONSTANTS
 from pipecompile.generation.step_costs import atom_costs, decode_bounds, stage_flops
 from pipecompile.generation.step_split import StepStage, split_step
-from pipecompile.generation.step_trace import GenerateError, StepCall, layer_shapes, trace_step
+from pipecompile.generation.step_trace import (
+    GenerateError,
+    StepCall,
+    float_dtype,
+    layer_shapes,
+    trace_step,
+)
 from pipecompile.ir.records.generation_plan import DTYPES, GenerationPlan, StepStageRecord
 
 __all__ = [
@@ -103,11 +109,10 @@ def _training_blocks(
 
 @dataclass
 class TracedSteps:
-    """The model's prefill and decode steps, traced (``trace_generation``): how its forward
-    takes a step, its block list's path, each layer's cache shape, the cache's length and
+    """The model's prefill and decode steps, traced (``trace_generation``): its block list's
+    path, each layer's cache shape, the cache's length and
     rows, the two graphs and each one's atom costs; ``seconds`` it took."""
 
-    call: StepCall
     path: str
     shapes: list[tuple[int, int]]
     max_length: int
@@ -153,12 +158,12 @@ def trace_generation(
     traced = {
         k: trace_step(model, call, shapes, kind=k, rows=rows, max_length=max_length) for k in KINDS
     }
+    steps = TracedSteps(path, shapes, max_length, rows, traced, costs={})
     tokens = max(2, min(prompt_tokens, max_length))
-    costs = {
-        k: atom_costs(traced[k], f"model.{path}.", shapes, tokens=t, max_length=max_length)
+    steps.costs = {
+        k: atom_costs(traced[k], steps.prefix, shapes, tokens=t, max_length=max_length)
         for k, t in (("decode", 1), ("prefill", tokens))
     }
-    steps = TracedSteps(call, path, shapes, max_length, rows, traced, costs)
     steps.seconds = time.perf_counter() - start
     return steps
 
@@ -187,8 +192,7 @@ def plan_generation(
         k: split_step(traced[k], prefix=prefix, bounds=bounds, model_names=names, kind=k)
         for k in KINDS
     }
-    floats = (p.dtype for p in model.parameters() if p.is_floating_point())
-    dtype = str(next(floats, torch.float32)).removeprefix("torch.")
+    dtype = str(float_dtype(model)).removeprefix("torch.")
     training = _training_blocks(path, len(shapes), stage_params)
     out = GenerationOutput(
         GenerationPlan(
@@ -251,8 +255,8 @@ def _records(
 
 def prove_generation(model: nn.Module, out: GenerationOutput, ids: torch.Tensor) -> None:
     """Prefill the first row of ``ids`` but its last 2 tokens through the stages as written
-    (``out.sources``),
-    decode those 2, and compare every step's logits with the eager model's.
+    (``out.sources``), decode those 2, and compare every step's logits with the eager
+    model's.
 
     Raises:
         VerifyError: a logit differs by more than 1e-5 (relative to the largest) and by more

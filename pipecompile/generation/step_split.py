@@ -100,8 +100,9 @@ def _assign(
             else:
                 stage[node] = 0
             continue
-        if node.op == "get_attr":
-            (stage.__setitem__(node, 0) if node.target in params else free.add(node))
+        if node.op == "get_attr":  # a buffer is free; a parameter goes where it is read
+            if node.target not in params:
+                free.add(node)
             continue
         if node.op == "output":
             continue
@@ -114,7 +115,8 @@ def _assign(
             if block == final:
                 after.add(node)
         elif any(i in after for i in inputs):
-            stage[node], _ = last, after.add(node)
+            stage[node] = last
+            after.add(node)
         else:
             stage[node] = max((stage[i] for i in inputs if i in stage), default=0)
     return stage, free
@@ -144,7 +146,7 @@ def split_step(
     ops = [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     for node in ops:
         for i in node.all_input_nodes:
-            if i in stage and i.op != "get_attr" and node in stage and stage[i] > stage[node]:
+            if i in stage and node in stage and stage[i] > stage[node]:
                 raise GenerateError(
                     f"the {kind} step's op {node.name} on stage {stage[node]} reads "
                     f"{i.name} of stage {stage[i]}: its blocks do not run in order; "
@@ -156,7 +158,7 @@ def split_step(
     for node in [*ops, output]:
         at = stage.get(node, last)
         for i in node.all_input_nodes:
-            if i in stage and i.op != "get_attr":
+            if i in stage:
                 readers[i] = max(readers.get(i, -1), at)
     order = {n: k for k, n in enumerate(graph.nodes)}
     out = []

@@ -27,7 +27,15 @@ from pipecompile.frontend.quiet_logs import held_stderr, quiet_logs
 from pipecompile.generation.row_cache import RowCache, hf_row_cache, probe_layers
 from pipecompile.ir.graph.user_frame import innermost_outside
 
-__all__ = ["GenerateError", "StepCall", "DecodingStep", "trace_step", "layer_shapes", "causal_mask"]
+__all__ = [
+    "GenerateError",
+    "StepCall",
+    "DecodingStep",
+    "trace_step",
+    "layer_shapes",
+    "causal_mask",
+    "float_dtype",
+]
 
 CACHE_WORDS = ("cache", "past_key_values")
 # export logs a failing graph and the sizes it keeps fixed; the refusal names the line
@@ -125,7 +133,7 @@ def layer_shapes(model: nn.Module, call: StepCall, layers_hint: int) -> list[tup
         GenerateError: the call fails, or writes no cache (naming where).
     """
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    dtype = _float_dtype(model)
+    dtype = float_dtype(model)
     ids = torch.zeros((1, 2), dtype=torch.long, device=device)
     positions = torch.arange(2, device=device).view(1, 2)
     cache, probe = probe_layers(call, layers_hint)
@@ -143,7 +151,8 @@ def layer_shapes(model: nn.Module, call: StepCall, layers_hint: int) -> list[tup
     return [probe.shapes[i] for i in range(len(probe.shapes))]
 
 
-def _float_dtype(model: nn.Module) -> torch.dtype:
+def float_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (float32 where none)."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
@@ -166,7 +175,7 @@ def trace_step(
     from torch.export import Dim
 
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    dtype = _float_dtype(model)
+    dtype = float_dtype(model)
     n, tokens = (1, min(3, max_length)) if kind == "prefill" else (min(2, rows), 1)
     kv = [
         torch.zeros((n, heads, max_length, size), dtype=dtype, device=device)
