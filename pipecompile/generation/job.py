@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipecompile.generation.places import generation_device
 from pipecompile.generation.sampler import Sampling
 from pipecompile.generation.session import plan_of
 from pipecompile.generation.step_trace import GenerateError
@@ -51,10 +52,15 @@ class GenerateJob:
     pad: int = 0  # what pads a sequence that ended early (the model's own, else the first EOS)
     threads: int | None = None  # --threads: intra-op threads (a rank's); None: as run chooses
     flags: GenerateFlags | None = None  # what it was built from: each rank builds it again
+    device: str = "cpu"  # "cpu" or "cuda" (``generation.places``)
 
     @classmethod
     def build(
-        cls, directory: Path, prompts: list[list[int]], flags: GenerateFlags | None = None
+        cls,
+        directory: Path,
+        prompts: list[list[int]],
+        flags: GenerateFlags | None = None,
+        local_ranks: int | None = None,
     ) -> GenerateJob:
         """The generation of ``prompts`` through ``directory`` as ``flags`` ask
         (``options/generate``: the command's flags, or ``CompiledPipeline.generate``'s
@@ -63,7 +69,9 @@ class GenerateJob:
         ``generate`` takes it from its generation config; none for a model without);
         ``timeout``: None not given (``TIMEOUT_S`` under ``nproc``); ``threads``: None in one
         process the cores other programs leave idle, measured between turns (as `run` does),
-        with ``nproc`` each rank's share of the cores.
+        with ``nproc`` each rank's share of the cores; ``local_ranks``: the job's ranks on this
+        machine (None: ``nproc``, else this process alone), which ``--device auto`` gives a
+        GPU each where there are enough.
 
         Raises:
             GenerateError: naming the option or the directory, and what to do.
@@ -88,6 +96,8 @@ class GenerateJob:
             raise GenerateError(f"--max-new-tokens {max_new_tokens}: give 0 or more new tokens")
         _check_ranks(directory, plan, nproc, timeout)
         faults = _faults(nproc)
+        here = local_ranks if local_ranks is not None else (nproc or 1)
+        device = generation_device(flags.device, here)
         own = model_stops(directory, manifest)
         stops = (eos,) if eos is not None else own.eos
         pad = own.pad if own.pad is not None else (stops[0] if stops else 0)
@@ -106,6 +116,7 @@ class GenerateJob:
             pad,
             threads,
             flags,
+            device,
         )
 
 

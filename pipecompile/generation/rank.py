@@ -15,6 +15,7 @@ import torch
 
 def main(raw: str, rank: int) -> None:
     from pipecompile.generation.job import GenerateJob
+    from pipecompile.generation.places import stage_device
     from pipecompile.generation.rank_model import WeightSource, rank_stage
     from pipecompile.generation.ranks import run_stage
     from pipecompile.generation.sampler import Sampler
@@ -29,10 +30,11 @@ def main(raw: str, rank: int) -> None:
     job = GenerateJob.build(directory, [], from_record(GenerateFlags, spec["flags"]))
     manifest, plan = job.manifest, job.plan
     source = WeightSource.from_json(spec["source"], manifest)
-    stage = rank_stage(directory, plan, rank, source)
+    where = stage_device(job.device, rank)
+    stage = rank_stage(directory, plan, rank, source, where)
     store = torch.distributed.TCPStore("127.0.0.1", spec["port"], spec["world"], False)
     sampler = Sampler(job.sampling, job.max_new_tokens, job.eos)
-    run_stage(stage, connect(store, rank, spec["world"]), sampler)
+    run_stage(stage, connect(store, rank, spec["world"], device=where), sampler)
 
 
 def rank_entry(args: list[str]) -> int:

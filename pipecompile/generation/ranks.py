@@ -26,6 +26,7 @@ from pipecompile.errors import RuntimeFailure
 from pipecompile.generation.children import Children
 from pipecompile.generation.job import GenerateJob
 from pipecompile.generation.lanes import Lanes, Turn
+from pipecompile.generation.places import stage_device
 from pipecompile.generation.rank_model import WeightSource
 from pipecompile.generation.stages import Call, DecodeStage, Rows
 from pipecompile.generation.wire import PeerGone, Wire, connect
@@ -188,8 +189,9 @@ def generate_on_ranks(
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            wire = connect(store, 0, n, children.poll, job.timeout)
-            stage = rank_stage(directory, plan, 0, source)
+            where = stage_device(job.device, 0)
+            wire = connect(store, 0, n, children.poll, job.timeout, where)
+            stage = rank_stage(directory, plan, 0, source, where)
             book = Lanes(
                 job.prompts,
                 plan.lanes,

@@ -10,6 +10,7 @@ import torch
 
 from pipecompile.generation.job import GenerateJob
 from pipecompile.generation.local import generate_here
+from pipecompile.generation.places import stage_device
 from pipecompile.generation.rank_model import WeightSource, rank_stage
 from pipecompile.generation.session import check_prompts
 
@@ -40,7 +41,10 @@ def run_generation(
     from pipecompile.runtime.process.threads import IdleCores, use_threads
 
     source = _source(job, weights)
-    stages = [rank_stage(directory, plan, k, source) for k in range(plan.stages)]
+    stages = [
+        rank_stage(directory, plan, k, source, stage_device(job.device, k))
+        for k in range(plan.stages)
+    ]
     before = torch.get_num_threads()
     use_threads(job.threads)  # given: that count; else the idle cores, measured between turns
     idle = IdleCores()

@@ -14,6 +14,7 @@ the stage before hands on; the last gives each row's logits at its last position
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,8 +140,12 @@ class DecodeStage:
     ) -> None:
         self.plan, self.index, self.count = plan, index, plan.stages
         self.lanes, self.rows, self.max_length = plan.lanes, plan.rows, plan.max_length
-        self.modules = modules
+        self.modules, self.device = modules, torch.device(device)
         self.dtype = DTYPES[plan.dtype]
+        # the stage files make what they create (aranges, masks) on the default device
+        self._here: AbstractContextManager[object] = (
+            torch.device(device) if self.device.type != "cpu" else nullcontext()
+        )
         self.cache = [
             torch.zeros(plan.cache_shape(i), dtype=self.dtype, device=device)
             for i in plan.stage_layers(index)
@@ -167,17 +172,21 @@ class DecodeStage:
     def run(self, lane: int, calls: list[Call], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """The values each call hands on, in order (``inputs`` likewise: each call's
         ``takes``); on the last stage each call's logits at its rows' last positions
-        (rows, vocabulary), in float32."""
+        (rows, vocabulary), in float32, on this stage's device; inputs elsewhere are
+        moved here first."""
         outs: list[torch.Tensor] = []
         given = iter(inputs)
         for call in calls:
-            xs = [next(given) for _ in range(self.takes(call))]
-            positions = call.rows.positions
+            xs = [next(given).to(self.device) for _ in range(self.takes(call))]
+            positions = call.rows.positions.to(self.device)
             index = call.rows.index()  # a slice (a view, written in place) where consecutive
+            if not isinstance(index, slice):
+                index = index.to(self.device)
             kv = [t[lane][index] for t in self.cache]
             mask = causal_mask(positions, self.max_length, self.dtype)
             module = self.modules["prefill" if call.tokens > 1 else "decode"]
-            out = module(*xs, positions, mask, *kv)
+            with self._here:
+                out = module(*xs, positions, mask, *kv)
             if not isinstance(index, slice):  # rows gathered: their caches written back
                 for t, part in zip(self.cache, kv):
                     t[lane][index] = part

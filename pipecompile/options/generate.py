@@ -80,6 +80,14 @@ class GenerateFlags:
         path=True,
         help="the weights of a `run --save DIR` (its newest step) instead",
     )
+    device: str | None = option(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        help="where the stages run: cuda = on the GPUs, a rank's stage on a GPU of its own "
+        "where there are enough (NCCL between them), else ranks share them (hidden states "
+        "pass through host memory); auto (the default): cuda if every rank (or this "
+        "process) gets a GPU of its own, else cpu",
+    )
     timeout: float | None = option(
         "--timeout",
         check=float,

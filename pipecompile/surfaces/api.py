@@ -344,6 +344,7 @@ class CompiledPipeline:
         timeout: float | None = None,
         allow_stale: bool | None = None,
         threads: int | None = None,
+        device: str | None = None,
     ) -> torch.Tensor | list[torch.Tensor]:
         """Continue each prompt of ``input_ids`` by up to ``max_new_tokens`` tokens through
         the decode stages (compiled with ``generate=True``): greedy unless ``temperature``,
@@ -359,8 +360,10 @@ class CompiledPipeline:
         ``timeout``: with ``nproc``, seconds to wait for tokens (default 600);
         ``allow_stale``: generate even though the model file changed since compiling
         (default: as the pipeline was loaded);
-        ``threads``: intra-op threads (default: the idle cores, as ``fit`` chooses them). The
-        options are checked as `pipecompile generate` checks them (``GenerateJob.build``)."""
+        ``threads``: intra-op threads (default: the idle cores, as ``fit`` chooses them);
+        ``device``: ``"cpu"``, ``"cuda"`` or ``"auto"`` (the default: the GPUs where each
+        rank, or this process, gets one of its own). The options are checked as
+        `pipecompile generate` checks them (``GenerateJob.build``)."""
         from pipecompile.generation.job import GenerateJob
         from pipecompile.generation.runner import as_output, run_generation
         from pipecompile.generation.session import as_prompts
@@ -378,6 +381,7 @@ class CompiledPipeline:
             train_state=str(train_state) if train_state is not None else None,
             timeout=timeout,
             threads=threads,
+            device=device,
             allow_stale=self._allow_stale if allow_stale is None else allow_stale,
         )
         job = GenerateJob.build(self.directory, prompts, flags)

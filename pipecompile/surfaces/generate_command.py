@@ -131,11 +131,14 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def prepared(args: argparse.Namespace, ranks: int | None = None) -> tuple[Any, _Printer]:
+def prepared(
+    args: argparse.Namespace, ranks: int | None = None, local_ranks: int | None = None
+) -> tuple[Any, _Printer]:
     """The generation ``args`` ask for, every refusal made (``GenerateJob.build``: the door
     the API and a torchrun rank go through too), its prompts read (text through the
     tokenizer), and the printer of its tokens. ``ranks``: the ranks a launcher started
-    (torchrun's world), which ``--nproc`` must name where given.
+    (torchrun's world), which ``--nproc`` must name where given; ``local_ranks``: those on
+    this machine (torchrun's ``LOCAL_WORLD_SIZE``), which ``--device auto`` counts GPUs for.
 
     Raises:
         GenerateError: naming the option, the prompt or the directory.
@@ -152,7 +155,7 @@ def prepared(args: argparse.Namespace, ranks: int | None = None) -> tuple[Any, _
             )
         flags = dataclasses.replace(flags, nproc=ranks)
     # checked before the model file's text hooks are imported
-    job = GenerateJob.build(directory, [], flags)
+    job = GenerateJob.build(directory, [], flags, local_ranks)
     text = _Text(directory, args.tokenizer)
     prompts = _prompts(args, text)
     job = dataclasses.replace(job, prompts=prompts)

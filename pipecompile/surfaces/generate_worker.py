@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = generate_parser("pipecompile.surfaces.generate_worker").parse_args(argv)
     try:
-        job, show = prepared(args, ranks=world)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        job, show = prepared(args, ranks=world, local_ranks=local)
     except PipecompileError as err:
         from pipecompile.runtime.distributed.worker import meet_refused
 
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 def _generate(job, show, rank: int, world: int) -> int:  # type: ignore[no-untyped-def]
     """This rank's part; its exit status (0; 2: it failed; 3: a peer did)."""
     from pipecompile.generation.lanes import Lanes
+    from pipecompile.generation.places import stage_device
     from pipecompile.generation.rank_model import WeightSource, rank_stage
     from pipecompile.generation.ranks import lead, run_stage
     from pipecompile.generation.sampler import Sampler
@@ -72,10 +74,14 @@ def _generate(job, show, rank: int, world: int) -> int:  # type: ignore[no-untyp
     try:
         kind = "train_state" if job.train_state is not None else "directory"
         where = job.train_state if job.train_state is not None else job.directory
-        stage = rank_stage(job.directory, job.plan, rank, WeightSource(kind, where, job.manifest))
+        source = WeightSource(kind, where, job.manifest)
+        device = stage_device(job.device, int(os.environ.get("LOCAL_RANK", "0")))
+        stage = rank_stage(job.directory, job.plan, rank, source, device)
         watchdog.idle("generating")
         watchdog.publish_now()
-        wire = connect(store, rank, world, timeout=job.timeout if rank == 0 else None)
+        wire = connect(
+            store, rank, world, timeout=job.timeout if rank == 0 else None, device=device
+        )
         if rank == 0:
             plan = job.plan
             stops = (job.max_new_tokens, job.eos)

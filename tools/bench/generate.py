@@ -28,6 +28,11 @@ lanes of 4 rows. 16 prompts of 32-96 random tokens each get 64 new tokens, greed
 - **Compile time**: ``pipecompile.compile`` with and without ``generate=True`` on the same
   model (the median of 3, under ``--quick`` of 1, after one not counted); goal under 1.5x.
 
+On a GPU (``--device cuda``): every pipecompile run with ``--device cuda`` (`--nproc 2` on one
+GPU: two processes sharing it, the hidden states through host memory; on two GPUs by NCCL),
+Hugging Face on the same GPU with its static cache (``cache_implementation="static"``), and
+the compile timed on the CPU as before.
+
 The tokens of every lane count, in one process and on ranks, must be the same (else the
 script exits non-zero).
 
@@ -35,11 +40,13 @@ Rerun with::
 
     python tools/bench/generate.py            # the figures in docs/BENCHMARKS.md
     python tools/bench/generate.py --quick    # a 2-layer model, 4 short prompts, 2 lanes
+    python tools/bench/generate.py --device cuda   # on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import random
 import re
@@ -109,11 +116,11 @@ _RATE = re.compile(r"in ([\d.]+) s: [\d.]+ tokens/s, first token after (\d+) ms"
 
 
 def _ours(
-    directory: Path, prompts_file: Path, s: Setup, nproc: int | None = 2
+    directory: Path, prompts_file: Path, s: Setup, nproc: int | None, device: str
 ) -> tuple[float, float, list[str]]:
     """(tokens/s, first token in ms, the printed sequences) of one `generate --nproc 2` (or
-    in one process: ``nproc`` None)."""
-    argv = ["generate", str(directory), "--prompts", str(prompts_file)]
+    in one process: ``nproc`` None) on ``device``."""
+    argv = ["generate", str(directory), "--prompts", str(prompts_file), "--device", device]
     argv += ["--nproc", str(nproc)] if nproc else []
     done = pipecompile_done(*argv, "--max-new-tokens", str(s.new))
     found = _RATE.search(done.stderr)
@@ -123,18 +130,25 @@ def _ours(
     return s.prompts * s.new / seconds, first, lines
 
 
-def _peer(model: torch.nn.Module, prompts: list[list[int]], new: int) -> tuple[float, float]:
-    """(tokens/s, first token in ms) of Hugging Face ``generate``, the prompts left-padded."""
+def _peer(
+    model: torch.nn.Module, prompts: list[list[int]], new: int, device: str
+) -> tuple[float, float]:
+    """(tokens/s, first token in ms) of Hugging Face ``generate``, the prompts left-padded;
+    on a GPU with its static cache."""
     width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    static = {"cache_implementation": "static"} if device != "cpu" else {}
 
     def run(tokens: int) -> torch.Tensor:
         with torch.no_grad():
-            return model.generate(
+            out = model.generate(
                 ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
-                do_sample=False, pad_token_id=0, use_cache=True,
+                do_sample=False, pad_token_id=0, use_cache=True, **static,
             )  # fmt: skip
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return out
 
     first, _ = timed(run, 1)
     seconds, out = timed(run, new)
@@ -213,7 +227,12 @@ def _compile_times(model: torch.nn.Module, s: Setup, root: Path) -> tuple[float,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model: every path, fast")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where both decode (default cpu)"
+    )
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no GPU here")
     s = QUICK if args.quick else FULL
     tried = LANES[1:2] if args.quick else LANES
     torch.set_num_threads(2 if (torch.get_num_threads() >= 2) else 1)
@@ -224,6 +243,7 @@ def main() -> int:
         prompts_file = root / "prompts.txt"
         prompts_file.write_text("\n".join(",".join(map(str, p)) for p in prompts) + "\n")
         dirs = {lanes: _compile(model, s, lanes, root) for lanes in tried}
+        peer = copy.deepcopy(model).to(args.device)  # the compile traced the model on the CPU
         runs = ["hf", "local", *map(str, tried)]
         rates: dict[str, list[float]] = {k: [] for k in runs}
         firsts: dict[str, list[float]] = {k: [] for k in runs}
@@ -232,11 +252,12 @@ def main() -> int:
         # a lane's turn reads the weights once: the most rows a turn)
         for r in range(s.repeats):
             log(f"round {r + 1} of {s.repeats}")
-            rate, first = _peer(model, prompts, s.new)
+            rate, first = _peer(peer, prompts, s.new, args.device)
             rates["hf"].append(rate)
             firsts["hf"].append(first)
             for key, lanes, nproc in [("local", local, None), *((str(k), k, 2) for k in tried)]:
-                rate, first, printed[key] = _ours(dirs[lanes], prompts_file, s, nproc)
+                done = _ours(dirs[lanes], prompts_file, s, nproc, args.device)
+                rate, first, printed[key] = done
                 rates[key].append(rate)
                 firsts[key].append(first)
         same = all(printed[k] == printed["local"] for k in printed)
@@ -247,7 +268,7 @@ def main() -> int:
         log("timing the compile with and without generate=True")
         plain, generating = _compile_times(model, s, root)
     whole = sum({id(t): t.nbytes for t in model.state_dict(keep_vars=True).values()}.values())
-    _report(s, rates, firsts, predicted, caches, same, local)
+    _report(s, rates, firsts, predicted, caches, same, local, args.device)
     print(f"weights each rank holds (bytes): {', '.join(map(str, held))} of the model's {whole}")
     print("splits at 2 stages, decode FLOPs per token:")
     print("\n".join(f"  {line}" for line in splits))
@@ -277,6 +298,7 @@ def _report(
     caches: dict[int, list[tuple[int, int]]],
     same: bool,
     local: int,
+    device: str,
 ) -> None:
     med = {k: statistics.median(v) for k, v in rates.items()}
     first = {k: statistics.median(v) for k, v in firsts.items()}
@@ -285,7 +307,7 @@ def _report(
     print(
         f"model: GPT-2-shaped, {s.layers} layers, width {s.width}, vocabulary {s.vocab}; "
         f"{s.prompts} prompts of {s.shortest}-{s.longest} tokens, {s.new} new each, greedy; "
-        f"median of {s.repeats} alternated round(s)"
+        f"median of {s.repeats} alternated round(s); on {device}"
     )
     print()
     print("| run | tokens/s | vs 1 lane | vs Hugging Face | first token (ms) | predicted (ms) |")

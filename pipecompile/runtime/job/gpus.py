@@ -13,11 +13,15 @@ from pipecompile.errors import PipecompileError
 __all__ = ["device_kind"]
 
 
-def device_kind(choice: str, local_ranks: int, gpus: int | None = None) -> str:
+def device_kind(
+    choice: str, local_ranks: int, gpus: int | None = None, *, share: bool = False
+) -> str:
     """``"cpu"`` or ``"cuda"`` for ``--device choice`` with ``local_ranks`` ranks on this
-    machine and ``gpus`` GPUs (default: the ones torch sees).
+    machine and ``gpus`` GPUs (default: the ones torch sees). ``share``: ranks may share a
+    GPU (generation's, which then passes their tensors through host memory, not NCCL).
 
-    Raises PipecompileError for ``cuda`` with too few GPUs, naming both counts."""
+    Raises PipecompileError for ``cuda`` without a GPU, or (unless ``share``) with too few,
+    naming both counts."""
     if choice == "cpu":
         return "cpu"
     if gpus is None:
@@ -26,7 +30,7 @@ def device_kind(choice: str, local_ranks: int, gpus: int | None = None) -> str:
         return "cuda" if gpus >= local_ranks > 0 else "cpu"
     if gpus == 0:
         raise PipecompileError("--device cuda, but torch sees no CUDA device: use --device cpu")
-    if gpus < local_ranks:
+    if gpus < local_ranks and not share:
         raise PipecompileError(
             f"--device cuda puts each rank on a GPU of its own (NCCL refuses two ranks on one "
             f"GPU), but this machine has {local_ranks} ranks and torch sees {gpus} GPU"
