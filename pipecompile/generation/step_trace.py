@@ -23,6 +23,7 @@ import torch.fx as fx
 from torch import nn
 
 from pipecompile.errors import PipecompileError
+from pipecompile.frontend.layout_free import views_as_reshapes
 from pipecompile.frontend.quiet_logs import held_stderr, quiet_logs
 from pipecompile.generation.row_cache import RowCache, hf_row_cache, probe_layers
 from pipecompile.ir.graph.user_frame import innermost_outside
@@ -202,7 +203,9 @@ def trace_step(
         raise _refusal(model, f"trace {type(model).__name__}'s {kind} step", err) from None
     finally:
         model.train(was_training)
-    return program.module()
+    module = program.module()
+    views_as_reshapes(module)  # the layout traced on the host is not the one a GPU makes
+    return module
 
 
 def _refusal(model: nn.Module, doing: str, err: BaseException) -> GenerateError:
