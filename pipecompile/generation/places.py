@@ -11,6 +11,7 @@ import socket
 
 import torch
 
+from pipecompile.errors import PipecompileError
 from pipecompile.generation.step_trace import GenerateError
 from pipecompile.runtime.job.gpus import device_kind
 
@@ -29,9 +30,7 @@ def generation_device(choice: str | None, local_ranks: int, gpus: int | None = N
     """
     try:
         return device_kind(choice or "auto", local_ranks, gpus, share=True)
-    except GenerateError:
-        raise
-    except Exception as err:  # device_kind's own error, said as generation's
+    except PipecompileError as err:  # said as generation's own
         raise GenerateError(str(err)) from None
 
 
