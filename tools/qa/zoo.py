@@ -35,7 +35,7 @@ stage count:
 * skipped: the model did not even build and run eagerly (``skipped (eager)``, with the
   reason), or has more than ``--max-params`` parameters (``skipped (size)``).
 
-A causal LM (Hugging Face's, on the CPU) is also decoded: compiled again with ``--generate
+A causal LM (Hugging Face's) is also decoded, on ``--device``: compiled again with ``--generate
 --max-length 64 --lane-rows 2`` (one micro-batch: decoding has none), then five prompts of 1 to
 9 tokens decode up to 8 new tokens through the compiled decoding stages and through Hugging
 Face's ``generate(do_sample=False)`` on the model file's model (``zoos/generation_check.py``);
@@ -293,7 +293,8 @@ def at_stages(model_file: Path, stages: int, plan: Plan, generates: bool = False
     """Compile ``model_file`` into ``stages`` stages and check it: a result without the
     model's names. A causal LM (``generates``) is also compiled with ``--generate`` (one
     micro-batch: decoding has none; under ``--quick`` the one compile does both) and decoded
-    against Hugging Face's ``generate`` (``zoos/generation_check.py``), on the CPU."""
+    against Hugging Face's ``generate`` (``zoos/generation_check.py``), both on ``plan.device``
+    (the decoding compile is the CPU's: generation places its stages when it runs)."""
     out = model_file.parent / f"out{stages}"
     command = compile_command(model_file, stages, out, plan.device)
     at_once = generates and plan.quick and plan.device == "cpu"
@@ -314,7 +315,7 @@ def at_stages(model_file: Path, stages: int, plan: Plan, generates: bool = False
     finally:
         if not plan.keep_outputs:
             shutil.rmtree(out, ignore_errors=True)
-    if generates and plan.device == "cpu" and not at_once:
+    if generates and not at_once:
         done.generation, done.generation_reason, seconds = decoding(model_file, stages, plan)
         done.seconds += seconds
     return done
@@ -332,6 +333,7 @@ def decoding(model_file: Path, stages: int, plan: Plan) -> tuple[str, str, float
         if outcome != "ok":
             return outcome, reason, built.seconds
         check = [sys.executable, str(GENERATION), str(model_file), str(out)]
+        check += ["--device", plan.device]
         decoded = run(check, plan.timeout, plan.env)
         return (*verdict("generate", decoded, plan.timeout), built.seconds + decoded.seconds)
     finally:
