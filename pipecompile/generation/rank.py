@@ -31,6 +31,8 @@ def main(raw: str, rank: int) -> None:
     manifest, plan = job.manifest, job.plan
     source = WeightSource.from_json(spec["source"], manifest)
     where = stage_device(job.device, rank)
+    if where.type == "cuda":  # this process's GPU (its CUDA context made there alone)
+        torch.cuda.set_device(where)
     stage = rank_stage(directory, plan, rank, source, where)
     store = torch.distributed.TCPStore("127.0.0.1", spec["port"], spec["world"], False)
     sampler = Sampler(job.sampling, job.max_new_tokens, job.eos)

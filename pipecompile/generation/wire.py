@@ -282,5 +282,5 @@ def _fast(store: Any, rank: int, world: int, device: torch.device | None, wait: 
     out, into = gpus_apart(nxt), gpus_apart(prev)
     if not (out or into):
         return Fast(device=device)
-    group = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, world)
+    group = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, world, wait)
     return Fast(group, device, out, into)

@@ -20,6 +20,7 @@ import sys
 import traceback
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from pipecompile.errors import PipecompileError
@@ -76,6 +77,8 @@ def _generate(job, show, rank: int, world: int) -> int:  # type: ignore[no-untyp
         where = job.train_state if job.train_state is not None else job.directory
         source = WeightSource(kind, where, job.manifest)
         device = stage_device(job.device, int(os.environ.get("LOCAL_RANK", "0")))
+        if device.type == "cuda":  # this rank's GPU (its CUDA context made there alone)
+            torch.cuda.set_device(device)
         stage = rank_stage(job.directory, job.plan, rank, source, device)
         watchdog.idle("generating")
         watchdog.publish_now()
