@@ -52,12 +52,14 @@ def test_the_host_given_by_name_decodes_what_auto_does_here(gpt_generate, capsys
     assert _generate(capsys, gpt_generate, "--device", "cpu") == _generate(capsys, gpt_generate)
 
 
-def test_every_tensor_a_stage_makes_is_made_on_its_device():
+@pytest.mark.parametrize("first", ["meta", "cpu"])
+def test_every_tensor_a_stage_makes_is_made_on_its_device(first):
     """The device plumbing without a GPU: Hugging Face GPT-2's three decoding stages (the
-    greedy tests' compile), built on the meta device, run a prefill and a decode of gathered
-    rows from ids on the host. A tensor a stage file makes on the host (GPT-2's make some),
-    or an input or position not moved, would meet a meta tensor in an op, which torch
-    refuses; the logits come out on the stages' device."""
+    greedy tests' compile), the first on the meta device or the host and the others on the
+    meta device, run a prefill and a decode of gathered rows from ids on the host. A tensor
+    a stage file makes on the host (GPT-2's make some), or a hidden state or position not
+    moved to its stage's device, would meet a meta tensor in an op, which torch refuses; the
+    logits come out on the last stage's device."""
     from pipecompile.generation.job import GenerateJob
     from pipecompile.generation.rank_model import WeightSource, rank_stage
     from pipecompile.generation.stages import Call, Rows
@@ -67,7 +69,8 @@ def test_every_tensor_a_stage_makes_is_made_on_its_device():
     job = GenerateJob.build(directory, [])
     source = WeightSource("directory", directory, job.manifest)
     plan = job.plan
-    stages = [rank_stage(directory, plan, k, source, "meta") for k in range(plan.stages)]
+    places = [first, *["meta"] * (plan.stages - 1)]
+    stages = [rank_stage(directory, plan, k, source, places[k]) for k in range(plan.stages)]
     prefill = [Call(Rows((1,), torch.arange(3)[None]))]
     decode = [Call(Rows((1, 0), torch.tensor([[3], [0]])))]  # not in order: gathered
     for calls, ids in ((prefill, torch.tensor([[5, 17, 3]])), (decode, torch.tensor([[8], [2]]))):
