@@ -144,7 +144,7 @@ class DecodeStage:
         self.dtype = DTYPES[plan.dtype]
         # the stage files make what they create (aranges, masks) on the default device
         self._here: AbstractContextManager[object] = (
-            torch.device(device) if self.device.type != "cpu" else nullcontext()
+            self.device if self.device.type != "cpu" else nullcontext()
         )
         self.cache = [
             torch.zeros(plan.cache_shape(i), dtype=self.dtype, device=device)

@@ -139,6 +139,7 @@ class Wire:
 
     def _send_all(self) -> None:
         """The sender thread: each queued message, in order, until a send fails."""
+        self.fast.bind()
         while True:
             tensors = self._outbox.get()
             try:
@@ -151,7 +152,6 @@ class Wire:
                 return
 
     def _send(self, tensors: list[torch.Tensor]) -> None:
-        self.fast.bind()
         head = [len(tensors)]
         for t in tensors:
             head += [_CODE[t.dtype] + _ON_DEVICE * on_device(t), t.dim(), *t.shape]
