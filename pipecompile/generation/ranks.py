@@ -6,10 +6,10 @@ to rank 0, and the KV cache never leaves its stage's rank. With as many lanes as
 flight every stage has work while the others run theirs.
 
 The ranks talk by torch.distributed point-to-point messages in a gloo group of their own
-(``generation.wire``) that meets through a TCP store of its own, so a caller that runs
-torch.distributed itself is not disturbed. A rank that fails ends the call with its last
-line; the others are stopped, and none outlives this process. Ranks started by torchrun run
-the same turns (``generation.worker``)."""
+(NCCL beside it between two GPUs: ``generation.wire``) that meets through a TCP store of its
+own, so a caller that runs torch.distributed itself is not disturbed. A rank that fails ends
+the call with its last line; the others are stopped, and none outlives this process. Ranks
+started by torchrun run the same turns (``surfaces.generate_worker``)."""
 
 from __future__ import annotations
 

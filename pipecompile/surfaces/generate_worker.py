@@ -7,8 +7,9 @@ Rank k runs decoding stage k of OUT (one rank per stage: the launchers' world is
 generation's ``--nproc``). Each rank builds the job from its own command line through the door
 `pipecompile generate` and the API use (``generate_command.prepared``: the same refusals, made
 before any process group forms; rank 0 says why, every rank ends with status 2). The ranks
-then form torchrun's process group, and their stages talk by point-to-point messages in a gloo
-group of their own (``generation.wire``). Rank 0 keeps the prompt queue and prints what
+then form torchrun's process group, and their stages (each on its node's GPU ``LOCAL_RANK``
+under ``--device cuda``) talk by point-to-point messages in a gloo group of their own, with
+NCCL beside it between two GPUs (``generation.wire``). Rank 0 keeps the prompt queue and prints what
 `pipecompile generate` prints; the training runtime's watchdog names a rank that dies or
 fails, and rank 0 stops after ``--timeout`` seconds without tokens: nothing hangs."""
 
