@@ -60,7 +60,7 @@ class Sampler:
         ``sequences[k]``."""
         s = self.sampling
         if s.greedy:  # on the logits' device: only the ids come back
-            return [int(t) for t in logits.argmax(dim=-1).tolist()]
+            return logits.argmax(dim=-1).tolist()
         scores = logits.float().cpu() / s.temperature  # the generators are the host's
         if s.top_k is not None and s.top_k < scores.shape[-1]:
             kth = torch.topk(scores, s.top_k, dim=-1).values[:, -1:]
